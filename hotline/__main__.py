@@ -1,0 +1,5 @@
+import sys
+
+from hotline.cli import main
+
+sys.exit(main())

@@ -1,0 +1,49 @@
+"""The ``hotline`` command line: a thin layer that parses flags and calls library functions."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Sub-command -> module providing ``add_parser(subparsers)``. Modules are imported when the parser is built;
+# they keep heavy imports (torch, torchrec) inside their ``run`` functions so ``hotline --help`` stays fast.
+COMMANDS = {
+    "data": "hotline.datasets.cli",
+    "profile": "hotline.profiler_cli",
+    "train": "hotline.train_cli",
+    "plan": "hotline.torchrec_cli",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hotline",
+        description="Train recommendation models whose embedding tables do not fit in GPU memory.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for module_name in COMMANDS.values():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if e.name != module_name:
+                raise
+            continue  # a command not built yet
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``hotline`` console script; returns the process exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

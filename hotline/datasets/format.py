@@ -1,0 +1,254 @@
+"""The on-disk dataset directory: memory-mapped ``.npy`` arrays per split plus ``meta.json``.
+
+Layout of a dataset directory::
+
+    meta.json                 format tag, table sizes, pooling factor, rows per split, fingerprint, source
+    {split}_dense.npy         float32 [N, num_dense]   dense features, already log(x+1)-transformed
+    {split}_sparse.npy        int32   [N, T, L]        row ids per table (L = pooling factor, 1 = one-hot)
+    {split}_labels.npy        float32 [N]              click labels, 0.0 or 1.0
+
+for ``split`` in ``train``, ``val``, ``test`` (a split may have zero rows). Arrays load with
+``allow_pickle=False`` and ``mmap_mode="r"``: a dataset never has to fit in memory.
+
+Writers go through :class:`DatasetWriter`, which builds the directory under a temporary name and renames it
+into place only when every array and ``meta.json`` are complete, so a failed run leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+FORMAT_TAG = "hotline-dataset/1"
+SPLITS = ("train", "val", "test")
+NUM_DENSE = 13
+ID_DTYPE = np.int32
+
+
+class DatasetError(ValueError):
+    """A dataset directory is missing, incomplete, or does not match its meta.json."""
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One mini-batch as numpy arrays (B samples, T tables, L lookups per bag)."""
+
+    dense: np.ndarray
+    """float32 [B, num_dense] dense features."""
+    sparse: np.ndarray
+    """int32 [B, T, L] row ids per table; L = 1 is the one-hot case."""
+    labels: np.ndarray
+    """float32 [B] labels in {0, 1}."""
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+
+class Split:
+    """One split (train / val / test) of a dataset: three memory-mapped arrays."""
+
+    def __init__(self, name: str, dense: np.ndarray, sparse: np.ndarray, labels: np.ndarray):
+        self.name = name
+        self.dense = dense
+        self.sparse = sparse
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def batch(self, start: int, stop: int) -> Batch:
+        """Rows ``start:stop`` as an in-memory :class:`Batch` (copied out of the memory map)."""
+        return Batch(
+            dense=np.ascontiguousarray(self.dense[start:stop]),
+            sparse=np.ascontiguousarray(self.sparse[start:stop]),
+            labels=np.ascontiguousarray(self.labels[start:stop]),
+        )
+
+    def num_batches(self, batch_size: int, drop_last: bool = False) -> int:
+        n = len(self)
+        return n // batch_size if drop_last else -(-n // batch_size)
+
+    def batches(
+        self,
+        batch_size: int,
+        num_batches: int | None = None,
+        start_batch: int = 0,
+        drop_last: bool = False,
+    ) -> Iterator[Batch]:
+        """Consecutive mini-batches in file order, starting at batch index ``start_batch``."""
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        total = self.num_batches(batch_size, drop_last)
+        stop = total if num_batches is None else min(total, start_batch + num_batches)
+        for b in range(start_batch, stop):
+            yield self.batch(b * batch_size, min((b + 1) * batch_size, len(self)))
+
+
+class Dataset:
+    """A preprocessed dataset directory opened read-only (see the module docstring for the layout)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        meta_path = self.path / "meta.json"
+        if not self.path.is_dir():
+            raise DatasetError(f"dataset directory {self.path} does not exist")
+        if not meta_path.is_file():
+            raise DatasetError(f"{meta_path} is missing: {self.path} is not a Hotline dataset directory")
+        try:
+            meta = json.loads(meta_path.read_text())
+        except json.JSONDecodeError as e:
+            raise DatasetError(f"{meta_path} is not valid JSON: {e}") from e
+        if meta.get("format") != FORMAT_TAG:
+            raise DatasetError(f"{meta_path}: format is {meta.get('format')!r}, expected {FORMAT_TAG!r}")
+        self.meta = meta
+        self.table_sizes: list[int] = [int(s) for s in meta["table_sizes"]]
+        self.pooling_factor: int = int(meta["pooling_factor"])
+        self.num_dense: int = int(meta["num_dense"])
+        self.fingerprint: str = str(meta["fingerprint"])
+        self._splits: dict[str, Split] = {}
+        for name in SPLITS:
+            self._splits[name] = self._open_split(name, int(meta["splits"].get(name, 0)))
+
+    @property
+    def num_tables(self) -> int:
+        return len(self.table_sizes)
+
+    @property
+    def total_rows(self) -> int:
+        """Number of embedding rows over all tables."""
+        return int(sum(self.table_sizes))
+
+    def split(self, name: str) -> Split:
+        if name not in self._splits:
+            raise DatasetError(f"unknown split {name!r}; expected one of {SPLITS}")
+        return self._splits[name]
+
+    @property
+    def train(self) -> Split:
+        return self._splits["train"]
+
+    @property
+    def val(self) -> Split:
+        return self._splits["val"]
+
+    @property
+    def test(self) -> Split:
+        return self._splits["test"]
+
+    def _open_split(self, name: str, n: int) -> Split:
+        expect = {
+            "dense": ((n, self.num_dense), np.float32),
+            "sparse": ((n, self.num_tables, self.pooling_factor), ID_DTYPE),
+            "labels": ((n,), np.float32),
+        }
+        arrays = {}
+        for kind, (shape, dtype) in expect.items():
+            f = self.path / f"{name}_{kind}.npy"
+            if not f.is_file():
+                raise DatasetError(f"{f} is missing (meta.json says split {name!r} has {n} rows)")
+            try:
+                a = np.load(f, mmap_mode="r", allow_pickle=False)
+            except (ValueError, OSError) as e:
+                raise DatasetError(f"{f} cannot be read as a .npy array: {e}") from e
+            if a.shape != shape or a.dtype != dtype:
+                raise DatasetError(
+                    f"{f} has shape {a.shape} and dtype {a.dtype}; meta.json expects {shape} {np.dtype(dtype)}"
+                )
+            arrays[kind] = a
+        return Split(name, arrays["dense"], arrays["sparse"], arrays["labels"])
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{k}={len(v)}" for k, v in self._splits.items())
+        return f"Dataset({str(self.path)!r}, tables={self.num_tables}, rows={self.total_rows}, {sizes})"
+
+
+def fingerprint_of(meta: dict) -> str:
+    """A stable hash of what identifies a dataset: table sizes, split sizes, pooling and the source."""
+    key = {k: meta[k] for k in ("table_sizes", "pooling_factor", "num_dense", "splits", "source")}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+
+
+class DatasetWriter:
+    """Builds a dataset directory atomically: everything goes to ``DIR.tmp-*`` and is renamed at the end.
+
+    Use as a context manager; an exception inside the ``with`` block removes the temporary directory, so a
+    failed run leaves no half-written dataset (and an existing dataset at ``out`` is only replaced once the
+    new one is complete)::
+
+        with DatasetWriter(out, table_sizes, pooling_factor=1) as w:
+            dense, sparse, labels = w.create_split("train", n_rows)
+            ...fill the memory maps...
+            w.finish(source={"kind": "synthetic", "seed": 0})
+    """
+
+    def __init__(self, out: str | os.PathLike, table_sizes: list[int], pooling_factor: int = 1,
+                 num_dense: int = NUM_DENSE):
+        self.out = Path(out)
+        self.table_sizes = [int(s) for s in table_sizes]
+        self.pooling_factor = int(pooling_factor)
+        self.num_dense = int(num_dense)
+        if self.pooling_factor < 1:
+            raise ValueError(f"pooling_factor must be >= 1, got {pooling_factor}")
+        self.tmp = self.out.parent / f"{self.out.name}.tmp-{os.getpid()}"
+        self._rows: dict[str, int] = {}
+        self._finished = False
+
+    def __enter__(self) -> DatasetWriter:
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        if self.tmp.exists():
+            shutil.rmtree(self.tmp)
+        self.tmp.mkdir()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None or not self._finished:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def create_split(self, name: str, n_rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Allocates the three arrays of a split as writable memory maps and returns (dense, sparse, labels)."""
+        if name not in SPLITS:
+            raise ValueError(f"unknown split {name!r}; expected one of {SPLITS}")
+        self._rows[name] = int(n_rows)
+        T, L = len(self.table_sizes), self.pooling_factor
+        mm = np.lib.format.open_memmap
+        dense = mm(self.tmp / f"{name}_dense.npy", "w+", np.float32, (n_rows, self.num_dense))
+        sparse = mm(self.tmp / f"{name}_sparse.npy", "w+", ID_DTYPE, (n_rows, T, L))
+        labels = mm(self.tmp / f"{name}_labels.npy", "w+", np.float32, (n_rows,))
+        return dense, sparse, labels
+
+    def finish(self, source: dict, extra: dict | None = None) -> Path:
+        """Writes meta.json and moves the directory into place. ``source`` identifies where the data came from."""
+        for name in SPLITS:
+            if name not in self._rows:
+                self.create_split(name, 0)
+        meta = {
+            "format": FORMAT_TAG,
+            "table_sizes": self.table_sizes,
+            "pooling_factor": self.pooling_factor,
+            "num_dense": self.num_dense,
+            "splits": dict(self._rows),
+            "source": source,
+        }
+        meta["fingerprint"] = fingerprint_of(meta)
+        if extra:
+            meta.update(extra)
+        (self.tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        for f in self.tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        if self.out.exists():
+            old = self.out.parent / f"{self.out.name}.old-{os.getpid()}"
+            self.out.rename(old)
+            self.tmp.rename(self.out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            self.tmp.rename(self.out)
+        self._finished = True
+        return self.out
