@@ -7,7 +7,9 @@ import importlib
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("data", help="build a dataset directory from Criteo files or synthetic data")
+    parser = subparsers.add_parser(
+        "data", help="build a dataset directory from Criteo files or synthetic data"
+    )
     sub = parser.add_subparsers(dest="data_command", metavar="SOURCE")
     sub.required = True
     for name in ("hotline.datasets.criteo", "hotline.datasets.synthetic"):

@@ -66,9 +66,9 @@ class Split:
     def batch(self, start: int, stop: int) -> Batch:
         """Rows ``start:stop`` as an in-memory :class:`Batch` (copied out of the memory map)."""
         return Batch(
-            dense=np.ascontiguousarray(self.dense[start:stop]),
-            sparse=np.ascontiguousarray(self.sparse[start:stop]),
-            labels=np.ascontiguousarray(self.labels[start:stop]),
+            dense=np.array(self.dense[start:stop]),
+            sparse=np.array(self.sparse[start:stop]),
+            labels=np.array(self.labels[start:stop]),
         )
 
     def num_batches(self, batch_size: int, drop_last: bool = False) -> int:
@@ -188,8 +188,13 @@ class DatasetWriter:
             w.finish(source={"kind": "synthetic", "seed": 0})
     """
 
-    def __init__(self, out: str | os.PathLike, table_sizes: list[int], pooling_factor: int = 1,
-                 num_dense: int = NUM_DENSE):
+    def __init__(
+        self,
+        out: str | os.PathLike,
+        table_sizes: list[int],
+        pooling_factor: int = 1,
+        num_dense: int = NUM_DENSE,
+    ):
         self.out = Path(out)
         self.table_sizes = [int(s) for s in table_sizes]
         self.pooling_factor = int(pooling_factor)

@@ -1,0 +1,158 @@
+"""DLRM: bottom MLP (DenseArch), pooled embeddings (supplied by an embedding tier), interaction, top MLP.
+
+The embedding tables are deliberately NOT inside this module: every training mode (device, hybrid, hotline)
+stores and updates rows its own way and hands the model the pooled embeddings ``[B, T, D]``. That keeps the
+dense part identical across modes, which is what makes exact equivalence testable.
+
+Shapes: B batch, T tables (sparse features), D embedding dim, F = T + 1 interacting features.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+
+def parse_layers(spec: str, flag: str) -> list[int]:
+    """Parses a dlrm-style layer list such as ``13-512-256-64-16``."""
+    try:
+        sizes = [int(s) for s in spec.split("-")]
+    except ValueError:
+        raise ValueError(f"{flag} {spec!r}: expected sizes separated by '-', e.g. 13-512-256-64-16") from None
+    if not sizes or any(s <= 0 for s in sizes):
+        raise ValueError(f"{flag} {spec!r}: every layer size must be a positive integer")
+    return sizes
+
+
+@dataclass(frozen=True)
+class DLRMConfig:
+    """Architecture of a DLRM, in the reference implementation's terms."""
+
+    table_sizes: list[int]
+    """Rows per embedding table (one table per sparse feature)."""
+    embedding_dim: int = 16
+    """Embedding row width D (``--arch-sparse-feature-size``)."""
+    bottom_mlp: list[int] = field(default_factory=lambda: [13, 512, 256, 64, 16])
+    """Bottom MLP layer sizes including the dense input width (``--arch-mlp-bot``)."""
+    top_mlp: list[int] = field(default_factory=lambda: [512, 256, 1])
+    """Top MLP layer sizes after the interaction (``--arch-mlp-top``); the last must be 1."""
+    interaction: str = "dot"
+    """Feature interaction: ``dot`` (pairwise dot products, as DLRM) or ``cat`` (concatenation)."""
+
+    def __post_init__(self) -> None:
+        if not self.table_sizes or any(int(n) <= 0 for n in self.table_sizes):
+            raise ValueError(f"table_sizes must be positive, got {self.table_sizes}")
+        if self.embedding_dim <= 0:
+            raise ValueError(f"embedding_dim must be positive, got {self.embedding_dim}")
+        if self.interaction not in ("dot", "cat"):
+            raise ValueError(f"interaction must be 'dot' or 'cat', got {self.interaction!r}")
+        if self.bottom_mlp[-1] != self.embedding_dim:
+            raise ValueError(
+                f"--arch-mlp-bot ends with {self.bottom_mlp[-1]} but --arch-sparse-feature-size is "
+                f"{self.embedding_dim}: the bottom MLP output must have the embedding width"
+            )
+        if self.top_mlp[-1] != 1:
+            raise ValueError(f"--arch-mlp-top must end with 1 (one logit), got {self.top_mlp}")
+
+    @property
+    def num_tables(self) -> int:
+        return len(self.table_sizes)
+
+    @property
+    def num_dense(self) -> int:
+        return self.bottom_mlp[0]
+
+    @property
+    def interaction_width(self) -> int:
+        F, D = self.num_tables + 1, self.embedding_dim
+        if self.interaction == "dot":
+            return F * (F - 1) // 2 + D
+        return F * D
+
+
+def _mlp(sizes: list[int], final_relu: bool, generator: torch.Generator) -> nn.Sequential:
+    """Linear layers with ReLU in between, initialised as the reference DLRM does."""
+    layers: list[nn.Module] = []
+    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        lin = nn.Linear(n_in, n_out)
+        with torch.no_grad():
+            lin.weight.normal_(0.0, math.sqrt(2.0 / (n_in + n_out)), generator=generator)
+            lin.bias.normal_(0.0, math.sqrt(1.0 / n_out), generator=generator)
+        layers.append(lin)
+        if i < len(sizes) - 2 or final_relu:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class DenseArch(nn.Module):
+    """Bottom MLP: dense features [B, num_dense] -> [B, D]."""
+
+    def __init__(self, sizes: list[int], generator: torch.Generator):
+        super().__init__()
+        self.mlp = _mlp(sizes, final_relu=True, generator=generator)
+
+    def forward(self, dense: torch.Tensor) -> torch.Tensor:
+        return self.mlp(dense)
+
+
+class InteractionArch(nn.Module):
+    """Feature interaction of the dense output [B, D] with pooled embeddings [B, T, D]."""
+
+    def __init__(self, num_tables: int, op: str):
+        super().__init__()
+        self.op = op
+        F = num_tables + 1
+        li, lj = torch.tril_indices(F, F, offset=-1)
+        # Built once: the strictly lower triangle of the F x F interaction matrix, as in DLRM.
+        self.register_buffer("li", li, persistent=False)
+        self.register_buffer("lj", lj, persistent=False)
+
+    def forward(self, dense_out: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+        B = dense_out.shape[0]
+        features = torch.cat([dense_out.unsqueeze(1), pooled], dim=1)  # [B, F, D]
+        if self.op == "cat":
+            return features.reshape(B, -1)
+        z = torch.bmm(features, features.transpose(1, 2))  # [B, F, F]
+        return torch.cat([dense_out, z[:, self.li, self.lj]], dim=1)
+
+
+class OverArch(nn.Module):
+    """Top MLP: interaction output -> one logit per sample."""
+
+    def __init__(self, sizes: list[int], generator: torch.Generator):
+        super().__init__()
+        self.mlp = _mlp(sizes, final_relu=False, generator=generator)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(x).squeeze(1)
+
+
+class DLRM(nn.Module):
+    """The dense part of DLRM; embedding rows come in already pooled as ``[B, T, D]``."""
+
+    def __init__(self, config: DLRMConfig, seed: int = 0):
+        super().__init__()
+        self.config = config
+        gen = torch.Generator().manual_seed(seed)
+        self.dense_arch = DenseArch(config.bottom_mlp, gen)
+        self.inter_arch = InteractionArch(config.num_tables, config.interaction)
+        self.over_arch = OverArch([config.interaction_width, *config.top_mlp], gen)
+
+    def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+        """Logits [B] from dense features [B, num_dense] and pooled embeddings [B, T, D]."""
+        return self.over_arch(self.inter_arch(self.dense_arch(dense), pooled))
+
+
+def init_embedding_table(rows: int, dim: int, seed: int, table: int) -> np.ndarray:
+    """Initial weights of one table, uniform(-1/sqrt(rows), 1/sqrt(rows)) as in the reference DLRM.
+
+    Seeded per (seed, table) so that every training mode starts from the same rows, whatever tier they
+    live in.
+    """
+    rng = np.random.default_rng([seed, 7919, table])
+    bound = 1.0 / math.sqrt(rows)
+    return rng.uniform(-bound, bound, size=(rows, dim)).astype(np.float32)

@@ -1,0 +1,69 @@
+"""Sparse optimizers for embedding rows: each touched row updated once with its summed gradient.
+
+On CPU tensors the Numba kernels of ``hotline.kernels.sparse_update`` do the work (in place, through the
+tensors' numpy views); on CUDA tensors the same arithmetic runs as torch ops on the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hotline.kernels import sparse_update
+
+OPTIMIZERS = ("sgd", "rowwise-adagrad")
+
+
+@dataclass(frozen=True)
+class SparseOptimizer:
+    """The update rule for embedding rows (and, by ``dense_optimizer``, the matching dense one)."""
+
+    kind: str = "sgd"
+    """``sgd`` or ``rowwise-adagrad`` (FBGEMM's EXACT_ROWWISE_ADAGRAD: one state float per row)."""
+    lr: float = 0.1
+    """Learning rate, shared with the dense layers."""
+    eps: float = 1e-8
+    """Adagrad epsilon (dense and row-wise)."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.kind!r}")
+        if not self.lr > 0:
+            raise ValueError(f"learning rate must be positive, got {self.lr}")
+
+    @property
+    def state_floats_per_row(self) -> int:
+        """Optimizer state kept per embedding row (bytes per row = 4 * (dim + this))."""
+        return 1 if self.kind == "rowwise-adagrad" else 0
+
+    def new_state(self, rows: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        """Zero optimizer state for ``rows`` rows (an empty tensor for SGD)."""
+        return torch.zeros(rows if self.kind == "rowwise-adagrad" else 0, dtype=torch.float32, device=device)
+
+    def dense_optimizer(self, params) -> torch.optim.Optimizer:
+        """The dense-layer optimizer that matches this sparse rule."""
+        if self.kind == "sgd":
+            return torch.optim.SGD(params, lr=self.lr)
+        return torch.optim.Adagrad(params, lr=self.lr, eps=self.eps)
+
+    def step(self, table: torch.Tensor, state: torch.Tensor, ids: torch.Tensor, grads: torch.Tensor) -> int:
+        """Updates ``table`` (and ``state``) in place for the rows ``ids`` with per-lookup ``grads``."""
+        if table.device.type == "cpu":
+            t, i, g = table.detach().numpy(), ids.numpy(), grads.detach().contiguous().numpy()
+            if self.kind == "sgd":
+                return sparse_update.sparse_sgd_(t, i, g, self.lr)
+            return sparse_update.sparse_rowwise_adagrad_(t, state.numpy(), i, g, self.lr, self.eps)
+        return self._step_torch(table, state, ids, grads)
+
+    def _step_torch(self, table, state, ids, grads) -> int:
+        rows, inverse = torch.unique(ids, return_inverse=True)
+        gsum = torch.zeros((rows.shape[0], table.shape[1]), dtype=grads.dtype, device=grads.device)
+        gsum.index_add_(0, inverse, grads)
+        if self.kind == "sgd":
+            table.index_add_(0, rows, gsum, alpha=-self.lr)
+        else:
+            state[rows] += gsum.pow(2).mean(dim=1)
+            scale = self.lr / (state[rows].sqrt() + self.eps)
+            table.index_add_(0, rows, -gsum * scale[:, None])
+        return int(rows.shape[0])
