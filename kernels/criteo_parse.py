@@ -1,0 +1,392 @@
+"""Numba kernels for raw Criteo text: parse lines into arrays, map raw categories to ids, format lines.
+
+A raw Criteo line is ``label \\t I1..I13 \\t C1..C26`` (40 tab-separated fields): the label is ``0`` or
+``1``; ``I*`` are decimal integers; ``C*`` are hexadecimal category hashes (usually 8 digits); any feature
+field may be empty (missing). Parsing follows the reference DLRM preprocessing (facebookresearch/dlrm
+``data_utils.py``): missing and negative integers become 0, dense values become ``log(x + 1)`` in float32,
+missing categories become the raw value 0, and raw categories are taken modulo ``max_ind_range`` if given.
+
+Unlike the reference, every field is checked strictly; a line that does not parse gets a reason code
+(:data:`REASONS`) and the 1-based column of the offending field, and the caller decides what to do.
+
+Kernels: :func:`parse_lines` (raw bytes -> label/dense/category arrays), :func:`map_categories` (raw
+category values -> contiguous ids through per-table sorted unique values), :func:`format_lines` (arrays ->
+raw Criteo bytes, used to write synthetic data in the raw format).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit, prange
+
+NUM_DENSE = 13
+NUM_CATEGORICAL = 26
+NUM_FIELDS = 1 + NUM_DENSE + NUM_CATEGORICAL
+MAX_HEX_DIGITS = 16
+
+# Reason codes of a line that does not parse (index into REASONS; 0 means the line is fine).
+OK = 0
+TOO_FEW_FIELDS = 1
+TOO_MANY_FIELDS = 2
+BAD_LABEL = 3
+BAD_INTEGER = 4
+INTEGER_OVERFLOW = 5
+BAD_HEX = 6
+HEX_OVERFLOW = 7
+NUL_BYTE = 8
+LINE_TOO_LONG = 9  # detected by the block reader, not by the kernel
+REASONS = (
+    "ok",
+    "too_few_fields",
+    "too_many_fields",
+    "bad_label",
+    "bad_integer",
+    "integer_overflow",
+    "bad_hex",
+    "hex_overflow",
+    "nul_byte",
+    "line_too_long",
+)
+
+_TAB = 9
+_LF = 10
+_CR = 13
+# (2**63 - 1) // 10: a magnitude above this overflows int64 once another digit is appended.
+_INT64_TENTH = 922337203685477580
+
+
+@njit(cache=True, inline="always")
+def _parse_int(buf, s, e):
+    """Parses buf[s:e] as [+-]?[0-9]+ (empty -> 0). Returns (reason, value with negatives clamped to 0)."""
+    if s == e:
+        return OK, 0
+    neg = False
+    p = s
+    if buf[p] == 45 or buf[p] == 43:  # '-' or '+'
+        neg = buf[p] == 45
+        p += 1
+        if p == e:
+            return BAD_INTEGER, 0
+    # The last digit may reach 7 for +(2**63 - 1) and 8 for -(2**63).
+    last_max = 8 if neg else 7
+    mag = 0
+    overflow = False
+    for q in range(p, e):
+        d = np.int64(buf[q]) - 48
+        if d < 0 or d > 9:
+            return BAD_INTEGER, 0
+        if mag > _INT64_TENTH or (mag == _INT64_TENTH and d > last_max):
+            overflow = True  # keep scanning: a later non-digit makes it a bad integer instead
+        else:
+            mag = mag * 10 + d
+    if overflow:
+        return INTEGER_OVERFLOW, 0
+    if neg:
+        return OK, 0
+    return OK, mag
+
+
+def _hex_table() -> np.ndarray:
+    """Value of each byte as a hex digit, -1 for a byte that is not one (a table: no mispredicted branches)."""
+    table = np.full(256, -1, np.int8)
+    for i, c in enumerate(b"0123456789abcdef"):
+        table[c] = i
+    for i, c in enumerate(b"ABCDEF"):
+        table[c] = 10 + i
+    return table
+
+
+@njit(cache=True, inline="always")
+def _parse_hex(buf, s, e, hex_value):
+    """Parses buf[s:e] as 1-16 hex digits (empty -> 0). Returns (reason, uint64 value)."""
+    v = np.uint64(0)
+    bad = 0
+    for q in range(s, e):
+        d = hex_value[buf[q]]
+        bad |= d
+        v = (v << np.uint64(4)) | np.uint64(d & 15)
+    if bad < 0:
+        return BAD_HEX, np.uint64(0)
+    if e - s > MAX_HEX_DIGITS:
+        return HEX_OVERFLOW, np.uint64(0)
+    return OK, v
+
+
+@njit(cache=True, inline="always")
+def _parse_fields(buf, s, e, modulus, hex_value, i, labels, dense, cats):
+    """Parses the fields of buf[s:e] into row i, stopping at the first bad one. Returns (reason, column)."""
+    p = s
+    col = 0
+    while p <= e:
+        q = p
+        while q < e and buf[q] != _TAB:
+            q += 1
+        if col == 0:
+            if q - p != 1 or (buf[p] != 48 and buf[p] != 49):
+                return BAD_LABEL, 1
+            labels[i] = np.float32(buf[p] - 48)
+        elif col <= NUM_DENSE:
+            r, v = _parse_int(buf, p, q)
+            if r != OK:
+                return r, col + 1
+            # As dlrm: log(float32(x) + 1) in float32.
+            dense[i, col - 1] = np.log(np.float32(v) + np.float32(1.0))
+        elif col < NUM_FIELDS:
+            r, h = _parse_hex(buf, p, q, hex_value)
+            if r != OK:
+                return r, col + 1
+            if modulus > 0:
+                h = h % modulus
+            cats[i, col - 1 - NUM_DENSE] = h
+        else:
+            return TOO_MANY_FIELDS, col + 1
+        col += 1
+        p = q + 1
+    if col < NUM_FIELDS:
+        return TOO_FEW_FIELDS, col
+    return OK, 0
+
+
+@njit(cache=True)
+def _parse_line(buf, s, e, modulus, hex_value, i, labels, dense, cats):
+    """Parses one line buf[s:e] (without its newline) into row i. Returns (reason, column).
+
+    The reason of a bad line is, in this order of precedence: a NUL byte (column of the field holding it),
+    too few / too many fields (column = number of fields found), else the first bad field.
+    """
+    if e > s and buf[e - 1] == _CR:
+        e -= 1
+    r, c = _parse_fields(buf, s, e, modulus, hex_value, i, labels, dense, cats)
+    if r == OK:
+        return r, c
+    # Slow path, bad lines only: a NUL or a wrong field count takes precedence over the first bad field.
+    ntab = 0
+    for p in range(s, e):
+        b = buf[p]
+        if b == 0:
+            return NUL_BYTE, ntab + 1
+        if b == _TAB:
+            ntab += 1
+    if ntab + 1 < NUM_FIELDS:
+        return TOO_FEW_FIELDS, ntab + 1
+    if ntab + 1 > NUM_FIELDS:
+        return TOO_MANY_FIELDS, ntab + 1
+    return r, c
+
+
+@njit(cache=True, parallel=True)
+def _parse_lines(buf, starts, ends, modulus, hex_value, labels, dense, cats, reason, column):
+    for i in prange(starts.shape[0]):
+        r, c = _parse_line(buf, starts[i], ends[i], modulus, hex_value, i, labels, dense, cats)
+        reason[i] = r
+        column[i] = c
+
+
+@dataclass
+class ParsedLines:
+    """Arrays parsed from a block of raw Criteo lines (n lines, rows of bad lines hold garbage)."""
+
+    labels: np.ndarray
+    """float32 [n] labels 0.0 / 1.0."""
+    dense: np.ndarray
+    """float32 [n, 13] log(x + 1) of the integer features (missing and negative -> 0)."""
+    cats: np.ndarray
+    """uint64 [n, 26] raw category values (missing -> 0), already modulo max_ind_range if given."""
+    reason: np.ndarray
+    """int8 [n] reason code per line (0 = parsed; see REASONS)."""
+    column: np.ndarray
+    """int32 [n] 1-based column of the bad field; for too few / too many fields, the number found."""
+
+
+def line_bounds(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end (exclusive, newline excluded) offsets of every line in ``buf``.
+
+    The last line may lack its newline; a buffer ending with a newline has no empty line after it.
+    """
+    newlines = np.flatnonzero(buf == _LF)
+    n = newlines.shape[0]
+    has_tail = buf.shape[0] > 0 and (n == 0 or newlines[-1] != buf.shape[0] - 1)
+    starts = np.empty(n + has_tail, dtype=np.int64)
+    ends = np.empty(n + has_tail, dtype=np.int64)
+    starts[:1] = 0
+    starts[1:] = newlines[: n + has_tail - 1] + 1
+    ends[:n] = newlines
+    if has_tail:
+        ends[n] = buf.shape[0]
+    return starts, ends
+
+
+def parse_lines(buf: np.ndarray, max_ind_range: int | None = None) -> ParsedLines:
+    """Parses every line of ``buf`` (uint8 bytes of whole raw Criteo lines) in parallel."""
+    buf = np.ascontiguousarray(buf)
+    if buf.dtype != np.uint8 or buf.ndim != 1:
+        raise TypeError(f"buf must be a 1-d uint8 array, got {buf.dtype} {buf.shape}")
+    modulus = 0 if max_ind_range is None else int(max_ind_range)
+    if modulus < 0:
+        raise ValueError(f"max_ind_range must be positive, got {max_ind_range}")
+    starts, ends = line_bounds(buf)
+    n = starts.shape[0]
+    out = ParsedLines(
+        labels=np.empty(n, np.float32),
+        dense=np.empty((n, NUM_DENSE), np.float32),
+        cats=np.empty((n, NUM_CATEGORICAL), np.uint64),
+        reason=np.empty(n, np.int8),
+        column=np.empty(n, np.int32),
+    )
+    if n:
+        _parse_lines(
+            buf,
+            starts,
+            ends,
+            np.uint64(modulus),
+            _hex_table(),
+            out.labels,
+            out.dense,
+            out.cats,
+            out.reason,
+            out.column,
+        )
+    return out
+
+
+@njit(cache=True, parallel=True)
+def _map_categories(raw, uniques, offsets, remap, out):
+    n, T = raw.shape
+    missing = 0
+    for i in prange(n):
+        for t in range(T):
+            lo = offsets[t]
+            hi = offsets[t + 1]
+            v = raw[i, t]
+            # Binary search for v in uniques[lo:hi] (sorted ascending).
+            a = lo
+            b = hi
+            while a < b:
+                m = (a + b) >> 1
+                if uniques[m] < v:
+                    a = m + 1
+                else:
+                    b = m
+            if a < hi and uniques[a] == v:
+                out[i, t] = remap[a]
+            else:
+                out[i, t] = -1
+                missing += 1
+    return missing
+
+
+def map_categories(
+    raw: np.ndarray, uniques: np.ndarray, offsets: np.ndarray, remap: np.ndarray, out: np.ndarray
+) -> None:
+    """Writes ``out[i, t] = remap[offsets[t] + k]`` where ``uniques[offsets[t] + k] == raw[i, t]``.
+
+    ``uniques`` holds every table's sorted unique raw values back to back (table t at
+    ``offsets[t]:offsets[t+1]``) and ``remap`` the id of each. Raises ValueError if a raw value is absent.
+    """
+    raw = np.ascontiguousarray(raw, dtype=np.uint64)
+    if raw.ndim != 2 or out.shape != raw.shape or out.dtype != np.int32:
+        raise ValueError(f"raw {raw.shape} and out {out.shape} {out.dtype} must be [n, T] with out int32")
+    if offsets.shape != (raw.shape[1] + 1,) or uniques.shape != remap.shape:
+        raise ValueError("offsets must have T + 1 entries and uniques / remap the same length")
+    missing = _map_categories(
+        raw,
+        uniques.astype(np.uint64, copy=False),
+        offsets.astype(np.int64, copy=False),
+        remap.astype(np.int32, copy=False),
+        out,
+    )
+    if missing:
+        raise ValueError(f"{missing} raw category values are not among the unique values given")
+
+
+@njit(cache=True, inline="always")
+def _dec_len(v):
+    n = 1
+    while v >= 10:
+        v //= 10
+        n += 1
+    return n
+
+
+@njit(cache=True, inline="always")
+def _hex_len(v):
+    # At least 8 digits, as in the Criteo files; more only for values beyond 32 bits.
+    n = 8
+    v >>= 32
+    while v > 0:
+        v >>= 4
+        n += 1
+    return n
+
+
+@njit(cache=True, parallel=True)
+def _line_lengths(labels, dense, cats, lengths):
+    for i in prange(labels.shape[0]):
+        n = 1 + NUM_FIELDS  # the label digit, 39 tabs and the newline
+        for j in range(dense.shape[1]):
+            if dense[i, j] >= 0:
+                n += _dec_len(dense[i, j])
+        for j in range(cats.shape[1]):
+            if cats[i, j] >= 0:
+                n += _hex_len(cats[i, j])
+        lengths[i] = n
+
+
+@njit(cache=True, parallel=True)
+def _format_lines(labels, dense, cats, offsets, out):
+    hexdigits = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+    for i in prange(labels.shape[0]):
+        p = offsets[i]
+        out[p] = 48 + labels[i]
+        p += 1
+        for j in range(dense.shape[1]):
+            out[p] = _TAB
+            p += 1
+            v = dense[i, j]
+            if v >= 0:
+                k = _dec_len(v)
+                for d in range(k - 1, -1, -1):
+                    out[p + d] = 48 + v % 10
+                    v //= 10
+                p += k
+        for j in range(cats.shape[1]):
+            out[p] = _TAB
+            p += 1
+            v = cats[i, j]
+            if v >= 0:
+                k = _hex_len(v)
+                for d in range(k - 1, -1, -1):
+                    out[p + d] = hexdigits[v & 15]
+                    v >>= 4
+                p += k
+        out[p] = _LF
+
+
+def format_lines(labels: np.ndarray, dense: np.ndarray, cats: np.ndarray) -> np.ndarray:
+    """Raw Criteo text (uint8 bytes, one line per row) for int labels [n] in {0, 1}, int64 dense [n, 13]
+    and int64 categories [n, 26]; negative values are missing and written as empty fields.
+
+    Categories are written as lowercase hex with at least 8 digits.
+    """
+    labels = np.ascontiguousarray(labels, dtype=np.int64)
+    dense = np.ascontiguousarray(dense, dtype=np.int64)
+    cats = np.ascontiguousarray(cats, dtype=np.int64)
+    n = labels.shape[0]
+    if labels.ndim != 1 or dense.shape != (n, NUM_DENSE) or cats.shape != (n, NUM_CATEGORICAL):
+        raise ValueError(
+            f"expected labels [n], dense [n, {NUM_DENSE}], cats [n, {NUM_CATEGORICAL}]; "
+            f"got {labels.shape}, {dense.shape}, {cats.shape}"
+        )
+    if n and ((labels != 0) & (labels != 1)).any():
+        raise ValueError("labels must be 0 or 1")
+    lengths = np.empty(n, np.int64)
+    if n == 0:
+        return np.empty(0, np.uint8)
+    _line_lengths(labels, dense, cats, lengths)
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    out = np.empty(offsets[-1], np.uint8)
+    _format_lines(labels, dense, cats, offsets, out)
+    return out
