@@ -56,3 +56,13 @@ def write_raw_tsv(
             b = min(n, a + _WRITE_ROWS)
             f.write(format_lines(labels[a:b], dense[a:b], cats[a:b]).data)
     return path
+
+
+def add_parser(subparsers) -> None:
+    """Registers ``hotline data criteo`` (full preprocessing lands in the next commit)."""
+    parser = subparsers.add_parser("criteo", help="preprocess raw Criteo Kaggle / Terabyte files")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    raise NotImplementedError("hotline data criteo is being written")
