@@ -1,0 +1,259 @@
+"""Placement: which embedding rows are hot (kept in device memory) and where each hot row lives.
+
+A :class:`Placement` is per table: the hot row ids in hot-slot order and a remap array row -> hot slot (or -1
+for a cold row). Hot slots of all tables are fused into one id space by ``hot_offsets``, so the device holds a
+single hot table of ``num_hot`` rows. It is saved as a plain ``.npz`` (no pickle) together with the
+fingerprint of the dataset it was profiled on, and loading it against another dataset is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+FORMAT_TAG = "hotline-placement/1"
+
+
+class PlacementError(ValueError):
+    """A placement does not fit its dataset, or a placement file is missing, corrupt or inconsistent."""
+
+
+def bytes_per_row_for(embedding_dim: int, optimizer: str) -> int:
+    """Device bytes one hot row costs: float32 embedding plus its optimizer state (one float for row-wise
+    Adagrad, nothing for SGD)."""
+    if embedding_dim <= 0:
+        raise ValueError(f"embedding_dim must be positive, got {embedding_dim}")
+    if optimizer not in ("sgd", "rowwise-adagrad"):
+        raise ValueError(f"optimizer must be 'sgd' or 'rowwise-adagrad', got {optimizer!r}")
+    return embedding_dim * 4 + (4 if optimizer == "rowwise-adagrad" else 0)
+
+
+class Placement:
+    """Hot rows per table under a byte budget, with the remap arrays the training engine indexes with.
+
+    Attributes:
+        table_sizes: rows per table.
+        hot_ids: per table, int64 row ids that are hot, in hot-slot order (slot i holds ``hot_ids[t][i]``).
+        remap: per table, int32 [table_size]: row -> hot slot within that table, or -1 if the row is cold.
+        hot_offsets: int64 [T+1]: the fused hot slot of (t, row) is ``hot_offsets[t] + remap[t][row]``.
+        bytes_per_row, embedding_dim, hbm_budget_bytes: what a hot row costs and the budget it was chosen for.
+        dataset_fingerprint: ``Dataset.fingerprint`` of the dataset it was profiled on ("" if none).
+    """
+
+    def __init__(
+        self,
+        table_sizes: Sequence[int],
+        hot_ids: Sequence[np.ndarray],
+        remap: Sequence[np.ndarray],
+        *,
+        dataset_fingerprint: str,
+        embedding_dim: int,
+        bytes_per_row: int,
+        hbm_budget_bytes: int,
+    ):
+        self.table_sizes: list[int] = [int(s) for s in table_sizes]
+        self.hot_ids: list[np.ndarray] = list(hot_ids)
+        self.remap: list[np.ndarray] = list(remap)
+        self.dataset_fingerprint: str = str(dataset_fingerprint)
+        self.embedding_dim: int = int(embedding_dim)
+        self.bytes_per_row: int = int(bytes_per_row)
+        self.hbm_budget_bytes: int = int(hbm_budget_bytes)
+        counts = np.array([len(h) for h in self.hot_ids], dtype=np.int64)
+        self.hot_offsets: np.ndarray = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._validate()
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_hot_ids(
+        cls,
+        table_sizes: Sequence[int],
+        hot_ids: Sequence[np.ndarray],
+        *,
+        dataset_fingerprint: str = "",
+        embedding_dim: int = 16,
+        bytes_per_row: int | None = None,
+        hbm_budget_bytes: int | None = None,
+    ) -> Placement:
+        """A placement from per-table hot row ids in slot order; builds the remap arrays.
+
+        ``bytes_per_row`` defaults to ``embedding_dim * 4`` (SGD); ``hbm_budget_bytes`` to exactly the hot bytes.
+        """
+        sizes = [int(s) for s in table_sizes]
+        if len(hot_ids) != len(sizes):
+            raise PlacementError(f"hot_ids has {len(hot_ids)} tables but there are {len(sizes)} tables")
+        ids_list, remaps = [], []
+        for t, (size, ids) in enumerate(zip(sizes, hot_ids, strict=True)):
+            ids = np.asarray(ids)
+            if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
+                raise PlacementError(
+                    f"table {t}: hot ids must be a 1-D integer array, got {ids.dtype} {ids.shape}"
+                )
+            ids = ids.astype(np.int64)
+            if ids.size and (ids.min() < 0 or ids.max() >= size):
+                raise PlacementError(
+                    f"table {t}: hot ids must lie in [0, {size}), got [{ids.min()}, {ids.max()}]"
+                )
+            remap = np.full(size, -1, dtype=np.int32)
+            remap[ids] = np.arange(ids.size, dtype=np.int32)
+            if ids.size and np.count_nonzero(remap >= 0) != ids.size:
+                raise PlacementError(f"table {t}: hot ids contain duplicates")
+            ids_list.append(ids)
+            remaps.append(remap)
+        if bytes_per_row is None:
+            bytes_per_row = embedding_dim * 4
+        num_hot = sum(int(i.size) for i in ids_list)
+        if hbm_budget_bytes is None:
+            hbm_budget_bytes = num_hot * int(bytes_per_row)
+        return cls(
+            sizes,
+            ids_list,
+            remaps,
+            dataset_fingerprint=dataset_fingerprint,
+            embedding_dim=embedding_dim,
+            bytes_per_row=int(bytes_per_row),
+            hbm_budget_bytes=int(hbm_budget_bytes),
+        )
+
+    @classmethod
+    def all_cold(cls, table_sizes: Sequence[int], **kwargs) -> Placement:
+        """No hot rows (the hybrid baseline: everything in host memory)."""
+        kwargs.setdefault("hbm_budget_bytes", 0)
+        return cls.from_hot_ids(table_sizes, [np.zeros(0, np.int64) for _ in table_sizes], **kwargs)
+
+    @classmethod
+    def all_hot(cls, table_sizes: Sequence[int], **kwargs) -> Placement:
+        """Every row hot, slot = row id (the device-only baseline)."""
+        return cls.from_hot_ids(
+            table_sizes, [np.arange(int(s), dtype=np.int64) for s in table_sizes], **kwargs
+        )
+
+    # ------------------------------------------------------------------ figures
+    @property
+    def num_tables(self) -> int:
+        return len(self.table_sizes)
+
+    @property
+    def num_hot(self) -> int:
+        """Hot rows over all tables."""
+        return int(self.hot_offsets[-1])
+
+    @property
+    def hot_bytes(self) -> int:
+        """Device bytes the hot rows take (embeddings plus optimizer state)."""
+        return self.num_hot * self.bytes_per_row
+
+    def fused_remap(self) -> np.ndarray:
+        """int64 [sum(table_sizes)]: fused row id (table offset + row) -> fused hot slot, or -1 if cold."""
+        parts = []
+        for t, remap in enumerate(self.remap):
+            r = remap.astype(np.int64)
+            parts.append(np.where(r >= 0, r + self.hot_offsets[t], -1))
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    def __repr__(self) -> str:
+        return (
+            f"Placement(tables={self.num_tables}, hot_rows={self.num_hot}/{sum(self.table_sizes)}, "
+            f"hot_bytes={self.hot_bytes}, budget={self.hbm_budget_bytes}, dataset={self.dataset_fingerprint!r})"
+        )
+
+    # ------------------------------------------------------------------ checks
+    def _validate(self, source: str = "placement") -> None:
+        T = len(self.table_sizes)
+        if len(self.hot_ids) != T or len(self.remap) != T:
+            raise PlacementError(
+                f"{source}: {T} table sizes but {len(self.hot_ids)} hot id arrays and {len(self.remap)} remaps"
+            )
+        for t, (size, ids, remap) in enumerate(zip(self.table_sizes, self.hot_ids, self.remap, strict=True)):
+            if ids.dtype != np.int64 or ids.ndim != 1:
+                raise PlacementError(
+                    f"{source}: table {t}: hot ids must be int64 [n], got {ids.dtype} {ids.shape}"
+                )
+            if remap.dtype != np.int32 or remap.shape != (size,):
+                raise PlacementError(
+                    f"{source}: table {t}: remap must be int32 [{size}], got {remap.dtype} {remap.shape}"
+                )
+            if ids.size and (ids.min() < 0 or ids.max() >= size):
+                raise PlacementError(f"{source}: table {t}: hot ids outside [0, {size})")
+            hot_rows = np.flatnonzero(remap >= 0)
+            if hot_rows.size != ids.size or (
+                ids.size and not np.array_equal(remap[ids], np.arange(ids.size))
+            ):
+                raise PlacementError(f"{source}: table {t}: remap does not match the hot ids")
+            if (remap < -1).any():
+                raise PlacementError(f"{source}: table {t}: remap has entries below -1")
+        if self.bytes_per_row <= 0 or self.embedding_dim <= 0:
+            raise PlacementError(f"{source}: bytes_per_row and embedding_dim must be positive")
+
+    def check_dataset(self, dataset) -> None:
+        """Raises PlacementError unless ``dataset`` (a Dataset) is the one this placement was profiled on."""
+        where = f" (placement file {self._path})" if getattr(self, "_path", None) else ""
+        if dataset.fingerprint != self.dataset_fingerprint:
+            raise PlacementError(
+                f"placement{where} was made for dataset fingerprint {self.dataset_fingerprint!r}, but dataset "
+                f"{dataset.path} has fingerprint {dataset.fingerprint!r}: profile this dataset again"
+            )
+        if list(dataset.table_sizes) != self.table_sizes:
+            raise PlacementError(
+                f"placement{where} has table sizes {self.table_sizes}, dataset {dataset.path} has "
+                f"{list(dataset.table_sizes)}"
+            )
+
+    # ------------------------------------------------------------------ files
+    def save(self, path: str | os.PathLike) -> Path:
+        """Writes the placement to ``path`` (.npz, no pickle), atomically; returns the path."""
+        path = Path(path)
+        arrays: dict[str, np.ndarray] = {
+            "format": np.array(FORMAT_TAG),
+            "table_sizes": np.array(self.table_sizes, dtype=np.int64),
+            "embedding_dim": np.array(self.embedding_dim, dtype=np.int64),
+            "bytes_per_row": np.array(self.bytes_per_row, dtype=np.int64),
+            "hbm_budget_bytes": np.array(self.hbm_budget_bytes, dtype=np.int64),
+            "dataset_fingerprint": np.array(self.dataset_fingerprint),
+        }
+        for t in range(self.num_tables):
+            arrays[f"hot_ids_{t}"] = self.hot_ids[t]
+            arrays[f"remap_{t}"] = self.remap[t]
+        tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+        try:
+            with open(tmp, "wb") as f:
+                # Compressed: remap arrays are mostly -1 and shrink a hundredfold.
+                np.savez_compressed(f, **arrays)
+                f.flush()
+                os.fsync(f.fileno())
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, dataset=None) -> Placement:
+        """Reads a placement saved by :meth:`save`; with ``dataset`` also checks it belongs to that dataset."""
+        path = Path(path)
+        if not path.is_file():
+            raise PlacementError(f"placement file {path} does not exist")
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                tag = str(z["format"])
+                if tag != FORMAT_TAG:
+                    raise PlacementError(f"placement file {path}: format is {tag!r}, expected {FORMAT_TAG!r}")
+                sizes = [int(s) for s in z["table_sizes"]]
+                hot_ids = [z[f"hot_ids_{t}"] for t in range(len(sizes))]
+                remap = [z[f"remap_{t}"] for t in range(len(sizes))]
+                scalars = {k: int(z[k]) for k in ("embedding_dim", "bytes_per_row", "hbm_budget_bytes")}
+                fingerprint = str(z["dataset_fingerprint"])
+        except PlacementError:
+            raise
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, TypeError) as e:
+            raise PlacementError(f"placement file {path} is corrupt or not a Hotline placement: {e}") from e
+        try:
+            placement = cls(sizes, hot_ids, remap, dataset_fingerprint=fingerprint, **scalars)
+        except PlacementError as e:
+            raise PlacementError(f"placement file {path} is inconsistent: {e}") from e
+        placement._path = path
+        if dataset is not None:
+            placement.check_dataset(dataset)
+        return placement

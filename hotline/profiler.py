@@ -1,0 +1,554 @@
+"""Popularity profiler: access counts per (table, row) over a sample of a dataset, and what they imply.
+
+:class:`Profiler` streams a sample of a split (a seeded uniform fraction, as FAE does, or the first N
+mini-batches, as Hotline's learning phase does) through the counting kernel and returns a :class:`Profile`.
+A Profile ranks the rows of all tables against each other by access count (ties by table, then row id) and
+answers, for any HBM budget: which rows are hot (:meth:`Profile.placement`), which share of lookups they
+serve, which share of samples are *popular* (every lookup hot), and how many cold rows a mini-batch needs.
+
+The popular-sample share for every budget comes from one pass: with rows ranked 0, 1, 2, ..., a sample is
+popular under a budget of ``k`` rows iff the largest rank among its lookups is ``< k``; a histogram of the
+per-sample max rank gives the share for all ``k`` at once.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hotline.datasets.format import Dataset, DatasetError
+from hotline.kernels import profile as kernels
+from hotline.placement import Placement, PlacementError, bytes_per_row_for
+from hotline.units import format_size, parse_size
+
+# Keep the sampled ids in memory for the second pass when they are at most this big (else re-read the files).
+_CACHE_SAMPLE_BYTES = 1 << 30
+# Cap on the per-thread private count arrays together, so many threads on a big id space do not exhaust memory.
+_PRIVATE_COUNT_BYTES = 4 << 30
+
+
+@dataclass
+class Profiler:
+    """Counts embedding-row accesses over a sample of a dataset split; ``profile(dataset)`` is the verb."""
+
+    sample_fraction: float = 0.05
+    """Share of the split's samples to profile, drawn uniformly without replacement (FAE uses 5%)."""
+    sample_batches: int | None = None
+    """If set, profile the first N mini-batches instead (Hotline's learning phase); overrides sample_fraction."""
+    mini_batch_size: int = 128
+    """Mini-batch size B: for sample_batches, and for the per-mini-batch working-set figures."""
+    seed: int = 0
+    """Seed of the uniform sample."""
+    embedding_dim: int = 16
+    """Embedding dimension (DLRM's --arch-sparse-feature-size): a hot row costs embedding_dim * 4 bytes..."""
+    optimizer: str = "sgd"
+    """...plus its optimizer state: 'sgd' (none) or 'rowwise-adagrad' (one float32 per row)."""
+    split: str = "train"
+    """Which split of the dataset to profile."""
+    chunk_size: int = 65536
+    """Samples read from the memory map per kernel call."""
+    progress: bool = True
+    """Show tqdm progress bars."""
+
+    def __post_init__(self) -> None:
+        if self.sample_batches is None and not (0.0 < float(self.sample_fraction) <= 1.0):
+            raise ValueError(f"sample_fraction must be in (0, 1], got {self.sample_fraction}")
+        if self.sample_batches is not None and int(self.sample_batches) <= 0:
+            raise ValueError(f"sample_batches must be positive, got {self.sample_batches}")
+        if int(self.mini_batch_size) <= 0:
+            raise ValueError(f"mini_batch_size must be positive, got {self.mini_batch_size}")
+        if int(self.chunk_size) <= 0:
+            raise ValueError(f"chunk_size must be positive, got {self.chunk_size}")
+        self.bytes_per_row = bytes_per_row_for(int(self.embedding_dim), self.optimizer)
+
+    def sample_indices(self, num_samples: int) -> np.ndarray | None:
+        """Sorted sample indices into a split of ``num_samples`` rows, or None for the prefix ``[0, n)``
+        (see :meth:`sample_size`). The uniform sample is
+        ``np.sort(np.random.default_rng(seed).choice(num_samples, k, replace=False, shuffle=False))``."""
+        if self.sample_batches is not None or self.sample_size(num_samples) == num_samples:
+            return None
+        rng = np.random.default_rng(self.seed)
+        k = self.sample_size(num_samples)
+        return np.sort(rng.choice(num_samples, size=k, replace=False, shuffle=False)).astype(np.int64)
+
+    def sample_size(self, num_samples: int) -> int:
+        """How many samples of a split of ``num_samples`` rows this profiler reads."""
+        if self.sample_batches is not None:
+            return min(num_samples, int(self.sample_batches) * int(self.mini_batch_size))
+        return (
+            min(num_samples, max(1, round(float(self.sample_fraction) * num_samples))) if num_samples else 0
+        )
+
+    def profile(self, dataset: Dataset | str | os.PathLike) -> Profile:
+        """Counts accesses over the sample of ``dataset`` (a Dataset or its directory) and ranks the rows."""
+        import numba
+        from tqdm.auto import tqdm
+
+        ds = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
+        split = ds.split(self.split)
+        n_total = len(split)
+        indices = self.sample_indices(n_total)
+        n = self.sample_size(n_total)
+        if n == 0:
+            raise DatasetError(f"dataset {ds.path}: split {self.split!r} has no samples to profile")
+        sizes = ds.table_sizes
+        total_rows = sum(sizes)
+        sample_bytes = n * ds.num_tables * ds.pooling_factor * 4
+        keep = [] if sample_bytes <= _CACHE_SAMPLE_BYTES else None
+
+        def chunks(desc: str) -> Iterator[np.ndarray]:
+            bar = tqdm(
+                total=n, desc=desc, unit="samples", unit_scale=True, disable=not self.progress, leave=False
+            )
+            try:
+                if keep is not None and keep and desc != "counting":
+                    for c in keep:
+                        yield c
+                        bar.update(c.shape[0])
+                    return
+                for start in range(0, n, self.chunk_size):
+                    stop = min(n, start + self.chunk_size)
+                    rows = slice(start, stop) if indices is None else indices[start:stop]
+                    c = np.ascontiguousarray(split.sparse[rows])
+                    if keep is not None and desc == "counting":
+                        keep.append(c)
+                    yield c
+                    bar.update(stop - start)
+            finally:
+                bar.close()
+
+        def bad_id(e: kernels.BadIdError, chunk_start: int) -> DatasetError:
+            i = chunk_start + e.sample
+            row = i if indices is None else int(indices[i])
+            return DatasetError(
+                f"{ds.path / f'{self.split}_sparse.npy'}: sample {row}, table {e.table}, lookup {e.lookup}: "
+                f"row id {e.row_id} is outside the table (meta.json: 0 <= id < {e.table_size})"
+            )
+
+        t0 = time.perf_counter()
+        num_private = max(1, min(numba.get_num_threads(), _PRIVATE_COUNT_BYTES // max(1, 8 * total_rows)))
+        private = kernels.new_private_counts(sizes, num_private)
+        done = 0
+        for c in chunks("counting"):
+            try:
+                kernels.count_lookups(c, sizes, private)
+            except kernels.BadIdError as e:
+                raise bad_id(e, done) from e
+            done += c.shape[0]
+        counts = kernels.reduce_counts(private)
+        del private
+        t1 = time.perf_counter()
+
+        profile = Profile(
+            counts=counts,
+            table_sizes=sizes,
+            num_samples=n,
+            pooling_factor=ds.pooling_factor,
+            profiler=self,
+            dataset=ds,
+            sample_indices=indices,
+            _chunks=chunks,
+        )
+        hist = np.zeros(profile.num_accessed + 1, dtype=np.int64)
+        for c in chunks("ranking"):
+            max_rank = kernels.sample_max_rank(c, sizes, profile.rank)
+            kernels.add_histogram(max_rank + 1, hist)
+        profile._popular_cum = np.cumsum(hist)
+        profile.timings = {"count_s": t1 - t0, "rank_s": time.perf_counter() - t1}
+        return profile
+
+
+def profile(
+    dataset: Dataset | str | os.PathLike,
+    *,
+    sample_fraction: float = 0.05,
+    sample_batches: int | None = None,
+    mini_batch_size: int = 128,
+    seed: int = 0,
+    embedding_dim: int = 16,
+    optimizer: str = "sgd",
+    split: str = "train",
+    progress: bool = True,
+) -> Profile:
+    """Profiles ``dataset`` (a Dataset or its directory): ``Profiler(...).profile(dataset)``."""
+    return Profiler(
+        sample_fraction=sample_fraction,
+        sample_batches=sample_batches,
+        mini_batch_size=mini_batch_size,
+        seed=seed,
+        embedding_dim=embedding_dim,
+        optimizer=optimizer,
+        split=split,
+        progress=progress,
+    ).profile(dataset)
+
+
+@dataclass
+class Profile:
+    """Access counts of one profiled sample and the global popularity ranking of rows derived from them."""
+
+    counts: np.ndarray
+    """int64 [total rows]: accesses per fused row (table offset + row id) in the sample."""
+    table_sizes: list[int]
+    """Rows per table."""
+    num_samples: int
+    """Samples profiled."""
+    pooling_factor: int
+    """Lookups per table per sample (L)."""
+    profiler: Profiler
+    """The settings it was made with (mini-batch size, bytes per row, sampling)."""
+    dataset: Dataset | None = None
+    """The dataset profiled (for its fingerprint, and to re-scan the sample for always-hot placements)."""
+    sample_indices: np.ndarray | None = None
+    """Sorted indices of the sampled samples in the split, or None for the first ``num_samples``."""
+    timings: dict = field(default_factory=dict)
+    """Seconds spent counting and ranking."""
+    _chunks: object = None
+    _popular_cum: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        self.offsets = kernels.table_offsets(self.table_sizes)
+        counts = self.counts
+        accessed = np.flatnonzero(counts)
+        # Most accessed first; the stable sort keeps ascending fused ids (= table, then row) among ties.
+        self.order: np.ndarray = accessed[np.argsort(-counts[accessed], kind="stable")]
+        """Fused ids of the accessed rows, best rank first."""
+        self.rank = np.full(counts.shape[0], self.order.shape[0], dtype=np.int64)
+        self.rank[self.order] = np.arange(self.order.shape[0], dtype=np.int64)
+        self.table_of_order = np.searchsorted(self.offsets, self.order, side="right") - 1
+        self._cum_counts = np.concatenate([[0], np.cumsum(counts[self.order])])
+
+    # ------------------------------------------------------------------ basic figures
+    @property
+    def num_tables(self) -> int:
+        return len(self.table_sizes)
+
+    @property
+    def num_accessed(self) -> int:
+        """Rows (over all tables) accessed at least once in the sample: the most that can ever be hot."""
+        return int(self.order.shape[0])
+
+    @property
+    def lookups_per_table(self) -> int:
+        return self.num_samples * self.pooling_factor
+
+    @property
+    def total_lookups(self) -> int:
+        return self.lookups_per_table * self.num_tables
+
+    @property
+    def bytes_per_row(self) -> int:
+        return self.profiler.bytes_per_row
+
+    @property
+    def mini_batch_size(self) -> int:
+        return int(self.profiler.mini_batch_size)
+
+    def table_counts(self, table: int) -> np.ndarray:
+        """int64 [rows of table]: accesses per row of one table."""
+        return self.counts[self.offsets[table] : self.offsets[table + 1]]
+
+    def hot_rows_for(self, budget: int | str) -> int:
+        """Rows a budget (bytes, or a size like "256MiB") makes hot: budget // bytes_per_row, at most the
+        accessed rows."""
+        return min(parse_size(budget) // self.bytes_per_row, self.num_accessed)
+
+    # ------------------------------------------------------------------ curves
+    def _row_probabilities(self) -> np.ndarray:
+        """Per ranked row, the chance that one lookup of its table hits it (count / lookups of the table)."""
+        return self.counts[self.order] / float(self.lookups_per_table)
+
+    def _expected_unique_suffix(self, batch_size: int) -> np.ndarray:
+        """float64 [A+1]: expected unique rows of rank >= k among the lookups of one mini-batch, for each k."""
+        p = self._row_probabilities()
+        draws = batch_size * self.pooling_factor
+        # 1 - (1 - p)^draws, computed without cancellation for tiny p.
+        present = -np.expm1(draws * np.log1p(-np.minimum(p, 1.0)))
+        suffix = np.zeros(present.shape[0] + 1)
+        suffix[:-1] = np.cumsum(present[::-1])[::-1]
+        return suffix
+
+    def curve(self, budgets: Sequence[int | str] | None = None, batch_size: int | None = None):
+        """A pandas DataFrame of what each HBM budget gives (one row per budget).
+
+        Columns: budget_bytes, hot_rows, hot_bytes, access_coverage, popular_sample_share,
+        expected_cold_rows_per_batch, expected_unique_rows_per_batch, hybrid_bytes_per_batch (every
+        B*T*L looked-up row gathered), hybrid_unique_bytes_per_batch (each unique row once),
+        hotline_bytes_per_batch (the unique cold rows of the non-popular micro-batch). Bytes moved are
+        host-to-device, bytes_per_row per row. Default budgets: 0, then log-spaced up to all accessed rows.
+        """
+        import pandas as pd
+
+        B = int(batch_size or self.mini_batch_size)
+        if budgets is None:
+            top = max(1, self.num_accessed)
+            rows = np.unique(np.concatenate([[0], np.geomspace(1, top, 40).round().astype(np.int64)]))
+            budgets_b = rows * self.bytes_per_row
+        else:
+            budgets_b = np.array([parse_size(b) for b in budgets], dtype=np.int64)
+        k = np.minimum(budgets_b // self.bytes_per_row, self.num_accessed)
+        suffix = self._expected_unique_suffix(B)
+        row_bytes = self.bytes_per_row
+        return pd.DataFrame(
+            {
+                "budget_bytes": budgets_b,
+                "hot_rows": k,
+                "hot_bytes": k * row_bytes,
+                "access_coverage": self._cum_counts[k] / max(1, self.total_lookups),
+                "popular_sample_share": self._popular_cum[k] / self.num_samples,
+                "expected_cold_rows_per_batch": suffix[k],
+                "expected_unique_rows_per_batch": np.full(k.shape, suffix[0]),
+                "hybrid_bytes_per_batch": np.full(
+                    k.shape, B * self.num_tables * self.pooling_factor * row_bytes
+                ),
+                "hybrid_unique_bytes_per_batch": np.full(k.shape, suffix[0] * row_bytes),
+                "hotline_bytes_per_batch": suffix[k] * row_bytes,
+            }
+        )
+
+    def working_set(self, budget: int | str, batch_sizes: Sequence[int]):
+        """A DataFrame: for each mini-batch size, the expected unique cold rows (Hotline's working set), the
+        expected unique rows, and the looked-up rows B*T*L, under ``budget``."""
+        import pandas as pd
+
+        k = self.hot_rows_for(budget)
+        rows = []
+        for B in batch_sizes:
+            suffix = self._expected_unique_suffix(int(B))
+            rows.append(
+                {
+                    "batch_size": int(B),
+                    "looked_up_rows": int(B) * self.num_tables * self.pooling_factor,
+                    "expected_unique_rows": suffix[0],
+                    "expected_cold_rows": suffix[k],
+                }
+            )
+        return pd.DataFrame(rows)
+
+    # ------------------------------------------------------------------ per table
+    def _ranked_by_table(self, fused: np.ndarray) -> list[np.ndarray]:
+        """Splits fused ids (in rank order) into per-table row ids, keeping rank order within each table."""
+        tables = np.searchsorted(self.offsets, fused, side="right") - 1
+        by_table = np.argsort(tables, kind="stable")
+        bounds = np.concatenate([[0], np.cumsum(np.bincount(tables, minlength=self.num_tables))])
+        grouped = fused[by_table]
+        return [grouped[bounds[t] : bounds[t + 1]] - self.offsets[t] for t in range(self.num_tables)]
+
+    def table_stats(self, budget: int | str | None = None, always_hot: Sequence[int] = ()):
+        """A pandas DataFrame with one row per table: rows, accessed_rows, lookups, top1pct_share (share of
+        the table's lookups that its most accessed 1% of rows serve), zipf_exponent (least-squares slope of
+        log count against log rank over the rows accessed at least twice); with ``budget`` also hot_rows,
+        hot_pct and coverage (share of the table's lookups served by its hot rows), of
+        ``placement(budget, always_hot)``."""
+        import pandas as pd
+
+        ranked = self._ranked_by_table(self.order)
+        lookups = self.lookups_per_table
+        rows = []
+        for t, ids in enumerate(ranked):
+            c = self.table_counts(t)[ids]
+            top = math.ceil(0.01 * self.table_sizes[t])
+            rows.append(
+                {
+                    "table": t,
+                    "rows": self.table_sizes[t],
+                    "accessed_rows": int(ids.size),
+                    "lookups": lookups,
+                    "top1pct_share": float(c[:top].sum()) / lookups if lookups else 0.0,
+                    "zipf_exponent": _zipf_exponent(c),
+                }
+            )
+        df = pd.DataFrame(rows)
+        if budget is not None and always_hot:
+            placement = self.placement(budget, always_hot)
+            hot_per_table = np.array([ids.size for ids in placement.hot_ids])
+            hot_lookups = np.array(
+                [self.table_counts(t)[ids].sum() for t, ids in enumerate(placement.hot_ids)]
+            )
+        elif budget is not None:
+            k = self.hot_rows_for(budget)
+            hot_per_table = np.bincount(self.table_of_order[:k], minlength=self.num_tables)
+            hot_lookups = np.bincount(
+                self.table_of_order[:k], weights=self.counts[self.order[:k]], minlength=self.num_tables
+            )
+        if budget is not None:
+            df.insert(3, "hot_rows", hot_per_table)
+            df.insert(4, "hot_pct", 100.0 * hot_per_table / np.maximum(1, df["rows"].to_numpy()))
+            df.insert(5, "coverage", hot_lookups / max(1, lookups))
+        return df
+
+    # ------------------------------------------------------------------ placement
+    def placement(self, budget: int | str, always_hot: Sequence[int] = ()) -> Placement:
+        """The hot rows under ``budget`` bytes: the best ranked rows of all tables, tables in ``always_hot``
+        first (whole). Rows never accessed in the sample are never hot (except in always-hot tables)."""
+        budget_b = parse_size(budget)
+        k = budget_b // self.bytes_per_row
+        pinned = sorted({int(t) for t in always_hot})
+        for t in pinned:
+            if not 0 <= t < self.num_tables:
+                raise PlacementError(
+                    f"always-hot table {t} does not exist (tables are 0..{self.num_tables - 1})"
+                )
+        pinned_rows = sum(self.table_sizes[t] for t in pinned)
+        if pinned_rows > k:
+            raise PlacementError(
+                f"always-hot tables {pinned} have {pinned_rows} rows ({format_size(pinned_rows * self.bytes_per_row)}"
+                f" at {self.bytes_per_row} B/row), more than the budget {format_size(budget_b)} holds ({k} rows)"
+            )
+        rest = self.order[~np.isin(self.table_of_order, pinned)][: k - pinned_rows]
+        ranked = self._ranked_by_table(rest)
+        ranked_all = self._ranked_by_table(self.order) if pinned else None
+        hot_ids = []
+        for t in range(self.num_tables):
+            if t in pinned:
+                accessed = ranked_all[t]
+                never = np.flatnonzero(self.table_counts(t) == 0)
+                hot_ids.append(np.concatenate([accessed, never]).astype(np.int64))
+            else:
+                hot_ids.append(ranked[t].astype(np.int64))
+        return Placement.from_hot_ids(
+            self.table_sizes,
+            hot_ids,
+            dataset_fingerprint=self.dataset.fingerprint if self.dataset is not None else "",
+            embedding_dim=int(self.profiler.embedding_dim),
+            bytes_per_row=self.bytes_per_row,
+            hbm_budget_bytes=budget_b,
+        )
+
+    def evaluate(self, placement: Placement, batch_size: int | None = None) -> dict:
+        """Figures of any placement over this sample: access_coverage, popular_sample_share (by re-scanning
+        the sample), expected_cold_rows_per_batch. Slower than :meth:`curve`; works for any hot set."""
+        if placement.table_sizes != list(self.table_sizes):
+            raise PlacementError(
+                f"placement table sizes {placement.table_sizes} differ from {self.table_sizes}"
+            )
+        hot = placement.fused_remap() >= 0
+        covered = int(self.counts[hot].sum())
+        cold_rank = (~hot).astype(np.int64)  # a sample is popular iff its max over lookups is 0
+        popular = 0
+        for c in self._chunks("evaluating"):
+            popular += int(np.count_nonzero(kernels.sample_max_rank(c, self.table_sizes, cold_rank) < 1))
+        B = int(batch_size or self.mini_batch_size)
+        p = self.counts[~hot] / float(self.lookups_per_table)
+        expected = float(-np.expm1(B * self.pooling_factor * np.log1p(-p)).sum())
+        return {
+            "hot_rows": placement.num_hot,
+            "access_coverage": covered / max(1, self.total_lookups),
+            "popular_sample_share": popular / self.num_samples,
+            "expected_cold_rows_per_batch": expected,
+        }
+
+    def summary(self, budget: int | str, always_hot: Sequence[int] = ()) -> dict:
+        """What ``hotline profile --json`` writes: settings, the figures at ``budget``, and per-table stats."""
+        budget_b = parse_size(budget)
+        figures = self.curve([budget_b]).to_dict(orient="records")[0]
+        if always_hot:
+            placement = self.placement(budget_b, always_hot)
+            figures.update(self.evaluate(placement))
+            figures["hot_bytes"] = placement.hot_bytes
+            figures["hotline_bytes_per_batch"] = figures["expected_cold_rows_per_batch"] * self.bytes_per_row
+        B = self.mini_batch_size
+        p = self.profiler
+        out = {
+            "dataset": str(self.dataset.path) if self.dataset is not None else None,
+            "dataset_fingerprint": self.dataset.fingerprint if self.dataset is not None else "",
+            "split": p.split,
+            "sample": {
+                "mode": "batches" if p.sample_batches is not None else "fraction",
+                "sample_fraction": None if p.sample_batches is not None else float(p.sample_fraction),
+                "sample_batches": p.sample_batches,
+                "seed": p.seed,
+                "samples": self.num_samples,
+                "lookups": self.total_lookups,
+                "accessed_rows": self.num_accessed,
+            },
+            "mini_batch_size": B,
+            "embedding_dim": int(p.embedding_dim),
+            "optimizer": p.optimizer,
+            "always_hot": sorted({int(t) for t in always_hot}),
+            **figures,
+            "bytes_per_row": self.bytes_per_row,
+            "hbm_budget_bytes": budget_b,
+            "expected_popular_samples_per_batch": figures["popular_sample_share"] * B,
+            "tables": self.table_stats(budget_b, always_hot).to_dict(orient="records"),
+        }
+        return _jsonable(out)
+
+    # ------------------------------------------------------------------ plots
+    def plot(self, budget: int | str | None = None, batch_sizes: Sequence[int] | None = None) -> dict:
+        """Matplotlib figures: ``rank_frequency`` (per table, log-log), ``budget`` (coverage and popular-sample
+        share against the HBM budget) and ``working_set`` (unique rows per mini-batch against its size, at
+        ``budget``, default: no hot rows)."""
+        from matplotlib.figure import Figure
+
+        figs = {}
+        fig = Figure(figsize=(7, 4.5))
+        ax = fig.add_subplot()
+        for t, ids in enumerate(self._ranked_by_table(self.order)):
+            if ids.size == 0:
+                continue
+            c = self.table_counts(t)[ids]
+            pick = np.unique(np.geomspace(1, c.size, min(c.size, 400)).astype(np.int64)) - 1
+            ax.loglog(pick + 1, c[pick], lw=1, label=f"table {t}")
+        ax.set(xlabel="rank within table", ylabel="accesses in sample", title="Rank-frequency per table")
+        if self.num_tables <= 12:
+            ax.legend(fontsize="small")
+        figs["rank_frequency"] = fig
+
+        curve = self.curve()
+        curve = curve[curve.budget_bytes > 0]
+        fig = Figure(figsize=(7, 4.5))
+        ax = fig.add_subplot()
+        ax.semilogx(curve.budget_bytes, curve.access_coverage, label="access coverage")
+        ax.semilogx(curve.budget_bytes, curve.popular_sample_share, label="popular-sample share")
+        ax.set(xlabel="HBM budget (bytes)", ylabel="share", ylim=(0, 1.02), title="What an HBM budget buys")
+        ax.legend()
+        figs["budget"] = fig
+
+        sizes = batch_sizes or [2**i for i in range(0, 17)]
+        ws = self.working_set(0 if budget is None else budget, sizes)
+        fig = Figure(figsize=(7, 4.5))
+        ax = fig.add_subplot()
+        ax.loglog(ws.batch_size, ws.looked_up_rows, "--", label="looked-up rows (B*T*L)")
+        ax.loglog(ws.batch_size, ws.expected_unique_rows, label="unique rows (hybrid)")
+        label = "unique cold rows (Hotline)" + (
+            "" if budget is None else f", {format_size(parse_size(budget))}"
+        )
+        ax.loglog(ws.batch_size, np.maximum(ws.expected_cold_rows, 1e-3), label=label)
+        ax.set(xlabel="mini-batch size", ylabel="rows per mini-batch", title="Working set per mini-batch")
+        ax.legend()
+        figs["working_set"] = fig
+        return figs
+
+
+def _zipf_exponent(ranked_counts: np.ndarray) -> float:
+    """Zipf exponent s of ``count ~ rank^-s``: least squares in log-log over ranks whose count is >= 2
+    (singletons are sampling noise), on log-spaced ranks so the long tail does not outvote the head."""
+    m = int(np.count_nonzero(ranked_counts >= 2))
+    if m < 3:
+        return float("nan")
+    ranks = np.unique(np.geomspace(1, m, min(m, 64)).astype(np.int64))
+    if ranks.size < 3:
+        return float("nan")
+    slope = np.polyfit(np.log(ranks), np.log(ranked_counts[ranks - 1].astype(np.float64)), 1)[0]
+    return float(-slope)
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.floating):
+        v = float(x)
+        return None if math.isnan(v) else v
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    return x

@@ -1,0 +1,379 @@
+"""The popularity profiler: counting kernels against their twins, sampling, curves, summary and CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import hotline
+from hotline.cli import main
+from hotline.datasets.format import Dataset, DatasetError, DatasetWriter
+from hotline.kernels import profile as kp
+from hotline.placement import Placement
+from hotline.profiler import Profiler
+from tests import naive
+
+
+def write_zipf_dataset(out, n, table_sizes, pooling_factor=1, seed=0, s=1.05, bad_id=False):
+    """A dataset whose ids follow a bounded Zipf law per table, hot rows scattered by a permutation."""
+    rng = np.random.default_rng(seed)
+    with DatasetWriter(out, table_sizes, pooling_factor=pooling_factor) as w:
+        dense, sparse, labels = w.create_split("train", n)
+        for t, size in enumerate(table_sizes):
+            u = rng.random((n, pooling_factor))
+            x = (1.0 + u * ((size + 1.0) ** (1 - s) - 1.0)) ** (1.0 / (1 - s))
+            ranks = np.minimum(x.astype(np.int64) - 1, size - 1)
+            sparse[:, t, :] = rng.permutation(size)[ranks]
+        if bad_id:
+            sparse[n // 2, 1, 0] = table_sizes[1]
+        dense[:] = rng.random(dense.shape, dtype=np.float32)
+        labels[:] = rng.random(n) < 0.25
+        w.finish(source={"kind": "test-zipf", "seed": seed, "n": n})
+    return Dataset(out)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    return write_zipf_dataset(
+        tmp_path_factory.mktemp("ds") / "small", 3000, [50, 400, 3, 2000], pooling_factor=2
+    )
+
+
+def sampled_sparse(prof) -> np.ndarray:
+    split = prof.dataset.split(prof.profiler.split)
+    if prof.sample_indices is None:
+        return np.asarray(split.sparse[: prof.num_samples])
+    return np.asarray(split.sparse[prof.sample_indices])
+
+
+# ---------------------------------------------------------------- kernels vs twins
+
+sparse_cases = st.integers(1, 4).flatmap(
+    lambda T: st.tuples(
+        st.lists(st.integers(1, 6), min_size=T, max_size=T),
+        st.integers(0, 30),
+        st.integers(1, 3),
+        st.integers(0, 2**31 - 1),
+    )
+)
+
+
+def random_sparse(sizes, n, L, seed):
+    rng = np.random.default_rng(seed)
+    return (
+        np.stack([rng.integers(0, s, size=(n, L)) for s in sizes], axis=1)
+        .astype(np.int32)
+        .reshape(n, len(sizes), L)
+    )
+
+
+@settings(max_examples=30, deadline=None)
+@given(sparse_cases, st.integers(1, 3))
+def test_lookup_counts_match_twin(case, num_private):
+    sizes, n, L, seed = case
+    sparse = random_sparse(sizes, n, L, seed)
+    private = kp.new_private_counts(sizes, num_private)
+    kp.count_lookups(sparse[: n // 2], sizes, private)  # accumulates over chunks
+    kp.count_lookups(sparse[n // 2 :], sizes, private)
+    np.testing.assert_array_equal(kp.reduce_counts(private), naive.profile_lookup_counts(sparse, sizes))
+
+
+@settings(max_examples=30, deadline=None)
+@given(sparse_cases)
+def test_sample_max_rank_matches_twin(case):
+    sizes, n, L, seed = case
+    sparse = random_sparse(sizes, n, L, seed)
+    rank = np.random.default_rng(seed + 1).permutation(sum(sizes)).astype(np.int64)
+    got = kp.sample_max_rank(sparse, sizes, rank)
+    np.testing.assert_array_equal(got, naive.profile_sample_max_rank(sparse, sizes, rank))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(0, 9), max_size=50))
+def test_add_histogram_matches_twin(values):
+    hist = np.arange(10, dtype=np.int64)
+    expect = naive.profile_add_histogram(values, hist)
+    kp.add_histogram(np.array(values, dtype=np.int64), hist)
+    np.testing.assert_array_equal(hist, expect)
+
+
+def test_kernels_on_empty_and_two_dimensional_input():
+    sizes = [3, 4]
+    empty = np.zeros((0, 2, 1), dtype=np.int32)
+    assert kp.lookup_counts(empty, sizes).tolist() == [0] * 7
+    assert kp.sample_max_rank(empty, sizes, np.arange(7)).shape == (0,)
+    one_hot = np.array([[2, 0], [2, 3]], dtype=np.int64)  # [n, T] is read as L = 1
+    assert kp.lookup_counts(one_hot, sizes).tolist() == [0, 0, 2, 1, 0, 0, 1]
+    assert kp.sample_max_rank(one_hot, sizes, np.arange(7)).tolist() == [3, 6]
+    assert kp.lookup_counts(np.zeros((5, 0, 1), np.int32), []).shape == (0,)
+
+
+@pytest.mark.parametrize("bad", [-1, 4])
+def test_kernels_name_an_out_of_range_id(bad):
+    sparse = np.array([[[0], [1]], [[2], [bad]]], dtype=np.int32)
+    with pytest.raises(ValueError, match=rf"sample 1, table 1, lookup 0: row id {bad} .*0 <= id < 4"):
+        kp.lookup_counts(sparse, [3, 4])
+    with pytest.raises(ValueError, match="sample 1, table 1"):
+        kp.sample_max_rank(sparse, [3, 4], np.arange(7))
+    with pytest.raises(ValueError, match="shape"):
+        kp.lookup_counts(sparse, [3, 4, 5])
+
+
+# ---------------------------------------------------------------- sampling
+
+
+def test_fraction_sample_is_seeded_uniform_without_replacement():
+    p = Profiler(sample_fraction=0.1, seed=3, progress=False)
+    idx = p.sample_indices(1000)
+    assert idx.shape == (100,) and np.all(np.diff(idx) > 0) and idx.min() >= 0 and idx.max() < 1000
+    np.testing.assert_array_equal(idx, Profiler(sample_fraction=0.1, seed=3).sample_indices(1000))
+    assert not np.array_equal(idx, Profiler(sample_fraction=0.1, seed=4).sample_indices(1000))
+    assert Profiler(sample_fraction=1.0).sample_indices(1000) is None  # the whole split, in order
+    assert Profiler(sample_fraction=1e-9).sample_size(1000) == 1
+
+
+def test_batches_sample_is_the_first_mini_batches(small):
+    prof = hotline.profile(small, sample_batches=3, mini_batch_size=100, progress=False)
+    assert prof.num_samples == 300 and prof.sample_indices is None
+    expect = naive.profile_lookup_counts(np.asarray(small.train.sparse[:300]), small.table_sizes)
+    np.testing.assert_array_equal(prof.counts, expect)
+    assert (
+        hotline.profile(small, sample_batches=1000, mini_batch_size=100, progress=False).num_samples == 3000
+    )
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(sample_fraction=0.0),
+        dict(sample_fraction=1.5),
+        dict(sample_batches=0),
+        dict(mini_batch_size=0),
+        dict(optimizer="adam"),
+        dict(embedding_dim=0),
+    ],
+)
+def test_profiler_rejects_bad_settings(bad):
+    with pytest.raises(ValueError):
+        Profiler(**bad)
+
+
+# ---------------------------------------------------------------- profile figures vs independent computations
+
+
+@pytest.mark.parametrize("chunk_size", [7, 65536])
+def test_counts_match_twin_on_the_sample(small, chunk_size):
+    prof = Profiler(sample_fraction=0.3, seed=1, chunk_size=chunk_size, progress=False).profile(small.path)
+    assert prof.num_samples == 900
+    np.testing.assert_array_equal(
+        prof.counts, naive.profile_lookup_counts(sampled_sparse(prof), small.table_sizes)
+    )
+    assert prof.counts.sum() == prof.total_lookups == 900 * 4 * 2
+
+
+def test_ranking_is_by_count_then_table_then_row(small):
+    prof = hotline.profile(small, sample_fraction=0.2, progress=False)
+    c = prof.counts[prof.order]
+    assert np.all(c > 0) and prof.num_accessed == np.count_nonzero(prof.counts)
+    assert np.all((c[:-1] > c[1:]) | ((c[:-1] == c[1:]) & (prof.order[:-1] < prof.order[1:])))
+
+
+@pytest.mark.parametrize("fraction", [0.25, 1.0])
+def test_curve_matches_a_per_sample_naive_check(small, fraction):
+    prof = hotline.profile(small, sample_fraction=fraction, mini_batch_size=16, progress=False)
+    sparse = sampled_sparse(prof)
+    offsets = np.concatenate([[0], np.cumsum(small.table_sizes)])
+    fused = sparse + offsets[:-1][None, :, None]
+    bpr = prof.bytes_per_row
+    rows = [0, 1, 2, 17, prof.num_accessed - 1, prof.num_accessed, prof.num_accessed + 50]
+    curve = prof.curve([k * bpr for k in rows] + [bpr + bpr // 2])
+    for k, line in zip(rows + [1], curve.itertuples(), strict=True):
+        hot = set(prof.order[: min(k, prof.num_accessed)].tolist())
+        popular = sum(all(int(f) in hot for f in sample.ravel()) for sample in fused)
+        covered = sum(int(f) in hot for f in fused.ravel())
+        assert line.hot_rows == min(k, prof.num_accessed)
+        assert line.popular_sample_share == popular / len(fused)
+        assert line.access_coverage == covered / fused.size
+        # E[unique cold rows] = sum over cold rows of 1 - (1 - p)^(B*L), p = count / lookups of the table
+        p = np.array([prof.counts[f] for f in range(offsets[-1]) if f not in hot]) / (len(fused) * 2)
+        assert line.expected_cold_rows_per_batch == pytest.approx(np.sum(1 - (1 - p) ** (16 * 2)), rel=1e-9)
+        assert line.hotline_bytes_per_batch == pytest.approx(line.expected_cold_rows_per_batch * bpr)
+        assert line.hybrid_bytes_per_batch == 16 * 4 * 2 * bpr
+    assert curve.popular_sample_share.iloc[6] == 1.0 and curve.access_coverage.iloc[6] == 1.0
+    assert curve.expected_cold_rows_per_batch.iloc[6] == 0.0 and curve.hot_rows.iloc[-1] == 1
+    assert curve.popular_sample_share.iloc[0] == 0.0 and curve.access_coverage.iloc[0] == 0.0
+
+
+def test_expected_unique_rows_match_simulated_mini_batches(tmp_path):
+    ds = write_zipf_dataset(tmp_path / "d", 4000, [30, 300], seed=5)
+    prof = hotline.profile(ds, sample_fraction=1.0, mini_batch_size=32, progress=False)
+    curve = prof.curve([0, 20 * prof.bytes_per_row])
+    # Mini-batches drawn i.i.d. from the sample's empirical distribution: the mean unique count converges.
+    rng = np.random.default_rng(0)
+    sparse = np.asarray(ds.train.sparse)[:, :, 0] + np.array([0, 30])
+    hot = set(prof.order[:20].tolist())
+    draws = [sparse[rng.integers(0, 4000, 32)] for _ in range(3000)]
+    unique = np.mean([len(np.unique(d)) for d in draws])
+    cold = np.mean([len({int(f) for f in np.unique(d)} - hot) for d in draws])
+    assert curve.expected_cold_rows_per_batch[0] == pytest.approx(unique, rel=0.02)
+    assert curve.expected_cold_rows_per_batch[1] == pytest.approx(cold, rel=0.03)
+
+
+def test_evaluate_agrees_with_curve_and_handles_baselines(small):
+    prof = hotline.profile(small, sample_fraction=0.5, progress=False)
+    for rows in (0, 1, 40, 10**6):
+        budget = rows * prof.bytes_per_row
+        line = prof.curve([budget]).iloc[0]
+        ev = prof.evaluate(prof.placement(budget))
+        assert ev["access_coverage"] == line.access_coverage
+        assert ev["popular_sample_share"] == line.popular_sample_share
+        assert ev["expected_cold_rows_per_batch"] == pytest.approx(line.expected_cold_rows_per_batch)
+    assert prof.evaluate(Placement.all_hot(small.table_sizes))["popular_sample_share"] == 1.0
+    assert prof.evaluate(Placement.all_cold(small.table_sizes))["access_coverage"] == 0.0
+
+
+def test_matches_pandas_on_a_medium_dataset(tmp_path):
+    """The acceptance check: coverage and popular-sample share equal an independent pandas computation."""
+    sizes = [10, 5000, 200, 30000, 4, 800]
+    ds = write_zipf_dataset(tmp_path / "medium", 60000, sizes, seed=11)
+    prof = hotline.profile(ds, sample_fraction=0.05, seed=2, mini_batch_size=64, progress=False)
+    budget = "20KiB"
+    summary = prof.summary(budget)
+    placement = prof.placement(budget)
+
+    rng = np.random.default_rng(2)
+    idx = np.sort(rng.choice(60000, size=3000, replace=False, shuffle=False))
+    np.testing.assert_array_equal(prof.sample_indices, idx)
+    wide = pd.DataFrame(np.asarray(ds.train.sparse)[idx, :, 0], columns=[f"t{t}" for t in range(len(sizes))])
+    long = wide.reset_index(names="sample").melt(id_vars="sample", var_name="table", value_name="row")
+    long["table"] = long["table"].str[1:].astype(int)
+    counts = long.value_counts(["table", "row"]).rename("n").reset_index()
+    counts = counts.sort_values(["n", "table", "row"], ascending=[False, True, True], kind="stable")
+    hot_rows = 20 * 1024 // 64
+    hot = counts.head(hot_rows)[["table", "row"]].assign(hot=True)
+    long = long.merge(hot, on=["table", "row"], how="left")
+    long["hot"] = long["hot"].astype("boolean").fillna(False).astype(bool)
+    coverage = long["hot"].mean()
+    popular = long.groupby("sample")["hot"].all().mean()
+
+    assert summary["hot_rows"] == hot_rows == placement.num_hot
+    assert summary["access_coverage"] == coverage
+    assert summary["popular_sample_share"] == popular
+    for t in range(len(sizes)):
+        expect = hot[hot.table == t]["row"].to_numpy()
+        np.testing.assert_array_equal(placement.hot_ids[t], expect)  # slot order = rank order
+    stats = prof.table_stats(budget).set_index("table")
+    per_table = long.groupby("table")["hot"].mean()
+    np.testing.assert_allclose(stats["coverage"].to_numpy(), per_table.to_numpy(), rtol=0, atol=1e-15)
+    assert 0.8 < stats.loc[3, "zipf_exponent"] < 1.3  # the data were drawn with s = 1.05
+
+
+def test_summary_and_table_stats_have_the_promised_fields(small):
+    prof = hotline.profile(
+        small, sample_fraction=0.5, progress=False, optimizer="rowwise-adagrad", embedding_dim=8
+    )
+    s = prof.summary("1KiB")
+    assert s["bytes_per_row"] == 8 * 4 + 4 and s["hbm_budget_bytes"] == 1024 and s["hot_rows"] == 1024 // 36
+    assert 0 <= s["access_coverage"] <= 1 and 0 <= s["popular_sample_share"] <= 1
+    assert s["dataset_fingerprint"] == small.fingerprint and len(s["tables"]) == 4
+    json.dumps(s, allow_nan=False)
+    stats = prof.table_stats("1KiB")
+    assert list(stats.columns) == [
+        "table",
+        "rows",
+        "accessed_rows",
+        "hot_rows",
+        "hot_pct",
+        "coverage",
+        "lookups",
+        "top1pct_share",
+        "zipf_exponent",
+    ]
+    assert stats.hot_rows.sum() == s["hot_rows"]
+    assert (
+        stats.loc[2, "top1pct_share"] == prof.table_counts(2).max() / prof.lookups_per_table
+    )  # 1% of 3 rows = 1
+
+
+def test_summary_with_always_hot_rescans_the_sample(small):
+    prof = hotline.profile(small, sample_fraction=0.5, progress=False)
+    s = prof.summary(60 * prof.bytes_per_row, always_hot=[0])
+    ev = prof.evaluate(prof.placement(60 * prof.bytes_per_row, [0]))
+    assert s["popular_sample_share"] == ev["popular_sample_share"]
+    assert s["always_hot"] == [0] and s["tables"][0]["hot_rows"] == 50
+    assert s["hot_rows"] == 60
+
+
+def test_plots_return_figures(small):
+    prof = hotline.profile(small, sample_fraction=0.5, progress=False)
+    figs = prof.plot("1KiB", batch_sizes=[1, 8, 64])
+    assert set(figs) == {"rank_frequency", "budget", "working_set"}
+    assert all(len(f.axes[0].lines) > 0 for f in figs.values())
+    ws = prof.working_set("1KiB", [1, 8, 64])
+    assert (
+        ws.expected_cold_rows.is_monotonic_increasing and (ws.expected_unique_rows <= ws.looked_up_rows).all()
+    )
+
+
+def test_bad_ids_and_empty_splits_are_reported_with_the_dataset(tmp_path):
+    bad = write_zipf_dataset(tmp_path / "bad", 100, [5, 6], bad_id=True)
+    with pytest.raises(DatasetError, match=r"bad.*sample 50, table 1, lookup 0: row id 6"):
+        hotline.profile(bad, sample_fraction=1.0, progress=False)
+    with pytest.raises(DatasetError, match="no samples"):
+        hotline.profile(bad, split="val", progress=False)
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def test_cli_writes_placement_and_json(small, tmp_path, capsys):
+    out, js, csv = tmp_path / "p.npz", tmp_path / "s.json", tmp_path / "c.csv"
+    rc = main(
+        [
+            "profile",
+            str(small.path),
+            "--hbm-budget",
+            "2KiB",
+            "--sample-fraction",
+            "0.5",
+            "--seed",
+            "4",
+            "--out",
+            str(out),
+            "--json",
+            str(js),
+            "--curve-csv",
+            str(csv),
+            "--no-progress",
+        ]
+    )
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "hot %" in text and "zipf s" in text and "popular-sample share" in text
+    s = json.loads(js.read_text())
+    prof = hotline.profile(small, sample_fraction=0.5, seed=4, progress=False)
+    assert s == json.loads(json.dumps(prof.summary(2048)))
+    placement = Placement.load(out, small)
+    assert placement.hbm_budget_bytes == 2048 and placement.num_hot == s["hot_rows"] == 32
+    assert len(pd.read_csv(csv)) > 2
+
+
+def test_cli_batches_mode_and_errors(small, tmp_path, capsys):
+    assert (
+        main(
+            ["profile", str(small.path), "--sample-batches", "2", "--mini-batch-size", "10", "--no-progress"]
+        )
+        == 0
+    )
+    assert "20 samples" in capsys.readouterr().out
+    assert main(["profile", str(small.path), "--out", str(tmp_path / "x.npz")]) == 2
+    assert main(["profile", str(small.path), "--hbm-budget", "10", "--always-hot", "1", "--no-progress"]) == 2
+    assert "always-hot tables [1] have 400 rows" in capsys.readouterr().err
+    assert main(["profile", str(tmp_path / "missing"), "--no-progress"]) == 2
+    with pytest.raises(SystemExit):
+        main(["profile", str(small.path), "--hbm-budget", "12 parsecs"])
