@@ -9,6 +9,32 @@ from __future__ import annotations
 import numpy as np  # noqa: F401
 
 
+# ---- kernels/sparse_update.py ----------------------------------------------------------------------
+def sparse_sgd(table, ids, grads, lr):
+    """Row by row: sum each distinct id's gradients in input order, then one SGD update per row."""
+    table = table.copy()
+    for r in sorted(set(int(i) for i in ids)):
+        g = np.zeros(table.shape[1], dtype=np.float32)
+        for j, i in enumerate(ids):
+            if i == r:
+                g += grads[j]
+        table[r] -= np.float32(lr) * g
+    return table
+
+
+def sparse_rowwise_adagrad(table, state, ids, grads, lr, eps):
+    """Row by row: summed gradient g, state += mean(g^2), row -= lr * g / (sqrt(state) + eps)."""
+    table, state = table.copy(), state.copy()
+    for r in sorted(set(int(i) for i in ids)):
+        g = np.zeros(table.shape[1], dtype=np.float32)
+        for j, i in enumerate(ids):
+            if i == r:
+                g += grads[j]
+        state[r] += np.float32(np.mean(g.astype(np.float64) ** 2))
+        table[r] -= np.float32(lr) * g / (np.sqrt(state[r]) + np.float32(eps))
+    return table, state
+
+
 # ---------------------------------------------------------------- kernels/profile.py (popularity profiler)
 
 
@@ -46,3 +72,191 @@ def profile_add_histogram(values, hist):
     for v in values:
         hist[int(v)] += 1
     return hist
+
+
+# ---- kernels/gather.py -----------------------------------------------------------------------------
+def gather_rows(table, rows):
+    return np.stack([table[r] for r in rows]) if len(rows) else table[:0].copy()
+
+
+def scatter_rows(table, rows, src):
+    table = table.copy()
+    for i, r in enumerate(rows):
+        table[r] = src[i]
+    return table
+
+
+# ---- kernels/dispatch.py ---------------------------------------------------------------------------
+def split_batch(sparse, table_sizes, hot_ids):
+    """Sample by sample: popular iff every lookup is hot; non-popular lookups remapped to hot slots or to
+    working-buffer slots in first-occurrence order. Returns a dict of lists."""
+    B, T, L = sparse.shape
+    offsets = np.concatenate([[0], np.cumsum(table_sizes)[:-1]])
+    hot_offsets = np.concatenate([[0], np.cumsum([len(h) for h in hot_ids])])
+    slot = {}
+    for t in range(T):
+        for i, r in enumerate(hot_ids[t]):
+            slot[(t, int(r))] = int(hot_offsets[t] + i)
+    out = {
+        k: []
+        for k in (
+            "popular",
+            "non_popular",
+            "pop_ids",
+            "hot_pos",
+            "hot_slot",
+            "cold_pos",
+            "cold_slot",
+            "working_set",
+        )
+    }
+    for b in range(B):
+        keys = [(t, int(sparse[b, t, l])) for t in range(T) for l in range(L)]
+        (out["popular"] if all(k in slot for k in keys) else out["non_popular"]).append(b)
+    for b in out["popular"]:
+        out["pop_ids"] += [slot[(t, int(sparse[b, t, l]))] for t in range(T) for l in range(L)]
+    for i, b in enumerate(out["non_popular"]):
+        for c, (t, l) in enumerate((t, l) for t in range(T) for l in range(L)):
+            key = (t, int(sparse[b, t, l]))
+            k = i * T * L + c
+            if key in slot:
+                out["hot_pos"].append(k)
+                out["hot_slot"].append(slot[key])
+            else:
+                fid = int(offsets[t] + key[1])
+                if fid not in out["working_set"]:
+                    out["working_set"].append(fid)
+                out["cold_pos"].append(k)
+                out["cold_slot"].append(out["working_set"].index(fid))
+    return out
+
+
+# ---- criteo_parse (kernels/criteo_parse.py): the reference DLRM preprocessing, line by line --------------
+
+CRITEO_REASONS = (
+    "ok",
+    "too_few_fields",
+    "too_many_fields",
+    "bad_label",
+    "bad_integer",
+    "integer_overflow",
+    "bad_hex",
+    "hex_overflow",
+    "nul_byte",
+    "line_too_long",
+)
+
+
+def criteo_parse_line(line: bytes, max_ind_range: int | None = None, max_line: int = 1 << 20):
+    """One raw Criteo line (no newline) -> (reason, column, label, dense[13], cats[26]) with plain Python.
+
+    dlrm's data_utils.py: split on tabs, empty -> 0, int(x), negatives -> 0, log(float32(x) + 1),
+    int(x, 16) % max_ind_range. Strict checks on top, in the kernel's order of precedence.
+    """
+    import re
+
+    if len(line) > max_line:
+        return "line_too_long", 0, None, None, None
+    if line.endswith(b"\r"):
+        line = line[:-1]
+    if b"\0" in line:
+        return "nul_byte", line[: line.index(b"\0")].count(b"\t") + 1, None, None, None
+    fields = line.split(b"\t")
+    if len(fields) < 40:
+        return "too_few_fields", len(fields), None, None, None
+    if len(fields) > 40:
+        return "too_many_fields", len(fields), None, None, None
+    if fields[0] not in (b"0", b"1"):
+        return "bad_label", 1, None, None, None
+    dense = []
+    for j, x in enumerate(fields[1:14]):
+        if x == b"":
+            x = b"0"
+        if not re.fullmatch(rb"[+-]?[0-9]+", x):
+            return "bad_integer", j + 2, None, None, None
+        v = int(x)
+        if not -(2**63) <= v < 2**63:
+            return "integer_overflow", j + 2, None, None, None
+        v = max(v, 0)
+        dense.append(np.log(np.float32(v) + np.float32(1)))
+    cats = []
+    for j, x in enumerate(fields[14:]):
+        if x == b"":
+            x = b"0"
+        if not re.fullmatch(rb"[0-9a-fA-F]+", x):
+            return "bad_hex", j + 15, None, None, None
+        if len(x) > 16:
+            return "hex_overflow", j + 15, None, None, None
+        v = int(x, 16)
+        cats.append(v % max_ind_range if max_ind_range else v)
+    return "ok", 0, float(fields[0] == b"1"), dense, cats
+
+
+def criteo_split_lines(data: bytes) -> list[bytes]:
+    """The lines of a raw file: split at newlines; a final newline does not start another line."""
+    if not data:
+        return []
+    lines = data.split(b"\n")
+    return lines[:-1] if data.endswith(b"\n") else lines
+
+
+def criteo_format_line(label: int, dense, cats) -> bytes:
+    """One raw Criteo line: negative = missing (empty field); categories as hex, at least 8 digits."""
+    parts = [str(int(label))]
+    parts += ["" if v < 0 else str(int(v)) for v in dense]
+    parts += ["" if v < 0 else format(int(v), "08x") for v in cats]
+    return ("\t".join(parts) + "\n").encode()
+
+
+def criteo_reference(
+    files: list[bytes], layout: str, max_ind_range=None, min_count: int = 1, skip_bad: bool = False
+):
+    """The whole dlrm-style preprocessing of raw file contents (in order) with dicts and sorted().
+
+    Returns ({split: (dense float32 [n,13], sparse int32 [n,26,1], labels float32 [n])}, table_sizes).
+    """
+    rows_per_file, labels, dense, cats = [], [], [], []
+    for data in files:
+        rows = 0
+        for line in criteo_split_lines(data):
+            reason, _, label, d, c = criteo_parse_line(line, max_ind_range)
+            if reason != "ok":
+                assert skip_bad, reason
+                continue
+            labels.append(label)
+            dense.append(d)
+            cats.append(c)
+            rows += 1
+        rows_per_file.append(rows)
+    n = len(labels)
+    id_maps, sizes = [], []
+    for t in range(26):
+        counts = {}
+        for c in cats:
+            counts[c[t]] = counts.get(c[t], 0) + 1
+        if min_count > 1:
+            frequent = sorted(v for v, k in counts.items() if k >= min_count)
+            ids = {v: 0 for v in counts}
+            ids.update({v: i + 1 for i, v in enumerate(frequent)})
+            sizes.append(len(frequent) + 1)
+        else:
+            ids = {v: i for i, v in enumerate(sorted(counts))}
+            sizes.append(len(ids))
+        id_maps.append(ids)
+    sparse = [[[id_maps[t][c[t]]] for t in range(26)] for c in cats]
+    if layout == "kaggle":
+        days = [n // 7 + (d < n % 7) for d in range(7)]  # dlrm: the first n % 7 days get one more row
+        last = days[-1]
+    else:
+        last = rows_per_file[-1]
+    train_end = n - last
+    test_end = train_end + (last + 1) // 2
+    bounds = {"train": (0, train_end), "test": (train_end, test_end), "val": (test_end, n)}
+    out = {}
+    for split, (a, b) in bounds.items():
+        out[split] = (
+            np.array(dense[a:b], np.float32).reshape(-1, 13),
+            np.array(sparse[a:b], np.int32).reshape(-1, 26, 1),
+            np.array(labels[a:b], np.float32),
+        )
+    return out, sizes

@@ -1,0 +1,308 @@
+"""Tiered embeddings and the two modes built on them: ``hotline`` and the ``hybrid`` baseline.
+
+- Hot tier: one compact table of all hot rows (fused hot slots of every table) and their optimizer state,
+  on the compute device.
+- Cold tier: every row of every table in host memory (fused row ids; pinned when CUDA is present) with its
+  optimizer state. Rows that are hot have stale copies here; the hot tier is authoritative for them.
+
+One exact step (``TieredMode.prepare`` then ``TieredMode.compute``):
+1. dispatch: popular micro-batch, non-popular micro-batch, working set (unique cold rows);
+2. gather the working set's rows and state into a staging buffer (Numba threads) and copy it to the device;
+3. forward/backward of the popular micro-batch, then of the non-popular one, with the loss normalised by the
+   whole mini-batch so their gradients add up to the mini-batch gradient;
+4. ONE sparse update of the hot tier (both micro-batches' hot lookups together: duplicates summed, each row
+   updated once) and one of the working buffer, then write the updated working rows back to the cold tier.
+
+``hybrid`` is the same machinery with every row cold and no split: each batch's unique rows are gathered,
+updated and written back, with no overlap (the Intel-optimised CPU-GPU DLRM style baseline).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from hotline.datasets.format import Batch, Dataset
+from hotline.dispatcher import Dispatcher, MicroBatches
+from hotline.kernels.gather import gather_rows, scatter_rows
+from hotline.model import DLRM
+from hotline.modes import StepStats, TrainMode, check_ids, initial_tables, loss_and_backward, table_offsets
+from hotline.placement import Placement
+from hotline.sparse_optim import SparseOptimizer
+
+
+def _host_tensor(array: np.ndarray, pin: bool) -> torch.Tensor:
+    t = torch.from_numpy(array)
+    return t.pin_memory() if pin else t
+
+
+class ColdTier:
+    """Every row of every table (fused ids) and its optimizer state in host memory."""
+
+    def __init__(self, weights: np.ndarray, optimizer: SparseOptimizer, pin: bool):
+        self.weight = _host_tensor(weights, pin)
+        self.state = _host_tensor(optimizer.new_state(weights.shape[0]).numpy(), pin)
+        self.w = self.weight.numpy()  # numpy views for the Numba kernels (same memory)
+        self.s = self.state.numpy()
+
+    def gather(self, rows: np.ndarray, out_w: np.ndarray, out_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Copies rows and their state into staging buffers; returns the filled views."""
+        w = gather_rows(self.w, rows, out_w)
+        s = gather_rows(self.s, rows, out_s) if self.s.size else out_s[:0]
+        return w, s
+
+    def write_back(self, rows: np.ndarray, w: np.ndarray, s: np.ndarray) -> None:
+        scatter_rows(self.w, rows, w)
+        if self.s.size:
+            scatter_rows(self.s, rows, s)
+
+
+@dataclass
+class PreparedStep:
+    """A batch after dispatch and gather: what the compute of one step needs, already on the device."""
+
+    batch: Batch
+    micro: MicroBatches
+    work: torch.Tensor
+    """[U, D] working rows on the device (updated in place by the step)."""
+    work_state: torch.Tensor
+    """[U] their optimizer state (empty for SGD)."""
+    times: dict[str, float] = field(default_factory=dict)
+    counters: dict[str, float] = field(default_factory=dict)
+
+
+class TieredMode(TrainMode):
+    """Hot rows on the device, the rest in host memory; the ``hotline`` and ``hybrid`` modes."""
+
+    def __init__(
+        self,
+        name: str,
+        table_sizes: list[int],
+        pooling_factor: int,
+        dim: int,
+        optimizer: SparseOptimizer,
+        seed: int,
+        placement: Placement,
+        max_batch_size: int,
+        device: torch.device | str = "cpu",
+        in_flight: int = 1,
+    ):
+        if list(placement.table_sizes) != list(table_sizes):
+            raise ValueError("the placement's table sizes do not match the dataset's")
+        self.name = name
+        self.table_sizes = list(table_sizes)
+        self.L = int(pooling_factor)
+        self.dim = dim
+        self.optimizer = optimizer
+        self.device = torch.device(device)
+        self.placement = placement
+        self.offsets = table_offsets(self.table_sizes)
+        pin = self.device.type == "cuda"
+        self.cold = ColdTier(np.concatenate(initial_tables(self.table_sizes, dim, seed)), optimizer, pin)
+        self.hot_rows = (
+            np.concatenate(
+                [self.offsets[t] + np.asarray(h, dtype=np.int64) for t, h in enumerate(placement.hot_ids)]
+            )
+            if placement.num_hot
+            else np.zeros(0, np.int64)
+        )
+        self.hot_w = torch.from_numpy(self.cold.w[self.hot_rows]).to(self.device)
+        self.hot_s = torch.from_numpy(
+            self.cold.s[self.hot_rows] if self.cold.s.size else self.cold.s[:0].copy()
+        )
+        self.hot_s = self.hot_s.to(self.device)
+        self.dispatcher = Dispatcher(placement, self.L, max_batch_size, in_flight=in_flight)
+        self.fused_remap = self.dispatcher.remap
+        max_rows = max_batch_size * len(self.table_sizes) * self.L
+        state_cols = self.cold.s.size > 0
+        self._staging = [
+            (
+                _host_tensor(np.empty((max_rows, dim), np.float32), pin),
+                _host_tensor(np.empty(max_rows if state_cols else 0, np.float32), pin),
+            )
+            for _ in range(max(1, in_flight))
+        ]
+        self._next_staging = 0
+
+    # -- the two halves of a step (the pipelined executor runs prepare ahead on worker threads) ----------
+    def prepare(self, batch: Batch) -> PreparedStep:
+        """Dispatch, then gather the working set into a staging buffer and copy it to the device."""
+        t0 = time.perf_counter()
+        micro = self.dispatcher.split(batch.sparse)
+        t1 = time.perf_counter()
+        stage_w, stage_s = self._staging[self._next_staging]
+        self._next_staging = (self._next_staging + 1) % len(self._staging)
+        w, s = self.cold.gather(micro.working_set, stage_w.numpy(), stage_s.numpy())
+        t2 = time.perf_counter()
+        n = micro.working_set.shape[0]
+        work = stage_w[:n].to(self.device, non_blocking=True)
+        work_state = stage_s[: s.shape[0]].to(self.device, non_blocking=True)
+        t3 = time.perf_counter()
+        row_bytes = 4 * (self.dim + (1 if self.cold.s.size else 0))
+        return PreparedStep(
+            batch,
+            micro,
+            work,
+            work_state,
+            times={"dispatch": t1 - t0, "gather": t2 - t1, "h2d": t3 - t2},
+            counters={
+                "popular_samples": micro.num_popular,
+                "working_set_rows": n,
+                "bytes_gathered": n * row_bytes,
+            },
+        )
+
+    def compute(self, model: DLRM, prep: PreparedStep) -> StepStats:
+        """Forward/backward of both micro-batches, one sparse update per tier, write-back of working rows."""
+        batch, micro = prep.batch, prep.micro
+        B, T, L = batch.sparse.shape
+        C, D, dev = T * L, self.dim, self.device
+        dense = torch.from_numpy(batch.dense).to(dev)
+        labels = torch.from_numpy(batch.labels).to(dev)
+        loss = 0.0
+        hot_ids, hot_grads = [], []
+        t0 = time.perf_counter()
+        if micro.num_popular:
+            pop_ids = torch.from_numpy(micro.pop_ids).to(dev)
+            rows = self.hot_w.index_select(0, pop_ids).requires_grad_(True)
+            idx = torch.from_numpy(micro.popular_samples).to(dev)
+            pooled = rows.view(-1, T, L, D).sum(dim=2)
+            loss += loss_and_backward(model, dense[idx], pooled, labels[idx], B)
+            hot_ids.append(pop_ids)
+            hot_grads.append(rows.grad)
+        t1 = time.perf_counter()
+        cold_slot = cold_grads = None
+        if micro.num_non_popular:
+            n = micro.num_non_popular * C
+            hot_pos = torch.from_numpy(micro.hot_pos).to(dev)
+            hot_slot = torch.from_numpy(micro.hot_slot).to(dev)
+            cold_pos = torch.from_numpy(micro.cold_pos).to(dev)
+            cold_slot = torch.from_numpy(micro.cold_slot).to(dev)
+            rows = torch.empty((n, D), dtype=torch.float32, device=dev)
+            rows[hot_pos] = self.hot_w.index_select(0, hot_slot)
+            rows[cold_pos] = prep.work.index_select(0, cold_slot)
+            rows.requires_grad_(True)
+            idx = torch.from_numpy(micro.non_popular_samples).to(dev)
+            pooled = rows.view(-1, T, L, D).sum(dim=2)
+            loss += loss_and_backward(model, dense[idx], pooled, labels[idx], B)
+            hot_ids.append(hot_slot)
+            hot_grads.append(rows.grad[hot_pos])
+            cold_grads = rows.grad[cold_pos]
+        t2 = time.perf_counter()
+        touched = 0
+        if hot_ids:
+            touched += self.optimizer.step(self.hot_w, self.hot_s, torch.cat(hot_ids), torch.cat(hot_grads))
+        if cold_slot is not None and cold_slot.numel():
+            touched += self.optimizer.step(prep.work, prep.work_state, cold_slot, cold_grads)
+        t3 = time.perf_counter()
+        self.write_back(prep)
+        t4 = time.perf_counter()
+        return StepStats(
+            loss_sum=loss,
+            samples=B,
+            times={
+                **prep.times,
+                "popular_compute": t1 - t0,
+                "non_popular_compute": t2 - t1,
+                "sparse_update": t3 - t2,
+                "write_back": t4 - t3,
+            },
+            counters={**prep.counters, "rows_touched": touched},
+        )
+
+    def write_back(self, prep: PreparedStep) -> None:
+        """Stores the step's updated working rows (and state) in the cold tier."""
+        ws = prep.micro.working_set
+        if ws.shape[0]:
+            w = prep.work.cpu().numpy()
+            s = prep.work_state.cpu().numpy()
+            self.cold.write_back(ws, w, s)
+
+    def step(self, model: DLRM, batch: Batch) -> StepStats:
+        return self.compute(model, self.prepare(batch))
+
+    # -- evaluation and export ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def pooled_eval(self, sparse: np.ndarray) -> torch.Tensor:
+        check_ids(sparse, self.table_sizes)
+        B, T, L = sparse.shape
+        fused = (sparse.astype(np.int64) + self.offsets[None, :, None]).reshape(-1)
+        rows = torch.from_numpy(self.cold.w[fused]).to(self.device)
+        slots = self.fused_remap[fused]
+        hot = np.flatnonzero(slots >= 0)
+        if hot.size:
+            rows[torch.from_numpy(hot).to(self.device)] = self.hot_w[
+                torch.from_numpy(slots[hot]).to(self.device)
+            ]
+        return rows.view(B, T, L, self.dim).sum(dim=2)
+
+    def _merged(self, cold: np.ndarray, hot: torch.Tensor) -> np.ndarray:
+        out = cold.copy()
+        if self.hot_rows.size and out.size:
+            out[self.hot_rows] = hot.detach().cpu().numpy()
+        return out
+
+    def export_tables(self) -> list[np.ndarray]:
+        w = self._merged(self.cold.w, self.hot_w)
+        return [w[o : o + n] for o, n in zip(self.offsets, self.table_sizes)]
+
+    def export_state(self) -> list[np.ndarray]:
+        if not self.cold.s.size:
+            return [np.zeros(0, np.float32) for _ in self.table_sizes]
+        s = self._merged(self.cold.s, self.hot_s)
+        return [s[o : o + n] for o, n in zip(self.offsets, self.table_sizes)]
+
+    def load_tables(self, tables: list[np.ndarray], states: list[np.ndarray]) -> None:
+        self.cold.w[:] = np.concatenate(tables)
+        with torch.no_grad():
+            self.hot_w.copy_(torch.from_numpy(self.cold.w[self.hot_rows]))
+            if self.cold.s.size:
+                self.cold.s[:] = np.concatenate(states)
+                self.hot_s.copy_(torch.from_numpy(self.cold.s[self.hot_rows]))
+
+
+def build_tiered_mode(config, dataset: Dataset, optimizer: SparseOptimizer) -> TieredMode:
+    """The ``hybrid`` or ``hotline`` mode for a TrainConfig (``hotline`` loads or computes its placement)."""
+    if config.mode == "hybrid":
+        placement = Placement.all_cold(
+            dataset.table_sizes, dataset_fingerprint=dataset.fingerprint, embedding_dim=config.embedding_dim
+        )
+    elif config.placement_path:
+        placement = Placement.load(config.placement_path, dataset=dataset)
+    elif config.hbm_budget is not None:
+        from hotline.profiler import profile
+
+        prof = profile(
+            dataset,
+            embedding_dim=config.embedding_dim,
+            optimizer=config.optimizer,
+            mini_batch_size=config.mini_batch_size,
+            seed=config.seed,
+            progress=config.progress,
+        )
+        placement = prof.placement(config.hbm_budget)
+    else:
+        raise ValueError(
+            "--mode hotline needs --placement FILE (from `hotline profile`) or --hbm-budget SIZE"
+        )
+    if placement.embedding_dim != config.embedding_dim:
+        raise ValueError(
+            f"the placement was made for embedding dim {placement.embedding_dim}, the model uses "
+            f"{config.embedding_dim} (--arch-sparse-feature-size)"
+        )
+    in_flight = 1 if config.mode == "hybrid" else config.lookahead + 2
+    return TieredMode(
+        config.mode,
+        dataset.table_sizes,
+        dataset.pooling_factor,
+        config.embedding_dim,
+        optimizer,
+        config.seed,
+        placement,
+        config.mini_batch_size,
+        config.device,
+        in_flight=in_flight,
+    )

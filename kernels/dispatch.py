@@ -1,0 +1,127 @@
+"""The dispatcher kernel: split a mini-batch into a popular and a non-popular micro-batch.
+
+A sample is *popular* when every lookup of every table hits a hot row. The popular micro-batch needs the hot
+table only; the non-popular one needs hot rows plus its *working set*: the unique cold rows it touches, which
+must be gathered from host memory. Ids come out already remapped: hot rows to their fused hot slot, cold rows
+to their slot in this step's working buffer (first-occurrence order, so the result is deterministic).
+
+The batch is seen as ``[B, C]`` columns (C = T * L: one-hot and multi-hot bags are the same loop), each column
+with its table's offset into the fused row space. Classification runs in parallel over samples; slot
+assignment for cold rows is a sequential pass over the non-popular lookups only, using a scratch array
+``slot_map`` over the fused row space (-1 everywhere between calls) instead of a sort or a hash table.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+
+@njit(cache=True, parallel=True)
+def _classify(ids, col_offset, col_size, remap, is_popular, bad):
+    """is_popular[b] = every lookup of sample b is hot; bad[b] = first out-of-range column of b, or -1."""
+    B, C = ids.shape
+    for b in prange(B):
+        popular = True
+        bad[b] = -1
+        for c in range(C):
+            v = ids[b, c]
+            if v < 0 or v >= col_size[c]:
+                bad[b] = c
+                popular = False
+                break
+            if remap[col_offset[c] + v] < 0:
+                popular = False
+        is_popular[b] = popular
+
+
+@njit(cache=True, parallel=True)
+def _write_popular(ids, col_offset, remap, pop_samples, pop_ids):
+    C = ids.shape[1]
+    for i in prange(pop_samples.shape[0]):
+        b = pop_samples[i]
+        for c in range(C):
+            pop_ids[i * C + c] = remap[col_offset[c] + ids[b, c]]
+
+
+@njit(cache=True)
+def _write_non_popular(
+    ids, col_offset, remap, np_samples, slot_map, hot_pos, hot_slot, cold_pos, cold_slot, working_set
+):
+    """Fills the non-popular lookups' positions/slots and the working set; returns (n_hot, n_cold, n_unique)."""
+    C = ids.shape[1]
+    nh = 0
+    nc = 0
+    u = 0
+    for i in range(np_samples.shape[0]):
+        b = np_samples[i]
+        for c in range(C):
+            fid = col_offset[c] + ids[b, c]
+            k = i * C + c
+            r = remap[fid]
+            if r >= 0:
+                hot_pos[nh] = k
+                hot_slot[nh] = r
+                nh += 1
+            else:
+                s = slot_map[fid]
+                if s < 0:
+                    s = u
+                    slot_map[fid] = u
+                    working_set[u] = fid
+                    u += 1
+                cold_pos[nc] = k
+                cold_slot[nc] = s
+                nc += 1
+    for j in range(u):  # leave the scratch map clean for the next call
+        slot_map[working_set[j]] = -1
+    return nh, nc, u
+
+
+def new_buffers(max_lookups: int, max_samples: int) -> dict[str, np.ndarray]:
+    """Output arrays for :func:`split_batch`, allocated once and reused (one set per batch in flight)."""
+    out = {
+        k: np.empty(max_lookups, np.int64)
+        for k in ("pop_ids", "hot_pos", "hot_slot", "cold_pos", "cold_slot", "working_set")
+    }
+    out["is_popular"] = np.empty(max_samples, np.bool_)
+    out["bad"] = np.empty(max_samples, np.int64)
+    return out
+
+
+def split_batch(ids, col_offset, col_size, remap, slot_map, buffers):
+    """Runs the three kernels on ``ids`` [B, C] (int32/int64), writing into ``buffers`` (see
+    :func:`new_buffers`; sized for at least B*C lookups and B samples). Returns a tuple of arrays (views into
+    ``buffers`` where they are lookup-sized):
+
+    ``(popular_samples, non_popular_samples, pop_ids, hot_pos, hot_slot, cold_pos, cold_slot, working_set,
+    bad)`` where ``bad`` is per-sample the first out-of-range column (-1 if none); when any is >= 0 the other
+    outputs are empty. ``slot_map`` (int64, fused rows, all -1) is scratch and left all -1.
+    """
+    B, C = ids.shape
+    is_popular = buffers["is_popular"][:B]
+    bad = buffers["bad"][:B]
+    _classify(ids, col_offset, col_size, remap, is_popular, bad)
+    empty = np.zeros(0, dtype=np.int64)
+    if B and bad.max() >= 0:
+        return empty, empty, empty, empty, empty, empty, empty, empty, bad
+    pop_samples = np.flatnonzero(is_popular)
+    np_samples = np.flatnonzero(~is_popular)
+    pop_ids = buffers["pop_ids"][: pop_samples.shape[0] * C]
+    _write_popular(ids, col_offset, remap, pop_samples, pop_ids)
+    hot_pos, hot_slot = buffers["hot_pos"], buffers["hot_slot"]
+    cold_pos, cold_slot, working_set = buffers["cold_pos"], buffers["cold_slot"], buffers["working_set"]
+    nh, nc, u = _write_non_popular(
+        ids, col_offset, remap, np_samples, slot_map, hot_pos, hot_slot, cold_pos, cold_slot, working_set
+    )
+    return (
+        pop_samples,
+        np_samples,
+        pop_ids,
+        hot_pos[:nh],
+        hot_slot[:nh],
+        cold_pos[:nc],
+        cold_slot[:nc],
+        working_set[:u],
+        bad,
+    )

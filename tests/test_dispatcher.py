@@ -1,0 +1,84 @@
+"""The dispatcher and gather kernels against their numpy twins (hypothesis and degenerate cases)."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import naive
+from hotline.dispatcher import Dispatcher
+from hotline.kernels.gather import gather_rows, scatter_rows
+from hotline.placement import Placement
+
+
+@st.composite
+def batch_and_placement(draw):
+    T = draw(st.integers(1, 4))
+    L = draw(st.integers(1, 3))
+    sizes = [draw(st.integers(1, 12)) for _ in range(T)]
+    B = draw(st.integers(0, 12))
+    seed = draw(st.integers(0, 2**31))
+    rng = np.random.default_rng(seed)
+    sparse = np.stack([rng.integers(0, n, (B, L)) for n in sizes], axis=1).astype(np.int32).reshape(B, T, L)
+    hot = [rng.permutation(n)[: draw(st.integers(0, n))] for n in sizes]
+    return sparse, Placement.from_hot_ids(sizes, hot), L
+
+
+@settings(max_examples=60, deadline=None)
+@given(batch_and_placement())
+def test_split_matches_twin(case):
+    sparse, placement, L = case
+    mb = Dispatcher(placement, L, max_batch_size=max(1, sparse.shape[0])).split(sparse)
+    expect = naive.split_batch(sparse, placement.table_sizes, placement.hot_ids)
+    assert mb.popular_samples.tolist() == expect["popular"]
+    assert mb.non_popular_samples.tolist() == expect["non_popular"]
+    for name in ("pop_ids", "hot_pos", "hot_slot", "cold_pos", "cold_slot", "working_set"):
+        assert getattr(mb, name).tolist() == expect[name], name
+
+
+def test_degenerate_placements():
+    sizes = [5, 3]
+    sparse = np.array([[[0], [1]], [[4], [1]], [[4], [2]]], dtype=np.int32)
+    all_hot = Dispatcher(Placement.all_hot(sizes), 1, 3).split(sparse)
+    assert all_hot.num_popular == 3 and all_hot.working_set.size == 0
+    assert all_hot.pop_ids.tolist() == [0, 6, 4, 6, 4, 7]  # hot slot = row id, table 1 starts at slot 5
+    all_cold = Dispatcher(Placement.all_cold(sizes), 1, 3).split(sparse)
+    assert all_cold.num_popular == 0 and all_cold.hot_pos.size == 0
+    # cold rows repeated within the batch are gathered once: fused ids 0, 6, 4, 7
+    assert all_cold.working_set.tolist() == [0, 6, 4, 7]
+    assert all_cold.cold_slot.tolist() == [0, 1, 2, 1, 2, 3]
+
+
+def test_dispatcher_is_reusable_and_scratch_stays_clean():
+    d = Dispatcher(Placement.all_cold([4]), 1, 4, in_flight=2)
+    a = d.split(np.array([[[3]], [[3]]], np.int32))
+    assert (d.slot_map == -1).all()
+    b = d.split(np.array([[[1]], [[3]]], np.int32))
+    assert a.working_set.tolist() == [3] and b.working_set.tolist() == [1, 3]
+
+
+def test_out_of_range_names_table_and_id():
+    d = Dispatcher(Placement.all_cold([4, 6]), 1, 2)
+    with pytest.raises(IndexError, match=r"table 1: id 6 out of range \[0, 6\)"):
+        d.split(np.array([[[0], [2]], [[1], [6]]], np.int32))
+    with pytest.raises(IndexError, match="table 0: id -1"):
+        d.split(np.array([[[-1], [2]]], np.int32))
+    with pytest.raises(ValueError, match="exceeds"):
+        d.split(np.zeros((3, 2, 1), np.int32))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 30), st.integers(0, 40), st.integers(1, 7), st.integers(0, 2**31))
+def test_gather_scatter_match_twins(rows, n, dim, seed):
+    rng = np.random.default_rng(seed)
+    table = rng.normal(size=(rows, dim)).astype(np.float32)
+    ids = rng.integers(0, rows, n)
+    out = np.empty((n + 3, dim), np.float32)
+    np.testing.assert_array_equal(gather_rows(table, ids, out), naive.gather_rows(table, ids))
+    state = rng.random(rows).astype(np.float32)
+    np.testing.assert_array_equal(gather_rows(state, ids, np.empty(n, np.float32)), state[ids])
+    uniq = np.unique(ids)
+    src = rng.normal(size=(uniq.size, dim)).astype(np.float32)
+    expect = naive.scatter_rows(table, uniq, src)
+    scatter_rows(table, uniq, src)
+    np.testing.assert_array_equal(table, expect)
