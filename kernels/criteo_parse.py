@@ -36,7 +36,9 @@ INTEGER_OVERFLOW = 5
 BAD_HEX = 6
 HEX_OVERFLOW = 7
 NUL_BYTE = 8
-LINE_TOO_LONG = 9  # detected by the block reader, not by the kernel
+LINE_TOO_LONG = 9
+# A valid line is under 1 KiB; a longer limit only bounds memory when a file has no newlines.
+MAX_LINE_BYTES = 1 << 20
 REASONS = (
     "ok",
     "too_few_fields",
@@ -150,12 +152,14 @@ def _parse_fields(buf, s, e, modulus, hex_value, i, labels, dense, cats):
 
 
 @njit(cache=True)
-def _parse_line(buf, s, e, modulus, hex_value, i, labels, dense, cats):
+def _parse_line(buf, s, e, modulus, max_line, hex_value, i, labels, dense, cats):
     """Parses one line buf[s:e] (without its newline) into row i. Returns (reason, column).
 
-    The reason of a bad line is, in this order of precedence: a NUL byte (column of the field holding it),
+    The reason of a bad line is, in this order of precedence: longer than max_line bytes, a NUL byte (column of the field holding it),
     too few / too many fields (column = number of fields found), else the first bad field.
     """
+    if e - s > max_line:
+        return LINE_TOO_LONG, 0
     if e > s and buf[e - 1] == _CR:
         e -= 1
     r, c = _parse_fields(buf, s, e, modulus, hex_value, i, labels, dense, cats)
@@ -177,9 +181,9 @@ def _parse_line(buf, s, e, modulus, hex_value, i, labels, dense, cats):
 
 
 @njit(cache=True, parallel=True)
-def _parse_lines(buf, starts, ends, modulus, hex_value, labels, dense, cats, reason, column):
+def _parse_lines(buf, starts, ends, modulus, max_line, hex_value, labels, dense, cats, reason, column):
     for i in prange(starts.shape[0]):
-        r, c = _parse_line(buf, starts[i], ends[i], modulus, hex_value, i, labels, dense, cats)
+        r, c = _parse_line(buf, starts[i], ends[i], modulus, max_line, hex_value, i, labels, dense, cats)
         reason[i] = r
         column[i] = c
 
@@ -198,6 +202,10 @@ class ParsedLines:
     """int8 [n] reason code per line (0 = parsed; see REASONS)."""
     column: np.ndarray
     """int32 [n] 1-based column of the bad field; for too few / too many fields, the number found."""
+    starts: np.ndarray
+    """int64 [n] offset of each line in the buffer."""
+    ends: np.ndarray
+    """int64 [n] offset of each line's end (its newline excluded)."""
 
 
 def line_bounds(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -218,13 +226,18 @@ def line_bounds(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return starts, ends
 
 
-def parse_lines(buf: np.ndarray, max_ind_range: int | None = None) -> ParsedLines:
-    """Parses every line of ``buf`` (uint8 bytes of whole raw Criteo lines) in parallel."""
+def parse_lines(
+    buf: np.ndarray, max_ind_range: int | None = None, max_line: int = MAX_LINE_BYTES
+) -> ParsedLines:
+    """Parses every line of ``buf`` (uint8 bytes of whole raw Criteo lines) in parallel.
+
+    A line longer than ``max_line`` bytes (newline excluded) is bad with reason ``line_too_long``.
+    """
     buf = np.ascontiguousarray(buf)
     if buf.dtype != np.uint8 or buf.ndim != 1:
         raise TypeError(f"buf must be a 1-d uint8 array, got {buf.dtype} {buf.shape}")
     modulus = 0 if max_ind_range is None else int(max_ind_range)
-    if modulus < 0:
+    if modulus < 0 or (max_ind_range is not None and modulus == 0):
         raise ValueError(f"max_ind_range must be positive, got {max_ind_range}")
     starts, ends = line_bounds(buf)
     n = starts.shape[0]
@@ -234,6 +247,8 @@ def parse_lines(buf: np.ndarray, max_ind_range: int | None = None) -> ParsedLine
         cats=np.empty((n, NUM_CATEGORICAL), np.uint64),
         reason=np.empty(n, np.int8),
         column=np.empty(n, np.int32),
+        starts=starts,
+        ends=ends,
     )
     if n:
         _parse_lines(
@@ -241,6 +256,7 @@ def parse_lines(buf: np.ndarray, max_ind_range: int | None = None) -> ParsedLine
             starts,
             ends,
             np.uint64(modulus),
+            max_line,
             _hex_table(),
             out.labels,
             out.dense,
@@ -251,54 +267,105 @@ def parse_lines(buf: np.ndarray, max_ind_range: int | None = None) -> ParsedLine
     return out
 
 
+# Fibonacci hashing: multiply by 2**64 / golden ratio and keep high bits (they depend on every input bit).
+_HASH_MULTIPLIER = 0x9E3779B97F4A7C15
+
+
+@njit(cache=True, inline="always")
+def _slot(v, mask):
+    return np.int64((v * np.uint64(_HASH_MULTIPLIER)) >> np.uint64(32)) & mask
+
+
+@njit(cache=True)
+def _build_id_table(uniques, offsets, remap, slot_offsets, keys, ids):
+    for t in range(offsets.shape[0] - 1):
+        base = slot_offsets[t]
+        mask = slot_offsets[t + 1] - base - 1
+        for k in range(offsets[t], offsets[t + 1]):
+            j = _slot(uniques[k], mask)
+            while ids[base + j] != -1:
+                j = (j + 1) & mask
+            keys[base + j] = uniques[k]
+            ids[base + j] = remap[k]
+
+
 @njit(cache=True, parallel=True)
-def _map_categories(raw, uniques, offsets, remap, out):
+def _map_categories(raw, slot_offsets, keys, ids, out):
     n, T = raw.shape
     missing = 0
     for i in prange(n):
         for t in range(T):
-            lo = offsets[t]
-            hi = offsets[t + 1]
             v = raw[i, t]
-            # Binary search for v in uniques[lo:hi] (sorted ascending).
-            a = lo
-            b = hi
-            while a < b:
-                m = (a + b) >> 1
-                if uniques[m] < v:
-                    a = m + 1
-                else:
-                    b = m
-            if a < hi and uniques[a] == v:
-                out[i, t] = remap[a]
-            else:
-                out[i, t] = -1
+            base = slot_offsets[t]
+            mask = slot_offsets[t + 1] - base - 1
+            j = _slot(v, mask)
+            r = -1
+            while ids[base + j] != -1:
+                if keys[base + j] == v:
+                    r = ids[base + j]
+                    break
+                j = (j + 1) & mask
+            out[i, t] = r
+            if r == -1:
                 missing += 1
     return missing
 
 
-def map_categories(
-    raw: np.ndarray, uniques: np.ndarray, offsets: np.ndarray, remap: np.ndarray, out: np.ndarray
-) -> None:
-    """Writes ``out[i, t] = remap[offsets[t] + k]`` where ``uniques[offsets[t] + k] == raw[i, t]``.
+@dataclass
+class IdTable:
+    """Raw category value -> id per table: open-addressing hash tables (load <= 1/2) back to back."""
 
-    ``uniques`` holds every table's sorted unique raw values back to back (table t at
-    ``offsets[t]:offsets[t+1]``) and ``remap`` the id of each. Raises ValueError if a raw value is absent.
+    slot_offsets: np.ndarray
+    """int64 [T + 1] start of each table's slots; every table has a power-of-two number of slots."""
+    keys: np.ndarray
+    """uint64 [S] raw value held by each slot."""
+    ids: np.ndarray
+    """int32 [S] id of the slot's value, -1 for an empty slot."""
+
+    @property
+    def num_tables(self) -> int:
+        return self.slot_offsets.shape[0] - 1
+
+
+def build_id_table(uniques: np.ndarray, offsets: np.ndarray, remap: np.ndarray) -> IdTable:
+    """An :class:`IdTable` mapping ``uniques[offsets[t] + k]`` to ``remap[offsets[t] + k]`` in table t.
+
+    ``uniques`` holds every table's distinct raw values back to back (table t at ``offsets[t]:offsets[t+1]``).
+    """
+    uniques = np.ascontiguousarray(uniques, dtype=np.uint64)
+    offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+    remap = np.ascontiguousarray(remap, dtype=np.int32)
+    if offsets.ndim != 1 or offsets.shape[0] < 1 or offsets[0] != 0 or offsets[-1] != uniques.shape[0]:
+        raise ValueError("offsets must start at 0 and end at len(uniques)")
+    if uniques.shape != remap.shape:
+        raise ValueError(f"uniques {uniques.shape} and remap {remap.shape} must have the same length")
+    counts = np.diff(offsets)
+    if (counts < 0).any():
+        raise ValueError("offsets must be non-decreasing")
+    # At least twice as many slots as values, so a probe sequence stays short.
+    slots = 1 << np.ceil(np.log2(np.maximum(2 * counts, 2))).astype(np.int64)
+    slot_offsets = np.zeros(counts.shape[0] + 1, np.int64)
+    np.cumsum(slots, out=slot_offsets[1:])
+    table = IdTable(
+        slot_offsets, np.zeros(slot_offsets[-1], np.uint64), np.full(slot_offsets[-1], -1, np.int32)
+    )
+    _build_id_table(uniques, offsets, remap, table.slot_offsets, table.keys, table.ids)
+    return table
+
+
+def map_categories(raw: np.ndarray, table: IdTable, out: np.ndarray) -> None:
+    """Writes ``out[i, t]`` = the id of raw value ``raw[i, t]`` in table t of ``table``.
+
+    Raises ValueError if a raw value is not in its table.
     """
     raw = np.ascontiguousarray(raw, dtype=np.uint64)
     if raw.ndim != 2 or out.shape != raw.shape or out.dtype != np.int32:
         raise ValueError(f"raw {raw.shape} and out {out.shape} {out.dtype} must be [n, T] with out int32")
-    if offsets.shape != (raw.shape[1] + 1,) or uniques.shape != remap.shape:
-        raise ValueError("offsets must have T + 1 entries and uniques / remap the same length")
-    missing = _map_categories(
-        raw,
-        uniques.astype(np.uint64, copy=False),
-        offsets.astype(np.int64, copy=False),
-        remap.astype(np.int32, copy=False),
-        out,
-    )
+    if raw.shape[1] != table.num_tables:
+        raise ValueError(f"raw has {raw.shape[1]} columns, the id table {table.num_tables} tables")
+    missing = _map_categories(raw, table.slot_offsets, table.keys, table.ids, out)
     if missing:
-        raise ValueError(f"{missing} raw category values are not among the unique values given")
+        raise ValueError(f"{missing} raw category values are not in the id table")
 
 
 @njit(cache=True, inline="always")

@@ -3,21 +3,112 @@
 Same conversion as the reference DLRM (facebookresearch/dlrm ``data_utils.py``), so results compare:
 missing integers -> 0, negative integers -> 0, dense = ``log(x + 1)`` in float32, categories parsed as hex
 (missing -> 0), optionally taken modulo ``max_ind_range``, then mapped per table to contiguous ids in the
-order of the sorted unique raw values over all the data.
+order of the sorted unique raw values over all the data. With ``min_count`` T > 1, the raw values seen
+fewer than T times in total share id 0 (the rare bucket) and the frequent ones get ids 1..K in sorted
+order; with T = 1 (the default, as dlrm) there is no rare bucket and ids are 0..K-1.
+
+Splits, as dlrm (``np.array_split`` of the last day, whose first half is *test* and second half *val*):
+
+* ``kaggle`` (one file, e.g. ``train.txt``): the rows form 7 equal "days" (the first ``N % 7`` days one row
+  longer); days 1-6 are train; the 7th is split in halves: test = first ceil(n/2) rows, val = the rest.
+* ``terabyte`` (several ``day_N`` files): all files but the last are train; the last is split as above.
+
+``layout="auto"`` picks kaggle for one input file and terabyte for several. Files all named ``day_N`` (with
+any extension) are ordered by N, so a shell glob's ``day_10`` before ``day_2`` does no harm; other names keep
+the order given.
+
+The work runs in two streaming passes, so memory stays bounded whatever the file size (only the per-table
+unique values grow, with the cardinality): pass 1 reads raw bytes in large blocks (plain or gzip), parses
+them with the Numba kernel :func:`hotline.kernels.criteo_parse.parse_lines`, appends labels / dense / raw
+categories to temporary files inside the dataset writer's temporary directory and counts the unique raw
+values per table; pass 2 maps raw values to ids (:func:`~hotline.kernels.criteo_parse.map_categories`) and
+fills the dataset's memory maps split by split.
 """
 
 from __future__ import annotations
 
+import argparse
 import gzip
+import hashlib
 import os
+import re
+import sys
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from hotline.kernels.criteo_parse import NUM_CATEGORICAL, NUM_DENSE, format_lines
+from hotline.datasets.format import DatasetWriter
+from hotline.kernels.criteo_parse import (
+    LINE_TOO_LONG,
+    MAX_LINE_BYTES,
+    NUM_CATEGORICAL,
+    NUM_DENSE,
+    NUM_FIELDS,
+    REASONS,
+    build_id_table,
+    format_lines,
+    map_categories,
+    parse_lines,
+)
 
-# Rows formatted per write in write_raw_tsv: bounds memory to ~300 bytes per row.
-_WRITE_ROWS = 1 << 18
+LAYOUTS = ("auto", "kaggle", "terabyte")
+ON_BAD_LINE = ("error", "skip")
+KAGGLE_DAYS = 7
+FIELD_NAMES = (
+    "label",
+    *(f"I{i}" for i in range(1, NUM_DENSE + 1)),
+    *(f"C{i}" for i in range(1, NUM_CATEGORICAL + 1)),
+)
+# Raw bytes read per block in pass 1, and rows per chunk in pass 2 and in write_raw_tsv.
+BLOCK_BYTES = 32 << 20
+CHUNK_ROWS = 1 << 18
+_FINGERPRINT_BYTES = 1 << 20
+
+_EXPECTED = {
+    "too_few_fields": f"expected {NUM_FIELDS} tab-separated fields",
+    "too_many_fields": f"expected {NUM_FIELDS} tab-separated fields",
+    "bad_label": "expected a label 0 or 1",
+    "bad_integer": "expected a decimal integer or an empty field",
+    "integer_overflow": "expected an integer that fits in 64 bits",
+    "bad_hex": "expected a hexadecimal category or an empty field",
+    "hex_overflow": "expected at most 16 hex digits (64 bits)",
+    "nul_byte": "expected text, found a NUL byte",
+    "line_too_long": f"expected a line of at most {MAX_LINE_BYTES} bytes",
+}
+
+
+class CriteoFormatError(ValueError):
+    """A raw Criteo file does not parse: names the file, the 1-based line and field, and what was expected.
+
+    ``line`` and ``field`` are None for errors of the whole file (truncated gzip stream, no rows at all).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        line: int | None,
+        field: str | None,
+        reason: str,
+        column: int | None = None,
+    ):
+        self.path = str(path)
+        self.line = line
+        self.field = field
+        self.column = column
+        self.reason = reason
+        where = self.path if line is None else f"{self.path}, line {line}"
+        if field is not None:
+            where += f", field {field}" + ("" if column is None else f" (column {column})")
+        super().__init__(f"{where}: {reason}")
+
+
+def field_name(column: int) -> str:
+    """Name of a 1-based column of a raw Criteo line: ``label``, ``I1``..``I13``, ``C1``..``C26``."""
+    return FIELD_NAMES[column - 1] if 1 <= column <= NUM_FIELDS else f"extra field {column}"
 
 
 def write_raw_tsv(
@@ -52,17 +143,450 @@ def write_raw_tsv(
     mode = "ab" if append else "wb"
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, mode) as f:
-        for a in range(0, n, _WRITE_ROWS):
-            b = min(n, a + _WRITE_ROWS)
+        for a in range(0, n, CHUNK_ROWS):
+            b = min(n, a + CHUNK_ROWS)
             f.write(format_lines(labels[a:b], dense[a:b], cats[a:b]).data)
     return path
 
 
-def add_parser(subparsers) -> None:
-    """Registers ``hotline data criteo`` (full preprocessing lands in the next commit)."""
-    parser = subparsers.add_parser("criteo", help="preprocess raw Criteo Kaggle / Terabyte files")
+# ----------------------------------------------------------------------------------------------- reading
+
+
+def _is_gzip(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
+
+
+def _read_blocks(stream, block_bytes: int) -> Iterator[np.ndarray | None]:
+    """Whole lines of ``stream`` in blocks of about ``block_bytes``; ``None`` stands for one line longer
+    than MAX_LINE_BYTES (its bytes are dropped, so memory stays bounded even for a file with no newline)."""
+    carry = b""
+    discarding = False
+    while True:
+        data = stream.read(block_bytes)
+        if not data:
+            if carry:
+                yield np.frombuffer(carry, np.uint8)
+            return
+        if discarding:
+            nl = data.find(b"\n")
+            if nl < 0:
+                continue
+            data = data[nl + 1 :]
+            discarding = False
+        buf = carry + data if carry else data
+        cut = buf.rfind(b"\n")
+        if cut < 0:
+            if len(buf) > MAX_LINE_BYTES:
+                yield None
+                carry = b""
+                discarding = True
+            else:
+                carry = buf
+            continue
+        carry = buf[cut + 1 :]
+        yield np.frombuffer(buf, np.uint8, count=cut + 1)
+
+
+def _raw_fingerprint(path: Path) -> str:
+    """sha256 of the file size and its first and last MiB: cheap, and changes when the file does."""
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        h.update(f.read(_FINGERPRINT_BYTES))
+        if size > _FINGERPRINT_BYTES:
+            f.seek(max(_FINGERPRINT_BYTES, size - _FINGERPRINT_BYTES))
+            h.update(f.read())
+    return h.hexdigest()
+
+
+class _UniqueCounter:
+    """Sorted unique values and their counts, merged lazily so adding a block costs O(block log block)."""
+
+    def __init__(self):
+        self.values = np.empty(0, np.uint64)
+        self.counts = np.empty(0, np.int64)
+        self._pending: list[tuple[np.ndarray, np.ndarray]] = []
+        self._pending_size = 0
+
+    def add(self, values: np.ndarray, counts: np.ndarray) -> None:
+        self._pending.append((values, counts))
+        self._pending_size += values.shape[0]
+        # Merging only when the pending values outgrow the merged ones keeps the total work O(n log n).
+        if self._pending_size > max(self.values.shape[0], 1 << 16):
+            self._merge()
+
+    def _merge(self) -> None:
+        if not self._pending:
+            return
+        values = np.concatenate([self.values, *(v for v, _ in self._pending)])
+        counts = np.concatenate([self.counts, *(c for _, c in self._pending)])
+        self._pending, self._pending_size = [], 0
+        order = np.argsort(values, kind="stable")
+        values, counts = values[order], counts[order]
+        starts = np.flatnonzero(np.concatenate([[True], values[1:] != values[:-1]]))
+        self.values = values[starts]
+        self.counts = np.add.reduceat(counts, starts) if counts.size else counts
+
+    def result(self) -> tuple[np.ndarray, np.ndarray]:
+        self._merge()
+        return self.values, self.counts
+
+
+@dataclass
+class _FileStats:
+    """What pass 1 learned about one raw file."""
+
+    path: Path
+    rows: int = 0
+    lines: int = 0
+    bad_lines: dict[str, int] = field(default_factory=dict)
+
+
+def _bad_line_error(path: Path, line: int, reason: str, column: int, text: bytes | None) -> CriteoFormatError:
+    if reason in ("too_few_fields", "too_many_fields"):
+        # The kernel gives the number of fields found; name the first missing or the first extra one.
+        found = column
+        column = found + 1 if reason == "too_few_fields" else NUM_FIELDS + 1
+        return CriteoFormatError(
+            path, line, field_name(column), f"{_EXPECTED[reason]}, found {found}", column
+        )
+    if reason == "line_too_long":
+        return CriteoFormatError(path, line, None, _EXPECTED[reason])
+    detail = _EXPECTED[reason]
+    if text is not None and reason != "nul_byte":
+        fields = text.rstrip(b"\r").split(b"\t")
+        if column - 1 < len(fields):
+            detail += f", got {fields[column - 1][:40]!r}"
+    return CriteoFormatError(path, line, field_name(column), detail, column)
+
+
+def _pass1_file(
+    stats: _FileStats,
+    max_ind_range: int | None,
+    on_bad_line: str,
+    block_bytes: int,
+    sinks: tuple,
+    counters: list[_UniqueCounter],
+    bar,
+) -> None:
+    """Parses one raw file block by block, appending good rows to the sinks and counting categories."""
+    path = stats.path
+    labels_f, dense_f, cats_f = sinks
+    bad_counts = np.zeros(len(REASONS), np.int64)
+    with open(path, "rb") as raw:
+        stream = gzip.GzipFile(fileobj=raw, mode="rb") if _is_gzip(path) else raw
+        last_pos = 0
+        try:
+            for block in _read_blocks(stream, block_bytes):
+                if block is None:
+                    if on_bad_line == "error":
+                        raise _bad_line_error(path, stats.lines + 1, "line_too_long", 0, None)
+                    bad_counts[LINE_TOO_LONG] += 1
+                    stats.lines += 1
+                    continue
+                parsed = parse_lines(block, max_ind_range)
+                n = parsed.reason.shape[0]
+                bad = parsed.reason != 0
+                labels, dense, cats = parsed.labels, parsed.dense, parsed.cats
+                if bad.any():
+                    first = int(np.argmax(bad))
+                    if on_bad_line == "error":
+                        code = int(parsed.reason[first])
+                        text = block[parsed.starts[first] : parsed.ends[first]].tobytes()
+                        raise _bad_line_error(
+                            path, stats.lines + first + 1, REASONS[code], int(parsed.column[first]), text
+                        )
+                    bad_counts += np.bincount(parsed.reason, minlength=len(REASONS))
+                    keep = ~bad
+                    labels, dense, cats = labels[keep], dense[keep], cats[keep]
+                stats.lines += n
+                stats.rows += labels.shape[0]
+                labels.tofile(labels_f)
+                dense.tofile(dense_f)
+                cats.tofile(cats_f)
+                # One contiguous row per table makes the per-table sort cache friendly.
+                for t, column in enumerate(np.ascontiguousarray(cats.T)):
+                    counters[t].add(*np.unique(column, return_counts=True))
+                pos = raw.tell()
+                bar.update(pos - last_pos)
+                last_pos = pos
+        except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+            raise CriteoFormatError(
+                path, None, None, f"truncated or corrupt gzip stream after line {stats.lines} ({e})"
+            ) from e
+    bad_counts[0] = 0
+    stats.bad_lines = {REASONS[i]: int(c) for i, c in enumerate(bad_counts) if c}
+
+
+# ----------------------------------------------------------------------------------------------- splits
+
+
+def detect_layout(paths: list[Path], layout: str = "auto") -> str:
+    """The split layout: ``kaggle`` for one input file, ``terabyte`` for several, unless given explicitly."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if layout != "auto":
+        return layout
+    return "kaggle" if len(paths) == 1 else "terabyte"
+
+
+def order_inputs(paths: list[Path]) -> list[Path]:
+    """Files all named ``day_N[.ext]`` sorted by N (a shell glob puts day_10 before day_2); else as given."""
+    numbers = [re.fullmatch(r"day_(\d+)(\..*)?", p.name) for p in paths]
+    if all(numbers):
+        return [p for _, p in sorted(zip((int(m.group(1)) for m in numbers), paths), key=lambda x: x[0])]
+    return list(paths)
+
+
+def split_sizes(layout: str, rows_per_file: list[int]) -> dict[str, int]:
+    """Rows of train / val / test, in file order (train rows first, then test, then val; see module doc)."""
+    total = int(sum(rows_per_file))
+    if layout == "kaggle":
+        per_day, extra = divmod(total, KAGGLE_DAYS)
+        days = [per_day + (d < extra) for d in range(KAGGLE_DAYS)]
+        last = days[-1]
+    elif layout == "terabyte":
+        last = int(rows_per_file[-1]) if rows_per_file else 0
+    else:
+        raise ValueError(f"layout must be kaggle or terabyte, got {layout!r}")
+    # dlrm: test_indices, val_indices = np.array_split(last_day, 2) -> test gets the larger first half.
+    test = -(-last // 2)
+    return {"train": total - last, "test": test, "val": last - test}
+
+
+# ----------------------------------------------------------------------------------------------- preprocess
+
+
+def _id_maps(
+    counters: list[_UniqueCounter], min_count: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
+    """Flat sorted unique values, per-table offsets, the id of each value, and the table sizes."""
+    values, remaps, sizes = [], [], []
+    for counter in counters:
+        v, c = counter.result()
+        if min_count > 1:
+            frequent = c >= min_count
+            remap = np.where(frequent, np.cumsum(frequent), 0)  # rare -> 0, frequent -> 1..K in sorted order
+            sizes.append(int(frequent.sum()) + 1)
+        else:
+            remap = np.arange(v.shape[0])
+            sizes.append(int(v.shape[0]))
+        values.append(v)
+        remaps.append(remap.astype(np.int32))
+    if max(sizes) > np.iinfo(np.int32).max:
+        raise ValueError(f"a table has {max(sizes)} ids, more than int32 holds; use --max-ind-range")
+    offsets = np.zeros(len(values) + 1, np.int64)
+    np.cumsum([v.shape[0] for v in values], out=offsets[1:])
+    return np.concatenate(values), offsets, np.concatenate(remaps), sizes
+
+
+def preprocess(
+    raw_paths: list[str | os.PathLike] | str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    layout: str = "auto",
+    max_ind_range: int | None = None,
+    min_count: int = 1,
+    on_bad_line: str = "error",
+    progress: bool = True,
+    block_bytes: int = BLOCK_BYTES,
+) -> Path:
+    """Converts raw Criteo files (Kaggle ``train.txt`` or Terabyte ``day_N``, plain or gzip) into a dataset
+    directory at ``out`` (see the module docstring for the conversion and the splits); returns ``out``.
+
+    Raises :class:`CriteoFormatError` for a bad line (``on_bad_line="error"``), a truncated gzip file, or
+    input without rows; nothing is left at ``out`` then (an existing dataset there is kept).
+    """
+    from tqdm.auto import tqdm
+
+    paths = [Path(raw_paths)] if isinstance(raw_paths, (str, os.PathLike)) else [Path(p) for p in raw_paths]
+    if not paths:
+        raise ValueError("no raw Criteo files given")
+    for p in paths:
+        if not p.is_file():
+            raise FileNotFoundError(f"raw Criteo file {p} does not exist")
+    if len({p.resolve() for p in paths}) != len(paths):
+        raise ValueError(f"a raw file is given twice: {[str(p) for p in paths]}")
+    if on_bad_line not in ON_BAD_LINE:
+        raise ValueError(f"on_bad_line must be one of {ON_BAD_LINE}, got {on_bad_line!r}")
+    if max_ind_range is not None and max_ind_range <= 0:
+        raise ValueError(f"max_ind_range must be positive, got {max_ind_range}")
+    if min_count < 1:
+        raise ValueError(f"min_count must be >= 1, got {min_count}")
+    if block_bytes < 1:
+        raise ValueError(f"block_bytes must be positive, got {block_bytes}")
+    layout = detect_layout(paths, layout)
+    paths = order_inputs(paths)
+    t0 = time.perf_counter()
+
+    # Table sizes are known only after pass 1; the writer needs them only when the splits are created.
+    with DatasetWriter(out, [0] * NUM_CATEGORICAL, pooling_factor=1) as writer:
+        tmp = {k: writer.tmp / f"_pass1_{k}.bin" for k in ("labels", "dense", "cats")}
+        counters = [_UniqueCounter() for _ in range(NUM_CATEGORICAL)]
+        stats = [_FileStats(p) for p in paths]
+        total_bytes = sum(p.stat().st_size for p in paths)
+        try:
+            with (
+                open(tmp["labels"], "wb") as lf,
+                open(tmp["dense"], "wb") as df,
+                open(tmp["cats"], "wb") as cf,
+                tqdm(
+                    total=total_bytes,
+                    unit="B",
+                    unit_scale=True,
+                    desc="criteo pass 1 (parse)",
+                    disable=not progress,
+                ) as bar,
+            ):
+                for s in stats:
+                    _pass1_file(s, max_ind_range, on_bad_line, block_bytes, (lf, df, cf), counters, bar)
+            total = sum(s.rows for s in stats)
+            if total == 0:
+                skipped = sum(sum(s.bad_lines.values()) for s in stats)
+                why = f"all {skipped} lines were bad and skipped" if skipped else "the input has no lines"
+                raise CriteoFormatError(", ".join(map(str, paths)), None, None, f"no rows: {why}")
+            uniques, offsets, remap, table_sizes = _id_maps(counters, min_count)
+            id_table = build_id_table(uniques, offsets, remap)
+            del uniques, remap
+            del counters
+            writer.table_sizes = table_sizes
+            sizes = split_sizes(layout, [s.rows for s in stats])
+            with (
+                open(tmp["labels"], "rb") as lf,
+                open(tmp["dense"], "rb") as df,
+                open(tmp["cats"], "rb") as cf,
+                tqdm(
+                    total=total,
+                    unit="rows",
+                    unit_scale=True,
+                    desc="criteo pass 2 (map ids)",
+                    disable=not progress,
+                ) as bar,
+            ):
+                # Rows are stored in file order: train, then the last day's test half, then its val half.
+                for split in ("train", "test", "val"):
+                    n = sizes[split]
+                    dense_out, sparse_out, labels_out = writer.create_split(split, n)
+                    sparse_2d = sparse_out.reshape(n, NUM_CATEGORICAL)
+                    for a in range(0, n, CHUNK_ROWS):
+                        b = min(n, a + CHUNK_ROWS)
+                        labels_out[a:b] = np.fromfile(lf, np.float32, b - a)
+                        dense_out[a:b] = np.fromfile(df, np.float32, (b - a) * NUM_DENSE).reshape(
+                            -1, NUM_DENSE
+                        )
+                        raw = np.fromfile(cf, np.uint64, (b - a) * NUM_CATEGORICAL).reshape(
+                            -1, NUM_CATEGORICAL
+                        )
+                        map_categories(raw, id_table, sparse_2d[a:b])
+                        bar.update(b - a)
+                    for a in (dense_out, sparse_out, labels_out):
+                        a.flush()
+                    del dense_out, sparse_out, labels_out, sparse_2d
+        finally:
+            for f in tmp.values():
+                f.unlink(missing_ok=True)
+        seconds = time.perf_counter() - t0
+        bad_total: dict[str, int] = {}
+        for s in stats:
+            for k, v in s.bad_lines.items():
+                bad_total[k] = bad_total.get(k, 0) + v
+        source = {
+            "kind": "criteo",
+            "layout": layout,
+            "files": [
+                {
+                    "name": s.path.name,
+                    "bytes": s.path.stat().st_size,
+                    "sha256_size_head_tail": _raw_fingerprint(s.path),
+                    "rows": s.rows,
+                }
+                for s in stats
+            ],
+            "options": {"max_ind_range": max_ind_range, "min_count": min_count},
+            "rare_id": 0 if min_count > 1 else None,
+        }
+        extra = {
+            "bad_lines": bad_total,
+            "bad_lines_per_file": {s.path.name: s.bad_lines for s in stats},
+            "on_bad_line": on_bad_line,
+            "preprocess_seconds": round(seconds, 3),
+            "rows_per_second": round(total / seconds, 1) if seconds > 0 else None,
+        }
+        return writer.finish(source=source, extra=extra)
+
+
+# ----------------------------------------------------------------------------------------------- CLI
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Registers ``hotline data criteo RAW [RAW ...] --out DIR``."""
+    parser = subparsers.add_parser(
+        "criteo",
+        help="preprocess raw Criteo Kaggle / Terabyte files into a dataset directory",
+        description=(
+            "Preprocess raw Criteo files (Kaggle train.txt or Terabyte day_0 .. day_23, plain or .gz) like "
+            "the reference DLRM: log(x+1) dense features, categories mapped to contiguous ids per table."
+        ),
+    )
+    parser.add_argument("raw", nargs="+", metavar="RAW", help="raw Criteo files (train.txt, or day_N files)")
+    parser.add_argument("--out", required=True, help="dataset directory to write (replaced atomically)")
+    parser.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default="auto",
+        help="kaggle: 7 equal days, last split into test/val; terabyte: last file split; "
+        "auto: kaggle for one file, terabyte for several (default)",
+    )
+    parser.add_argument(
+        "--max-ind-range",
+        type=int,
+        default=None,
+        metavar="N",
+        help="take raw category values modulo N before mapping (as dlrm)",
+    )
+    parser.add_argument(
+        "--min-count",
+        type=int,
+        default=1,
+        metavar="T",
+        help="values seen fewer than T times share id 0; frequent ones get 1..K (default 1: off)",
+    )
+    parser.add_argument(
+        "--on-bad-line",
+        choices=ON_BAD_LINE,
+        default="error",
+        help="error (default): stop at the first bad line; skip: drop bad lines and count them",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(func=run)
 
 
-def run(args) -> int:
-    raise NotImplementedError("hotline data criteo is being written")
+def run(args: argparse.Namespace) -> int:
+    """Runs ``hotline data criteo`` and prints a summary; returns the exit status."""
+    from hotline.datasets.format import Dataset
+
+    t0 = time.perf_counter()
+    try:
+        out = preprocess(
+            args.raw,
+            args.out,
+            layout=args.layout,
+            max_ind_range=args.max_ind_range,
+            min_count=args.min_count,
+            on_bad_line=args.on_bad_line,
+            progress=not args.no_progress,
+        )
+    except (CriteoFormatError, FileNotFoundError, ValueError) as e:
+        print(f"hotline data criteo: error: {e}", file=sys.stderr)
+        return 2
+    seconds = time.perf_counter() - t0
+    ds = Dataset(out)
+    rows = sum(len(ds.split(s)) for s in ("train", "val", "test"))
+    print(f"wrote {out} ({ds.meta['source']['layout']} layout)")
+    print(f"  rows: train {len(ds.train):,}  val {len(ds.val):,}  test {len(ds.test):,}")
+    print(f"  table sizes: {ds.table_sizes}  (total {ds.total_rows:,} rows)")
+    bad = ds.meta.get("bad_lines", {})
+    print("  bad lines skipped: " + (", ".join(f"{k} {v:,}" for k, v in bad.items()) if bad else "none"))
+    print(f"  {rows:,} rows in {seconds:.2f} s: {rows / seconds:,.0f} rows/s")
+    return 0
