@@ -260,3 +260,84 @@ def criteo_reference(
             np.array(labels[a:b], np.float32),
         )
     return out, sizes
+
+
+def claim_rows(working_set, owner, step, fresh_before):
+    """Slots whose row's previous owner step is >= fresh_before; then every row is owned by ``step``."""
+    owner = owner.copy()
+    stale = [s for s, r in enumerate(working_set) if owner[r] >= fresh_before]
+    owner[np.asarray(working_set, dtype=np.int64)] = step
+    return stale, owner
+
+
+# --- synthetic data generator (kernels/synthetic.py) ------------------------------------------------------
+
+_U64 = (1 << 64) - 1
+
+
+def _splitmix64_finaliser(x: int) -> int:
+    """splitmix64's finaliser on a Python int, masking to 64 bits after every step."""
+    x = (x + 0x9E3779B97F4A7C15) & _U64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _U64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _U64
+    return x ^ (x >> 31)
+
+
+def _unit_from_hash(h: int) -> float:
+    return (h >> 11) / 2.0**53
+
+
+def synthetic_zipf_ranks(u, n: int, s: float, redraw_key: int = 0):
+    """Zipf ranks by rejection-inversion, one Python loop per draw, from the textbook formulas."""
+    import math
+
+    def hat_integral(x):  # integral of t ** -s from 1 to x: (x ** (1 - s) - 1) / (1 - s), log(x) at s = 1
+        q = (1.0 - s) * math.log(x)
+        ratio = math.expm1(q) / q if abs(q) > 1e-8 else 1.0 + q * 0.5 * (1.0 + q / 3.0 * (1.0 + 0.25 * q))
+        return ratio * math.log(x)
+
+    def hat_integral_inverse(y):
+        t = max(y * (1.0 - s), -1.0)
+        ratio = math.log1p(t) / t if abs(t) > 1e-8 else 1.0 - t * (0.5 - t * (1.0 / 3.0 - 0.25 * t))
+        return math.exp(ratio * y)
+
+    def hat(x):
+        return math.exp(-s * math.log(x))
+
+    u = np.asarray(u, dtype=np.float64)
+    flat = u.reshape(-1)
+    out = np.empty(flat.size, np.int64)
+    h_first = hat_integral(1.5) - 1.0
+    h_last = hat_integral(n + 0.5)
+    squeeze = 2.0 - hat_integral_inverse(hat_integral(2.5) - hat(2.0))
+    for i, v in enumerate(flat.tolist()):
+        attempt = 0
+        while True:
+            y = h_last + v * (h_first - h_last)
+            x = hat_integral_inverse(y)
+            k = min(max(math.floor(x + 0.5), 1), n)
+            if k - x <= squeeze or y >= hat_integral(k + 0.5) - hat(k):
+                out[i] = k - 1
+                break
+            attempt += 1
+            v = _unit_from_hash(
+                _splitmix64_finaliser((_splitmix64_finaliser(i ^ redraw_key) + attempt) & _U64)
+            )
+    return out.reshape(u.shape)
+
+
+def synthetic_bag_effects(ranks, key: int, rank_scale: float):
+    """Mean over each bag of sqrt(3) * (2 U(r, key) - 1) / sqrt(1 + r / rank_scale), one rank at a time."""
+    import math
+
+    ranks = np.asarray(ranks)
+    out = np.zeros(ranks.shape[0])
+    for i in range(ranks.shape[0]):
+        values = [
+            (2.0 * _unit_from_hash(_splitmix64_finaliser(int(r) ^ key)) - 1.0)
+            * math.sqrt(3.0)
+            / math.sqrt(1.0 + int(r) / rank_scale)
+            for r in ranks[i]
+        ]
+        out[i] = sum(values) / len(values) if values else 0.0
+    return out

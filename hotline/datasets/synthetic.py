@@ -1,0 +1,582 @@
+"""``hotline data synthetic``: Criteo-like skewed click data whose labels come from a planted model.
+
+Every row has 13 dense features (Criteo-like counts, some missing, stored as ``log(x + 1)`` float32 with
+missing as 0, as the Criteo pipeline stores them) and one bag of ``L`` row ids per table (``L = 1``: one-hot).
+
+* **Skew.** Table ``t`` has ``n_t`` rows. A lookup draws a rank ``r`` in ``[0, n_t)`` with probability
+  proportional to ``1 / (r + 1) ** s_t`` (exactly, by rejection-inversion in :mod:`hotline.kernels.zipf`),
+  then maps rank to row id by a seeded bijection ``(a_t * r + b_t) mod n_t`` so hot rows are scattered over
+  the table as in real data.
+* **Planted model.** ``logit = bias + dense linear term + sum_t w_t * e_t(rank) + pairwise interactions``,
+  label ~ Bernoulli(sigmoid(logit)). The per-row effect ``e_t`` is a seeded hash of (table, rank) scaled by
+  ``1 / sqrt(1 + rank / EFFECT_RANK_SCALE)``: popular rows, which a model sees often, carry most of the
+  signal. The bias is calibrated so the click rate is about ``TARGET_CTR``. The planted logit's own AUC on
+  the validation split (the Bayes-optimal ceiling) is written to ``meta.json`` under ``synthetic``.
+* **Splits** as in the Criteo Kaggle layout, by the rule of ``hotline data criteo`` (dlrm's): the N rows form
+  7 "days"; the first 6 are train, the 7th is split in halves, test first, then val. So ``--raw-tsv`` output
+  preprocessed by ``hotline data criteo`` gives the same splits.
+
+Determinism. The rows form one stream that depends only on the parameters and the seed: rows are made in
+chunks of ``CHUNK_ROWS`` (a fixed constant that is part of the stream's definition, like the seed), chunk
+``c`` drawing from ``SeedSequence([seed, 0, c, stream])`` with one stream for dense features, one for labels
+and one per table. So row ``i`` of the stream is the same whatever ``N`` is (a run with fewer rows is a prefix
+of a run with more; only the split boundaries move), whatever the number of threads, and whether or not a
+raw TSV is written; changing one table's size or exponent changes no other table's ids. Memory is bounded by
+one chunk (about ``CHUNK_ROWS * (T * L * 12 + 200)`` bytes) whatever N is; there are no per-table arrays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from hotline.datasets.format import NUM_DENSE, SPLITS, Dataset, DatasetWriter
+from hotline.kernels.synthetic import bag_effects, zipf_ranks
+
+# Rows per table of the 26 categorical features of Criteo Kaggle (Display Advertising Challenge), as dlrm
+# reports them for the preprocessed Kaggle data.
+KAGGLE_TABLE_SIZES: tuple[int, ...] = (
+    1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
+    27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
+)  # fmt: skip
+
+DEFAULT_ZIPF = 1.05
+# Rows per generation chunk. Part of the definition of the stream: changing it changes the data for a seed.
+CHUNK_ROWS = 1 << 18
+# Bumped whenever the generated data for given parameters changes; part of the cache key of the default.
+GENERATOR_VERSION = 1
+
+# The built-in default dataset of ``hotline train``: 26 tables with the Kaggle sizes capped at 50,000 rows
+# (1.04M embedding rows in all), 600,000 rows (514,285 train), generated in a few seconds.
+DEFAULT_DATASET: dict = {
+    "rows": 600_000,
+    "seed": 0,
+    "max_rows_per_table": 50_000,
+    "zipf": DEFAULT_ZIPF,
+    "pooling_factor": 1,
+}
+
+# Criteo-like dense features: per feature, the median count, the spread of log(count) and the share missing
+# (roughly those of Criteo Kaggle's I1..I13).
+DENSE_MEDIAN = np.array([1, 2, 6, 4, 2600, 33, 3, 7, 38, 1, 1, 0.3, 5], dtype=np.float64)
+DENSE_LOG_SPREAD = np.array([1.2, 1.5, 1.3, 1.0, 1.6, 1.5, 1.3, 1.0, 1.2, 0.6, 1.0, 1.0, 1.1])
+DENSE_MISSING = np.array([0.45, 0.0, 0.21, 0.22, 0.03, 0.22, 0.04, 0.0, 0.04, 0.45, 0.04, 0.77, 0.22])
+
+# Planted model. Scales chosen so that on the default dataset the planted logit's AUC is about 0.82 and
+# most of it is learnable from the rows a model sees often.
+TARGET_CTR = 0.25
+DENSE_SCALE = 0.26
+"""Standard deviation of the dense linear term's coefficients (per standardised log-count feature)."""
+TABLE_SCALE = 0.42
+"""Largest weight of a table's per-row effect (effects have unit variance at rank 0)."""
+NOISE_TABLE_SHARE = 0.25
+"""Share of tables (chosen by the seed) with no effect on the label, as real data has useless features."""
+EFFECT_RANK_SCALE = 200.0
+"""Ranks well below this carry full-size effects; the effect of rank r shrinks as 1 / sqrt(1 + r / this)."""
+INTERACTION_SCALE = 0.68
+"""Weight of each pairwise product of two tables' second per-row effects."""
+NUM_INTERACTIONS = 3
+"""Number of table pairs (t, T - 1 - t) with an interaction term."""
+CALIBRATION_ROWS = 1 << 14
+TOP_SHARE = 0.01
+"""Skew statistic written to meta.json: the share of lookups that hit a table's top 1% of rows."""
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    """Parameters of one synthetic dataset (see the module docstring for what they mean)."""
+
+    rows: int
+    """Total rows N over the train, val and test splits."""
+    seed: int = 0
+    """Seed of the whole stream: data and planted model."""
+    table_sizes: tuple[int, ...] = KAGGLE_TABLE_SIZES
+    """Rows per embedding table, before the cap."""
+    max_rows_per_table: int | None = None
+    """Caps every table size (dlrm's --max-ind-range); None keeps the sizes."""
+    zipf: float | tuple[float, ...] = DEFAULT_ZIPF
+    """Zipf exponent s of every table, or one per table (0 = uniform)."""
+    pooling_factor: int = 1
+    """Ids per bag L (dlrm's --num-indices-per-lookup, fixed); 1 = one-hot."""
+    sizes: tuple[int, ...] = field(init=False)
+    """Table sizes after the cap (derived)."""
+    exponents: tuple[float, ...] = field(init=False)
+    """Zipf exponent per table (derived)."""
+
+    def __post_init__(self) -> None:
+        if int(self.rows) != self.rows or self.rows < 0:
+            raise ValueError(f"rows must be an integer >= 0, got {self.rows!r}")
+        if int(self.seed) != self.seed or self.seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
+        sizes = tuple(int(s) for s in self.table_sizes)
+        if not sizes:
+            raise ValueError("table_sizes must name at least one table")
+        for t, (given, s) in enumerate(zip(self.table_sizes, sizes, strict=True)):
+            if s != given or not 1 <= s < 2**31:
+                raise ValueError(f"table_sizes[{t}] must be an integer in [1, 2**31), got {given!r}")
+        if self.max_rows_per_table is not None:
+            if int(self.max_rows_per_table) != self.max_rows_per_table or self.max_rows_per_table < 1:
+                raise ValueError(
+                    f"max_rows_per_table must be an integer >= 1, got {self.max_rows_per_table!r}"
+                )
+            sizes = tuple(min(s, int(self.max_rows_per_table)) for s in sizes)
+        if isinstance(self.zipf, (int, float, np.floating, np.integer)):
+            exponents = (float(self.zipf),) * len(sizes)
+        else:
+            exponents = tuple(float(z) for z in self.zipf)
+            if len(exponents) != len(sizes):
+                raise ValueError(
+                    f"zipf has {len(exponents)} exponents but there are {len(sizes)} tables; "
+                    "give one exponent or one per table"
+                )
+        for t, z in enumerate(exponents):
+            if not (math.isfinite(z) and 0.0 <= z <= 10.0):
+                raise ValueError(f"zipf exponent of table {t} must be in [0, 10], got {z}")
+        if int(self.pooling_factor) != self.pooling_factor or self.pooling_factor < 1:
+            raise ValueError(f"pooling_factor must be an integer >= 1, got {self.pooling_factor!r}")
+        object.__setattr__(self, "table_sizes", tuple(int(s) for s in self.table_sizes))
+        object.__setattr__(self, "sizes", sizes)
+        object.__setattr__(self, "exponents", exponents)
+
+    @property
+    def num_tables(self) -> int:
+        return len(self.sizes)
+
+    def source(self) -> dict:
+        """Every parameter, as written to meta.json's ``source`` (and hashed into the fingerprint)."""
+        return {
+            "kind": "synthetic",
+            "generator_version": GENERATOR_VERSION,
+            "chunk_rows": CHUNK_ROWS,
+            "rows": int(self.rows),
+            "seed": int(self.seed),
+            "table_sizes": list(self.table_sizes),
+            "max_rows_per_table": self.max_rows_per_table,
+            "zipf": list(self.exponents),
+            "pooling_factor": int(self.pooling_factor),
+        }
+
+
+# Order of the splits in the row stream (and in a raw TSV): Criteo Kaggle's file order, as dlrm reads it.
+STREAM_ORDER = ("train", "test", "val")
+
+
+def split_sizes(rows: int) -> dict[str, int]:
+    """Rows per split in the Criteo Kaggle layout (the same rule as ``hotline data criteo``)."""
+    from hotline.datasets.criteo import split_sizes as criteo_split_sizes
+
+    return criteo_split_sizes("kaggle", [rows])
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+
+
+def sample_zipf(
+    rng: np.random.Generator, n: int, s: float, shape: int | tuple[int, ...], redraw_key: int = 0
+) -> np.ndarray:
+    """Draws Zipf(n, s) ranks in [0, n) (P(r) proportional to 1/(r+1)**s) as an int64 array of ``shape``.
+
+    Takes exactly ``prod(shape)`` uniforms from ``rng``, in order; the few draws the rejection step turns
+    down are redrawn from a hash of (``redraw_key``, position, attempt), not from ``rng``. So the first k
+    values of a larger draw equal a draw of k values: rows do not depend on how many are made.
+    """
+    return zipf_ranks(rng.random(shape), n, s, redraw_key)
+
+
+def zipf_pmf(n: int, s: float) -> np.ndarray:
+    """Exact probabilities of ranks 0..n-1 under Zipf(n, s) (float64 [n])."""
+    w = np.arange(1, n + 1, dtype=np.float64) ** -float(s)
+    return w / w.sum()
+
+
+def zipf_top_share(n: int, s: float, top: int) -> float:
+    """Exact probability that a Zipf(n, s) draw has rank < ``top``, summed in blocks to bound memory."""
+    head = total = 0.0
+    block = 1 << 22
+    for lo in range(1, n + 1, block):
+        w = np.arange(lo, min(lo + block, n + 1), dtype=np.float64) ** -float(s)
+        total += float(w.sum())
+        if lo <= top:
+            head += float(w[: max(0, top - lo + 1)].sum())
+    return head / total
+
+
+def top_rows(n: int, share: float = TOP_SHARE) -> int:
+    """Number of rows in a table's top ``share`` (at least one)."""
+    return max(1, math.ceil(share * n))
+
+
+def _mix32(x: np.ndarray) -> np.ndarray:
+    """murmur3's 32-bit finaliser: a bijection on uint32."""
+    x = x ^ (x >> np.uint32(16))
+    x = x * np.uint32(0x85EBCA6B)
+    x = x ^ (x >> np.uint32(13))
+    x = x * np.uint32(0xC2B2AE35)
+    return x ^ (x >> np.uint32(16))
+
+
+class _Tables:
+    """Per-table constants derived from the seed: rank -> row bijection, effect keys, raw-value keys."""
+
+    def __init__(self, cfg: SyntheticConfig):
+        rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 1, 0]))
+        self.mult: list[int] = []
+        self.shift: list[int] = []
+        for n in cfg.sizes:
+            a = 1
+            if n > 2:
+                a = int(rng.integers(1, n))
+                while math.gcd(a, n) != 1:
+                    a = int(rng.integers(1, n))
+            self.mult.append(a)
+            self.shift.append(int(rng.integers(0, n)))
+        keys = rng.integers(0, 2**64, size=(3, cfg.num_tables), dtype=np.uint64)
+        self.effect_key = [int(k) for k in keys[0]]
+        self.interaction_key = [int(k) for k in keys[1]]
+        self.raw_key = [int(k) & 0xFFFFFFFF for k in keys[2]]
+
+    def row_ids(self, t: int, ranks: np.ndarray, n: int) -> np.ndarray:
+        """Row id of each rank of table t: (a * r + b) mod n, a bijection of [0, n) since gcd(a, n) = 1."""
+        return (ranks * self.mult[t] + self.shift[t]) % n
+
+    def raw_values(self, t: int, rows: np.ndarray) -> np.ndarray:
+        """32-bit raw category value of each row of table t: distinct rows get distinct values."""
+        return _mix32(rows.astype(np.uint32) ^ np.uint32(self.raw_key[t]))
+
+
+class _PlantedModel:
+    """The model whose logit draws the labels; its parameters come from the seed."""
+
+    def __init__(self, cfg: SyntheticConfig, tables: _Tables):
+        rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 1, 1]))
+        T = cfg.num_tables
+        self.dense_coef = rng.normal(0.0, DENSE_SCALE, size=NUM_DENSE)
+        self.table_weight = TABLE_SCALE * rng.uniform(0.3, 1.0, size=T)
+        noise = rng.permutation(T)[: int(round(NOISE_TABLE_SHARE * T))]
+        self.table_weight[noise] = 0.0
+        self.pairs = [(t, T - 1 - t) for t in range(min(NUM_INTERACTIONS, T // 2))]
+        self.tables = tables
+        # Dense standardisation and the bias come from a calibration sample of the same generator.
+        self.dense_mean = np.zeros(NUM_DENSE)
+        self.dense_std = np.ones(NUM_DENSE)
+        self.bias = 0.0
+        sample = _make_rows(cfg, self, np.random.SeedSequence([cfg.seed, 2]), CALIBRATION_ROWS)
+        dense = sample["dense"].astype(np.float64)
+        self.dense_mean = dense.mean(axis=0)
+        self.dense_std = np.maximum(dense.std(axis=0), 1e-6)
+        logit = self.logit(dense, sample["effects"], sample["interactions"])
+        self.bias = _calibrate_bias(logit, TARGET_CTR)
+
+    def effects(self, t: int, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Main and interaction effect of each bag [m, L] of table t, averaged over the bag -> two [m]."""
+        return (
+            bag_effects(ranks, self.tables.effect_key[t], EFFECT_RANK_SCALE),
+            bag_effects(ranks, self.tables.interaction_key[t], EFFECT_RANK_SCALE),
+        )
+
+    def logit(self, dense: np.ndarray, effects: np.ndarray, interactions: np.ndarray) -> np.ndarray:
+        """Planted logit of rows with log-count dense features [m, 13] and per-table effects [m, T] (x2)."""
+        z = (dense - self.dense_mean) / self.dense_std
+        out = self.bias + z @ self.dense_coef + effects @ self.table_weight
+        for a, b in self.pairs:
+            out += INTERACTION_SCALE * interactions[:, a] * interactions[:, b]
+        return out
+
+
+def _calibrate_bias(logit: np.ndarray, ctr: float) -> float:
+    """The shift b with mean(sigmoid(logit + b)) = ctr, by bisection (the mean is increasing in b)."""
+    lo, hi = -30.0, 30.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if np.mean(1.0 / (1.0 + np.exp(-(logit + mid)))) < ctr:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def _make_rows(cfg: SyntheticConfig, model: _PlantedModel, seq: np.random.SeedSequence, m: int) -> dict:
+    """The first ``m`` rows of the chunk drawn from ``seq``: raw and log dense, row ids, effects, labels.
+
+    Every random array comes from its own stream in one call of ``m`` rows, so these rows are the first ``m``
+    of any larger call: the data of row i does not depend on the number of rows made.
+    """
+    normal_seq, missing_seq, label_seq, *table_seqs = seq.spawn(3 + cfg.num_tables)
+    # float32 throughout: three times faster than float64, and exact for counts below 2**24.
+    x = np.random.default_rng(normal_seq).standard_normal((m, NUM_DENSE), dtype=np.float32)
+    x *= DENSE_LOG_SPREAD.astype(np.float32)
+    x += np.log1p(DENSE_MEDIAN).astype(np.float32)
+    np.expm1(x, out=x)
+    np.floor(x, out=x)
+    np.maximum(x, 0.0, out=x)
+    missing = np.random.default_rng(missing_seq).random((m, NUM_DENSE), dtype=np.float32) < DENSE_MISSING
+    x[missing] = 0.0  # missing -> 0 before log(x + 1), as the Criteo pipeline does
+    counts = x.astype(np.int64)
+    counts[missing] = -1
+    x += 1.0
+    dense = np.log(x, out=x)  # log(float32(x) + 1) in float32, exactly as dlrm's Criteo pipeline
+    T, L = cfg.num_tables, cfg.pooling_factor
+    rows = np.empty((m, T, L), np.int32)
+    effects = np.empty((m, T))
+    interactions = np.empty((m, T))
+    top_hits = np.empty(T, np.int64)
+    for t, (n, s) in enumerate(zip(cfg.sizes, cfg.exponents, strict=True)):
+        redraw_key = int(table_seqs[t].generate_state(1, np.uint64)[0])
+        ranks = sample_zipf(np.random.default_rng(table_seqs[t]), n, s, (m, L), redraw_key)
+        top_hits[t] = np.count_nonzero(ranks < top_rows(n))
+        rows[:, t, :] = model.tables.row_ids(t, ranks, n)
+        effects[:, t], interactions[:, t] = model.effects(t, ranks)
+    logit = model.logit(dense.astype(np.float64), effects, interactions)
+    labels = (np.random.default_rng(label_seq).random(m) < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
+    return {"counts": counts, "dense": dense, "rows": rows, "effects": effects, "interactions": interactions,
+            "top_hits": top_hits, "logit": logit, "labels": labels}  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------- generation
+
+
+def generate(
+    out: str | os.PathLike,
+    rows: int,
+    *,
+    seed: int = 0,
+    table_sizes: Sequence[int] | None = None,
+    max_rows_per_table: int | None = None,
+    zipf: float | Sequence[float] = DEFAULT_ZIPF,
+    pooling_factor: int = 1,
+    raw_tsv: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> Path:
+    """Generates a synthetic dataset directory at ``out`` (and optionally the same rows as raw Criteo TSV).
+
+    ``table_sizes`` defaults to :data:`KAGGLE_TABLE_SIZES`; ``zipf`` is one exponent or one per table.
+    Returns the dataset path. See the module docstring for the data, the planted model and determinism.
+    """
+    cfg = SyntheticConfig(
+        rows=rows,
+        seed=seed,
+        table_sizes=KAGGLE_TABLE_SIZES if table_sizes is None else tuple(table_sizes),
+        max_rows_per_table=max_rows_per_table,
+        zipf=zipf if isinstance(zipf, (int, float)) else tuple(zipf),
+        pooling_factor=pooling_factor,
+    )
+    return generate_config(cfg, out, raw_tsv=raw_tsv, progress=progress)
+
+
+def generate_config(
+    cfg: SyntheticConfig, out: str | os.PathLike, *, raw_tsv: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> Path:  # fmt: skip
+    """Generates the dataset described by ``cfg`` at ``out``; see :func:`generate`."""
+    from tqdm.auto import tqdm
+
+    if raw_tsv is not None and cfg.pooling_factor > 1:
+        raise ValueError(
+            f"raw_tsv: the raw Criteo format has one id per table, but pooling_factor is "
+            f"{cfg.pooling_factor}; write raw TSV only with pooling_factor 1"
+        )
+    if raw_tsv is not None:
+        from hotline.datasets.criteo import NUM_CATEGORICAL, write_raw_tsv
+
+        if cfg.num_tables != NUM_CATEGORICAL:
+            raise ValueError(
+                f"raw_tsv: the raw Criteo format has {NUM_CATEGORICAL} categorical columns, but there are "
+                f"{cfg.num_tables} tables; give {NUM_CATEGORICAL} table sizes to write raw TSV"
+            )
+
+        Path(raw_tsv).parent.mkdir(parents=True, exist_ok=True)
+    tables = _Tables(cfg)
+    model = _PlantedModel(cfg, tables)
+    sizes = split_sizes(cfg.rows)
+    bounds, start = {}, 0
+    for name in STREAM_ORDER:
+        bounds[name] = (start, start + sizes[name])
+        start += sizes[name]
+    top_hits = np.zeros(cfg.num_tables, np.int64)
+    val_logit, val_labels, clicks = [], [], 0
+    with DatasetWriter(out, list(cfg.sizes), pooling_factor=cfg.pooling_factor) as writer:
+        arrays = {name: writer.create_split(name, sizes[name]) for name in SPLITS}
+        bar = tqdm(total=cfg.rows, unit="rows", unit_scale=True, desc="synthetic", disable=not progress)
+        for c, lo in enumerate(range(0, cfg.rows, CHUNK_ROWS)):
+            hi = min(lo + CHUNK_ROWS, cfg.rows)
+            chunk = _make_rows(cfg, model, np.random.SeedSequence([cfg.seed, 0, c]), hi - lo)
+            top_hits += chunk["top_hits"]
+            clicks += int(chunk["labels"].sum())
+            for name, (s0, s1) in bounds.items():
+                a, b = max(lo, s0), min(hi, s1)
+                if a >= b:
+                    continue
+                dense, sparse, labels = arrays[name]
+                dense[a - s0 : b - s0] = chunk["dense"][a - lo : b - lo]
+                sparse[a - s0 : b - s0] = chunk["rows"][a - lo : b - lo]
+                labels[a - s0 : b - s0] = chunk["labels"][a - lo : b - lo]
+                if name == "val":
+                    val_logit.append(chunk["logit"][a - lo : b - lo])
+                    val_labels.append(chunk["labels"][a - lo : b - lo])
+            if raw_tsv is not None:
+                cats = np.stack(
+                    [tables.raw_values(t, chunk["rows"][:, t, 0]) for t in range(cfg.num_tables)], 1
+                )
+                write_raw_tsv(raw_tsv, chunk["labels"].astype(np.int64), chunk["counts"], cats, append=c > 0)
+            bar.update(hi - lo)
+        bar.close()
+        if raw_tsv is not None and cfg.rows == 0:
+            write_raw_tsv(raw_tsv, np.zeros(0, np.int64), np.zeros((0, NUM_DENSE), np.int64),
+                          np.zeros((0, cfg.num_tables), np.int64), append=False)  # fmt: skip
+        for dense, sparse, labels in arrays.values():
+            for a in (dense, sparse, labels):
+                a.flush()
+        del arrays
+        extra = {"synthetic": _summary(cfg, model, top_hits, clicks, val_logit, val_labels)}
+        return writer.finish(source=cfg.source(), extra=extra)
+
+
+def _summary(cfg, model, top_hits, clicks, val_logit, val_labels) -> dict:
+    """The ``synthetic`` entry of meta.json: planted AUC (the ceiling), click rate, measured skew."""
+    from hotline.metrics import roc_auc
+
+    lookups = max(1, cfg.rows * cfg.pooling_factor)
+    logit = np.concatenate(val_logit) if val_logit else np.zeros(0)
+    labels = np.concatenate(val_labels) if val_labels else np.zeros(0)
+    auc = roc_auc(labels, logit) if labels.size else float("nan")
+    return {
+        "planted_val_auc": None if math.isnan(auc) else round(float(auc), 5),
+        "click_rate": round(clicks / max(1, cfg.rows), 5),
+        "top_share": TOP_SHARE,
+        "top_rows": [top_rows(n) for n in cfg.sizes],
+        "top_hit_share_measured": [round(float(h) / lookups, 5) for h in top_hits],
+        "top_hit_share_expected": [
+            round(zipf_top_share(n, s, top_rows(n)), 5) for n, s in zip(cfg.sizes, cfg.exponents, strict=True)
+        ],
+        "planted_model": {
+            "bias": round(model.bias, 6),
+            "table_weights": [round(float(w), 6) for w in model.table_weight],
+            "dense_coefficients": [round(float(w), 6) for w in model.dense_coef],
+            "interaction_pairs": [list(p) for p in model.pairs],
+        },
+    }
+
+
+def default_dataset(cache_dir: str | os.PathLike | None = None, progress: bool = False) -> Path:
+    """The built-in default dataset (:data:`DEFAULT_DATASET`), generated once into the cache and reused.
+
+    The cache directory is ``cache_dir``, else ``$HOTLINE_CACHE``, else ``~/.cache/hotline``; the dataset
+    lives in ``default-<hash of the parameters and generator version>`` and is regenerated when absent.
+    """
+    base = Path(cache_dir or os.environ.get("HOTLINE_CACHE") or Path.home() / ".cache" / "hotline")
+    key = json.dumps({**DEFAULT_DATASET, "generator_version": GENERATOR_VERSION, "chunk_rows": CHUNK_ROWS},
+                     sort_keys=True)  # fmt: skip
+    path = base.expanduser() / f"default-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    if (path / "meta.json").is_file():
+        try:
+            Dataset(path)
+            return path
+        except ValueError:
+            pass  # damaged: make it again
+    return generate(path, progress=progress, **DEFAULT_DATASET)
+
+
+# ------------------------------------------------------------------------------------------------- CLI
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _zipf_arg(text: str) -> float | list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number or comma-separated numbers, got {text!r}"
+        ) from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected a number or comma-separated numbers, got nothing")
+    return values[0] if len(values) == 1 and "," not in text else values
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Registers ``hotline data synthetic``."""
+    p = subparsers.add_parser(
+        "synthetic",
+        help="generate Criteo-like skewed data with labels from a planted model",
+        description="Generate Criteo-like data: Zipf-skewed ids per table, 13 dense counts, labels from a "
+        "planted model whose validation AUC is recorded in meta.json. Deterministic for a seed.",
+    )
+    p.add_argument("--out", required=True, help="dataset directory to write")
+    p.add_argument("--rows", type=int, required=True, help="total rows N (train 6/7, val and test 1/14 each)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the data and the planted model (default 0)")
+    p.add_argument("--table-sizes", type=_int_list, default=None, metavar="N1,N2,...",
+                   help="rows per table (default: the 26 Criteo Kaggle cardinalities)")  # fmt: skip
+    p.add_argument("--max-rows-per-table", type=int, default=None, metavar="N",
+                   help="cap every table at N rows (as dlrm's --max-ind-range)")  # fmt: skip
+    p.add_argument(
+        "--zipf",
+        type=_zipf_arg,
+        default=DEFAULT_ZIPF,
+        metavar="S | S1,S2,...",
+        help=f"Zipf exponent of every table, or a comma list with one per table (default {DEFAULT_ZIPF})",
+    )
+    p.add_argument("--pooling-factor", type=int, default=1, metavar="L",
+                   help="ids per bag, as dlrm's --num-indices-per-lookup (default 1: one-hot)")  # fmt: skip
+    p.add_argument("--raw-tsv", default=None, metavar="FILE",
+                   help="also write the rows as raw Criteo text: label, 13 ints, 26 hex (one-hot)")  # fmt: skip
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs ``hotline data synthetic`` and prints a short summary."""
+    t0 = time.perf_counter()
+    path = generate(
+        args.out,
+        args.rows,
+        seed=args.seed,
+        table_sizes=args.table_sizes,
+        max_rows_per_table=args.max_rows_per_table,
+        zipf=args.zipf,
+        pooling_factor=args.pooling_factor,
+        raw_tsv=args.raw_tsv,
+        progress=not args.no_progress,
+    )
+    seconds = time.perf_counter() - t0
+    ds = Dataset(path)
+    info = ds.meta["synthetic"]
+    splits = ", ".join(f"{name} {len(ds.split(name)):,}" for name in SPLITS)
+    print(f"wrote {path}: {splits} rows; {ds.num_tables} tables, {ds.total_rows:,} embedding rows, "
+          f"pooling factor {ds.pooling_factor}")  # fmt: skip
+    print(
+        f"click rate {info['click_rate']:.3f}; planted-model val AUC {info['planted_val_auc']} (the ceiling)"
+    )
+    print(f"{args.rows:,} rows in {seconds:.1f} s ({args.rows / max(seconds, 1e-9):,.0f} rows/s)")
+    if args.raw_tsv:
+        print(f"raw Criteo TSV: {args.raw_tsv}")
+    return 0
+
+
+__all__ = [
+    "CHUNK_ROWS",
+    "DEFAULT_DATASET",
+    "KAGGLE_TABLE_SIZES",
+    "SyntheticConfig",
+    "add_parser",
+    "default_dataset",
+    "generate",
+    "run",
+    "sample_zipf",
+    "split_sizes",
+    "zipf_pmf",
+    "zipf_top_share",
+]
