@@ -19,11 +19,13 @@ updated and written back, with no overlap (the Intel-optimised CPU-GPU DLRM styl
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from torch.profiler import record_function
 
 from hotline.datasets.format import Batch, Dataset
 from hotline.dispatcher import Dispatcher, MicroBatches
@@ -32,6 +34,15 @@ from hotline.model import DLRM
 from hotline.modes import StepStats, TrainMode, check_ids, initial_tables, loss_and_backward, table_offsets
 from hotline.placement import Placement
 from hotline.sparse_optim import SparseOptimizer
+
+
+@contextlib.contextmanager
+def _on_stream(stream):
+    if stream is None:
+        yield
+    else:
+        with torch.cuda.stream(stream):
+            yield
 
 
 def _host_tensor(array: np.ndarray, pin: bool) -> torch.Tensor:
@@ -70,8 +81,29 @@ class PreparedStep:
     """[U, D] working rows on the device (updated in place by the step)."""
     work_state: torch.Tensor
     """[U] their optimizer state (empty for SGD)."""
+    index: dict[str, torch.Tensor]
+    """The micro-batches' index arrays and dense inputs as device tensors (copied with the rows)."""
+    staging: tuple[torch.Tensor, torch.Tensor]
+    """The host staging buffers the rows came through (reused for the write-back)."""
+    step: int = -1
+    """Position of the step in the run (set by the pipelined executor)."""
+    stale: np.ndarray | None = None
+    """Working-buffer slots an earlier, unfinished step may update: refreshed just before compute."""
+    ready: object | None = None
+    """A CUDA event recorded after the copies (None on CPU)."""
     times: dict[str, float] = field(default_factory=dict)
     counters: dict[str, float] = field(default_factory=dict)
+
+
+_INDEX_NAMES = (
+    "popular_samples",
+    "non_popular_samples",
+    "pop_ids",
+    "hot_pos",
+    "hot_slot",
+    "cold_pos",
+    "cold_slot",
+)
 
 
 class TieredMode(TrainMode):
@@ -127,26 +159,48 @@ class TieredMode(TrainMode):
         ]
         self._next_staging = 0
 
-    # -- the two halves of a step (the pipelined executor runs prepare ahead on worker threads) ----------
-    def prepare(self, batch: Batch) -> PreparedStep:
-        """Dispatch, then gather the working set into a staging buffer and copy it to the device."""
-        t0 = time.perf_counter()
-        micro = self.dispatcher.split(batch.sparse)
-        t1 = time.perf_counter()
-        stage_w, stage_s = self._staging[self._next_staging]
-        self._next_staging = (self._next_staging + 1) % len(self._staging)
-        w, s = self.cold.gather(micro.working_set, stage_w.numpy(), stage_s.numpy())
-        t2 = time.perf_counter()
-        n = micro.working_set.shape[0]
-        work = stage_w[:n].to(self.device, non_blocking=True)
-        work_state = stage_s[: s.shape[0]].to(self.device, non_blocking=True)
-        t3 = time.perf_counter()
+    # -- the two halves of a step (the pipelined executor runs prepare ahead on a worker thread) ----------
+    def prepare(self, batch: Batch, claim=None, copy_stream=None) -> PreparedStep:
+        """Dispatch, gather the working set into a staging buffer, and copy rows and indices to the device.
+
+        ``claim(working_set) -> stale slots`` is the executor's hook for look-ahead (called between dispatch and
+        gather); ``copy_stream`` is the CUDA side stream the copies go on.
+        """
+        with record_function("## dispatch ##"):
+            t0 = time.perf_counter()
+            micro = self.dispatcher.split(batch.sparse)
+            stale = claim(micro.working_set) if claim is not None else None
+            t1 = time.perf_counter()
+        with record_function("## gather ##"):
+            stage_w, stage_s = self._staging[self._next_staging]
+            self._next_staging = (self._next_staging + 1) % len(self._staging)
+            n = micro.working_set.shape[0]
+            self.cold.gather(micro.working_set, stage_w.numpy(), stage_s.numpy())
+            t2 = time.perf_counter()
+        with record_function("## h2d ##"), _on_stream(copy_stream):
+            nb = self.device.type == "cuda"
+            work = stage_w[:n].to(self.device, non_blocking=nb)
+            work_state = stage_s[: n if self.cold.s.size else 0].to(self.device, non_blocking=nb)
+            index = {
+                k: torch.from_numpy(getattr(micro, k)).to(self.device, non_blocking=nb) for k in _INDEX_NAMES
+            }
+            index["dense"] = torch.from_numpy(batch.dense).to(self.device, non_blocking=nb)
+            index["labels"] = torch.from_numpy(batch.labels).to(self.device, non_blocking=nb)
+            ready = None
+            if copy_stream is not None:
+                ready = torch.cuda.Event()
+                ready.record(copy_stream)
+            t3 = time.perf_counter()
         row_bytes = 4 * (self.dim + (1 if self.cold.s.size else 0))
         return PreparedStep(
             batch,
             micro,
             work,
             work_state,
+            index,
+            (stage_w, stage_s),
+            stale=stale,
+            ready=ready,
             times={"dispatch": t1 - t0, "gather": t2 - t1, "h2d": t3 - t2},
             counters={
                 "popular_samples": micro.num_popular,
@@ -155,51 +209,63 @@ class TieredMode(TrainMode):
             },
         )
 
+    def refresh(self, prep: PreparedStep) -> None:
+        """Re-reads the stale working rows from the cold tier (after the earlier steps' write-backs landed)."""
+        slots = prep.stale
+        if slots is None or not slots.size:
+            return
+        rows = prep.micro.working_set[slots]
+        idx = torch.from_numpy(slots).to(self.device)
+        with torch.no_grad():
+            prep.work.index_copy_(0, idx, torch.from_numpy(self.cold.w[rows]).to(self.device))
+            if self.cold.s.size:
+                prep.work_state.index_copy_(0, idx, torch.from_numpy(self.cold.s[rows]).to(self.device))
+
     def compute(self, model: DLRM, prep: PreparedStep) -> StepStats:
-        """Forward/backward of both micro-batches, one sparse update per tier, write-back of working rows."""
-        batch, micro = prep.batch, prep.micro
+        """Forward/backward of both micro-batches and one sparse update per tier (write-back is separate)."""
+        if prep.ready is not None:
+            torch.cuda.current_stream().wait_event(prep.ready)
+            for t in (prep.work, prep.work_state, *prep.index.values()):
+                t.record_stream(torch.cuda.current_stream())
+        batch, micro, ix = prep.batch, prep.micro, prep.index
         B, T, L = batch.sparse.shape
-        C, D, dev = T * L, self.dim, self.device
-        dense = torch.from_numpy(batch.dense).to(dev)
-        labels = torch.from_numpy(batch.labels).to(dev)
+        C, D = T * L, self.dim
+        dense, labels = ix["dense"], ix["labels"]
         loss = 0.0
         hot_ids, hot_grads = [], []
         t0 = time.perf_counter()
         if micro.num_popular:
-            pop_ids = torch.from_numpy(micro.pop_ids).to(dev)
-            rows = self.hot_w.index_select(0, pop_ids).requires_grad_(True)
-            idx = torch.from_numpy(micro.popular_samples).to(dev)
-            pooled = rows.view(-1, T, L, D).sum(dim=2)
-            loss += loss_and_backward(model, dense[idx], pooled, labels[idx], B)
-            hot_ids.append(pop_ids)
-            hot_grads.append(rows.grad)
+            with record_function("## popular forward/backward ##"):
+                rows = self.hot_w.index_select(0, ix["pop_ids"]).requires_grad_(True)
+                idx = ix["popular_samples"]
+                pooled = rows.view(-1, T, L, D).sum(dim=2)
+                loss += loss_and_backward(model, dense[idx], pooled, labels[idx], B)
+                hot_ids.append(ix["pop_ids"])
+                hot_grads.append(rows.grad)
         t1 = time.perf_counter()
-        cold_slot = cold_grads = None
+        cold_grads = None
         if micro.num_non_popular:
-            n = micro.num_non_popular * C
-            hot_pos = torch.from_numpy(micro.hot_pos).to(dev)
-            hot_slot = torch.from_numpy(micro.hot_slot).to(dev)
-            cold_pos = torch.from_numpy(micro.cold_pos).to(dev)
-            cold_slot = torch.from_numpy(micro.cold_slot).to(dev)
-            rows = torch.empty((n, D), dtype=torch.float32, device=dev)
-            rows[hot_pos] = self.hot_w.index_select(0, hot_slot)
-            rows[cold_pos] = prep.work.index_select(0, cold_slot)
-            rows.requires_grad_(True)
-            idx = torch.from_numpy(micro.non_popular_samples).to(dev)
-            pooled = rows.view(-1, T, L, D).sum(dim=2)
-            loss += loss_and_backward(model, dense[idx], pooled, labels[idx], B)
-            hot_ids.append(hot_slot)
-            hot_grads.append(rows.grad[hot_pos])
-            cold_grads = rows.grad[cold_pos]
+            with record_function("## non-popular forward/backward ##"):
+                rows = torch.empty((micro.num_non_popular * C, D), dtype=torch.float32, device=self.device)
+                rows[ix["hot_pos"]] = self.hot_w.index_select(0, ix["hot_slot"])
+                rows[ix["cold_pos"]] = prep.work.index_select(0, ix["cold_slot"])
+                rows.requires_grad_(True)
+                idx = ix["non_popular_samples"]
+                pooled = rows.view(-1, T, L, D).sum(dim=2)
+                loss += loss_and_backward(model, dense[idx], pooled, labels[idx], B)
+                hot_ids.append(ix["hot_slot"])
+                hot_grads.append(rows.grad[ix["hot_pos"]])
+                cold_grads = rows.grad[ix["cold_pos"]]
         t2 = time.perf_counter()
         touched = 0
-        if hot_ids:
-            touched += self.optimizer.step(self.hot_w, self.hot_s, torch.cat(hot_ids), torch.cat(hot_grads))
-        if cold_slot is not None and cold_slot.numel():
-            touched += self.optimizer.step(prep.work, prep.work_state, cold_slot, cold_grads)
+        with record_function("## sparse optimizer ##"):
+            if hot_ids:
+                touched += self.optimizer.step(
+                    self.hot_w, self.hot_s, torch.cat(hot_ids), torch.cat(hot_grads)
+                )
+            if cold_grads is not None and cold_grads.shape[0]:
+                touched += self.optimizer.step(prep.work, prep.work_state, ix["cold_slot"], cold_grads)
         t3 = time.perf_counter()
-        self.write_back(prep)
-        t4 = time.perf_counter()
         return StepStats(
             loss_sum=loss,
             samples=B,
@@ -208,21 +274,44 @@ class TieredMode(TrainMode):
                 "popular_compute": t1 - t0,
                 "non_popular_compute": t2 - t1,
                 "sparse_update": t3 - t2,
-                "write_back": t4 - t3,
             },
             counters={**prep.counters, "rows_touched": touched},
         )
 
-    def write_back(self, prep: PreparedStep) -> None:
+    def start_write_back(self, prep: PreparedStep):
+        """Starts copying the updated working rows to host staging; returns what ``finish_write_back`` needs."""
+        n = prep.micro.working_set.shape[0]
+        stage_w, stage_s = prep.staging
+        if self.device.type == "cuda" and n:
+            stage_w[:n].copy_(prep.work, non_blocking=True)
+            if self.cold.s.size:
+                stage_s[:n].copy_(prep.work_state, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+            return done
+        return None
+
+    def finish_write_back(self, prep: PreparedStep, copied=None) -> None:
         """Stores the step's updated working rows (and state) in the cold tier."""
         ws = prep.micro.working_set
-        if ws.shape[0]:
-            w = prep.work.cpu().numpy()
-            s = prep.work_state.cpu().numpy()
+        if not ws.shape[0]:
+            return
+        with record_function("## write-back ##"):
+            if copied is not None:
+                copied.synchronize()
+            n = ws.shape[0]
+            w = prep.staging[0][:n].numpy() if self.device.type == "cuda" else prep.work.detach().numpy()
+            s = prep.staging[1][: n if self.cold.s.size else 0]
+            s = s.numpy() if self.device.type == "cuda" else prep.work_state.numpy()
             self.cold.write_back(ws, w, s)
 
     def step(self, model: DLRM, batch: Batch) -> StepStats:
-        return self.compute(model, self.prepare(batch))
+        prep = self.prepare(batch)
+        stats = self.compute(model, prep)
+        t0 = time.perf_counter()
+        self.finish_write_back(prep, self.start_write_back(prep))
+        stats.times["write_back"] = time.perf_counter() - t0
+        return stats
 
     # -- evaluation and export ---------------------------------------------------------------------------
     @torch.no_grad()
@@ -293,7 +382,7 @@ def build_tiered_mode(config, dataset: Dataset, optimizer: SparseOptimizer) -> T
             f"the placement was made for embedding dim {placement.embedding_dim}, the model uses "
             f"{config.embedding_dim} (--arch-sparse-feature-size)"
         )
-    in_flight = 1 if config.mode == "hybrid" else config.lookahead + 2
+    in_flight = 1 if config.mode == "hybrid" else config.lookahead + 3
     return TieredMode(
         config.mode,
         dataset.table_sizes,

@@ -72,6 +72,8 @@ class TrainConfig:
     """``--hbm-budget`` in bytes: profile first and place hot rows under it (``--mode hotline``)."""
     lookahead: int = 2
     """``--lookahead``: steps whose cold rows are gathered ahead of compute (hotline mode)."""
+    worker_threads: int = 1
+    """Numba threads of the look-ahead worker that dispatches and gathers (the rest compute)."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -183,7 +185,10 @@ class Trainer:
                     )
                 if self.step_count % cfg.print_freq == 0 or self.step_count == total:
                     rec = window.report(self.step_count)
-                    bar.set_postfix(loss=f"{rec['loss']:.4f}", sps=f"{rec['samples_per_s']:.0f}")
+                    postfix = {"loss": f"{rec['loss']:.4f}", "sps": f"{rec['samples_per_s']:.0f}"}
+                    if "overlap_ratio" in rec:
+                        postfix["overlap"] = f"{rec['overlap_ratio']:.2f}"
+                    bar.set_postfix(postfix)
                     self._emit(rec)
                     window = _Window()
                 if cfg.test_freq and self.step_count % cfg.test_freq == 0 and self.step_count < total:
@@ -212,9 +217,31 @@ class Trainer:
         return summary
 
     def progress(self, batches):
-        """Runs a step per batch, yielding each step's stats (the pipelined executor overrides this)."""
-        for batch in batches:
-            yield self.step(batch)
+        """Runs a step per batch, yielding each step's stats; ``hotline`` mode goes through the pipelined
+        executor (look-ahead ``config.lookahead``)."""
+        if self.config.mode != "hotline":
+            for batch in batches:
+                yield self.step(batch)
+            return
+        from hotline.executor import Executor
+
+        executor = Executor(
+            self.mode,
+            self._compute_prepared,
+            lookahead=self.config.lookahead,
+            worker_threads=self.config.worker_threads,
+        )
+        yield from executor.progress(batches)
+
+    def _compute_prepared(self, prep) -> StepStats:
+        """The compute of one prepared hotline step: both micro-batches, sparse and dense optimizer steps."""
+        self.dense_opt.zero_grad(set_to_none=True)
+        stats = self.mode.compute(self.model, prep)
+        t0 = time.perf_counter()
+        self.dense_opt.step()
+        stats.times["dense_update"] = time.perf_counter() - t0
+        self.step_count += 1
+        return stats
 
     def _emit(self, record: dict) -> None:
         self.history.append(record)

@@ -125,3 +125,28 @@ def split_batch(ids, col_offset, col_size, remap, slot_map, buffers):
         working_set[:u],
         bad,
     )
+
+
+@njit(cache=True)
+def _claim_rows(working_set, owner, step, fresh_before, stale):
+    """Marks ``working_set`` as read by ``step``; returns how many of its slots went to ``stale``.
+
+    ``owner[row]`` is the last step whose working set held the row. A row last held by a step that had not
+    finished writing back (``owner >= fresh_before``) may be read from host memory before its update lands, so
+    its slot is listed in ``stale`` for a refresh just before the step computes.
+    """
+    n = 0
+    for s in range(working_set.shape[0]):
+        r = working_set[s]
+        if owner[r] >= fresh_before:
+            stale[n] = s
+            n += 1
+        owner[r] = step
+    return n
+
+
+def claim_rows(working_set: np.ndarray, owner: np.ndarray, step: int, fresh_before: int) -> np.ndarray:
+    """Slots of ``working_set`` whose rows an unfinished earlier step may still update (see ``_claim_rows``)."""
+    stale = np.empty(working_set.shape[0], np.int64)
+    n = _claim_rows(working_set, owner, step, fresh_before, stale)
+    return stale[:n]

@@ -341,3 +341,39 @@ def synthetic_bag_effects(ranks, key: int, rank_scale: float):
         ]
         out[i] = sum(values) / len(values) if values else 0.0
     return out
+
+
+# ---------------------------------------------------------------- kernels/reuse.py (LRU stack distances)
+
+
+def lru_stack_distances(trace):
+    """Simulates an LRU stack (most recent first): an access's distance is its id's depth in the stack
+    before the access (-1 if absent); the id then moves to the top."""
+    stack = []
+    out = []
+    for x in np.asarray(trace).reshape(-1).tolist():
+        if x in stack:
+            depth = stack.index(x)
+            out.append(depth)
+            stack.pop(depth)
+        else:
+            out.append(-1)
+        stack.insert(0, x)
+    return np.array(out, dtype=np.int64)
+
+
+def lru_misses(trace, cache_rows):
+    """Misses of an LRU cache holding ``cache_rows`` ids over ``trace``, simulated with an ordered list."""
+    cache = []
+    misses = 0
+    for x in np.asarray(trace).reshape(-1).tolist():
+        if x in cache:
+            cache.remove(x)
+        else:
+            misses += 1
+            if cache_rows == 0:
+                continue
+            if len(cache) >= cache_rows:
+                cache.pop()
+        cache.insert(0, x)
+    return misses

@@ -1,0 +1,117 @@
+"""The pipelined executor: errors cross threads with their tracebacks, nothing outlives a run."""
+
+import threading
+import traceback
+
+import numpy as np
+import pytest
+
+import naive
+from hotline.datasets.synthetic import generate
+from hotline.executor import Executor, overlap_ratio
+from hotline.kernels.dispatch import claim_rows
+from hotline.placement import Placement
+from hotline.train import TrainConfig, Trainer
+
+
+@pytest.fixture(scope="module")
+def trainer_factory(tmp_path_factory):
+    root = tmp_path_factory.mktemp("exec")
+    ds = generate(root / "ds", 3000, seed=1, table_sizes=[50, 20, 300], zipf=1.2, progress=False)
+
+    def make(lookahead=2):
+        from hotline.datasets.format import Dataset
+
+        d = Dataset(ds)
+        hot = [np.arange(n // 3) for n in d.table_sizes]
+        Placement.from_hot_ids(d.table_sizes, hot, dataset_fingerprint=d.fingerprint, embedding_dim=8).save(
+            root / "p.npz"
+        )
+        cfg = TrainConfig(
+            mode="hotline",
+            placement_path=str(root / "p.npz"),
+            lookahead=lookahead,
+            embedding_dim=8,
+            bottom_mlp=[13, 16, 8],
+            top_mlp=[16, 1],
+            mini_batch_size=32,
+            progress=False,
+            num_batches=40,
+        )
+        return Trainer(cfg, d)
+
+    return make
+
+
+def _hotline_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("hotline-")]
+
+
+def test_worker_exception_reaches_main_with_traceback(trainer_factory):
+    tr = trainer_factory()
+
+    def batches():
+        yield from list(tr.batches())[:3]
+        raise RuntimeError("bad batch source")
+
+    with pytest.raises(RuntimeError, match="bad batch source") as info:
+        list(tr.progress(batches()))
+    frames = [f.name for f in traceback.extract_tb(info.value.__traceback__)]
+    assert "batches" in frames  # the original frame on the worker thread is kept
+    assert _hotline_threads() == []
+
+
+def test_out_of_range_id_in_worker_names_table(trainer_factory):
+    tr = trainer_factory()
+    good = list(tr.batches())[:2]
+    bad = good[1]
+    bad.sparse[5, 2, 0] = 10_000
+    with pytest.raises(IndexError, match="table 2: id 10000"):
+        list(tr.progress(iter(good)))
+    assert _hotline_threads() == []
+
+
+def test_interrupt_in_main_thread_stops_workers(trainer_factory):
+    tr = trainer_factory(lookahead=4)
+    calls = {"n": 0}
+    compute = tr._compute_prepared
+
+    def interrupted(prep):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt
+        return compute(prep)
+
+    tr._compute_prepared = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        list(tr.progress(tr.batches()))
+    assert _hotline_threads() == []
+
+
+def test_early_close_and_full_run_leave_nothing(trainer_factory):
+    tr = trainer_factory()
+    gen = tr.progress(tr.batches())
+    next(gen)
+    gen.close()
+    assert _hotline_threads() == []
+    stats = list(trainer_factory().progress(trainer_factory().batches()))
+    assert len(stats) == 40 and all("stall" in s.times and "write_back" in s.times for s in stats)
+    assert _hotline_threads() == []
+
+
+def test_claim_rows_matches_twin():
+    rng = np.random.default_rng(0)
+    owner = rng.integers(-1, 6, 30)
+    ws = rng.permutation(30)[:12]
+    expect_stale, expect_owner = naive.claim_rows(ws, owner, 7, 3)
+    got = claim_rows(ws, owner, 7, 3)
+    assert got.tolist() == expect_stale
+    np.testing.assert_array_equal(owner, expect_owner)
+
+
+def test_overlap_ratio():
+    assert overlap_ratio({"gather": 2.0, "stall": 0.5}) == 0.75
+    assert overlap_ratio({"gather": 1.0, "stall": 3.0}) == 0.0
+    assert overlap_ratio({}) == 1.0
+    with pytest.raises(ValueError):
+        Executor.__init__(object.__new__(Executor), mode=None, compute_step=None, lookahead=-1)
