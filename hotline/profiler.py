@@ -28,8 +28,6 @@ from hotline.units import format_size, parse_size
 
 # Keep the sampled ids in memory for the second pass when they are at most this big (else re-read the files).
 _CACHE_SAMPLE_BYTES = 1 << 30
-# Cap on the per-thread private count arrays together, so many threads on a big id space do not exhaust memory.
-_PRIVATE_COUNT_BYTES = 4 << 30
 
 
 @dataclass
@@ -86,7 +84,6 @@ class Profiler:
 
     def profile(self, dataset: Dataset | str | os.PathLike) -> Profile:
         """Counts accesses over the sample of ``dataset`` (a Dataset or its directory) and ranks the rows."""
-        import numba
         from tqdm.auto import tqdm
 
         ds = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
@@ -131,17 +128,14 @@ class Profiler:
             )
 
         t0 = time.perf_counter()
-        num_private = max(1, min(numba.get_num_threads(), _PRIVATE_COUNT_BYTES // max(1, 8 * total_rows)))
-        private = kernels.new_private_counts(sizes, num_private)
+        counts = np.zeros(total_rows, dtype=np.int64)
         done = 0
         for c in chunks("counting"):
             try:
-                kernels.count_lookups(c, sizes, private)
+                kernels.count_lookups(c, sizes, counts)
             except kernels.BadIdError as e:
                 raise bad_id(e, done) from e
             done += c.shape[0]
-        counts = kernels.reduce_counts(private)
-        del private
         t1 = time.perf_counter()
 
         profile = Profile(
@@ -218,8 +212,11 @@ class Profile:
         # Most accessed first; the stable sort keeps ascending fused ids (= table, then row) among ties.
         self.order: np.ndarray = accessed[np.argsort(-counts[accessed], kind="stable")]
         """Fused ids of the accessed rows, best rank first."""
-        self.rank = np.full(counts.shape[0], self.order.shape[0], dtype=np.int64)
-        self.rank[self.order] = np.arange(self.order.shape[0], dtype=np.int64)
+        # int32 when it fits: the max-rank pass reads it at random, and half the bytes is half the cache misses.
+        rank_dtype = np.int32 if self.order.shape[0] < 2**31 - 1 else np.int64
+        self.rank = np.full(counts.shape[0], self.order.shape[0], dtype=rank_dtype)
+        """[total rows]: global rank of each fused row (0 = most accessed); unaccessed rows get num_accessed."""
+        self.rank[self.order] = np.arange(self.order.shape[0], dtype=rank_dtype)
         self.table_of_order = np.searchsorted(self.offsets, self.order, side="right") - 1
         self._cum_counts = np.concatenate([[0], np.cumsum(counts[self.order])])
 

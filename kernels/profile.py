@@ -3,40 +3,54 @@
 All tables share one *fused* id space: row ``r`` of table ``t`` has fused id ``table_offsets[t] + r``, so
 one count array covers every table and one sort ranks rows of all tables against each other.
 
-Counting is a scatter-add, which races when threads share one array. Each thread therefore owns a private
-count array (``private_counts[p]``) and counts its own block of samples into it; the arrays are summed once
-at the end, after every chunk of the dataset has been counted. With few private arrays (one per thread) the
-reduction costs one pass over the id space, far less than the lookups themselves on real data.
+Counting is a scatter-add, which races when two threads increment the same row. Instead of one private
+count array per thread (P copies of the id space, then a reduction), each thread *owns* a set of work items
+(a whole table, or a row range of one when there are fewer tables than threads) and counts only the lookups
+that fall in its items, straight into the shared array: no races, no private copies, no reduction. Threads
+walk the samples in blocks of a few thousand, table by table, so the ids of a block stay in cache while
+each table's counts are updated (one table's hot rows at a time compete for the cache, not all tables').
+On the Kaggle table sizes this is about 2.5x faster than private arrays plus reduction, and it needs no
+extra memory (benchmarks/bench_profile.py).
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit, prange
 
+# Samples per block: the block's ids (BLOCK * T * L * 4 bytes) stay in L2 while every table is visited.
+BLOCK = 512
+
 
 @njit(cache=True, parallel=True)
-def _count_lookups(sparse, table_sizes, table_offsets, private_counts):
-    """Adds the lookups of ``sparse`` [n, T, L] into ``private_counts`` [P, R]; returns the first bad
-    flat position (sample * T * L + t * L + l) of an out-of-range id, or -1 when every id is valid."""
+def _count_lookups(sparse, table_sizes, table_offsets, item_table, item_lo, item_hi, slot_ptr, counts, block):
+    """Adds the lookups of ``sparse`` [n, T, L] into ``counts`` [R]. Work slot p counts the row ranges
+    ``item_lo[a] <= row < item_hi[a]`` of tables ``item_table[a]`` for a in ``slot_ptr[p]:slot_ptr[p+1]``
+    (the items must tile every table exactly once). Returns the first bad flat position
+    (sample * T * L + t * L + l) of an out-of-range id, or -1 when every id is valid."""
     n, T, L = sparse.shape
-    P = private_counts.shape[0]
+    P = slot_ptr.shape[0] - 1
     first_bad = np.full(P, -1, dtype=np.int64)
     for p in prange(P):
-        lo = n * p // P
-        hi = n * (p + 1) // P
-        counts = private_counts[p]
-        for i in range(lo, hi):
-            for t in range(T):
+        for s0 in range(0, n, block):
+            s1 = min(n, s0 + block)
+            for a in range(slot_ptr[p], slot_ptr[p + 1]):
+                t = item_table[a]
+                lo = item_lo[a]
+                hi = item_hi[a]
                 size = table_sizes[t]
                 base = table_offsets[t]
-                for j in range(L):
-                    row = sparse[i, t, j]
-                    if row < 0 or row >= size:
-                        if first_bad[p] < 0:
-                            first_bad[p] = (i * T + t) * L + j
-                    else:
-                        counts[base + row] += 1
+                for i in range(s0, s1):
+                    for j in range(L):
+                        row = sparse[i, t, j]
+                        if row >= lo and row < hi:
+                            counts[base + row] += 1
+                        elif (row < 0 and lo == 0) or (row >= size and hi == size):
+                            bad = (i * T + t) * L + j
+                            if first_bad[p] < 0 or bad < first_bad[p]:
+                                first_bad[p] = bad
     bad = -1
     for p in range(P):
         if first_bad[p] >= 0 and (bad < 0 or first_bad[p] < bad):
@@ -45,40 +59,37 @@ def _count_lookups(sparse, table_sizes, table_offsets, private_counts):
 
 
 @njit(cache=True, parallel=True)
-def _sum_private(private_counts, out):
-    """Adds the rows of ``private_counts`` [P, R] into ``out`` [R], in parallel over the id space."""
-    P, R = private_counts.shape
-    for r in prange(R):
-        s = out[r]
-        for p in range(P):
-            s += private_counts[p, r]
-        out[r] = s
-
-
-@njit(cache=True, parallel=True)
-def _sample_max_rank(sparse, table_sizes, table_offsets, rank, out):
+def _sample_max_rank(sparse, table_sizes, table_offsets, rank, out, block):
     """Writes into ``out`` [n] the largest ``rank`` of the fused rows that sample i looks up (-1 if none);
-    returns the first bad flat position of an out-of-range id, or -1."""
+    returns the first bad flat position of an out-of-range id, or -1. Blocks of samples run in parallel,
+    table by table inside a block (for cache locality, as in _count_lookups)."""
     n, T, L = sparse.shape
-    bad_at = np.full(n, -1, dtype=np.int64)
-    for i in prange(n):
-        m = -1
+    num_blocks = (n + block - 1) // block
+    bad_at = np.full(num_blocks, -1, dtype=np.int64)
+    for b in prange(num_blocks):
+        s0 = b * block
+        s1 = min(n, s0 + block)
+        for i in range(s0, s1):
+            out[i] = -1
         for t in range(T):
             size = table_sizes[t]
             base = table_offsets[t]
-            for j in range(L):
-                row = sparse[i, t, j]
-                if row < 0 or row >= size:
-                    if bad_at[i] < 0:
-                        bad_at[i] = (i * T + t) * L + j
-                else:
-                    r = rank[base + row]
-                    if r > m:
-                        m = r
-        out[i] = m
-    for i in range(n):
-        if bad_at[i] >= 0:
-            return bad_at[i]
+            for i in range(s0, s1):
+                m = out[i]
+                for j in range(L):
+                    row = sparse[i, t, j]
+                    if row < 0 or row >= size:
+                        bad = (i * T + t) * L + j
+                        if bad_at[b] < 0 or bad < bad_at[b]:
+                            bad_at[b] = bad
+                    else:
+                        r = rank[base + row]
+                        if r > m:
+                            m = r
+                out[i] = m
+    for b in range(num_blocks):
+        if bad_at[b] >= 0:
+            return bad_at[b]
     return -1
 
 
@@ -136,63 +147,82 @@ def _bad_id_error(sparse: np.ndarray, table_sizes: np.ndarray, flat: int) -> Bad
     return BadIdError(i, t, j, int(sparse[i, t, j]), int(table_sizes[t]))
 
 
-def new_private_counts(table_sizes, num_private: int) -> np.ndarray:
-    """Zeroed int64 [num_private, total rows]: the per-thread accumulators for :func:`count_lookups`."""
-    total = int(np.sum(np.asarray(table_sizes, dtype=np.int64)))
-    return np.zeros((max(1, int(num_private)), total), dtype=np.int64)
+def plan_count_work(table_sizes, num_slots: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Work items for :func:`count_lookups`: (item_table, item_lo, item_hi, slot_ptr).
 
-
-def count_lookups(sparse: np.ndarray, table_sizes, private_counts: np.ndarray) -> None:
-    """Adds the lookups of ``sparse`` (int [n, T, L]) into ``private_counts`` (int64 [P, total rows]).
-
-    Call it once per chunk of a dataset, then :func:`reduce_counts` once. Raises :class:`BadIdError` naming
-    the sample, table and id when an id is outside its table (``private_counts`` then holds a partial count).
+    Every table is one item, or (with fewer than 2 tables per slot) split into equal row ranges so every
+    slot gets work. Items go to slots largest first in snake order (0, 1, ..., P-1, P-1, ..., 0), which
+    balances the cache-missing big tables between threads.
     """
+    sizes = [int(s) for s in table_sizes]
+    P = max(1, int(num_slots))
+    T = len(sizes)
+    parts = 1 if T >= 2 * P or T == 0 else math.ceil(2 * P / T)
+    items = []
+    for t, size in enumerate(sizes):
+        k = max(1, min(parts, size))
+        bounds = [size * q // k for q in range(k + 1)]
+        items.extend((t, bounds[q], bounds[q + 1]) for q in range(k))
+    items.sort(key=lambda it: (-(it[2] - it[1]), it[0], it[1]))
+    slots: list[list[tuple[int, int, int]]] = [[] for _ in range(P)]
+    for k, item in enumerate(items):
+        r = k % (2 * P)
+        slots[r if r < P else 2 * P - 1 - r].append(item)
+    flat = [it for slot in slots for it in sorted(slot)]
+    item_table = np.array([it[0] for it in flat], dtype=np.int64)
+    item_lo = np.array([it[1] for it in flat], dtype=np.int64)
+    item_hi = np.array([it[2] for it in flat], dtype=np.int64)
+    slot_ptr = np.zeros(P + 1, dtype=np.int64)
+    np.cumsum([len(slot) for slot in slots], out=slot_ptr[1:])
+    return item_table, item_lo, item_hi, slot_ptr
+
+
+def count_lookups(sparse: np.ndarray, table_sizes, counts: np.ndarray, num_slots: int | None = None) -> None:
+    """Adds the lookups of ``sparse`` (int [n, T, L]) into ``counts`` (int64 [total rows], fused ids).
+
+    Call it once per chunk of a dataset. ``num_slots`` (default: Numba's thread count) is how many parallel
+    work slots the tables are spread over. Raises :class:`BadIdError` naming the sample, table and id when
+    an id is outside its table (``counts`` then holds a partial count).
+    """
+    import numba
+
     sizes = np.asarray(table_sizes, dtype=np.int64)
     sparse = _as_sparse(sparse, sizes.shape[0])
     offsets = table_offsets(sizes)
-    if (
-        private_counts.ndim != 2
-        or private_counts.dtype != np.int64
-        or private_counts.shape[1] != offsets[-1]
-        or not private_counts.flags.c_contiguous
-    ):
+    if counts.shape != (int(offsets[-1]),) or counts.dtype != np.int64 or not counts.flags.c_contiguous:
         raise ValueError(
-            f"private_counts must be C-contiguous int64 [P, {int(offsets[-1])}], "
-            f"got {private_counts.dtype} {private_counts.shape}"
+            f"counts must be C-contiguous int64 [{int(offsets[-1])}], got {counts.dtype} {counts.shape}"
         )
-    bad = _count_lookups(sparse, sizes, offsets[:-1], private_counts)
+    plan = plan_count_work(sizes, num_slots or numba.get_num_threads())
+    bad = _count_lookups(sparse, sizes, offsets[:-1], *plan, counts, BLOCK)
     if bad >= 0:
         raise _bad_id_error(sparse, sizes, bad)
 
 
-def reduce_counts(private_counts: np.ndarray) -> np.ndarray:
-    """int64 [total rows]: the sum of the per-thread accumulators."""
-    out = np.zeros(private_counts.shape[1], dtype=np.int64)
-    _sum_private(private_counts, out)
-    return out
-
-
-def lookup_counts(sparse: np.ndarray, table_sizes, num_private: int = 2) -> np.ndarray:
+def lookup_counts(sparse: np.ndarray, table_sizes, num_slots: int | None = None) -> np.ndarray:
     """int64 [total rows]: how often each fused row (table offset + row id) is looked up in ``sparse``."""
-    private = new_private_counts(table_sizes, num_private)
-    count_lookups(sparse, table_sizes, private)
-    return reduce_counts(private)
+    counts = np.zeros(int(table_offsets(table_sizes)[-1]), dtype=np.int64)
+    count_lookups(sparse, table_sizes, counts, num_slots)
+    return counts
 
 
 def sample_max_rank(sparse: np.ndarray, table_sizes, rank: np.ndarray) -> np.ndarray:
     """int64 [n]: for each sample, the largest ``rank[fused row]`` over its lookups (-1 for no lookups).
+
+    ``rank`` is int32 or int64 [total rows] (int32 halves the cache footprint of the random reads).
 
     A sample is *popular* under a placement of the ``k`` best-ranked rows iff its max rank is ``< k``.
     """
     sizes = np.asarray(table_sizes, dtype=np.int64)
     sparse = _as_sparse(sparse, sizes.shape[0])
     offsets = table_offsets(sizes)
-    rank = np.ascontiguousarray(rank, dtype=np.int64)
+    if rank.dtype not in (np.int32, np.int64):
+        rank = rank.astype(np.int64)
+    rank = np.ascontiguousarray(rank)
     if rank.shape != (int(offsets[-1]),):
         raise ValueError(f"rank must have shape [{int(offsets[-1])}] (one per fused row), got {rank.shape}")
     out = np.empty(sparse.shape[0], dtype=np.int64)
-    bad = _sample_max_rank(sparse, sizes, offsets[:-1], rank, out)
+    bad = _sample_max_rank(sparse, sizes, offsets[:-1], rank, out, BLOCK)
     if bad >= 0:
         raise _bad_id_error(sparse, sizes, bad)
     return out

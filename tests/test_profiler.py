@@ -73,14 +73,35 @@ def random_sparse(sizes, n, L, seed):
 
 
 @settings(max_examples=30, deadline=None)
-@given(sparse_cases, st.integers(1, 3))
-def test_lookup_counts_match_twin(case, num_private):
+@given(sparse_cases, st.integers(1, 9))
+def test_lookup_counts_match_twin(case, num_slots):
     sizes, n, L, seed = case
     sparse = random_sparse(sizes, n, L, seed)
-    private = kp.new_private_counts(sizes, num_private)
-    kp.count_lookups(sparse[: n // 2], sizes, private)  # accumulates over chunks
-    kp.count_lookups(sparse[n // 2 :], sizes, private)
-    np.testing.assert_array_equal(kp.reduce_counts(private), naive.profile_lookup_counts(sparse, sizes))
+    counts = np.zeros(sum(sizes), dtype=np.int64)
+    kp.count_lookups(sparse[: n // 2], sizes, counts, num_slots)  # accumulates over chunks
+    kp.count_lookups(sparse[n // 2 :], sizes, counts, num_slots)
+    np.testing.assert_array_equal(counts, naive.profile_lookup_counts(sparse, sizes))
+
+
+@pytest.mark.parametrize("num_slots", [1, 2, 3, 16])
+def test_count_work_plan_tiles_every_table_once(num_slots):
+    sizes = [5, 1, 0, 40, 7]
+    item_table, lo, hi, ptr = kp.plan_count_work(sizes, num_slots)
+    assert ptr[0] == 0 and ptr[-1] == len(item_table) and len(ptr) == num_slots + 1
+    for t, size in enumerate(sizes):
+        ranges = sorted(
+            (int(a), int(b)) for a, b in zip(lo[item_table == t], hi[item_table == t], strict=True)
+        )
+        covered = [r for a, b in ranges for r in range(a, b)]
+        assert covered == list(range(size))
+    if num_slots <= 2:
+        assert len(item_table) == len(sizes)  # enough tables: whole tables per thread
+    sparse = random_sparse([5, 1, 1, 40, 7], 200, 2, 0)
+    sparse[:, 2] = 0
+    sizes = [5, 1, 1, 40, 7]
+    np.testing.assert_array_equal(
+        kp.lookup_counts(sparse, sizes, num_slots), naive.profile_lookup_counts(sparse, sizes)
+    )
 
 
 @settings(max_examples=30, deadline=None)
@@ -89,8 +110,9 @@ def test_sample_max_rank_matches_twin(case):
     sizes, n, L, seed = case
     sparse = random_sparse(sizes, n, L, seed)
     rank = np.random.default_rng(seed + 1).permutation(sum(sizes)).astype(np.int64)
-    got = kp.sample_max_rank(sparse, sizes, rank)
-    np.testing.assert_array_equal(got, naive.profile_sample_max_rank(sparse, sizes, rank))
+    expect = naive.profile_sample_max_rank(sparse, sizes, rank)
+    np.testing.assert_array_equal(kp.sample_max_rank(sparse, sizes, rank), expect)
+    np.testing.assert_array_equal(kp.sample_max_rank(sparse, sizes, rank.astype(np.int32)), expect)
 
 
 @settings(max_examples=30, deadline=None)
@@ -100,6 +122,23 @@ def test_add_histogram_matches_twin(values):
     expect = naive.profile_add_histogram(values, hist)
     kp.add_histogram(np.array(values, dtype=np.int64), hist)
     np.testing.assert_array_equal(hist, expect)
+
+
+def test_kernels_match_twins_over_several_sample_blocks():
+    sizes = [7, 300, 2]
+    sparse = random_sparse(sizes, 3 * kp.BLOCK + 17, 2, 9)
+    sparse[kp.BLOCK + 3, 1, 1] = 299
+    rank = np.random.default_rng(1).permutation(sum(sizes))
+    np.testing.assert_array_equal(kp.lookup_counts(sparse, sizes), naive.profile_lookup_counts(sparse, sizes))
+    np.testing.assert_array_equal(
+        kp.sample_max_rank(sparse, sizes, rank), naive.profile_sample_max_rank(sparse, sizes, rank)
+    )
+    sparse[2 * kp.BLOCK + 5, 2, 0] = 2
+    sparse[2 * kp.BLOCK + 9, 0, 1] = -3
+    with pytest.raises(kp.BadIdError, match=f"sample {2 * kp.BLOCK + 5}, table 2, lookup 0: row id 2"):
+        kp.lookup_counts(sparse, sizes)
+    with pytest.raises(kp.BadIdError, match=f"sample {2 * kp.BLOCK + 5}, table 2"):
+        kp.sample_max_rank(sparse, sizes, rank)
 
 
 def test_kernels_on_empty_and_two_dimensional_input():
@@ -114,10 +153,13 @@ def test_kernels_on_empty_and_two_dimensional_input():
 
 
 @pytest.mark.parametrize("bad", [-1, 4])
-def test_kernels_name_an_out_of_range_id(bad):
-    sparse = np.array([[[0], [1]], [[2], [bad]]], dtype=np.int32)
-    with pytest.raises(ValueError, match=rf"sample 1, table 1, lookup 0: row id {bad} .*0 <= id < 4"):
-        kp.lookup_counts(sparse, [3, 4])
+@pytest.mark.parametrize("num_slots", [1, 2, 5])
+def test_kernels_name_an_out_of_range_id(bad, num_slots):
+    sparse = np.array([[[0], [1]], [[2], [bad]], [[3], [0]]], dtype=np.int32)
+    with pytest.raises(kp.BadIdError, match=rf"sample 1, table 1, lookup 0: row id {bad} .*0 <= id < 4"):
+        kp.lookup_counts(sparse, [3, 4], num_slots)
+    with pytest.raises(ValueError, match="sample 0, table 0, lookup 0: row id 3"):
+        kp.lookup_counts(sparse[2:], [3, 4], num_slots)
     with pytest.raises(ValueError, match="sample 1, table 1"):
         kp.sample_max_rank(sparse, [3, 4], np.arange(7))
     with pytest.raises(ValueError, match="shape"):
