@@ -180,12 +180,52 @@ def _parse_line(buf, s, e, modulus, max_line, hex_value, i, labels, dense, cats)
     return r, c
 
 
-@njit(cache=True, parallel=True)
-def _parse_lines(buf, starts, ends, modulus, max_line, hex_value, labels, dense, cats, reason, column):
-    for i in prange(starts.shape[0]):
-        r, c = _parse_line(buf, starts[i], ends[i], modulus, max_line, hex_value, i, labels, dense, cats)
-        reason[i] = r
-        column[i] = c
+@njit(cache=True, parallel=True, nogil=True)
+def _parse_block(buf, segments, modulus, max_line, hex_value):
+    """Parses every line of buf. Each of ``segments`` byte ranges owns the lines that start in it: count
+    them in parallel, then parse them in parallel into rows numbered by the counts (no pass over the bytes
+    to build line offsets first)."""
+    n = buf.shape[0]
+    step = max(1, (n + segments - 1) // segments)
+    segments = (n + step - 1) // step
+    owned = np.zeros(segments + 1, np.int64)
+    for k in prange(segments):
+        # Line starts in [lo, hi): position 0, and p + 1 after every LF at p < n - 1.
+        lo = k * step
+        hi = min(n, lo + step)
+        c = 1 if lo == 0 else 0
+        for p in range(max(lo - 1, 0), min(hi - 1, n - 1)):
+            c += buf[p] == _LF
+        owned[k + 1] = c
+    first_row = np.cumsum(owned)
+    rows = first_row[-1]
+    labels = np.empty(rows, np.float32)
+    dense = np.empty((rows, NUM_DENSE), np.float32)
+    cats = np.empty((rows, NUM_CATEGORICAL), np.uint64)
+    reason = np.empty(rows, np.int8)
+    column = np.empty(rows, np.int32)
+    starts = np.empty(rows, np.int64)
+    ends = np.empty(rows, np.int64)
+    for k in prange(segments):
+        lo = k * step
+        hi = min(n, lo + step)
+        s = lo
+        if lo > 0:
+            while s < hi and buf[s - 1] != _LF:
+                s += 1
+        i = first_row[k]
+        while s < hi:
+            e = s
+            while e < n and buf[e] != _LF:
+                e += 1
+            r, c = _parse_line(buf, s, e, modulus, max_line, hex_value, i, labels, dense, cats)
+            reason[i] = r
+            column[i] = c
+            starts[i] = s
+            ends[i] = e
+            i += 1
+            s = e + 1
+    return labels, dense, cats, reason, column, starts, ends
 
 
 @dataclass
@@ -208,24 +248,6 @@ class ParsedLines:
     """int64 [n] offset of each line's end (its newline excluded)."""
 
 
-def line_bounds(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Start and end (exclusive, newline excluded) offsets of every line in ``buf``.
-
-    The last line may lack its newline; a buffer ending with a newline has no empty line after it.
-    """
-    newlines = np.flatnonzero(buf == _LF)
-    n = newlines.shape[0]
-    has_tail = buf.shape[0] > 0 and (n == 0 or newlines[-1] != buf.shape[0] - 1)
-    starts = np.empty(n + has_tail, dtype=np.int64)
-    ends = np.empty(n + has_tail, dtype=np.int64)
-    starts[:1] = 0
-    starts[1:] = newlines[: n + has_tail - 1] + 1
-    ends[:n] = newlines
-    if has_tail:
-        ends[n] = buf.shape[0]
-    return starts, ends
-
-
 def parse_lines(
     buf: np.ndarray, max_ind_range: int | None = None, max_line: int = MAX_LINE_BYTES
 ) -> ParsedLines:
@@ -239,32 +261,9 @@ def parse_lines(
     modulus = 0 if max_ind_range is None else int(max_ind_range)
     if modulus < 0 or (max_ind_range is not None and modulus == 0):
         raise ValueError(f"max_ind_range must be positive, got {max_ind_range}")
-    starts, ends = line_bounds(buf)
-    n = starts.shape[0]
-    out = ParsedLines(
-        labels=np.empty(n, np.float32),
-        dense=np.empty((n, NUM_DENSE), np.float32),
-        cats=np.empty((n, NUM_CATEGORICAL), np.uint64),
-        reason=np.empty(n, np.int8),
-        column=np.empty(n, np.int32),
-        starts=starts,
-        ends=ends,
-    )
-    if n:
-        _parse_lines(
-            buf,
-            starts,
-            ends,
-            np.uint64(modulus),
-            max_line,
-            _hex_table(),
-            out.labels,
-            out.dense,
-            out.cats,
-            out.reason,
-            out.column,
-        )
-    return out
+    # Segments of ~1 MiB: enough to balance the threads, few enough to cost nothing.
+    segments = max(1, buf.shape[0] >> 20)
+    return ParsedLines(*_parse_block(buf, segments, np.uint64(modulus), max_line, _hex_table()))
 
 
 # Fibonacci hashing: multiply by 2**64 / golden ratio and keep high bits (they depend on every input bit).
@@ -289,7 +288,7 @@ def _build_id_table(uniques, offsets, remap, slot_offsets, keys, ids):
             ids[base + j] = remap[k]
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _map_categories(raw, slot_offsets, keys, ids, out):
     n, T = raw.shape
     missing = 0

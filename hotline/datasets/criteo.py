@@ -31,8 +31,10 @@ import argparse
 import gzip
 import hashlib
 import os
+import queue
 import re
 import sys
+import threading
 import time
 import zlib
 from collections.abc import Iterator
@@ -157,16 +159,17 @@ def _is_gzip(path: Path) -> bool:
         return f.read(2) == b"\x1f\x8b"
 
 
-def _read_blocks(stream, block_bytes: int) -> Iterator[np.ndarray | None]:
-    """Whole lines of ``stream`` in blocks of about ``block_bytes``; ``None`` stands for one line longer
-    than MAX_LINE_BYTES (its bytes are dropped, so memory stays bounded even for a file with no newline)."""
+def _read_blocks(stream, raw, block_bytes: int) -> Iterator[tuple[np.ndarray | None, int]]:
+    """Whole lines of ``stream`` in blocks of about ``block_bytes``, each with the position reached in the
+    underlying ``raw`` file (compressed bytes for gzip). A block ``None`` stands for one line longer than
+    MAX_LINE_BYTES: its bytes are dropped, so memory stays bounded even for a file without newlines."""
     carry = b""
     discarding = False
     while True:
         data = stream.read(block_bytes)
         if not data:
             if carry:
-                yield np.frombuffer(carry, np.uint8)
+                yield np.frombuffer(carry, np.uint8), raw.tell()
             return
         if discarding:
             nl = data.find(b"\n")
@@ -178,14 +181,60 @@ def _read_blocks(stream, block_bytes: int) -> Iterator[np.ndarray | None]:
         cut = buf.rfind(b"\n")
         if cut < 0:
             if len(buf) > MAX_LINE_BYTES:
-                yield None
+                yield None, raw.tell()
                 carry = b""
                 discarding = True
             else:
                 carry = buf
             continue
         carry = buf[cut + 1 :]
-        yield np.frombuffer(buf, np.uint8, count=cut + 1)
+        yield np.frombuffer(buf, np.uint8, count=cut + 1), raw.tell()
+
+
+class _Prefetcher:
+    """Runs an iterator in a background thread, ``depth`` items ahead, so reading and decompressing (which
+    release the GIL) overlap with parsing. Exceptions of the iterator re-raise in the consumer."""
+
+    _DONE = object()
+
+    def __init__(self, iterator: Iterator, depth: int = 2):
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(iterator,), daemon=True)
+        self._thread.start()
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self, iterator: Iterator) -> None:
+        try:
+            for item in iterator:
+                if not self._put((item, None)):
+                    return
+        except BaseException as e:  # noqa: BLE001 - handed over to the consumer, which re-raises it
+            self._put((None, e))
+            return
+        self._put((self._DONE, None))
+
+    def __iter__(self):
+        while True:
+            item, error = self._queue.get()
+            if error is not None:
+                raise error
+            if item is self._DONE:
+                return
+            yield item
+
+    def close(self) -> None:
+        """Stops the thread and waits for it (call before closing the file it reads)."""
+        self._stop.set()
+        self._thread.join()
 
 
 def _raw_fingerprint(path: Path) -> str:
@@ -276,9 +325,10 @@ def _pass1_file(
     bad_counts = np.zeros(len(REASONS), np.int64)
     with open(path, "rb") as raw:
         stream = gzip.GzipFile(fileobj=raw, mode="rb") if _is_gzip(path) else raw
+        reader = _Prefetcher(_read_blocks(stream, raw, block_bytes))
         last_pos = 0
         try:
-            for block in _read_blocks(stream, block_bytes):
+            for block, pos in reader:
                 if block is None:
                     if on_bad_line == "error":
                         raise _bad_line_error(path, stats.lines + 1, "line_too_long", 0, None)
@@ -308,13 +358,14 @@ def _pass1_file(
                 # One contiguous row per table makes the per-table sort cache friendly.
                 for t, column in enumerate(np.ascontiguousarray(cats.T)):
                     counters[t].add(*np.unique(column, return_counts=True))
-                pos = raw.tell()
                 bar.update(pos - last_pos)
                 last_pos = pos
         except (EOFError, gzip.BadGzipFile, zlib.error) as e:
             raise CriteoFormatError(
                 path, None, None, f"truncated or corrupt gzip stream after line {stats.lines} ({e})"
             ) from e
+        finally:
+            reader.close()
     bad_counts[0] = 0
     stats.bad_lines = {REASONS[i]: int(c) for i, c in enumerate(bad_counts) if c}
 
@@ -480,8 +531,6 @@ def preprocess(
                         )
                         map_categories(raw, id_table, sparse_2d[a:b])
                         bar.update(b - a)
-                    for a in (dense_out, sparse_out, labels_out):
-                        a.flush()
                     del dense_out, sparse_out, labels_out, sparse_2d
         finally:
             for f in tmp.values():

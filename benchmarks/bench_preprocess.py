@@ -1,0 +1,176 @@
+"""Benchmark: ``hotline data criteo`` preprocessing end to end against a pandas.read_csv baseline.
+
+Generates raw Criteo-format text (vectorised, with Criteo-like skewed categories and missing values), then
+times :func:`hotline.datasets.criteo.preprocess` on it and a pandas baseline doing the same conversion
+(read_csv, missing/negative -> 0, log(x + 1), hex -> int, per-table sorted unique ids) on a prefix of the
+rows. Prints a table with rows/s, MB/s and ratios; ``--json FILE`` writes the figures too.
+
+    python benchmarks/bench_preprocess.py --rows 2000000 --json bench_preprocess.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from hotline.datasets.criteo import preprocess, write_raw_tsv
+
+TARGET_ROWS_PER_S = 200_000
+# Per-table cardinalities: a few huge tables and many small ones, as in Criteo Kaggle (scaled down).
+CARDINALITIES = [
+    1460,
+    583,
+    10_000_000,
+    2_000_000,
+    305,
+    24,
+    12517,
+    633,
+    3,
+    93145,
+    5683,
+    8_000_000,
+    3194,
+    27,
+    14992,
+    5_000_000,
+    10,
+    5652,
+    2173,
+    4,
+    7_000_000,
+    18,
+    15,
+    286181,
+    105,
+    142572,
+]
+
+
+def generate(path: Path, rows: int, seed: int = 0, chunk: int = 500_000) -> None:
+    """Writes ``rows`` raw Criteo lines: Zipf-skewed categories hashed to 32 bits, ~10% missing values."""
+    rng = np.random.default_rng(seed)
+    card = np.array(CARDINALITIES, np.int64)
+    for a in range(0, rows, chunk):
+        n = min(chunk, rows - a)
+        labels = (rng.random(n) < 0.25).astype(np.int64)
+        dense = np.floor(rng.lognormal(1.5, 2.0, (n, 13))).astype(np.int64)
+        dense[rng.random((n, 13)) < 0.1] = -1
+        ranks = (rng.zipf(1.2, (n, 26)) - 1) % card
+        # A fixed odd multiplier spreads ranks over 32 bits like Criteo's hashed values.
+        cats = (ranks * 2654435761 + np.arange(26) * 40503) % (1 << 32)
+        cats[rng.random((n, 26)) < 0.05] = -1
+        write_raw_tsv(path, labels, dense, cats, append=a > 0)
+
+
+def pandas_baseline(path: Path, rows: int) -> dict:
+    """The same conversion with pandas: read_csv, then numpy per column; returns the arrays' checksums."""
+    import pandas as pd
+
+    names = ["label"] + [f"I{i}" for i in range(1, 14)] + [f"C{i}" for i in range(1, 27)]
+    dtypes = {n: "float64" for n in names[:14]} | {n: "str" for n in names[14:]}
+    df = pd.read_csv(path, sep="\t", header=None, names=names, dtype=dtypes, nrows=rows, na_filter=True)
+    labels = df["label"].to_numpy(np.float32)
+    dense = df[names[1:14]].fillna(0).clip(lower=0).to_numpy(np.float32)
+    dense = np.log(dense + np.float32(1))
+    sparse = np.empty((len(df), 26), np.int32)
+    for t, name in enumerate(names[14:]):
+        raw = df[name].fillna("0").map(lambda x: int(x, 16)).to_numpy(np.uint64)
+        _, sparse[:, t] = np.unique(raw, return_inverse=True)
+    return {
+        "rows": len(df),
+        "label_sum": float(labels.sum()),
+        "dense_sum": float(dense.sum()),
+        "id_sum": int(sparse.sum()),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, default=2_000_000, help="raw rows to generate and preprocess")
+    p.add_argument("--baseline-rows", type=int, default=200_000, help="rows the (slow) pandas baseline reads")
+    p.add_argument("--repeats", type=int, default=2, help="timed runs of preprocess (the best is reported)")
+    p.add_argument("--dir", default=None, help="working directory (default: a temporary one)")
+    p.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    args = p.parse_args(argv)
+
+    work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench_preprocess_"))
+    work.mkdir(parents=True, exist_ok=True)
+    raw = work / "train.txt"
+    try:
+        t = time.perf_counter()
+        generate(raw, args.rows)
+        gen_s = time.perf_counter() - t
+        size = raw.stat().st_size
+        print(
+            f"generated {args.rows:,} rows ({size / 1e6:.0f} MB) in {gen_s:.1f} s "
+            f"({args.rows / gen_s:,.0f} rows/s with write_raw_tsv)"
+        )
+        # Warm-up on a small file: Numba compiles or loads its cache, which is not preprocessing time.
+        small = work / "small.txt"
+        generate(small, 1000, seed=1)
+        preprocess(small, work / "warm", progress=False)
+        hotline_runs = []
+        for _ in range(args.repeats):
+            t0, c0 = time.perf_counter(), time.process_time()
+            preprocess(raw, work / "out", progress=False)
+            hotline_runs.append((time.perf_counter() - t0, time.process_time() - c0))
+        wall, cpu = min(hotline_runs)
+        t0 = time.perf_counter()
+        base = pandas_baseline(raw, args.baseline_rows)
+        base_s = time.perf_counter() - t0
+        meta = json.loads((work / "out" / "meta.json").read_text())
+    finally:
+        if not args.dir:
+            shutil.rmtree(work, ignore_errors=True)
+
+    hot_rps = args.rows / wall
+    base_rps = base["rows"] / base_s
+    mb = size / 1e6
+    rows_table = [
+        ("hotline preprocess", args.rows, wall, hot_rps, mb / wall),
+        ("pandas read_csv baseline", base["rows"], base_s, base_rps, mb * base["rows"] / args.rows / base_s),
+    ]
+    print(f"\n{'method':<26} {'rows':>10} {'seconds':>8} {'rows/s':>11} {'MB/s':>7} {'vs pandas':>9}")
+    for name, n, s, rps, mbs in rows_table:
+        print(f"{name:<26} {n:>10,} {s:>8.2f} {rps:>11,.0f} {mbs:>7.1f} {rps / base_rps:>8.1f}x")
+    print(
+        f"\nhotline: {hot_rps:,.0f} rows/s = {hot_rps / TARGET_ROWS_PER_S:.2f}x the {TARGET_ROWS_PER_S:,} rows/s "
+        f"target (CPU time {cpu:.2f} s for {wall:.2f} s wall on {os.cpu_count()} cores; all runs: "
+        + ", ".join(f"{w:.2f} s" for w, _ in hotline_runs)
+        + ")"
+    )
+    print(f"table sizes: {meta['table_sizes']}")
+    result = {
+        "rows": args.rows,
+        "raw_bytes": size,
+        "cpus": os.cpu_count(),
+        "machine": platform.processor() or platform.machine(),
+        "hotline": {
+            "seconds": wall,
+            "cpu_seconds": cpu,
+            "rows_per_s": hot_rps,
+            "mb_per_s": mb / wall,
+            "all_runs_seconds": [w for w, _ in hotline_runs],
+        },
+        "pandas": {"rows": base["rows"], "seconds": base_s, "rows_per_s": base_rps},
+        "target_rows_per_s": TARGET_ROWS_PER_S,
+        "ratio_to_target": hot_rps / TARGET_ROWS_PER_S,
+        "speedup_vs_pandas": hot_rps / base_rps,
+        "table_sizes": meta["table_sizes"],
+    }
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
