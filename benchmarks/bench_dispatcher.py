@@ -1,0 +1,248 @@
+"""Benchmark: Dispatcher.split (Numba) against a vectorised numpy split of the same batches, side by side.
+
+Workload: the 26 Criteo Kaggle tables capped at ``--max-rows`` rows, Zipf(``--zipf``) ids per table from
+``hotline.datasets.synthetic.sample_zipf`` (ranks scattered over each table by a permutation), and a placement
+whose hot rows are the most frequent rows of a profiling sample (drawn from the same distribution) under a
+budget of ``--budget-share`` of the embedding bytes. Timed: splitting ``--batches`` different batches of
+``--batch`` samples, one-hot (L = 1) and multi-hot (L = ``--multi-hot``), by
+
+- ``hotline``: ``hotline.dispatcher.Dispatcher.split`` (the kernels of ``hotline.kernels.dispatch``);
+- ``numpy``: :func:`numpy_split` below: range check, remap lookup, row-wise ``all``, ``np.unique`` with
+  ``return_index``/``return_inverse`` for the working set in first-occurrence order.
+
+Both produce the same arrays (checked on every batch before timing). Also timed: the kernel phases
+(classify, write popular, write non-popular) and the Python glue around them. Target: one-hot
+4096 x 26 at >= 200 M lookups/s (about 0.5 ms a batch).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import common
+import numpy as np
+
+from hotline.datasets.synthetic import KAGGLE_TABLE_SIZES, sample_zipf
+from hotline.dispatcher import Dispatcher
+from hotline.kernels import dispatch
+from hotline.placement import Placement
+
+TARGET_MLOOKUPS = 200.0
+
+
+def make_sparse(
+    rng: np.random.Generator, sizes: list[int], perms: list[np.ndarray], n: int, L: int, zipf: float
+) -> np.ndarray:
+    """int32 [n, T, L] Zipf ids, rank r of table t stored as row ``perms[t][r]``."""
+    out = np.empty((n, len(sizes), L), np.int32)
+    for t, size in enumerate(sizes):
+        out[:, t, :] = perms[t][sample_zipf(rng, size, zipf, (n, L))]
+    return out
+
+
+def hot_placement(sample: np.ndarray, sizes: list[int], budget_rows: int, dim: int) -> Placement:
+    """The ``budget_rows`` most frequent rows of ``sample`` over all tables (only rows seen at least once)."""
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    fused = (sample.astype(np.int64) + offsets[:-1][None, :, None]).ravel()
+    counts = np.bincount(fused, minlength=int(offsets[-1]))
+    seen = np.flatnonzero(counts)
+    hot = seen[np.argsort(-counts[seen], kind="stable")][:budget_rows]
+    table = np.searchsorted(offsets, hot, side="right") - 1
+    hot_ids = [hot[table == t] - offsets[t] for t in range(len(sizes))]
+    return Placement.from_hot_ids(sizes, hot_ids, embedding_dim=dim)
+
+
+def numpy_split(ids: np.ndarray, col_offset: np.ndarray, col_size: np.ndarray, remap: np.ndarray) -> tuple:
+    """The same split as ``Dispatcher.split`` in vectorised numpy, on ``ids`` [B, C]. Returns
+    (popular_samples, non_popular_samples, pop_ids, hot_pos, hot_slot, cold_pos, cold_slot, working_set)."""
+    if ((ids < 0) | (ids >= col_size)).any():
+        raise IndexError("id out of range")
+    fused = ids + col_offset  # int64 [B, C]
+    slots = remap[fused]
+    popular = (slots >= 0).all(axis=1)
+    pop_samples = np.flatnonzero(popular)
+    np_samples = np.flatnonzero(~popular)
+    pop_ids = slots[pop_samples].ravel()
+    np_slots = slots[np_samples].ravel()
+    hot = np_slots >= 0
+    hot_pos = np.flatnonzero(hot)
+    cold_pos = np.flatnonzero(~hot)
+    cold_fused = fused[np_samples].ravel()[cold_pos]
+    uniq, first, inverse = np.unique(cold_fused, return_index=True, return_inverse=True)
+    order = np.argsort(first)  # working set in first-occurrence order, as the kernel makes it
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.shape[0])
+    return pop_samples, np_samples, pop_ids, hot_pos, np_slots[hot_pos], cold_pos, rank[inverse], uniq[order]
+
+
+FIELDS = (
+    "popular_samples",
+    "non_popular_samples",
+    "pop_ids",
+    "hot_pos",
+    "hot_slot",
+    "cold_pos",
+    "cold_slot",
+    "working_set",
+)
+
+
+def phase_times(d: Dispatcher, ids2d: np.ndarray, args) -> dict[str, float]:
+    """Median milliseconds of each kernel of ``split_batch`` on one batch ``ids2d`` [B, C], and of the whole."""
+    B, C = ids2d.shape
+    buf = dispatch.new_buffers(B * C, B)
+    is_pop, bad = buf["is_popular"][:B], buf["bad"][:B]
+    dispatch._classify(ids2d, d.col_offset, d.col_size, d.remap, is_pop, bad)
+    pop = np.flatnonzero(is_pop)
+    nonpop = np.flatnonzero(~is_pop)
+    pop_ids = buf["pop_ids"][: pop.shape[0] * C]
+    keys = ("hot_pos", "hot_slot", "cold_pos", "cold_slot", "working_set")
+    t = {
+        "classify": common.timeit(
+            lambda: dispatch._classify(ids2d, d.col_offset, d.col_size, d.remap, is_pop, bad),
+            args.repeats,
+            args.warmup,
+        ),
+        "glue (flatnonzero, checks)": common.timeit(
+            lambda: (bad.max(), np.flatnonzero(is_pop), np.flatnonzero(~is_pop)), args.repeats, args.warmup
+        ),
+        "write_popular": common.timeit(
+            lambda: dispatch._write_popular(ids2d, d.col_offset, d.remap, pop, pop_ids),
+            args.repeats,
+            args.warmup,
+        ),
+        "write_non_popular": common.timeit(
+            lambda: dispatch._write_non_popular(
+                ids2d, d.col_offset, d.remap, nonpop, d.slot_map, *(buf[k] for k in keys)
+            ),
+            args.repeats,
+            args.warmup,
+        ),
+        "split_batch (all)": common.timeit(
+            lambda: dispatch.split_batch(ids2d, d.col_offset, d.col_size, d.remap, d.slot_map, buf),
+            args.repeats,
+            args.warmup,
+        ),
+    }
+    return {k: v.median_s * 1e3 for k, v in t.items()}
+
+
+def run_case(args, sizes, perms, placement, L: int, rng) -> tuple[list[dict], dict]:
+    """Times both splits on ``--batches`` batches of pooling factor L; returns result rows and phase times."""
+    batches = [make_sparse(rng, sizes, perms, args.batch, L, args.zipf) for _ in range(args.batches)]
+    d = Dispatcher(placement, L, args.batch)
+    C = len(sizes) * L
+    flat = [np.ascontiguousarray(b).reshape(args.batch, C) for b in batches]
+    popular = 0
+    working = 0
+    for b, f in zip(batches, flat):
+        got = d.split(b)
+        want = numpy_split(f, d.col_offset, d.col_size, d.remap)
+        for name, w in zip(FIELDS, want):
+            if not np.array_equal(getattr(got, name), w):
+                raise AssertionError(f"L={L}: numpy split and Dispatcher.split differ in {name}")
+        popular += got.num_popular
+        working += got.working_set.shape[0]
+
+    def hotline_all():
+        for b in batches:
+            d.split(b)
+
+    def numpy_all():
+        for f in flat:
+            numpy_split(f, d.col_offset, d.col_size, d.remap)
+
+    lookups = args.batch * C * len(batches)
+    rows = []
+    for method, fn in (("hotline", hotline_all), ("numpy", numpy_all)):
+        t = common.timeit(fn, args.repeats, args.warmup)
+        rows.append(
+            {
+                "pooling": L,
+                "method": method,
+                "batch": args.batch,
+                "lookups_per_batch": args.batch * C,
+                "ms_per_batch": t.median_s * 1e3 / len(batches),
+                "min_ms_per_batch": t.min_s * 1e3 / len(batches),
+                "mlookups_per_s": lookups / t.median_s / 1e6,
+                "popular_share": popular / (args.batch * len(batches)),
+                "working_set_rows": working / len(batches),
+            }
+        )
+    rows[0]["speedup_vs_numpy"] = rows[1]["ms_per_batch"] / rows[0]["ms_per_batch"]
+    rows[1]["speedup_vs_numpy"] = 1.0
+    return rows, phase_times(d, flat[0], args)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = common.parser(__doc__)
+    p.add_argument("--max-rows", type=int, default=1_000_000, help="cap on every Kaggle table's rows")
+    p.add_argument("--batch", type=int, default=4096, help="samples per batch")
+    p.add_argument("--batches", type=int, default=8, help="distinct batches per timed run")
+    p.add_argument("--multi-hot", type=int, default=4, help="pooling factor of the multi-hot line (0: skip)")
+    p.add_argument("--zipf", type=float, default=1.05, help="Zipf exponent of the ids")
+    p.add_argument("--budget-share", type=float, default=0.10, help="hot budget, share of embedding bytes")
+    p.add_argument("--dim", type=int, default=16, help="embedding dim (sets bytes per row; rows scale alike)")
+    p.add_argument("--profile-samples", type=int, default=200_000, help="samples counted for the placement")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.max_rows, args.batch, args.batches, args.profile_samples = 2000, 64, 2, 2000
+        args.repeats, args.warmup = 2, 1
+    threads = common.setup_threads(args.threads)
+    rng = np.random.default_rng(args.seed)
+    sizes = [min(s, args.max_rows) for s in KAGGLE_TABLE_SIZES]
+    perms = [rng.permutation(s).astype(np.int32) for s in sizes]
+    budget_rows = int(args.budget_share * sum(sizes))
+    sample = make_sparse(rng, sizes, perms, args.profile_samples, 1, args.zipf)
+    placement = hot_placement(sample, sizes, budget_rows, args.dim)
+    del sample
+
+    results, phases = [], {}
+    for L in [1] + ([args.multi_hot] if args.multi_hot > 1 else []):
+        rows, phases[f"L={L}"] = run_case(args, sizes, perms, placement, L, rng)
+        results += rows
+    common.print_table(
+        results,
+        [
+            ("pooling", "L", ""),
+            ("method", "method", ""),
+            ("lookups_per_batch", "lookups/batch", ""),
+            ("ms_per_batch", "ms/batch", ".3f"),
+            ("min_ms_per_batch", "min ms", ".3f"),
+            ("mlookups_per_s", "M lookups/s", ".1f"),
+            ("speedup_vs_numpy", "vs numpy", ".2f"),
+            ("popular_share", "popular", ".3f"),
+            ("working_set_rows", "cold rows/batch", ".0f"),
+        ],
+        title=f"dispatcher split: 26 Kaggle tables capped at {args.max_rows:,} rows ({sum(sizes):,} rows), "
+        f"{placement.num_hot:,} hot rows ({args.budget_share:.0%} budget), Zipf {args.zipf}, {threads} threads, "
+        f"median of {args.repeats}",
+    )
+    phase_rows = [{"phase": k, **{case: v[k] for case, v in phases.items()}} for k in phases["L=1"]]
+    common.print_table(
+        phase_rows, [("phase", "kernel phase", "")] + [(c, f"{c} ms", ".3f") for c in phases], title="phases"
+    )
+    one_hot = next(r for r in results if r["pooling"] == 1 and r["method"] == "hotline")
+    met = one_hot["mlookups_per_s"] >= TARGET_MLOOKUPS
+    print(
+        f"one-hot split: {one_hot['mlookups_per_s']:.1f} M lookups/s (target >= {TARGET_MLOOKUPS:.0f}: "
+        f"{'met' if met else 'MISSED'})"
+    )
+    report = {
+        "benchmark": "dispatcher",
+        "config": {k: v for k, v in vars(args).items() if k != "json"},
+        "machine": common.machine_info(threads),
+        "table_sizes": sizes,
+        "hot_rows": placement.num_hot,
+        "results": results,
+        "phases_ms": phases,
+        "target_mlookups_per_s": TARGET_MLOOKUPS,
+        "target_met": met,
+    }
+    common.write_json(args.json, report)
+    return report
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)

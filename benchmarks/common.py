@@ -1,0 +1,161 @@
+"""Shared helpers of the benchmarks: flags, thread setup, timing (warm-up + median of repeats), table, JSON.
+
+A benchmark script does::
+
+    parser = common.parser(__doc__)              # --json, --threads, --smoke, --repeats, --seed
+    args = parser.parse_args(argv)
+    common.setup_threads(args.threads)           # torch and numba, on purpose
+    t = common.timeit(fn, repeats=args.repeats)  # warm-up calls (Numba compile) are not timed
+    common.print_table(rows, columns)
+    common.write_json(args.json, {"results": rows, ...})  # adds the machine's load and library versions
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+def parser(doc: str | None) -> argparse.ArgumentParser:
+    """An ArgumentParser with the flags every benchmark has (description: the docstring's first line)."""
+    p = argparse.ArgumentParser(
+        description=(doc or "").strip().splitlines()[0] if doc else None,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the results here")
+    p.add_argument("--threads", type=int, default=2, help="torch and numba threads")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes (for the tests): checks it runs")
+    p.add_argument("--repeats", type=int, default=7, help="timed runs per measurement (median reported)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed runs first (Numba compile, caches)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the generated inputs")
+    return p
+
+
+def setup_threads(threads: int) -> int:
+    """Sets torch's and numba's thread counts to ``threads`` (capped by numba's maximum); returns it."""
+    import numba
+    import torch
+
+    if threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {threads}")
+    torch.set_num_threads(threads)
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    return threads
+
+
+@dataclass
+class Timing:
+    """Wall seconds of the timed runs of one measurement."""
+
+    median_s: float
+    """Median of the timed runs: the figure reported."""
+    min_s: float
+    """Fastest run (the least disturbed by other work on the machine)."""
+    runs_s: list[float]
+    """Every timed run, in order."""
+
+
+def timeit(
+    fn: Callable[[], object],
+    repeats: int = 7,
+    warmup: int = 2,
+    setup: Callable[[], object] | None = None,
+) -> Timing:
+    """Times ``fn()``: ``warmup`` untimed calls, then ``repeats`` timed ones (``setup()`` before each call,
+    untimed, e.g. to restore state an in-place update changed)."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    for _ in range(warmup):
+        if setup is not None:
+            setup()
+        fn()
+    runs = []
+    for _ in range(repeats):
+        if setup is not None:
+            setup()
+        t0 = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - t0)
+    return Timing(statistics.median(runs), min(runs), runs)
+
+
+def load_average() -> list[float]:
+    """The 1, 5 and 15 minute load averages (empty where the OS does not say)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def machine_info(threads: int) -> dict:
+    """Where the figures come from: CPU count, threads, load, library versions."""
+    import numba
+    import numpy
+    import torch
+
+    return {
+        "cpu_count": os.cpu_count(),
+        "threads": threads,
+        "load_average": load_average(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numba": numba.__version__,
+        "numpy": numpy.__version__,
+    }
+
+
+def _cell(value: object, fmt: str) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and fmt:
+        return format(value, fmt)
+    return str(value)
+
+
+def print_table(rows: Sequence[dict], columns: Sequence[tuple[str, str, str]], title: str = "") -> str:
+    """Prints ``rows`` as an aligned table and returns the text. ``columns``: (key, header, format spec);
+    text columns are left-aligned, numbers right-aligned."""
+    cells = [[_cell(r.get(k), f) for k, _, f in columns] for r in rows]
+    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, (_, h, _) in enumerate(columns)]
+    numeric = [
+        all(isinstance(r.get(k), (int, float)) or r.get(k) is None for r in rows) for k, _, _ in columns
+    ]
+
+    def line(values: Sequence[str]) -> str:
+        return "  ".join(
+            v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)
+        ).rstrip()
+
+    out = [title] if title else []
+    out += [line([h for _, h, _ in columns]), "  ".join("-" * w for w in widths)]
+    out += [line(c) for c in cells]
+    text = "\n".join(out)
+    print(text, flush=True)
+    return text
+
+
+def write_json(path: Path | None, payload: dict) -> None:
+    """Writes ``payload`` to ``path`` (if given) as indented JSON; dataclasses become dicts."""
+    if path is None:
+        return
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, default=_jsonable) + "\n")
+
+
+def _jsonable(x: object) -> object:
+    if hasattr(x, "__dataclass_fields__"):
+        return asdict(x)
+    if hasattr(x, "item"):  # numpy scalars
+        return x.item()
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    raise TypeError(f"cannot write {type(x).__name__} as JSON")
