@@ -84,7 +84,7 @@ class Profiler:
 
     def profile(self, dataset: Dataset | str | os.PathLike) -> Profile:
         """Counts accesses over the sample of ``dataset`` (a Dataset or its directory) and ranks the rows."""
-        from tqdm.auto import tqdm
+        from tqdm import tqdm
 
         ds = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
         split = ds.split(self.split)

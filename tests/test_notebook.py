@@ -1,0 +1,30 @@
+"""The profiling notebook runs top to bottom on small data, and is committed without outputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "profile_dataset.ipynb"
+
+
+def test_notebook_is_committed_without_outputs():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code and all(not c.outputs and c.execution_count is None for c in code)
+
+
+def test_profile_notebook_runs(tmp_path):
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    client = nbclient.NotebookClient(
+        nb, kernel_name="python3", timeout=120, resources={"metadata": {"path": str(tmp_path)}}
+    )
+    client.execute()  # raises CellExecutionError naming the failing cell
+    assert (tmp_path / "placement.npz").is_file() and (tmp_path / "synthetic-small" / "meta.json").is_file()
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert sum(o.output_type == "display_data" and "image/png" in o.get("data", {}) for o in outputs) == 3
+    assert not [o for o in outputs if o.output_type == "error"]
