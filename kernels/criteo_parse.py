@@ -249,11 +249,15 @@ class ParsedLines:
 
 
 def parse_lines(
-    buf: np.ndarray, max_ind_range: int | None = None, max_line: int = MAX_LINE_BYTES
+    buf: np.ndarray,
+    max_ind_range: int | None = None,
+    max_line: int = MAX_LINE_BYTES,
+    segment_bytes: int = 1 << 20,
 ) -> ParsedLines:
     """Parses every line of ``buf`` (uint8 bytes of whole raw Criteo lines) in parallel.
 
-    A line longer than ``max_line`` bytes (newline excluded) is bad with reason ``line_too_long``.
+    A line longer than ``max_line`` bytes (newline excluded) is bad with reason ``line_too_long``. The
+    threads share the work in segments of ``segment_bytes`` (1 MiB balances two threads at no cost).
     """
     buf = np.ascontiguousarray(buf)
     if buf.dtype != np.uint8 or buf.ndim != 1:
@@ -261,8 +265,9 @@ def parse_lines(
     modulus = 0 if max_ind_range is None else int(max_ind_range)
     if modulus < 0 or (max_ind_range is not None and modulus == 0):
         raise ValueError(f"max_ind_range must be positive, got {max_ind_range}")
-    # Segments of ~1 MiB: enough to balance the threads, few enough to cost nothing.
-    segments = max(1, buf.shape[0] >> 20)
+    if segment_bytes < 1 or max_line < 0:
+        raise ValueError(f"segment_bytes must be positive and max_line >= 0, got {segment_bytes}, {max_line}")
+    segments = max(1, -(-buf.shape[0] // segment_bytes))
     return ParsedLines(*_parse_block(buf, segments, np.uint64(modulus), max_line, _hex_table()))
 
 

@@ -52,8 +52,8 @@ def _assert_dataset_equals_reference(out, ref, sizes):
     return ds
 
 
-def _check_lines_against_twin(data: bytes, max_ind_range=None):
-    parsed = parse_lines(np.frombuffer(data, np.uint8), max_ind_range)
+def _check_lines_against_twin(data: bytes, max_ind_range=None, segment_bytes=1 << 20):
+    parsed = parse_lines(np.frombuffer(data, np.uint8), max_ind_range, segment_bytes=segment_bytes)
     lines = naive.criteo_split_lines(data)
     assert parsed.reason.shape[0] == len(lines)
     for i, line in enumerate(lines):
@@ -115,11 +115,26 @@ _TOKENS = [
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.lists(st.sampled_from(_TOKENS), max_size=120), st.sampled_from([None, 5]))
-def test_parse_random_tokens_matches_twin(tokens, max_ind_range):
+@given(
+    st.lists(st.sampled_from(_TOKENS), max_size=120),
+    st.sampled_from([None, 5]),
+    st.sampled_from([1, 13, 4096]),
+)
+def test_parse_random_tokens_matches_twin(tokens, max_ind_range, segment_bytes):
     labels, dense, cats = _rows(2, seed=3)
     good = format_lines(labels, dense, cats).tobytes()
-    _check_lines_against_twin(good + b"".join(tokens) + good, max_ind_range)
+    _check_lines_against_twin(good + b"".join(tokens) + good, max_ind_range, segment_bytes)
+
+
+@pytest.mark.parametrize("segment_bytes", [1, 2, 50, 333, 1 << 20])
+@pytest.mark.parametrize("tail", [b"", b"\n", b"\n\n", b"1\t2"])
+def test_parse_segments_own_each_line_once(segment_bytes, tail):
+    """Lines that start in one segment and end in another, empty lines, no final newline."""
+    labels, dense, cats = _rows(30, seed=6)
+    data = b"\n" + format_lines(labels, dense, cats).tobytes() + tail
+    _check_lines_against_twin(data, None, segment_bytes)
+    parsed = parse_lines(np.frombuffer(data, np.uint8), segment_bytes=segment_bytes)
+    assert (parsed.starts[1:] == parsed.ends[:-1] + 1).all()
 
 
 def test_format_lines_matches_twin_and_round_trips():
@@ -287,6 +302,30 @@ def test_bad_lines_skipped_and_counted(tmp_path):
     assert ds.meta["bad_lines_per_file"] == {"train.txt": expected}
     meta = json.loads((out / "meta.json").read_text())
     assert meta["on_bad_line"] == "skip"
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from([b"good", b"crlf", b"empty"] + [b[0] for b in _BAD_LINES]), min_size=1, max_size=40
+    ),
+    st.sampled_from([16, 100, 1000]),
+)
+def test_skip_mode_matches_twin_across_blocks(tmp_path_factory, kinds, block_bytes):
+    lines = {b"good": _GOOD, b"crlf": _GOOD.replace(b"\t3\t", b"\t7\t", 1) + b"\r", b"empty": b""}
+    data = b"".join(lines.get(k, k) + b"\n" for k in kinds)
+    raw = tmp_path_factory.mktemp("skip") / "train.txt"
+    raw.write_bytes(data)
+    twin = [naive.criteo_parse_line(line)[0] for line in naive.criteo_split_lines(data)]
+    expected = {r: twin.count(r) for r in set(twin) - {"ok"}}
+    if "ok" not in twin:
+        with pytest.raises(CriteoFormatError, match="no rows"):
+            preprocess(raw, raw.parent / "ds", on_bad_line="skip", progress=False, block_bytes=block_bytes)
+        return
+    out = preprocess(raw, raw.parent / "ds", on_bad_line="skip", progress=False, block_bytes=block_bytes)
+    ref, sizes = naive.criteo_reference([data], "kaggle", skip_bad=True)
+    ds = _assert_dataset_equals_reference(out, ref, sizes)
+    assert ds.meta["bad_lines"] == expected
 
 
 def test_line_too_long_error(tmp_path):
