@@ -75,6 +75,7 @@ def run_dim(args, dim: int | None, rows_idx: np.ndarray, rng: np.random.Generato
                 "rows": n,
                 "median_ms": t.median_s * 1e3,
                 "min_ms": t.min_s * 1e3,
+                "cpu_ms": t.cpu_median_s * 1e3,
                 "mrows_per_s": n / t.median_s / 1e6,
                 "gb_per_s": n * row_bytes / t.median_s / 1e9,
             }
@@ -113,6 +114,7 @@ def main(argv: list[str] | None = None) -> dict:
             ("rows", "rows", ""),
             ("median_ms", "median ms", ".3f"),
             ("min_ms", "min ms", ".3f"),
+            ("cpu_ms", "cpu ms", ".3f"),
             ("mrows_per_s", "M rows/s", ".1f"),
             ("gb_per_s", "GB/s", ".2f"),
             ("ratio_vs_torch", "vs torch", ".2f"),

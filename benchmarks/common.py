@@ -60,6 +60,9 @@ class Timing:
     """Fastest run (the least disturbed by other work on the machine)."""
     runs_s: list[float]
     """Every timed run, in order."""
+    cpu_median_s: float
+    """Median CPU seconds of the process per run (all threads; spin-waiting included): on a loaded
+    machine, wall time grows with other work's share of the cores, CPU time much less."""
 
 
 def timeit(
@@ -76,14 +79,15 @@ def timeit(
         if setup is not None:
             setup()
         fn()
-    runs = []
+    runs, cpu = [], []
     for _ in range(repeats):
         if setup is not None:
             setup()
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         fn()
         runs.append(time.perf_counter() - t0)
-    return Timing(statistics.median(runs), min(runs), runs)
+        cpu.append(time.process_time() - c0)
+    return Timing(statistics.median(runs), min(runs), runs, statistics.median(cpu))
 
 
 def load_average() -> list[float]:
