@@ -1,0 +1,158 @@
+"""``hotline plan DATASET``: profile a dataset and turn it into a torchrec sharding plan plus hot-row side-car."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from hotline.units import format_size, parse_size
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "plan",
+        help="turn a profile into a torchrec sharding plan (ParameterConstraints with cache statistics)",
+        description="Profile a dataset, choose per table a device-resident kernel or a UVM cache whose load "
+        "factor is Hotline's hot share, fill torchrec's CacheStatistics from the profile, and run torchrec's "
+        "EmbeddingShardingPlanner. Writes plan.json and plan.hot_rows.npz (hot row ids per table).",
+    )
+    parser.add_argument("dataset", help="dataset directory (from `hotline data ...`)")
+    parser.add_argument(
+        "--placement", type=Path, default=None, metavar="FILE", help="hot rows from `hotline profile --out`"
+    )
+    parser.add_argument(
+        "--world-size", type=int, default=1, metavar="N", help="number of devices (default 1)"
+    )
+    parser.add_argument(
+        "--hbm-per-gpu", type=_size, default="16GiB", metavar="SIZE", help="memory per device (default 16GiB)"
+    )
+    parser.add_argument(
+        "--compute-device",
+        default="cuda",
+        choices=["cuda", "cpu"],
+        help="topology to plan for (default cuda)",
+    )
+    parser.add_argument(
+        "--algorithm", default="lru", choices=["lru", "lfu"], help="cache algorithm (default lru)"
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        metavar="B",
+        help="per-rank batch size (default --mini-batch-size)",
+    )
+    parser.add_argument("--no-scaleup", action="store_true", help="keep Hotline's load factors as they are")
+    sample = parser.add_mutually_exclusive_group()
+    sample.add_argument(
+        "--sample-fraction", type=float, default=None, metavar="F", help="profile share (0.05)"
+    )
+    sample.add_argument(
+        "--sample-batches", type=int, default=None, metavar="N", help="profile the first N batches"
+    )
+    parser.add_argument("--mini-batch-size", type=int, default=128, metavar="B", help="mini-batch size (128)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random sample (default 0)")
+    parser.add_argument(
+        "--embedding-dim", type=int, default=16, help="embedding dimension (without --placement)"
+    )
+    parser.add_argument(
+        "--optimizer", default="sgd", choices=["sgd", "rowwise-adagrad"], help="optimizer state"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, metavar="FILE", help="write plan.json and its side-car"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    parser.set_defaults(func=run)
+
+
+def _table_text(summary) -> str:
+    def lf(v):
+        return "-" if v is None or v != v else f"{v:.3f}"
+
+    df = summary.copy()
+    df["load factor"] = [f"{lf(a)} -> {lf(b)}" for a, b in zip(df.hotline_load_factor, df.load_factor)]
+    df["hit rate"] = df.expected_hit_rate.map("{:.1%}".format)
+    df["HBM"] = df.hbm_bytes.map(format_size)
+    df["ranks"] = df.ranks.map(lambda r: ",".join(map(str, r)))
+    df = df.rename(columns={"hot_rows": "hot rows", "expected_unique_lookups": "unique/batch"})
+    df["unique/batch"] = df["unique/batch"].map("{:.1f}".format)
+    cols = [
+        "table",
+        "rows",
+        "hot rows",
+        "kernel",
+        "sharding",
+        "ranks",
+        "load factor",
+        "hit rate",
+        "HBM",
+        "unique/batch",
+    ]
+    return df[cols].to_string(index=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+
+    from hotline.datasets.format import Dataset, DatasetError
+    from hotline.placement import Placement, PlacementError
+    from hotline.profiler import profile
+
+    # torchrec logs planner warnings meant for its developers (topology construction, proposer internals).
+    logging.getLogger("torchrec").setLevel(logging.ERROR)
+    from hotline import torchrec_bridge as bridge
+
+    try:
+        dataset = Dataset(args.dataset)
+        placement = Placement.load(args.placement, dataset=dataset) if args.placement else None
+        dim = placement.embedding_dim if placement else args.embedding_dim
+        optimizer = args.optimizer
+        if placement is not None:
+            optimizer = "rowwise-adagrad" if placement.bytes_per_row == 4 * dim + 4 else "sgd"
+        prof = profile(
+            dataset,
+            sample_fraction=0.05 if args.sample_fraction is None else args.sample_fraction,
+            sample_batches=args.sample_batches,
+            mini_batch_size=args.mini_batch_size,
+            seed=args.seed,
+            embedding_dim=dim,
+            optimizer=optimizer,
+            progress=not args.no_progress,
+        )
+        config = bridge.PlanConfig(
+            world_size=args.world_size,
+            hbm_per_device=args.hbm_per_gpu,
+            compute_device=args.compute_device,
+            batch_size=args.batch_size,
+            algorithm=args.algorithm,
+            scaleup=not args.no_scaleup,
+        )
+        inputs = bridge.constraints_from_profile(prof, config, placement)
+        sharding_plan = bridge.plan(inputs, config)
+        summary = bridge.plan_summary(sharding_plan, inputs, config)
+    except (DatasetError, PlacementError, bridge.PlanError, ValueError) as e:
+        print(f"hotline plan: {e}", file=sys.stderr)
+        return 2
+
+    source = f"placement {args.placement}" if placement is not None else "hot rows chosen by Hotline"
+    print(
+        f"torchrec plan for {config.world_size} x {format_size(config.hbm_per_device)} {config.compute_device} "
+        f"devices, {config.algorithm.upper()} caches, per-rank batch {inputs.batch_size}; {source} "
+        f"({inputs.placement.num_hot:,} of {sum(prof.table_sizes):,} rows hot)"
+    )
+    print(_table_text(summary))
+    print(
+        f"HBM for embeddings: {format_size(int(summary.hbm_bytes.sum()))} over {config.world_size} device(s)"
+    )
+    if args.out is not None:
+        plan_path, side = bridge.export_plan(args.out, sharding_plan, inputs, config)
+        print(f"plan written to {plan_path} ({len(inputs.choices)} tables), hot rows to {side}")
+    return 0
