@@ -25,6 +25,7 @@ import common
 import numpy as np
 
 from hotline.datasets import synthetic as syn
+from hotline.kernels.synthetic import PARALLEL_MIN_SIZE, bag_effects, zipf_ranks
 
 
 def bench_sampling(args, sizes: list[int], draws: int) -> list[dict]:
@@ -56,7 +57,11 @@ def bench_generate(args, cases: list[tuple[str, dict]]) -> list[dict]:
     out = []
     tmp = Path(tempfile.mkdtemp(prefix="bench-synthetic-"))
     try:
-        syn.generate(tmp / "warm", 2000, max_rows_per_table=1000, progress=False)  # Numba load, not timed
+        # Load both the serial and the parallel compiled kernels before timing.
+        syn.generate(tmp / "warm", 2000, max_rows_per_table=1000, progress=False)
+        big = np.zeros((PARALLEL_MIN_SIZE, 1), np.int64)
+        zipf_ranks(np.zeros(PARALLEL_MIN_SIZE), 10, 1.0)
+        bag_effects(big, 1, 10.0)
         for name, kw in cases:
             t0 = time.perf_counter()
             path = syn.generate(tmp / name, progress=False, **kw)

@@ -78,11 +78,14 @@ def _zipf_ranks_impl(u: np.ndarray, n: int, s: float, redraw_key: np.uint64, out
         while True:
             y = h_last + v * (h_first - h_last)
             x = _hat_integral_inverse(y, s)
-            k = math.floor(x + 0.5)
-            if k < 1.0:
-                k = 1.0
-            elif k > n:
+            # Round x to a rank in [1, n]. In the far tail of a steep Zipf, x can be inf (rounding meets the
+            # pole of the inverse): that is rank n, so compare before rounding (floor of inf is no integer).
+            if x >= n + 0.5:
                 k = float(n)
+            else:
+                k = np.floor(x + 0.5)
+                if k < 1.0:
+                    k = 1.0
             if k - x <= squeeze or y >= _hat_integral(k + 0.5, s) - _hat(k, s):
                 out[i] = np.int64(k) - 1
                 break

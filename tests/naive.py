@@ -298,8 +298,10 @@ def synthetic_zipf_ranks(u, n: int, s: float, redraw_key: int = 0):
 
     def hat_integral_inverse(y):
         t = max(y * (1.0 - s), -1.0)
-        ratio = math.log1p(t) / t if abs(t) > 1e-8 else 1.0 - t * (0.5 - t * (1.0 / 3.0 - 0.25 * t))
-        return math.exp(ratio * y)
+        # IEEE results where Python's math raises: log1p(-1) = -inf, exp(overflow) = inf (far-tail draws).
+        log1p_t = math.log1p(t) if t > -1.0 else -math.inf
+        ratio = log1p_t / t if abs(t) > 1e-8 else 1.0 - t * (0.5 - t * (1.0 / 3.0 - 0.25 * t))
+        return math.exp(ratio * y) if ratio * y < 709.0 else math.inf
 
     def hat(x):
         return math.exp(-s * math.log(x))
@@ -315,7 +317,7 @@ def synthetic_zipf_ranks(u, n: int, s: float, redraw_key: int = 0):
         while True:
             y = h_last + v * (h_first - h_last)
             x = hat_integral_inverse(y)
-            k = min(max(math.floor(x + 0.5), 1), n)
+            k = n if x >= n + 0.5 else max(math.floor(x + 0.5), 1)
             if k - x <= squeeze or y >= hat_integral(k + 0.5) - hat(k):
                 out[i] = k - 1
                 break

@@ -70,6 +70,18 @@ def test_bag_effects_equal_naive_twin(ranks, pooling, key, scale):
     )
 
 
+@pytest.mark.parametrize("s", [0.0, 0.5, 1.0, 2.0, 4.0, 10.0])
+@pytest.mark.parametrize("n", [1, 2, 200_578, 10**8])
+def test_zipf_ranks_extreme_uniforms(n, s):
+    # u = 0 is the far tail (the last rank), even where the inverse meets its pole and gives inf; u -> 1 is
+    # the head. Python's math raises there, so this pins the kernel's own handling.
+    ranks = zipf_ranks(np.array([0.0, 5e-324, 1 - 2**-53]), n, s)
+    assert ranks[0] == n - 1 and ranks[2] == 0 and 0 <= ranks[1] < n
+    np.testing.assert_array_equal(
+        ranks, naive.synthetic_zipf_ranks(np.array([0.0, 5e-324, 1 - 2**-53]), n, s)
+    )
+
+
 def test_kernels_reject_bad_input():
     with pytest.raises(ValueError, match="n must be >= 1"):
         zipf_ranks(np.zeros(3), 0, 1.0)
@@ -307,6 +319,15 @@ def test_cli(tmp_path, capsys):
     same = syn.generate(tmp_path / "api", 1400, seed=3, table_sizes=SMALL_SIZES, max_rows_per_table=2500,
                         zipf=[0.9] * 25 + [1.3], progress=False)  # fmt: skip
     np.testing.assert_array_equal(Dataset(same).train.sparse, ds.train.sparse)
+
+
+def test_cli_reports_bad_parameters(tmp_path, capsys):
+    argv = ["data", "synthetic", "--out", str(tmp_path / "x"), "--rows", "10", "--pooling-factor", "2"]
+    assert main([*argv, "--raw-tsv", str(tmp_path / "r.tsv")]) == 2
+    assert "pooling_factor is 2" in capsys.readouterr().err
+    assert main(["data", "synthetic", "--out", str(tmp_path / "x"), "--rows", "10", "--zipf", "1,2"]) == 2
+    assert "2 exponents but there are 26 tables" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
 
 
 def test_cli_rejects_a_bad_list(tmp_path, capsys):

@@ -35,6 +35,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -272,6 +273,7 @@ class _PlantedModel:
         noise = rng.permutation(T)[: int(round(NOISE_TABLE_SHARE * T))]
         self.table_weight[noise] = 0.0
         self.pairs = [(t, T - 1 - t) for t in range(min(NUM_INTERACTIONS, T // 2))]
+        self.interaction_tables = sorted({t for pair in self.pairs for t in pair})
         self.tables = tables
         # Dense standardisation and the bias come from a calibration sample of the same generator.
         self.dense_mean = np.zeros(NUM_DENSE)
@@ -281,22 +283,26 @@ class _PlantedModel:
         dense = sample["dense"].astype(np.float64)
         self.dense_mean = dense.mean(axis=0)
         self.dense_std = np.maximum(dense.std(axis=0), 1e-6)
-        logit = self.logit(dense, sample["effects"], sample["interactions"])
+        logit = self.logit(sample["dense"], sample["table_logit"], sample["interactions"])
         self.bias = _calibrate_bias(logit, TARGET_CTR)
 
-    def effects(self, t: int, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Main and interaction effect of each bag [m, L] of table t, averaged over the bag -> two [m]."""
-        return (
-            bag_effects(ranks, self.tables.effect_key[t], EFFECT_RANK_SCALE),
-            bag_effects(ranks, self.tables.interaction_key[t], EFFECT_RANK_SCALE),
-        )
+    def add_table_terms(self, t: int, ranks: np.ndarray, table_logit: np.ndarray, interactions: dict) -> None:
+        """Adds table t's main effect (bags [m, L] averaged) to ``table_logit`` [m] and keeps its second effect
+        in ``interactions`` if an interaction pair uses it. Tables without either cost nothing."""
+        if self.table_weight[t] != 0.0:
+            table_logit += self.table_weight[t] * bag_effects(
+                ranks, self.tables.effect_key[t], EFFECT_RANK_SCALE
+            )
+        if t in self.interaction_tables:
+            interactions[t] = bag_effects(ranks, self.tables.interaction_key[t], EFFECT_RANK_SCALE)
 
-    def logit(self, dense: np.ndarray, effects: np.ndarray, interactions: np.ndarray) -> np.ndarray:
-        """Planted logit of rows with log-count dense features [m, 13] and per-table effects [m, T] (x2)."""
-        z = (dense - self.dense_mean) / self.dense_std
-        out = self.bias + z @ self.dense_coef + effects @ self.table_weight
+    def logit(self, dense: np.ndarray, table_logit: np.ndarray, interactions: dict) -> np.ndarray:
+        """Planted logit of rows with log-count dense features [m, 13], the summed table effects [m] and the
+        second effects of the interacting tables ({t: [m]})."""
+        coef = self.dense_coef / self.dense_std  # standardised features without a standardised copy
+        out = dense @ coef + (self.bias - self.dense_mean @ coef) + table_logit
         for a, b in self.pairs:
-            out += INTERACTION_SCALE * interactions[:, a] * interactions[:, b]
+            out += INTERACTION_SCALE * interactions[a] * interactions[b]
         return out
 
 
@@ -334,18 +340,18 @@ def _make_rows(cfg: SyntheticConfig, model: _PlantedModel, seq: np.random.SeedSe
     dense = np.log(x, out=x)  # log(float32(x) + 1) in float32, exactly as dlrm's Criteo pipeline
     T, L = cfg.num_tables, cfg.pooling_factor
     rows = np.empty((m, T, L), np.int32)
-    effects = np.empty((m, T))
-    interactions = np.empty((m, T))
+    table_logit = np.zeros(m)
+    interactions: dict[int, np.ndarray] = {}
     top_hits = np.empty(T, np.int64)
     for t, (n, s) in enumerate(zip(cfg.sizes, cfg.exponents, strict=True)):
         redraw_key = int(table_seqs[t].generate_state(1, np.uint64)[0])
         ranks = sample_zipf(np.random.default_rng(table_seqs[t]), n, s, (m, L), redraw_key)
         top_hits[t] = np.count_nonzero(ranks < top_rows(n))
         rows[:, t, :] = model.tables.row_ids(t, ranks, n)
-        effects[:, t], interactions[:, t] = model.effects(t, ranks)
-    logit = model.logit(dense.astype(np.float64), effects, interactions)
+        model.add_table_terms(t, ranks, table_logit, interactions)
+    logit = model.logit(dense, table_logit, interactions)
     labels = (np.random.default_rng(label_seq).random(m) < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
-    return {"counts": counts, "dense": dense, "rows": rows, "effects": effects, "interactions": interactions,
+    return {"counts": counts, "dense": dense, "rows": rows, "table_logit": table_logit, "interactions": interactions,
             "top_hits": top_hits, "logit": logit, "labels": labels}  # fmt: skip
 
 
@@ -374,7 +380,7 @@ def generate(
         seed=seed,
         table_sizes=KAGGLE_TABLE_SIZES if table_sizes is None else tuple(table_sizes),
         max_rows_per_table=max_rows_per_table,
-        zipf=zipf if isinstance(zipf, (int, float)) else tuple(zipf),
+        zipf=float(zipf) if np.ndim(zipf) == 0 else tuple(float(z) for z in zipf),
         pooling_factor=pooling_factor,
     )
     return generate_config(cfg, out, raw_tsv=raw_tsv, progress=progress)
@@ -546,19 +552,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Runs ``hotline data synthetic`` and prints a short summary."""
+    """Runs ``hotline data synthetic`` and prints a short summary; returns the exit status."""
     t0 = time.perf_counter()
-    path = generate(
-        args.out,
-        args.rows,
-        seed=args.seed,
-        table_sizes=args.table_sizes,
-        max_rows_per_table=args.max_rows_per_table,
-        zipf=args.zipf,
-        pooling_factor=args.pooling_factor,
-        raw_tsv=args.raw_tsv,
-        progress=not args.no_progress,
-    )
+    try:
+        path = generate(
+            args.out,
+            args.rows,
+            seed=args.seed,
+            table_sizes=args.table_sizes,
+            max_rows_per_table=args.max_rows_per_table,
+            zipf=args.zipf,
+            pooling_factor=args.pooling_factor,
+            raw_tsv=args.raw_tsv,
+            progress=not args.no_progress,
+        )
+    except ValueError as e:
+        print(f"hotline data synthetic: error: {e}", file=sys.stderr)
+        return 2
     seconds = time.perf_counter() - t0
     ds = Dataset(path)
     info = ds.meta["synthetic"]
