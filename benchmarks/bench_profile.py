@@ -9,10 +9,11 @@ JSON (``--json FILE`` writes it too). Three workloads:
 - ``capped``: the same with at most ``--cap`` rows per table (like the capped synthetic datasets).
 - ``small``: uniform ids over 26 tables of 1000 rows: everything in cache, the compute-bound ceiling.
 
-Methods: ``hotline`` (kernels.profile: fused id space, each thread owns whole tables and counts straight
-into one shared int64 array, samples in cache-sized blocks), ``private-arrays`` (the textbook alternative,
-kept here for comparison: one private count array per thread over blocks of samples, then a reduction;
-allocation and reduction included), ``bincount`` (np.bincount over fused ids, the offset addition
+Methods: ``hotline`` (kernels.profile.lookup_counts as the profiler calls it: it picks ``private`` for id
+spaces up to PRIVATE_MAX_ROWS rows, else ``owned``), ``hotline-owned`` (each thread owns whole tables and
+counts straight into one shared int64 array, samples in cache-sized blocks), ``hotline-private`` (one private
+count array per thread over blocks of samples, then a reduction; allocation and reduction included),
+``bincount`` (np.bincount over fused ids, the offset addition
 included), ``bincount-prefused`` (np.bincount over fused ids computed beforehand, a lower bound for numpy),
 and ``max-rank`` (the popular-sample pass: the largest global rank per sample). Wall time is the best of
 ``--repeat`` runs; CPU seconds are reported too, because other work on a small machine steals cores.
@@ -30,7 +31,6 @@ from pathlib import Path
 
 import numba
 import numpy as np
-from numba import njit, prange
 
 from hotline.kernels import profile as kp
 
@@ -38,27 +38,6 @@ KAGGLE_TABLE_SIZES = [
     1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27, 14992, 5461306,
     10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
 ]  # fmt: skip
-
-
-@njit(parallel=True, cache=True)
-def _count_private(sparse, table_offsets, private):
-    n, T, L = sparse.shape
-    P = private.shape[0]
-    for p in prange(P):
-        counts = private[p]
-        for i in range(n * p // P, n * (p + 1) // P):
-            for t in range(T):
-                for j in range(L):
-                    counts[table_offsets[t] + sparse[i, t, j]] += 1
-
-
-@njit(parallel=True, cache=True)
-def _reduce_private(private, out):
-    for r in prange(out.shape[0]):
-        s = 0
-        for p in range(private.shape[0]):
-            s += private[p, r]
-        out[r] = s
 
 
 def zipf_ids(rng: np.random.Generator, n: int, size: int, s: float) -> np.ndarray:
@@ -86,34 +65,28 @@ def _cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def timed(fn, repeat: int) -> tuple[float, float, object]:
-    """Best wall seconds and the CPU seconds of that run (after one warm-up call that also compiles)."""
-    result = fn()
-    best_wall, best_cpu = float("inf"), float("inf")
+def timed_interleaved(methods: dict, repeat: int) -> tuple[dict, dict]:
+    """Best wall seconds per method (and the CPU seconds of that run), the methods taking turns round by
+    round so a burst of load from other processes hits all of them alike; one warm-up call each first."""
+    results = {name: fn() for name, fn in methods.items()}
+    best = {name: (float("inf"), float("inf")) for name in methods}
     for _ in range(repeat):
-        c0, t0 = _cpu_seconds(), time.perf_counter()
-        result = fn()
-        wall, cpu = time.perf_counter() - t0, _cpu_seconds() - c0
-        if wall < best_wall:
-            best_wall, best_cpu = wall, cpu
-    return best_wall, best_cpu, result
+        for name, fn in methods.items():
+            c0, t0 = _cpu_seconds(), time.perf_counter()
+            results[name] = fn()
+            wall, cpu = time.perf_counter() - t0, _cpu_seconds() - c0
+            if wall < best[name][0]:
+                best[name] = (wall, cpu)
+    return best, results
 
 
 def run_workload(name: str, args: argparse.Namespace) -> list[dict]:
     sparse, sizes = make_workload(name, args.samples, args.zipf, args.cap, args.seed)
     lookups = sparse.size
     offsets = kp.table_offsets(sizes)
-    threads = numba.get_num_threads()
 
-    def hotline_count():
-        return kp.lookup_counts(sparse, sizes)
-
-    def private_arrays():
-        private = np.zeros((threads, int(offsets[-1])), dtype=np.int64)
-        _count_private(sparse, offsets[:-1], private)
-        out = np.empty(int(offsets[-1]), dtype=np.int64)
-        _reduce_private(private, out)
-        return out
+    def hotline_count(method=None):
+        return lambda: kp.lookup_counts(sparse, sizes, method=method)
 
     def bincount():
         return np.bincount((sparse[:, :, 0] + offsets[:-1]).ravel(), minlength=int(offsets[-1]))
@@ -123,26 +96,23 @@ def run_workload(name: str, args: argparse.Namespace) -> list[dict]:
     def bincount_prefused():
         return np.bincount(fused, minlength=int(offsets[-1]))
 
-    rows = []
-    results = {}
-    methods = (
-        ("hotline", hotline_count),
-        ("private-arrays", private_arrays),
-        ("bincount", bincount),
-        ("bincount-prefused", bincount_prefused),
-    )
-    for method, fn in methods:
-        wall, cpu, results[method] = timed(fn, args.repeat)
-        rows.append({"workload": name, "method": method, "wall_s": wall, "cpu_s": cpu})
-    if not all(np.array_equal(results["hotline"], r) for r in results.values()):
-        raise AssertionError(f"{name}: counts differ between methods")
-    counts = results["hotline"]
+    methods = {
+        "hotline": hotline_count(),
+        "hotline-owned": hotline_count("owned"),
+        "hotline-private": hotline_count("private"),
+        "bincount": bincount,
+        "bincount-prefused": bincount_prefused,
+    }
+    counts = np.bincount(fused, minlength=int(offsets[-1]))
     accessed = np.flatnonzero(counts)
     order = accessed[np.argsort(-counts[accessed], kind="stable")]
     rank = np.full(counts.shape[0], order.shape[0], dtype=np.int32)  # as Profile builds it
     rank[order] = np.arange(order.shape[0])
-    wall, cpu, _ = timed(lambda: kp.sample_max_rank(sparse, sizes, rank), args.repeat)
-    rows.append({"workload": name, "method": "max-rank", "wall_s": wall, "cpu_s": cpu})
+    methods["max-rank"] = lambda: kp.sample_max_rank(sparse, sizes, rank)
+    best, results = timed_interleaved(methods, args.repeat)
+    if not all(np.array_equal(counts, r) for m, r in results.items() if m != "max-rank"):
+        raise AssertionError(f"{name}: counts differ between methods")
+    rows = [{"workload": name, "method": m, "wall_s": w, "cpu_s": c} for m, (w, c) in best.items()]
     base = next(r for r in rows if r["method"] == "bincount")
     for r in rows:
         r["lookups"] = lookups

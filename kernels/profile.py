@@ -3,14 +3,16 @@
 All tables share one *fused* id space: row ``r`` of table ``t`` has fused id ``table_offsets[t] + r``, so
 one count array covers every table and one sort ranks rows of all tables against each other.
 
-Counting is a scatter-add, which races when two threads increment the same row. Instead of one private
-count array per thread (P copies of the id space, then a reduction), each thread *owns* a set of work items
-(a whole table, or a row range of one when there are fewer tables than threads) and counts only the lookups
-that fall in its items, straight into the shared array: no races, no private copies, no reduction. Threads
-walk the samples in blocks of a few thousand, table by table, so the ids of a block stay in cache while
-each table's counts are updated (one table's hot rows at a time compete for the cache, not all tables').
-On the Kaggle table sizes this is about 2.5x faster than private arrays plus reduction, and it needs no
-extra memory (benchmarks/bench_profile.py).
+Counting is a scatter-add, which races when two threads increment the same row. Two race-free strategies,
+chosen by the size of the id space R (measured in benchmarks/bench_profile.py):
+
+- ``private`` (small R): each thread counts a contiguous block of samples into its own count array, and the
+  arrays are added into the result after each call. Reads the ids sequentially; the P private arrays and
+  the reduction are cheap while R is small (at most PRIVATE_MAX_ROWS rows).
+- ``owned`` (large R, e.g. the 33.8 M rows of Criteo Kaggle): each thread *owns* work items (whole tables, or
+  row ranges of one when there are fewer tables than threads) and counts only the lookups that fall in its
+  items, straight into the shared array: no private copies of a big id space, no reduction. Threads walk the
+  samples in blocks, table by table, so one table's hot rows at a time compete for the cache.
 """
 
 from __future__ import annotations
@@ -22,6 +24,45 @@ from numba import njit, prange
 
 # Samples per block: the block's ids (BLOCK * T * L * 4 bytes) stay in L2 while every table is visited.
 BLOCK = 512
+# Largest id space counted with per-thread private arrays (8 MiB of int64 per thread); larger uses "owned".
+PRIVATE_MAX_ROWS = 1 << 20
+
+
+@njit(cache=True, parallel=True)
+def _count_lookups_private(sparse, table_sizes, table_offsets, private):
+    """Counts the lookups of ``sparse`` [n, T, L] into ``private`` [P, R], sample block p into row p.
+    Returns the first bad flat position of an out-of-range id, or -1."""
+    n, T, L = sparse.shape
+    P = private.shape[0]
+    first_bad = np.full(P, -1, dtype=np.int64)
+    for p in prange(P):
+        counts = private[p]
+        for i in range(n * p // P, n * (p + 1) // P):
+            for t in range(T):
+                size = table_sizes[t]
+                base = table_offsets[t]
+                for j in range(L):
+                    row = sparse[i, t, j]
+                    if row >= 0 and row < size:
+                        counts[base + row] += 1
+                    elif first_bad[p] < 0:
+                        first_bad[p] = (i * T + t) * L + j
+    bad = -1
+    for p in range(P):
+        if first_bad[p] >= 0 and (bad < 0 or first_bad[p] < bad):
+            bad = first_bad[p]
+    return bad
+
+
+@njit(cache=True, parallel=True)
+def _add_private(private, counts):
+    """``counts += private.sum(axis=0)``, in parallel over the id space."""
+    P, R = private.shape
+    for r in prange(R):
+        s = counts[r]
+        for p in range(P):
+            s += private[p, r]
+        counts[r] = s
 
 
 @njit(cache=True, parallel=True)
@@ -177,32 +218,51 @@ def plan_count_work(table_sizes, num_slots: int) -> tuple[np.ndarray, np.ndarray
     return item_table, item_lo, item_hi, slot_ptr
 
 
-def count_lookups(sparse: np.ndarray, table_sizes, counts: np.ndarray, num_slots: int | None = None) -> None:
+def count_lookups(
+    sparse: np.ndarray,
+    table_sizes,
+    counts: np.ndarray,
+    num_slots: int | None = None,
+    method: str | None = None,
+) -> None:
     """Adds the lookups of ``sparse`` (int [n, T, L]) into ``counts`` (int64 [total rows], fused ids).
 
     Call it once per chunk of a dataset. ``num_slots`` (default: Numba's thread count) is how many parallel
-    work slots the tables are spread over. Raises :class:`BadIdError` naming the sample, table and id when
-    an id is outside its table (``counts`` then holds a partial count).
+    work slots share the work; ``method`` is "private" or "owned" (default: private up to PRIVATE_MAX_ROWS
+    rows, see the module docstring). Raises :class:`BadIdError` naming the sample, table and id when an id
+    is outside its table (``counts`` is then left unchanged by "private", partially updated by "owned").
     """
     import numba
 
     sizes = np.asarray(table_sizes, dtype=np.int64)
     sparse = _as_sparse(sparse, sizes.shape[0])
     offsets = table_offsets(sizes)
-    if counts.shape != (int(offsets[-1]),) or counts.dtype != np.int64 or not counts.flags.c_contiguous:
-        raise ValueError(
-            f"counts must be C-contiguous int64 [{int(offsets[-1])}], got {counts.dtype} {counts.shape}"
-        )
-    plan = plan_count_work(sizes, num_slots or numba.get_num_threads())
-    bad = _count_lookups(sparse, sizes, offsets[:-1], *plan, counts, BLOCK)
+    total = int(offsets[-1])
+    if counts.shape != (total,) or counts.dtype != np.int64 or not counts.flags.c_contiguous:
+        raise ValueError(f"counts must be C-contiguous int64 [{total}], got {counts.dtype} {counts.shape}")
+    slots = int(num_slots or numba.get_num_threads())
+    if method is None:
+        method = "private" if total <= PRIVATE_MAX_ROWS else "owned"
+    if method == "private":
+        private = np.zeros((max(1, slots), total), dtype=np.int64)
+        bad = _count_lookups_private(sparse, sizes, offsets[:-1], private)
+        if bad < 0:
+            _add_private(private, counts)
+    elif method == "owned":
+        plan = plan_count_work(sizes, slots)
+        bad = _count_lookups(sparse, sizes, offsets[:-1], *plan, counts, BLOCK)
+    else:
+        raise ValueError(f"method must be 'private' or 'owned', got {method!r}")
     if bad >= 0:
         raise _bad_id_error(sparse, sizes, bad)
 
 
-def lookup_counts(sparse: np.ndarray, table_sizes, num_slots: int | None = None) -> np.ndarray:
+def lookup_counts(
+    sparse: np.ndarray, table_sizes, num_slots: int | None = None, method: str | None = None
+) -> np.ndarray:
     """int64 [total rows]: how often each fused row (table offset + row id) is looked up in ``sparse``."""
     counts = np.zeros(int(table_offsets(table_sizes)[-1]), dtype=np.int64)
-    count_lookups(sparse, table_sizes, counts, num_slots)
+    count_lookups(sparse, table_sizes, counts, num_slots, method)
     return counts
 
 

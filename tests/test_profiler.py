@@ -73,13 +73,13 @@ def random_sparse(sizes, n, L, seed):
 
 
 @settings(max_examples=30, deadline=None)
-@given(sparse_cases, st.integers(1, 9))
-def test_lookup_counts_match_twin(case, num_slots):
+@given(sparse_cases, st.integers(1, 9), st.sampled_from(["private", "owned", None]))
+def test_lookup_counts_match_twin(case, num_slots, method):
     sizes, n, L, seed = case
     sparse = random_sparse(sizes, n, L, seed)
     counts = np.zeros(sum(sizes), dtype=np.int64)
-    kp.count_lookups(sparse[: n // 2], sizes, counts, num_slots)  # accumulates over chunks
-    kp.count_lookups(sparse[n // 2 :], sizes, counts, num_slots)
+    kp.count_lookups(sparse[: n // 2], sizes, counts, num_slots, method)  # accumulates over chunks
+    kp.count_lookups(sparse[n // 2 :], sizes, counts, num_slots, method)
     np.testing.assert_array_equal(counts, naive.profile_lookup_counts(sparse, sizes))
 
 
@@ -129,14 +129,18 @@ def test_kernels_match_twins_over_several_sample_blocks():
     sparse = random_sparse(sizes, 3 * kp.BLOCK + 17, 2, 9)
     sparse[kp.BLOCK + 3, 1, 1] = 299
     rank = np.random.default_rng(1).permutation(sum(sizes))
-    np.testing.assert_array_equal(kp.lookup_counts(sparse, sizes), naive.profile_lookup_counts(sparse, sizes))
+    for method in ("private", "owned"):
+        np.testing.assert_array_equal(
+            kp.lookup_counts(sparse, sizes, method=method), naive.profile_lookup_counts(sparse, sizes)
+        )
     np.testing.assert_array_equal(
         kp.sample_max_rank(sparse, sizes, rank), naive.profile_sample_max_rank(sparse, sizes, rank)
     )
     sparse[2 * kp.BLOCK + 5, 2, 0] = 2
     sparse[2 * kp.BLOCK + 9, 0, 1] = -3
-    with pytest.raises(kp.BadIdError, match=f"sample {2 * kp.BLOCK + 5}, table 2, lookup 0: row id 2"):
-        kp.lookup_counts(sparse, sizes)
+    for method in ("private", "owned"):
+        with pytest.raises(kp.BadIdError, match=f"sample {2 * kp.BLOCK + 5}, table 2, lookup 0: row id 2"):
+            kp.lookup_counts(sparse, sizes, method=method)
     with pytest.raises(kp.BadIdError, match=f"sample {2 * kp.BLOCK + 5}, table 2"):
         kp.sample_max_rank(sparse, sizes, rank)
 
@@ -154,12 +158,13 @@ def test_kernels_on_empty_and_two_dimensional_input():
 
 @pytest.mark.parametrize("bad", [-1, 4])
 @pytest.mark.parametrize("num_slots", [1, 2, 5])
-def test_kernels_name_an_out_of_range_id(bad, num_slots):
+@pytest.mark.parametrize("method", ["private", "owned"])
+def test_kernels_name_an_out_of_range_id(bad, num_slots, method):
     sparse = np.array([[[0], [1]], [[2], [bad]], [[3], [0]]], dtype=np.int32)
     with pytest.raises(kp.BadIdError, match=rf"sample 1, table 1, lookup 0: row id {bad} .*0 <= id < 4"):
-        kp.lookup_counts(sparse, [3, 4], num_slots)
+        kp.lookup_counts(sparse, [3, 4], num_slots, method)
     with pytest.raises(ValueError, match="sample 0, table 0, lookup 0: row id 3"):
-        kp.lookup_counts(sparse[2:], [3, 4], num_slots)
+        kp.lookup_counts(sparse[2:], [3, 4], num_slots, method)
     with pytest.raises(ValueError, match="sample 1, table 1"):
         kp.sample_max_rank(sparse, [3, 4], np.arange(7))
     with pytest.raises(ValueError, match="shape"):
