@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             preprocess(raw, work / "out", progress=False)
             hotline_runs.append((time.perf_counter() - t0, time.process_time() - c0))
         wall, cpu = min(hotline_runs)
+        load = os.getloadavg()[0]  # other processes on the machine slow the wall-clock figures down
         t0 = time.perf_counter()
         base = pandas_baseline(raw, args.baseline_rows)
         base_s = time.perf_counter() - t0
@@ -153,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": args.rows,
         "raw_bytes": size,
         "cpus": os.cpu_count(),
+        "load_average_1min": load,
         "machine": platform.processor() or platform.machine(),
         "hotline": {
             "seconds": wall,

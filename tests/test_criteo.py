@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from hotline.cli import main
 from hotline.datasets.criteo import (
     CriteoFormatError,
+    _UniqueCounter,
     order_inputs,
     preprocess,
     split_sizes,
@@ -165,6 +166,32 @@ def test_map_categories_matches_dict():
     with pytest.raises(ValueError, match="not in the id table"):
         map_categories(raw + np.uint64(1), sub, out)
     assert table.num_tables == 4
+
+
+def test_write_raw_tsv_gzip_append_and_checks(tmp_path):
+    labels, dense, cats = _rows(40, seed=7)
+    path = tmp_path / "day_0.gz"
+    write_raw_tsv(path, labels[:25], dense[:25], cats[:25].astype(np.int64))
+    write_raw_tsv(path, labels[25:], dense[25:], cats[25:], append=True)
+    assert gzip.decompress(path.read_bytes()) == format_lines(labels, dense, cats).tobytes()
+    with pytest.raises(ValueError, match="expected labels"):
+        write_raw_tsv(tmp_path / "x.txt", labels, dense[:, :12], cats)
+    with pytest.raises(ValueError, match="labels must be 0 or 1"):
+        write_raw_tsv(tmp_path / "x.txt", labels + 1, dense, cats)
+    with pytest.raises(TypeError, match="integer"):
+        write_raw_tsv(tmp_path / "x.txt", labels, dense.astype(np.float32), cats)
+
+
+def test_unique_counter_merges_like_np_unique():
+    rng = np.random.default_rng(8)
+    chunks = [rng.integers(0, 50_000, rng.integers(0, 30_000)).astype(np.uint64) for _ in range(12)]
+    counter = _UniqueCounter()
+    for c in chunks:
+        counter.add(*np.unique(c, return_counts=True))
+    values, counts = counter.result()
+    expected = np.unique(np.concatenate(chunks), return_counts=True)
+    np.testing.assert_array_equal(values, expected[0])
+    np.testing.assert_array_equal(counts, expected[1])
 
 
 # ------------------------------------------------------------------------------------------- preprocess

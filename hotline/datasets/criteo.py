@@ -38,6 +38,7 @@ import threading
 import time
 import zlib
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -282,6 +283,39 @@ class _UniqueCounter:
         return self.values, self.counts
 
 
+class _Pass1Sink:
+    """Appends parsed rows to the temporary files and counts the categories in a background thread, so this
+    serial numpy work overlaps with parsing the next block (the Numba kernels release the GIL)."""
+
+    def __init__(self, labels_file, dense_file, cats_file):
+        self.files = (labels_file, dense_file, cats_file)
+        self.counters = [_UniqueCounter() for _ in range(NUM_CATEGORICAL)]
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="criteo-pass1")
+        self._pending: Future | None = None
+
+    def _store(self, labels: np.ndarray, dense: np.ndarray, cats: np.ndarray) -> None:
+        for a, f in zip((labels, dense, cats), self.files):
+            a.tofile(f)
+        # One contiguous row per table makes the per-table sort cache friendly.
+        for t, column in enumerate(np.ascontiguousarray(cats.T)):
+            self.counters[t].add(*np.unique(column, return_counts=True))
+
+    def submit(self, labels: np.ndarray, dense: np.ndarray, cats: np.ndarray) -> None:
+        self.wait()  # one block in flight: keeps the order of rows and bounds memory
+        self._pending = self._executor.submit(self._store, labels, dense, cats)
+
+    def wait(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self._executor.shutdown(wait=True)
+
+
 @dataclass
 class _FileStats:
     """What pass 1 learned about one raw file."""
@@ -315,13 +349,11 @@ def _pass1_file(
     max_ind_range: int | None,
     on_bad_line: str,
     block_bytes: int,
-    sinks: tuple,
-    counters: list[_UniqueCounter],
+    sink: _Pass1Sink,
     bar,
 ) -> None:
     """Parses one raw file block by block, appending good rows to the sinks and counting categories."""
     path = stats.path
-    labels_f, dense_f, cats_f = sinks
     bad_counts = np.zeros(len(REASONS), np.int64)
     with open(path, "rb") as raw:
         stream = gzip.GzipFile(fileobj=raw, mode="rb") if _is_gzip(path) else raw
@@ -352,12 +384,7 @@ def _pass1_file(
                     labels, dense, cats = labels[keep], dense[keep], cats[keep]
                 stats.lines += n
                 stats.rows += labels.shape[0]
-                labels.tofile(labels_f)
-                dense.tofile(dense_f)
-                cats.tofile(cats_f)
-                # One contiguous row per table makes the per-table sort cache friendly.
-                for t, column in enumerate(np.ascontiguousarray(cats.T)):
-                    counters[t].add(*np.unique(column, return_counts=True))
+                sink.submit(labels, dense, cats)
                 bar.update(pos - last_pos)
                 last_pos = pos
         except (EOFError, gzip.BadGzipFile, zlib.error) as e:
@@ -474,7 +501,6 @@ def preprocess(
     # Table sizes are known only after pass 1; the writer needs them only when the splits are created.
     with DatasetWriter(out, [0] * NUM_CATEGORICAL, pooling_factor=1) as writer:
         tmp = {k: writer.tmp / f"_pass1_{k}.bin" for k in ("labels", "dense", "cats")}
-        counters = [_UniqueCounter() for _ in range(NUM_CATEGORICAL)]
         stats = [_FileStats(p) for p in paths]
         total_bytes = sum(p.stat().st_size for p in paths)
         try:
@@ -490,17 +516,20 @@ def preprocess(
                     disable=not progress,
                 ) as bar,
             ):
-                for s in stats:
-                    _pass1_file(s, max_ind_range, on_bad_line, block_bytes, (lf, df, cf), counters, bar)
+                sink = _Pass1Sink(lf, df, cf)
+                try:
+                    for s in stats:
+                        _pass1_file(s, max_ind_range, on_bad_line, block_bytes, sink, bar)
+                finally:
+                    sink.close()
             total = sum(s.rows for s in stats)
             if total == 0:
                 skipped = sum(sum(s.bad_lines.values()) for s in stats)
                 why = f"all {skipped} lines were bad and skipped" if skipped else "the input has no lines"
                 raise CriteoFormatError(", ".join(map(str, paths)), None, None, f"no rows: {why}")
-            uniques, offsets, remap, table_sizes = _id_maps(counters, min_count)
+            uniques, offsets, remap, table_sizes = _id_maps(sink.counters, min_count)
             id_table = build_id_table(uniques, offsets, remap)
-            del uniques, remap
-            del counters
+            del uniques, remap, sink
             writer.table_sizes = table_sizes
             sizes = split_sizes(layout, [s.rows for s in stats])
             with (
