@@ -221,6 +221,15 @@ class Profile:
         self.table_of_order = np.searchsorted(self.offsets, self.order, side="right") - 1
         self._cum_counts = np.concatenate([[0], np.cumsum(counts[self.order])])
 
+    def __repr__(self) -> str:
+        where = (
+            f"{str(self.dataset.path)!r}, split={self.profiler.split!r}, " if self.dataset is not None else ""
+        )
+        return (
+            f"Profile({where}samples={self.num_samples}, lookups={self.total_lookups}, "
+            f"accessed_rows={self.num_accessed}/{sum(self.table_sizes)}, bytes_per_row={self.bytes_per_row})"
+        )
+
     # ------------------------------------------------------------------ basic figures
     @property
     def num_tables(self) -> int:
@@ -282,6 +291,10 @@ class Profile:
         """
         import pandas as pd
 
+        if self._popular_cum is None:
+            raise ValueError(
+                "this Profile has no per-sample ranks (it was built from counts alone): use Profiler"
+            )
         B = int(batch_size or self.mini_batch_size)
         if budgets is None:
             top = max(1, self.num_accessed)
@@ -425,6 +438,8 @@ class Profile:
             raise PlacementError(
                 f"placement table sizes {placement.table_sizes} differ from {self.table_sizes}"
             )
+        if self._chunks is None:
+            raise ValueError("evaluate needs the profiled sample: this Profile was built from counts alone")
         hot = placement.fused_remap() >= 0
         covered = int(self.counts[hot].sum())
         cold_rank = (~hot).astype(np.int32)  # a sample is popular iff its max over lookups is 0

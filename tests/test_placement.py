@@ -143,6 +143,15 @@ def test_always_hot_tables_are_ranked_first_and_must_fit():
         prof.placement("1MiB", always_hot=[3])
 
 
+def test_a_profile_from_counts_alone_refuses_sample_figures():
+    prof = profile_from_counts([[1, 2], [3]])
+    assert "samples=3" in repr(prof)
+    with pytest.raises(ValueError, match="counts alone"):
+        prof.curve()
+    with pytest.raises(ValueError, match="counts alone"):
+        prof.evaluate(prof.placement(0))
+
+
 # ---------------------------------------------------------------- files and fingerprints
 
 

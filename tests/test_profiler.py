@@ -214,13 +214,24 @@ def test_profiler_rejects_bad_settings(bad):
 
 
 @pytest.mark.parametrize("chunk_size", [7, 65536])
-def test_counts_match_twin_on_the_sample(small, chunk_size):
+@pytest.mark.parametrize("cache_bytes", [0, 1 << 30])
+def test_counts_match_twin_on_the_sample(small, chunk_size, cache_bytes, monkeypatch):
+    # cache_bytes 0: the ranking and evaluate passes re-read the sample from the memory map
+    monkeypatch.setattr("hotline.profiler._CACHE_SAMPLE_BYTES", cache_bytes)
     prof = Profiler(sample_fraction=0.3, seed=1, chunk_size=chunk_size, progress=False).profile(small.path)
     assert prof.num_samples == 900
     np.testing.assert_array_equal(
         prof.counts, naive.profile_lookup_counts(sampled_sparse(prof), small.table_sizes)
     )
     assert prof.counts.sum() == prof.total_lookups == 900 * 4 * 2
+    max_rank = naive.profile_sample_max_rank(
+        sampled_sparse(prof), small.table_sizes, prof.rank.astype(np.int64)
+    )
+    k = 25
+    assert prof.curve([k * prof.bytes_per_row]).popular_sample_share[0] == np.mean(max_rank < k)
+    assert prof.evaluate(prof.placement(k * prof.bytes_per_row))["popular_sample_share"] == np.mean(
+        max_rank < k
+    )
 
 
 def test_ranking_is_by_count_then_table_then_row(small):
