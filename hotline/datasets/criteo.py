@@ -52,6 +52,7 @@ from hotline.kernels.criteo_parse import (
     NUM_DENSE,
     NUM_FIELDS,
     REASONS,
+    IdTable,
     build_id_table,
     format_lines,
     map_categories,
@@ -436,16 +437,17 @@ def split_sizes(layout: str, rows_per_file: list[int]) -> dict[str, int]:
 # ----------------------------------------------------------------------------------------------- preprocess
 
 
-def _id_maps(
-    counters: list[_UniqueCounter], min_count: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
-    """Flat sorted unique values, per-table offsets, the id of each value, and the table sizes."""
+def _id_table(counters: list[_UniqueCounter], min_count: int) -> tuple[IdTable, list[int]]:
+    """The raw value -> id table of every category table, and the table sizes.
+
+    Ids follow the sorted raw values; with ``min_count`` > 1, rare values get id 0 and frequent ones 1..K.
+    """
     values, remaps, sizes = [], [], []
     for counter in counters:
         v, c = counter.result()
         if min_count > 1:
             frequent = c >= min_count
-            remap = np.where(frequent, np.cumsum(frequent), 0)  # rare -> 0, frequent -> 1..K in sorted order
+            remap = np.where(frequent, np.cumsum(frequent), 0)
             sizes.append(int(frequent.sum()) + 1)
         else:
             remap = np.arange(v.shape[0])
@@ -456,7 +458,69 @@ def _id_maps(
         raise ValueError(f"a table has {max(sizes)} ids, more than int32 holds; use --max-ind-range")
     offsets = np.zeros(len(values) + 1, np.int64)
     np.cumsum([v.shape[0] for v in values], out=offsets[1:])
-    return np.concatenate(values), offsets, np.concatenate(remaps), sizes
+    return build_id_table(np.concatenate(values), offsets, np.concatenate(remaps)), sizes
+
+
+def _pass1(
+    stats: list[_FileStats],
+    tmp: dict[str, Path],
+    max_ind_range: int | None,
+    on_bad_line: str,
+    block_bytes: int,
+    progress: bool,
+) -> list[_UniqueCounter]:
+    """Pass 1: parses every file into the temporary files; returns the per-table unique value counters."""
+    from tqdm.auto import tqdm
+
+    total_bytes = sum(s.path.stat().st_size for s in stats)
+    with (
+        open(tmp["labels"], "wb") as lf,
+        open(tmp["dense"], "wb") as df,
+        open(tmp["cats"], "wb") as cf,
+        tqdm(
+            total=total_bytes, unit="B", unit_scale=True, desc="criteo pass 1 (parse)", disable=not progress
+        ) as bar,
+    ):
+        sink = _Pass1Sink(lf, df, cf)
+        try:
+            for s in stats:
+                _pass1_file(s, max_ind_range, on_bad_line, block_bytes, sink, bar)
+        finally:
+            sink.close()
+    return sink.counters
+
+
+def _pass2(
+    writer: DatasetWriter, tmp: dict[str, Path], id_table: IdTable, sizes: dict[str, int], progress: bool
+) -> None:
+    """Pass 2: fills the splits' memory maps from the temporary files, mapping raw categories to ids."""
+    from tqdm.auto import tqdm
+
+    with (
+        open(tmp["labels"], "rb") as lf,
+        open(tmp["dense"], "rb") as df,
+        open(tmp["cats"], "rb") as cf,
+        tqdm(
+            total=sum(sizes.values()),
+            unit="rows",
+            unit_scale=True,
+            desc="criteo pass 2 (map ids)",
+            disable=not progress,
+        ) as bar,
+    ):
+        # Rows are stored in file order: train, then the last day's test half, then its val half.
+        for split in ("train", "test", "val"):
+            n = sizes[split]
+            dense, sparse, labels = writer.create_split(split, n)
+            sparse = sparse.reshape(n, NUM_CATEGORICAL)
+            for a in range(0, n, CHUNK_ROWS):
+                b = min(n, a + CHUNK_ROWS)
+                labels[a:b] = np.fromfile(lf, np.float32, b - a)
+                dense[a:b] = np.fromfile(df, np.float32, (b - a) * NUM_DENSE).reshape(-1, NUM_DENSE)
+                raw = np.fromfile(cf, np.uint64, (b - a) * NUM_CATEGORICAL).reshape(-1, NUM_CATEGORICAL)
+                map_categories(raw, id_table, sparse[a:b])
+                bar.update(b - a)
+            del dense, sparse, labels  # closes the memory maps before the writer moves the directory
 
 
 def preprocess(
@@ -476,8 +540,6 @@ def preprocess(
     Raises :class:`CriteoFormatError` for a bad line (``on_bad_line="error"``), a truncated gzip file, or
     input without rows; nothing is left at ``out`` then (an existing dataset there is kept).
     """
-    from tqdm.auto import tqdm
-
     paths = [Path(raw_paths)] if isinstance(raw_paths, (str, os.PathLike)) else [Path(p) for p in raw_paths]
     if not paths:
         raise ValueError("no raw Criteo files given")
@@ -495,75 +557,25 @@ def preprocess(
     if block_bytes < 1:
         raise ValueError(f"block_bytes must be positive, got {block_bytes}")
     layout = detect_layout(paths, layout)
-    paths = order_inputs(paths)
+    stats = [_FileStats(p) for p in order_inputs(paths)]
     t0 = time.perf_counter()
 
     # Table sizes are known only after pass 1; the writer needs them only when the splits are created.
     with DatasetWriter(out, [0] * NUM_CATEGORICAL, pooling_factor=1) as writer:
         tmp = {k: writer.tmp / f"_pass1_{k}.bin" for k in ("labels", "dense", "cats")}
-        stats = [_FileStats(p) for p in paths]
-        total_bytes = sum(p.stat().st_size for p in paths)
         try:
-            with (
-                open(tmp["labels"], "wb") as lf,
-                open(tmp["dense"], "wb") as df,
-                open(tmp["cats"], "wb") as cf,
-                tqdm(
-                    total=total_bytes,
-                    unit="B",
-                    unit_scale=True,
-                    desc="criteo pass 1 (parse)",
-                    disable=not progress,
-                ) as bar,
-            ):
-                sink = _Pass1Sink(lf, df, cf)
-                try:
-                    for s in stats:
-                        _pass1_file(s, max_ind_range, on_bad_line, block_bytes, sink, bar)
-                finally:
-                    sink.close()
+            counters = _pass1(stats, tmp, max_ind_range, on_bad_line, block_bytes, progress)
             total = sum(s.rows for s in stats)
             if total == 0:
                 skipped = sum(sum(s.bad_lines.values()) for s in stats)
                 why = f"all {skipped} lines were bad and skipped" if skipped else "the input has no lines"
-                raise CriteoFormatError(", ".join(map(str, paths)), None, None, f"no rows: {why}")
-            uniques, offsets, remap, table_sizes = _id_maps(sink.counters, min_count)
-            id_table = build_id_table(uniques, offsets, remap)
-            del uniques, remap, sink
-            writer.table_sizes = table_sizes
-            sizes = split_sizes(layout, [s.rows for s in stats])
-            with (
-                open(tmp["labels"], "rb") as lf,
-                open(tmp["dense"], "rb") as df,
-                open(tmp["cats"], "rb") as cf,
-                tqdm(
-                    total=total,
-                    unit="rows",
-                    unit_scale=True,
-                    desc="criteo pass 2 (map ids)",
-                    disable=not progress,
-                ) as bar,
-            ):
-                # Rows are stored in file order: train, then the last day's test half, then its val half.
-                for split in ("train", "test", "val"):
-                    n = sizes[split]
-                    dense_out, sparse_out, labels_out = writer.create_split(split, n)
-                    sparse_2d = sparse_out.reshape(n, NUM_CATEGORICAL)
-                    for a in range(0, n, CHUNK_ROWS):
-                        b = min(n, a + CHUNK_ROWS)
-                        labels_out[a:b] = np.fromfile(lf, np.float32, b - a)
-                        dense_out[a:b] = np.fromfile(df, np.float32, (b - a) * NUM_DENSE).reshape(
-                            -1, NUM_DENSE
-                        )
-                        raw = np.fromfile(cf, np.uint64, (b - a) * NUM_CATEGORICAL).reshape(
-                            -1, NUM_CATEGORICAL
-                        )
-                        map_categories(raw, id_table, sparse_2d[a:b])
-                        bar.update(b - a)
-                    del dense_out, sparse_out, labels_out, sparse_2d
+                raise CriteoFormatError(", ".join(str(s.path) for s in stats), None, None, f"no rows: {why}")
+            id_table, writer.table_sizes = _id_table(counters, min_count)
+            del counters
+            _pass2(writer, tmp, id_table, split_sizes(layout, [s.rows for s in stats]), progress)
         finally:
             for f in tmp.values():
-                f.unlink(missing_ok=True)
+                f.unlink(missing_ok=True)  # before finish(), which moves the whole directory into place
         seconds = time.perf_counter() - t0
         bad_total: dict[str, int] = {}
         for s in stats:
