@@ -15,8 +15,9 @@ Both use mini-batches of ``--batch`` (default 2048) samples, SGD, learning rate 
 Trainer (``hotline.train.Trainer`` + ``TrainConfig``) built from the same seed; after ``--warmup`` steps each,
 ``--rounds`` rounds run ``--steps`` steps per mode, modes interleaved within a round so that load changes on
 the machine hit all modes alike; every mode trains on the same batches in the same order. Reported per mode:
-samples/s (median over rounds), ratios hotline/hybrid and hotline/device, and milliseconds per step of each
-phase from ``StepStats.times``. ``hotline`` runs with look-ahead 0 (sequential), each other ``--lookahead`` K
+samples/s (median over rounds), CPU milliseconds per step (all threads: steadier than wall time on a
+shared machine, but blind to overlap), ratios hotline/hybrid and hotline/device, and milliseconds per
+step of each phase from ``StepStats.times``. ``hotline`` runs with look-ahead 0 (sequential), each other ``--lookahead`` K
 as ``hotline_k<K>`` through the pipelined executor (``Trainer.progress``). With K > 0, data movement
 (dispatch, gather, h2d, write-back) runs on worker threads beside compute: ``stall`` is the main thread's
 wait for it, ``overlap`` the share of it hidden (``hotline.executor.overlap_ratio``), and ``other`` the step
@@ -146,19 +147,20 @@ def run_config(name: str, args, dataset: Dataset, workdir: Path) -> dict:
             times: dict[str, float] = {}
             counters: dict[str, float] = {}
             loss = 0.0
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             for stats in trainer.progress(iter(chunk)):
                 loss += stats.loss_sum
                 for k, v in stats.times.items():
                     times[k] = times.get(k, 0.0) + v
                 for k, v in stats.counters.items():
                     counters[k] = counters.get(k, 0.0) + v
-            wall = time.perf_counter() - t0
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             samples = args.steps * args.batch
             rounds[label].append(
                 {
                     "wall_s": wall,
                     "samples_per_s": samples / wall,
+                    "cpu_ms_per_step": 1e3 * cpu / args.steps,
                     "loss": loss / samples,
                     "phase_ms": phase_ms(times, args.steps),
                     "counters_per_step": {k: v / args.steps for k, v in counters.items()},
@@ -184,6 +186,7 @@ def run_config(name: str, args, dataset: Dataset, workdir: Path) -> dict:
                 "samples_per_s": statistics.median(x["samples_per_s"] for x in runs),
                 "samples_per_s_rounds": [x["samples_per_s"] for x in runs],
                 "step_ms": step_ms,
+                "cpu_ms_per_step": mid["cpu_ms_per_step"],
                 "setup_s": setup_s[label],
                 "loss": mid["loss"],
                 "popular_share": counters.get("popular_samples", float("nan")) / args.batch
@@ -255,6 +258,7 @@ def main(argv: list[str] | None = None) -> dict:
             ("mode", "mode", ""),
             ("samples_per_s", "samples/s", ".0f"),
             ("step_ms", "ms/step", ".1f"),
+            ("cpu_ms_per_step", "cpu ms", ".1f"),
             *[(f"{ph}_ms", ph, ".1f") for ph in (*PHASES, "stall", "other")],
             ("overlap", "overlap", ".2f"),
             ("popular_share", "popular", ".2f"),

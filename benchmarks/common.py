@@ -98,16 +98,32 @@ def load_average() -> list[float]:
         return []
 
 
+# Environment variables that change how parallel regions behave on a busy machine (recorded with results).
+THREAD_ENV = (
+    "OMP_WAIT_POLICY",
+    "OMP_NUM_THREADS",
+    "NUMBA_NUM_THREADS",
+    "NUMBA_THREADING_LAYER",
+    "GOMP_SPINCOUNT",
+)
+
+
 def machine_info(threads: int) -> dict:
-    """Where the figures come from: CPU count, threads, load, library versions."""
+    """Where the figures come from: CPU count, threads, load, threading settings, library versions."""
     import numba
     import numpy
     import torch
 
+    try:
+        layer = numba.threading_layer()
+    except ValueError:  # no parallel kernel has run yet
+        layer = None
     return {
         "cpu_count": os.cpu_count(),
         "threads": threads,
         "load_average": load_average(),
+        "numba_threading_layer": layer,
+        "env": {k: os.environ[k] for k in THREAD_ENV if k in os.environ},
         "platform": platform.platform(),
         "python": platform.python_version(),
         "torch": torch.__version__,
