@@ -53,6 +53,18 @@ from hotline.sparse_optim import SparseOptimizer  # noqa: E402
 from hotline.tiers import ColdTier  # noqa: E402
 
 
+def kjt_from_sparse(sparse: np.ndarray, feature_names: Sequence[str]) -> KeyedJaggedTensor:
+    """A KeyedJaggedTensor of a Hotline batch's ids ``[B, T, L]`` (every bag of length L), feature t = table t."""
+    sparse = np.asarray(sparse)
+    if sparse.ndim != 3 or sparse.shape[1] != len(feature_names):
+        raise ValueError(f"sparse ids must be [B, {len(feature_names)}, L], got shape {sparse.shape}")
+    B, T, L = sparse.shape
+    values = torch.from_numpy(np.ascontiguousarray(sparse.transpose(1, 0, 2)).reshape(-1).astype(np.int64))
+    return KeyedJaggedTensor.from_lengths_sync(
+        keys=list(feature_names), values=values, lengths=torch.full((T * B,), L, dtype=torch.int64)
+    )
+
+
 @dataclass
 class _PendingStep:
     """What a training forward leaves for :meth:`HotlineEmbeddingBagCollection.sparse_step`."""

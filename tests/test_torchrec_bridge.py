@@ -305,12 +305,14 @@ def _free_port() -> int:
 def test_cpu_plan_trains_under_distributed_model_parallel(prof):
     import torch
     import torch.distributed as dist
-    from torchrec import EmbeddingBagCollection, KeyedJaggedTensor
+    from torchrec import EmbeddingBagCollection
     from torchrec.distributed import DistributedModelParallel
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.types import ShardingEnv
     from torchrec.models.dlrm import DLRM
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+    from hotline.torchrec_module import kjt_from_sparse
 
     config = tb.PlanConfig(world_size=1, compute_device="cpu", batch_size=8)
     inputs = tb.constraints_from_profile(prof, config)
@@ -338,12 +340,7 @@ def test_cpu_plan_trains_under_distributed_model_parallel(prof):
         dense_params = [p for n, p in dmp.named_parameters() if "embedding_bags" not in n]
         opt = torch.optim.SGD(dense_params, lr=0.05)
         batch = prof.dataset.train.batch(0, 8)
-        sparse = torch.from_numpy(batch.sparse.astype(np.int64))  # [B, T, L]
-        kjt = KeyedJaggedTensor.from_lengths_sync(
-            keys=[c.feature_names[0] for c in inputs.configs],
-            values=sparse.permute(1, 0, 2).reshape(-1),
-            lengths=torch.full((len(SIZES) * 8,), 2, dtype=torch.int64),
-        )
+        kjt = kjt_from_sparse(batch.sparse, [c.feature_names[0] for c in inputs.configs])
         dense, labels = torch.from_numpy(batch.dense), torch.from_numpy(batch.labels)
         losses = []
         for _ in range(2):

@@ -16,7 +16,7 @@ from torchrec.models.dlrm import DLRM  # noqa: E402
 
 from hotline.placement import Placement  # noqa: E402
 from hotline.sparse_optim import SparseOptimizer  # noqa: E402
-from hotline.torchrec_module import HotlineEmbeddingBagCollection  # noqa: E402
+from hotline.torchrec_module import HotlineEmbeddingBagCollection, kjt_from_sparse  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
 
@@ -249,3 +249,14 @@ def test_dispatcher_grows_for_large_batches():
             ebc.embedding_bags[name].weight.copy_(torch.from_numpy(w))
     kjt = make_kjt(13)
     torch.testing.assert_close(module(kjt).values(), ebc(kjt).values(), rtol=0, atol=1e-6)
+
+
+def test_kjt_from_sparse_lays_out_features_then_samples():
+    sparse = np.arange(2 * 3 * 2, dtype=np.int32).reshape(2, 3, 2)  # B=2, T=3, L=2
+    kjt = kjt_from_sparse(sparse, ["a", "b", "c"])
+    assert kjt.keys() == ["a", "b", "c"] and kjt.stride() == 2
+    for t, key in enumerate(["a", "b", "c"]):
+        assert kjt[key].values().tolist() == sparse[:, t, :].reshape(-1).tolist()
+        assert kjt[key].lengths().tolist() == [2, 2]
+    with pytest.raises(ValueError, match=r"\[B, 2, L\]"):
+        kjt_from_sparse(sparse, ["a", "b"])
