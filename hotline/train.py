@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from hotline.datasets.format import Dataset, Split
 from hotline.metrics import accuracy, log_loss, roc_auc
@@ -163,6 +162,8 @@ class Trainer:
 
     def fit(self) -> dict:
         """Runs the whole training; returns the summary record (also the last line of ``--metrics``)."""
+        from tqdm import tqdm  # imported here: the GPU benchmark image has no tqdm and never calls fit()
+
         cfg = self.config
         total = self.train_steps()
         if total == 0:
