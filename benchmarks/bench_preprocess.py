@@ -152,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, n, s, rps, mbs in rows_table:
         print(f"{name:<26} {n:>10,} {s:>8.2f} {rps:>11,.0f} {mbs:>7.1f} {rps / base_rps:>8.1f}x")
     print(
-        f"\nhotline: {hot_rps:,.0f} rows/s = {hot_rps / TARGET_ROWS_PER_S:.2f}x the {TARGET_ROWS_PER_S:,} rows/s "
+        f"\nhotline: {hot_rps:,.0f} rows/s = {hot_rps / TARGET_ROWS_PER_S:.2f}x the "
+        f"{TARGET_ROWS_PER_S:,} rows/s "
         f"target (CPU time {cpu:.2f} s for {wall:.2f} s wall on {os.cpu_count()} cores; all runs: "
         + ", ".join(f"{w:.2f} s" for w, _ in hotline_runs)
         + ")"

@@ -10,8 +10,8 @@ Unlike the reference, every field is checked strictly; a line that does not pars
 (:data:`REASONS`) and the 1-based column of the offending field, and the caller decides what to do.
 
 Kernels: :func:`parse_lines` (raw bytes -> label/dense/category arrays), :func:`map_categories` (raw
-category values -> contiguous ids through per-table sorted unique values), :func:`format_lines` (arrays ->
-raw Criteo bytes, used to write synthetic data in the raw format).
+category values -> ids through per-table open-addressing hash tables built by :func:`build_id_table`),
+:func:`format_lines` (arrays -> raw Criteo bytes, used to write synthetic data in the raw format).
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def _parse_int(buf, s, e):
 
 
 def _hex_table() -> np.ndarray:
-    """Value of each byte as a hex digit, -1 for a byte that is not one (a table: no mispredicted branches)."""
+    """Value of each byte as a hex digit, -1 for other bytes (a lookup: no mispredicted branches)."""
     table = np.full(256, -1, np.int8)
     for i, c in enumerate(b"0123456789abcdef"):
         table[c] = i
@@ -155,8 +155,9 @@ def _parse_fields(buf, s, e, modulus, hex_value, i, labels, dense, cats):
 def _parse_line(buf, s, e, modulus, max_line, hex_value, i, labels, dense, cats):
     """Parses one line buf[s:e] (without its newline) into row i. Returns (reason, column).
 
-    The reason of a bad line is, in this order of precedence: longer than max_line bytes, a NUL byte (column of the field holding it),
-    too few / too many fields (column = number of fields found), else the first bad field.
+    The reason of a bad line is, in this order of precedence: longer than max_line bytes; a NUL byte
+    (column of the field holding it); too few / too many fields (column = number of fields found); else the
+    first bad field. A final CR is stripped (CRLF line endings).
     """
     if e - s > max_line:
         return LINE_TOO_LONG, 0

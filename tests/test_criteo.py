@@ -76,7 +76,8 @@ def test_parse_lines_matches_twin(max_ind_range):
     labels, dense, cats = _rows(200, seed=1)
     data = format_lines(labels, dense, cats).tobytes()
     handmade = (
-        b"1\t-5\t\t+3\t0\t00012\t\t\t\t\t\t\t\t9223372036854775807\tFFFFFFFFFFFFFFFF\tAbC\t\t\t\t\t\t\t\t\t\t\t\t\t"
+        b"1\t-5\t\t+3\t0\t00012\t\t\t\t\t\t\t\t9223372036854775807\tFFFFFFFFFFFFFFFF\tAbC"
+        b"\t\t\t\t\t\t\t\t\t\t\t\t\t"
         b"\t\t\t\t\t\t\t\t\t\t\t\t\t0\r\n"
     )
     _check_lines_against_twin(data + handmade, max_ind_range)
