@@ -53,10 +53,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="device bytes for hot rows, e.g. 256MiB, 2GiB, 1GB or plain bytes (required for --out)",
     )
     parser.add_argument(
-        "--embedding-dim", type=int, default=16, help="embedding dimension (DLRM --arch-sparse-feature-size)"
+        "--embedding-dim",
+        "--arch-sparse-feature-size",
+        dest="embedding_dim",
+        type=int,
+        default=16,
+        metavar="D",
+        help="embedding dimension (DLRM's --arch-sparse-feature-size; default 16): a hot row costs D*4 bytes",
     )
     parser.add_argument(
-        "--optimizer", default="sgd", choices=["sgd", "rowwise-adagrad"], help="optimizer state"
+        "--optimizer",
+        default="sgd",
+        choices=["sgd", "rowwise-adagrad"],
+        help="optimizer whose state is kept with hot rows (default sgd: none; rowwise-adagrad: 4 bytes per row)",
     )
     parser.add_argument(
         "--always-hot", type=int, nargs="+", default=[], metavar="TABLE", help="tables to keep hot whole"

@@ -421,6 +421,14 @@ def test_cli_writes_placement_and_json(small, tmp_path, capsys):
     assert len(pd.read_csv(csv)) > 2
 
 
+def test_cli_takes_dlrm_flag_names_and_optimizer_state(small, tmp_path):
+    js = tmp_path / "s.json"
+    argv = ["profile", str(small.path), "--arch-sparse-feature-size", "8", "--optimizer", "rowwise-adagrad"]
+    assert main(argv + ["--hbm-budget", "360", "--json", str(js), "--no-progress"]) == 0
+    s = json.loads(js.read_text())
+    assert s["bytes_per_row"] == 36 and s["hot_rows"] == 10 and s["embedding_dim"] == 8
+
+
 def test_cli_batches_mode_and_errors(small, tmp_path, capsys):
     assert (
         main(
