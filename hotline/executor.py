@@ -71,6 +71,7 @@ class Executor:
             yield from self._sequential(batches)
             return
         self._written = 0  # steps < _written have their rows back in host memory
+        self._computed = 0
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._owner = np.full(self.mode.cold.w.shape[0], -1, dtype=np.int64)
@@ -113,6 +114,7 @@ class Executor:
                     stats.times["write_back"], self._write_time = self._write_time, 0.0
                 stats.counters["stale_rows"] = 0 if item.stale is None else int(item.stale.size)
                 step += 1
+                self._computed = step
                 yield stats
             self._put(self._write_q, _END)
             self._wait_written(step)
@@ -122,6 +124,11 @@ class Executor:
             producer.join()
             writer.join()  # it drains the rows already queued, then sees the stop
             self._owner = None
+
+    def drain(self) -> None:
+        """Blocks until every step yielded so far has written its rows back (call between yields)."""
+        if self.lookahead and getattr(self, "_cond", None) is not None:
+            self._wait_written(self._computed)
 
     def _sequential(self, batches: Iterable[Batch]) -> Iterator[StepStats]:
         for batch in batches:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -73,6 +74,12 @@ class TrainConfig:
     """``--lookahead``: steps whose cold rows are gathered ahead of compute (hotline mode)."""
     worker_threads: int = 1
     """Numba threads of the look-ahead worker that dispatches and gathers (the rest compute)."""
+    checkpoint_dir: str | None = None
+    """``--checkpoint-dir``: where periodic checkpoints go (and ``--resume`` looks)."""
+    checkpoint_every: int = 0
+    """``--checkpoint-every``: steps between checkpoints (0: none)."""
+    resume: bool = False
+    """``--resume``: continue from the newest complete checkpoint in ``checkpoint_dir``."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -80,8 +87,10 @@ class TrainConfig:
         for name in ("mini_batch_size", "nepochs", "print_freq", "eval_batch_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.num_batches < 0 or self.test_freq < 0 or self.lookahead < 0:
-            raise ValueError("num_batches, test_freq and lookahead must be >= 0")
+        if self.num_batches < 0 or self.test_freq < 0 or self.lookahead < 0 or self.checkpoint_every < 0:
+            raise ValueError("num_batches, test_freq, lookahead and checkpoint_every must be >= 0")
+        if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
+            raise ValueError("--checkpoint-every and --resume need --checkpoint-dir")
         SparseOptimizer(self.optimizer, self.learning_rate)  # validates optimizer and learning rate
 
     def model_config(self, table_sizes: list[int]) -> DLRMConfig:
@@ -130,6 +139,7 @@ class Trainer:
         self.dense_opt = self.sparse_opt.dense_optimizer(self.model.parameters())
         self.mode = build_mode(config, self.dataset)
         self.step_count = 0
+        self._executor = None
         self.history: list[dict] = []
         self._metrics_file = None
 
@@ -140,15 +150,18 @@ class Trainer:
         total = per_epoch * self.config.nepochs
         return min(total, self.config.num_batches) if self.config.num_batches else total
 
-    def batches(self):
-        """The training batches in order: epoch by epoch, file order, up to ``train_steps``."""
-        remaining = self.train_steps()
-        for _ in range(self.config.nepochs):
-            for batch in self.dataset.train.batches(self.config.mini_batch_size):
+    def batches(self, start_step: int = 0):
+        """The training batches in order (epoch by epoch, file order) from step ``start_step`` to ``train_steps``."""
+        per_epoch = self.dataset.train.num_batches(self.config.mini_batch_size)
+        remaining = self.train_steps() - start_step
+        epoch, first = divmod(start_step, per_epoch) if per_epoch else (0, 0)
+        for _ in range(epoch, self.config.nepochs):
+            for batch in self.dataset.train.batches(self.config.mini_batch_size, start_batch=first):
                 if remaining <= 0:
                     return
                 remaining -= 1
                 yield batch
+            first = 0
 
     def step(self, batch) -> StepStats:
         """One exact mini-batch step: forward/backward through the mode, then one dense optimizer step."""
@@ -164,25 +177,34 @@ class Trainer:
         """Runs the whole training; returns the summary record (also the last line of ``--metrics``)."""
         from tqdm import tqdm  # imported here: the GPU benchmark image has no tqdm and never calls fit()
 
+        from hotline.checkpoint import CheckpointManager
+
         cfg = self.config
         total = self.train_steps()
         if total == 0:
             raise ValueError(f"the training split of {self.dataset.path} has no rows to train on")
+        checkpoints = CheckpointManager(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+        if cfg.resume and checkpoints is not None and checkpoints.resume(self) is not None:
+            print(f"resumed from {checkpoints.latest()} at step {self.step_count}", file=sys.stderr)
         if cfg.metrics_path:
             Path(cfg.metrics_path).parent.mkdir(parents=True, exist_ok=True)
-            self._metrics_file = open(cfg.metrics_path, "w")
-        bar = tqdm(total=total, disable=not cfg.progress, unit="step", dynamic_ncols=True)
+            self._metrics_file = open(cfg.metrics_path, "a" if self.step_count else "w")
+        bar = tqdm(
+            total=total, initial=self.step_count, disable=not cfg.progress, unit="step", dynamic_ncols=True
+        )
         window = _Window()
         start = time.perf_counter()
         samples_total = 0
         try:
-            for stats in self.progress(self.batches()):
+            for stats in self.progress(self.batches(self.step_count)):
                 window.add(stats)
                 samples_total += stats.samples
                 bar.update(1)
                 if not math.isfinite(stats.loss_sum):
+                    kept = f"; the last good checkpoint is {checkpoints.latest()}" if checkpoints else ""
                     raise FloatingPointError(
-                        f"loss became {stats.loss_sum} at step {self.step_count}; stopping (lower the learning rate)"
+                        f"loss became {stats.loss_sum} at step {self.step_count}: training stopped before saving "
+                        f"anything of this step{kept} (lower --learning-rate?)"
                     )
                 if self.step_count % cfg.print_freq == 0 or self.step_count == total:
                     rec = window.report(self.step_count)
@@ -192,6 +214,13 @@ class Trainer:
                     bar.set_postfix(postfix)
                     self._emit(rec)
                     window = _Window()
+                if (
+                    checkpoints is not None
+                    and cfg.checkpoint_every
+                    and self.step_count % cfg.checkpoint_every == 0
+                ):
+                    self.quiesce()
+                    checkpoints.save(self)
                 if cfg.test_freq and self.step_count % cfg.test_freq == 0 and self.step_count < total:
                     self._emit({"kind": "eval", "step": self.step_count, **self.evaluate("val")})
         finally:
@@ -232,7 +261,16 @@ class Trainer:
             lookahead=self.config.lookahead,
             worker_threads=self.config.worker_threads,
         )
-        yield from executor.progress(batches)
+        self._executor = executor
+        try:
+            yield from executor.progress(batches)
+        finally:
+            self._executor = None
+
+    def quiesce(self) -> None:
+        """Waits until every computed step's rows are back in host memory (before a checkpoint or an export)."""
+        if self._executor is not None:
+            self._executor.drain()
 
     def _compute_prepared(self, prep) -> StepStats:
         """The compute of one prepared hotline step: both micro-batches, sparse and dense optimizer steps."""

@@ -42,6 +42,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--placement", help="placement .npz for --mode hotline (from `hotline profile`)")
     p.add_argument("--hbm-budget", help="for --mode hotline without --placement: profile first, this budget")
     p.add_argument("--lookahead", type=int, default=2, help="hotline: steps gathered ahead (0: sequential)")
+    p.add_argument(
+        "--worker-threads", type=int, default=1, help="hotline: numba threads of the look-ahead worker"
+    )
+    p.add_argument("--checkpoint-dir", help="directory for periodic checkpoints (and --resume)")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: none)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -86,18 +92,31 @@ def run(args: argparse.Namespace) -> int:
         placement_path=args.placement,
         hbm_budget=hbm_budget,
         lookahead=args.lookahead,
+        worker_threads=args.worker_threads,
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=args.checkpoint_every,
+        resume=args.resume,
     )
     configure_threads(config.threads)
-    trainer = Trainer(config, dataset)
     try:
-        if args.load:
-            step = load_checkpoint(trainer, args.load)
-            print(f"loaded {args.load} (step {step})", file=sys.stderr)
-        summary = trainer.fit()
-        if args.save:
-            save_checkpoint(trainer, args.save)
-    finally:
-        trainer.close()
+        trainer = Trainer(config, dataset)
+        try:
+            if args.load:
+                step = load_checkpoint(trainer, args.load)
+                print(f"loaded {args.load} (step {step})", file=sys.stderr)
+            summary = trainer.fit()
+            if args.save:
+                save_checkpoint(trainer, args.save)
+        finally:
+            trainer.close()
+    except (ValueError, IndexError, FloatingPointError, OSError) as e:
+        # User-caused problems (bad dataset, placement, checkpoint, flags, a diverging loss, a full disk):
+        # one clear line, no traceback. DatasetError, PlacementError and CheckpointError are ValueErrors.
+        print(f"hotline train: error: {e}", file=sys.stderr)
+        return 2 if not isinstance(e, FloatingPointError) else 3
+    except KeyboardInterrupt:
+        print("hotline train: interrupted", file=sys.stderr)
+        return 130
     keys = (
         "mode",
         "steps",

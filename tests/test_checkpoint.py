@@ -1,0 +1,212 @@
+"""Checkpoints and resume: bit-identical continuation, SIGKILL, corrupt and crafted files, NaN loss."""
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from hotline.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    load_checkpoint,
+    read_checkpoint,
+    save_checkpoint,
+)
+from hotline.cli import main
+from hotline.datasets.format import Dataset
+from hotline.datasets.synthetic import generate
+from hotline.placement import Placement
+from hotline.train import TrainConfig, Trainer
+
+ARCH = ["--arch-sparse-feature-size", "8", "--arch-mlp-bot", "13-16-8", "--arch-mlp-top", "16-1"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpt")
+    ds = Dataset(generate(root / "ds", 4000, seed=5, table_sizes=[40, 300, 25, 90], zipf=1.2, progress=False))
+    hot = [np.arange(n // 4) for n in ds.table_sizes]
+    Placement.from_hot_ids(
+        ds.table_sizes, hot, dataset_fingerprint=ds.fingerprint, embedding_dim=8, bytes_per_row=36
+    ).save(root / "p.npz")
+    return ds, root / "p.npz"
+
+
+def _config(mode, placement, steps, **kw):
+    return TrainConfig(
+        mode=mode,
+        placement_path=str(placement),
+        embedding_dim=8,
+        bottom_mlp=[13, 16, 8],
+        top_mlp=[16, 1],
+        mini_batch_size=32,
+        num_batches=steps,
+        progress=False,
+        optimizer="rowwise-adagrad",
+        eval_max_samples=64,
+        **kw,
+    )
+
+
+def _train(ds, cfg):
+    tr = Trainer(cfg, ds)
+    try:
+        tr.fit()
+        return tr.named_arrays()
+    finally:
+        tr.close()
+
+
+@pytest.mark.parametrize("mode,lookahead", [("device", 0), ("hybrid", 0), ("hotline", 0), ("hotline", 2)])
+def test_resume_is_bit_identical(data, tmp_path, mode, lookahead):
+    ds, placement = data
+    straight = _train(ds, _config(mode, placement, 24, lookahead=lookahead))
+    ck = tmp_path / "ck"
+    _train(ds, _config(mode, placement, 12, lookahead=lookahead, checkpoint_dir=str(ck), checkpoint_every=4))
+    assert [p.name for p in CheckpointManager(ck).complete()] == ["step-000000008.pt", "step-000000012.pt"]
+    resumed = _train(
+        ds, _config(mode, placement, 24, lookahead=lookahead, checkpoint_dir=str(ck), resume=True)
+    )
+    for name, a in straight.items():
+        assert np.array_equal(a, resumed[name]), name
+
+
+def test_sigkill_then_resume_equals_straight_run(data, tmp_path):
+    ds, placement = data
+    common = [
+        str(ds.path),
+        *ARCH,
+        "--mode",
+        "hotline",
+        "--placement",
+        str(placement),
+        "--mini-batch-size",
+        "32",
+        "--num-batches",
+        "100",
+        "--no-progress",
+        "--eval-max-samples",
+        "64",
+    ]
+    assert main(["train", *common, "--dump-params", str(tmp_path / "straight.npz")]) == 0
+    ck = tmp_path / "ck"
+    cmd = [
+        sys.executable,
+        "-m",
+        "hotline",
+        "train",
+        *common,
+        "--checkpoint-dir",
+        str(ck),
+        "--checkpoint-every",
+        "2",
+        "--threads",
+        "1",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(CheckpointManager(ck).complete()) < 2:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)  # anywhere: between steps or in the middle of a checkpoint write
+    proc.wait()
+    assert CheckpointManager(ck).latest() is not None
+    assert (
+        main(
+            [
+                "train",
+                *common,
+                "--checkpoint-dir",
+                str(ck),
+                "--resume",
+                "--dump-params",
+                str(tmp_path / "resumed.npz"),
+            ]
+        )
+        == 0
+    )
+    a, b = np.load(tmp_path / "straight.npz"), np.load(tmp_path / "resumed.npz")
+    for k in a.files:
+        assert np.array_equal(a[k], b[k]), k
+
+
+def test_partial_write_is_ignored_and_corruption_refused(data, tmp_path):
+    ds, placement = data
+    ck = tmp_path / "ck"
+    _train(ds, _config("device", placement, 8, checkpoint_dir=str(ck), checkpoint_every=4))
+    latest = CheckpointManager(ck).latest()
+    # A run killed mid-write leaves a temporary file and a data file without digest: not complete, not used.
+    (ck / "step-000000012.pt.tmp").write_bytes(b"partial")
+    (ck / "step-000000012.pt").write_bytes(latest.read_bytes()[:100])
+    assert CheckpointManager(ck).latest() == latest
+    # A complete checkpoint whose bytes changed is refused, naming the file.
+    raw = bytearray(latest.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    latest.write_bytes(bytes(raw))
+    tr = Trainer(_config("device", placement, 8), ds)
+    before = {k: v.copy() for k, v in tr.named_arrays().items()}
+    with pytest.raises(CheckpointError, match=r"step-000000008\.pt is corrupt"):
+        load_checkpoint(tr, latest)
+    after = tr.named_arrays()
+    assert all(np.array_equal(before[k], after[k]) for k in before)  # nothing half-loaded
+    # A truncated file without digest is refused too.
+    trunc = tmp_path / "trunc.pt"
+    trunc.write_bytes(raw[: len(raw) // 3])
+    with pytest.raises(CheckpointError, match="truncated, corrupt or unsafe"):
+        read_checkpoint(trunc)
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, ("touch pwned-by-checkpoint",))
+
+
+def test_crafted_pickle_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "evil.pt"
+    with open(path, "wb") as f:
+        torch.save({"format": "hotline-checkpoint/1", "x": _Exploit()}, f, pickle_module=pickle)
+    with pytest.raises(CheckpointError, match="unsafe"):
+        read_checkpoint(path)
+    assert not (tmp_path / "pwned-by-checkpoint").exists()
+
+
+def test_mismatched_checkpoint_refused(data, tmp_path):
+    ds, placement = data
+    tr = Trainer(_config("device", placement, 2), ds)
+    save_checkpoint(tr, tmp_path / "c.pt")
+    other = Trainer(TrainConfig(embedding_dim=8, bottom_mlp=[13, 32, 8], top_mlp=[16, 1], progress=False), ds)
+    with pytest.raises(CheckpointError, match="architecture"):
+        load_checkpoint(other, tmp_path / "c.pt")
+
+
+def test_nan_loss_stops_and_keeps_last_checkpoint(data, tmp_path, capsys):
+    ds, placement = data
+    ck = tmp_path / "ck"
+    argv = [
+        "train",
+        str(ds.path),
+        *ARCH,
+        "--mini-batch-size",
+        "32",
+        "--num-batches",
+        "60",
+        "--no-progress",
+        "--checkpoint-dir",
+        str(ck),
+        "--checkpoint-every",
+        "1",
+        "--learning-rate",
+        "1e30",
+    ]
+    assert main(argv) == 3
+    err = capsys.readouterr().err
+    assert "training stopped before saving anything of this step" in err and "last good checkpoint" in err
+    latest = CheckpointManager(ck).latest()
+    payload = read_checkpoint(latest)
+    assert all(torch.isfinite(t).all() for t in payload["tables"])
