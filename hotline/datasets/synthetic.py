@@ -530,7 +530,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "planted model whose validation AUC is recorded in meta.json. Deterministic for a seed.",
     )
     p.add_argument("--out", required=True, help="dataset directory to write")
-    p.add_argument("--rows", type=int, required=True, help="total rows N (train 6/7, val and test 1/14 each)")
+    p.add_argument(
+        "--rows",
+        type=int,
+        required=True,
+        help="total rows N (Criteo Kaggle layout: train 6/7, then test and val 1/14 each)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the data and the planted model (default 0)")
     p.add_argument("--table-sizes", type=_int_list, default=None, metavar="N1,N2,...",
                    help="rows per table (default: the 26 Criteo Kaggle cardinalities)")  # fmt: skip
@@ -540,7 +545,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--zipf",
         type=_zipf_arg,
         default=DEFAULT_ZIPF,
-        metavar="S | S1,S2,...",
+        metavar="S[,S2,...]",
         help=f"Zipf exponent of every table, or a comma list with one per table (default {DEFAULT_ZIPF})",
     )
     p.add_argument("--pooling-factor", type=int, default=1, metavar="L",
