@@ -490,10 +490,32 @@ def _pass1(
     return sink.counters
 
 
+def _npy_data_writer(path: Path):
+    """``path`` (a .npy file the writer created) opened for writing its data from the first byte on."""
+    f = open(path, "r+b")
+    version = np.lib.format.read_magic(f)
+    if version == (1, 0):
+        np.lib.format.read_array_header_1_0(f)
+    else:
+        np.lib.format.read_array_header_2_0(f)
+    return f
+
+
+def _read_exact(f, nbytes: int) -> bytes:
+    data = f.read(nbytes)
+    if len(data) != nbytes:
+        raise RuntimeError(f"temporary file {f.name} ended early: {len(data)} of {nbytes} bytes")
+    return data
+
+
 def _pass2(
     writer: DatasetWriter, tmp: dict[str, Path], id_table: IdTable, sizes: dict[str, int], progress: bool
 ) -> None:
-    """Pass 2: fills the splits' memory maps from the temporary files, mapping raw categories to ids."""
+    """Pass 2: fills the splits' arrays from the temporary files, mapping raw categories to ids.
+
+    The arrays are written with plain sequential writes rather than through their memory maps: the pages
+    of a written memory map stay in this process's resident memory, plain writes keep it bounded.
+    """
     from tqdm.auto import tqdm
 
     with (
@@ -508,19 +530,24 @@ def _pass2(
             disable=not progress,
         ) as bar,
     ):
+        ids = np.empty((CHUNK_ROWS, NUM_CATEGORICAL), np.int32)
         # Rows are stored in file order: train, then the last day's test half, then its val half.
         for split in ("train", "test", "val"):
             n = sizes[split]
-            dense, sparse, labels = writer.create_split(split, n)
-            sparse = sparse.reshape(n, NUM_CATEGORICAL)
-            for a in range(0, n, CHUNK_ROWS):
-                b = min(n, a + CHUNK_ROWS)
-                labels[a:b] = np.fromfile(lf, np.float32, b - a)
-                dense[a:b] = np.fromfile(df, np.float32, (b - a) * NUM_DENSE).reshape(-1, NUM_DENSE)
-                raw = np.fromfile(cf, np.uint64, (b - a) * NUM_CATEGORICAL).reshape(-1, NUM_CATEGORICAL)
-                map_categories(raw, id_table, sparse[a:b])
-                bar.update(b - a)
-            del dense, sparse, labels  # closes the memory maps before the writer moves the directory
+            writer.create_split(split, n)  # allocates the .npy files (its memory maps are dropped at once)
+            with (
+                _npy_data_writer(writer.tmp / f"{split}_labels.npy") as labels_out,
+                _npy_data_writer(writer.tmp / f"{split}_dense.npy") as dense_out,
+                _npy_data_writer(writer.tmp / f"{split}_sparse.npy") as sparse_out,
+            ):
+                for a in range(0, n, CHUNK_ROWS):
+                    m = min(n, a + CHUNK_ROWS) - a
+                    labels_out.write(_read_exact(lf, 4 * m))
+                    dense_out.write(_read_exact(df, 4 * NUM_DENSE * m))
+                    raw = np.fromfile(cf, np.uint64, m * NUM_CATEGORICAL).reshape(m, NUM_CATEGORICAL)
+                    map_categories(raw, id_table, ids[:m])
+                    ids[:m].tofile(sparse_out)
+                    bar.update(m)
 
 
 def preprocess(
