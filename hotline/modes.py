@@ -122,6 +122,7 @@ class DeviceMode(TrainMode):
             self.device
         )
         self.state = optimizer.new_state(self.weight.shape[0], self.device)
+        self.scratch = optimizer.new_scratch(self.weight.shape[0], self.device)
 
     def _fused_ids(self, sparse: np.ndarray) -> torch.Tensor:
         check_ids(sparse, self.table_sizes)
@@ -139,7 +140,7 @@ class DeviceMode(TrainMode):
         labels = torch.from_numpy(batch.labels).to(self.device)
         loss = loss_and_backward(model, dense, pooled, labels, B)
         t2 = time.perf_counter()
-        touched = self.optimizer.step(self.weight, self.state, ids, rows.grad)
+        touched = self.optimizer.step(self.weight, self.state, ids, rows.grad, self.scratch)
         t3 = time.perf_counter()
         return StepStats(
             loss_sum=loss,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from hotline.kernels import sparse_update
@@ -37,6 +38,10 @@ class SparseOptimizer:
         """Optimizer state kept per embedding row (bytes per row = 4 * (dim + this))."""
         return 1 if self.kind == "rowwise-adagrad" else 0
 
+    def new_scratch(self, rows: int, device: torch.device | str = "cpu") -> np.ndarray | None:
+        """Reusable scratch for ``step`` on a table of ``rows`` rows (None where the device path needs none)."""
+        return sparse_update.new_scratch(rows) if torch.device(device).type == "cpu" else None
+
     def new_state(self, rows: int, device: torch.device | str = "cpu") -> torch.Tensor:
         """Zero optimizer state for ``rows`` rows (an empty tensor for SGD)."""
         return torch.zeros(rows if self.kind == "rowwise-adagrad" else 0, dtype=torch.float32, device=device)
@@ -47,13 +52,22 @@ class SparseOptimizer:
             return torch.optim.SGD(params, lr=self.lr)
         return torch.optim.Adagrad(params, lr=self.lr, eps=self.eps)
 
-    def step(self, table: torch.Tensor, state: torch.Tensor, ids: torch.Tensor, grads: torch.Tensor) -> int:
-        """Updates ``table`` (and ``state``) in place for the rows ``ids`` with per-lookup ``grads``."""
+    def step(
+        self,
+        table: torch.Tensor,
+        state: torch.Tensor,
+        ids: torch.Tensor,
+        grads: torch.Tensor,
+        scratch: np.ndarray | None = None,
+    ) -> int:
+        """Updates ``table`` (and ``state``) in place for the rows ``ids`` with per-lookup ``grads``.
+
+        ``scratch`` (``new_scratch(table rows)``, kept by the caller) spares the CPU kernels an allocation."""
         if table.device.type == "cpu":
             t, i, g = table.detach().numpy(), ids.numpy(), grads.detach().contiguous().numpy()
             if self.kind == "sgd":
-                return sparse_update.sparse_sgd_(t, i, g, self.lr)
-            return sparse_update.sparse_rowwise_adagrad_(t, state.numpy(), i, g, self.lr, self.eps)
+                return sparse_update.sparse_sgd_(t, i, g, self.lr, scratch)
+            return sparse_update.sparse_rowwise_adagrad_(t, state.numpy(), i, g, self.lr, self.eps, scratch)
         return self._step_torch(table, state, ids, grads)
 
     def _step_torch(self, table, state, ids, grads) -> int:

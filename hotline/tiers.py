@@ -158,6 +158,8 @@ class TieredMode(TrainMode):
             for _ in range(max(1, in_flight))
         ]
         self._next_staging = 0
+        self._hot_scratch = optimizer.new_scratch(self.hot_w.shape[0], self.device)
+        self._work_scratch = optimizer.new_scratch(max_rows, self.device)
 
     # -- the two halves of a step (the pipelined executor runs prepare ahead on a worker thread) ----------
     def prepare(self, batch: Batch, claim=None, copy_stream=None) -> PreparedStep:
@@ -261,10 +263,12 @@ class TieredMode(TrainMode):
         with record_function("## sparse optimizer ##"):
             if hot_ids:
                 touched += self.optimizer.step(
-                    self.hot_w, self.hot_s, torch.cat(hot_ids), torch.cat(hot_grads)
+                    self.hot_w, self.hot_s, torch.cat(hot_ids), torch.cat(hot_grads), self._hot_scratch
                 )
             if cold_grads is not None and cold_grads.shape[0]:
-                touched += self.optimizer.step(prep.work, prep.work_state, ix["cold_slot"], cold_grads)
+                touched += self.optimizer.step(
+                    prep.work, prep.work_state, ix["cold_slot"], cold_grads, self._work_scratch
+                )
         t3 = time.perf_counter()
         return StepStats(
             loss_sum=loss,

@@ -2,46 +2,51 @@
 
 ``torch.Tensor.index_add_`` manages about 2.5 M rows/s on this CPU and applies duplicates one at a time;
 row-wise Adagrad needs the *summed* gradient of a row before its state is updated, so duplicates have to
-be coalesced first anyway. The kernels sort the ids stably (so duplicates are summed in batch order,
-deterministically), find the segments of equal ids, and update the segments in parallel.
+be coalesced first anyway. Coalescing uses a scratch array over the table's rows (-1 between calls) instead
+of a sort: one sequential pass numbers the distinct ids in first-occurrence order, then the threads sum the
+gradients of disjoint ranges of those numbers (each in input order, so the result is deterministic), and
+the touched rows are updated in parallel.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import get_num_threads, njit, prange
 
 
 @njit(cache=True)
-def _coalesce(ids):
-    """Stable sort order of ``ids``, the start of each run of equal ids (plus the end), and the unique ids."""
-    n = ids.shape[0]
-    order = np.argsort(ids, kind="mergesort")
-    starts = np.empty(n + 1, dtype=np.int64)
-    uniq = np.empty(n, dtype=np.int64)
+def _first_occurrence(ids, scratch, uniq, inverse):
+    """Numbers the distinct ids in order of first occurrence: ``uniq[:u]`` and ``inverse`` (id -> number)."""
     u = 0
-    for j in range(n):
-        v = ids[order[j]]
-        if j == 0 or v != uniq[u - 1]:
-            starts[u] = j
-            uniq[u] = v
+    for j in range(ids.shape[0]):
+        r = ids[j]
+        k = scratch[r]
+        if k < 0:
+            k = u
+            scratch[r] = u
+            uniq[u] = r
             u += 1
-    starts[u] = n
-    return order, starts[: u + 1], uniq[:u]
+        inverse[j] = k
+    for k in range(u):  # leave the scratch clean for the next call
+        scratch[uniq[k]] = -1
+    return u
 
 
 @njit(cache=True, parallel=True)
-def _segment_sum(grads, order, starts):
-    """Sums the gradient rows of each segment, in stable (batch) order: [U, D]."""
-    U = starts.shape[0] - 1
+def _sum_by_inverse(grads, inverse, u, n_threads, out):
+    """``out[k] = sum of grads[j] with inverse[j] == k`` in input order; thread c owns a range of k."""
     D = grads.shape[1]
-    out = np.zeros((U, D), dtype=np.float32)
-    for s in prange(U):
-        for j in range(starts[s], starts[s + 1]):
-            g = grads[order[j]]
+    for c in prange(n_threads):
+        lo = u * c // n_threads
+        hi = u * (c + 1) // n_threads
+        for k in range(lo, hi):
             for d in range(D):
-                out[s, d] += g[d]
-    return out
+                out[k, d] = 0.0
+        for j in range(inverse.shape[0]):
+            k = inverse[j]
+            if k >= lo and k < hi:
+                for d in range(D):
+                    out[k, d] += grads[j, d]
 
 
 @njit(cache=True, parallel=True)
@@ -82,29 +87,56 @@ def _check(table: np.ndarray, ids: np.ndarray, grads: np.ndarray) -> np.ndarray:
     return ids
 
 
-def coalesce(ids: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Unique ids (sorted) and the sum of each one's gradient rows, duplicates summed in input order."""
+def new_scratch(rows: int) -> np.ndarray:
+    """The scratch array the update functions need for a table of ``rows`` rows (reuse it across calls)."""
+    return np.full(rows, -1, dtype=np.int32)
+
+
+def coalesce(
+    ids: np.ndarray, grads: np.ndarray, scratch: np.ndarray | None = None, rows: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct ids (first-occurrence order) and the sum of each one's gradient rows, in input order."""
     ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
-    order, starts, uniq = _coalesce(ids)
-    return uniq, _segment_sum(np.ascontiguousarray(grads, dtype=np.float32), order, starts)
+    if scratch is None:
+        scratch = new_scratch(rows if rows is not None else (int(ids.max()) + 1 if ids.size else 0))
+    elif scratch.dtype != np.int32 or (rows is not None and scratch.shape[0] < rows):
+        raise ValueError(
+            f"scratch must be int32 with at least {rows} entries, got {scratch.dtype} {scratch.shape}"
+        )
+    uniq = np.empty(ids.shape[0], np.int64)
+    inverse = np.empty(ids.shape[0], np.int64)
+    u = _first_occurrence(ids, scratch, uniq, inverse)
+    gsum = np.empty((u, grads.shape[1]), np.float32)
+    _sum_by_inverse(np.ascontiguousarray(grads, dtype=np.float32), inverse, u, get_num_threads(), gsum)
+    return uniq[:u], gsum
 
 
-def sparse_sgd_(table: np.ndarray, ids: np.ndarray, grads: np.ndarray, lr: float) -> int:
-    """In place: ``table[r] -= lr * sum of grads of r`` for every distinct id r. Returns the rows touched."""
+def sparse_sgd_(
+    table: np.ndarray, ids: np.ndarray, grads: np.ndarray, lr: float, scratch: np.ndarray | None = None
+) -> int:
+    """In place: ``table[r] -= lr * sum of grads of r`` for every distinct id r. Returns the rows touched.
+
+    ``scratch`` (from :func:`new_scratch`, one per table) saves allocating it on every call."""
     ids = _check(table, ids, grads)
-    rows, gsum = coalesce(ids, grads)
+    rows, gsum = coalesce(ids, grads, scratch, table.shape[0])
     _sgd_apply(table, rows, gsum, np.float32(lr))
     return int(rows.shape[0])
 
 
 def sparse_rowwise_adagrad_(
-    table: np.ndarray, state: np.ndarray, ids: np.ndarray, grads: np.ndarray, lr: float, eps: float
+    table: np.ndarray,
+    state: np.ndarray,
+    ids: np.ndarray,
+    grads: np.ndarray,
+    lr: float,
+    eps: float,
+    scratch: np.ndarray | None = None,
 ) -> int:
     """In place row-wise Adagrad (FBGEMM's): per touched row r with summed gradient g,
     ``state[r] += mean(g*g)``; ``table[r] -= lr * g / (sqrt(state[r]) + eps)``. Returns the rows touched."""
     ids = _check(table, ids, grads)
     if state.dtype != np.float32 or state.shape != (table.shape[0],):
         raise ValueError(f"state must be float32 [{table.shape[0]}], got {state.dtype} {state.shape}")
-    rows, gsum = coalesce(ids, grads)
+    rows, gsum = coalesce(ids, grads, scratch, table.shape[0])
     _rowwise_adagrad_apply(table, state, rows, gsum, np.float32(lr), np.float32(eps))
     return int(rows.shape[0])

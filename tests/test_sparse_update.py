@@ -84,3 +84,22 @@ def test_torch_path_matches_numba_path(kind):
     opt._step_torch(t2, s2, torch.from_numpy(ids), torch.from_numpy(grads))
     torch.testing.assert_close(t1, t2, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(s1, s2, rtol=1e-5, atol=1e-7)
+
+
+def test_scratch_is_reused_clean_and_checked():
+    table, ids, grads = _case(5, 30, 200, 4, 20)
+    scratch = sparse_update.new_scratch(30)
+    expect = naive.sparse_sgd(table, ids, grads, 0.1)
+    sparse_update.sparse_sgd_(table, ids, grads, 0.1, scratch)
+    np.testing.assert_allclose(table, expect, rtol=1e-6, atol=1e-6)
+    assert (scratch == -1).all()  # left clean for the next call
+    with pytest.raises(ValueError, match="scratch must be int32 with at least 30"):
+        sparse_update.sparse_sgd_(table, ids, grads, 0.1, sparse_update.new_scratch(10))
+
+
+def test_coalesce_first_occurrence_order():
+    uniq, gsum = sparse_update.coalesce(
+        np.array([4, 1, 4, 2]), np.array([[1.0], [2.0], [3.0], [4.0]], np.float32)
+    )
+    assert uniq.tolist() == [4, 1, 2]
+    np.testing.assert_array_equal(gsum[:, 0], [4.0, 2.0, 4.0])
