@@ -18,11 +18,12 @@ any extension) are ordered by N, so a shell glob's ``day_10`` before ``day_2`` d
 the order given.
 
 The work runs in two streaming passes, so memory stays bounded whatever the file size (only the per-table
-unique values grow, with the cardinality): pass 1 reads raw bytes in large blocks (plain or gzip), parses
-them with the Numba kernel :func:`hotline.kernels.criteo_parse.parse_lines`, appends labels / dense / raw
-categories to temporary files inside the dataset writer's temporary directory and counts the unique raw
-values per table; pass 2 maps raw values to ids (:func:`~hotline.kernels.criteo_parse.map_categories`) and
-fills the dataset's memory maps split by split.
+distinct values grow, with the cardinality): pass 1 reads raw bytes in large blocks (plain or gzip, in a
+reader thread), parses them with the Numba kernel :func:`hotline.kernels.criteo_parse.parse_lines`, and (in
+a second thread, overlapping the next parse) appends labels / dense / raw categories to temporary files
+inside the dataset writer's temporary directory and counts the distinct raw values per table (16 bytes per
+distinct value); pass 2 builds a raw value -> id hash table per table (12-48 bytes per distinct value),
+maps the raw categories with :func:`~hotline.kernels.criteo_parse.map_categories` and writes the splits.
 """
 
 from __future__ import annotations
