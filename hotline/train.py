@@ -137,11 +137,21 @@ class Trainer:
         self.model = DLRM(config.model_config(self.dataset.table_sizes), seed=config.seed).to(config.device)
         self.sparse_opt = SparseOptimizer(config.optimizer, config.learning_rate)
         self.dense_opt = self.sparse_opt.dense_optimizer(self.model.parameters())
-        self.mode = build_mode(config, self.dataset)
+        self.mode = self._build_mode()
         self.step_count = 0
         self._executor = None
         self.history: list[dict] = []
         self._metrics_file = None
+
+    def _build_mode(self) -> TrainMode:
+        """The training mode (a hook: the distributed trainer builds sharded modes)."""
+        return build_mode(self.config, self.dataset)
+
+    def _checkpoint_manager(self):
+        """The periodic checkpoint manager, or None (a hook: distributed runs write one file per rank)."""
+        from hotline.checkpoint import CheckpointManager
+
+        return CheckpointManager(self.config.checkpoint_dir) if self.config.checkpoint_dir else None
 
     # -- running ---------------------------------------------------------------------------------------
     def train_steps(self) -> int:
@@ -177,13 +187,11 @@ class Trainer:
         """Runs the whole training; returns the summary record (also the last line of ``--metrics``)."""
         from tqdm import tqdm  # imported here: the GPU benchmark image has no tqdm and never calls fit()
 
-        from hotline.checkpoint import CheckpointManager
-
         cfg = self.config
         total = self.train_steps()
         if total == 0:
             raise ValueError(f"the training split of {self.dataset.path} has no rows to train on")
-        checkpoints = CheckpointManager(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+        checkpoints = self._checkpoint_manager()
         if cfg.resume and checkpoints is not None and checkpoints.resume(self) is not None:
             print(f"resumed from {checkpoints.latest()} at step {self.step_count}", file=sys.stderr)
         if cfg.metrics_path:
