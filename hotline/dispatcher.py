@@ -55,9 +55,9 @@ class Dispatcher:
         row_offsets = np.concatenate([[0], np.cumsum(self.table_sizes[:-1])]).astype(np.int64)
         self.col_offset = np.repeat(row_offsets, L)
         self.col_size = np.repeat(np.asarray(self.table_sizes, dtype=np.int64), L)
-        self.remap = placement.fused_remap().astype(np.int64)
+        self.remap = placement.fused_remap().astype(np.int32)  # int32: half the cache footprint of int64
         self.num_hot = placement.num_hot
-        self.slot_map = np.full(int(sum(self.table_sizes)), -1, dtype=np.int64)
+        self.slot_map = np.full(int(sum(self.table_sizes)), -1, dtype=np.int32)
         self.max_batch_size = int(max_batch_size)
         self._ring = [
             dispatch.new_buffers(self.max_batch_size * T * L, self.max_batch_size)

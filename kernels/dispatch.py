@@ -18,8 +18,11 @@ from numba import njit, prange
 
 
 @njit(cache=True, parallel=True)
-def _classify(ids, col_offset, col_size, remap, is_popular, bad):
-    """is_popular[b] = every lookup of sample b is hot; bad[b] = first out-of-range column of b, or -1."""
+def _classify(ids, col_offset, col_size, remap, is_popular, bad, slot):
+    """is_popular[b] = every lookup of sample b is hot; bad[b] = first out-of-range column of b, or -1.
+
+    Also keeps each lookup's hot slot (or -1) in ``slot`` [B*C], so the later passes read it sequentially
+    instead of going back to the large remap array."""
     B, C = ids.shape
     for b in prange(B):
         popular = True
@@ -30,23 +33,24 @@ def _classify(ids, col_offset, col_size, remap, is_popular, bad):
                 bad[b] = c
                 popular = False
                 break
-            if remap[col_offset[c] + v] < 0:
+            r = remap[col_offset[c] + v]
+            slot[b * C + c] = r
+            if r < 0:
                 popular = False
         is_popular[b] = popular
 
 
 @njit(cache=True, parallel=True)
-def _write_popular(ids, col_offset, remap, pop_samples, pop_ids):
-    C = ids.shape[1]
+def _write_popular(slot, C, pop_samples, pop_ids):
     for i in prange(pop_samples.shape[0]):
         b = pop_samples[i]
         for c in range(C):
-            pop_ids[i * C + c] = remap[col_offset[c] + ids[b, c]]
+            pop_ids[i * C + c] = slot[b * C + c]
 
 
 @njit(cache=True)
 def _write_non_popular(
-    ids, col_offset, remap, np_samples, slot_map, hot_pos, hot_slot, cold_pos, cold_slot, working_set
+    ids, col_offset, slot, np_samples, slot_map, hot_pos, hot_slot, cold_pos, cold_slot, working_set
 ):
     """Fills the non-popular lookups' positions/slots and the working set; returns (n_hot, n_cold, n_unique)."""
     C = ids.shape[1]
@@ -56,14 +60,14 @@ def _write_non_popular(
     for i in range(np_samples.shape[0]):
         b = np_samples[i]
         for c in range(C):
-            fid = col_offset[c] + ids[b, c]
             k = i * C + c
-            r = remap[fid]
+            r = slot[b * C + c]
             if r >= 0:
                 hot_pos[nh] = k
                 hot_slot[nh] = r
                 nh += 1
             else:
+                fid = col_offset[c] + ids[b, c]
                 s = slot_map[fid]
                 if s < 0:
                     s = u
@@ -85,6 +89,7 @@ def new_buffers(max_lookups: int, max_samples: int) -> dict[str, np.ndarray]:
         for k in ("pop_ids", "hot_pos", "hot_slot", "cold_pos", "cold_slot", "working_set")
     }
     out["is_popular"] = np.empty(max_samples, np.bool_)
+    out["slot"] = np.empty(max_lookups, np.int32)
     out["bad"] = np.empty(max_samples, np.int64)
     return out
 
@@ -96,23 +101,24 @@ def split_batch(ids, col_offset, col_size, remap, slot_map, buffers):
 
     ``(popular_samples, non_popular_samples, pop_ids, hot_pos, hot_slot, cold_pos, cold_slot, working_set,
     bad)`` where ``bad`` is per-sample the first out-of-range column (-1 if none); when any is >= 0 the other
-    outputs are empty. ``slot_map`` (int64, fused rows, all -1) is scratch and left all -1.
+    outputs are empty. ``slot_map`` (int32, fused rows, all -1) is scratch and left all -1.
     """
     B, C = ids.shape
     is_popular = buffers["is_popular"][:B]
     bad = buffers["bad"][:B]
-    _classify(ids, col_offset, col_size, remap, is_popular, bad)
+    slot = buffers["slot"][: B * C]
+    _classify(ids, col_offset, col_size, remap, is_popular, bad, slot)
     empty = np.zeros(0, dtype=np.int64)
     if B and bad.max() >= 0:
         return empty, empty, empty, empty, empty, empty, empty, empty, bad
     pop_samples = np.flatnonzero(is_popular)
     np_samples = np.flatnonzero(~is_popular)
     pop_ids = buffers["pop_ids"][: pop_samples.shape[0] * C]
-    _write_popular(ids, col_offset, remap, pop_samples, pop_ids)
+    _write_popular(slot, C, pop_samples, pop_ids)
     hot_pos, hot_slot = buffers["hot_pos"], buffers["hot_slot"]
     cold_pos, cold_slot, working_set = buffers["cold_pos"], buffers["cold_slot"], buffers["working_set"]
     nh, nc, u = _write_non_popular(
-        ids, col_offset, remap, np_samples, slot_map, hot_pos, hot_slot, cold_pos, cold_slot, working_set
+        ids, col_offset, slot, np_samples, slot_map, hot_pos, hot_slot, cold_pos, cold_slot, working_set
     )
     return (
         pop_samples,
