@@ -8,7 +8,8 @@ chosen by the size of the id space R (measured in benchmarks/bench_profile.py):
 
 - ``private`` (small R): each thread counts a contiguous block of samples into its own count array, and the
   arrays are added into the result after each call. Reads the ids sequentially; the P private arrays and
-  the reduction are cheap while R is small (at most PRIVATE_MAX_ROWS rows).
+  the reduction are cheap while R is small (at most PRIVATE_MAX_ROWS rows, and P * R at most the lookups of
+  the call).
 - ``owned`` (large R, e.g. the 33.8 M rows of Criteo Kaggle): each thread *owns* work items (whole tables, or
   row ranges of one when there are fewer tables than threads) and counts only the lookups that fall in its
   items, straight into the shared array: no private copies of a big id space, no reduction. Threads walk the
@@ -229,7 +230,7 @@ def count_lookups(
 
     Call it once per chunk of a dataset. ``num_slots`` (default: Numba's thread count) is how many parallel
     work slots share the work; ``method`` is "private" or "owned" (default: private up to PRIVATE_MAX_ROWS
-    rows, see the module docstring). Raises :class:`BadIdError` naming the sample, table and id when an id
+    rows when the P private arrays are no bigger than the lookups of the call, see the module docstring). Raises :class:`BadIdError` naming the sample, table and id when an id
     is outside its table (``counts`` is then left unchanged by "private", partially updated by "owned").
     """
     import numba
@@ -242,7 +243,10 @@ def count_lookups(
         raise ValueError(f"counts must be C-contiguous int64 [{total}], got {counts.dtype} {counts.shape}")
     slots = int(num_slots or numba.get_num_threads())
     if method is None:
-        method = "private" if total <= PRIVATE_MAX_ROWS else "owned"
+        # Private arrays cost P * R zeroing and reduction per call: worth it only while that is small next to
+        # the lookups counted (and the arrays stay cache-sized).
+        small = total <= PRIVATE_MAX_ROWS and slots * total <= sparse.size
+        method = "private" if small else "owned"
     if method == "private":
         private = np.zeros((max(1, slots), total), dtype=np.int64)
         bad = _count_lookups_private(sparse, sizes, offsets[:-1], private)
