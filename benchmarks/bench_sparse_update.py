@@ -8,8 +8,8 @@ gradients:
 - ``torch-unique``: ``torch.unique`` + ``index_add_`` to sum duplicates first, then one update per row: the
   torch path of ``hotline.sparse_optim.SparseOptimizer`` (its CUDA path), run on the CPU; SGD and row-wise
   Adagrad;
-- ``numba``: ``hotline.kernels.sparse_update.sparse_sgd_`` / ``sparse_rowwise_adagrad_`` (sort, segment sum,
-  one parallel update per touched row).
+- ``numba``: ``hotline.kernels.sparse_update.sparse_sgd_`` / ``sparse_rowwise_adagrad_`` (duplicates
+  coalesced, then one parallel update per touched row), given a reusable scratch where they take one.
 
 Reported: lookups per second (the median of ``--repeats`` runs after warm-up) and each method's speed over
 ``index_add`` (the target for the Numba kernels is >= 3x). One update of each method is checked against the
@@ -76,16 +76,19 @@ def run_dim(args, dim: int, rng: np.random.Generator) -> list[dict]:
     check_agreement(table, ids, grads)
     unique_rows = int(np.unique(ids).shape[0])
 
+    # The reusable scratch the kernels take (the training loop keeps one per table), where they take one.
+    new_scratch = getattr(sparse_update, "new_scratch", None)
+    scratch = {"scratch": new_scratch(args.rows)} if new_scratch is not None else {}
     t_table, t_state = torch.from_numpy(table), torch.from_numpy(state)  # same memory as the numpy arrays
     t_ids, t_grads = torch.from_numpy(ids), torch.from_numpy(grads)
     sgd, ada = SparseOptimizer("sgd", LR), SparseOptimizer("rowwise-adagrad", LR, EPS)
     methods = {
         ("index_add", "sgd"): lambda: t_table.index_add_(0, t_ids, t_grads, alpha=-LR),
         ("torch-unique", "sgd"): lambda: sgd._step_torch(t_table, t_state, t_ids, t_grads),
-        ("numba", "sgd"): lambda: sparse_update.sparse_sgd_(table, ids, grads, LR),
+        ("numba", "sgd"): lambda: sparse_update.sparse_sgd_(table, ids, grads, LR, **scratch),
         ("torch-unique", "rowwise-adagrad"): lambda: ada._step_torch(t_table, t_state, t_ids, t_grads),
         ("numba", "rowwise-adagrad"): lambda: sparse_update.sparse_rowwise_adagrad_(
-            table, state, ids, grads, LR, EPS
+            table, state, ids, grads, LR, EPS, **scratch
         ),
     }
     results = []

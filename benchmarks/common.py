@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -124,12 +125,28 @@ def machine_info(threads: int) -> dict:
         "load_average": load_average(),
         "numba_threading_layer": layer,
         "env": {k: os.environ[k] for k in THREAD_ENV if k in os.environ},
+        "source": source_version(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "numba": numba.__version__,
         "numpy": numpy.__version__,
     }
+
+
+def source_version() -> dict:
+    """The git commit the code ran from and the library files changed since it (empty where not a checkout)."""
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*cmd: str) -> str:
+        try:
+            run = subprocess.run(["git", *cmd], cwd=root, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        return run.stdout if run.returncode == 0 else ""
+
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", "hotline", "kernels")
+    return {"commit": git("rev-parse", "HEAD").strip(), "changed": [x[3:] for x in changed.splitlines()]}
 
 
 def _cell(value: object, fmt: str) -> str:
