@@ -97,7 +97,7 @@ def test_bench_dispatcher_smoke(bench, tmp_path):
         assert 0.0 <= x["popular_share"] <= 1.0
     assert set(r["phases_ms"]) == {"L=1", "L=4"}
     for phases in r["phases_ms"].values():
-        assert set(phases) >= {"classify", "write_popular", "write_non_popular", "split_batch (all)"}
+        assert {"glue (Python)", "split_batch (all)"} < set(phases)  # and one entry per kernel called
         assert all(positive(v) for v in phases.values())
     assert positive(r["hot_rows"])
 
