@@ -108,13 +108,19 @@ class Dataset:
         if meta.get("format") != FORMAT_TAG:
             raise DatasetError(f"{meta_path}: format is {meta.get('format')!r}, expected {FORMAT_TAG!r}")
         self.meta = meta
-        self.table_sizes: list[int] = [int(s) for s in meta["table_sizes"]]
-        self.pooling_factor: int = int(meta["pooling_factor"])
-        self.num_dense: int = int(meta["num_dense"])
-        self.fingerprint: str = str(meta["fingerprint"])
+        try:
+            self.table_sizes: list[int] = [int(s) for s in meta["table_sizes"]]
+            self.pooling_factor: int = int(meta["pooling_factor"])
+            self.num_dense: int = int(meta["num_dense"])
+            self.fingerprint: str = str(meta["fingerprint"])
+            rows = {name: int(meta["splits"].get(name, 0)) for name in SPLITS}
+        except KeyError as e:
+            raise DatasetError(f"{meta_path} lacks the field {e}: it was not written by DatasetWriter") from e
+        except (TypeError, ValueError, AttributeError) as e:
+            raise DatasetError(f"{meta_path} has a malformed field: {e}") from e
         self._splits: dict[str, Split] = {}
         for name in SPLITS:
-            self._splits[name] = self._open_split(name, int(meta["splits"].get(name, 0)))
+            self._splits[name] = self._open_split(name, rows[name])
 
     @property
     def num_tables(self) -> int:
