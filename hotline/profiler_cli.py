@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     if args.num_threads is not None:
         numba.set_num_threads(args.num_threads)
     if (args.out is not None or args.always_hot) and args.hbm_budget is None:
-        print("hotline profile: --out and --always-hot need --hbm-budget", file=sys.stderr)
+        print("hotline profile: error: --out and --always-hot need --hbm-budget", file=sys.stderr)
         return 2
     try:
         profiler = Profiler(
@@ -129,8 +129,8 @@ def run(args: argparse.Namespace) -> int:
         prof = profiler.profile(args.dataset)
         placement = prof.placement(args.hbm_budget, args.always_hot) if args.hbm_budget is not None else None
         summary = prof.summary(args.hbm_budget, args.always_hot) if args.hbm_budget is not None else None
-    except (DatasetError, PlacementError, ValueError) as e:
-        print(f"hotline profile: {e}", file=sys.stderr)
+    except (DatasetError, PlacementError, ValueError, OSError) as e:
+        print(f"hotline profile: error: {e}", file=sys.stderr)
         return 2
 
     print(
@@ -153,13 +153,17 @@ def run(args: argparse.Namespace) -> int:
             f"(all lookups), {format_size(round(summary['hybrid_unique_bytes_per_batch']))} (unique rows); "
             f"Hotline {format_size(round(summary['hotline_bytes_per_batch']))} (unique cold rows)"
         )
-    if placement is not None and args.out is not None:
-        placement.save(args.out)
-        print(f"placement written to {args.out}")
-    if summary is not None and args.json is not None:
-        args.json.write_text(json.dumps(summary, indent=2) + "\n")
-        print(f"summary written to {args.json}")
-    if args.curve_csv is not None:
-        prof.curve().to_csv(args.curve_csv, index=False)
-        print(f"budget curve written to {args.curve_csv}")
+    try:  # an unwritable or full output location is the user's to fix: one line, no traceback
+        if placement is not None and args.out is not None:
+            placement.save(args.out)
+            print(f"placement written to {args.out}")
+        if summary is not None and args.json is not None:
+            args.json.write_text(json.dumps(summary, indent=2) + "\n")
+            print(f"summary written to {args.json}")
+        if args.curve_csv is not None:
+            prof.curve().to_csv(args.curve_csv, index=False)
+            print(f"budget curve written to {args.curve_csv}")
+    except OSError as e:
+        print(f"hotline profile: error: {e}", file=sys.stderr)
+        return 2
     return 0
