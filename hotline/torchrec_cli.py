@@ -138,8 +138,8 @@ def run(args: argparse.Namespace) -> int:
         inputs = bridge.constraints_from_profile(prof, config, placement)
         sharding_plan = bridge.plan(inputs, config)
         summary = bridge.plan_summary(sharding_plan, inputs, config)
-    except (DatasetError, PlacementError, bridge.PlanError, ValueError) as e:
-        print(f"hotline plan: {e}", file=sys.stderr)
+    except (DatasetError, PlacementError, bridge.PlanError, ValueError, OSError) as e:
+        print(f"hotline plan: error: {e}", file=sys.stderr)
         return 2
 
     source = f"placement {args.placement}" if placement is not None else "hot rows chosen by Hotline"
@@ -153,6 +153,10 @@ def run(args: argparse.Namespace) -> int:
         f"HBM for embeddings: {format_size(int(summary.hbm_bytes.sum()))} over {config.world_size} device(s)"
     )
     if args.out is not None:
-        plan_path, side = bridge.export_plan(args.out, sharding_plan, inputs, config)
+        try:
+            plan_path, side = bridge.export_plan(args.out, sharding_plan, inputs, config)
+        except OSError as e:  # an unwritable or full output location: one line, no traceback
+            print(f"hotline plan: error: {e}", file=sys.stderr)
+            return 2
         print(f"plan written to {plan_path} ({len(inputs.choices)} tables), hot rows to {side}")
     return 0
