@@ -571,7 +571,7 @@ def run(args: argparse.Namespace) -> int:
             raw_tsv=args.raw_tsv,
             progress=not args.no_progress,
         )
-    except ValueError as e:
+    except (ValueError, OSError) as e:  # OSError: an unwritable or full output location
         print(f"hotline data synthetic: error: {e}", file=sys.stderr)
         return 2
     seconds = time.perf_counter() - t0
