@@ -91,6 +91,19 @@ class TrainConfig:
             raise ValueError("num_batches, test_freq, lookahead and checkpoint_every must be >= 0")
         if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
             raise ValueError("--checkpoint-every and --resume need --checkpoint-dir")
+        if self.threads < 0 or self.worker_threads < 1:
+            raise ValueError(
+                f"--threads must be >= 0 (0: all cores) and --worker-threads >= 1, got {self.threads} "
+                f"and {self.worker_threads}"
+            )
+        try:
+            device = torch.device(self.device)
+        except RuntimeError as e:
+            raise ValueError(f"--device {self.device!r} is not a device: {e}") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(
+                f"--device {self.device}: CUDA is not available to this torch ({torch.__version__})"
+            )
         SparseOptimizer(self.optimizer, self.learning_rate)  # validates optimizer and learning rate
 
     def model_config(self, table_sizes: list[int]) -> DLRMConfig:
