@@ -16,6 +16,7 @@ into place only when every array and ``meta.json`` are complete, so a failed run
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -228,11 +229,34 @@ class DatasetWriter:
             raise ValueError(f"unknown split {name!r}; expected one of {SPLITS}")
         self._rows[name] = int(n_rows)
         T, L = len(self.table_sizes), self.pooling_factor
-        mm = np.lib.format.open_memmap
-        dense = mm(self.tmp / f"{name}_dense.npy", "w+", np.float32, (n_rows, self.num_dense))
-        sparse = mm(self.tmp / f"{name}_sparse.npy", "w+", ID_DTYPE, (n_rows, T, L))
-        labels = mm(self.tmp / f"{name}_labels.npy", "w+", np.float32, (n_rows,))
+        dense = self._allocate(f"{name}_dense.npy", np.float32, (n_rows, self.num_dense))
+        sparse = self._allocate(f"{name}_sparse.npy", ID_DTYPE, (n_rows, T, L))
+        labels = self._allocate(f"{name}_labels.npy", np.float32, (n_rows,))
         return dense, sparse, labels
+
+    def _allocate(self, file_name: str, dtype, shape: tuple[int, ...]) -> np.ndarray:
+        """A writable memory-mapped .npy file whose disk blocks are reserved now.
+
+        Without the reservation the file is sparse, and a disk that fills while the memory map is written
+        kills the process with SIGBUS (no exception, no clean-up); reserved, a full disk is an OSError here.
+        """
+        path = self.tmp / file_name
+        try:
+            a = np.lib.format.open_memmap(path, "w+", dtype, shape)
+            if hasattr(os, "posix_fallocate"):
+                with open(path, "r+b") as f:
+                    try:
+                        os.posix_fallocate(f.fileno(), 0, os.fstat(f.fileno()).st_size)
+                    except OSError as e:
+                        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                            raise  # a file system without fallocate keeps the sparse file
+        except OSError as e:
+            raise OSError(
+                e.errno,
+                f"{e.strerror}: cannot write {file_name} ({np.dtype(dtype).itemsize * int(np.prod(shape)):,} "
+                f"bytes) of dataset {self.out}; the partial output was removed",
+            ) from e
+        return a
 
     def finish(self, source: dict, extra: dict | None = None) -> Path:
         """Writes meta.json and moves the directory into place. ``source`` identifies where the data came from."""
