@@ -42,6 +42,9 @@ def _write_atomic(path: Path, write) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:  # a full disk or a file-size limit: name the file (the bare error does not)
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, f"{e.strerror}: cannot write {path} (no partial file was left)") from e
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
