@@ -695,7 +695,7 @@ def run(args: argparse.Namespace) -> int:
             on_bad_line=args.on_bad_line,
             progress=not args.no_progress,
         )
-    except (CriteoFormatError, FileNotFoundError, ValueError) as e:
+    except (CriteoFormatError, OSError, ValueError) as e:  # OSError: missing input, full or unwritable --out
         print(f"hotline data criteo: error: {e}", file=sys.stderr)
         return 2
     seconds = time.perf_counter() - t0
