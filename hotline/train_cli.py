@@ -49,14 +49,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: none)")
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=run)
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=0,
+        help="train on N local ranks (data-parallel, through torchrun; hotline mode needs --lookahead 0)",
+    )
+    p.set_defaults(func=run, train_parser=p)
 
 
 def run(args: argparse.Namespace) -> int:
-    from hotline.checkpoint import load_checkpoint, save_checkpoint
-    from hotline.model import parse_layers
-    from hotline.train import TrainConfig, Trainer, configure_threads
+    import os
 
+    from hotline.checkpoint import load_checkpoint, save_checkpoint
+    from hotline.train import Trainer, configure_threads
+
+    if args.nproc > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from hotline.distributed import run_cli  # N ranks: start them, or be one of them
+
+        return run_cli(args, config_from_args)
     if args.dataset is None:
         from hotline.datasets.synthetic import default_dataset
 
@@ -64,39 +75,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"no dataset given: using the built-in synthetic dataset at {dataset}", file=sys.stderr)
     else:
         dataset = args.dataset
-    hbm_budget = None
-    if args.hbm_budget:
-        from hotline.units import parse_size
-
-        hbm_budget = parse_size(args.hbm_budget)
-    config = TrainConfig(
-        mode=args.mode,
-        embedding_dim=args.arch_sparse_feature_size,
-        bottom_mlp=parse_layers(args.arch_mlp_bot, "--arch-mlp-bot"),
-        top_mlp=parse_layers(args.arch_mlp_top, "--arch-mlp-top"),
-        interaction=args.arch_interaction_op,
-        mini_batch_size=args.mini_batch_size,
-        learning_rate=args.learning_rate,
-        optimizer=args.optimizer,
-        nepochs=args.nepochs,
-        num_batches=args.num_batches,
-        print_freq=args.print_freq,
-        test_freq=args.test_freq,
-        eval_max_samples=args.eval_max_samples,
-        seed=args.seed,
-        device=args.device,
-        threads=args.threads,
-        progress=not args.no_progress,
-        metrics_path=args.metrics,
-        dump_params_path=args.dump_params,
-        placement_path=args.placement,
-        hbm_budget=hbm_budget,
-        lookahead=args.lookahead,
-        worker_threads=args.worker_threads,
-        checkpoint_dir=args.checkpoint_dir,
-        checkpoint_every=args.checkpoint_every,
-        resume=args.resume,
-    )
+    config = config_from_args(args)
     configure_threads(config.threads)
     try:
         trainer = Trainer(config, dataset)
@@ -130,3 +109,43 @@ def run(args: argparse.Namespace) -> int:
     )
     print(json.dumps({k: summary[k] for k in keys}))
     return 0
+
+
+def config_from_args(args: argparse.Namespace):
+    """The TrainConfig of parsed ``hotline train`` flags (ValueError naming the flag if one is wrong)."""
+    from hotline.model import parse_layers
+    from hotline.train import TrainConfig
+
+    hbm_budget = None
+    if args.hbm_budget:
+        from hotline.units import parse_size
+
+        hbm_budget = parse_size(args.hbm_budget)
+    return TrainConfig(
+        mode=args.mode,
+        embedding_dim=args.arch_sparse_feature_size,
+        bottom_mlp=parse_layers(args.arch_mlp_bot, "--arch-mlp-bot"),
+        top_mlp=parse_layers(args.arch_mlp_top, "--arch-mlp-top"),
+        interaction=args.arch_interaction_op,
+        mini_batch_size=args.mini_batch_size,
+        learning_rate=args.learning_rate,
+        optimizer=args.optimizer,
+        nepochs=args.nepochs,
+        num_batches=args.num_batches,
+        print_freq=args.print_freq,
+        test_freq=args.test_freq,
+        eval_max_samples=args.eval_max_samples,
+        seed=args.seed,
+        device=args.device,
+        threads=args.threads,
+        progress=not args.no_progress,
+        metrics_path=args.metrics,
+        dump_params_path=args.dump_params,
+        placement_path=args.placement,
+        hbm_budget=hbm_budget,
+        lookahead=args.lookahead,
+        worker_threads=args.worker_threads,
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=args.checkpoint_every,
+        resume=args.resume,
+    )
