@@ -29,6 +29,12 @@ class MicroBatches:
     cold_pos: np.ndarray
     cold_slot: np.ndarray
     working_set: np.ndarray
+    popular_count: int = -1
+    """Samples whose every lookup is hot (equals ``len(popular_samples)`` unless the split was fused)."""
+
+    def __post_init__(self) -> None:
+        if self.popular_count < 0:
+            self.popular_count = int(self.popular_samples.shape[0])
 
     @property
     def num_popular(self) -> int:
@@ -65,8 +71,11 @@ class Dispatcher:
         ]
         self._next = 0
 
-    def split(self, sparse: np.ndarray) -> MicroBatches:
-        """Splits one batch of ids ``[B, T, L]``; raises IndexError naming the table and id if one is out of range."""
+    def split(self, sparse: np.ndarray, fused: bool = False) -> MicroBatches:
+        """Splits one batch of ids ``[B, T, L]``; raises IndexError naming the table and id if one is out of range.
+
+        ``fused=True`` keeps the whole batch as one micro-batch in batch order (lookups still remapped to hot
+        slots and working-buffer slots): for steps whose cold rows arrived before compute starts."""
         B, T, L = sparse.shape
         if T != len(self.table_sizes) or L != self.pooling_factor:
             raise ValueError(
@@ -79,7 +88,9 @@ class Dispatcher:
         ids = np.ascontiguousarray(sparse).reshape(B, T * L)
         buffers = self._ring[self._next]
         self._next = (self._next + 1) % len(self._ring)
-        out = dispatch.split_batch(ids, self.col_offset, self.col_size, self.remap, self.slot_map, buffers)
+        out = dispatch.split_batch(
+            ids, self.col_offset, self.col_size, self.remap, self.slot_map, buffers, fused=fused
+        )
         bad = out[-1]
         if B and bad.max() >= 0:
             b = int(np.flatnonzero(bad >= 0)[0])
@@ -88,4 +99,4 @@ class Dispatcher:
             raise IndexError(
                 f"table {t}: id {int(ids[b, c])} out of range [0, {self.table_sizes[t]}) (sample {b} of the batch)"
             )
-        return MicroBatches(*out[:-1])
+        return MicroBatches(*out[:-1], popular_count=int(np.count_nonzero(buffers["is_popular"][:B])))

@@ -121,10 +121,12 @@ class TieredMode(TrainMode):
         max_batch_size: int,
         device: torch.device | str = "cpu",
         in_flight: int = 1,
+        fused: bool = False,
     ):
         if list(placement.table_sizes) != list(table_sizes):
             raise ValueError("the placement's table sizes do not match the dataset's")
         self.name = name
+        self.fused = fused  # one forward/backward over the whole batch (its cold rows are already here)
         self.table_sizes = list(table_sizes)
         self.L = int(pooling_factor)
         self.dim = dim
@@ -170,7 +172,7 @@ class TieredMode(TrainMode):
         """
         with record_function("## dispatch ##"):
             t0 = time.perf_counter()
-            micro = self.dispatcher.split(batch.sparse)
+            micro = self.dispatcher.split(batch.sparse, fused=self.fused)
             stale = claim(micro.working_set) if claim is not None else None
             t1 = time.perf_counter()
         with record_function("## gather ##"):
@@ -205,7 +207,7 @@ class TieredMode(TrainMode):
             ready=ready,
             times={"dispatch": t1 - t0, "gather": t2 - t1, "h2d": t3 - t2},
             counters={
-                "popular_samples": micro.num_popular,
+                "popular_samples": micro.popular_count,
                 "working_set_rows": n,
                 "bytes_gathered": n * row_bytes,
             },
@@ -398,4 +400,5 @@ def build_tiered_mode(config, dataset: Dataset, optimizer: SparseOptimizer) -> T
         config.mini_batch_size,
         config.device,
         in_flight=in_flight,
+        fused=config.fused_micro_batches,
     )

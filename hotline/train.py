@@ -74,6 +74,10 @@ class TrainConfig:
     """``--lookahead``: steps whose cold rows are gathered ahead of compute (hotline mode)."""
     worker_threads: int = 1
     """Numba threads of the look-ahead worker that dispatches and gathers (the rest compute)."""
+    micro_batches: str = "auto"
+    """hotline: ``split`` (popular then non-popular forward/backward), ``fused`` (one pass over the batch in
+    order, hot rows and working rows together), or ``auto`` (split at look-ahead 0, where the popular
+    micro-batch computes while the cold rows are gathered; fused with look-ahead, where they are ready)."""
     checkpoint_dir: str | None = None
     """``--checkpoint-dir``: where periodic checkpoints go (and ``--resume`` looks)."""
     checkpoint_every: int = 0
@@ -89,6 +93,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.num_batches < 0 or self.test_freq < 0 or self.lookahead < 0 or self.checkpoint_every < 0:
             raise ValueError("num_batches, test_freq, lookahead and checkpoint_every must be >= 0")
+        if self.micro_batches not in ("auto", "split", "fused"):
+            raise ValueError(f"--micro-batches must be auto, split or fused, got {self.micro_batches!r}")
         if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
             raise ValueError("--checkpoint-every and --resume need --checkpoint-dir")
         if self.threads < 0 or self.worker_threads < 1:
@@ -105,6 +111,13 @@ class TrainConfig:
                 f"--device {self.device}: CUDA is not available to this torch ({torch.__version__})"
             )
         SparseOptimizer(self.optimizer, self.learning_rate)  # validates optimizer and learning rate
+
+    @property
+    def fused_micro_batches(self) -> bool:
+        """Whether hotline steps run one fused pass instead of popular and non-popular micro-batches."""
+        if self.micro_batches == "auto":
+            return self.lookahead > 0
+        return self.micro_batches == "fused"
 
     def model_config(self, table_sizes: list[int]) -> DLRMConfig:
         return DLRMConfig(

@@ -145,6 +145,7 @@ def config_from_args(args: argparse.Namespace):
         hbm_budget=hbm_budget,
         lookahead=args.lookahead,
         worker_threads=args.worker_threads,
+        micro_batches=args.micro_batches,
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every,
         resume=args.resume,

@@ -94,7 +94,7 @@ def new_buffers(max_lookups: int, max_samples: int) -> dict[str, np.ndarray]:
     return out
 
 
-def split_batch(ids, col_offset, col_size, remap, slot_map, buffers):
+def split_batch(ids, col_offset, col_size, remap, slot_map, buffers, fused=False):
     """Runs the three kernels on ``ids`` [B, C] (int32/int64), writing into ``buffers`` (see
     :func:`new_buffers`; sized for at least B*C lookups and B samples). Returns a tuple of arrays (views into
     ``buffers`` where they are lookup-sized):
@@ -102,6 +102,9 @@ def split_batch(ids, col_offset, col_size, remap, slot_map, buffers):
     ``(popular_samples, non_popular_samples, pop_ids, hot_pos, hot_slot, cold_pos, cold_slot, working_set,
     bad)`` where ``bad`` is per-sample the first out-of-range column (-1 if none); when any is >= 0 the other
     outputs are empty. ``slot_map`` (int32, fused rows, all -1) is scratch and left all -1.
+
+    ``fused=True`` classifies as usual (``buffers["is_popular"]``) but returns one micro-batch: every sample
+    in the "non-popular" outputs, in batch order (for steps whose cold rows are already on the device).
     """
     B, C = ids.shape
     is_popular = buffers["is_popular"][:B]
@@ -111,8 +114,11 @@ def split_batch(ids, col_offset, col_size, remap, slot_map, buffers):
     empty = np.zeros(0, dtype=np.int64)
     if B and bad.max() >= 0:
         return empty, empty, empty, empty, empty, empty, empty, empty, bad
-    pop_samples = np.flatnonzero(is_popular)
-    np_samples = np.flatnonzero(~is_popular)
+    if fused:
+        pop_samples, np_samples = empty, np.arange(B, dtype=np.int64)
+    else:
+        pop_samples = np.flatnonzero(is_popular)
+        np_samples = np.flatnonzero(~is_popular)
     pop_ids = buffers["pop_ids"][: pop_samples.shape[0] * C]
     _write_popular(slot, C, pop_samples, pop_ids)
     hot_pos, hot_slot = buffers["hot_pos"], buffers["hot_slot"]

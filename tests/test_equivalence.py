@@ -62,8 +62,9 @@ def _placement(ds, kind, optimizer, path):
     return str(path)
 
 
-def _run(ds, mode, optimizer, placement=None, lookahead=0):
+def _run(ds, mode, optimizer, placement=None, lookahead=0, micro_batches="auto"):
     cfg = TrainConfig(
+        micro_batches=micro_batches,
         mode=mode,
         optimizer=optimizer,
         learning_rate=0.05,
@@ -180,13 +181,19 @@ def test_cli_dump_params_equal(datasets, tmp_path):
         np.testing.assert_allclose(h[k], d[k], rtol=1e-5, atol=1e-5 * np.abs(d[k]).max())
 
 
-@pytest.mark.parametrize("lookahead", [1, 2, 4])
+@pytest.mark.parametrize(
+    "lookahead,micro_batches", [(1, "auto"), (2, "auto"), (4, "auto"), (2, "split"), (0, "fused")]
+)
 @pytest.mark.parametrize("optimizer", ["sgd", "rowwise-adagrad"])
-def test_lookahead_equals_device(datasets, tmp_path, optimizer, lookahead):
-    """Look-ahead gathers run while earlier steps still update shared cold rows: still exact."""
+def test_lookahead_equals_device(datasets, tmp_path, optimizer, lookahead, micro_batches):
+    """Look-ahead gathers run while earlier steps still update shared cold rows: still exact (with the
+    micro-batches split or fused)."""
     ds = datasets[1]
     path = _placement(ds, "profiled", optimizer, tmp_path / "p.npz")
-    run = _run(ds, "hotline", optimizer, path, lookahead=lookahead)
+    run = _run(ds, "hotline", optimizer, path, lookahead=lookahead, micro_batches=micro_batches)
+    if lookahead == 0:
+        assert sum(s.counters["popular_samples"] for s in run[2]) > 0
+        return assert_equivalent(_device(ds, optimizer), run)
     stale = sum(s.counters["stale_rows"] for s in run[2])
     assert stale > 0  # the case that matters happened: rows shared with in-flight steps were refreshed
     assert_equivalent(_device(ds, optimizer), run)
