@@ -45,6 +45,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--worker-threads", type=int, default=1, help="hotline: numba threads of the look-ahead worker"
     )
+    p.add_argument(
+        "--micro-batches",
+        default="auto",
+        choices=["auto", "split", "fused"],
+        help="hotline: popular and non-popular passes (split), one pass (fused), or auto: split at "
+        "--lookahead 0, fused when the cold rows were gathered ahead",
+    )
     p.add_argument("--checkpoint-dir", help="directory for periodic checkpoints (and --resume)")
     p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: none)")
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
