@@ -42,9 +42,14 @@ def _write_atomic(path: Path, write) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:  # a full disk or a file-size limit: name the file (the bare error does not)
+    except (OSError, RuntimeError) as e:
         tmp.unlink(missing_ok=True)
-        raise OSError(e.errno, f"{e.strerror}: cannot write {path} (no partial file was left)") from e
+        # A full disk or a file-size limit: name the file (the bare error does not). torch.save's zip writer
+        # reports a failed write as a RuntimeError whose context is the OSError.
+        cause = e if isinstance(e, OSError) else e.__context__
+        if not isinstance(cause, OSError):
+            raise
+        raise OSError(cause.errno, f"{cause.strerror}: cannot write {path} (no partial file was left)") from e
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
