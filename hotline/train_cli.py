@@ -82,9 +82,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"no dataset given: using the built-in synthetic dataset at {dataset}", file=sys.stderr)
     else:
         dataset = args.dataset
-    config = config_from_args(args)
-    configure_threads(config.threads)
     try:
+        config = config_from_args(args)  # a bad flag value is a ValueError: one line like the rest
+        configure_threads(config.threads)
         trainer = Trainer(config, dataset)
         try:
             if args.load:
