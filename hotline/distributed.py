@@ -78,7 +78,10 @@ class Comm:
         if self.world_size > 1:
             import torch.distributed as dist
 
-            dist.all_reduce(t)
+            host = t.cpu()  # gloo: collectives on host memory (a no-op copy for CPU tensors)
+            dist.all_reduce(host)
+            if host is not t:
+                t.copy_(host)
             N = self.world_size
             self.bytes_sent[kind] += 2 * (N - 1) / N * t.numel() * t.element_size()
         return t
@@ -94,12 +97,12 @@ class Comm:
         dist.all_gather(sizes, n)
         sizes = [int(s) for s in sizes]
         padded = torch.zeros((max(sizes), *t.shape[1:]), dtype=t.dtype)
-        padded[: t.shape[0]] = t
+        padded[: t.shape[0]] = t.cpu()
         parts = [torch.empty_like(padded) for _ in range(self.world_size)]
         dist.all_gather(parts, padded)
         self.bytes_sent["control"] += 8 * (self.world_size - 1)
         self.bytes_sent[kind] += (self.world_size - 1) * padded.numel() * padded.element_size()
-        return [p[:s] for p, s in zip(parts, sizes)]
+        return [p[:s].to(t.device) for p, s in zip(parts, sizes)]
 
     def all_to_all(
         self, t: torch.Tensor, send_counts: np.ndarray, kind: str, recv_counts: np.ndarray | None = None
@@ -116,12 +119,12 @@ class Comm:
             dist.all_to_all_single(got, torch.from_numpy(send_counts))
             recv_counts = got.numpy().copy()
             self.bytes_sent["control"] += 8 * (self.world_size - 1)
-        t = t.contiguous()
+        device, t = t.device, t.cpu().contiguous()
         out = torch.empty((int(recv_counts.sum()), *t.shape[1:]), dtype=t.dtype)
         dist.all_to_all_single(out, t, [int(c) for c in recv_counts], [int(c) for c in send_counts])
         row = int(np.prod(t.shape[1:])) * t.element_size()
         self.bytes_sent[kind] += float((send_counts.sum() - send_counts[self.rank]) * row)
-        return out, recv_counts
+        return out.to(device), recv_counts
 
     def barrier(self) -> None:
         if self.world_size > 1:
@@ -209,9 +212,10 @@ class DistributedTrainer(Trainer):
         """Sums the dense gradients and the step's loss and counters over ranks in ONE all-reduce."""
         params = list(self.model.parameters())
         summed = [k for k in SUMMED_COUNTERS if k in stats.counters]
+        dev = params[0].device
         flat = torch.cat(
-            [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel()) for p in params]
-            + [torch.tensor([stats.loss_sum, *(stats.counters[k] for k in summed)], dtype=torch.float32)]
+            [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), device=dev) for p in params]
+            + [torch.tensor([stats.loss_sum, *(stats.counters[k] for k in summed)], device=dev)]
         )
         self.comm.all_reduce_(flat, "dense_allreduce")
         at = 0
@@ -445,7 +449,7 @@ def init_from_env(backend: str | None = None) -> Comm:
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        backend = backend or "gloo"  # NCCL would need every collective on CUDA tensors: not done yet
         dist.init_process_group(backend)
     return Comm.from_process_group()
 

@@ -216,3 +216,31 @@ def test_launcher_checkpoint_resume(data, tmp_path):
     with pytest.raises(CheckpointError, match="written by 2 ranks.*--nproc 2"):
         tr.fit()
     tr.close()
+
+
+def test_bench_distributed_smoke(tmp_path, monkeypatch):
+    """The benchmark runs (tiny sizes, N = 2 only: one spawn): every figure present and positive."""
+    import json
+    import sys
+    from pathlib import Path
+
+    import numba
+    import torch
+
+    bench_dir = Path(__file__).resolve().parent.parent / "benchmarks"
+    monkeypatch.syspath_prepend(str(bench_dir))
+    threads = (torch.get_num_threads(), numba.get_num_threads())
+    try:
+        import bench_distributed
+
+        out = tmp_path / "r.json"
+        argv = ["--smoke", "--threads", "1", "--nprocs", "2", "--modes", "hotline", "--json", str(out)]
+        bench_distributed.main(argv)
+    finally:
+        torch.set_num_threads(threads[0])
+        numba.set_num_threads(threads[1])
+        sys.modules.pop("bench_distributed", None)
+    (r,) = json.loads(out.read_text())["results"]
+    assert r["nproc"] == 2 and r["samples_per_s"] > 0 and r["ms_per_step"] > 0
+    for kind in ("dense_allreduce", "hot_allgather", "cold_ids", "cold_rows", "cold_grads"):
+        assert r[f"bytes_{kind}"] > 0, kind

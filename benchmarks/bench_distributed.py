@@ -1,0 +1,162 @@
+"""Benchmark: data-parallel training on N = 1 and 2 gloo ranks: samples/s and the bytes each rank sends per step.
+
+Data: a synthetic dataset (the 26 Criteo Kaggle tables capped at ``--max-rows-per-table`` rows, Zipf
+``--zipf`` ids, ``--rows`` rows), generated into a cache directory or reused. ``hotline`` places the rows a
+profile ranks best under ``--budget-share`` of the embedding bytes. Model: dim ``--dim``, bottom
+13-64-``dim``, top 64-1, SGD.
+
+For each N in ``--nprocs`` the ranks are started once (``hotline.distributed.spawn``: fresh processes, gloo on
+127.0.0.1, ``--threads`` // N torch/numba threads each, so that every N uses the same cores) and train each
+mode of ``--modes`` for ``--steps`` global steps of ``--batch`` samples (look-ahead 0, the only distributed
+pipeline so far). Reported from rank 0: samples/s over the steps after the first ``--warmup-steps``, ratio to
+N = 1 of the same mode, the bytes rank 0 sent per step by kind (ring all-reduce of the dense gradients, the
+hot-row gradients all-gathered, the cold-row ids / rows / gradients all-to-all), and the largest difference
+of any parameter from the N = 1 run relative to its scale (exactness check).
+
+On a 2-core machine N = 2 cannot be faster than N = 1 (the same two cores, plus the collectives): the
+figure is reported, not tuned for.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import common
+import numpy as np
+
+from hotline.datasets.format import Dataset
+from hotline.distributed import spawn, train_and_dump
+from hotline.train import TrainConfig
+
+KINDS = (
+    "dense_allreduce",
+    "sparse_allgather",
+    "hot_allgather",
+    "cold_ids",
+    "cold_rows",
+    "cold_grads",
+    "control",
+)
+
+
+def _dataset(args, root: Path) -> Dataset:
+    from hotline.datasets.synthetic import generate
+
+    path = root / f"dist-r{args.rows}-c{args.max_rows_per_table}-z{args.zipf}-s{args.seed}"
+    if (path / "meta.json").is_file():
+        return Dataset(path)
+    generate(path, args.rows, seed=args.seed, max_rows_per_table=args.max_rows_per_table, zipf=args.zipf,
+             progress=False)  # fmt: skip
+    return Dataset(path)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = common.parser(__doc__)
+    p.add_argument("--nprocs", type=int, nargs="+", default=[1, 2], help="numbers of ranks to compare")
+    p.add_argument("--modes", nargs="+", default=["device", "hybrid", "hotline"])
+    p.add_argument("--rows", type=int, default=120_000, help="samples in the synthetic dataset")
+    p.add_argument("--max-rows-per-table", type=int, default=50_000)
+    p.add_argument("--zipf", type=float, default=1.1)
+    p.add_argument("--dim", type=int, default=64, help="embedding dim")
+    p.add_argument("--batch", type=int, default=2048, help="global mini-batch size")
+    p.add_argument("--steps", type=int, default=40, help="global steps per mode")
+    p.add_argument("--warmup-steps", type=int, default=5, help="first steps not timed")
+    p.add_argument("--budget-share", type=float, default=0.1, help="hot tier: share of the embedding bytes")
+    p.add_argument("--data", type=Path, default=None, help="dataset cache directory (default: a temp dir)")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.rows, args.max_rows_per_table, args.batch, args.steps, args.warmup_steps = 3000, 500, 128, 6, 1
+        args.dim = 8
+    common.setup_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        ds = _dataset(args, args.data or tmp)
+        import hotline
+
+        prof = hotline.profile(ds, sample_fraction=0.2, mini_batch_size=args.batch, embedding_dim=args.dim,
+                               seed=args.seed, progress=False)  # fmt: skip
+        budget = int(args.budget_share * ds.total_rows * 4 * args.dim)
+        placement = prof.placement(budget).save(tmp / "placement.npz")
+        train_rows, table_rows, num_tables = len(ds.train), ds.total_rows, ds.num_tables
+        results, dumps = [], {}
+        for n in args.nprocs:
+            jobs = []
+            for mode in args.modes:
+                cfg = TrainConfig(
+                    mode=mode,
+                    embedding_dim=args.dim,
+                    bottom_mlp=[13, 64, args.dim],
+                    top_mlp=[64, 1],
+                    mini_batch_size=args.batch,
+                    num_batches=args.steps,
+                    progress=False,
+                    placement_path=str(placement),
+                    lookahead=0,
+                    seed=args.seed,
+                )
+                jobs.append((cfg, str(ds.path), str(tmp / f"{mode}-n{n}.npz")))
+            t0 = time.perf_counter()
+            spawn(n, train_and_dump, jobs, threads=max(1, args.threads // n))
+            wall = time.perf_counter() - t0
+            for mode in args.modes:
+                z = dict(np.load(tmp / f"{mode}-n{n}.npz"))
+                dumps[(mode, n)] = z
+                ends = z["step_end_s"][args.warmup_steps - 1 :]
+                steps = len(ends) - 1
+                elapsed = float(ends[-1] - ends[0])
+                sent = dict(zip(z["bytes_kinds"].tolist(), z["bytes_sent"].mean(axis=0).tolist()))
+                row = {
+                    "mode": mode,
+                    "nproc": n,
+                    "samples_per_s": steps * args.batch / elapsed if elapsed > 0 else 0.0,
+                    "ms_per_step": 1e3 * statistics.median(np.diff(ends)) if steps else 0.0,
+                    "spawn_wall_s": wall,
+                    **{f"bytes_{k}": sent.get(f"bytes_sent_{k}", 0.0) for k in KINDS},
+                }
+                row["bytes_total"] = sum(row[f"bytes_{k}"] for k in KINDS)
+                results.append(row)
+        for row in results:
+            base = next((r for r in results if r["mode"] == row["mode"] and r["nproc"] == 1), None)
+            row["vs_n1"] = row["samples_per_s"] / base["samples_per_s"] if base else None
+            ref = dumps.get((row["mode"], 1))
+            if ref is not None:
+                got = dumps[(row["mode"], row["nproc"])]
+                params = [k for k in ref if k.startswith(("model.", "embedding."))]
+                row["max_rel_diff_vs_n1"] = max(
+                    float(np.abs(got[k] - ref[k]).max() / max(np.abs(ref[k]).max(), 1e-12)) for k in params
+                )
+    kib = [(f"bytes_{k}", k, ".1f") for k in KINDS if any(r[f"bytes_{k}"] for r in results)]
+    for r in results:
+        for k, _, _ in kib:
+            r[k + "_kib"] = r[k] / 1024
+    common.print_table(
+        results,
+        [
+            ("mode", "mode", ""),
+            ("nproc", "N", ""),
+            ("samples_per_s", "samples/s", ".0f"),
+            ("vs_n1", "vs N=1", ".2f"),
+            ("ms_per_step", "ms/step", ".1f"),
+            *[(k + "_kib", name + " KiB", f) for k, name, f in kib],
+            ("max_rel_diff_vs_n1", "max rel diff", ".1e"),
+        ],
+        title=f"bytes = sent by rank 0 per step; batch {args.batch}, dim {args.dim}, {table_rows} rows",
+    )
+    report = {
+        "benchmark": "bench_distributed",
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "machine": common.machine_info(args.threads),
+        "dataset": {"rows": train_rows, "table_rows": table_rows, "tables": num_tables},
+        "results": results,
+    }
+    common.write_json(args.json, report)
+    return report
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)
