@@ -471,6 +471,7 @@ def _spawned(rank: int, world_size: int, port: int, threads: int, fn, args: tupl
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     try:
         fn(Comm.from_process_group(), *args)
+        dist.barrier()  # no rank tears the group down while a peer still uses it
     finally:
         dist.destroy_process_group()
 
@@ -610,6 +611,9 @@ def _worker_cli(args, config_from_args) -> int:
                 save_distributed(trainer, args.save)
         finally:
             trainer.close()
+        # Every rank reaches this point before any tears gloo down: destroying the group while a peer's
+        # connection is still live made that peer's gloo thread call std::terminate (seen in CI-like runs).
+        comm.barrier()
     except (ValueError, IndexError, FloatingPointError, OSError) as e:
         print(f"hotline train: error (rank {comm.rank if comm else '?'}): {e}", file=sys.stderr)
         return 2 if not isinstance(e, FloatingPointError) else 3
