@@ -92,11 +92,12 @@ class Dispatcher:
             ids, self.col_offset, self.col_size, self.remap, self.slot_map, buffers, fused=fused
         )
         bad = out[-1]
-        if B and bad.max() >= 0:
+        if out[0].shape[0] + out[1].shape[0] != B:  # the kernels stopped at an out-of-range id
             b = int(np.flatnonzero(bad >= 0)[0])
             c = int(bad[b])
             t = c // L
             raise IndexError(
                 f"table {t}: id {int(ids[b, c])} out of range [0, {self.table_sizes[t]}) (sample {b} of the batch)"
             )
-        return MicroBatches(*out[:-1], popular_count=int(np.count_nonzero(buffers["is_popular"][:B])))
+        popular = int(np.count_nonzero(buffers["is_popular"][:B])) if fused else -1
+        return MicroBatches(*out[:-1], popular_count=popular)

@@ -18,26 +18,55 @@ from numba import njit, prange
 
 
 @njit(cache=True, parallel=True)
-def _classify(ids, col_offset, col_size, remap, is_popular, bad, slot):
-    """is_popular[b] = every lookup of sample b is hot; bad[b] = first out-of-range column of b, or -1.
+def _classify(ids, col_offset, col_size, remap, is_popular, bad, slot, n_cold):
+    """is_popular[b] = every lookup of sample b is hot; bad[b] = first out-of-range column of b, or -1;
+    n_cold[b] = its cold lookups.
 
     Also keeps each lookup's hot slot (or -1) in ``slot`` [B*C], so the later passes read it sequentially
     instead of going back to the large remap array."""
     B, C = ids.shape
     for b in prange(B):
-        popular = True
+        cold = 0
         bad[b] = -1
         for c in range(C):
             v = ids[b, c]
             if v < 0 or v >= col_size[c]:
                 bad[b] = c
-                popular = False
+                cold += 1
                 break
             r = remap[col_offset[c] + v]
             slot[b * C + c] = r
             if r < 0:
-                popular = False
-        is_popular[b] = popular
+                cold += 1
+        n_cold[b] = cold
+        is_popular[b] = cold == 0
+
+
+@njit(cache=True)
+def _partition(is_popular, bad, n_cold, C, fused, pop_samples, np_samples, hot_start, cold_start):
+    """Stable partition into popular / non-popular samples with the prefix sums of the non-popular samples'
+    hot and cold lookups. Returns (n_popular, n_non_popular, n_cold_lookups), or (-1, b, 0) if sample b has
+    an out-of-range id."""
+    B = is_popular.shape[0]
+    for b in range(B):
+        if bad[b] >= 0:
+            return -1, b, 0
+    n_pop = 0
+    n_np = 0
+    nc = 0
+    hot_start[0] = 0
+    cold_start[0] = 0
+    for b in range(B):
+        if is_popular[b] and not fused:
+            pop_samples[n_pop] = b
+            n_pop += 1
+        else:
+            np_samples[n_np] = b
+            nc += n_cold[b]
+            n_np += 1
+            cold_start[n_np] = nc
+            hot_start[n_np] = n_np * C - nc
+    return n_pop, n_np, nc
 
 
 @njit(cache=True, parallel=True)
@@ -48,17 +77,19 @@ def _write_popular(slot, C, pop_samples, pop_ids):
             pop_ids[i * C + c] = slot[b * C + c]
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def _write_non_popular(
-    ids, col_offset, slot, np_samples, slot_map, hot_pos, hot_slot, cold_pos, cold_slot, working_set
+    ids, col_offset, slot, np_samples, hot_start, cold_start, hot_pos, hot_slot, cold_pos, cold_fid
 ):
-    """Fills the non-popular lookups' positions/slots and the working set; returns (n_hot, n_cold, n_unique)."""
+    """Positions and hot slots of the non-popular lookups, and the fused ids of the cold ones, in batch order.
+
+    Each sample writes at its own offsets (``hot_start``/``cold_start``: prefix sums of its hot and cold
+    lookups), so the samples run in parallel."""
     C = ids.shape[1]
-    nh = 0
-    nc = 0
-    u = 0
-    for i in range(np_samples.shape[0]):
+    for i in prange(np_samples.shape[0]):
         b = np_samples[i]
+        nh = hot_start[i]
+        nc = cold_start[i]
         for c in range(C):
             k = i * C + c
             r = slot[b * C + c]
@@ -67,27 +98,41 @@ def _write_non_popular(
                 hot_slot[nh] = r
                 nh += 1
             else:
-                fid = col_offset[c] + ids[b, c]
-                s = slot_map[fid]
-                if s < 0:
-                    s = u
-                    slot_map[fid] = u
-                    working_set[u] = fid
-                    u += 1
                 cold_pos[nc] = k
-                cold_slot[nc] = s
+                cold_fid[nc] = col_offset[c] + ids[b, c]
                 nc += 1
+
+
+@njit(cache=True)
+def _assign_cold_slots(cold_fid, slot_map, cold_slot, working_set):
+    """Numbers the distinct cold rows in first-occurrence order (the working set); returns how many.
+
+    Sequential, but over the cold lookups only (a few percent of a skewed batch)."""
+    u = 0
+    for j in range(cold_fid.shape[0]):
+        fid = cold_fid[j]
+        s = slot_map[fid]
+        if s < 0:
+            s = u
+            slot_map[fid] = u
+            working_set[u] = fid
+            u += 1
+        cold_slot[j] = s
     for j in range(u):  # leave the scratch map clean for the next call
         slot_map[working_set[j]] = -1
-    return nh, nc, u
+    return u
 
 
 def new_buffers(max_lookups: int, max_samples: int) -> dict[str, np.ndarray]:
     """Output arrays for :func:`split_batch`, allocated once and reused (one set per batch in flight)."""
     out = {
         k: np.empty(max_lookups, np.int64)
-        for k in ("pop_ids", "hot_pos", "hot_slot", "cold_pos", "cold_slot", "working_set")
+        for k in ("pop_ids", "hot_pos", "hot_slot", "cold_pos", "cold_slot", "cold_fid", "working_set")
     }
+    for k in ("n_cold", "pop_samples", "np_samples"):
+        out[k] = np.empty(max_samples, np.int64)
+    for k in ("hot_start", "cold_start"):
+        out[k] = np.empty(max_samples + 1, np.int64)
     out["is_popular"] = np.empty(max_samples, np.bool_)
     out["slot"] = np.empty(max_lookups, np.int32)
     out["bad"] = np.empty(max_samples, np.int64)
@@ -110,22 +155,34 @@ def split_batch(ids, col_offset, col_size, remap, slot_map, buffers, fused=False
     is_popular = buffers["is_popular"][:B]
     bad = buffers["bad"][:B]
     slot = buffers["slot"][: B * C]
-    _classify(ids, col_offset, col_size, remap, is_popular, bad, slot)
-    empty = np.zeros(0, dtype=np.int64)
-    if B and bad.max() >= 0:
-        return empty, empty, empty, empty, empty, empty, empty, empty, bad
-    if fused:
-        pop_samples, np_samples = empty, np.arange(B, dtype=np.int64)
-    else:
-        pop_samples = np.flatnonzero(is_popular)
-        np_samples = np.flatnonzero(~is_popular)
-    pop_ids = buffers["pop_ids"][: pop_samples.shape[0] * C]
-    _write_popular(slot, C, pop_samples, pop_ids)
-    hot_pos, hot_slot = buffers["hot_pos"], buffers["hot_slot"]
-    cold_pos, cold_slot, working_set = buffers["cold_pos"], buffers["cold_slot"], buffers["working_set"]
-    nh, nc, u = _write_non_popular(
-        ids, col_offset, slot, np_samples, slot_map, hot_pos, hot_slot, cold_pos, cold_slot, working_set
+    n_cold = buffers["n_cold"][:B]
+    _classify(ids, col_offset, col_size, remap, is_popular, bad, slot, n_cold)
+    hot_start, cold_start = buffers["hot_start"][: B + 1], buffers["cold_start"][: B + 1]
+    n_pop, n_np, nc = _partition(
+        is_popular,
+        bad,
+        n_cold,
+        C,
+        fused,
+        buffers["pop_samples"],
+        buffers["np_samples"],
+        hot_start,
+        cold_start,
     )
+    if n_pop < 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty, empty, empty, empty, empty, empty, bad
+    pop_samples, np_samples = buffers["pop_samples"][:n_pop], buffers["np_samples"][:n_np]
+    pop_ids = buffers["pop_ids"][: n_pop * C]
+    _write_popular(slot, C, pop_samples, pop_ids)
+    nh = n_np * C - nc
+    hot_pos, hot_slot = buffers["hot_pos"], buffers["hot_slot"]
+    cold_pos, cold_slot, cold_fid = buffers["cold_pos"], buffers["cold_slot"], buffers["cold_fid"]
+    working_set = buffers["working_set"]
+    _write_non_popular(
+        ids, col_offset, slot, np_samples, hot_start, cold_start, hot_pos, hot_slot, cold_pos, cold_fid
+    )
+    u = _assign_cold_slots(cold_fid[:nc], slot_map, cold_slot, working_set)
     return (
         pop_samples,
         np_samples,
