@@ -7,7 +7,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -387,8 +387,10 @@ class _Window:
             self.counters[k] = self.counters.get(k, 0.0) + v
 
     def report(self, step: int) -> dict:
+        from hotline.executor import overlap_ratio
+
         elapsed = time.perf_counter() - self.start
-        return {
+        rec = {
             "kind": "train",
             "step": step,
             "loss": self.loss / max(self.samples, 1),
@@ -396,7 +398,8 @@ class _Window:
             "time_s": {k: round(v, 6) for k, v in self.times.items()},
             **{k: v for k, v in self.counters.items()},
         }
-
-
-def config_dict(config: TrainConfig) -> dict:
-    return asdict(config)
+        if "popular_samples" in self.counters:
+            rec["popular_sample_share"] = self.counters["popular_samples"] / max(self.samples, 1)
+        if "stall" in self.times:
+            rec["overlap_ratio"] = overlap_ratio(self.times)
+        return rec
