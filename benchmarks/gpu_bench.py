@@ -38,7 +38,38 @@ def _map_kernels() -> None:
         spec.loader.exec_module(module)
 
 
+def _quiet_tqdm_if_missing() -> None:
+    """The GPU machine's image has no tqdm and no network; the benchmark needs no progress bars, so a silent
+    stand-in with tqdm's interface is registered there (only when tqdm cannot be imported)."""
+    try:
+        import tqdm  # noqa: F401
+    except ModuleNotFoundError:
+        import types
+
+        class _Silent:
+            def __init__(self, iterable=None, *args, **kwargs):
+                self.iterable = iterable
+
+            def __iter__(self):
+                return iter(self.iterable or ())
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+            def __getattr__(self, name):  # update, set_postfix, close, ...
+                return lambda *a, **k: None
+
+        for name in ("tqdm", "tqdm.auto"):
+            module = types.ModuleType(name)
+            module.tqdm = _Silent
+            sys.modules[name] = module
+
+
 _map_kernels()
+_quiet_tqdm_if_missing()
 
 import bench_pipeline  # noqa: E402
 import common  # noqa: E402
