@@ -11,6 +11,7 @@ Run on the GPU machine: ``python benchmarks/gpu_bench.py --json $OUT/gpu.json`` 
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import sys
 import tempfile
@@ -64,6 +65,7 @@ def _quiet_tqdm_if_missing() -> None:
 
         for name in ("tqdm", "tqdm.auto"):
             module = types.ModuleType(name)
+            module.__spec__ = importlib.machinery.ModuleSpec(name, None)  # torch probes find_spec("tqdm")
             module.tqdm = _Silent
             sys.modules[name] = module
 
