@@ -31,6 +31,7 @@ from hotline.model import DLRM, init_embedding_table
 from hotline.modes import DeviceMode, StepStats, TrainMode, check_ids, loss_and_backward, table_offsets
 from hotline.placement import Placement
 from hotline.sparse_optim import SparseOptimizer
+from hotline.tiers import placement_for
 
 
 def coalesce(ids: torch.Tensor, grads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -334,7 +335,7 @@ def build_distributed_mode(comm, config, dataset, optimizer: SparseOptimizer) ->
         return ReplicatedDeviceMode(
             comm, dataset.table_sizes, config.embedding_dim, optimizer, config.seed, config.device
         )
-    placement = _placement(config, dataset)
+    placement = placement_for(config, dataset, progress=False)
     max_shard = -(-config.mini_batch_size // comm.world_size)
     return ShardedTieredMode(
         comm,
@@ -348,35 +349,3 @@ def build_distributed_mode(comm, config, dataset, optimizer: SparseOptimizer) ->
         max_shard,
         config.device,
     )
-
-
-def _placement(config, dataset) -> Placement:
-    """The placement ``hotline.tiers`` would use (all-cold for hybrid; loaded or profiled for hotline)."""
-    if config.mode == "hybrid":
-        return Placement.all_cold(
-            dataset.table_sizes, dataset_fingerprint=dataset.fingerprint, embedding_dim=config.embedding_dim
-        )
-    if config.placement_path:
-        placement = Placement.load(config.placement_path, dataset=dataset)
-    elif config.hbm_budget is not None:
-        from hotline.profiler import profile
-
-        prof = profile(
-            dataset,
-            embedding_dim=config.embedding_dim,
-            optimizer=config.optimizer,
-            mini_batch_size=config.mini_batch_size,
-            seed=config.seed,
-            progress=False,
-        )
-        placement = prof.placement(config.hbm_budget)
-    else:
-        raise ValueError(
-            "--mode hotline needs --placement FILE (from `hotline profile`) or --hbm-budget SIZE"
-        )
-    if placement.embedding_dim != config.embedding_dim:
-        raise ValueError(
-            f"the placement was made for embedding dim {placement.embedding_dim}, the model uses "
-            f"{config.embedding_dim} (--arch-sparse-feature-size)"
-        )
-    return placement

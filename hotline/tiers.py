@@ -359,13 +359,14 @@ class TieredMode(TrainMode):
                 self.hot_s.copy_(torch.from_numpy(self.cold.s[self.hot_rows]))
 
 
-def build_tiered_mode(config, dataset: Dataset, optimizer: SparseOptimizer) -> TieredMode:
-    """The ``hybrid`` or ``hotline`` mode for a TrainConfig (``hotline`` loads or computes its placement)."""
+def placement_for(config, dataset: Dataset, progress: bool = True) -> Placement:
+    """The placement a TrainConfig asks for: all-cold for ``hybrid``; for ``hotline`` loaded from
+    ``--placement`` or profiled under ``--hbm-budget``. Checked against the dataset and the embedding dim."""
     if config.mode == "hybrid":
-        placement = Placement.all_cold(
+        return Placement.all_cold(
             dataset.table_sizes, dataset_fingerprint=dataset.fingerprint, embedding_dim=config.embedding_dim
         )
-    elif config.placement_path:
+    if config.placement_path:
         placement = Placement.load(config.placement_path, dataset=dataset)
     elif config.hbm_budget is not None:
         from hotline.profiler import profile
@@ -376,7 +377,7 @@ def build_tiered_mode(config, dataset: Dataset, optimizer: SparseOptimizer) -> T
             optimizer=config.optimizer,
             mini_batch_size=config.mini_batch_size,
             seed=config.seed,
-            progress=config.progress,
+            progress=progress,
         )
         placement = prof.placement(config.hbm_budget)
     else:
@@ -388,6 +389,12 @@ def build_tiered_mode(config, dataset: Dataset, optimizer: SparseOptimizer) -> T
             f"the placement was made for embedding dim {placement.embedding_dim}, the model uses "
             f"{config.embedding_dim} (--arch-sparse-feature-size)"
         )
+    return placement
+
+
+def build_tiered_mode(config, dataset: Dataset, optimizer: SparseOptimizer) -> TieredMode:
+    """The ``hybrid`` or ``hotline`` mode for a TrainConfig (``hotline`` loads or computes its placement)."""
+    placement = placement_for(config, dataset, progress=config.progress)
     in_flight = 1 if config.mode == "hybrid" else config.lookahead + 3
     return TieredMode(
         config.mode,
