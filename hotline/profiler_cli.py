@@ -7,14 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from hotline.units import format_size, parse_size
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from e
+from hotline.units import format_size, size_arg
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -47,7 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--split", default="train", choices=["train", "val", "test"], help="split to profile")
     parser.add_argument(
         "--hbm-budget",
-        type=_size,
+        type=size_arg,
         default=None,
         metavar="SIZE",
         help="device bytes for hot rows, e.g. 256MiB, 2GiB, 1GB or plain bytes (required for --out)",

@@ -6,14 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from hotline.units import format_size, parse_size
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from e
+from hotline.units import format_size, size_arg
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -32,7 +25,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--world-size", type=int, default=1, metavar="N", help="number of devices (default 1)"
     )
     parser.add_argument(
-        "--hbm-per-gpu", type=_size, default="16GiB", metavar="SIZE", help="memory per device (default 16GiB)"
+        "--hbm-per-gpu",
+        type=size_arg,
+        default="16GiB",
+        metavar="SIZE",
+        help="memory per device (default 16GiB)",
     )
     parser.add_argument(
         "--compute-device",

@@ -49,6 +49,16 @@ def parse_size(text: str | int) -> int:
     return int(number) * _UNITS[unit]
 
 
+def size_arg(text: str) -> int:
+    """``parse_size`` as an argparse ``type=``: a bad size becomes argparse's usage error."""
+    import argparse
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
 def format_size(num_bytes: int) -> str:
     """A byte count for people, in binary units: ``268435456 -> "256 MiB"``, ``1536 -> "1.5 KiB"``."""
     num_bytes = int(num_bytes)
