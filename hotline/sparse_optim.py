@@ -71,13 +71,31 @@ class SparseOptimizer:
         return self._step_torch(table, state, ids, grads)
 
     def _step_torch(self, table, state, ids, grads) -> int:
-        rows, inverse = torch.unique(ids, return_inverse=True)
-        gsum = torch.zeros((rows.shape[0], table.shape[1]), dtype=grads.dtype, device=grads.device)
+        rows, inverse = torch.unique(ids, return_inverse=True)  # synchronises on CUDA: see step_coalesced
+        self.step_coalesced(table, state, rows, inverse, grads)
+        return int(rows.shape[0])
+
+    def step_coalesced(
+        self,
+        table: torch.Tensor,
+        state: torch.Tensor,
+        rows: torch.Tensor | None,
+        inverse: torch.Tensor,
+        grads: torch.Tensor,
+        num_rows: int | None = None,
+    ) -> None:
+        """The torch update when the distinct rows are already known: ``rows`` [U] (unique) and ``inverse``
+        (lookup -> index into ``rows``), computed on the host ahead of time. Nothing here needs a result back
+        on the host, so on CUDA it queues without synchronising. ``rows=None`` means rows ``0..num_rows-1``
+        (a working buffer, whose slots are already distinct)."""
+        n = int(rows.shape[0]) if rows is not None else int(num_rows)
+        gsum = torch.zeros((n, table.shape[1]), dtype=grads.dtype, device=grads.device)
         gsum.index_add_(0, inverse, grads)
+        if rows is None:
+            rows = torch.arange(n, device=table.device)
         if self.kind == "sgd":
             table.index_add_(0, rows, gsum, alpha=-self.lr)
         else:
-            state[rows] += gsum.pow(2).mean(dim=1)
-            scale = self.lr / (state[rows].sqrt() + self.eps)
+            state.index_add_(0, rows, gsum.pow(2).mean(dim=1))
+            scale = self.lr / (state.index_select(0, rows).sqrt() + self.eps)
             table.index_add_(0, rows, -gsum * scale[:, None])
-        return int(rows.shape[0])

@@ -29,6 +29,7 @@ from torch.profiler import record_function
 
 from hotline.datasets.format import Batch, Dataset
 from hotline.dispatcher import Dispatcher, MicroBatches
+from hotline.kernels import sparse_update
 from hotline.kernels.gather import gather_rows, scatter_rows
 from hotline.model import DLRM
 from hotline.modes import StepStats, TrainMode, check_ids, initial_tables, loss_and_backward, table_offsets
@@ -161,6 +162,10 @@ class TieredMode(TrainMode):
         ]
         self._next_staging = 0
         self._hot_scratch = optimizer.new_scratch(self.hot_w.shape[0], self.device)
+        # On CUDA the sparse updates run as torch ops; their distinct hot rows are found on the host while the
+        # batch is prepared, so the device never waits for a torch.unique (tests set it on CPU, too).
+        self.device_updates = self.device.type == "cuda"
+        self._prep_scratch = sparse_update.new_scratch(self.hot_w.shape[0])
         self._work_scratch = optimizer.new_scratch(max_rows, self.device)
 
     # -- the two halves of a step (the pipelined executor runs prepare ahead on a worker thread) ----------
@@ -188,6 +193,11 @@ class TieredMode(TrainMode):
             index = {
                 k: torch.from_numpy(getattr(micro, k)).to(self.device, non_blocking=nb) for k in _INDEX_NAMES
             }
+            if self.device_updates:
+                hot_ids = np.concatenate([micro.pop_ids, micro.hot_slot])
+                hot_rows, hot_inverse = sparse_update.distinct(hot_ids, self._prep_scratch)
+                index["hot_rows"] = torch.from_numpy(hot_rows).to(self.device, non_blocking=nb)
+                index["hot_inverse"] = torch.from_numpy(hot_inverse).to(self.device, non_blocking=nb)
             index["dense"] = torch.from_numpy(batch.dense).to(self.device, non_blocking=nb)
             index["labels"] = torch.from_numpy(batch.labels).to(self.device, non_blocking=nb)
             ready = None
@@ -263,14 +273,27 @@ class TieredMode(TrainMode):
         t2 = time.perf_counter()
         touched = 0
         with record_function("## sparse optimizer ##"):
-            if hot_ids:
-                touched += self.optimizer.step(
-                    self.hot_w, self.hot_s, torch.cat(hot_ids), torch.cat(hot_grads), self._hot_scratch
-                )
-            if cold_grads is not None and cold_grads.shape[0]:
-                touched += self.optimizer.step(
-                    prep.work, prep.work_state, ix["cold_slot"], cold_grads, self._work_scratch
-                )
+            if self.device_updates:
+                if hot_ids:
+                    self.optimizer.step_coalesced(
+                        self.hot_w, self.hot_s, ix["hot_rows"], ix["hot_inverse"], torch.cat(hot_grads)
+                    )
+                    touched += int(ix["hot_rows"].shape[0])
+                if cold_grads is not None and cold_grads.shape[0]:
+                    n = prep.work.shape[0]
+                    self.optimizer.step_coalesced(
+                        prep.work, prep.work_state, None, ix["cold_slot"], cold_grads, num_rows=n
+                    )
+                    touched += n
+            else:
+                if hot_ids:
+                    touched += self.optimizer.step(
+                        self.hot_w, self.hot_s, torch.cat(hot_ids), torch.cat(hot_grads), self._hot_scratch
+                    )
+                if cold_grads is not None and cold_grads.shape[0]:
+                    touched += self.optimizer.step(
+                        prep.work, prep.work_state, ix["cold_slot"], cold_grads, self._work_scratch
+                    )
         t3 = time.perf_counter()
         return StepStats(
             loss_sum=loss,

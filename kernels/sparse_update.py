@@ -92,6 +92,15 @@ def new_scratch(rows: int) -> np.ndarray:
     return np.full(rows, -1, dtype=np.int32)
 
 
+def distinct(ids: np.ndarray, scratch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct ids in first-occurrence order and ``inverse`` (each id's index into them)."""
+    ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+    uniq = np.empty(ids.shape[0], np.int64)
+    inverse = np.empty(ids.shape[0], np.int64)
+    u = _first_occurrence(ids, scratch, uniq, inverse)
+    return uniq[:u], inverse
+
+
 def coalesce(
     ids: np.ndarray, grads: np.ndarray, scratch: np.ndarray | None = None, rows: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:

@@ -62,7 +62,7 @@ def _placement(ds, kind, optimizer, path):
     return str(path)
 
 
-def _run(ds, mode, optimizer, placement=None, lookahead=0, micro_batches="auto"):
+def _run(ds, mode, optimizer, placement=None, lookahead=0, micro_batches="auto", device_updates=False):
     cfg = TrainConfig(
         micro_batches=micro_batches,
         mode=mode,
@@ -77,6 +77,8 @@ def _run(ds, mode, optimizer, placement=None, lookahead=0, micro_batches="auto")
         **ARCH,
     )
     tr = Trainer(cfg, ds)
+    if device_updates:  # the CUDA update path (torch ops, distinct rows found on the host), run on the CPU
+        tr.mode.device_updates = True
     try:
         stats = [s for s in tr.progress(tr.batches())]
         return np.array([s.loss_sum for s in stats]), tr.named_arrays(), stats
@@ -197,3 +199,14 @@ def test_lookahead_equals_device(datasets, tmp_path, optimizer, lookahead, micro
     stale = sum(s.counters["stale_rows"] for s in run[2])
     assert stale > 0  # the case that matters happened: rows shared with in-flight steps were refreshed
     assert_equivalent(_device(ds, optimizer), run)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "rowwise-adagrad"])
+@pytest.mark.parametrize("lookahead", [0, 2])
+def test_device_update_path_equals_device(datasets, tmp_path, optimizer, lookahead):
+    """The sparse updates CUDA runs (torch ops fed with host-computed distinct rows) are exact too."""
+    ds = datasets[3]
+    path = _placement(ds, "profiled", optimizer, tmp_path / "p.npz")
+    assert_equivalent(
+        _device(ds, optimizer), _run(ds, "hotline", optimizer, path, lookahead, device_updates=True)
+    )
