@@ -28,7 +28,15 @@ import torch
 from hotline.datasets.format import Batch
 from hotline.dispatcher import Dispatcher
 from hotline.model import DLRM, init_embedding_table
-from hotline.modes import DeviceMode, StepStats, TrainMode, check_ids, loss_and_backward, table_offsets
+from hotline.modes import (
+    DeviceMode,
+    StepStats,
+    TrainMode,
+    check_ids,
+    loss_and_backward,
+    sum_pool,
+    table_offsets,
+)
 from hotline.placement import Placement
 from hotline.sparse_optim import SparseOptimizer
 from hotline.tiers import placement_for
@@ -82,7 +90,7 @@ class ReplicatedDeviceMode(DeviceMode):
         t1 = time.perf_counter()
         loss = 0.0
         if B:
-            pooled = rows.view(B, T, L, self.dim).sum(dim=2)
+            pooled = sum_pool(rows, T, L)
             dense = torch.from_numpy(batch.dense).to(self.device)
             labels = torch.from_numpy(batch.labels).to(self.device)
             loss = loss_and_backward(model, dense, pooled, labels, G)
@@ -214,7 +222,7 @@ class ShardedTieredMode(TrainMode):
         if micro.num_popular:
             rows = self.hot_w.index_select(0, ix["pop_ids"]).requires_grad_(True)
             idx = ix["popular_samples"]
-            loss += loss_and_backward(model, dense[idx], rows.view(-1, T, L, D).sum(dim=2), labels[idx], G)
+            loss += loss_and_backward(model, dense[idx], sum_pool(rows, T, L), labels[idx], G)
             hot_ids.append(ix["pop_ids"])
             hot_grads.append(rows.grad)
         cold_sum = torch.zeros((ws.shape[0], D), dtype=torch.float32, device=self.device)
@@ -224,7 +232,7 @@ class ShardedTieredMode(TrainMode):
             rows[ix["cold_pos"]] = work.to(self.device).index_select(0, ix["cold_slot"])
             rows.requires_grad_(True)
             idx = ix["non_popular_samples"]
-            loss += loss_and_backward(model, dense[idx], rows.view(-1, T, L, D).sum(dim=2), labels[idx], G)
+            loss += loss_and_backward(model, dense[idx], sum_pool(rows, T, L), labels[idx], G)
             hot_ids.append(ix["hot_slot"])
             hot_grads.append(rows.grad[ix["hot_pos"]])
             cold_sum.index_add_(0, ix["cold_slot"], rows.grad[ix["cold_pos"]])
@@ -274,7 +282,7 @@ class ShardedTieredMode(TrainMode):
             rows[torch.from_numpy(hot)] = self.hot_w[torch.from_numpy(slots[hot])]
         if cold.size:
             rows[torch.from_numpy(cold)] = fetched[torch.from_numpy(inverse.reshape(-1))].to(self.device)
-        return rows.view(B, T, L, self.dim).sum(dim=2)
+        return sum_pool(rows, T, L)
 
     def _assemble(self, shard: torch.Tensor, hot: torch.Tensor) -> np.ndarray:
         """Every row (fused ids) from all ranks' shards, hot rows from the hot tier (a collective)."""

@@ -107,9 +107,9 @@ class InteractionArch(nn.Module):
         self.op = op
         F = num_tables + 1
         li, lj = torch.tril_indices(F, F, offset=-1)
-        # Built once: the strictly lower triangle of the F x F interaction matrix, as in DLRM.
-        self.register_buffer("li", li, persistent=False)
-        self.register_buffer("lj", lj, persistent=False)
+        # Built once: the strictly lower triangle of the F x F interaction matrix, as in DLRM, as flat indices:
+        # index_select's backward (index_add) is about 4x faster on CPU than that of z[:, li, lj].
+        self.register_buffer("tril_flat", li * F + lj, persistent=False)
 
     def forward(self, dense_out: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
         B = dense_out.shape[0]
@@ -117,7 +117,7 @@ class InteractionArch(nn.Module):
         if self.op == "cat":
             return features.reshape(B, -1)
         z = torch.bmm(features, features.transpose(1, 2))  # [B, F, F]
-        return torch.cat([dense_out, z[:, self.li, self.lj]], dim=1)
+        return torch.cat([dense_out, z.flatten(1).index_select(1, self.tril_flat)], dim=1)
 
 
 class OverArch(nn.Module):

@@ -40,6 +40,14 @@ def table_offsets(table_sizes: list[int]) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(table_sizes[:-1], dtype=np.int64)]).astype(np.int64)
 
 
+def sum_pool(rows: torch.Tensor, T: int, L: int) -> torch.Tensor:
+    """Pooled embeddings [B, T, D] from looked-up rows [B*T*L, D] (sum over each bag of L lookups).
+
+    One-hot (L = 1) is a view, not a sum: no copy forward, no expand backward."""
+    D = rows.shape[1]
+    return rows.view(-1, T, D) if L == 1 else rows.view(-1, T, L, D).sum(dim=2)
+
+
 def check_ids(sparse: np.ndarray, table_sizes: list[int]) -> None:
     """Raises IndexError naming the table and id if any id of ``sparse`` [B, T, L] is out of range."""
     sizes = np.asarray(table_sizes, dtype=np.int64)
@@ -135,7 +143,7 @@ class DeviceMode(TrainMode):
         ids = self._fused_ids(batch.sparse).to(self.device)
         rows = self.weight.index_select(0, ids).requires_grad_(True)
         t1 = time.perf_counter()
-        pooled = rows.view(B, T, L, self.dim).sum(dim=2)
+        pooled = sum_pool(rows, T, L)
         dense = torch.from_numpy(batch.dense).to(self.device)
         labels = torch.from_numpy(batch.labels).to(self.device)
         loss = loss_and_backward(model, dense, pooled, labels, B)
@@ -153,7 +161,7 @@ class DeviceMode(TrainMode):
     def pooled_eval(self, sparse: np.ndarray) -> torch.Tensor:
         B, T, L = sparse.shape
         rows = self.weight.index_select(0, self._fused_ids(sparse).to(self.device))
-        return rows.view(B, T, L, self.dim).sum(dim=2)
+        return sum_pool(rows, T, L)
 
     def export_tables(self) -> list[np.ndarray]:
         w = self.weight.detach().cpu().numpy()

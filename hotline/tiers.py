@@ -32,7 +32,15 @@ from hotline.dispatcher import Dispatcher, MicroBatches
 from hotline.kernels import sparse_update
 from hotline.kernels.gather import gather_rows, scatter_rows
 from hotline.model import DLRM
-from hotline.modes import StepStats, TrainMode, check_ids, initial_tables, loss_and_backward, table_offsets
+from hotline.modes import (
+    StepStats,
+    TrainMode,
+    check_ids,
+    initial_tables,
+    loss_and_backward,
+    sum_pool,
+    table_offsets,
+)
 from hotline.placement import Placement
 from hotline.sparse_optim import SparseOptimizer
 
@@ -252,7 +260,7 @@ class TieredMode(TrainMode):
             with record_function("## popular forward/backward ##"):
                 rows = self.hot_w.index_select(0, ix["pop_ids"]).requires_grad_(True)
                 idx = ix["popular_samples"]
-                pooled = rows.view(-1, T, L, D).sum(dim=2)
+                pooled = sum_pool(rows, T, L)
                 loss += loss_and_backward(model, dense[idx], pooled, labels[idx], B)
                 hot_ids.append(ix["pop_ids"])
                 hot_grads.append(rows.grad)
@@ -265,7 +273,7 @@ class TieredMode(TrainMode):
                 rows[ix["cold_pos"]] = prep.work.index_select(0, ix["cold_slot"])
                 rows.requires_grad_(True)
                 idx = ix["non_popular_samples"]
-                pooled = rows.view(-1, T, L, D).sum(dim=2)
+                pooled = sum_pool(rows, T, L)
                 loss += loss_and_backward(model, dense[idx], pooled, labels[idx], B)
                 hot_ids.append(ix["hot_slot"])
                 hot_grads.append(rows.grad[ix["hot_pos"]])
@@ -355,7 +363,7 @@ class TieredMode(TrainMode):
             rows[torch.from_numpy(hot).to(self.device)] = self.hot_w[
                 torch.from_numpy(slots[hot]).to(self.device)
             ]
-        return rows.view(B, T, L, self.dim).sum(dim=2)
+        return sum_pool(rows, T, L)
 
     def _merged(self, cold: np.ndarray, hot: torch.Tensor) -> np.ndarray:
         out = cold.copy()
