@@ -70,6 +70,13 @@ class SparseOptimizer:
             return sparse_update.sparse_rowwise_adagrad_(t, state.numpy(), i, g, self.lr, self.eps, scratch)
         return self._step_torch(table, state, ids, grads)
 
+    def step_parts(self, table: torch.Tensor, state: torch.Tensor, parts: list, scratch: np.ndarray) -> int:
+        """CPU: one update from gradients spread over several matrices, ``parts`` of ``(ids, grads, pos)`` numpy
+        arrays (see ``sparse_update.sparse_update_parts_``), without concatenating them first."""
+        return sparse_update.sparse_update_parts_(
+            self.kind, table.detach().numpy(), state.numpy(), parts, self.lr, self.eps, scratch
+        )
+
     def _step_torch(self, table, state, ids, grads) -> int:
         rows, inverse = torch.unique(ids, return_inverse=True)  # synchronises on CUDA: see step_coalesced
         self.step_coalesced(table, state, rows, inverse, grads)

@@ -30,7 +30,7 @@ from torch.profiler import record_function
 from hotline.datasets.format import Batch, Dataset
 from hotline.dispatcher import Dispatcher, MicroBatches
 from hotline.kernels import sparse_update
-from hotline.kernels.gather import gather_rows, scatter_rows
+from hotline.kernels.gather import assemble_rows, gather_rows, scatter_rows
 from hotline.model import DLRM
 from hotline.modes import (
     StepStats,
@@ -169,12 +169,12 @@ class TieredMode(TrainMode):
             for _ in range(max(1, in_flight))
         ]
         self._next_staging = 0
-        self._hot_scratch = optimizer.new_scratch(self.hot_w.shape[0], self.device)
-        # On CUDA the sparse updates run as torch ops; their distinct hot rows are found on the host while the
-        # batch is prepared, so the device never waits for a torch.unique (tests set it on CPU, too).
-        self.device_updates = self.device.type == "cuda"
+        self._hot_scratch = sparse_update.new_scratch(self.hot_w.shape[0])
+        # Off the CPU the sparse updates run as torch ops; their distinct hot rows are found on the host while
+        # the batch is prepared, so the device never waits for a torch.unique (tests set it on CPU, too).
+        self.device_updates = self.device.type != "cpu"
         self._prep_scratch = sparse_update.new_scratch(self.hot_w.shape[0])
-        self._work_scratch = optimizer.new_scratch(max_rows, self.device)
+        self._work_scratch = sparse_update.new_scratch(max_rows)
 
     # -- the two halves of a step (the pipelined executor runs prepare ahead on a worker thread) ----------
     def prepare(self, batch: Batch, claim=None, copy_stream=None) -> PreparedStep:
@@ -254,54 +254,34 @@ class TieredMode(TrainMode):
         C, D = T * L, self.dim
         dense, labels = ix["dense"], ix["labels"]
         loss = 0.0
-        hot_ids, hot_grads = [], []
+        # On CPU, Numba assembles the looked-up rows and reads the gradients in place (no index_put, no gathers
+        # of rows.grad, no concatenation); the torch ops below are the device path.
+        host = self.device.type == "cpu" and not self.device_updates
+        grad_p = grad_n = None
         t0 = time.perf_counter()
         if micro.num_popular:
             with record_function("## popular forward/backward ##"):
                 rows = self.hot_w.index_select(0, ix["pop_ids"]).requires_grad_(True)
                 idx = ix["popular_samples"]
-                pooled = sum_pool(rows, T, L)
-                loss += loss_and_backward(model, dense[idx], pooled, labels[idx], B)
-                hot_ids.append(ix["pop_ids"])
-                hot_grads.append(rows.grad)
+                loss += loss_and_backward(model, dense[idx], sum_pool(rows, T, L), labels[idx], B)
+                grad_p = rows.grad
         t1 = time.perf_counter()
-        cold_grads = None
         if micro.num_non_popular:
             with record_function("## non-popular forward/backward ##"):
                 rows = torch.empty((micro.num_non_popular * C, D), dtype=torch.float32, device=self.device)
-                rows[ix["hot_pos"]] = self.hot_w.index_select(0, ix["hot_slot"])
-                rows[ix["cold_pos"]] = prep.work.index_select(0, ix["cold_slot"])
+                if host:
+                    assemble_rows(rows.numpy(), self.hot_w.numpy(), micro.hot_pos, micro.hot_slot,
+                                  prep.work.numpy(), micro.cold_pos, micro.cold_slot)  # fmt: skip
+                else:
+                    rows[ix["hot_pos"]] = self.hot_w.index_select(0, ix["hot_slot"])
+                    rows[ix["cold_pos"]] = prep.work.index_select(0, ix["cold_slot"])
                 rows.requires_grad_(True)
                 idx = ix["non_popular_samples"]
-                pooled = sum_pool(rows, T, L)
-                loss += loss_and_backward(model, dense[idx], pooled, labels[idx], B)
-                hot_ids.append(ix["hot_slot"])
-                hot_grads.append(rows.grad[ix["hot_pos"]])
-                cold_grads = rows.grad[ix["cold_pos"]]
+                loss += loss_and_backward(model, dense[idx], sum_pool(rows, T, L), labels[idx], B)
+                grad_n = rows.grad
         t2 = time.perf_counter()
-        touched = 0
         with record_function("## sparse optimizer ##"):
-            if self.device_updates:
-                if hot_ids:
-                    self.optimizer.step_coalesced(
-                        self.hot_w, self.hot_s, ix["hot_rows"], ix["hot_inverse"], torch.cat(hot_grads)
-                    )
-                    touched += int(ix["hot_rows"].shape[0])
-                if cold_grads is not None and cold_grads.shape[0]:
-                    n = prep.work.shape[0]
-                    self.optimizer.step_coalesced(
-                        prep.work, prep.work_state, None, ix["cold_slot"], cold_grads, num_rows=n
-                    )
-                    touched += n
-            else:
-                if hot_ids:
-                    touched += self.optimizer.step(
-                        self.hot_w, self.hot_s, torch.cat(hot_ids), torch.cat(hot_grads), self._hot_scratch
-                    )
-                if cold_grads is not None and cold_grads.shape[0]:
-                    touched += self.optimizer.step(
-                        prep.work, prep.work_state, ix["cold_slot"], cold_grads, self._work_scratch
-                    )
+            touched = self._sparse_updates(prep, grad_p, grad_n, host)
         t3 = time.perf_counter()
         return StepStats(
             loss_sum=loss,
@@ -314,6 +294,38 @@ class TieredMode(TrainMode):
             },
             counters={**prep.counters, "rows_touched": touched},
         )
+
+    def _sparse_updates(self, prep: PreparedStep, grad_p, grad_n, host: bool) -> int:
+        """One update of the hot tier (both micro-batches' hot lookups) and one of the working buffer."""
+        micro, ix, opt = prep.micro, prep.index, self.optimizer
+        touched = 0
+        if host:
+            parts = [] if grad_p is None else [(micro.pop_ids, grad_p.numpy(), None)]
+            if grad_n is not None:
+                parts.append((micro.hot_slot, grad_n.numpy(), micro.hot_pos))
+            if parts:
+                touched += opt.step_parts(self.hot_w, self.hot_s, parts, self._hot_scratch)
+            if grad_n is not None and micro.cold_slot.shape[0]:
+                parts = [(micro.cold_slot, grad_n.numpy(), micro.cold_pos)]
+                touched += opt.step_parts(prep.work, prep.work_state, parts, self._work_scratch)
+            return touched
+        hot_ids = [] if grad_p is None else [ix["pop_ids"]]
+        hot_grads = [] if grad_p is None else [grad_p]
+        if grad_n is not None:
+            hot_ids.append(ix["hot_slot"])
+            hot_grads.append(grad_n[ix["hot_pos"]])
+        cold_grads = grad_n[ix["cold_pos"]] if grad_n is not None else None
+        # Device path: torch ops fed with the distinct hot rows found on the host (no torch.unique sync).
+        if hot_ids:
+            opt.step_coalesced(
+                self.hot_w, self.hot_s, ix["hot_rows"], ix["hot_inverse"], torch.cat(hot_grads)
+            )
+            touched += int(ix["hot_rows"].shape[0])
+        if cold_grads is not None and cold_grads.shape[0]:
+            n = prep.work.shape[0]
+            opt.step_coalesced(prep.work, prep.work_state, None, ix["cold_slot"], cold_grads, num_rows=n)
+            touched += n
+        return touched
 
     def start_write_back(self, prep: PreparedStep):
         """Starts copying the updated working rows to host staging; returns what ``finish_write_back`` needs."""

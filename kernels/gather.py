@@ -63,3 +63,33 @@ def scatter_rows(table: np.ndarray, rows: np.ndarray, src: np.ndarray) -> None:
         _scatter_rows(table, rows, src)
     else:
         _scatter_values(table, rows, src)
+
+
+@njit(cache=True, parallel=True)
+def _assemble_rows(out, hot, hot_pos, hot_slot, work, cold_pos, cold_slot):
+    D = out.shape[1]
+    for i in prange(hot_pos.shape[0]):
+        p = hot_pos[i]
+        s = hot_slot[i]
+        for d in range(D):
+            out[p, d] = hot[s, d]
+    for i in prange(cold_pos.shape[0]):
+        p = cold_pos[i]
+        s = cold_slot[i]
+        for d in range(D):
+            out[p, d] = work[s, d]
+
+
+def assemble_rows(out, hot, hot_pos, hot_slot, work, cold_pos, cold_slot) -> np.ndarray:
+    """``out[hot_pos] = hot[hot_slot]`` and ``out[cold_pos] = work[cold_slot]`` in one parallel pass: the rows
+    a micro-batch looks up, from the hot table and the working buffer (positions must cover ``out`` once)."""
+    if hot_pos.shape[0] + cold_pos.shape[0] != out.shape[0]:
+        raise ValueError(
+            f"{hot_pos.shape[0]} hot + {cold_pos.shape[0]} cold positions for {out.shape[0]} rows"
+        )
+    if hot_slot.shape[0] and hot_slot.max() >= hot.shape[0]:
+        raise IndexError(f"hot slot {hot_slot.max()} out of range for {hot.shape[0]} hot rows")
+    if cold_slot.shape[0] and cold_slot.max() >= work.shape[0]:
+        raise IndexError(f"working slot {cold_slot.max()} out of range for {work.shape[0]} working rows")
+    _assemble_rows(out, hot, hot_pos, hot_slot, work, cold_pos, cold_slot)
+    return out

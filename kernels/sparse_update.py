@@ -149,3 +149,67 @@ def sparse_rowwise_adagrad_(
     rows, gsum = coalesce(ids, grads, scratch, table.shape[0])
     _rowwise_adagrad_apply(table, state, rows, gsum, np.float32(lr), np.float32(eps))
     return int(rows.shape[0])
+
+
+@njit(cache=True, parallel=True)
+def _accumulate_rows(grads, pos, inverse, u, n_threads, out):
+    """``out[inverse[j]] += grads[pos[j]]`` in input order (thread c owns a range of output rows)."""
+    D = grads.shape[1]
+    for c in prange(n_threads):
+        lo = u * c // n_threads
+        hi = u * (c + 1) // n_threads
+        for j in range(inverse.shape[0]):
+            k = inverse[j]
+            if k >= lo and k < hi:
+                r = pos[j]
+                for d in range(D):
+                    out[k, d] += grads[r, d]
+
+
+def sparse_update_parts_(
+    kind: str,
+    table: np.ndarray,
+    state: np.ndarray,
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]],
+    lr: float,
+    eps: float,
+    scratch: np.ndarray,
+) -> int:
+    """One sparse update (``kind`` ``sgd`` or ``rowwise-adagrad``) from gradients spread over several matrices.
+
+    Each part is ``(ids, grads, pos)``: lookup j of the part updates row ``ids[j]`` with ``grads[pos[j]]``
+    (``pos=None``: ``grads[j]``). Duplicates across all parts are summed in part order, then input order,
+    exactly as the concatenated ``(ids, grads)`` would be, without building that concatenation. Returns the
+    rows touched."""
+    all_ids = (
+        np.concatenate([np.asarray(i, dtype=np.int64).reshape(-1) for i, _, _ in parts])
+        if parts
+        else (np.zeros(0, np.int64))
+    )
+    if all_ids.size and (all_ids.min() < 0 or all_ids.max() >= table.shape[0]):
+        bad = all_ids[(all_ids < 0) | (all_ids >= table.shape[0])][0]
+        raise IndexError(f"row id {bad} out of range for a table of {table.shape[0]} rows")
+    if scratch.dtype != np.int32 or scratch.shape[0] < table.shape[0]:
+        raise ValueError(f"scratch must be int32 with at least {table.shape[0]} entries")
+    uniq = np.empty(all_ids.shape[0], np.int64)
+    inverse = np.empty(all_ids.shape[0], np.int64)
+    u = _first_occurrence(all_ids, scratch, uniq, inverse)
+    gsum = np.zeros((u, table.shape[1]), np.float32)
+    start = 0
+    for ids, grads, pos in parts:
+        n = np.asarray(ids).reshape(-1).shape[0]
+        if grads.dtype != np.float32 or grads.ndim != 2 or grads.shape[1] != table.shape[1]:
+            raise ValueError(f"grads must be float32 [*, {table.shape[1]}], got {grads.dtype} {grads.shape}")
+        pos = np.arange(n, dtype=np.int64) if pos is None else np.ascontiguousarray(pos, dtype=np.int64)
+        if pos.shape[0] != n or (n and (pos.min() < 0 or pos.max() >= grads.shape[0])):
+            raise ValueError(f"pos must give a row of grads [{grads.shape[0]}] for each of the {n} ids")
+        _accumulate_rows(
+            np.ascontiguousarray(grads), pos, inverse[start : start + n], u, get_num_threads(), gsum
+        )
+        start += n
+    rows = uniq[:u]
+    if kind == "sgd":
+        _sgd_apply(table, rows, gsum, np.float32(lr))
+    else:
+        _rowwise_adagrad_apply(table, state, rows, gsum, np.float32(lr), np.float32(eps))
+    return int(u)

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 import naive
 from hotline.dispatcher import Dispatcher
-from hotline.kernels.gather import gather_rows, scatter_rows
+from hotline.kernels.gather import assemble_rows, gather_rows, scatter_rows
 from hotline.placement import Placement
 
 
@@ -82,3 +82,19 @@ def test_gather_scatter_match_twins(rows, n, dim, seed):
     expect = naive.scatter_rows(table, uniq, src)
     scatter_rows(table, uniq, src)
     np.testing.assert_array_equal(table, expect)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**31), st.integers(0, 30), st.integers(1, 5))
+def test_assemble_rows_matches_twin(seed, n, dim):
+    rng = np.random.default_rng(seed)
+    hot = rng.normal(size=(7, dim)).astype(np.float32)
+    work = rng.normal(size=(4, dim)).astype(np.float32)
+    perm = rng.permutation(n)
+    k = int(rng.integers(0, n + 1))
+    hot_pos, cold_pos = perm[:k], perm[k:]
+    hot_slot, cold_slot = rng.integers(0, 7, k), rng.integers(0, 4, n - k)
+    out = assemble_rows(np.empty((n, dim), np.float32), hot, hot_pos, hot_slot, work, cold_pos, cold_slot)
+    expect = naive.scatter_rows(np.zeros((n, dim), np.float32), hot_pos, naive.gather_rows(hot, hot_slot))
+    expect = naive.scatter_rows(expect, cold_pos, naive.gather_rows(work, cold_slot))
+    np.testing.assert_array_equal(out, expect)

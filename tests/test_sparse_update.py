@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 import naive
 from hotline.kernels import sparse_update
+from hotline.sparse_optim import OPTIMIZERS as OPTS
 from hotline.sparse_optim import SparseOptimizer
 
 
@@ -103,3 +104,29 @@ def test_coalesce_first_occurrence_order():
     )
     assert uniq.tolist() == [4, 1, 2]
     np.testing.assert_array_equal(gsum[:, 0], [4.0, 2.0, 4.0])
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31), n1=st.integers(0, 40), n2=st.integers(0, 40), kind=st.sampled_from(OPTS))
+def test_update_from_parts_equals_twin_on_the_concatenation(seed, n1, n2, kind):
+    """Gradients read in place from two matrices (the second through positions) = the concatenated update."""
+    rng = np.random.default_rng(seed)
+    rows, dim = 25, 3
+    table = rng.normal(size=(rows, dim)).astype(np.float32)
+    state = np.abs(rng.normal(size=rows)).astype(np.float32)
+    ids1, g1 = rng.integers(0, rows, n1), rng.normal(size=(n1, dim)).astype(np.float32)
+    big = rng.normal(size=(n2 + 5, dim)).astype(np.float32)
+    pos2 = rng.permutation(n2 + 5)[:n2]
+    ids2 = rng.integers(0, rows, n2)
+    ids, grads = np.concatenate([ids1, ids2]), np.concatenate([g1, big[pos2]])
+    if kind == "sgd":
+        exp_t, exp_s = naive.sparse_sgd(table, ids, grads, 0.05), state
+    else:
+        exp_t, exp_s = naive.sparse_rowwise_adagrad(table, state, ids, grads, 0.05, 1e-8)
+    parts = [(ids1, g1, None), (ids2, big, pos2)]
+    touched = sparse_update.sparse_update_parts_(
+        kind, table, state, parts, 0.05, 1e-8, sparse_update.new_scratch(rows)
+    )
+    assert touched == len(set(ids.tolist()))
+    np.testing.assert_allclose(table, exp_t, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(state, exp_s, rtol=1e-5, atol=1e-7)
