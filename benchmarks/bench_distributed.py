@@ -7,11 +7,12 @@ profile ranks best under ``--budget-share`` of the embedding bytes. Model: dim `
 
 For each N in ``--nprocs`` the ranks are started once (``hotline.distributed.spawn``: fresh processes, gloo on
 127.0.0.1, ``--threads`` // N torch/numba threads each, so that every N uses the same cores) and train each
-mode of ``--modes`` for ``--steps`` global steps of ``--batch`` samples (look-ahead 0, the only distributed
-pipeline so far). Reported from rank 0: samples/s over the steps after the first ``--warmup-steps``, ratio to
-N = 1 of the same mode, the bytes rank 0 sent per step by kind (ring all-reduce of the dense gradients, the
-hot-row gradients all-gathered, the cold-row ids / rows / gradients all-to-all), and the largest difference
-of any parameter from the N = 1 run relative to its scale (exactness check).
+mode of ``--modes`` for ``--steps`` global steps of ``--batch`` samples (``hotline`` once per look-ahead of
+``--lookaheads``; the other modes with look-ahead 0). Reported from rank 0: samples/s over the steps after the
+first ``--warmup-steps``, ratio to N = 1 of the same mode and look-ahead, the bytes rank 0 sent per step by
+kind (ring all-reduce of the dense gradients, the hot-row gradients all-gathered, the cold-row ids / rows /
+gradients all-to-all, the stale rows fetched again under look-ahead), the stale rows per step (all ranks),
+and the largest difference of any parameter from the N = 1 run relative to its scale (exactness check).
 
 On a 2-core machine N = 2 cannot be faster than N = 1 (the same two cores, plus the collectives): the
 figure is reported, not tuned for.
@@ -39,6 +40,7 @@ KINDS = (
     "cold_ids",
     "cold_rows",
     "cold_grads",
+    "cold_refresh",
     "control",
 )
 
@@ -58,6 +60,7 @@ def main(argv: list[str] | None = None) -> dict:
     p = common.parser(__doc__)
     p.add_argument("--nprocs", type=int, nargs="+", default=[1, 2], help="numbers of ranks to compare")
     p.add_argument("--modes", nargs="+", default=["device", "hybrid", "hotline"])
+    p.add_argument("--lookaheads", type=int, nargs="+", default=[0], help="look-aheads of the hotline mode")
     p.add_argument("--rows", type=int, default=120_000, help="samples in the synthetic dataset")
     p.add_argument("--max-rows-per-table", type=int, default=50_000)
     p.add_argument("--zipf", type=float, default=1.1)
@@ -83,9 +86,10 @@ def main(argv: list[str] | None = None) -> dict:
         placement = prof.placement(budget).save(tmp / "placement.npz")
         train_rows, table_rows, num_tables = len(ds.train), ds.total_rows, ds.num_tables
         results, dumps = [], {}
+        runs = [(m, k) for m in args.modes for k in (args.lookaheads if m == "hotline" else [0])]
         for n in args.nprocs:
             jobs = []
-            for mode in args.modes:
+            for mode, k in runs:
                 cfg = TrainConfig(
                     mode=mode,
                     embedding_dim=args.dim,
@@ -95,36 +99,39 @@ def main(argv: list[str] | None = None) -> dict:
                     num_batches=args.steps,
                     progress=False,
                     placement_path=str(placement),
-                    lookahead=0,
+                    lookahead=k,
                     seed=args.seed,
                 )
-                jobs.append((cfg, str(ds.path), str(tmp / f"{mode}-n{n}.npz")))
+                jobs.append((cfg, str(ds.path), str(tmp / f"{mode}-k{k}-n{n}.npz")))
             t0 = time.perf_counter()
             spawn(n, train_and_dump, jobs, threads=max(1, args.threads // n))
             wall = time.perf_counter() - t0
-            for mode in args.modes:
-                z = dict(np.load(tmp / f"{mode}-n{n}.npz"))
-                dumps[(mode, n)] = z
+            for mode, k in runs:
+                z = dict(np.load(tmp / f"{mode}-k{k}-n{n}.npz"))
+                dumps[(mode, k, n)] = z
                 ends = z["step_end_s"][args.warmup_steps - 1 :]
                 steps = len(ends) - 1
                 elapsed = float(ends[-1] - ends[0])
                 sent = dict(zip(z["bytes_kinds"].tolist(), z["bytes_sent"].mean(axis=0).tolist()))
                 row = {
                     "mode": mode,
+                    "lookahead": k,
                     "nproc": n,
                     "samples_per_s": steps * args.batch / elapsed if elapsed > 0 else 0.0,
                     "ms_per_step": 1e3 * statistics.median(np.diff(ends)) if steps else 0.0,
                     "spawn_wall_s": wall,
+                    "stale_rows_per_step": float(z["stale_rows"].mean()) if len(z["stale_rows"]) else 0.0,
                     **{f"bytes_{k}": sent.get(f"bytes_sent_{k}", 0.0) for k in KINDS},
                 }
                 row["bytes_total"] = sum(row[f"bytes_{k}"] for k in KINDS)
                 results.append(row)
         for row in results:
-            base = next((r for r in results if r["mode"] == row["mode"] and r["nproc"] == 1), None)
+            same = [r for r in results if (r["mode"], r["lookahead"]) == (row["mode"], row["lookahead"])]
+            base = next((r for r in same if r["nproc"] == 1), None)
             row["vs_n1"] = row["samples_per_s"] / base["samples_per_s"] if base else None
-            ref = dumps.get((row["mode"], 1))
+            ref = dumps.get((row["mode"], row["lookahead"], 1))
             if ref is not None:
-                got = dumps[(row["mode"], row["nproc"])]
+                got = dumps[(row["mode"], row["lookahead"], row["nproc"])]
                 params = [k for k in ref if k.startswith(("model.", "embedding."))]
                 row["max_rel_diff_vs_n1"] = max(
                     float(np.abs(got[k] - ref[k]).max() / max(np.abs(ref[k]).max(), 1e-12)) for k in params
@@ -137,11 +144,13 @@ def main(argv: list[str] | None = None) -> dict:
         results,
         [
             ("mode", "mode", ""),
+            ("lookahead", "K", ""),
             ("nproc", "N", ""),
             ("samples_per_s", "samples/s", ".0f"),
             ("vs_n1", "vs N=1", ".2f"),
             ("ms_per_step", "ms/step", ".1f"),
             *[(k + "_kib", name + " KiB", f) for k, name, f in kib],
+            ("stale_rows_per_step", "stale/step", ".1f"),
             ("max_rel_diff_vs_n1", "max rel diff", ".1e"),
         ],
         title=f"bytes = sent by rank 0 per step; batch {args.batch}, dim {args.dim}, {table_rows} rows",

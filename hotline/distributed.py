@@ -12,8 +12,9 @@ through torch's elastic launcher) runs one :class:`DistributedTrainer` per rank:
 - checkpoints: one file per rank (``<name>.rank000-of-002.pt`` + digest); rank 0's holds the dense model, its
   optimizer and the hot tier, every rank's holds its cold shard; a resume needs the same N.
 
-Only look-ahead 0 is distributed so far (the pipelined executor would run collectives on a second thread);
-``hotline`` mode with N > 1 refuses ``--lookahead`` > 0 instead of being silently inexact.
+``hotline`` mode with ``--lookahead`` K > 0 fetches the cold rows of the next K steps on a thread of each rank
+(over a second gloo group), and fetches again just before compute the rows an earlier step was still updating
+(``hotline.distributed_tiers.LookAhead``): as exact as look-ahead 0.
 """
 
 from __future__ import annotations
@@ -36,12 +37,8 @@ from hotline.datasets.format import Batch, Split
 from hotline.modes import StepStats, TrainMode
 from hotline.train import TrainConfig, Trainer
 
-LOOKAHEAD_MESSAGE = (
-    "distributed --mode hotline supports only --lookahead 0 for now (the look-ahead pipeline is not "
-    "distributed yet); pass --lookahead 0"
-)
 # Step counters that are summed over ranks (in the dense all-reduce); the rest are this rank's own.
-SUMMED_COUNTERS = ("popular_samples", "working_set_rows")
+SUMMED_COUNTERS = ("popular_samples", "working_set_rows", "stale_rows")
 
 
 def shard_bounds(n: int, rank: int, world_size: int) -> tuple[int, int]:
@@ -57,9 +54,10 @@ class Comm:
     collective is a local no-op and nothing is counted.
     """
 
-    def __init__(self, rank: int = 0, world_size: int = 1):
+    def __init__(self, rank: int = 0, world_size: int = 1, group=None):
         self.rank = rank
         self.world_size = world_size
+        self.group = group  # the process group of the collectives (None: the default group)
         self.bytes_sent: dict[str, float] = defaultdict(float)
 
     @classmethod
@@ -67,6 +65,26 @@ class Comm:
         import torch.distributed as dist
 
         return cls(dist.get_rank(), dist.get_world_size())
+
+    def new_group(self) -> Comm:
+        """A Comm on a new gloo group of the same ranks (a collective: every rank creates it, in the same order).
+
+        Its collectives never interleave with this Comm's, so another thread can use it (the look-ahead
+        fetches); with one rank it is a plain Comm. Give it back with :meth:`destroy`.
+        """
+        if self.world_size == 1:
+            return Comm(self.rank, 1)
+        import torch.distributed as dist
+
+        return Comm(self.rank, self.world_size, dist.new_group(backend="gloo"))
+
+    def destroy(self) -> None:
+        """Destroys this Comm's own group (from :meth:`new_group`; the default group is left alone)."""
+        if self.group is not None:
+            import torch.distributed as dist
+
+            dist.destroy_process_group(self.group)
+            self.group = None
 
     def take_bytes(self) -> dict[str, float]:
         """Bytes sent since the last call, per kind (and resets the counts)."""
@@ -79,7 +97,7 @@ class Comm:
             import torch.distributed as dist
 
             host = t.cpu()  # gloo: collectives on host memory (a no-op copy for CPU tensors)
-            dist.all_reduce(host)
+            dist.all_reduce(host, group=self.group)
             if host is not t:
                 t.copy_(host)
             N = self.world_size
@@ -94,12 +112,12 @@ class Comm:
 
         n = torch.tensor([t.shape[0]], dtype=torch.int64)
         sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
-        dist.all_gather(sizes, n)
+        dist.all_gather(sizes, n, group=self.group)
         sizes = [int(s) for s in sizes]
         padded = torch.zeros((max(sizes), *t.shape[1:]), dtype=t.dtype)
         padded[: t.shape[0]] = t.cpu()
         parts = [torch.empty_like(padded) for _ in range(self.world_size)]
-        dist.all_gather(parts, padded)
+        dist.all_gather(parts, padded, group=self.group)
         self.bytes_sent["control"] += 8 * (self.world_size - 1)
         self.bytes_sent[kind] += (self.world_size - 1) * padded.numel() * padded.element_size()
         return [p[:s].to(t.device) for p, s in zip(parts, sizes)]
@@ -116,12 +134,14 @@ class Comm:
 
         if recv_counts is None:
             got = torch.empty(self.world_size, dtype=torch.int64)
-            dist.all_to_all_single(got, torch.from_numpy(send_counts))
+            dist.all_to_all_single(got, torch.from_numpy(send_counts), group=self.group)
             recv_counts = got.numpy().copy()
             self.bytes_sent["control"] += 8 * (self.world_size - 1)
         device, t = t.device, t.cpu().contiguous()
         out = torch.empty((int(recv_counts.sum()), *t.shape[1:]), dtype=t.dtype)
-        dist.all_to_all_single(out, t, [int(c) for c in recv_counts], [int(c) for c in send_counts])
+        dist.all_to_all_single(
+            out, t, [int(c) for c in recv_counts], [int(c) for c in send_counts], group=self.group
+        )
         row = int(np.prod(t.shape[1:])) * t.element_size()
         self.bytes_sent[kind] += float((send_counts.sum() - send_counts[self.rank]) * row)
         return out.to(device), recv_counts
@@ -130,7 +150,7 @@ class Comm:
         if self.world_size > 1:
             import torch.distributed as dist
 
-            dist.barrier()
+            dist.barrier(group=self.group)
 
     def all_ok(self, ok: bool) -> bool:
         """True when ``ok`` holds on every rank (so that all ranks raise together, none waits forever)."""
@@ -154,8 +174,6 @@ class DistributedTrainer(Trainer):
 
     def __init__(self, config: TrainConfig, dataset, comm: Comm | None = None):
         self.comm = comm if comm is not None else Comm.from_process_group()
-        if self.comm.world_size > 1 and config.mode == "hotline" and config.lookahead > 0:
-            raise ValueError(LOOKAHEAD_MESSAGE)
         if self.comm.rank:  # one progress bar and one metrics file: rank 0's
             config = replace(config, progress=False, metrics_path=None)
         super().__init__(config, dataset)
@@ -188,15 +206,27 @@ class DistributedTrainer(Trainer):
             first = 0
 
     def progress(self, batches):
-        """One step per shard (look-ahead 0: every collective on this thread, in the same order on all ranks)."""
+        """One step per shard: with look-ahead 0 every collective on this thread, in the same order on all
+        ranks; ``hotline`` mode with look-ahead K > 0 fetches the cold rows of K steps ahead on a thread."""
         self.comm.take_bytes()  # each step reports only its own traffic
-        for shard in batches:
-            yield self.step(shard)
+        if self.config.mode != "hotline" or self.config.lookahead == 0:
+            for shard in batches:
+                yield self.step(shard)
+            return
+        from hotline.distributed_tiers import LookAhead
 
-    def step(self, shard: RankShard) -> StepStats:
-        """One global step: this rank's forward/backward and sparse updates, dense all-reduce, dense step."""
+        ahead = LookAhead(self.mode, self.config.lookahead, self.config.worker_threads)
+        for fetched in ahead.progress((s.batch, s.global_size) for s in batches):
+            yield self.step(RankShard(fetched.batch, fetched.global_size), fetched)
+
+    def step(self, shard: RankShard, fetched=None) -> StepStats:
+        """One global step: this rank's forward/backward and sparse updates, dense all-reduce, dense step
+        (``fetched``: the shard's cold rows, fetched ahead)."""
         self.dense_opt.zero_grad(set_to_none=True)
-        stats = self.mode.step(self.model, shard.batch, shard.global_size)
+        if fetched is None:
+            stats = self.mode.step(self.model, shard.batch, shard.global_size)
+        else:
+            stats = self.mode.step(self.model, shard.batch, shard.global_size, fetched)
         t0 = time.perf_counter()
         self._all_reduce_dense(stats)
         t1 = time.perf_counter()
@@ -204,7 +234,8 @@ class DistributedTrainer(Trainer):
         stats.samples = shard.global_size
         stats.times["dense_allreduce"] = t1 - t0
         stats.times["dense_update"] = time.perf_counter() - t1
-        stats.counters.update({f"bytes_sent_{k}": v for k, v in self.comm.take_bytes().items()})
+        for k, v in self.comm.take_bytes().items():  # plus what the look-ahead thread sent for this step
+            stats.counters[f"bytes_sent_{k}"] = stats.counters.get(f"bytes_sent_{k}", 0.0) + v
         self.step_count += 1
         return stats
 
@@ -492,10 +523,11 @@ def train_and_dump(comm: Comm, jobs: list[tuple[TrainConfig, str, str]]) -> None
     for config, dataset, out in jobs:
         trainer = DistributedTrainer(config, dataset, comm)
         try:
-            losses, seconds, sent = [], [], []
+            losses, seconds, sent, stale = [], [], [], []
             comm.barrier()
             for stats in trainer.progress(trainer.batches()):
                 losses.append(stats.loss_sum)
+                stale.append(stats.counters.get("stale_rows", 0))
                 seconds.append(time.perf_counter())
                 sent.append({k: v for k, v in stats.counters.items() if k.startswith("bytes_sent_")})
             arrays = trainer.named_arrays()
@@ -504,6 +536,7 @@ def train_and_dump(comm: Comm, jobs: list[tuple[TrainConfig, str, str]]) -> None
                 np.savez(
                     out,
                     losses=np.asarray(losses),
+                    stale_rows=np.asarray(stale),
                     step_end_s=np.asarray(seconds),
                     bytes_kinds=np.asarray(kinds),
                     bytes_sent=np.asarray([[s.get(k, 0.0) for k in kinds] for s in sent]).reshape(
@@ -570,9 +603,7 @@ def run_cli(args: argparse.Namespace, config_from_args) -> int:
 
 def _launch_cli(args, config_from_args) -> int:
     try:
-        config = config_from_args(args)  # check every flag once, here, before any rank starts
-        if args.nproc > 1 and config.mode == "hotline" and config.lookahead > 0:
-            raise ValueError(LOOKAHEAD_MESSAGE)
+        config_from_args(args)  # check every flag once, here, before any rank starts
     except ValueError as e:
         print(f"hotline train: error: {e}", file=sys.stderr)
         return 2

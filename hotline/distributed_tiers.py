@@ -11,22 +11,29 @@ gradients of the ranks add up to one process's gradient). Embedding rows:
   ...). Each step a rank sends the ids of its working set to their owners (all-to-all), the owners answer with
   the rows and their optimizer state (all-to-all), and after backward the working rows' summed gradients go
   back to the owners (all-to-all), which add up the gradients from every rank and update each row ONCE.
-  Only look-ahead 0 is supported here: the next step's rows are fetched after this step's owners updated them,
-  so every read is fresh.
+  With look-ahead 0 the next step's rows are fetched after this step's owners updated them, so every read is
+  fresh. With look-ahead K > 0 (:class:`LookAhead`) a thread per rank dispatches and fetches the steps ahead
+  over a second gloo group while the main thread computes; each owner flags the rows it served while an
+  earlier step's update of them was still pending, and those rows alone are fetched again (on the main group)
+  just before the step computes, so the result stays exact.
 
-All collectives run on the main thread in the same order on every rank, so a rank with an empty shard (a
-global batch smaller than N) still takes part with empty payloads.
+Each group's collectives run on one thread in the same order on every rank (step order), so a rank with an
+empty shard (a global batch smaller than N) still takes part with empty payloads.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from hotline.datasets.format import Batch
-from hotline.dispatcher import Dispatcher
+from hotline.dispatcher import Dispatcher, MicroBatches
 from hotline.model import DLRM, init_embedding_table
 from hotline.modes import (
     DeviceMode,
@@ -119,6 +126,38 @@ class ReplicatedDeviceMode(DeviceMode):
             self.state.copy_(rank0["state"])
 
 
+@dataclass
+class FetchedStep:
+    """A rank's shard of one step after dispatch and the fetch of its working set's cold rows."""
+
+    batch: Batch
+    global_size: int
+    """Samples in the whole global batch (the loss normaliser)."""
+    micro: MicroBatches
+    rows: torch.Tensor
+    """[U, D (+ S)] the working rows (and their state), in working-set order."""
+    order: np.ndarray
+    """Working-set slots in send order (grouped by owner): the route of the requests and of the gradients."""
+    send_counts: np.ndarray
+    """Rows asked of each owner."""
+    owned: np.ndarray
+    """Local rows of this rank's shard that the ranks asked for, grouped by requester (their updates go there)."""
+    recv_counts: np.ndarray
+    """Rows each requester asked of this rank."""
+    step: int = -1
+    """Position in the look-ahead run (-1: fetched on the main thread, nothing can be stale)."""
+    stale_slots: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """Working-set slots their owners flagged stale, in send order (fetched again before compute)."""
+    stale_counts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """How many flagged rows each owner sends again."""
+    serve_stale: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """Local rows this rank flagged, grouped by requester (it sends them again)."""
+    serve_counts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """How many flagged rows this rank sends again to each requester."""
+    times: dict[str, float] = field(default_factory=dict)
+    counters: dict[str, float] = field(default_factory=dict)
+
+
 class ShardedTieredMode(TrainMode):
     """``hotline`` (or ``hybrid``) on N ranks: hot tier replicated, cold tier sharded by fused row id mod N."""
 
@@ -134,6 +173,7 @@ class ShardedTieredMode(TrainMode):
         placement: Placement,
         max_shard_size: int,
         device: torch.device | str = "cpu",
+        in_flight: int = 1,
     ):
         if list(placement.table_sizes) != list(table_sizes):
             raise ValueError("the placement's table sizes do not match the dataset's")
@@ -175,8 +215,12 @@ class ShardedTieredMode(TrainMode):
         self.hot_w = torch.from_numpy(hot_w).to(self.device)
         self.hot_s = optimizer.new_state(self.hot_rows.shape[0], self.device)
         self.S = optimizer.state_floats_per_row
-        self.dispatcher = Dispatcher(placement, self.L, max(1, max_shard_size), in_flight=1)
+        self.dispatcher = Dispatcher(placement, self.L, max(1, max_shard_size), in_flight=max(1, in_flight))
         self.fused_remap = self.dispatcher.remap
+        # Look-ahead bookkeeping of the rows this rank owns (reset by LookAhead.progress): the last step that
+        # asked for each, and how many steps' updates are applied.
+        self._last_request = np.full(self.shard_size, -1, np.int64)
+        self._applied = 0
 
     # -- cold rows across ranks -------------------------------------------------------------------------
     def _fetch(self, ids: np.ndarray, with_state: bool, kind: str):
@@ -199,17 +243,87 @@ class ShardedTieredMode(TrainMode):
         out[torch.from_numpy(order)] = got
         return out, order, send_counts, local, recv_counts
 
-    def step(self, model: DLRM, batch: Batch, global_size: int | None = None) -> StepStats:
-        """One step of this rank's shard: fetch cold rows, forward/backward, hot and cold sparse updates."""
-        B, T, L = batch.sparse.shape
-        G = B if global_size is None else global_size
-        C, D = T * L, self.dim
+    def fetch(self, batch: Batch, global_size: int | None = None) -> FetchedStep:
+        """Dispatch and fetch of one step on the main thread (look-ahead 0: every row read is fresh)."""
         t0 = time.perf_counter()
         micro = self.dispatcher.split(batch.sparse)
         t1 = time.perf_counter()
+        rows, order, send_counts, owned, recv_counts = self._fetch(micro.working_set, True, "cold")
+        G = batch.sparse.shape[0] if global_size is None else global_size
+        times = {"dispatch": t1 - t0, "exchange": time.perf_counter() - t1}
+        return FetchedStep(batch, G, micro, rows, order, send_counts, owned, recv_counts, times=times)
+
+    def fetch_ahead(self, comm, batch: Batch, global_size: int, step: int) -> FetchedStep:
+        """Dispatch and fetch of step ``step`` on the look-ahead thread, over ``comm`` (its own group).
+
+        As the owner of the rows asked for, this rank flags each row that an earlier step asked for and whose
+        update this rank has not applied yet (``_last_request[row] >= _applied``): such a read may be stale (or
+        torn, if the update is running now) and is sent again by :meth:`_refresh` just before the step
+        computes. ``_applied`` is read BEFORE the rows, so a row not flagged was last updated by a step whose
+        update had finished, and no step before ``step`` updates it any more.
+        """
+        N = comm.world_size
+        t0 = time.perf_counter()
+        micro = self.dispatcher.split(batch.sparse)
+        t1 = time.perf_counter()
+        ids = micro.working_set
+        owner = ids % N
+        order = np.argsort(owner, kind="stable")
+        send_counts = np.bincount(owner, minlength=N)
+        asked, recv_counts = comm.all_to_all(torch.from_numpy(ids[order]), send_counts, "cold_ids")
+        local = asked.numpy() // N
+        applied = self._applied
+        stale = self._last_request[local] >= applied
+        self._last_request[local] = step  # only this thread reads or writes it
+        parts = [self.shard_w.numpy()[local]]
+        if self.S:
+            parts.append(self.shard_s.numpy()[local, None])
+        parts.append(stale[:, None].astype(np.float32))
+        payload = torch.from_numpy(np.concatenate(parts, axis=1))
+        got, _ = comm.all_to_all(payload, recv_counts, "cold_rows", send_counts)
+        rows = torch.empty((got.shape[0], got.shape[1] - 1), dtype=torch.float32)
+        rows[torch.from_numpy(order)] = got[:, :-1]
+        # Refresh routes, known to both sides without asking: the owner sends its flagged rows again, grouped by
+        # requester in the order they were asked; the requester gets them in its send order (grouped by owner).
+        sent_stale = np.flatnonzero(got[:, -1].numpy() != 0)
+        source = np.repeat(np.arange(N), recv_counts)
+        fetched = FetchedStep(batch, global_size, micro, rows, order, send_counts, local, recv_counts, step)
+        fetched.stale_slots = order[sent_stale]
+        fetched.stale_counts = np.bincount(owner[order][sent_stale], minlength=N)
+        fetched.serve_stale = local[stale]
+        fetched.serve_counts = np.bincount(source[stale], minlength=N)
+        fetched.times = {"dispatch": t1 - t0, "exchange_ahead": time.perf_counter() - t1}
+        fetched.counters = {f"bytes_sent_{k}": v for k, v in comm.take_bytes().items()}
+        return fetched
+
+    def _refresh(self, fetched: FetchedStep) -> None:
+        """Re-reads the rows flagged stale from their owners, now that every earlier step's update is applied.
+
+        A collective on the main group that every rank runs every step, even with nothing flagged.
+        """
+        D = self.dim
+        send = torch.from_numpy(self.shard_w.numpy()[fetched.serve_stale])
+        got, _ = self.comm.all_to_all(send, fetched.serve_counts, "cold_refresh", fetched.stale_counts)
+        if fetched.stale_slots.size:
+            fetched.rows[torch.from_numpy(fetched.stale_slots), :D] = got
+
+    def step(
+        self, model: DLRM, batch: Batch, global_size: int | None = None, fetched: FetchedStep | None = None
+    ) -> StepStats:
+        """One step of this rank's shard: fetch cold rows (or refresh the stale ones of a step fetched ahead),
+        forward/backward, hot and cold sparse updates."""
+        t_start = time.perf_counter()
+        if fetched is None:
+            fetched = self.fetch(batch, global_size)
+            refresh = 0.0
+        else:
+            self._refresh(fetched)
+            refresh = time.perf_counter() - t_start
+        batch, G, micro = fetched.batch, fetched.global_size, fetched.micro
+        B, T, L = batch.sparse.shape
+        C, D = T * L, self.dim
         ws = micro.working_set
-        fetched, order, send_counts, owned, recv_counts = self._fetch(ws, True, "cold")
-        work = fetched[:, :D]
+        work = fetched.rows[:, :D]
         t2 = time.perf_counter()
         ix = {k: torch.from_numpy(getattr(micro, k)) for k in ("popular_samples", "non_popular_samples")}
         ix.update({k: torch.from_numpy(getattr(micro, k)) for k in ("pop_ids", "hot_pos", "hot_slot")})
@@ -244,26 +358,25 @@ class ShardedTieredMode(TrainMode):
             )
         t4 = time.perf_counter()
         # The working rows' gradients go back to their owners along the routes the requests came.
-        send = cold_sum.cpu()[torch.from_numpy(order)]
-        grads, _ = self.comm.all_to_all(send, send_counts, "cold_grads", recv_counts)
+        send = cold_sum.cpu()[torch.from_numpy(fetched.order)]
+        grads, _ = self.comm.all_to_all(send, fetched.send_counts, "cold_grads", fetched.recv_counts)
+        owned = fetched.owned
         if owned.shape[0]:  # rows asked for by several ranks: the kernel sums their gradients first
             touched += self.optimizer.step(self.shard_w, self.shard_s, torch.from_numpy(owned), grads)
+        if fetched.step >= 0:  # after the update: the look-ahead thread may read these rows as fresh now
+            self._applied = fetched.step + 1
         t5 = time.perf_counter()
-        return StepStats(
-            loss_sum=loss,
-            samples=B,
-            times={
-                "dispatch": t1 - t0,
-                "exchange": t2 - t1 + t5 - t4,
-                "compute": t3 - t2,
-                "sparse_update": t4 - t3,
-            },
-            counters={
-                "popular_samples": micro.num_popular,
-                "working_set_rows": int(ws.shape[0]),
-                "rows_touched": touched,
-            },
-        )
+        times = {**fetched.times, "compute": t3 - t2, "sparse_update": t4 - t3}
+        times["exchange"] = times.get("exchange", 0.0) + t5 - t4 + refresh
+        counters = {
+            **fetched.counters,
+            "popular_samples": micro.num_popular,
+            "working_set_rows": int(ws.shape[0]),
+            "rows_touched": touched,
+        }
+        if fetched.step >= 0:
+            counters["stale_rows"] = int(fetched.stale_slots.shape[0])
+        return StepStats(loss_sum=loss, samples=B, times=times, counters=counters)
 
     # -- evaluation, export, checkpoints ----------------------------------------------------------------
     @torch.no_grad()
@@ -356,4 +469,106 @@ def build_distributed_mode(comm, config, dataset, optimizer: SparseOptimizer) ->
         placement,
         max_shard,
         config.device,
+        in_flight=config.lookahead + 3 if config.mode == "hotline" else 1,
     )
+
+
+_END = object()
+_POLL_S = 0.05
+
+
+class _Failure:
+    """An exception raised on the look-ahead thread, carried to the main thread."""
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+class LookAhead:
+    """Fetches the cold rows of the next ``lookahead`` steps of a :class:`ShardedTieredMode` on a thread.
+
+    The thread dispatches and fetches step j (all-to-all of ids and rows on a gloo group of its own, created
+    and destroyed by :meth:`progress` on every rank in the same order) while the main thread computes earlier
+    steps; a bounded queue of ``lookahead`` steps gives back-pressure. Before each step the threads of all
+    ranks agree (one all-reduce on their group) whether to go on, so they stop together at the end, when the
+    main thread stops early, or when another rank stopped; an exception on the thread is raised on the main
+    thread. No thread outlives :meth:`progress`.
+    """
+
+    def __init__(self, mode: ShardedTieredMode, lookahead: int, worker_threads: int = 1):
+        if lookahead < 1:
+            raise ValueError(f"LookAhead needs lookahead >= 1, got {lookahead}")
+        self.mode = mode
+        self.lookahead = lookahead
+        self.worker_threads = worker_threads
+
+    def progress(self, shards: Iterable[tuple[Batch, int]]) -> Iterator[FetchedStep]:
+        """The fetched steps of ``(batch, global_size)`` shards, in order (a collective on every rank)."""
+        mode = self.mode
+        mode._last_request.fill(-1)
+        mode._applied = 0
+        comm = mode.comm.new_group()
+        stop = threading.Event()
+        ready: queue.Queue = queue.Queue(maxsize=self.lookahead)
+        thread = threading.Thread(
+            target=self._produce,
+            args=(comm, iter(shards), ready, stop),
+            name="hotline-fetch-ahead",
+            daemon=True,
+        )
+        thread.start()
+        finished = False
+        try:
+            while True:
+                t0 = time.perf_counter()
+                item = self._get(ready, thread)
+                if item is _END:
+                    break
+                if isinstance(item, _Failure):
+                    raise item.exc
+                item.times["stall"] = time.perf_counter() - t0
+                yield item
+            finished = True
+        finally:
+            stop.set()
+            thread.join()
+            if finished:  # no rank destroys the group while a peer may still finish its last collective on it
+                mode.comm.barrier()
+            comm.destroy()
+
+    def _produce(self, comm, shards: Iterator[tuple[Batch, int]], ready: queue.Queue, stop) -> None:
+        import numba
+
+        numba.set_num_threads(max(1, min(self.worker_threads, numba.config.NUMBA_NUM_THREADS)))
+        try:
+            step = 0
+            while True:
+                shard = None if stop.is_set() else next(shards, None)
+                # Every rank's thread takes the same decision, or one would wait forever in a collective.
+                if not comm.all_ok(shard is not None):
+                    break
+                fetched = self.mode.fetch_ahead(comm, shard[0], shard[1], step)
+                step += 1
+                self._put(ready, fetched, stop)  # when stopped, the next agreement ends every rank's thread
+            self._put(ready, _END, stop)
+        except BaseException as e:  # noqa: BLE001 - carried to the main thread
+            self._put(ready, _Failure(e), stop)
+
+    @staticmethod
+    def _put(q: queue.Queue, item, stop: threading.Event) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    @staticmethod
+    def _get(q: queue.Queue, thread: threading.Thread):
+        while True:
+            try:
+                return q.get(timeout=_POLL_S)
+            except queue.Empty:
+                if not thread.is_alive() and q.empty():
+                    raise RuntimeError("the look-ahead thread ended without a result") from None

@@ -31,14 +31,18 @@ STEPS = 30
 BATCH = 64
 ARCH = {"embedding_dim": 8, "bottom_mlp": [13, 32, 8], "top_mlp": [32, 1]}
 CLI_ARCH = ["--arch-sparse-feature-size", "8", "--arch-mlp-bot", "13-32-8", "--arch-mlp-top", "32-1"]
-# (name, mode, optimizer, dataset, global batch, steps): the last runs every batch of a small multi-hot
-# dataset with a batch that does not split evenly (18 + 19 samples) and a short last batch.
+# (name, mode, optimizer, dataset, global batch, steps, look-ahead): the multi-hot cases run every batch of a
+# small multi-hot dataset with a batch that does not split evenly (18 + 19 samples) and a short last batch.
 CASES = [
-    ("device-sgd", "device", "sgd", "onehot", BATCH, STEPS),
-    ("device-adagrad", "device", "rowwise-adagrad", "onehot", BATCH, STEPS),
-    ("hotline-adagrad", "hotline", "rowwise-adagrad", "onehot", BATCH, STEPS),
-    ("hybrid-sgd", "hybrid", "sgd", "onehot", BATCH, STEPS),
-    ("hotline-multihot", "hotline", "sgd", "multihot", 37, 0),
+    ("device-sgd", "device", "sgd", "onehot", BATCH, STEPS, 0),
+    ("device-adagrad", "device", "rowwise-adagrad", "onehot", BATCH, STEPS, 0),
+    ("hotline-adagrad", "hotline", "rowwise-adagrad", "onehot", BATCH, STEPS, 0),
+    ("hybrid-sgd", "hybrid", "sgd", "onehot", BATCH, STEPS, 0),
+    ("hotline-multihot", "hotline", "sgd", "multihot", 37, 0, 0),
+    ("hotline-adagrad-k2", "hotline", "rowwise-adagrad", "onehot", BATCH, STEPS, 2),
+    ("hotline-sgd-k2", "hotline", "sgd", "onehot", BATCH, STEPS, 2),
+    ("hotline-adagrad-k1", "hotline", "rowwise-adagrad", "onehot", BATCH, STEPS, 1),
+    ("hotline-multihot-k2", "hotline", "rowwise-adagrad", "multihot", 37, 0, 2),
 ]
 
 
@@ -67,7 +71,7 @@ def data(tmp_path_factory):
     return root, sets, places
 
 
-def _config(mode, optimizer, placement, batch=BATCH, steps=STEPS, **kw):
+def _config(mode, optimizer, placement, batch=BATCH, steps=STEPS, lookahead=0, **kw):
     return TrainConfig(
         mode=mode,
         optimizer=optimizer,
@@ -76,7 +80,7 @@ def _config(mode, optimizer, placement, batch=BATCH, steps=STEPS, **kw):
         num_batches=steps,
         progress=False,
         placement_path=placement,
-        lookahead=0,
+        lookahead=lookahead,
         print_freq=1,
         eval_max_samples=128,
         **ARCH,
@@ -112,8 +116,8 @@ def two_ranks(data):
     """Every case trained by 2 spawned ranks (one spawn); rank 0's parameters, losses and traffic per case."""
     root, sets, places = data
     jobs = [
-        (_config(mode, opt, places[d], b, s), str(sets[d].path), str(root / f"{name}.npz"))
-        for name, mode, opt, d, b, s in CASES
+        (_config(mode, opt, places[d], b, s, k), str(sets[d].path), str(root / f"{name}.npz"))
+        for name, mode, opt, d, b, s, k in CASES
     ]
     spawn(2, train_and_dump, jobs)
     return {name: np.load(out) for (name, *_), (_, _, out) in zip(CASES, jobs)}
@@ -122,13 +126,18 @@ def two_ranks(data):
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_two_ranks_equal_one_process(data, two_ranks, case):
     _, sets, places = data
-    name, mode, opt, d, batch, steps = case
+    name, mode, opt, d, batch, steps, k = case
     losses, ref = _single(_config(mode, opt, places[d], batch, steps), sets[d])
     got = two_ranks[name]
     np.testing.assert_allclose(got["losses"], losses, rtol=1e-5)
     assert_close(ref, got)
     if mode != "device":  # the sharded tiers also equal the single-process reference mode
         assert_close(_single(_config("device", opt, None, batch, steps), sets[d])[1], got)
+    if k:  # and one process with the same look-ahead; the owners' stale rule was needed (rows re-fetched)
+        assert_close(_single(_config(mode, opt, places[d], batch, steps, k), sets[d])[1], got)
+        assert got["stale_rows"].sum() > 0
+    else:
+        assert got["stale_rows"].sum() == 0
 
 
 def test_traffic_counts(data, two_ranks):
@@ -186,25 +195,20 @@ def test_launcher_argv_round_trip():
     assert {**vars(again), "nproc": 2} == vars(args)
 
 
-def test_launcher_refuses_lookahead(data, capsys):
-    _, sets, places = data
-    argv = ["train", str(sets["onehot"].path), "--nproc", "2", "--mode", "hotline", "--placement"]
-    assert main([*argv, places["onehot"], *CLI_ARCH, "--no-progress"]) == 2
-    assert "--lookahead 0" in capsys.readouterr().err
-
-
 def test_launcher_checkpoint_resume(data, tmp_path):
-    """``hotline train --nproc 2``: 20 steps with a checkpoint at 10 and 20, resume to 30 == one process."""
+    """``hotline train --nproc 2 --lookahead 2``: 20 steps with a checkpoint at 10 and 20 (taken while the rows
+    of later steps are being fetched), resume with ``--lookahead 0`` to 30 == one process."""
     _, sets, places = data
     common = [str(sets["onehot"].path), *CLI_ARCH, "--mode", "hotline", "--placement", places["onehot"]]
-    common += ["--lookahead", "0", "--optimizer", "rowwise-adagrad", "--learning-rate", "0.05"]
+    common += ["--optimizer", "rowwise-adagrad", "--learning-rate", "0.05"]
     common += ["--mini-batch-size", str(BATCH), "--no-progress", "--eval-max-samples", "128"]
     ckpt = ["--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "10"]
-    assert main(["train", *common, "--nproc", "2", "--num-batches", "20", *ckpt]) == 0
+    first = ["--nproc", "2", "--lookahead", "2", "--num-batches", "20", "--test-freq", "5"]
+    assert main(["train", *common, *first, *ckpt]) == 0
     names = sorted(p.name for p in (tmp_path / "ck").iterdir())
     assert "step-000000020.rank001-of-002.pt" in names and "step-000000010.rank000-of-002.pt.sha256" in names
     out = tmp_path / "two.npz"
-    resume = ["--num-batches", str(STEPS), "--resume", "--dump-params", str(out)]
+    resume = ["--lookahead", "0", "--num-batches", str(STEPS), "--resume", "--dump-params", str(out)]
     assert main(["train", *common, "--nproc", "2", *ckpt, *resume]) == 0
     one = _single(_config("hotline", "rowwise-adagrad", places["onehot"]), sets["onehot"])[1]
     assert_close(one, np.load(out))
@@ -244,3 +248,51 @@ def test_bench_distributed_smoke(tmp_path, monkeypatch):
     assert r["nproc"] == 2 and r["samples_per_s"] > 0 and r["ms_per_step"] > 0
     for kind in ("dense_allreduce", "hot_allgather", "cold_ids", "cold_rows", "cold_grads"):
         assert r[f"bytes_{kind}"] > 0, kind
+
+
+def _fetch_threads():
+    import threading
+
+    return [t for t in threading.enumerate() if t.name == "hotline-fetch-ahead"]
+
+
+def test_lookahead_one_rank_stops_cleanly(data):
+    """Look-ahead on one rank (no process group): equal to one process, and leaving the loop early ends the
+    fetch thread."""
+    _, sets, places = data
+    cfg = _config("hotline", "sgd", places["onehot"], steps=12, lookahead=2)
+    tr = DistributedTrainer(cfg, sets["onehot"], Comm(0, 1))
+    try:
+        stats = list(tr.progress(tr.batches()))
+        assert_close(_single(_config("hotline", "sgd", places["onehot"], steps=12), sets["onehot"])[1],
+                     tr.named_arrays())  # fmt: skip
+        assert sum(s.counters["stale_rows"] for s in stats) > 0
+        steps = tr.progress(tr.batches())
+        next(steps)
+        assert _fetch_threads()
+        steps.close()
+        assert not _fetch_threads()
+    finally:
+        tr.close()
+
+
+def test_lookahead_error_reaches_main_thread(data):
+    """An id out of range, found by the fetch thread's dispatch, is raised on the main thread."""
+    from dataclasses import replace
+
+    from hotline.distributed import RankShard
+
+    _, sets, places = data
+    cfg = _config("hotline", "sgd", places["onehot"], steps=4, lookahead=2)
+    tr = DistributedTrainer(cfg, sets["onehot"], Comm(0, 1))
+    try:
+        shards = list(tr.batches())
+        bad = shards[2].batch.sparse.copy()
+        bad[3, 1, 0] = TABLES[1]
+        shards[2] = RankShard(replace(shards[2].batch, sparse=bad), shards[2].global_size)
+        with pytest.raises(IndexError, match=f"table 1: id {TABLES[1]} out of range"):
+            for _ in tr.progress(iter(shards)):
+                pass
+        assert not _fetch_threads()
+    finally:
+        tr.close()
