@@ -60,7 +60,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--nproc",
         type=int,
         default=0,
-        help="train on N local ranks (data-parallel, through torchrun; hotline mode needs --lookahead 0)",
+        help="train on N local ranks (data-parallel, through torch.distributed.run, as torchrun does)",
     )
     p.set_defaults(func=run, train_parser=p)
 
