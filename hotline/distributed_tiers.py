@@ -108,7 +108,7 @@ class ReplicatedDeviceMode(DeviceMode):
         )
         t3 = time.perf_counter()
         return StepStats(
-            loss_sum=loss,
+            loss_sum=float(loss),
             samples=B,
             times={"gather": t1 - t0, "compute": t2 - t1, "sparse_update": t3 - t2},
             counters={"rows_touched": touched},
@@ -376,7 +376,7 @@ class ShardedTieredMode(TrainMode):
         }
         if fetched.step >= 0:
             counters["stale_rows"] = int(fetched.stale_slots.shape[0])
-        return StepStats(loss_sum=loss, samples=B, times=times, counters=counters)
+        return StepStats(loss_sum=float(loss), samples=B, times=times, counters=counters)
 
     # -- evaluation, export, checkpoints ----------------------------------------------------------------
     @torch.no_grad()

@@ -96,8 +96,9 @@ class TrainMode:
 
 def loss_and_backward(
     model: DLRM, dense: torch.Tensor, pooled: torch.Tensor, labels: torch.Tensor, batch_size: int
-) -> float:
-    """Forward + backward of a (micro-)batch with the loss normalised over the whole mini-batch.
+) -> torch.Tensor:
+    """Forward + backward of a (micro-)batch with the loss normalised over the whole mini-batch; returns the
+    summed loss as a detached 0-d tensor (read it once per step: on CUDA each read waits for the device).
 
     Normalising by the full mini-batch size, not the micro-batch's, is what makes the gradients of the
     popular and non-popular micro-batches add up to the gradient of the whole mini-batch.
@@ -105,7 +106,7 @@ def loss_and_backward(
     logits = model(dense, pooled)
     loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
     (loss / batch_size).backward()
-    return float(loss.detach())
+    return loss.detach()
 
 
 class DeviceMode(TrainMode):
@@ -151,7 +152,7 @@ class DeviceMode(TrainMode):
         touched = self.optimizer.step(self.weight, self.state, ids, rows.grad, self.scratch)
         t3 = time.perf_counter()
         return StepStats(
-            loss_sum=loss,
+            loss_sum=float(loss),
             samples=B,
             times={"gather": t1 - t0, "compute": t2 - t1, "sparse_update": t3 - t2},
             counters={"rows_touched": touched},

@@ -284,7 +284,7 @@ class TieredMode(TrainMode):
             touched = self._sparse_updates(prep, grad_p, grad_n, host)
         t3 = time.perf_counter()
         return StepStats(
-            loss_sum=loss,
+            loss_sum=float(loss),
             samples=B,
             times={
                 **prep.times,
