@@ -34,6 +34,7 @@ import torch
 
 from hotline.datasets.format import Batch
 from hotline.dispatcher import Dispatcher, MicroBatches
+from hotline.executor import _END, _POLL_S, _Failure
 from hotline.model import DLRM, init_embedding_table
 from hotline.modes import (
     DeviceMode,
@@ -189,13 +190,7 @@ class ShardedTieredMode(TrainMode):
         N, r = comm.world_size, comm.rank
         self.total_rows = int(sum(self.table_sizes))
         self.shard_size = len(range(r, self.total_rows, N))
-        self.hot_rows = (
-            np.concatenate(
-                [self.offsets[t] + np.asarray(h, dtype=np.int64) for t, h in enumerate(placement.hot_ids)]
-            )
-            if placement.num_hot
-            else np.zeros(0, np.int64)
-        )
+        self.hot_rows = placement.fused_hot_ids()
         # One table at a time: the initial rows of this rank's shard and of the (replicated) hot tier.
         shard_w = np.empty((self.shard_size, dim), np.float32)
         hot_w = np.empty((self.hot_rows.shape[0], dim), np.float32)
@@ -471,17 +466,6 @@ def build_distributed_mode(comm, config, dataset, optimizer: SparseOptimizer) ->
         config.device,
         in_flight=config.lookahead + 3 if config.mode == "hotline" else 1,
     )
-
-
-_END = object()
-_POLL_S = 0.05
-
-
-class _Failure:
-    """An exception raised on the look-ahead thread, carried to the main thread."""
-
-    def __init__(self, exc: BaseException):
-        self.exc = exc
 
 
 class LookAhead:

@@ -154,6 +154,12 @@ class Placement:
             parts.append(np.where(r >= 0, r + self.hot_offsets[t], -1))
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
+    def fused_hot_ids(self) -> np.ndarray:
+        """int64 [num_hot]: the fused row id (table offset + row) of every hot row, in fused hot-slot order."""
+        offsets = np.concatenate([[0], np.cumsum(self.table_sizes[:-1])]).astype(np.int64)
+        parts = [offsets[t] + np.asarray(h, dtype=np.int64) for t, h in enumerate(self.hot_ids)]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
     def __repr__(self) -> str:
         return (
             f"Placement(tables={self.num_tables}, hot_rows={self.num_hot}/{sum(self.table_sizes)}, "

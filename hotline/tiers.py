@@ -145,13 +145,7 @@ class TieredMode(TrainMode):
         self.offsets = table_offsets(self.table_sizes)
         pin = self.device.type == "cuda"
         self.cold = ColdTier(np.concatenate(initial_tables(self.table_sizes, dim, seed)), optimizer, pin)
-        self.hot_rows = (
-            np.concatenate(
-                [self.offsets[t] + np.asarray(h, dtype=np.int64) for t, h in enumerate(placement.hot_ids)]
-            )
-            if placement.num_hot
-            else np.zeros(0, np.int64)
-        )
+        self.hot_rows = placement.fused_hot_ids()
         self.hot_w = torch.from_numpy(self.cold.w[self.hot_rows]).to(self.device)
         self.hot_s = torch.from_numpy(
             self.cold.s[self.hot_rows] if self.cold.s.size else self.cold.s[:0].copy()

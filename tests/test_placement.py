@@ -254,3 +254,11 @@ def test_format_size():
     assert format_size(1536) == "1.5 KiB" and format_size(256 * 2**20) == "256 MiB"
     assert format_size(3 * 2**30 + 2**29) == "3.5 GiB"
     assert parse_size(format_size(256 * 2**20).replace(" ", "")) == 256 * 2**20
+
+
+def test_fused_hot_ids_follow_hot_slot_order():
+    p = Placement.from_hot_ids([4, 3, 5], [np.array([2, 0]), np.zeros(0, np.int64), np.array([4])])
+    assert p.fused_hot_ids().tolist() == [2, 0, 11]  # table 2 starts at fused row 7
+    remap = p.fused_remap()
+    assert [remap[r] for r in p.fused_hot_ids()] == [0, 1, 2]
+    assert Placement.all_cold([3]).fused_hot_ids().shape == (0,)
