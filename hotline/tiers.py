@@ -144,7 +144,7 @@ class TieredMode(TrainMode):
         self.placement = placement
         self.offsets = table_offsets(self.table_sizes)
         pin = self.device.type == "cuda"
-        self.cold = ColdTier(np.concatenate(initial_tables(self.table_sizes, dim, seed)), optimizer, pin)
+        self.cold = ColdTier(initial_tables(self.table_sizes, dim, seed), optimizer, pin)
         self.hot_rows = placement.fused_hot_ids()
         self.hot_w = torch.from_numpy(self.cold.w[self.hot_rows]).to(self.device)
         self.hot_s = torch.from_numpy(
