@@ -41,8 +41,23 @@ def _scatter_values(values, rows, src):
         values[rows[i]] = src[i]
 
 
+def _check_index(index: np.ndarray, what: str, name: str, size: int, target: str) -> None:
+    """Raises IndexError naming the first entry of ``index`` outside ``[0, size)``.
+
+    The kernels do not bounds-check (Numba does not), so a bad index would read or write outside the
+    arrays. One min and one max over ``index`` keep the check O(n) with no Python loop."""
+    if index.ndim != 1 or index.dtype.kind not in "iu":
+        raise ValueError(f"{name} must be a 1-d integer array, got {index.dtype} {index.shape}")
+    if index.shape[0] and (index.min() < 0 or index.max() >= size):
+        pos = int(np.flatnonzero((index < 0) | (index >= size))[0])
+        raise IndexError(
+            f"{what} {index[pos]} at position {pos} of {name} out of range for {target} of {size} rows"
+        )
+
+
 def gather_rows(table: np.ndarray, rows: np.ndarray, out: np.ndarray) -> np.ndarray:
     """``out[:n] = table[rows]`` for 2-D tables or 1-D state arrays; returns the filled view ``out[:n]``."""
+    _check_index(rows, "row id", "rows", table.shape[0], "a table")
     n = rows.shape[0]
     if out.shape[0] < n or out.shape[1:] != table.shape[1:]:
         raise ValueError(f"staging buffer {out.shape} too small for {n} rows of shape {table.shape[1:]}")
@@ -55,6 +70,7 @@ def gather_rows(table: np.ndarray, rows: np.ndarray, out: np.ndarray) -> np.ndar
 
 def scatter_rows(table: np.ndarray, rows: np.ndarray, src: np.ndarray) -> None:
     """``table[rows] = src`` (rows must be unique, as a working set is)."""
+    _check_index(rows, "row id", "rows", table.shape[0], "a table")
     if src.shape[0] != rows.shape[0] or src.shape[1:] != table.shape[1:]:
         raise ValueError(
             f"{src.shape[0]} source rows of shape {src.shape[1:]} for {rows.shape[0]} table rows"
@@ -87,9 +103,14 @@ def assemble_rows(out, hot, hot_pos, hot_slot, work, cold_pos, cold_slot) -> np.
         raise ValueError(
             f"{hot_pos.shape[0]} hot + {cold_pos.shape[0]} cold positions for {out.shape[0]} rows"
         )
-    if hot_slot.shape[0] and hot_slot.max() >= hot.shape[0]:
-        raise IndexError(f"hot slot {hot_slot.max()} out of range for {hot.shape[0]} hot rows")
-    if cold_slot.shape[0] and cold_slot.max() >= work.shape[0]:
-        raise IndexError(f"working slot {cold_slot.max()} out of range for {work.shape[0]} working rows")
+    if hot_slot.shape != hot_pos.shape or cold_slot.shape != cold_pos.shape:
+        raise ValueError(
+            f"hot_slot {hot_slot.shape} / cold_slot {cold_slot.shape} must match "
+            f"hot_pos {hot_pos.shape} / cold_pos {cold_pos.shape}"
+        )
+    _check_index(hot_slot, "hot slot", "hot_slot", hot.shape[0], "the hot table")
+    _check_index(cold_slot, "working slot", "cold_slot", work.shape[0], "the working buffer")
+    _check_index(hot_pos, "position", "hot_pos", out.shape[0], "the output")
+    _check_index(cold_pos, "position", "cold_pos", out.shape[0], "the output")
     _assemble_rows(out, hot, hot_pos, hot_slot, work, cold_pos, cold_slot)
     return out

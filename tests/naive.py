@@ -379,3 +379,48 @@ def lru_misses(trace, cache_rows):
                 cache.pop()
         cache.insert(0, x)
     return misses
+
+
+# ---- kernels/sparse_update.py: distinct and coalesce -------------------------------------------------
+def distinct(ids):
+    """Distinct ids in first-occurrence order and each id's index into them, with a dict."""
+    number = {}
+    inverse = []
+    for i in np.asarray(ids).reshape(-1).tolist():
+        if i not in number:
+            number[i] = len(number)
+        inverse.append(number[i])
+    return np.array(list(number), dtype=np.int64), np.array(inverse, dtype=np.int64)
+
+
+def coalesce(ids, grads):
+    """Distinct ids (first-occurrence order) and each one's gradient rows summed in float32, in input order."""
+    uniq, inverse = distinct(ids)
+    gsum = np.zeros((len(uniq), grads.shape[1]), dtype=np.float32)
+    for j, k in enumerate(inverse):
+        gsum[k] += grads[j]
+    return uniq, gsum
+
+
+# ---- kernels/criteo_parse.py: build_id_table and map_categories -----------------------------------------
+def criteo_id_maps(uniques, offsets, remap):
+    """One dict per table: raw value ``uniques[k]`` -> id ``remap[k]`` for k in ``offsets[t]:offsets[t+1]``."""
+    return [
+        {int(uniques[k]): int(remap[k]) for k in range(offsets[t], offsets[t + 1])}
+        for t in range(len(offsets) - 1)
+    ]
+
+
+def criteo_map_categories(raw, id_maps):
+    """``out[i, t] = id_maps[t][raw[i, t]]`` (-1 where the value is missing) and the number missing."""
+    raw = np.asarray(raw)
+    out = np.full(raw.shape, -1, dtype=np.int32)
+    missing = 0
+    for i in range(raw.shape[0]):
+        for t in range(raw.shape[1]):
+            v = int(raw[i, t])
+            if v in id_maps[t]:
+                out[i, t] = id_maps[t][v]
+            else:
+                missing += 1
+    return out, missing
