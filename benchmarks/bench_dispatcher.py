@@ -25,7 +25,7 @@ import common
 import numpy as np
 
 from hotline.datasets.synthetic import KAGGLE_TABLE_SIZES, sample_zipf
-from hotline.dispatcher import Dispatcher
+from hotline.dispatch import Dispatcher
 from hotline.kernels import dispatch
 from hotline.placement import Placement
 

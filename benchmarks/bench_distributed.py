@@ -30,8 +30,8 @@ import common
 import numpy as np
 
 from hotline.datasets.format import Dataset
-from hotline.distributed import spawn, train_and_dump
-from hotline.train import TrainConfig
+from hotline.distributed.launcher import spawn, train_and_dump
+from hotline.training import TrainConfig
 
 KINDS = (
     "dense_allreduce",

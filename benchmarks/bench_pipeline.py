@@ -73,7 +73,7 @@ def make_data(args, root: Path):
 
 
 def make_placement(dataset, args, cfg, root: Path) -> tuple[str, dict]:
-    from hotline.profiler import profile
+    from hotline.profiling.profiler import profile
 
     emb_bytes = dataset.total_rows * cfg["embedding_dim"] * 4
     budget = int(emb_bytes * args.hbm_fraction)
@@ -95,8 +95,8 @@ def make_placement(dataset, args, cfg, root: Path) -> tuple[str, dict]:
 def run_mode(name, dataset, args, cfg, placement_path, device: str = "cpu") -> dict:
     import torch
 
-    from hotline.executor import overlap_ratio
-    from hotline.train import TrainConfig, Trainer
+    from hotline.pipeline.executor import overlap_ratio
+    from hotline.training import TrainConfig, Trainer
 
     config = TrainConfig(
         **{**cfg, "mini_batch_size": args.batch},

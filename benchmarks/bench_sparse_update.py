@@ -26,7 +26,7 @@ import torch
 
 from hotline.datasets.synthetic import sample_zipf
 from hotline.kernels import sparse_update
-from hotline.sparse_optim import SparseOptimizer
+from hotline.tiers.sparse_optim import SparseOptimizer
 
 TARGET_SPEEDUP = 3.0
 LR = 0.01

@@ -37,7 +37,7 @@ from pathlib import Path
 import common
 
 from hotline.datasets.format import Dataset, DatasetError
-from hotline.executor import overlap_ratio
+from hotline.pipeline.executor import overlap_ratio
 
 CONFIGS: dict[str, dict] = {
     "kaggle": {"dim": 16, "bottom_mlp": [13, 512, 256, 64, 16], "top_mlp": [512, 256, 1]},
@@ -89,7 +89,7 @@ def main_thread_ms(phases: dict[str, float]) -> float:
 def run_config(name: str, args, dataset: Dataset, workdir: Path) -> dict:
     """Builds one Trainer per mode for config ``name``, runs them interleaved, returns the figures."""
     import hotline
-    from hotline.train import TrainConfig, Trainer
+    from hotline.training import TrainConfig, Trainer
 
     cfg = CONFIGS[name]
     dim = cfg["dim"]

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from hotline.datasets.format import Dataset
     from hotline.datasets.synthetic import generate
-    from hotline.train import TrainConfig, Trainer
+    from hotline.training import TrainConfig, Trainer
 
     with tempfile.TemporaryDirectory(prefix="hotline-soak-") as tmp:
         t0 = time.perf_counter()

@@ -21,9 +21,13 @@ __version__ = "0.1.0"
 _LAZY = {
     "Dataset": "hotline.datasets.format",
     "DatasetError": "hotline.datasets.format",
-    "profile": "hotline.profiler",
-    "Profile": "hotline.profiler",
+    "profile": "hotline.profiling.profiler",
+    "Profile": "hotline.profiling.profile",
+    "Profiler": "hotline.profiling.profiler",
     "Placement": "hotline.placement",
+    "TableLayout": "hotline.table_layout",
+    "TrainConfig": "hotline.training.config",
+    "Trainer": "hotline.training.trainer",
 }
 
 

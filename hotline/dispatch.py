@@ -8,6 +8,7 @@ import numpy as np
 
 from hotline.kernels import dispatch
 from hotline.placement import Placement
+from hotline.table_layout import TableLayout
 
 
 @dataclass
@@ -58,9 +59,9 @@ class Dispatcher:
         self.table_sizes = placement.table_sizes
         T, L = len(self.table_sizes), int(pooling_factor)
         self.pooling_factor = L
-        row_offsets = np.concatenate([[0], np.cumsum(self.table_sizes[:-1])]).astype(np.int64)
-        self.col_offset = np.repeat(row_offsets, L)
-        self.col_size = np.repeat(np.asarray(self.table_sizes, dtype=np.int64), L)
+        layout = TableLayout(self.table_sizes)
+        self.col_offset = layout.column_offsets(L)
+        self.col_size = layout.column_sizes(L)
         self.remap = placement.fused_remap().astype(np.int32)  # int32: half the cache footprint of int64
         self.num_hot = placement.num_hot
         self.slot_map = np.full(int(sum(self.table_sizes)), -1, dtype=np.int32)

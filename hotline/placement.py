@@ -15,6 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
+from hotline._io import atomic_write
+from hotline.table_layout import TableLayout
+from hotline.table_layout import bytes_per_row as _bytes_per_row
+
 FORMAT_TAG = "hotline-placement/1"
 
 
@@ -25,11 +29,7 @@ class PlacementError(ValueError):
 def bytes_per_row_for(embedding_dim: int, optimizer: str) -> int:
     """Device bytes one hot row costs: float32 embedding plus its optimizer state (one float for row-wise
     Adagrad, nothing for SGD)."""
-    if embedding_dim <= 0:
-        raise ValueError(f"embedding_dim must be positive, got {embedding_dim}")
-    if optimizer not in ("sgd", "rowwise-adagrad"):
-        raise ValueError(f"optimizer must be 'sgd' or 'rowwise-adagrad', got {optimizer!r}")
-    return embedding_dim * 4 + (4 if optimizer == "rowwise-adagrad" else 0)
+    return _bytes_per_row(embedding_dim, optimizer)
 
 
 class Placement:
@@ -104,7 +104,7 @@ class Placement:
             ids_list.append(ids)
             remaps.append(remap)
         if bytes_per_row is None:
-            bytes_per_row = embedding_dim * 4
+            bytes_per_row = _bytes_per_row(embedding_dim, "sgd")
         num_hot = sum(int(i.size) for i in ids_list)
         if hbm_budget_bytes is None:
             hbm_budget_bytes = num_hot * int(bytes_per_row)
@@ -156,9 +156,7 @@ class Placement:
 
     def fused_hot_ids(self) -> np.ndarray:
         """int64 [num_hot]: the fused row id (table offset + row) of every hot row, in fused hot-slot order."""
-        offsets = np.concatenate([[0], np.cumsum(self.table_sizes[:-1])]).astype(np.int64)
-        parts = [offsets[t] + np.asarray(h, dtype=np.int64) for t, h in enumerate(self.hot_ids)]
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        return TableLayout(self.table_sizes).fuse_rows(self.hot_ids)
 
     def __repr__(self) -> str:
         return (
@@ -223,16 +221,8 @@ class Placement:
         for t in range(self.num_tables):
             arrays[f"hot_ids_{t}"] = self.hot_ids[t]
             arrays[f"remap_{t}"] = self.remap[t]
-        tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-        try:
-            with open(tmp, "wb") as f:
-                # Compressed: remap arrays are mostly -1 and shrink a hundredfold.
-                np.savez_compressed(f, **arrays)
-                f.flush()
-                os.fsync(f.fileno())
-            tmp.replace(path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        # Compressed: remap arrays are mostly -1 and shrink a hundredfold.
+        atomic_write(path, lambda f: np.savez_compressed(f, **arrays))
         return path
 
     @classmethod

@@ -21,11 +21,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hotline.checkpoint import CheckpointManager, read_checkpoint
 from hotline.cli import main
 from hotline.datasets.format import Dataset, DatasetError
 from hotline.datasets.synthetic import generate
 from hotline.placement import Placement, PlacementError
+from hotline.training.checkpoint import CheckpointManager, read_checkpoint
 
 TESTS = Path(__file__).resolve().parent
 ARCH = ["--arch-sparse-feature-size", "8", "--arch-mlp-bot", "13-16-8", "--arch-mlp-top", "16-1"]

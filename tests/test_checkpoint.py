@@ -11,18 +11,18 @@ import numpy as np
 import pytest
 import torch
 
-from hotline.checkpoint import (
+from hotline.cli import main
+from hotline.datasets.format import Dataset
+from hotline.datasets.synthetic import generate
+from hotline.placement import Placement
+from hotline.training import TrainConfig, Trainer
+from hotline.training.checkpoint import (
     CheckpointError,
     CheckpointManager,
     load_checkpoint,
     read_checkpoint,
     save_checkpoint,
 )
-from hotline.cli import main
-from hotline.datasets.format import Dataset
-from hotline.datasets.synthetic import generate
-from hotline.placement import Placement
-from hotline.train import TrainConfig, Trainer
 
 ARCH = ["--arch-sparse-feature-size", "8", "--arch-mlp-bot", "13-16-8", "--arch-mlp-top", "16-1"]
 

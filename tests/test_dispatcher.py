@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import naive
-from hotline.dispatcher import Dispatcher
+from hotline.dispatch import Dispatcher
 from hotline.kernels.gather import assemble_rows, gather_rows, scatter_rows
 from hotline.placement import Placement
 

@@ -10,21 +10,15 @@ import argparse
 import numpy as np
 import pytest
 
-from hotline.checkpoint import CheckpointError
 from hotline.cli import main
+from hotline.cli.train import add_parser
 from hotline.datasets.format import Dataset
 from hotline.datasets.synthetic import generate
-from hotline.distributed import (
-    Comm,
-    DistributedTrainer,
-    launcher_argv,
-    shard_bounds,
-    spawn,
-    train_and_dump,
-)
+from hotline.distributed.comm import Comm, shard_bounds
+from hotline.distributed.launcher import launcher_argv, spawn, train_and_dump
 from hotline.placement import Placement
-from hotline.train import TrainConfig, Trainer
-from hotline.train_cli import add_parser
+from hotline.training import TrainConfig, Trainer
+from hotline.training.checkpoint import CheckpointError
 
 TABLES = [30, 200, 12, 500, 60, 5, 90, 40]
 STEPS = 30
@@ -176,7 +170,7 @@ def test_one_rank_equals_trainer(data):
     _, sets, places = data
     cfg = _config("hotline", "rowwise-adagrad", places["onehot"], steps=8)
     losses, ref = _single(cfg, sets["onehot"])
-    tr = DistributedTrainer(cfg, sets["onehot"], Comm(0, 1))
+    tr = Trainer(cfg, sets["onehot"], Comm(0, 1))
     try:
         got = [s.loss_sum for s in tr.progress(tr.batches())]
         np.testing.assert_allclose(got, losses, rtol=1e-6)
@@ -216,7 +210,7 @@ def test_launcher_checkpoint_resume(data, tmp_path):
     cfg = _config(
         "hotline", "rowwise-adagrad", places["onehot"], checkpoint_dir=str(tmp_path / "ck"), resume=True
     )
-    tr = DistributedTrainer(cfg, sets["onehot"], Comm(0, 1))
+    tr = Trainer(cfg, sets["onehot"], Comm(0, 1))
     with pytest.raises(CheckpointError, match="written by 2 ranks.*--nproc 2"):
         tr.fit()
     tr.close()
@@ -253,7 +247,7 @@ def test_bench_distributed_smoke(tmp_path, monkeypatch):
 def _fetch_threads():
     import threading
 
-    return [t for t in threading.enumerate() if t.name == "hotline-fetch-ahead"]
+    return [t for t in threading.enumerate() if t.name == "hotline-prepare"]
 
 
 def test_lookahead_one_rank_stops_cleanly(data):
@@ -261,7 +255,7 @@ def test_lookahead_one_rank_stops_cleanly(data):
     fetch thread."""
     _, sets, places = data
     cfg = _config("hotline", "sgd", places["onehot"], steps=12, lookahead=2)
-    tr = DistributedTrainer(cfg, sets["onehot"], Comm(0, 1))
+    tr = Trainer(cfg, sets["onehot"], Comm(0, 1))
     try:
         stats = list(tr.progress(tr.batches()))
         assert_close(_single(_config("hotline", "sgd", places["onehot"], steps=12), sets["onehot"])[1],
@@ -280,16 +274,14 @@ def test_lookahead_error_reaches_main_thread(data):
     """An id out of range, found by the fetch thread's dispatch, is raised on the main thread."""
     from dataclasses import replace
 
-    from hotline.distributed import RankShard
-
     _, sets, places = data
     cfg = _config("hotline", "sgd", places["onehot"], steps=4, lookahead=2)
-    tr = DistributedTrainer(cfg, sets["onehot"], Comm(0, 1))
+    tr = Trainer(cfg, sets["onehot"], Comm(0, 1))
     try:
         shards = list(tr.batches())
-        bad = shards[2].batch.sparse.copy()
+        bad = shards[2].sparse.copy()
         bad[3, 1, 0] = TABLES[1]
-        shards[2] = RankShard(replace(shards[2].batch, sparse=bad), shards[2].global_size)
+        shards[2] = replace(shards[2], sparse=bad)
         with pytest.raises(IndexError, match=f"table 1: id {TABLES[1]} out of range"):
             for _ in tr.progress(iter(shards)):
                 pass

@@ -12,7 +12,7 @@ from hotline.cli import main
 from hotline.datasets.format import Dataset
 from hotline.datasets.synthetic import generate
 from hotline.placement import Placement
-from hotline.train import TrainConfig, Trainer
+from hotline.training import TrainConfig, Trainer
 
 TABLES = [30, 200, 12, 500, 60, 5, 90, 40]
 STEPS = 55

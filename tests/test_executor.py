@@ -8,10 +8,10 @@ import pytest
 
 import naive
 from hotline.datasets.synthetic import generate
-from hotline.executor import Executor, overlap_ratio
 from hotline.kernels.dispatch import claim_rows
+from hotline.pipeline.executor import Executor, overlap_ratio
 from hotline.placement import Placement
-from hotline.train import TrainConfig, Trainer
+from hotline.training import TrainConfig, Trainer
 
 
 @pytest.fixture(scope="module")

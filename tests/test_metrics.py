@@ -2,7 +2,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hotline.metrics import accuracy, log_loss, roc_auc
+from hotline.training.metrics import accuracy, log_loss, roc_auc
 
 
 def _pairwise_auc(y, s):

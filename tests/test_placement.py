@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from hotline.datasets.format import Dataset, DatasetWriter
 from hotline.placement import Placement, PlacementError, bytes_per_row_for
-from hotline.profiler import Profile, Profiler
+from hotline.profiling import Profile, Profiler
 from hotline.units import format_size, parse_size
 
 

@@ -15,7 +15,7 @@ from hotline.cli import main
 from hotline.datasets.format import Dataset, DatasetError, DatasetWriter
 from hotline.kernels import profile as kp
 from hotline.placement import Placement
-from hotline.profiler import Profiler
+from hotline.profiling.profiler import Profiler
 from tests import naive
 
 
@@ -217,7 +217,7 @@ def test_profiler_rejects_bad_settings(bad):
 @pytest.mark.parametrize("cache_bytes", [0, 1 << 30])
 def test_counts_match_twin_on_the_sample(small, chunk_size, cache_bytes, monkeypatch):
     # cache_bytes 0: the ranking and evaluate passes re-read the sample from the memory map
-    monkeypatch.setattr("hotline.profiler._CACHE_SAMPLE_BYTES", cache_bytes)
+    monkeypatch.setattr("hotline.profiling.profiler._CACHE_SAMPLE_BYTES", cache_bytes)
     prof = Profiler(sample_fraction=0.3, seed=1, chunk_size=chunk_size, progress=False).profile(small.path)
     assert prof.num_samples == 900
     np.testing.assert_array_equal(

@@ -20,8 +20,8 @@ import pytest
 from hotline.datasets.format import Dataset
 from hotline.datasets.synthetic import generate
 from hotline.placement import Placement
-from hotline.tiers import PreparedStep
-from hotline.train import TrainConfig, Trainer
+from hotline.tiers.tiered import PreparedStep
+from hotline.training import TrainConfig, Trainer
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 SIZES = [500, 2000, 100, 50]
@@ -99,7 +99,7 @@ def test_nothing_outlives_a_run_and_memory_stays_bounded(dataset):
         assert np.isfinite(stats.loss_sum)
         if step == 1:
             executors.append(weakref.ref(trainer._executor))
-            write_q = weakref.ref(trainer._executor._write_q)
+            write_q = weakref.ref(trainer._executor._writer.queue)
             threads_seen.update(_hotline_threads())
         if step >= warmup:
             rss[step] = _rss_mib()

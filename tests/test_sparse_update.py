@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 import naive
 from hotline.kernels import sparse_update
-from hotline.sparse_optim import OPTIMIZERS as OPTS
-from hotline.sparse_optim import SparseOptimizer
+from hotline.tiers.sparse_optim import OPTIMIZERS as OPTS
+from hotline.tiers.sparse_optim import SparseOptimizer
 
 
 def _case(seed, rows, n, dim, dup_range):

@@ -15,7 +15,7 @@ from hotline.cli import main
 from hotline.datasets import Dataset
 from hotline.datasets import synthetic as syn
 from hotline.kernels.synthetic import bag_effects, zipf_ranks
-from hotline.metrics import roc_auc
+from hotline.training.metrics import roc_auc
 
 SMALL_SIZES = [50, 7, 3000, 1, 20000] + [11] * 21  # 26 tables, as raw Criteo needs
 

@@ -312,7 +312,7 @@ def test_cpu_plan_trains_under_distributed_model_parallel(prof):
     from torchrec.models.dlrm import DLRM
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
-    from hotline.torchrec_module import kjt_from_sparse
+    from hotline.torchrec_bridge.module import kjt_from_sparse
 
     config = tb.PlanConfig(world_size=1, compute_device="cpu", batch_size=8)
     inputs = tb.constraints_from_profile(prof, config)

@@ -15,8 +15,8 @@ from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTens
 from torchrec.models.dlrm import DLRM  # noqa: E402
 
 from hotline.placement import Placement  # noqa: E402
-from hotline.sparse_optim import SparseOptimizer  # noqa: E402
-from hotline.torchrec_module import HotlineEmbeddingBagCollection, kjt_from_sparse  # noqa: E402
+from hotline.tiers.sparse_optim import SparseOptimizer  # noqa: E402
+from hotline.torchrec_bridge.module import HotlineEmbeddingBagCollection, kjt_from_sparse  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
 

@@ -9,10 +9,10 @@ import sys
 # Sub-command -> module providing ``add_parser(subparsers)``. Modules are imported when the parser is built;
 # they keep heavy imports (torch, torchrec) inside their ``run`` functions so ``hotline --help`` stays fast.
 COMMANDS = {
-    "data": "hotline.datasets.cli",
-    "profile": "hotline.profiler_cli",
-    "train": "hotline.train_cli",
-    "plan": "hotline.torchrec_cli",
+    "data": "hotline.cli.data",
+    "profile": "hotline.cli.profile",
+    "train": "hotline.cli.train",
+    "plan": "hotline.cli.plan",
 }
 
 
@@ -24,13 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for module_name in COMMANDS.values():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as e:
-            if e.name != module_name:
-                raise
-            continue  # a command not built yet
-        module.add_parser(sub)
+        importlib.import_module(module_name).add_parser(sub)
     return parser
 
 

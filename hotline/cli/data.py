@@ -3,20 +3,190 @@
 from __future__ import annotations
 
 import argparse
-import importlib
+import time
+
+from hotline.cli.args import SubParsers, add_progress, add_seed, error
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: SubParsers) -> None:
     parser = subparsers.add_parser(
         "data", help="build a dataset directory from Criteo files or synthetic data"
     )
     sub = parser.add_subparsers(dest="data_command", metavar="SOURCE")
     sub.required = True
-    for name in ("hotline.datasets.criteo", "hotline.datasets.synthetic"):
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name != name:
-                raise
-            continue
-        module.add_parser(sub)
+    _add_criteo(sub)
+    _add_synthetic(sub)
+
+
+def _add_out(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, help="dataset directory to write (replaced atomically)")
+
+
+def _rate(rows: int, seconds: float) -> str:
+    return f"{rows:,} rows in {seconds:.2f} s ({rows / max(seconds, 1e-9):,.0f} rows/s)"
+
+
+# -- criteo -----------------------------------------------------------------------------------------------
+def _add_criteo(sub: SubParsers) -> None:
+    from hotline.datasets.criteo import LAYOUTS, ON_BAD_LINE
+
+    parser = sub.add_parser(
+        "criteo",
+        help="preprocess raw Criteo Kaggle / Terabyte files into a dataset directory",
+        description=(
+            "Preprocess raw Criteo files (Kaggle train.txt or Terabyte day_0 .. day_23, plain or .gz) like "
+            "the reference DLRM: log(x+1) dense features, categories mapped to contiguous ids per table."
+        ),
+    )
+    parser.add_argument("raw", nargs="+", metavar="RAW", help="raw Criteo files (train.txt, or day_N files)")
+    _add_out(parser)
+    parser.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default="auto",
+        help="kaggle: 7 equal days, last split into test/val; terabyte: last file split; "
+        "auto: kaggle for one file, terabyte for several (default)",
+    )
+    parser.add_argument(
+        "--max-ind-range",
+        type=int,
+        default=None,
+        metavar="N",
+        help="take raw category values modulo N before mapping (as dlrm)",
+    )
+    parser.add_argument(
+        "--min-count",
+        type=int,
+        default=1,
+        metavar="T",
+        help="values seen fewer than T times share id 0; frequent ones get 1..K (default 1: off)",
+    )
+    parser.add_argument(
+        "--on-bad-line",
+        choices=ON_BAD_LINE,
+        default="error",
+        help="error (default): stop at the first bad line; skip: drop bad lines and count them",
+    )
+    add_progress(parser)
+    parser.set_defaults(func=_run_criteo)
+
+
+def _run_criteo(args: argparse.Namespace) -> int:
+    """Runs ``hotline data criteo`` and prints a summary; returns the exit status."""
+    from hotline.datasets.criteo import CriteoFormatError, preprocess
+    from hotline.datasets.format import Dataset
+
+    t0 = time.perf_counter()
+    try:
+        out = preprocess(
+            args.raw,
+            args.out,
+            layout=args.layout,
+            max_ind_range=args.max_ind_range,
+            min_count=args.min_count,
+            on_bad_line=args.on_bad_line,
+            progress=not args.no_progress,
+        )
+    except (CriteoFormatError, OSError, ValueError) as e:  # OSError: missing input, full or unwritable --out
+        return error("data criteo", e)
+    seconds = time.perf_counter() - t0
+    ds = Dataset(out)
+    rows = sum(len(ds.split(s)) for s in ("train", "val", "test"))
+    print(f"wrote {out} ({ds.meta['source']['layout']} layout)")
+    print(f"  rows: train {len(ds.train):,}  val {len(ds.val):,}  test {len(ds.test):,}")
+    print(f"  table sizes: {ds.table_sizes}  (total {ds.total_rows:,} rows)")
+    bad = ds.meta.get("bad_lines", {})
+    print("  bad lines skipped: " + (", ".join(f"{k} {v:,}" for k, v in bad.items()) if bad else "none"))
+    print(f"  {_rate(rows, seconds)}")
+    return 0
+
+
+# -- synthetic --------------------------------------------------------------------------------------------
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _zipf_arg(text: str) -> float | list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number or comma-separated numbers, got {text!r}"
+        ) from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected a number or comma-separated numbers, got nothing")
+    return values[0] if len(values) == 1 and "," not in text else values
+
+
+def _add_synthetic(sub: SubParsers) -> None:
+    from hotline.datasets.synthetic import DEFAULT_ZIPF
+
+    p = sub.add_parser(
+        "synthetic",
+        help="generate Criteo-like skewed data with labels from a planted model",
+        description="Generate Criteo-like data: Zipf-skewed ids per table, 13 dense counts, labels from a "
+        "planted model whose validation AUC is recorded in meta.json. Deterministic for a seed.",
+    )
+    _add_out(p)
+    p.add_argument(
+        "--rows",
+        type=int,
+        required=True,
+        help="total rows N (Criteo Kaggle layout: train 6/7, then test and val 1/14 each)",
+    )
+    add_seed(p, "the data and the planted model")
+    p.add_argument("--table-sizes", type=_int_list, default=None, metavar="N1,N2,...",
+                   help="rows per table (default: the 26 Criteo Kaggle cardinalities)")  # fmt: skip
+    p.add_argument("--max-rows-per-table", type=int, default=None, metavar="N",
+                   help="cap every table at N rows (as dlrm's --max-ind-range)")  # fmt: skip
+    p.add_argument(
+        "--zipf",
+        type=_zipf_arg,
+        default=DEFAULT_ZIPF,
+        metavar="S[,S2,...]",
+        help=f"Zipf exponent of every table, or a comma list with one per table (default {DEFAULT_ZIPF})",
+    )
+    p.add_argument("--pooling-factor", type=int, default=1, metavar="L",
+                   help="ids per bag, as dlrm's --num-indices-per-lookup (default 1: one-hot)")  # fmt: skip
+    p.add_argument("--raw-tsv", default=None, metavar="FILE",
+                   help="also write the rows as raw Criteo text: label, 13 ints, 26 hex (one-hot)")  # fmt: skip
+    add_progress(p)
+    p.set_defaults(func=_run_synthetic)
+
+
+def _run_synthetic(args: argparse.Namespace) -> int:
+    """Runs ``hotline data synthetic`` and prints a short summary; returns the exit status."""
+    from hotline.datasets.format import SPLITS, Dataset
+    from hotline.datasets.synthetic import generate
+
+    t0 = time.perf_counter()
+    try:
+        path = generate(
+            args.out,
+            args.rows,
+            seed=args.seed,
+            table_sizes=args.table_sizes,
+            max_rows_per_table=args.max_rows_per_table,
+            zipf=args.zipf,
+            pooling_factor=args.pooling_factor,
+            raw_tsv=args.raw_tsv,
+            progress=not args.no_progress,
+        )
+    except (ValueError, OSError) as e:  # OSError: an unwritable or full output location
+        return error("data synthetic", e)
+    seconds = time.perf_counter() - t0
+    ds = Dataset(path)
+    info = ds.meta["synthetic"]
+    splits = ", ".join(f"{name} {len(ds.split(name)):,}" for name in SPLITS)
+    print(f"wrote {path}: {splits} rows; {ds.num_tables} tables, {ds.total_rows:,} embedding rows, "
+          f"pooling factor {ds.pooling_factor}")  # fmt: skip
+    print(
+        f"click rate {info['click_rate']:.3f}; planted-model val AUC {info['planted_val_auc']} (the ceiling)"
+    )
+    print(_rate(args.rows, seconds))
+    if args.raw_tsv:
+        print(f"raw Criteo TSV: {args.raw_tsv}")
+    return 0

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
+from hotline.cli.args import (
+    SubParsers,
+    add_embedding,
+    add_output,
+    add_progress,
+    add_sampling,
+    error,
+    sample_fraction,
+)
 from hotline.units import format_size, size_arg
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: SubParsers) -> None:
     parser = subparsers.add_parser(
         "plan",
         help="turn a profile into a torchrec sharding plan (ParameterConstraints with cache statistics)",
@@ -48,25 +56,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="per-rank batch size (default --mini-batch-size)",
     )
     parser.add_argument("--no-scaleup", action="store_true", help="keep Hotline's load factors as they are")
-    sample = parser.add_mutually_exclusive_group()
-    sample.add_argument(
-        "--sample-fraction", type=float, default=None, metavar="F", help="profile share (0.05)"
-    )
-    sample.add_argument(
-        "--sample-batches", type=int, default=None, metavar="N", help="profile the first N batches"
-    )
-    parser.add_argument("--mini-batch-size", type=int, default=128, metavar="B", help="mini-batch size (128)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random sample (default 0)")
-    parser.add_argument(
-        "--embedding-dim", type=int, default=16, help="embedding dimension (without --placement)"
-    )
-    parser.add_argument(
-        "--optimizer", default="sgd", choices=["sgd", "rowwise-adagrad"], help="optimizer state"
-    )
-    parser.add_argument(
-        "--out", type=Path, default=None, metavar="FILE", help="write plan.json and its side-car"
-    )
-    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_sampling(parser)
+    add_embedding(parser)
+    add_output(parser, "--out", "write plan.json and its side-car")
+    add_progress(parser)
     parser.set_defaults(func=run)
 
 
@@ -101,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
 
     from hotline.datasets.format import Dataset, DatasetError
     from hotline.placement import Placement, PlacementError
-    from hotline.profiler import profile
+    from hotline.profiling.profiler import profile
 
     # torchrec logs planner warnings meant for its developers (topology construction, proposer internals).
     logging.getLogger("torchrec").setLevel(logging.ERROR)
@@ -116,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
             optimizer = "rowwise-adagrad" if placement.bytes_per_row == 4 * dim + 4 else "sgd"
         prof = profile(
             dataset,
-            sample_fraction=0.05 if args.sample_fraction is None else args.sample_fraction,
+            sample_fraction=sample_fraction(args),
             sample_batches=args.sample_batches,
             mini_batch_size=args.mini_batch_size,
             seed=args.seed,
@@ -136,8 +129,7 @@ def run(args: argparse.Namespace) -> int:
         sharding_plan = bridge.plan(inputs, config)
         summary = bridge.plan_summary(sharding_plan, inputs, config)
     except (DatasetError, PlacementError, bridge.PlanError, ValueError, OSError) as e:
-        print(f"hotline plan: error: {e}", file=sys.stderr)
-        return 2
+        return error("plan", e)
 
     source = f"placement {args.placement}" if placement is not None else "hot rows chosen by Hotline"
     print(
@@ -153,7 +145,6 @@ def run(args: argparse.Namespace) -> int:
         try:
             plan_path, side = bridge.export_plan(args.out, sharding_plan, inputs, config)
         except OSError as e:  # an unwritable or full output location: one line, no traceback
-            print(f"hotline plan: error: {e}", file=sys.stderr)
-            return 2
+            return error("plan", e)
         print(f"plan written to {plan_path} ({len(inputs.choices)} tables), hot rows to {side}")
     return 0

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-from pathlib import Path
 
-from hotline.units import format_size, size_arg
+from hotline.cli.args import (
+    SubParsers,
+    add_budget,
+    add_embedding,
+    add_output,
+    add_progress,
+    add_sampling,
+    add_threads,
+    error,
+    sample_fraction,
+)
+from hotline.units import format_size
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: SubParsers) -> None:
     parser = subparsers.add_parser(
         "profile",
         help="count embedding-row accesses over a sample and place the popular rows under an HBM budget",
@@ -18,58 +26,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "tables by popularity, and choose the hot rows that fit an HBM budget.",
     )
     parser.add_argument("dataset", help="dataset directory (from `hotline data ...`)")
-    sample = parser.add_mutually_exclusive_group()
-    sample.add_argument(
-        "--sample-fraction",
-        type=float,
-        default=None,
-        metavar="F",
-        help="profile a uniform random share F of the split, without replacement (default 0.05, as in FAE)",
-    )
-    sample.add_argument(
-        "--sample-batches",
-        type=int,
-        default=None,
-        metavar="N",
-        help="profile the first N mini-batches instead (Hotline's learning phase)",
-    )
-    parser.add_argument(
-        "--mini-batch-size", type=int, default=128, metavar="B", help="mini-batch size (default 128)"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random sample (default 0)")
+    add_sampling(parser)
     parser.add_argument("--split", default="train", choices=["train", "val", "test"], help="split to profile")
-    parser.add_argument(
-        "--hbm-budget",
-        type=size_arg,
-        default=None,
-        metavar="SIZE",
-        help="device bytes for hot rows, e.g. 256MiB, 2GiB, 1GB or plain bytes (required for --out)",
+    add_budget(
+        parser, help="device bytes for hot rows, e.g. 256MiB, 2GiB, 1GB or plain bytes (required for --out)"
     )
-    parser.add_argument(
-        "--embedding-dim",
-        "--arch-sparse-feature-size",
-        dest="embedding_dim",
-        type=int,
-        default=16,
-        metavar="D",
-        help="embedding dimension (DLRM's --arch-sparse-feature-size; default 16): a hot row costs D*4 bytes",
-    )
-    parser.add_argument(
-        "--optimizer",
-        default="sgd",
-        choices=["sgd", "rowwise-adagrad"],
-        help="optimizer whose state is kept with hot rows (default sgd: none; rowwise-adagrad: 4 bytes per row)",
-    )
+    add_embedding(parser)
     parser.add_argument(
         "--always-hot", type=int, nargs="+", default=[], metavar="TABLE", help="tables to keep hot whole"
     )
-    parser.add_argument("--out", type=Path, default=None, metavar="FILE", help="write the placement (.npz)")
-    parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the summary as JSON")
-    parser.add_argument(
-        "--curve-csv", type=Path, default=None, metavar="FILE", help="write the budget curve as CSV"
-    )
-    parser.add_argument("--num-threads", type=int, default=None, help="Numba threads (default: all cores)")
-    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_output(parser, "--out", "write the placement (.npz)")
+    add_output(parser, "--json", "write the summary as JSON")
+    add_output(parser, "--curve-csv", "write the budget curve as CSV")
+    add_threads(parser, "Numba threads")
+    add_progress(parser)
     parser.set_defaults(func=run)
 
 
@@ -97,20 +67,19 @@ def _table_text(stats) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import numba
-
+    from hotline._io import write_json, write_text
     from hotline.datasets.format import DatasetError
+    from hotline.pipeline.threads import set_numba_threads
     from hotline.placement import PlacementError
-    from hotline.profiler import Profiler
+    from hotline.profiling.profiler import Profiler
 
-    if args.num_threads is not None:
-        numba.set_num_threads(args.num_threads)
+    if args.threads:
+        set_numba_threads(args.threads)
     if (args.out is not None or args.always_hot) and args.hbm_budget is None:
-        print("hotline profile: error: --out and --always-hot need --hbm-budget", file=sys.stderr)
-        return 2
+        return error("profile", "--out and --always-hot need --hbm-budget")
     try:
         profiler = Profiler(
-            sample_fraction=0.05 if args.sample_fraction is None else args.sample_fraction,
+            sample_fraction=sample_fraction(args),
             sample_batches=args.sample_batches,
             mini_batch_size=args.mini_batch_size,
             seed=args.seed,
@@ -123,8 +92,7 @@ def run(args: argparse.Namespace) -> int:
         placement = prof.placement(args.hbm_budget, args.always_hot) if args.hbm_budget is not None else None
         summary = prof.summary(args.hbm_budget, args.always_hot) if args.hbm_budget is not None else None
     except (DatasetError, PlacementError, ValueError, OSError) as e:
-        print(f"hotline profile: error: {e}", file=sys.stderr)
-        return 2
+        return error("profile", e)
 
     print(
         f"{args.dataset}: {prof.num_samples:,} samples of split {args.split!r} profiled "
@@ -151,12 +119,11 @@ def run(args: argparse.Namespace) -> int:
             placement.save(args.out)
             print(f"placement written to {args.out}")
         if summary is not None and args.json is not None:
-            args.json.write_text(json.dumps(summary, indent=2) + "\n")
+            write_json(args.json, summary)
             print(f"summary written to {args.json}")
         if args.curve_csv is not None:
-            prof.curve().to_csv(args.curve_csv, index=False)
+            write_text(args.curve_csv, prof.curve().to_csv(index=False))
             print(f"budget curve written to {args.curve_csv}")
     except OSError as e:
-        print(f"hotline profile: error: {e}", file=sys.stderr)
-        return 2
+        return error("profile", e)
     return 0

@@ -1,13 +1,32 @@
-"""``hotline train``: train DLRM on a dataset directory (or the built-in synthetic default)."""
+"""``hotline train``: train DLRM on a dataset directory (or the built-in synthetic default), on one process,
+on N local ranks (``--nproc N``, through torch's elastic launcher), or as one rank under ``torchrun``.
+
+Every rank builds its TrainConfig through :func:`config_from_args` and runs the same :func:`_train`, so the
+single-process and the distributed runs take the same flags and print the same summary."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
+from hotline.cli.args import SubParsers, add_threads, error
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+SUMMARY_KEYS = (
+    "mode",
+    "steps",
+    "samples_per_s",
+    "val_auc",
+    "val_logloss",
+    "val_accuracy",
+    "test_auc",
+    "test_logloss",
+    "test_accuracy",
+)
+
+
+def add_parser(subparsers: SubParsers) -> None:
     p = subparsers.add_parser(
         "train",
         help="train DLRM (on the built-in synthetic default when no dataset is given)",
@@ -34,7 +53,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--eval-max-samples", type=int, default=0, help="evaluate on at most N samples (0: all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--threads", type=int, default=0, help="torch and numba threads (0: all cores)")
+    add_threads(p)
     p.add_argument("--metrics", help="write one JSON record per report to this .jsonl file")
     p.add_argument("--dump-params", help="write every parameter by name to this .npz at the end")
     p.add_argument("--save", help="write a checkpoint here at the end")
@@ -65,63 +84,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run, train_parser=p)
 
 
-def run(args: argparse.Namespace) -> int:
-    import os
-
-    from hotline.checkpoint import load_checkpoint, save_checkpoint
-    from hotline.train import Trainer, configure_threads
-
-    if args.nproc > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        from hotline.distributed import run_cli  # N ranks: start them, or be one of them
-
-        return run_cli(args, config_from_args)
-    if args.dataset is None:
-        from hotline.datasets.synthetic import default_dataset
-
-        dataset = default_dataset()
-        print(f"no dataset given: using the built-in synthetic dataset at {dataset}", file=sys.stderr)
-    else:
-        dataset = args.dataset
-    try:
-        config = config_from_args(args)  # a bad flag value is a ValueError: one line like the rest
-        configure_threads(config.threads)
-        trainer = Trainer(config, dataset)
-        try:
-            if args.load:
-                step = load_checkpoint(trainer, args.load)
-                print(f"loaded {args.load} (step {step})", file=sys.stderr)
-            summary = trainer.fit()
-            if args.save:
-                save_checkpoint(trainer, args.save)
-        finally:
-            trainer.close()
-    except (ValueError, IndexError, FloatingPointError, OSError) as e:
-        # User-caused problems (bad dataset, placement, checkpoint, flags, a diverging loss, a full disk):
-        # one clear line, no traceback. DatasetError, PlacementError and CheckpointError are ValueErrors.
-        print(f"hotline train: error: {e}", file=sys.stderr)
-        return 2 if not isinstance(e, FloatingPointError) else 3
-    except KeyboardInterrupt:
-        print("hotline train: interrupted", file=sys.stderr)
-        return 130
-    keys = (
-        "mode",
-        "steps",
-        "samples_per_s",
-        "val_auc",
-        "val_logloss",
-        "val_accuracy",
-        "test_auc",
-        "test_logloss",
-        "test_accuracy",
-    )
-    print(json.dumps({k: summary[k] for k in keys}))
-    return 0
-
-
 def config_from_args(args: argparse.Namespace):
     """The TrainConfig of parsed ``hotline train`` flags (ValueError naming the flag if one is wrong)."""
-    from hotline.model import parse_layers
-    from hotline.train import TrainConfig
+    from hotline.training.config import TrainConfig
+    from hotline.training.model import parse_layers
 
     hbm_budget = None
     if args.hbm_budget:
@@ -144,7 +110,7 @@ def config_from_args(args: argparse.Namespace):
         eval_max_samples=args.eval_max_samples,
         seed=args.seed,
         device=args.device,
-        threads=args.threads,
+        threads=args.threads or 0,
         progress=not args.no_progress,
         metrics_path=args.metrics,
         dump_params_path=args.dump_params,
@@ -157,3 +123,97 @@ def config_from_args(args: argparse.Namespace):
         checkpoint_every=args.checkpoint_every,
         resume=args.resume,
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    under_torchrun = world > 1 and "RANK" in os.environ
+    if under_torchrun and args.nproc and args.nproc != world:
+        return error("train", f"--nproc {args.nproc} but torchrun started {world} ranks")
+    if args.nproc > 1 and not under_torchrun:
+        return _launch(args)
+    return _train(args, distributed=under_torchrun)
+
+
+def _launch(args: argparse.Namespace) -> int:
+    """Starts ``args.nproc`` ranks of this same command (flags checked once, here, before any rank starts)."""
+    from hotline.distributed.launcher import launch, launcher_argv
+
+    try:
+        config_from_args(args)
+    except ValueError as e:
+        return error("train", e)
+    if args.dataset is None:
+        from hotline.datasets.synthetic import default_dataset
+
+        args.dataset = str(default_dataset())  # made once here, not raced by the ranks
+    return launch(args.nproc, ["train", *launcher_argv(args.train_parser, args, ("nproc", "train_parser"))])
+
+
+def _train(args: argparse.Namespace, distributed: bool) -> int:
+    """One process's run: the whole training, or this rank's part of it."""
+    from hotline.distributed.comm import Comm
+    from hotline.pipeline.threads import configure_threads
+    from hotline.training.checkpoint import load_checkpoint, save_checkpoint
+    from hotline.training.trainer import Trainer
+
+    comm = None
+    try:
+        config = config_from_args(args)  # a bad flag value is a ValueError: one line like the rest
+        if distributed:
+            from hotline.distributed.launcher import init_from_env, worker_threads
+
+            comm = init_from_env()
+            configure_threads(worker_threads(config.threads))
+        else:
+            comm = Comm()
+            configure_threads(config.threads)
+        dataset = _dataset(args, comm)
+        trainer = Trainer(config, dataset, comm)
+        try:
+            if args.load:
+                step = load_checkpoint(trainer, args.load)
+                if comm.rank == 0:
+                    print(f"loaded {args.load} (step {step})", file=sys.stderr)
+            summary = trainer.fit()
+            if args.save:
+                save_checkpoint(trainer, args.save)
+        finally:
+            trainer.close()
+        # Every rank reaches this point before any tears gloo down: destroying the group while a peer's
+        # connection is still live made that peer's gloo thread call std::terminate (seen in CI-like runs).
+        comm.barrier()
+    except (ValueError, IndexError, FloatingPointError, OSError) as e:
+        # User-caused problems (bad dataset, placement, checkpoint, flags, a diverging loss, a full disk):
+        # one clear line, no traceback. DatasetError, PlacementError and CheckpointError are ValueErrors.
+        where = f" (rank {comm.rank if comm else '?'})" if distributed else ""
+        print(f"hotline train: error{where}: {e}", file=sys.stderr)
+        return 2 if not isinstance(e, FloatingPointError) else 3
+    except KeyboardInterrupt:
+        print("hotline train: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if distributed:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+    if comm.rank == 0:
+        record = {k: summary[k] for k in SUMMARY_KEYS}
+        if comm.world_size > 1:
+            record["world_size"] = comm.world_size
+        print(json.dumps(record))
+    return 0
+
+
+def _dataset(args: argparse.Namespace, comm):
+    """The dataset directory to train on: the flag's, or the built-in default (made by rank 0 alone)."""
+    if args.dataset is not None:
+        return args.dataset
+    from hotline.datasets.synthetic import default_dataset
+
+    if comm.rank == 0:
+        path = default_dataset()
+        print(f"no dataset given: using the built-in synthetic dataset at {path}", file=sys.stderr)
+    comm.barrier()
+    return default_dataset()

@@ -28,13 +28,11 @@ maps the raw categories with :func:`~hotline.kernels.criteo_parse.map_categories
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import hashlib
 import os
 import queue
 import re
-import sys
 import threading
 import time
 import zlib
@@ -632,79 +630,3 @@ def preprocess(
             "rows_per_second": round(total / seconds, 1) if seconds > 0 else None,
         }
         return writer.finish(source=source, extra=extra)
-
-
-# ----------------------------------------------------------------------------------------------- CLI
-
-
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Registers ``hotline data criteo RAW [RAW ...] --out DIR``."""
-    parser = subparsers.add_parser(
-        "criteo",
-        help="preprocess raw Criteo Kaggle / Terabyte files into a dataset directory",
-        description=(
-            "Preprocess raw Criteo files (Kaggle train.txt or Terabyte day_0 .. day_23, plain or .gz) like "
-            "the reference DLRM: log(x+1) dense features, categories mapped to contiguous ids per table."
-        ),
-    )
-    parser.add_argument("raw", nargs="+", metavar="RAW", help="raw Criteo files (train.txt, or day_N files)")
-    parser.add_argument("--out", required=True, help="dataset directory to write (replaced atomically)")
-    parser.add_argument(
-        "--layout",
-        choices=LAYOUTS,
-        default="auto",
-        help="kaggle: 7 equal days, last split into test/val; terabyte: last file split; "
-        "auto: kaggle for one file, terabyte for several (default)",
-    )
-    parser.add_argument(
-        "--max-ind-range",
-        type=int,
-        default=None,
-        metavar="N",
-        help="take raw category values modulo N before mapping (as dlrm)",
-    )
-    parser.add_argument(
-        "--min-count",
-        type=int,
-        default=1,
-        metavar="T",
-        help="values seen fewer than T times share id 0; frequent ones get 1..K (default 1: off)",
-    )
-    parser.add_argument(
-        "--on-bad-line",
-        choices=ON_BAD_LINE,
-        default="error",
-        help="error (default): stop at the first bad line; skip: drop bad lines and count them",
-    )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    parser.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    """Runs ``hotline data criteo`` and prints a summary; returns the exit status."""
-    from hotline.datasets.format import Dataset
-
-    t0 = time.perf_counter()
-    try:
-        out = preprocess(
-            args.raw,
-            args.out,
-            layout=args.layout,
-            max_ind_range=args.max_ind_range,
-            min_count=args.min_count,
-            on_bad_line=args.on_bad_line,
-            progress=not args.no_progress,
-        )
-    except (CriteoFormatError, OSError, ValueError) as e:  # OSError: missing input, full or unwritable --out
-        print(f"hotline data criteo: error: {e}", file=sys.stderr)
-        return 2
-    seconds = time.perf_counter() - t0
-    ds = Dataset(out)
-    rows = sum(len(ds.split(s)) for s in ("train", "val", "test"))
-    print(f"wrote {out} ({ds.meta['source']['layout']} layout)")
-    print(f"  rows: train {len(ds.train):,}  val {len(ds.val):,}  test {len(ds.test):,}")
-    print(f"  table sizes: {ds.table_sizes}  (total {ds.total_rows:,} rows)")
-    bad = ds.meta.get("bad_lines", {})
-    print("  bad lines skipped: " + (", ".join(f"{k} {v:,}" for k, v in bad.items()) if bad else "none"))
-    print(f"  {rows:,} rows in {seconds:.2f} s: {rows / seconds:,.0f} rows/s")
-    return 0

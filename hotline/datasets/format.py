@@ -47,9 +47,16 @@ class Batch:
     """int32 [B, T, L] row ids per table; L = 1 is the one-hot case."""
     labels: np.ndarray
     """float32 [B] labels in {0, 1}."""
+    global_size: int = -1
+    """Samples of the global mini-batch this batch is one rank's shard of (the loss normaliser); -1: itself."""
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
+
+    @property
+    def loss_normaliser(self) -> int:
+        """The number of samples the loss of this batch is averaged over (the whole global mini-batch)."""
+        return len(self) if self.global_size < 0 else self.global_size
 
 
 class Split:
@@ -64,12 +71,14 @@ class Split:
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
-    def batch(self, start: int, stop: int) -> Batch:
-        """Rows ``start:stop`` as an in-memory :class:`Batch` (copied out of the memory map)."""
+    def batch(self, start: int, stop: int, global_size: int = -1) -> Batch:
+        """Rows ``start:stop`` as an in-memory :class:`Batch` (copied out of the memory map); ``global_size``:
+        the samples of the global mini-batch it is a shard of."""
         return Batch(
             dense=np.array(self.dense[start:stop]),
             sparse=np.array(self.sparse[start:stop]),
             labels=np.array(self.labels[start:stop]),
+            global_size=global_size,
         )
 
     def num_batches(self, batch_size: int, drop_last: bool = False) -> int:

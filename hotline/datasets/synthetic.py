@@ -30,13 +30,10 @@ Kaggle tables, one-hot), plus 12 bytes per validation row for the planted AUC; n
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
 import os
-import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -456,7 +453,7 @@ def generate_config(
 
 def _summary(cfg, model, top_hits, clicks, val_logit, val_labels) -> dict:
     """The ``synthetic`` entry of meta.json: planted AUC (the ceiling), click rate, measured skew."""
-    from hotline.metrics import roc_auc
+    from hotline.training.metrics import roc_auc
 
     lookups = max(1, cfg.rows * cfg.pooling_factor)
     logit = np.concatenate(val_logit) if val_logit else np.zeros(0)
@@ -499,105 +496,13 @@ def default_dataset(cache_dir: str | os.PathLike | None = None, progress: bool =
     return generate(path, progress=progress, **DEFAULT_DATASET)
 
 
-# ------------------------------------------------------------------------------------------------- CLI
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
-def _zipf_arg(text: str) -> float | list[float]:
-    try:
-        values = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a number or comma-separated numbers, got {text!r}"
-        ) from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected a number or comma-separated numbers, got nothing")
-    return values[0] if len(values) == 1 and "," not in text else values
-
-
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Registers ``hotline data synthetic``."""
-    p = subparsers.add_parser(
-        "synthetic",
-        help="generate Criteo-like skewed data with labels from a planted model",
-        description="Generate Criteo-like data: Zipf-skewed ids per table, 13 dense counts, labels from a "
-        "planted model whose validation AUC is recorded in meta.json. Deterministic for a seed.",
-    )
-    p.add_argument("--out", required=True, help="dataset directory to write")
-    p.add_argument(
-        "--rows",
-        type=int,
-        required=True,
-        help="total rows N (Criteo Kaggle layout: train 6/7, then test and val 1/14 each)",
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of the data and the planted model (default 0)")
-    p.add_argument("--table-sizes", type=_int_list, default=None, metavar="N1,N2,...",
-                   help="rows per table (default: the 26 Criteo Kaggle cardinalities)")  # fmt: skip
-    p.add_argument("--max-rows-per-table", type=int, default=None, metavar="N",
-                   help="cap every table at N rows (as dlrm's --max-ind-range)")  # fmt: skip
-    p.add_argument(
-        "--zipf",
-        type=_zipf_arg,
-        default=DEFAULT_ZIPF,
-        metavar="S[,S2,...]",
-        help=f"Zipf exponent of every table, or a comma list with one per table (default {DEFAULT_ZIPF})",
-    )
-    p.add_argument("--pooling-factor", type=int, default=1, metavar="L",
-                   help="ids per bag, as dlrm's --num-indices-per-lookup (default 1: one-hot)")  # fmt: skip
-    p.add_argument("--raw-tsv", default=None, metavar="FILE",
-                   help="also write the rows as raw Criteo text: label, 13 ints, 26 hex (one-hot)")  # fmt: skip
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    """Runs ``hotline data synthetic`` and prints a short summary; returns the exit status."""
-    t0 = time.perf_counter()
-    try:
-        path = generate(
-            args.out,
-            args.rows,
-            seed=args.seed,
-            table_sizes=args.table_sizes,
-            max_rows_per_table=args.max_rows_per_table,
-            zipf=args.zipf,
-            pooling_factor=args.pooling_factor,
-            raw_tsv=args.raw_tsv,
-            progress=not args.no_progress,
-        )
-    except (ValueError, OSError) as e:  # OSError: an unwritable or full output location
-        print(f"hotline data synthetic: error: {e}", file=sys.stderr)
-        return 2
-    seconds = time.perf_counter() - t0
-    ds = Dataset(path)
-    info = ds.meta["synthetic"]
-    splits = ", ".join(f"{name} {len(ds.split(name)):,}" for name in SPLITS)
-    print(f"wrote {path}: {splits} rows; {ds.num_tables} tables, {ds.total_rows:,} embedding rows, "
-          f"pooling factor {ds.pooling_factor}")  # fmt: skip
-    print(
-        f"click rate {info['click_rate']:.3f}; planted-model val AUC {info['planted_val_auc']} (the ceiling)"
-    )
-    print(f"{args.rows:,} rows in {seconds:.1f} s ({args.rows / max(seconds, 1e-9):,.0f} rows/s)")
-    if args.raw_tsv:
-        print(f"raw Criteo TSV: {args.raw_tsv}")
-    return 0
-
-
 __all__ = [
     "CHUNK_ROWS",
     "DEFAULT_DATASET",
     "KAGGLE_TABLE_SIZES",
     "SyntheticConfig",
-    "add_parser",
     "default_dataset",
     "generate",
-    "run",
     "sample_zipf",
     "split_sizes",
     "zipf_pmf",

@@ -12,8 +12,7 @@ import numpy as np
 import torch
 
 from hotline.kernels import sparse_update
-
-OPTIMIZERS = ("sgd", "rowwise-adagrad")
+from hotline.table_layout import OPTIMIZERS, state_floats_per_row
 
 
 @dataclass(frozen=True)
@@ -36,7 +35,7 @@ class SparseOptimizer:
     @property
     def state_floats_per_row(self) -> int:
         """Optimizer state kept per embedding row (bytes per row = 4 * (dim + this))."""
-        return 1 if self.kind == "rowwise-adagrad" else 0
+        return state_floats_per_row(self.kind)
 
     def new_scratch(self, rows: int, device: torch.device | str = "cpu") -> np.ndarray | None:
         """Reusable scratch for ``step`` on a table of ``rows`` rows (None where the device path needs none)."""
@@ -44,7 +43,7 @@ class SparseOptimizer:
 
     def new_state(self, rows: int, device: torch.device | str = "cpu") -> torch.Tensor:
         """Zero optimizer state for ``rows`` rows (an empty tensor for SGD)."""
-        return torch.zeros(rows if self.kind == "rowwise-adagrad" else 0, dtype=torch.float32, device=device)
+        return torch.zeros(rows * self.state_floats_per_row, dtype=torch.float32, device=device)
 
     def dense_optimizer(self, params) -> torch.optim.Optimizer:
         """The dense-layer optimizer that matches this sparse rule."""

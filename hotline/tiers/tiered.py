@@ -1,19 +1,20 @@
-"""Tiered embeddings and the two modes built on them: ``hotline`` and the ``hybrid`` baseline.
+"""The tiered modes, ``hotline`` and the ``hybrid`` baseline, on one rank or N: hot rows on the device, the
+rest in a :class:`~hotline.tiers.cold_store.ColdStore`.
 
 - Hot tier: one compact table of all hot rows (fused hot slots of every table) and their optimizer state,
-  on the compute device.
-- Cold tier: every row of every table in host memory (fused row ids; pinned when CUDA is present) with its
-  optimizer state. Rows that are hot have stale copies here; the hot tier is authoritative for them.
+  on the compute device, replicated on every rank (its gradients exchanged, a no-op on one rank).
+- Cold tier: a ColdStore holding every row (host memory of this process, or sharded over the ranks).
 
-One exact step (``TieredMode.prepare`` then ``TieredMode.compute``):
+One exact step (:meth:`TieredMode.prepare`, then :meth:`TieredMode.compute`, then the write-back):
 1. dispatch: popular micro-batch, non-popular micro-batch, working set (unique cold rows);
-2. gather the working set's rows and state into a staging buffer (Numba threads) and copy it to the device;
+2. fetch the working set's rows and state from the cold store and copy them to the device;
 3. forward/backward of the popular micro-batch, then of the non-popular one, with the loss normalised by the
-   whole mini-batch so their gradients add up to the mini-batch gradient;
+   whole (global) mini-batch so their gradients add up to the mini-batch gradient (``fused``: one pass);
 4. ONE sparse update of the hot tier (both micro-batches' hot lookups together: duplicates summed, each row
-   updated once) and one of the working buffer, then write the updated working rows back to the cold tier.
+   updated once) and one of the working rows, then the cold store writes them back (or, sharded, the rows'
+   owners apply the update).
 
-``hybrid`` is the same machinery with every row cold and no split: each batch's unique rows are gathered,
+``hybrid`` is the same machinery with every row cold and no split: each batch's unique rows are fetched,
 updated and written back, with no overlap (the Intel-optimised CPU-GPU DLRM style baseline).
 """
 
@@ -27,22 +28,18 @@ import numpy as np
 import torch
 from torch.profiler import record_function
 
-from hotline.datasets.format import Batch, Dataset
-from hotline.dispatcher import Dispatcher, MicroBatches
+from hotline.datasets.format import Batch
+from hotline.dispatch import Dispatcher, MicroBatches
+from hotline.distributed.comm import Comm
 from hotline.kernels import sparse_update
-from hotline.kernels.gather import assemble_rows, gather_rows, scatter_rows
-from hotline.model import DLRM
-from hotline.modes import (
-    StepStats,
-    TrainMode,
-    check_ids,
-    initial_tables,
-    loss_and_backward,
-    sum_pool,
-    table_offsets,
-)
+from hotline.kernels.gather import assemble_rows
 from hotline.placement import Placement
-from hotline.sparse_optim import SparseOptimizer
+from hotline.table_layout import TableLayout
+from hotline.tiers.base import StepStats, TrainMode, loss_and_backward, sum_pool
+from hotline.tiers.cold_store import ColdFetch, ColdStore, host_tensor
+from hotline.tiers.replicated import all_ranks_gradients
+from hotline.tiers.sparse_optim import SparseOptimizer
+from hotline.training.model import DLRM
 
 
 @contextlib.contextmanager
@@ -54,38 +51,14 @@ def _on_stream(stream):
             yield
 
 
-def _host_tensor(array: np.ndarray, pin: bool) -> torch.Tensor:
-    t = torch.from_numpy(array)
-    return t.pin_memory() if pin else t
-
-
-class ColdTier:
-    """Every row of every table (fused ids) and its optimizer state in host memory."""
-
-    def __init__(self, weights: np.ndarray, optimizer: SparseOptimizer, pin: bool):
-        self.weight = _host_tensor(weights, pin)
-        self.state = _host_tensor(optimizer.new_state(weights.shape[0]).numpy(), pin)
-        self.w = self.weight.numpy()  # numpy views for the Numba kernels (same memory)
-        self.s = self.state.numpy()
-
-    def gather(self, rows: np.ndarray, out_w: np.ndarray, out_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Copies rows and their state into staging buffers; returns the filled views."""
-        w = gather_rows(self.w, rows, out_w)
-        s = gather_rows(self.s, rows, out_s) if self.s.size else out_s[:0]
-        return w, s
-
-    def write_back(self, rows: np.ndarray, w: np.ndarray, s: np.ndarray) -> None:
-        scatter_rows(self.w, rows, w)
-        if self.s.size:
-            scatter_rows(self.s, rows, s)
-
-
 @dataclass
 class PreparedStep:
-    """A batch after dispatch and gather: what the compute of one step needs, already on the device."""
+    """A batch after dispatch and fetch: what the compute of one step needs, already on the device."""
 
     batch: Batch
     micro: MicroBatches
+    fetch: ColdFetch
+    """The working set's rows as the cold store fetched them (and its bookkeeping)."""
     work: torch.Tensor
     """[U, D] working rows on the device (updated in place by the step)."""
     work_state: torch.Tensor
@@ -94,14 +67,20 @@ class PreparedStep:
     """The micro-batches' index arrays and dense inputs as device tensors (copied with the rows)."""
     staging: tuple[torch.Tensor, torch.Tensor]
     """The host staging buffers the rows came through (reused for the write-back)."""
-    step: int = -1
-    """Position of the step in the run (set by the pipelined executor)."""
-    stale: np.ndarray | None = None
-    """Working-buffer slots an earlier, unfinished step may update: refreshed just before compute."""
     ready: object | None = None
     """A CUDA event recorded after the copies (None on CPU)."""
     times: dict[str, float] = field(default_factory=dict)
     counters: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def step(self) -> int:
+        """Position of the step in a look-ahead run (-1: prepared when due)."""
+        return self.fetch.step
+
+    @property
+    def stale(self) -> np.ndarray:
+        """Working-buffer slots an earlier, unfinished step may update: refreshed just before compute."""
+        return self.fetch.stale
 
 
 _INDEX_NAMES = (
@@ -116,49 +95,48 @@ _INDEX_NAMES = (
 
 
 class TieredMode(TrainMode):
-    """Hot rows on the device, the rest in host memory; the ``hotline`` and ``hybrid`` modes."""
+    """Hot rows on the device, the rest in a cold store; the ``hotline`` and ``hybrid`` modes on 1 or N ranks."""
 
     def __init__(
         self,
         name: str,
-        table_sizes: list[int],
+        layout: TableLayout,
         pooling_factor: int,
         dim: int,
         optimizer: SparseOptimizer,
-        seed: int,
         placement: Placement,
+        cold: ColdStore,
+        hot_weights: np.ndarray,
         max_batch_size: int,
         device: torch.device | str = "cpu",
         in_flight: int = 1,
         fused: bool = False,
     ):
-        if list(placement.table_sizes) != list(table_sizes):
+        if list(placement.table_sizes) != layout.table_sizes:
             raise ValueError("the placement's table sizes do not match the dataset's")
         self.name = name
         self.fused = fused  # one forward/backward over the whole batch (its cold rows are already here)
-        self.table_sizes = list(table_sizes)
+        self.layout = layout
+        self.table_sizes = layout.table_sizes
         self.L = int(pooling_factor)
         self.dim = dim
         self.optimizer = optimizer
         self.device = torch.device(device)
         self.placement = placement
-        self.offsets = table_offsets(self.table_sizes)
-        pin = self.device.type == "cuda"
-        self.cold = ColdTier(initial_tables(self.table_sizes, dim, seed), optimizer, pin)
+        self.cold = cold
+        self.comm: Comm = cold.comm
         self.hot_rows = placement.fused_hot_ids()
-        self.hot_w = torch.from_numpy(self.cold.w[self.hot_rows]).to(self.device)
-        self.hot_s = torch.from_numpy(
-            self.cold.s[self.hot_rows] if self.cold.s.size else self.cold.s[:0].copy()
-        )
-        self.hot_s = self.hot_s.to(self.device)
-        self.dispatcher = Dispatcher(placement, self.L, max_batch_size, in_flight=in_flight)
+        self.hot_w = torch.from_numpy(hot_weights).to(self.device)
+        self.hot_s = optimizer.new_state(self.hot_rows.shape[0]).to(self.device)
+        self.dispatcher = Dispatcher(placement, self.L, max(1, max_batch_size), in_flight=max(1, in_flight))
         self.fused_remap = self.dispatcher.remap
-        max_rows = max_batch_size * len(self.table_sizes) * self.L
-        state_cols = self.cold.s.size > 0
+        max_rows = max(1, max_batch_size) * len(self.table_sizes) * self.L
+        pin = self.device.type == "cuda"
+        S = optimizer.state_floats_per_row
         self._staging = [
             (
-                _host_tensor(np.empty((max_rows, dim), np.float32), pin),
-                _host_tensor(np.empty(max_rows if state_cols else 0, np.float32), pin),
+                host_tensor(np.empty((max_rows, dim), np.float32), pin),
+                host_tensor(np.empty(max_rows if S else 0, np.float32), pin),
             )
             for _ in range(max(1, in_flight))
         ]
@@ -168,30 +146,28 @@ class TieredMode(TrainMode):
         # the batch is prepared, so the device never waits for a torch.unique (tests set it on CPU, too).
         self.device_updates = self.device.type != "cpu"
         self._prep_scratch = sparse_update.new_scratch(self.hot_w.shape[0])
-        self._work_scratch = sparse_update.new_scratch(max_rows)
 
     # -- the two halves of a step (the pipelined executor runs prepare ahead on a worker thread) ----------
-    def prepare(self, batch: Batch, claim=None, copy_stream=None) -> PreparedStep:
-        """Dispatch, gather the working set into a staging buffer, and copy rows and indices to the device.
+    def prepare(self, batch: Batch, step: int = -1, copy_stream=None) -> PreparedStep:
+        """Dispatch, fetch the working set into a staging buffer, and copy rows and indices to the device.
 
-        ``claim(working_set) -> stale slots`` is the executor's hook for look-ahead (called between dispatch and
-        gather); ``copy_stream`` is the CUDA side stream the copies go on.
+        ``step >= 0``: prepared ahead in a look-ahead run (the cold store applies its claim rule);
+        ``copy_stream`` is the CUDA side stream the copies go on.
         """
         with record_function("## dispatch ##"):
             t0 = time.perf_counter()
             micro = self.dispatcher.split(batch.sparse, fused=self.fused)
-            stale = claim(micro.working_set) if claim is not None else None
             t1 = time.perf_counter()
         with record_function("## gather ##"):
             stage_w, stage_s = self._staging[self._next_staging]
             self._next_staging = (self._next_staging + 1) % len(self._staging)
-            n = micro.working_set.shape[0]
-            self.cold.gather(micro.working_set, stage_w.numpy(), stage_s.numpy())
+            fetch = self.cold.fetch(micro.working_set, stage_w.numpy(), stage_s.numpy(), step)
             t2 = time.perf_counter()
         with record_function("## h2d ##"), _on_stream(copy_stream):
             nb = self.device.type == "cuda"
-            work = stage_w[:n].to(self.device, non_blocking=nb)
-            work_state = stage_s[: n if self.cold.s.size else 0].to(self.device, non_blocking=nb)
+            n = micro.working_set.shape[0]
+            work = torch.from_numpy(fetch.values).to(self.device, non_blocking=nb)
+            work_state = torch.from_numpy(fetch.state).to(self.device, non_blocking=nb)
             index = {
                 k: torch.from_numpy(getattr(micro, k)).to(self.device, non_blocking=nb) for k in _INDEX_NAMES
             }
@@ -207,35 +183,39 @@ class TieredMode(TrainMode):
                 ready = torch.cuda.Event()
                 ready.record(copy_stream)
             t3 = time.perf_counter()
-        row_bytes = 4 * (self.dim + (1 if self.cold.s.size else 0))
+        row_bytes = 4 * (self.dim + self.optimizer.state_floats_per_row)
         return PreparedStep(
             batch,
             micro,
+            fetch,
             work,
             work_state,
             index,
             (stage_w, stage_s),
-            stale=stale,
             ready=ready,
-            times={"dispatch": t1 - t0, "gather": t2 - t1, "h2d": t3 - t2},
+            times={"dispatch": t1 - t0, "gather": t2 - t1, "h2d": t3 - t2, **fetch.times},
             counters={
                 "popular_samples": micro.popular_count,
                 "working_set_rows": n,
                 "bytes_gathered": n * row_bytes,
+                **fetch.counters,
             },
         )
 
+    def needs_refresh(self, prep: PreparedStep) -> bool:
+        """Whether :meth:`refresh` must run before the step computes."""
+        return self.cold.needs_refresh(prep.fetch)
+
     def refresh(self, prep: PreparedStep) -> None:
-        """Re-reads the stale working rows from the cold tier (after the earlier steps' write-backs landed)."""
-        slots = prep.stale
-        if slots is None or not slots.size:
+        """Re-reads the stale working rows from the cold store (after the earlier steps' updates landed)."""
+        slots, w, s = self.cold.refresh(prep.fetch)
+        if not slots.size:
             return
-        rows = prep.micro.working_set[slots]
         idx = torch.from_numpy(slots).to(self.device)
         with torch.no_grad():
-            prep.work.index_copy_(0, idx, torch.from_numpy(self.cold.w[rows]).to(self.device))
-            if self.cold.s.size:
-                prep.work_state.index_copy_(0, idx, torch.from_numpy(self.cold.s[rows]).to(self.device))
+            prep.work.index_copy_(0, idx, torch.from_numpy(w).to(self.device))
+            if s.size:
+                prep.work_state.index_copy_(0, idx, torch.from_numpy(s).to(self.device))
 
     def compute(self, model: DLRM, prep: PreparedStep) -> StepStats:
         """Forward/backward of both micro-batches and one sparse update per tier (write-back is separate)."""
@@ -245,6 +225,7 @@ class TieredMode(TrainMode):
                 t.record_stream(torch.cuda.current_stream())
         batch, micro, ix = prep.batch, prep.micro, prep.index
         B, T, L = batch.sparse.shape
+        G = batch.loss_normaliser
         C, D = T * L, self.dim
         dense, labels = ix["dense"], ix["labels"]
         loss = 0.0
@@ -257,7 +238,7 @@ class TieredMode(TrainMode):
             with record_function("## popular forward/backward ##"):
                 rows = self.hot_w.index_select(0, ix["pop_ids"]).requires_grad_(True)
                 idx = ix["popular_samples"]
-                loss += loss_and_backward(model, dense[idx], sum_pool(rows, T, L), labels[idx], B)
+                loss += loss_and_backward(model, dense[idx], sum_pool(rows, T, L), labels[idx], G)
                 grad_p = rows.grad
         t1 = time.perf_counter()
         if micro.num_non_popular:
@@ -271,63 +252,69 @@ class TieredMode(TrainMode):
                     rows[ix["cold_pos"]] = prep.work.index_select(0, ix["cold_slot"])
                 rows.requires_grad_(True)
                 idx = ix["non_popular_samples"]
-                loss += loss_and_backward(model, dense[idx], sum_pool(rows, T, L), labels[idx], B)
+                loss += loss_and_backward(model, dense[idx], sum_pool(rows, T, L), labels[idx], G)
                 grad_n = rows.grad
         t2 = time.perf_counter()
         with record_function("## sparse optimizer ##"):
-            touched = self._sparse_updates(prep, grad_p, grad_n, host)
+            touched = self._hot_update(prep, grad_p, grad_n, host)
+            empty = torch.zeros((0, D), dtype=torch.float32, device=self.device)
+            touched += self.cold.update(
+                prep.fetch, self.optimizer, prep.work, prep.work_state, micro.cold_slot,
+                grad_n if grad_n is not None else empty, micro.cold_pos,
+                None if host else (ix["cold_slot"], ix["cold_pos"]),
+            )  # fmt: skip
         t3 = time.perf_counter()
+        times = {
+            **prep.times,
+            "popular_compute": t1 - t0,
+            "non_popular_compute": t2 - t1,
+            "sparse_update": t3 - t2,
+        }
         return StepStats(
             loss_sum=float(loss),
             samples=B,
-            times={
-                **prep.times,
-                "popular_compute": t1 - t0,
-                "non_popular_compute": t2 - t1,
-                "sparse_update": t3 - t2,
-            },
+            times=times,
             counters={**prep.counters, "rows_touched": touched},
         )
 
-    def _sparse_updates(self, prep: PreparedStep, grad_p, grad_n, host: bool) -> int:
-        """One update of the hot tier (both micro-batches' hot lookups) and one of the working buffer."""
+    def _hot_update(self, prep: PreparedStep, grad_p, grad_n, host: bool) -> int:
+        """ONE update of the hot tier from both micro-batches' hot lookups (and, on N ranks, every rank's)."""
         micro, ix, opt = prep.micro, prep.index, self.optimizer
-        touched = 0
+        if self.comm.world_size > 1:
+            if not self.hot_rows.shape[0]:
+                return 0
+            ids = [] if grad_p is None else [ix["pop_ids"]]
+            grads = [] if grad_p is None else [grad_p]
+            if grad_n is not None:
+                ids.append(ix["hot_slot"])
+                grads.append(grad_n[ix["hot_pos"]])
+            all_ids, all_grads = all_ranks_gradients(self.comm, ids, grads, self.dim, "hot_allgather")
+            if not all_ids.shape[0]:
+                return 0
+            return opt.step(self.hot_w, self.hot_s, all_ids, all_grads)
         if host:
             parts = [] if grad_p is None else [(micro.pop_ids, grad_p.numpy(), None)]
             if grad_n is not None:
                 parts.append((micro.hot_slot, grad_n.numpy(), micro.hot_pos))
-            if parts:
-                touched += opt.step_parts(self.hot_w, self.hot_s, parts, self._hot_scratch)
-            if grad_n is not None and micro.cold_slot.shape[0]:
-                parts = [(micro.cold_slot, grad_n.numpy(), micro.cold_pos)]
-                touched += opt.step_parts(prep.work, prep.work_state, parts, self._work_scratch)
-            return touched
+            return opt.step_parts(self.hot_w, self.hot_s, parts, self._hot_scratch) if parts else 0
         hot_ids = [] if grad_p is None else [ix["pop_ids"]]
         hot_grads = [] if grad_p is None else [grad_p]
         if grad_n is not None:
             hot_ids.append(ix["hot_slot"])
             hot_grads.append(grad_n[ix["hot_pos"]])
-        cold_grads = grad_n[ix["cold_pos"]] if grad_n is not None else None
+        if not hot_ids:
+            return 0
         # Device path: torch ops fed with the distinct hot rows found on the host (no torch.unique sync).
-        if hot_ids:
-            opt.step_coalesced(
-                self.hot_w, self.hot_s, ix["hot_rows"], ix["hot_inverse"], torch.cat(hot_grads)
-            )
-            touched += int(ix["hot_rows"].shape[0])
-        if cold_grads is not None and cold_grads.shape[0]:
-            n = prep.work.shape[0]
-            opt.step_coalesced(prep.work, prep.work_state, None, ix["cold_slot"], cold_grads, num_rows=n)
-            touched += n
-        return touched
+        opt.step_coalesced(self.hot_w, self.hot_s, ix["hot_rows"], ix["hot_inverse"], torch.cat(hot_grads))
+        return int(ix["hot_rows"].shape[0])
 
     def start_write_back(self, prep: PreparedStep):
         """Starts copying the updated working rows to host staging; returns what ``finish_write_back`` needs."""
         n = prep.micro.working_set.shape[0]
         stage_w, stage_s = prep.staging
-        if self.device.type == "cuda" and n:
+        if self.cold.writes_back and self.device.type == "cuda" and n:
             stage_w[:n].copy_(prep.work, non_blocking=True)
-            if self.cold.s.size:
+            if prep.work_state.numel():
                 stage_s[:n].copy_(prep.work_state, non_blocking=True)
             done = torch.cuda.Event()
             done.record()
@@ -335,18 +322,16 @@ class TieredMode(TrainMode):
         return None
 
     def finish_write_back(self, prep: PreparedStep, copied=None) -> None:
-        """Stores the step's updated working rows (and state) in the cold tier."""
-        ws = prep.micro.working_set
-        if not ws.shape[0]:
-            return
+        """Stores the step's updated working rows (and state) in the cold store."""
         with record_function("## write-back ##"):
             if copied is not None:
                 copied.synchronize()
-            n = ws.shape[0]
-            w = prep.staging[0][:n].numpy() if self.device.type == "cuda" else prep.work.detach().numpy()
-            s = prep.staging[1][: n if self.cold.s.size else 0]
-            s = s.numpy() if self.device.type == "cuda" else prep.work_state.numpy()
-            self.cold.write_back(ws, w, s)
+            n = prep.micro.working_set.shape[0]
+            if self.device.type == "cuda" and self.cold.writes_back:
+                w, s = prep.staging[0][:n].numpy(), prep.staging[1][: prep.work_state.numel()].numpy()
+            else:
+                w, s = prep.work.detach().numpy(), prep.work_state.numpy()
+            self.cold.write_back(prep.fetch, w, s)
 
     def step(self, model: DLRM, batch: Batch) -> StepStats:
         prep = self.prepare(batch)
@@ -356,93 +341,60 @@ class TieredMode(TrainMode):
         stats.times["write_back"] = time.perf_counter() - t0
         return stats
 
-    # -- evaluation and export ---------------------------------------------------------------------------
+    # -- evaluation, export, checkpoints -------------------------------------------------------------------
     @torch.no_grad()
     def pooled_eval(self, sparse: np.ndarray) -> torch.Tensor:
-        check_ids(sparse, self.table_sizes)
         B, T, L = sparse.shape
-        fused = (sparse.astype(np.int64) + self.offsets[None, :, None]).reshape(-1)
-        rows = torch.from_numpy(self.cold.w[fused]).to(self.device)
+        fused = self.layout.fuse(sparse)
         slots = self.fused_remap[fused]
+        cold = np.flatnonzero(slots < 0)
+        uniq, inverse = np.unique(fused[cold], return_inverse=True)
+        fetched = torch.from_numpy(self.cold.read(uniq))
+        rows = torch.empty((fused.shape[0], self.dim), dtype=torch.float32, device=self.device)
         hot = np.flatnonzero(slots >= 0)
         if hot.size:
             rows[torch.from_numpy(hot).to(self.device)] = self.hot_w[
                 torch.from_numpy(slots[hot]).to(self.device)
             ]
+        if cold.size:
+            rows[torch.from_numpy(cold).to(self.device)] = fetched[torch.from_numpy(inverse.reshape(-1))].to(
+                self.device
+            )
         return sum_pool(rows, T, L)
 
-    def _merged(self, cold: np.ndarray, hot: torch.Tensor) -> np.ndarray:
-        out = cold.copy()
-        if self.hot_rows.size and out.size:
-            out[self.hot_rows] = hot.detach().cpu().numpy()
-        return out
-
     def export_tables(self) -> list[np.ndarray]:
-        w = self._merged(self.cold.w, self.hot_w)
-        return [w[o : o + n] for o, n in zip(self.offsets, self.table_sizes)]
+        return self.layout.split(self.cold.export(self.hot_rows, self.hot_w, self.hot_s)[0])
 
     def export_state(self) -> list[np.ndarray]:
-        if not self.cold.s.size:
-            return [np.zeros(0, np.float32) for _ in self.table_sizes]
-        s = self._merged(self.cold.s, self.hot_s)
-        return [s[o : o + n] for o, n in zip(self.offsets, self.table_sizes)]
+        return self.layout.split_state(self.cold.export(self.hot_rows, self.hot_w, self.hot_s)[1])
 
     def load_tables(self, tables: list[np.ndarray], states: list[np.ndarray]) -> None:
-        self.cold.w[:] = np.concatenate(tables)
+        w = np.concatenate(tables)
+        s = np.concatenate(states) if self.optimizer.state_floats_per_row else np.zeros(0, np.float32)
+        self.cold.load(w, s)
         with torch.no_grad():
-            self.hot_w.copy_(torch.from_numpy(self.cold.w[self.hot_rows]))
-            if self.cold.s.size:
-                self.cold.s[:] = np.concatenate(states)
-                self.hot_s.copy_(torch.from_numpy(self.cold.s[self.hot_rows]))
+            self.hot_w.copy_(torch.from_numpy(w[self.hot_rows]))
+            if s.size:
+                self.hot_s.copy_(torch.from_numpy(s[self.hot_rows]))
 
+    def shard_state(self) -> dict[str, torch.Tensor]:
+        """This rank's checkpoint share: its cold rows (every rank) and the hot tier (rank 0 only)."""
+        host = self.cold.host
+        out = {"cold_w": host.weight.clone(), "cold_s": host.state.clone()}
+        if self.comm.rank == 0:
+            out.update(hot_w=self.hot_w.detach().cpu().clone(), hot_s=self.hot_s.cpu().clone())
+        return out
 
-def placement_for(config, dataset: Dataset, progress: bool = True) -> Placement:
-    """The placement a TrainConfig asks for: all-cold for ``hybrid``; for ``hotline`` loaded from
-    ``--placement`` or profiled under ``--hbm-budget``. Checked against the dataset and the embedding dim."""
-    if config.mode == "hybrid":
-        return Placement.all_cold(
-            dataset.table_sizes, dataset_fingerprint=dataset.fingerprint, embedding_dim=config.embedding_dim
-        )
-    if config.placement_path:
-        placement = Placement.load(config.placement_path, dataset=dataset)
-    elif config.hbm_budget is not None:
-        from hotline.profiler import profile
-
-        prof = profile(
-            dataset,
-            embedding_dim=config.embedding_dim,
-            optimizer=config.optimizer,
-            mini_batch_size=config.mini_batch_size,
-            seed=config.seed,
-            progress=progress,
-        )
-        placement = prof.placement(config.hbm_budget)
-    else:
-        raise ValueError(
-            "--mode hotline needs --placement FILE (from `hotline profile`) or --hbm-budget SIZE"
-        )
-    if placement.embedding_dim != config.embedding_dim:
-        raise ValueError(
-            f"the placement was made for embedding dim {placement.embedding_dim}, the model uses "
-            f"{config.embedding_dim} (--arch-sparse-feature-size)"
-        )
-    return placement
-
-
-def build_tiered_mode(config, dataset: Dataset, optimizer: SparseOptimizer) -> TieredMode:
-    """The ``hybrid`` or ``hotline`` mode for a TrainConfig (``hotline`` loads or computes its placement)."""
-    placement = placement_for(config, dataset, progress=config.progress)
-    in_flight = 1 if config.mode == "hybrid" else config.lookahead + 3
-    return TieredMode(
-        config.mode,
-        dataset.table_sizes,
-        dataset.pooling_factor,
-        config.embedding_dim,
-        optimizer,
-        config.seed,
-        placement,
-        config.mini_batch_size,
-        config.device,
-        in_flight=in_flight,
-        fused=config.fused_micro_batches,
-    )
+    def load_shard_state(self, own: dict, rank0: dict) -> None:
+        host = self.cold.host
+        if own["cold_w"].shape != host.weight.shape or rank0["hot_w"].shape != self.hot_w.shape:
+            raise ValueError(
+                f"checkpoint shard has {tuple(own['cold_w'].shape)} cold and {tuple(rank0['hot_w'].shape)} hot "
+                f"rows, this rank expects {tuple(host.weight.shape)} and {tuple(self.hot_w.shape)} "
+                f"(same placement and number of ranks?)"
+            )
+        with torch.no_grad():
+            host.weight.copy_(own["cold_w"])
+            host.state.copy_(own["cold_s"])
+            self.hot_w.copy_(rank0["hot_w"])
+            self.hot_s.copy_(rank0["hot_s"])

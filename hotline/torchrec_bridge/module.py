@@ -46,11 +46,12 @@ from torchrec.modules.embedding_modules import (  # noqa: E402
 )
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor  # noqa: E402
 
-from hotline.dispatcher import Dispatcher  # noqa: E402
-from hotline.model import init_embedding_table  # noqa: E402
+from hotline.dispatch import Dispatcher  # noqa: E402
 from hotline.placement import Placement  # noqa: E402
-from hotline.sparse_optim import SparseOptimizer  # noqa: E402
-from hotline.tiers import ColdTier  # noqa: E402
+from hotline.table_layout import TableLayout  # noqa: E402
+from hotline.tiers.cold_store import HostRows  # noqa: E402
+from hotline.tiers.sparse_optim import SparseOptimizer  # noqa: E402
+from hotline.training.model import init_embedding_table  # noqa: E402
 
 
 def kjt_from_sparse(sparse: np.ndarray, feature_names: Sequence[str]) -> KeyedJaggedTensor:
@@ -135,7 +136,8 @@ class HotlineEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         self.update_in_backward = bool(update_in_backward)
         device = torch.device(device or "cpu")
         self.table_sizes = sizes
-        self.offsets = np.concatenate([[0], np.cumsum(sizes[:-1])]).astype(np.int64)
+        self.layout = TableLayout(sizes)
+        self.offsets = self.layout.offsets
         # (table, feature, output name) per output slot, in torchrec's order
         names = get_embedding_names_by_table(tables)
         self._slots = [
@@ -153,10 +155,8 @@ class HotlineEmbeddingBagCollection(EmbeddingBagCollectionInterface):
                     f"weights of table {tables[t].name} must be [{n}, {self.dim}], got {np.shape(w)}"
                 )
         fused = np.ascontiguousarray(np.concatenate([np.asarray(w, dtype=np.float32) for w in weights]))
-        self.cold = ColdTier(fused, self.optimizer, pin=device.type == "cuda")
-        self.hot_rows = np.concatenate([self.offsets[t] + h for t, h in enumerate(placement.hot_ids)]).astype(
-            np.int64
-        )
+        self.cold = HostRows(fused, self.optimizer, pin=device.type == "cuda")
+        self.hot_rows = self.layout.fuse_rows(placement.hot_ids)
         # Non-persistent: the rows of a model are exported with export_tables(), cold rows are not module state.
         self.register_buffer(
             "hot_weight", torch.from_numpy(self.cold.w[self.hot_rows]).to(device), persistent=False
@@ -310,7 +310,7 @@ class HotlineEmbeddingBagCollection(EmbeddingBagCollectionInterface):
             )
         if p.cold_pos.numel():
             touched += self.optimizer.step(p.work, p.work_state, p.cold_slot, g.index_select(0, p.cold_pos))
-            self.cold.write_back(p.working_set, p.work.cpu().numpy(), p.work_state.cpu().numpy())
+            self.cold.scatter(p.working_set, p.work.cpu().numpy(), p.work_state.cpu().numpy())
         self._pending = None
         return touched
 

@@ -1,4 +1,17 @@
-"""The training loop: batches in file order, one exact step per mini-batch, periodic evaluation and metrics."""
+"""The training loop of one rank (N = 1 is a plain run): batches in file order, one exact step per global
+mini-batch, periodic evaluation, metrics and checkpoints.
+
+On N ranks (``torchrun`` or ``hotline train --nproc N``) every rank runs a :class:`Trainer` with the run's
+:class:`~hotline.distributed.comm.Comm`:
+
+- each global mini-batch of B samples is cut into N contiguous shards (rank r: samples [r*B/N, (r+1)*B/N));
+- the loss is normalised by the GLOBAL batch size, so the ranks' gradients add up to one process's gradient;
+- dense gradients (and the step's loss and counters) are summed by ONE all-reduce of a flat buffer, then every
+  rank takes the same dense optimizer step;
+- embedding rows: the mode's own business (``hotline.tiers``: the hot tier replicated, the cold store sharded).
+
+With one rank every collective is a no-op and is skipped.
+"""
 
 from __future__ import annotations
 
@@ -7,152 +20,32 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from hotline.datasets.format import Dataset, Split
-from hotline.metrics import accuracy, log_loss, roc_auc
-from hotline.model import DLRM, DLRMConfig
-from hotline.modes import DeviceMode, StepStats, TrainMode
-from hotline.sparse_optim import SparseOptimizer
+from hotline import _io
+from hotline.datasets.format import Batch, Dataset, Split
+from hotline.distributed.comm import Comm, shard_bounds
+from hotline.tiers.base import StepStats, TrainMode
+from hotline.tiers.sparse_optim import SparseOptimizer
+from hotline.training.config import TrainConfig
+from hotline.training.metrics import accuracy, log_loss, roc_auc
+from hotline.training.model import DLRM
 
-MODES = ("device", "hybrid", "hotline")
-
-
-@dataclass
-class TrainConfig:
-    """Everything a training run needs besides the dataset (flags keep the reference DLRM's names)."""
-
-    mode: str = "device"
-    """Where embedding rows live: ``device`` (all on the compute device), ``hybrid`` or ``hotline``."""
-    embedding_dim: int = 16
-    """``--arch-sparse-feature-size``."""
-    bottom_mlp: list[int] = field(default_factory=lambda: [13, 512, 256, 64, 16])
-    """``--arch-mlp-bot``."""
-    top_mlp: list[int] = field(default_factory=lambda: [512, 256, 1])
-    """``--arch-mlp-top``."""
-    interaction: str = "dot"
-    """``--arch-interaction-op``: dot or cat."""
-    mini_batch_size: int = 128
-    """Samples per mini-batch (one optimizer step each)."""
-    learning_rate: float = 0.1
-    """Learning rate of dense and sparse optimizers."""
-    optimizer: str = "sgd"
-    """``sgd`` or ``rowwise-adagrad`` (dense layers get plain Adagrad with it)."""
-    nepochs: int = 1
-    """Passes over the training split."""
-    num_batches: int = 0
-    """Stop after this many steps in total (0: run all epochs)."""
-    print_freq: int = 256
-    """Steps between progress reports (metrics records)."""
-    test_freq: int = 0
-    """Steps between validation runs (0: only at the end)."""
-    eval_batch_size: int = 16384
-    """Samples per evaluation forward pass."""
-    eval_max_samples: int = 0
-    """Evaluate on at most this many samples of val/test (0: all)."""
-    seed: int = 0
-    """Seed of model and embedding initialisation."""
-    device: str = "cpu"
-    """Compute device: cpu or cuda."""
-    threads: int = 0
-    """torch and numba threads (0: all cores)."""
-    progress: bool = True
-    """Show a tqdm progress bar."""
-    metrics_path: str | None = None
-    """``--metrics``: write one JSON record per report to this .jsonl file."""
-    dump_params_path: str | None = None
-    """``--dump-params``: write every parameter by name to this .npz at the end."""
-    placement_path: str | None = None
-    """``--placement``: a Placement .npz for ``--mode hotline``."""
-    hbm_budget: int | None = None
-    """``--hbm-budget`` in bytes: profile first and place hot rows under it (``--mode hotline``)."""
-    lookahead: int = 2
-    """``--lookahead``: steps whose cold rows are gathered ahead of compute (hotline mode)."""
-    worker_threads: int = 1
-    """Numba threads of the look-ahead worker that dispatches and gathers (the rest compute)."""
-    micro_batches: str = "auto"
-    """hotline: ``split`` (popular then non-popular forward/backward), ``fused`` (one pass over the batch in
-    order, hot rows and working rows together), or ``auto`` (split at look-ahead 0, where the popular
-    micro-batch computes while the cold rows are gathered; fused with look-ahead, where they are ready)."""
-    checkpoint_dir: str | None = None
-    """``--checkpoint-dir``: where periodic checkpoints go (and ``--resume`` looks)."""
-    checkpoint_every: int = 0
-    """``--checkpoint-every``: steps between checkpoints (0: none)."""
-    resume: bool = False
-    """``--resume``: continue from the newest complete checkpoint in ``checkpoint_dir``."""
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"--mode must be one of {MODES}, got {self.mode!r}")
-        for name in ("mini_batch_size", "nepochs", "print_freq", "eval_batch_size"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.num_batches < 0 or self.test_freq < 0 or self.lookahead < 0 or self.checkpoint_every < 0:
-            raise ValueError("num_batches, test_freq, lookahead and checkpoint_every must be >= 0")
-        if self.micro_batches not in ("auto", "split", "fused"):
-            raise ValueError(f"--micro-batches must be auto, split or fused, got {self.micro_batches!r}")
-        if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
-            raise ValueError("--checkpoint-every and --resume need --checkpoint-dir")
-        if self.threads < 0 or self.worker_threads < 1:
-            raise ValueError(
-                f"--threads must be >= 0 (0: all cores) and --worker-threads >= 1, got {self.threads} "
-                f"and {self.worker_threads}"
-            )
-        try:
-            device = torch.device(self.device)
-        except RuntimeError as e:
-            raise ValueError(f"--device {self.device!r} is not a device: {e}") from None
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(
-                f"--device {self.device}: CUDA is not available to this torch ({torch.__version__})"
-            )
-        SparseOptimizer(self.optimizer, self.learning_rate)  # validates optimizer and learning rate
-
-    @property
-    def fused_micro_batches(self) -> bool:
-        """Whether hotline steps run one fused pass instead of popular and non-popular micro-batches."""
-        if self.micro_batches == "auto":
-            return self.lookahead > 0
-        return self.micro_batches == "fused"
-
-    def model_config(self, table_sizes: list[int]) -> DLRMConfig:
-        return DLRMConfig(
-            table_sizes=list(table_sizes),
-            embedding_dim=self.embedding_dim,
-            bottom_mlp=list(self.bottom_mlp),
-            top_mlp=list(self.top_mlp),
-            interaction=self.interaction,
-        )
-
-
-def configure_threads(threads: int) -> int:
-    """Sets torch's and numba's thread counts on purpose (they share the cores, one after the other)."""
-    import numba
-
-    n = threads or os.cpu_count() or 1
-    torch.set_num_threads(n)
-    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
-    return n
-
-
-def build_mode(config: TrainConfig, dataset: Dataset) -> TrainMode:
-    """The TrainMode object for ``config.mode``."""
-    opt = SparseOptimizer(config.optimizer, config.learning_rate)
-    if config.mode == "device":
-        return DeviceMode(dataset.table_sizes, config.embedding_dim, opt, config.seed, config.device)
-    from hotline.tiers import build_tiered_mode  # the hybrid and hotline modes
-
-    return build_tiered_mode(config, dataset, opt)
+# Step counters that are summed over ranks (in the dense all-reduce); the rest are this rank's own.
+SUMMED_COUNTERS = ("popular_samples", "working_set_rows", "stale_rows")
 
 
 class Trainer:
-    """Trains a DLRM on a dataset directory with one of the training modes."""
+    """Trains a DLRM on a dataset directory with one of the training modes, as one rank of ``comm``."""
 
-    def __init__(self, config: TrainConfig, dataset: Dataset | str | os.PathLike):
+    def __init__(self, config: TrainConfig, dataset: Dataset | str | os.PathLike, comm: Comm | None = None):
+        self.comm = comm if comm is not None else Comm()
+        if self.comm.rank:  # one progress bar and one metrics file: rank 0's
+            config = replace(config, progress=False, metrics_path=None)
         self.config = config
         self.dataset = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
         if self.dataset.num_dense != config.bottom_mlp[0]:
@@ -170,14 +63,16 @@ class Trainer:
         self._metrics_file = None
 
     def _build_mode(self) -> TrainMode:
-        """The training mode (a hook: the distributed trainer builds sharded modes)."""
-        return build_mode(self.config, self.dataset)
+        from hotline.tiers.build import build_mode
+
+        return build_mode(self.config, self.dataset, self.comm)
 
     def _checkpoint_manager(self):
-        """The periodic checkpoint manager, or None (a hook: distributed runs write one file per rank)."""
-        from hotline.checkpoint import CheckpointManager
+        """The periodic checkpoint manager, or None."""
+        from hotline.training.checkpoint import CheckpointManager
 
-        return CheckpointManager(self.config.checkpoint_dir) if self.config.checkpoint_dir else None
+        d = self.config.checkpoint_dir
+        return CheckpointManager(d, self.comm) if d else None
 
     # -- running ---------------------------------------------------------------------------------------
     def train_steps(self) -> int:
@@ -187,27 +82,65 @@ class Trainer:
         return min(total, self.config.num_batches) if self.config.num_batches else total
 
     def batches(self, start_step: int = 0):
-        """The training batches in order (epoch by epoch, file order) from step ``start_step`` to ``train_steps``."""
-        per_epoch = self.dataset.train.num_batches(self.config.mini_batch_size)
+        """This rank's shards of the training batches in order (epoch by epoch, file order) from step
+        ``start_step`` to ``train_steps`` (reads only its own rows)."""
+        cfg, split = self.config, self.dataset.train
+        B, N, r = cfg.mini_batch_size, self.comm.world_size, self.comm.rank
+        per_epoch = split.num_batches(B)
         remaining = self.train_steps() - start_step
         epoch, first = divmod(start_step, per_epoch) if per_epoch else (0, 0)
-        for _ in range(epoch, self.config.nepochs):
-            for batch in self.dataset.train.batches(self.config.mini_batch_size, start_batch=first):
+        for _ in range(epoch, cfg.nepochs):
+            for b in range(first, per_epoch):
                 if remaining <= 0:
                     return
                 remaining -= 1
-                yield batch
+                start, stop = b * B, min((b + 1) * B, len(split))
+                lo, hi = shard_bounds(stop - start, r, N)
+                yield split.batch(start + lo, start + hi, global_size=stop - start)
             first = 0
 
-    def step(self, batch) -> StepStats:
+    def step(self, batch: Batch) -> StepStats:
         """One exact mini-batch step: forward/backward through the mode, then one dense optimizer step."""
         self.dense_opt.zero_grad(set_to_none=True)
-        stats = self.mode.step(self.model, batch)
-        t0 = time.perf_counter()
+        return self._dense_step(self.mode.step(self.model, batch), batch)
+
+    def _compute_prepared(self, prep) -> StepStats:
+        """The compute of one prepared tiered step: both micro-batches, sparse and dense optimizer steps."""
+        self.dense_opt.zero_grad(set_to_none=True)
+        return self._dense_step(self.mode.compute(self.model, prep), prep.batch)
+
+    def _dense_step(self, stats: StepStats, batch: Batch) -> StepStats:
+        """The dense all-reduce (N > 1) and optimizer step that finish a step."""
+        if self.comm.world_size > 1:
+            t0 = time.perf_counter()
+            self._all_reduce_dense(stats)
+            stats.times["dense_allreduce"] = time.perf_counter() - t0
+            stats.samples = batch.loss_normaliser
+        t1 = time.perf_counter()
         self.dense_opt.step()
-        stats.times["dense_update"] = stats.times.get("dense_update", 0.0) + time.perf_counter() - t0
+        stats.times["dense_update"] = stats.times.get("dense_update", 0.0) + time.perf_counter() - t1
+        for k, v in self.comm.take_bytes().items():  # plus what the look-ahead thread sent for this step
+            stats.counters[f"bytes_sent_{k}"] = stats.counters.get(f"bytes_sent_{k}", 0.0) + v
         self.step_count += 1
         return stats
+
+    def _all_reduce_dense(self, stats: StepStats) -> None:
+        """Sums the dense gradients and the step's loss and counters over ranks in ONE all-reduce."""
+        params = list(self.model.parameters())
+        summed = [k for k in SUMMED_COUNTERS if k in stats.counters]
+        dev = params[0].device
+        flat = torch.cat(
+            [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), device=dev) for p in params]
+            + [torch.tensor([stats.loss_sum, *(stats.counters[k] for k in summed)], device=dev)]
+        )
+        self.comm.all_reduce_(flat, "dense_allreduce")
+        at = 0
+        for p in params:
+            p.grad = flat[at : at + p.numel()].view_as(p).clone()
+            at += p.numel()
+        stats.loss_sum = float(flat[at])
+        for i, k in enumerate(summed):
+            stats.counters[k] = float(flat[at + 1 + i])
 
     def fit(self) -> dict:
         """Runs the whole training; returns the summary record (also the last line of ``--metrics``)."""
@@ -220,7 +153,7 @@ class Trainer:
         checkpoints = self._checkpoint_manager()
         if cfg.resume and checkpoints is not None and checkpoints.resume(self) is not None:
             print(f"resumed from {checkpoints.latest()} at step {self.step_count}", file=sys.stderr)
-        if cfg.metrics_path:
+        if cfg.metrics_path:  # append-only: flushed after every record
             Path(cfg.metrics_path).parent.mkdir(parents=True, exist_ok=True)
             self._metrics_file = open(cfg.metrics_path, "a" if self.step_count else "w")
         bar = tqdm(
@@ -282,12 +215,13 @@ class Trainer:
 
     def progress(self, batches):
         """Runs a step per batch, yielding each step's stats; ``hotline`` mode goes through the pipelined
-        executor (look-ahead ``config.lookahead``)."""
+        executor (look-ahead ``config.lookahead``). Every collective runs in the same order on all ranks."""
+        self.comm.take_bytes()  # each step reports only its own traffic
         if self.config.mode != "hotline":
             for batch in batches:
                 yield self.step(batch)
             return
-        from hotline.executor import Executor
+        from hotline.pipeline.executor import Executor
 
         executor = Executor(
             self.mode,
@@ -306,16 +240,6 @@ class Trainer:
         if self._executor is not None:
             self._executor.drain()
 
-    def _compute_prepared(self, prep) -> StepStats:
-        """The compute of one prepared hotline step: both micro-batches, sparse and dense optimizer steps."""
-        self.dense_opt.zero_grad(set_to_none=True)
-        stats = self.mode.compute(self.model, prep)
-        t0 = time.perf_counter()
-        self.dense_opt.step()
-        stats.times["dense_update"] = time.perf_counter() - t0
-        self.step_count += 1
-        return stats
-
     def _emit(self, record: dict) -> None:
         self.history.append(record)
         if self._metrics_file:
@@ -325,16 +249,25 @@ class Trainer:
     # -- evaluation and export ------------------------------------------------------------------------
     @torch.no_grad()
     def predict(self, split: Split, max_samples: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """Click probabilities and labels of a split (the first ``max_samples`` if given)."""
+        """Click probabilities and labels of a split (the first ``max_samples`` if given): each rank scores
+        its shard of every eval batch (a collective on N ranks)."""
         self.model.eval()
+        N, r = self.comm.world_size, self.comm.rank
         probs, labels = [], []
         n = min(len(split), max_samples) if max_samples else len(split)
         for start in range(0, n, self.config.eval_batch_size):
-            b = split.batch(start, min(start + self.config.eval_batch_size, n))
-            dense = torch.from_numpy(b.dense).to(self.config.device)
-            logits = self.model(dense, self.mode.pooled_eval(b.sparse))
-            probs.append(torch.sigmoid(logits).cpu().numpy())
-            labels.append(b.labels)
+            stop = min(start + self.config.eval_batch_size, n)
+            lo, hi = shard_bounds(stop - start, r, N)
+            b = split.batch(start + lo, start + hi)
+            pooled = self.mode.pooled_eval(b.sparse)
+            if len(b):
+                dense = torch.from_numpy(b.dense).to(self.config.device)
+                local = torch.sigmoid(self.model(dense, pooled)).cpu()
+            else:
+                local = torch.zeros(0)
+            probs.append(torch.cat(self.comm.all_gather_varlen(local, "eval")).numpy())
+            labels.append(np.array(split.labels[start:stop]))
+        self.comm.take_bytes()
         self.model.train()
         if not probs:
             return np.zeros(0, np.float32), np.zeros(0, np.float32)
@@ -360,7 +293,11 @@ class Trainer:
         return out
 
     def dump_params(self, path: str | os.PathLike) -> None:
-        np.savez(path, **self.named_arrays())
+        """Every parameter by name (gathered from all ranks) to ``path`` (.npz), written atomically by rank 0."""
+        arrays = self.named_arrays()
+        if self.comm.rank == 0:
+            _io.atomic_write(path, lambda f: np.savez(f, **arrays))
+        self.comm.barrier()
 
     def close(self) -> None:
         self.mode.close()
@@ -387,7 +324,7 @@ class _Window:
             self.counters[k] = self.counters.get(k, 0.0) + v
 
     def report(self, step: int) -> dict:
-        from hotline.executor import overlap_ratio
+        from hotline.pipeline.executor import overlap_ratio
 
         elapsed = time.perf_counter() - self.start
         rec = {

@@ -1,0 +1,112 @@
+"""The one way Hotline writes a file: atomically, with a digest when asked, and a clear error when it cannot.
+
+Every writer (datasets' metadata, placements, checkpoints and their digests, plans and side-cars, profile
+JSON/CSV, parameter dumps, benchmark JSON) goes through :func:`atomic_write`: the bytes go to a temporary file
+in the same directory (a name only Hotline uses: ``.<name>.hotline-tmp-<pid>-<random>``), are flushed and
+fsynced, and replace the target with one ``rename``; the directory is fsynced after. A crash or a full disk
+leaves the previous version of the file intact and no temporary file behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+TMP_MARKER = ".hotline-tmp-"
+
+
+def temporary_name(path: Path) -> Path:
+    """A temporary sibling of ``path`` that only this process of Hotline uses (pid and a random part)."""
+    return path.with_name(f".{path.name}{TMP_MARKER}{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def fsync_dir(directory: str | os.PathLike) -> None:
+    """Makes a rename or a new file in ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
+    """Writes ``path`` through ``write(file)`` atomically; returns the path.
+
+    A failed write (full disk, file-size limit) raises OSError naming the file, and leaves the previous file
+    as it was. torch.save's zip writer reports a failed write as a RuntimeError whose context is the OSError:
+    that, too, becomes the OSError it is.
+    """
+    path = Path(path)
+    tmp = temporary_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:
+        tmp.unlink(missing_ok=True)
+        cause = e if isinstance(e, OSError) else e.__context__
+        if not isinstance(cause, OSError):
+            raise
+        raise OSError(cause.errno, f"{cause.strerror}: cannot write {path} (no partial file was left)") from e
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+    return path
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """``data`` to ``path``, atomically."""
+    return atomic_write(path, lambda f: f.write(data))
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    """``text`` (UTF-8) to ``path``, atomically."""
+    return write_bytes(path, text.encode())
+
+
+def write_json(path: str | os.PathLike, obj, indent: int | None = 2) -> Path:
+    """``obj`` as JSON (one trailing newline) to ``path``, atomically."""
+    return write_text(path, json.dumps(obj, indent=indent) + "\n")
+
+
+def sha256(path: str | os.PathLike) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def digest_path(path: str | os.PathLike) -> Path:
+    """The ``.sha256`` file beside ``path``."""
+    path = Path(path)
+    return path.with_name(path.name + ".sha256")
+
+
+def write_with_digest(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
+    """Writes ``path`` atomically, then its ``.sha256`` digest atomically; the file counts only with it.
+
+    If the digest cannot be written, the data file is removed too (it was this call's own), so no file
+    without its digest is left behind."""
+    path = atomic_write(path, write)
+    try:
+        write_text(digest_path(path), f"{sha256(path)}  {path.name}\n")
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_digest(path: str | os.PathLike) -> str:
+    """The hex digest recorded beside ``path`` ("" when the digest file is empty)."""
+    text = digest_path(path).read_text().split()
+    return text[0] if text else ""

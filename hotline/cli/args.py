@@ -1,0 +1,96 @@
+"""Argument helpers every ``hotline`` sub-command shares: threads, sampling, budgets, outputs, errors.
+
+One definition per flag, so the commands cannot drift apart (``--threads`` everywhere; ``--num-threads``
+stays as a hidden alias of it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from hotline.units import size_arg
+
+SubParsers = argparse._SubParsersAction
+
+
+def add_threads(parser: argparse.ArgumentParser, what: str = "torch and numba threads") -> None:
+    """``--threads N`` (0 or unset: all cores) and its hidden alias ``--num-threads``."""
+    parser.add_argument("--threads", type=int, default=0, metavar="N", help=f"{what} (default 0: all cores)")
+    parser.add_argument("--num-threads", dest="threads", type=int, help=argparse.SUPPRESS)
+
+
+def add_progress(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def add_seed(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--seed", type=int, default=0, help=f"seed of {what} (default 0)")
+
+
+def add_mini_batch_size(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--mini-batch-size", type=int, default=128, metavar="B", help="mini-batch size (default 128)"
+    )
+
+
+def add_sampling(parser: argparse.ArgumentParser) -> None:
+    """How a profile samples the split: a random share or the first mini-batches (plus batch size, seed)."""
+    sample = parser.add_mutually_exclusive_group()
+    sample.add_argument(
+        "--sample-fraction",
+        type=float,
+        default=None,
+        metavar="F",
+        help="profile a uniform random share F of the split, without replacement (default 0.05, as in FAE)",
+    )
+    sample.add_argument(
+        "--sample-batches",
+        type=int,
+        default=None,
+        metavar="N",
+        help="profile the first N mini-batches instead (Hotline's learning phase)",
+    )
+    add_mini_batch_size(parser)
+    add_seed(parser, "the random sample")
+
+
+def sample_fraction(args: argparse.Namespace) -> float:
+    """The sampling share the flags ask for (FAE's 5% unless ``--sample-fraction`` is given)."""
+    return 0.05 if args.sample_fraction is None else args.sample_fraction
+
+
+def add_embedding(parser: argparse.ArgumentParser) -> None:
+    """``--embedding-dim`` (alias DLRM's ``--arch-sparse-feature-size``) and ``--optimizer``: a row's cost."""
+    parser.add_argument(
+        "--embedding-dim",
+        "--arch-sparse-feature-size",
+        dest="embedding_dim",
+        type=int,
+        default=16,
+        metavar="D",
+        help="embedding dimension (DLRM's --arch-sparse-feature-size; default 16): a hot row costs D*4 bytes",
+    )
+    parser.add_argument(
+        "--optimizer",
+        default="sgd",
+        choices=["sgd", "rowwise-adagrad"],
+        help="optimizer whose state is kept with hot rows (default sgd: none; rowwise-adagrad: 4 bytes per row)",
+    )
+
+
+def add_budget(parser: argparse.ArgumentParser, flag: str = "--hbm-budget", **kw) -> None:
+    kw.setdefault("help", "device bytes for hot rows, e.g. 256MiB, 2GiB, 1GB or plain bytes")
+    parser.add_argument(flag, type=size_arg, default=kw.pop("default", None), metavar="SIZE", **kw)
+
+
+def add_output(parser: argparse.ArgumentParser, flag: str, help: str, **kw) -> None:
+    """An output file flag (a Path)."""
+    parser.add_argument(flag, type=Path, default=None, metavar="FILE", help=help, **kw)
+
+
+def error(command: str, message: object) -> int:
+    """Prints ``hotline COMMAND: error: MESSAGE`` on stderr (one line); returns exit status 2."""
+    print(f"hotline {command}: error: {message}", file=sys.stderr)
+    return 2

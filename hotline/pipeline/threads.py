@@ -1,0 +1,207 @@
+"""Background threads with bounded queues: the one utility every pipeline stage of Hotline runs on.
+
+- :class:`Producer` runs a source iterator on a named thread up to ``depth`` items ahead of the caller (the
+  Criteo reader, the look-ahead executor's prepare thread on 1 or N ranks).
+- :class:`Worker` runs a function on each item the caller submits, in order, on a named thread (the
+  executor's write-back, the Criteo pass-1 sink).
+
+Both re-raise the thread's first exception on the caller, with the thread's traceback; both stop cleanly on
+:meth:`close` (also on Ctrl-C or when the caller leaves a loop early): no thread outlives its owner. A thread
+that runs Numba kernels sets its Numba thread count once, when it starts (Numba's count is per thread).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator
+
+POLL_S = 0.05
+"""How often a blocked put or get looks at the stop flag."""
+
+END = object()
+"""Marks the end of a stream (a producer's source ran out, or a worker was told to finish)."""
+
+
+class _Failure:
+    """An exception raised on a pipeline thread, carried to the caller with its traceback."""
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+def set_numba_threads(threads: int | None) -> None:
+    """Sets this thread's Numba thread count (clipped to what Numba was started with); None leaves it."""
+    if threads is None:
+        return
+    import numba
+
+    numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
+
+
+def configure_threads(threads: int) -> int:
+    """Sets torch's and numba's thread counts on purpose (they share the cores, one after the other);
+    0 means all cores. Returns the count."""
+    import os
+
+    import numba
+    import torch
+
+    n = threads or os.cpu_count() or 1
+    torch.set_num_threads(n)
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    return n
+
+
+class _Thread:
+    """A named daemon thread, a bounded queue, a stop flag and the first error of the thread."""
+
+    def __init__(self, name: str, depth: int, numba_threads: int | None):
+        self.name = name
+        self.numba_threads = numba_threads
+        self.queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    @property
+    def stopping(self) -> bool:
+        """True once :meth:`close` was called or the thread failed."""
+        return self._stop.is_set()
+
+    def _start(self, target) -> None:
+        def run():
+            set_numba_threads(self.numba_threads)
+            target()
+
+        self._thread = threading.Thread(target=run, name=self.name, daemon=True)
+        self._thread.start()
+
+    def put(self, item) -> bool:
+        """Puts ``item`` on the queue, waiting for room; False if the stage was stopped meanwhile."""
+        while not self._stop.is_set():
+            try:
+                self.queue.put(item, timeout=POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def raise_error(self) -> None:
+        """Re-raises the thread's exception on the caller (with the thread's traceback), if it had one."""
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        """Stops the thread and waits for it to end."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Producer(_Thread):
+    """Runs ``source`` on a thread, at most ``depth`` items ahead; iterate it for the items, in order.
+
+    ``run_to_end``: after :meth:`close`, keep running the source to its end (discarding what it yields)
+    instead of abandoning it; for sources that must take part in a collective to stop (the look-ahead
+    thread of N ranks ends when all ranks agree), which read :attr:`stopping` themselves.
+    """
+
+    def __init__(self, name: str, depth: int, numba_threads: int | None = None):
+        super().__init__(name, depth, numba_threads)
+
+    def start(self, source: Iterable, run_to_end: bool = False) -> Producer:
+        def produce():
+            try:
+                for item in source:
+                    if not self.put(item) and not run_to_end:
+                        return
+                    if self.stopping and not run_to_end:
+                        return
+                self.put(END)
+            except BaseException as e:  # noqa: BLE001 - carried to the caller
+                self.error = e
+                self.put(_Failure(e))
+
+        self._start(produce)
+        return self
+
+    def get(self, check: Callable[[], None] | None = None):
+        """The next item, or :data:`END`; re-raises the source's exception. ``check()`` runs while waiting
+        (to surface another stage's error); a stopped producer returns END."""
+        while True:
+            try:
+                item = self.queue.get(timeout=POLL_S)
+            except queue.Empty:
+                if check is not None:
+                    check()
+                if self.stopping:
+                    return END
+                if self._thread is not None and not self._thread.is_alive() and self.queue.empty():
+                    raise RuntimeError(f"thread {self.name} ended without a result") from None
+                continue
+            if isinstance(item, _Failure):
+                raise item.exc
+            return item
+
+    def __iter__(self) -> Iterator:
+        while (item := self.get()) is not END:
+            yield item
+
+
+class Worker(_Thread):
+    """Runs ``fn(item)`` on a thread for each :meth:`submit`-ted item, in order, ``depth`` items queued at most.
+
+    ``done(item)`` (optional) runs on the thread after each item; an exception of ``fn`` stops the worker
+    and is re-raised on the caller by the next :meth:`submit`, :meth:`raise_error` or :meth:`finish`.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        fn: Callable,
+        depth: int,
+        numba_threads: int | None = None,
+        on_error: Callable[[BaseException], None] | None = None,
+    ):
+        super().__init__(name, depth, numba_threads)
+        self.fn = fn
+        self.on_error = on_error
+        self._start(self._work)
+
+    def _work(self) -> None:
+        while True:
+            try:
+                item = self.queue.get(timeout=POLL_S)
+            except queue.Empty:
+                if self.stopping:
+                    return
+                continue
+            if item is END:
+                return
+            try:
+                self.fn(item)
+            except BaseException as e:  # noqa: BLE001 - carried to the caller
+                self.error = e
+                self._stop.set()
+                if self.on_error is not None:
+                    self.on_error(e)
+                return
+
+    def submit(self, item) -> None:
+        """Queues ``item`` (waits while the queue is full); raises the worker's error if it failed."""
+        self.raise_error()
+        if not self.put(item):
+            self.raise_error()
+
+    def finish(self) -> None:
+        """Lets the worker do everything submitted, then ends it; re-raises its error."""
+        if self.put(END) and self._thread is not None:
+            self._thread.join()
+        self.raise_error()

@@ -1,0 +1,407 @@
+"""A profile: access counts of one sampled split and the global popularity ranking of rows derived from them.
+
+For any HBM budget a :class:`Profile` answers which rows are hot (:meth:`Profile.placement`), which share of
+lookups they serve, which share of samples are *popular* (every lookup hot), and how many cold rows a
+mini-batch needs; :meth:`Profile.curve` and :meth:`Profile.plot` give the same for a range of budgets.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from hotline.datasets.format import Dataset
+from hotline.kernels import profile as kernels
+from hotline.placement import Placement, PlacementError
+from hotline.units import format_size, parse_size
+
+if TYPE_CHECKING:
+    from hotline.profiling.profiler import Profiler
+
+
+@dataclass
+class Profile:
+    """Access counts of one profiled sample and the global popularity ranking of rows derived from them."""
+
+    counts: np.ndarray
+    """int64 [total rows]: accesses per fused row (table offset + row id) in the sample."""
+    table_sizes: list[int]
+    """Rows per table."""
+    num_samples: int
+    """Samples profiled."""
+    pooling_factor: int
+    """Lookups per table per sample (L)."""
+    profiler: Profiler
+    """The settings it was made with (mini-batch size, bytes per row, sampling)."""
+    dataset: Dataset | None = None
+    """The dataset profiled (for its fingerprint, and to re-scan the sample for always-hot placements)."""
+    sample_indices: np.ndarray | None = None
+    """Sorted indices of the sampled samples in the split, or None for the first ``num_samples``."""
+    timings: dict = field(default_factory=dict)
+    """Seconds spent counting and ranking."""
+    _chunks: object = None
+    _popular_cum: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        self.offsets = kernels.table_offsets(self.table_sizes)
+        counts = self.counts
+        accessed = np.flatnonzero(counts)
+        # Most accessed first; the stable sort keeps ascending fused ids (= table, then row) among ties.
+        self.order: np.ndarray = accessed[np.argsort(-counts[accessed], kind="stable")]
+        """Fused ids of the accessed rows, best rank first."""
+        # int32 when it fits: the max-rank pass reads it at random, and half the bytes is half the cache misses.
+        rank_dtype = np.int32 if self.order.shape[0] < 2**31 - 1 else np.int64
+        self.rank = np.full(counts.shape[0], self.order.shape[0], dtype=rank_dtype)
+        """[total rows]: global rank of each fused row (0 = most accessed); unaccessed rows get num_accessed."""
+        self.rank[self.order] = np.arange(self.order.shape[0], dtype=rank_dtype)
+        self.table_of_order = np.searchsorted(self.offsets, self.order, side="right") - 1
+        self._cum_counts = np.concatenate([[0], np.cumsum(counts[self.order])])
+
+    def __repr__(self) -> str:
+        where = (
+            f"{str(self.dataset.path)!r}, split={self.profiler.split!r}, " if self.dataset is not None else ""
+        )
+        return (
+            f"Profile({where}samples={self.num_samples}, lookups={self.total_lookups}, "
+            f"accessed_rows={self.num_accessed}/{sum(self.table_sizes)}, bytes_per_row={self.bytes_per_row})"
+        )
+
+    # ------------------------------------------------------------------ basic figures
+    @property
+    def num_tables(self) -> int:
+        return len(self.table_sizes)
+
+    @property
+    def num_accessed(self) -> int:
+        """Rows (over all tables) accessed at least once in the sample: the most that can ever be hot."""
+        return int(self.order.shape[0])
+
+    @property
+    def lookups_per_table(self) -> int:
+        return self.num_samples * self.pooling_factor
+
+    @property
+    def total_lookups(self) -> int:
+        return self.lookups_per_table * self.num_tables
+
+    @property
+    def bytes_per_row(self) -> int:
+        return self.profiler.bytes_per_row
+
+    @property
+    def mini_batch_size(self) -> int:
+        return int(self.profiler.mini_batch_size)
+
+    def table_counts(self, table: int) -> np.ndarray:
+        """int64 [rows of table]: accesses per row of one table."""
+        return self.counts[self.offsets[table] : self.offsets[table + 1]]
+
+    def hot_rows_for(self, budget: int | str) -> int:
+        """Rows a budget (bytes, or a size like "256MiB") makes hot: budget // bytes_per_row, at most the
+        accessed rows."""
+        return min(parse_size(budget) // self.bytes_per_row, self.num_accessed)
+
+    # ------------------------------------------------------------------ curves
+    def _row_probabilities(self) -> np.ndarray:
+        """Per ranked row, the chance that one lookup of its table hits it (count / lookups of the table)."""
+        return self.counts[self.order] / float(self.lookups_per_table)
+
+    def _expected_unique_suffix(self, batch_size: int) -> np.ndarray:
+        """float64 [A+1]: expected unique rows of rank >= k among the lookups of one mini-batch, for each k."""
+        p = self._row_probabilities()
+        draws = batch_size * self.pooling_factor
+        # 1 - (1 - p)^draws, computed without cancellation for tiny p.
+        present = -np.expm1(draws * np.log1p(-np.minimum(p, 1.0)))
+        suffix = np.zeros(present.shape[0] + 1)
+        suffix[:-1] = np.cumsum(present[::-1])[::-1]
+        return suffix
+
+    def curve(self, budgets: Sequence[int | str] | None = None, batch_size: int | None = None):
+        """A pandas DataFrame of what each HBM budget gives (one row per budget).
+
+        Columns: budget_bytes, hot_rows, hot_bytes, access_coverage, popular_sample_share,
+        expected_cold_rows_per_batch, expected_unique_rows_per_batch, hybrid_bytes_per_batch (every
+        B*T*L looked-up row gathered), hybrid_unique_bytes_per_batch (each unique row once),
+        hotline_bytes_per_batch (the unique cold rows of the non-popular micro-batch). Bytes moved are
+        host-to-device, bytes_per_row per row. Default budgets: 0, then log-spaced up to all accessed rows.
+        """
+        import pandas as pd
+
+        if self._popular_cum is None:
+            raise ValueError(
+                "this Profile has no per-sample ranks (it was built from counts alone): use Profiler"
+            )
+        B = int(batch_size or self.mini_batch_size)
+        if budgets is None:
+            top = max(1, self.num_accessed)
+            rows = np.unique(np.concatenate([[0], np.geomspace(1, top, 40).round().astype(np.int64)]))
+            budgets_b = rows * self.bytes_per_row
+        else:
+            budgets_b = np.array([parse_size(b) for b in budgets], dtype=np.int64)
+        k = np.minimum(budgets_b // self.bytes_per_row, self.num_accessed)
+        suffix = self._expected_unique_suffix(B)
+        row_bytes = self.bytes_per_row
+        return pd.DataFrame(
+            {
+                "budget_bytes": budgets_b,
+                "hot_rows": k,
+                "hot_bytes": k * row_bytes,
+                "access_coverage": self._cum_counts[k] / max(1, self.total_lookups),
+                "popular_sample_share": self._popular_cum[k] / self.num_samples,
+                "expected_cold_rows_per_batch": suffix[k],
+                "expected_unique_rows_per_batch": np.full(k.shape, suffix[0]),
+                "hybrid_bytes_per_batch": np.full(
+                    k.shape, B * self.num_tables * self.pooling_factor * row_bytes
+                ),
+                "hybrid_unique_bytes_per_batch": np.full(k.shape, suffix[0] * row_bytes),
+                "hotline_bytes_per_batch": suffix[k] * row_bytes,
+            }
+        )
+
+    def working_set(self, budget: int | str, batch_sizes: Sequence[int]):
+        """A DataFrame: for each mini-batch size, the expected unique cold rows (Hotline's working set), the
+        expected unique rows, and the looked-up rows B*T*L, under ``budget``."""
+        import pandas as pd
+
+        k = self.hot_rows_for(budget)
+        rows = []
+        for B in batch_sizes:
+            suffix = self._expected_unique_suffix(int(B))
+            rows.append(
+                {
+                    "batch_size": int(B),
+                    "looked_up_rows": int(B) * self.num_tables * self.pooling_factor,
+                    "expected_unique_rows": suffix[0],
+                    "expected_cold_rows": suffix[k],
+                }
+            )
+        return pd.DataFrame(rows)
+
+    # ------------------------------------------------------------------ per table
+    def _ranked_by_table(self, fused: np.ndarray) -> list[np.ndarray]:
+        """Splits fused ids (in rank order) into per-table row ids, keeping rank order within each table."""
+        tables = np.searchsorted(self.offsets, fused, side="right") - 1
+        by_table = np.argsort(tables, kind="stable")
+        bounds = np.concatenate([[0], np.cumsum(np.bincount(tables, minlength=self.num_tables))])
+        grouped = fused[by_table]
+        return [grouped[bounds[t] : bounds[t + 1]] - self.offsets[t] for t in range(self.num_tables)]
+
+    def table_stats(self, budget: int | str | None = None, always_hot: Sequence[int] = ()):
+        """A pandas DataFrame with one row per table: rows, accessed_rows, lookups, top1pct_share (share of
+        the table's lookups that its most accessed 1% of rows serve), zipf_exponent (least-squares slope of
+        log count against log rank over the rows accessed at least twice); with ``budget`` also hot_rows,
+        hot_pct and coverage (share of the table's lookups served by its hot rows), of
+        ``placement(budget, always_hot)``."""
+        import pandas as pd
+
+        ranked = self._ranked_by_table(self.order)
+        lookups = self.lookups_per_table
+        rows = []
+        for t, ids in enumerate(ranked):
+            c = self.table_counts(t)[ids]
+            top = math.ceil(0.01 * self.table_sizes[t])
+            rows.append(
+                {
+                    "table": t,
+                    "rows": self.table_sizes[t],
+                    "accessed_rows": int(ids.size),
+                    "lookups": lookups,
+                    "top1pct_share": float(c[:top].sum()) / lookups if lookups else 0.0,
+                    "zipf_exponent": _zipf_exponent(c),
+                }
+            )
+        df = pd.DataFrame(rows)
+        if budget is not None and always_hot:
+            placement = self.placement(budget, always_hot)
+            hot_per_table = np.array([ids.size for ids in placement.hot_ids])
+            hot_lookups = np.array(
+                [self.table_counts(t)[ids].sum() for t, ids in enumerate(placement.hot_ids)]
+            )
+        elif budget is not None:
+            k = self.hot_rows_for(budget)
+            hot_per_table = np.bincount(self.table_of_order[:k], minlength=self.num_tables)
+            hot_lookups = np.bincount(
+                self.table_of_order[:k], weights=self.counts[self.order[:k]], minlength=self.num_tables
+            )
+        if budget is not None:
+            df.insert(3, "hot_rows", hot_per_table)
+            df.insert(4, "hot_pct", 100.0 * hot_per_table / np.maximum(1, df["rows"].to_numpy()))
+            df.insert(5, "coverage", hot_lookups / max(1, lookups))
+        return df
+
+    # ------------------------------------------------------------------ placement
+    def placement(self, budget: int | str, always_hot: Sequence[int] = ()) -> Placement:
+        """The hot rows under ``budget`` bytes: the best ranked rows of all tables, tables in ``always_hot``
+        first (whole). Rows never accessed in the sample are never hot (except in always-hot tables)."""
+        budget_b = parse_size(budget)
+        k = budget_b // self.bytes_per_row
+        pinned = sorted({int(t) for t in always_hot})
+        for t in pinned:
+            if not 0 <= t < self.num_tables:
+                raise PlacementError(
+                    f"always-hot table {t} does not exist (tables are 0..{self.num_tables - 1})"
+                )
+        pinned_rows = sum(self.table_sizes[t] for t in pinned)
+        if pinned_rows > k:
+            raise PlacementError(
+                f"always-hot tables {pinned} have {pinned_rows} rows ({format_size(pinned_rows * self.bytes_per_row)}"
+                f" at {self.bytes_per_row} B/row), more than the budget {format_size(budget_b)} holds ({k} rows)"
+            )
+        rest = self.order[~np.isin(self.table_of_order, pinned)][: k - pinned_rows]
+        ranked = self._ranked_by_table(rest)
+        ranked_all = self._ranked_by_table(self.order) if pinned else None
+        hot_ids = []
+        for t in range(self.num_tables):
+            if t in pinned:
+                accessed = ranked_all[t]
+                never = np.flatnonzero(self.table_counts(t) == 0)
+                hot_ids.append(np.concatenate([accessed, never]).astype(np.int64))
+            else:
+                hot_ids.append(ranked[t].astype(np.int64))
+        return Placement.from_hot_ids(
+            self.table_sizes,
+            hot_ids,
+            dataset_fingerprint=self.dataset.fingerprint if self.dataset is not None else "",
+            embedding_dim=int(self.profiler.embedding_dim),
+            bytes_per_row=self.bytes_per_row,
+            hbm_budget_bytes=budget_b,
+        )
+
+    def evaluate(self, placement: Placement, batch_size: int | None = None) -> dict:
+        """Figures of any placement over this sample: access_coverage, popular_sample_share (by re-scanning
+        the sample), expected_cold_rows_per_batch. Slower than :meth:`curve`; works for any hot set."""
+        if placement.table_sizes != list(self.table_sizes):
+            raise PlacementError(
+                f"placement table sizes {placement.table_sizes} differ from {self.table_sizes}"
+            )
+        if self._chunks is None:
+            raise ValueError("evaluate needs the profiled sample: this Profile was built from counts alone")
+        hot = placement.fused_remap() >= 0
+        covered = int(self.counts[hot].sum())
+        cold_rank = (~hot).astype(np.int32)  # a sample is popular iff its max over lookups is 0
+        popular = 0
+        for c in self._chunks("evaluating"):
+            popular += int(np.count_nonzero(kernels.sample_max_rank(c, self.table_sizes, cold_rank) < 1))
+        B = int(batch_size or self.mini_batch_size)
+        p = self.counts[~hot] / float(self.lookups_per_table)
+        expected = float(-np.expm1(B * self.pooling_factor * np.log1p(-p)).sum())
+        return {
+            "hot_rows": placement.num_hot,
+            "access_coverage": covered / max(1, self.total_lookups),
+            "popular_sample_share": popular / self.num_samples,
+            "expected_cold_rows_per_batch": expected,
+        }
+
+    def summary(self, budget: int | str, always_hot: Sequence[int] = ()) -> dict:
+        """What ``hotline profile --json`` writes: settings, the figures at ``budget``, and per-table stats."""
+        budget_b = parse_size(budget)
+        figures = self.curve([budget_b]).to_dict(orient="records")[0]
+        if always_hot:
+            placement = self.placement(budget_b, always_hot)
+            figures.update(self.evaluate(placement))
+            figures["hot_bytes"] = placement.hot_bytes
+            figures["hotline_bytes_per_batch"] = figures["expected_cold_rows_per_batch"] * self.bytes_per_row
+        B = self.mini_batch_size
+        p = self.profiler
+        out = {
+            "dataset": str(self.dataset.path) if self.dataset is not None else None,
+            "dataset_fingerprint": self.dataset.fingerprint if self.dataset is not None else "",
+            "split": p.split,
+            "sample": {
+                "mode": "batches" if p.sample_batches is not None else "fraction",
+                "sample_fraction": None if p.sample_batches is not None else float(p.sample_fraction),
+                "sample_batches": p.sample_batches,
+                "seed": p.seed,
+                "samples": self.num_samples,
+                "lookups": self.total_lookups,
+                "accessed_rows": self.num_accessed,
+            },
+            "mini_batch_size": B,
+            "embedding_dim": int(p.embedding_dim),
+            "optimizer": p.optimizer,
+            "always_hot": sorted({int(t) for t in always_hot}),
+            **figures,
+            "bytes_per_row": self.bytes_per_row,
+            "hbm_budget_bytes": budget_b,
+            "expected_popular_samples_per_batch": figures["popular_sample_share"] * B,
+            "tables": self.table_stats(budget_b, always_hot).to_dict(orient="records"),
+        }
+        return _jsonable(out)
+
+    # ------------------------------------------------------------------ plots
+    def plot(self, budget: int | str | None = None, batch_sizes: Sequence[int] | None = None) -> dict:
+        """Matplotlib figures: ``rank_frequency`` (per table, log-log), ``budget`` (coverage and popular-sample
+        share against the HBM budget) and ``working_set`` (unique rows per mini-batch against its size, at
+        ``budget``, default: no hot rows)."""
+        from matplotlib.figure import Figure
+
+        figs = {}
+        fig = Figure(figsize=(7, 4.5))
+        ax = fig.add_subplot()
+        for t, ids in enumerate(self._ranked_by_table(self.order)):
+            if ids.size == 0:
+                continue
+            c = self.table_counts(t)[ids]
+            pick = np.unique(np.geomspace(1, c.size, min(c.size, 400)).astype(np.int64)) - 1
+            ax.loglog(pick + 1, c[pick], lw=1, label=f"table {t}")
+        ax.set(xlabel="rank within table", ylabel="accesses in sample", title="Rank-frequency per table")
+        if self.num_tables <= 12:
+            ax.legend(fontsize="small")
+        figs["rank_frequency"] = fig
+
+        curve = self.curve()
+        curve = curve[curve.budget_bytes > 0]
+        fig = Figure(figsize=(7, 4.5))
+        ax = fig.add_subplot()
+        ax.semilogx(curve.budget_bytes, curve.access_coverage, label="access coverage")
+        ax.semilogx(curve.budget_bytes, curve.popular_sample_share, label="popular-sample share")
+        ax.set(xlabel="HBM budget (bytes)", ylabel="share", ylim=(0, 1.02), title="What an HBM budget buys")
+        ax.legend()
+        figs["budget"] = fig
+
+        sizes = batch_sizes or [2**i for i in range(0, 17)]
+        ws = self.working_set(0 if budget is None else budget, sizes)
+        fig = Figure(figsize=(7, 4.5))
+        ax = fig.add_subplot()
+        ax.loglog(ws.batch_size, ws.looked_up_rows, "--", label="looked-up rows (B*T*L)")
+        ax.loglog(ws.batch_size, ws.expected_unique_rows, label="unique rows (hybrid)")
+        label = "unique cold rows (Hotline)" + (
+            "" if budget is None else f", {format_size(parse_size(budget))}"
+        )
+        ax.loglog(ws.batch_size, np.maximum(ws.expected_cold_rows, 1e-3), label=label)
+        ax.set(xlabel="mini-batch size", ylabel="rows per mini-batch", title="Working set per mini-batch")
+        ax.legend()
+        figs["working_set"] = fig
+        return figs
+
+
+def _zipf_exponent(ranked_counts: np.ndarray) -> float:
+    """Zipf exponent s of ``count ~ rank^-s``: least squares in log-log over ranks whose count is >= 2
+    (singletons are sampling noise), on log-spaced ranks so the long tail does not outvote the head."""
+    m = int(np.count_nonzero(ranked_counts >= 2))
+    if m < 3:
+        return float("nan")
+    ranks = np.unique(np.geomspace(1, m, min(m, 64)).astype(np.int64))
+    if ranks.size < 3:
+        return float("nan")
+    slope = np.polyfit(np.log(ranks), np.log(ranked_counts[ranks - 1].astype(np.float64)), 1)[0]
+    return float(-slope)
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.floating):
+        v = float(x)
+        return None if math.isnan(v) else v
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    return x

@@ -1,0 +1,111 @@
+"""The training mode a TrainConfig asks for, on this rank: ``device``, ``hybrid`` or ``hotline``."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from hotline.datasets.format import Dataset
+from hotline.distributed.comm import Comm
+from hotline.placement import Placement
+from hotline.table_layout import TableLayout
+from hotline.tiers.base import TrainMode, initial_tables
+from hotline.tiers.cold_store import ColdStore, LocalColdStore
+from hotline.tiers.device import DeviceMode
+from hotline.tiers.sharded_store import ShardedColdStore
+from hotline.tiers.sparse_optim import SparseOptimizer
+from hotline.tiers.tiered import TieredMode
+from hotline.training.model import init_embedding_table
+
+
+def placement_for(config, dataset: Dataset, progress: bool = True) -> Placement:
+    """The placement a TrainConfig asks for: all-cold for ``hybrid``; for ``hotline`` loaded from
+    ``--placement`` or profiled under ``--hbm-budget``. Checked against the dataset and the embedding dim."""
+    if config.mode == "hybrid":
+        return Placement.all_cold(
+            dataset.table_sizes, dataset_fingerprint=dataset.fingerprint, embedding_dim=config.embedding_dim
+        )
+    if config.placement_path:
+        placement = Placement.load(config.placement_path, dataset=dataset)
+    elif config.hbm_budget is not None:
+        from hotline.profiling.profiler import profile
+
+        prof = profile(
+            dataset,
+            embedding_dim=config.embedding_dim,
+            optimizer=config.optimizer,
+            mini_batch_size=config.mini_batch_size,
+            seed=config.seed,
+            progress=progress,
+        )
+        placement = prof.placement(config.hbm_budget)
+    else:
+        raise ValueError(
+            "--mode hotline needs --placement FILE (from `hotline profile`) or --hbm-budget SIZE"
+        )
+    if placement.embedding_dim != config.embedding_dim:
+        raise ValueError(
+            f"the placement was made for embedding dim {placement.embedding_dim}, the model uses "
+            f"{config.embedding_dim} (--arch-sparse-feature-size)"
+        )
+    return placement
+
+
+def _stores(layout: TableLayout, placement: Placement, dim: int, optimizer: SparseOptimizer, seed: int,
+            comm: Comm, pin: bool, max_rows: int) -> tuple[ColdStore, np.ndarray]:  # fmt: skip
+    """The cold store of this rank and the initial rows of the hot tier."""
+    N, r = comm.world_size, comm.rank
+    if N == 1:
+        weights = initial_tables(layout, dim, seed)
+        hot = placement.fused_hot_ids()
+        return LocalColdStore(weights, optimizer, pin, max_rows), weights[hot]
+    # One table at a time: the initial rows of this rank's shard and of the (replicated) hot tier.
+    shard = np.empty((len(range(r, layout.num_rows, N)), dim), np.float32)
+    hot_w = np.empty((placement.num_hot, dim), np.float32)
+    h = 0
+    for t, n in enumerate(layout.table_sizes):
+        w = init_embedding_table(n, dim, seed, t)
+        lo = int(layout.offsets[t])
+        first = lo + (r - lo) % N  # the first fused row of table t that this rank owns
+        if first < lo + n:
+            shard[np.arange(first, lo + n, N) // N] = w[first - lo :: N]
+        ids = placement.hot_ids[t]
+        hot_w[h : h + ids.shape[0]] = w[ids]
+        h += ids.shape[0]
+    return ShardedColdStore(comm, shard, optimizer, layout.num_rows), hot_w
+
+
+def build_mode(config, dataset: Dataset, comm: Comm | None = None) -> TrainMode:
+    """The TrainMode of ``config.mode`` for this rank (one rank when ``comm`` is None)."""
+    comm = comm if comm is not None else Comm()
+    opt = SparseOptimizer(config.optimizer, config.learning_rate)
+    layout = TableLayout(dataset.table_sizes)
+    if config.mode == "device":
+        return DeviceMode(layout, config.embedding_dim, opt, config.seed, config.device, comm)
+    placement = placement_for(config, dataset, progress=config.progress and comm.rank == 0)
+    max_batch = -(-config.mini_batch_size // comm.world_size)  # a rank's share of a global batch
+    max_rows = max_batch * layout.num_tables * dataset.pooling_factor
+    cold, hot_w = _stores(
+        layout,
+        placement,
+        config.embedding_dim,
+        opt,
+        config.seed,
+        comm,
+        torch.device(config.device).type == "cuda",
+        max_rows,
+    )
+    return TieredMode(
+        config.mode,
+        layout,
+        dataset.pooling_factor,
+        config.embedding_dim,
+        opt,
+        placement,
+        cold,
+        hot_w,
+        max_batch,
+        config.device,
+        in_flight=1 if config.mode == "hybrid" else config.lookahead + 3,
+        fused=config.fused_micro_batches,
+    )

@@ -1,0 +1,221 @@
+"""The cold tier's seam: where cold rows live, and how a step's working set is fetched and written back.
+
+A :class:`ColdStore` holds every row of every table (fused ids) with its optimizer state; rows that are hot
+have stale copies there, the hot tier is authoritative for them. The tiered mode talks to it through four
+verbs, whatever the store is:
+
+- ``fetch(rows, ..., step)``: the rows and state of a working set (``step >= 0``: fetched ahead, under the
+  look-ahead's claim rule, which flags the rows an earlier step may still update: ``ColdFetch.stale``);
+- ``refresh(fetch)``: reads the flagged rows again, once every earlier step's update has landed;
+- ``update(...)``: applies the step's gradients of the working rows (to the fetched copy, or at the rows'
+  owners);
+- ``write_back(fetch, values, state)``: stores the updated working rows (where the copy was updated).
+
+:class:`LocalColdStore` keeps the rows in this process's host memory (pinned in place on CUDA), and is the
+store of one rank; ``hotline.tiers.sharded_store.ShardedColdStore`` spreads them over N ranks. A store for
+tables beyond DRAM (a memory-mapped file) is another LocalColdStore over ``np.memmap`` arrays: nothing in the
+tiered mode changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from hotline.distributed.comm import Comm
+from hotline.kernels import sparse_update
+from hotline.kernels.dispatch import claim_rows
+from hotline.kernels.gather import gather_rows, scatter_rows
+from hotline.tiers.sparse_optim import SparseOptimizer
+
+_EMPTY = np.zeros(0, np.int64)
+
+
+@dataclass
+class ColdFetch:
+    """A working set's rows as its store fetched them into host memory."""
+
+    rows: np.ndarray
+    """int64 [U] the fused row ids (distinct), in working-set order."""
+    values: np.ndarray
+    """float32 [U, D] their weights."""
+    state: np.ndarray
+    """float32 [U] their optimizer state ([0] for SGD)."""
+    step: int = -1
+    """The step it was fetched for under the claim rule (-1: fetched when due, nothing can be stale)."""
+    stale: np.ndarray = field(default_factory=lambda: _EMPTY)
+    """Working-set slots an earlier, unfinished step may update: read again by ``refresh`` before compute."""
+    route: object = None
+    """What the store needs to finish the step (the sharded store's routes between ranks)."""
+    times: dict[str, float] = field(default_factory=dict)
+    counters: dict[str, float] = field(default_factory=dict)
+
+
+class ColdStore(ABC):
+    """Where the cold rows live (see the module docstring for the protocol)."""
+
+    writes_back: bool = True
+    """True when the tiered mode updates the fetched copy and ``write_back`` stores it; False when
+    ``update`` applies the gradients where the rows live (nothing to write back)."""
+
+    comm: Comm
+
+    @abstractmethod
+    def fetch(
+        self, rows: np.ndarray, out_values: np.ndarray, out_state: np.ndarray, step: int = -1
+    ) -> ColdFetch:
+        """Rows and state of the distinct fused ids ``rows`` (into ``out_*`` where the store copies)."""
+
+    @abstractmethod
+    def needs_refresh(self, fetch: ColdFetch) -> bool:
+        """Whether :meth:`refresh` must run before the fetched step computes (a collective may need it
+        on every step)."""
+
+    @abstractmethod
+    def refresh(self, fetch: ColdFetch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Reads the rows ``fetch.stale`` again (after every earlier step's update landed): returns the
+        slots and their fresh weights and state (state [0] where the fetched state is not used)."""
+
+    @abstractmethod
+    def update(self, fetch: ColdFetch, optimizer: SparseOptimizer, work: torch.Tensor, work_state: torch.Tensor,
+               slot: np.ndarray, grads: torch.Tensor, pos: np.ndarray, device_index=None) -> int:  # fmt: skip
+        """Applies the step's gradients of the working rows: lookup i's gradient ``grads[pos[i]]`` belongs to
+        working slot ``slot[i]``. ``device_index``: ``(slot, pos)`` as device tensors (off the CPU).
+        Returns the number of rows updated."""
+
+    @abstractmethod
+    def write_back(self, fetch: ColdFetch, values: np.ndarray, state: np.ndarray) -> None:
+        """Stores the updated working rows (and state); marks the step's update as landed."""
+
+    @abstractmethod
+    def lookahead(self) -> contextlib.AbstractContextManager[Comm]:
+        """A look-ahead run: resets the claim bookkeeping; yields the Comm the fetching thread uses."""
+
+    @abstractmethod
+    def read(self, rows: np.ndarray) -> np.ndarray:
+        """Weights of the distinct fused ids ``rows`` (evaluation; a collective on N ranks)."""
+
+    @abstractmethod
+    def export(
+        self, hot_rows: np.ndarray, hot_w: torch.Tensor, hot_s: torch.Tensor
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Every row's weight and state (fused ids), the hot rows taken from the hot tier (a collective)."""
+
+    @abstractmethod
+    def load(self, weights: np.ndarray, state: np.ndarray) -> None:
+        """Replaces every row's weight and state (fused ids; each rank keeps its own)."""
+
+
+def host_tensor(array: np.ndarray, pin: bool) -> torch.Tensor:
+    """A host tensor of ``array`` (a pinned copy when ``pin``, for asynchronous copies to CUDA)."""
+    t = torch.from_numpy(array)
+    return t.pin_memory() if pin else t
+
+
+class HostRows:
+    """Rows and their optimizer state in this process's host memory, with the claim rule's bookkeeping."""
+
+    def __init__(self, weights: np.ndarray, optimizer: SparseOptimizer, pin: bool = False):
+        self.weight = host_tensor(weights, pin)
+        self.state = host_tensor(optimizer.new_state(weights.shape[0]).numpy(), pin)
+        self.w = self.weight.numpy()  # numpy views for the Numba kernels (same memory)
+        self.s = self.state.numpy()
+        self._last = None  # int64 [rows]: the last step whose working set held each row (look-ahead)
+        self.applied = 0  # steps < applied have their updates in these arrays
+
+    def gather(self, rows: np.ndarray, out_w: np.ndarray, out_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Copies rows and their state into buffers; returns the filled views."""
+        w = gather_rows(self.w, rows, out_w)
+        s = gather_rows(self.s, rows, out_s) if self.s.size else out_s[:0]
+        return w, s
+
+    def scatter(self, rows: np.ndarray, w: np.ndarray, s: np.ndarray) -> None:
+        scatter_rows(self.w, rows, w)
+        if self.s.size:
+            scatter_rows(self.s, rows, s)
+
+    def claim(self, rows: np.ndarray, step: int) -> np.ndarray:
+        """The claim rule: positions in ``rows`` of rows that an earlier step, whose update has not landed,
+        also holds (they may be stale); records ``step`` as the rows' last holder. ``applied`` is read
+        BEFORE the rows, so a row not flagged was last updated by a step that had finished."""
+        return claim_rows(rows, self._last, step, self.applied)
+
+    def start_claims(self) -> None:
+        self._last = np.full(self.w.shape[0], -1, dtype=np.int64)
+        self.applied = 0
+
+    def end_claims(self) -> None:
+        self._last = None
+
+
+class LocalColdStore(ColdStore):
+    """Every row in this process's host memory: the store of one rank (and a template for a file store)."""
+
+    def __init__(self, weights: np.ndarray, optimizer: SparseOptimizer, pin: bool = False, max_rows: int = 0):
+        self.comm = Comm()
+        self.host = HostRows(weights, optimizer, pin)
+        self._scratch = sparse_update.new_scratch(max_rows)
+
+    @property
+    def w(self) -> np.ndarray:
+        return self.host.w
+
+    @property
+    def s(self) -> np.ndarray:
+        return self.host.s
+
+    def fetch(self, rows, out_values, out_state, step=-1) -> ColdFetch:
+        stale = self.host.claim(rows, step) if step >= 0 else _EMPTY
+        w, s = self.host.gather(rows, out_values, out_state)
+        return ColdFetch(rows, w, s, step=step, stale=stale)
+
+    def needs_refresh(self, fetch: ColdFetch) -> bool:
+        return fetch.stale.size > 0
+
+    def refresh(self, fetch: ColdFetch):
+        rows = fetch.rows[fetch.stale]
+        return fetch.stale, self.w[rows], self.s[rows] if self.s.size else self.s[:0]
+
+    def update(self, fetch, optimizer, work, work_state, slot, grads, pos, device_index=None) -> int:
+        if not slot.shape[0]:
+            return 0
+        if device_index is None:  # CPU: the kernel reads the gradients in place
+            return optimizer.step_parts(work, work_state, [(slot, grads.numpy(), pos)], self._scratch)
+        slot_t, pos_t = device_index
+        n = work.shape[0]
+        optimizer.step_coalesced(work, work_state, None, slot_t, grads[pos_t], num_rows=n)
+        return n
+
+    def write_back(self, fetch: ColdFetch, values, state) -> None:
+        if fetch.rows.shape[0]:
+            self.host.scatter(fetch.rows, values, state)
+        if fetch.step >= 0:
+            self.host.applied = fetch.step + 1
+
+    @contextlib.contextmanager
+    def lookahead(self):
+        self.host.start_claims()
+        try:
+            yield self.comm
+        finally:
+            self.host.end_claims()
+
+    def read(self, rows: np.ndarray) -> np.ndarray:
+        return self.w[rows]
+
+    def export(self, hot_rows, hot_w, hot_s):
+        w, s = self.w.copy(), self.s.copy()
+        if hot_rows.size:
+            w[hot_rows] = hot_w.detach().cpu().numpy()
+            if s.size:
+                s[hot_rows] = hot_s.detach().cpu().numpy()
+        return w, s
+
+    def load(self, weights: np.ndarray, state: np.ndarray) -> None:
+        self.w[:] = weights
+        if self.s.size:
+            self.s[:] = state

@@ -1,0 +1,103 @@
+"""``device`` mode: every table in one fused tensor on the compute device (the GPU-only upper bound, and the
+reference every other mode must equal), replicated on every rank of a distributed run."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from hotline.datasets.format import Batch
+from hotline.distributed.comm import Comm
+from hotline.table_layout import TableLayout
+from hotline.tiers.base import StepStats, TrainMode, initial_tables, loss_and_backward, sum_pool
+from hotline.tiers.replicated import all_ranks_gradients
+from hotline.tiers.sparse_optim import SparseOptimizer
+from hotline.training.model import DLRM
+
+
+class DeviceMode(TrainMode):
+    """All tables in one fused tensor on the compute device; on N ranks every rank holds all of them and the
+    sparse gradients are exchanged (a no-op with one rank)."""
+
+    name = "device"
+
+    def __init__(
+        self,
+        layout: TableLayout,
+        dim: int,
+        optimizer: SparseOptimizer,
+        seed: int,
+        device: torch.device | str = "cpu",
+        comm: Comm | None = None,
+    ):
+        self.layout = layout
+        self.table_sizes = layout.table_sizes
+        self.dim = dim
+        self.optimizer = optimizer
+        self.device = torch.device(device)
+        self.comm = comm if comm is not None else Comm()
+        self.weight = torch.from_numpy(initial_tables(layout, dim, seed)).to(self.device)
+        self.state = optimizer.new_state(self.weight.shape[0], self.device)
+        self.scratch = optimizer.new_scratch(self.weight.shape[0], self.device)
+
+    def _fused_ids(self, sparse: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(self.layout.fuse(sparse))
+
+    def step(self, model: DLRM, batch: Batch) -> StepStats:
+        B, T, L = batch.sparse.shape
+        t0 = time.perf_counter()
+        ids = self._fused_ids(batch.sparse).to(self.device)
+        rows = self.weight.index_select(0, ids).requires_grad_(True)
+        t1 = time.perf_counter()
+        loss = 0.0
+        if B:  # a rank's shard of a global batch smaller than N may be empty: it still takes part below
+            pooled = sum_pool(rows, T, L)
+            dense = torch.from_numpy(batch.dense).to(self.device)
+            labels = torch.from_numpy(batch.labels).to(self.device)
+            loss = loss_and_backward(model, dense, pooled, labels, batch.loss_normaliser)
+        t2 = time.perf_counter()
+        if self.comm.world_size > 1:
+            ids, grads = all_ranks_gradients(
+                self.comm, [ids] if B else [], [rows.grad] if B else [], self.dim, "sparse_allgather"
+            )
+            touched = self.optimizer.step(self.weight, self.state, ids, grads) if ids.shape[0] else 0
+        else:
+            touched = self.optimizer.step(self.weight, self.state, ids, rows.grad, self.scratch)
+        t3 = time.perf_counter()
+        return StepStats(
+            loss_sum=float(loss),
+            samples=B,
+            times={"gather": t1 - t0, "compute": t2 - t1, "sparse_update": t3 - t2},
+            counters={"rows_touched": touched},
+        )
+
+    @torch.no_grad()
+    def pooled_eval(self, sparse: np.ndarray) -> torch.Tensor:
+        B, T, L = sparse.shape
+        rows = self.weight.index_select(0, self._fused_ids(sparse).to(self.device))
+        return sum_pool(rows, T, L)
+
+    def export_tables(self) -> list[np.ndarray]:
+        return [w.copy() for w in self.layout.split(self.weight.detach().cpu().numpy())]
+
+    def export_state(self) -> list[np.ndarray]:
+        return [s.copy() for s in self.layout.split_state(self.state.cpu().numpy())]
+
+    def load_tables(self, tables: list[np.ndarray], states: list[np.ndarray]) -> None:
+        with torch.no_grad():
+            self.weight.copy_(torch.from_numpy(np.concatenate(tables)))
+            if self.state.numel():
+                self.state.copy_(torch.from_numpy(np.concatenate(states)))
+
+    def shard_state(self) -> dict[str, torch.Tensor]:
+        """Rank 0's file holds the tables (every rank has the same); the others hold nothing of them."""
+        if self.comm.rank:
+            return {}
+        return {"weight": self.weight.detach().cpu().clone(), "state": self.state.cpu().clone()}
+
+    def load_shard_state(self, own: dict, rank0: dict) -> None:
+        with torch.no_grad():
+            self.weight.copy_(rank0["weight"])
+            self.state.copy_(rank0["state"])

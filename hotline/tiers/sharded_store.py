@@ -1,0 +1,191 @@
+"""The cold tier sharded by row over N ranks: rank r owns fused rows r, r+N, r+2N, ...
+
+A :class:`ShardedColdStore` keeps this rank's shard in a :class:`~hotline.tiers.cold_store.HostRows` (local
+row ``fused // N``) and answers the other ranks' requests. Per step:
+
+1. fetch: a rank sends the ids of its working set to their owners (all-to-all, grouped by owner) and the
+   owners answer with the rows and their optimizer state (all-to-all);
+2. update: after backward the working rows' summed gradients go back to their owners along the same routes
+   (all-to-all); each owner adds up the gradients of every rank that asked for a row and updates it ONCE.
+   The owner applies the update, so nothing is written back (``writes_back = False``).
+
+Look-ahead (fetches for step j run on a thread, over a second gloo group, while earlier steps compute): each
+owner flags the rows it served while an earlier step's update of them was still pending (the claim rule on
+its shard), and ``refresh`` (a collective on the main group, every step) sends those rows again before the
+step computes, so the result stays exact. Each group's collectives run on one thread in the same order on
+every rank, so a rank with an empty shard of a batch still takes part with empty payloads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from hotline.distributed.comm import Comm
+from hotline.tiers.cold_store import _EMPTY, ColdFetch, ColdStore, HostRows
+from hotline.tiers.sparse_optim import SparseOptimizer
+
+
+@dataclass
+class Route:
+    """Who asked what in one step's fetch: the routes of the requests, the refreshes and the gradients."""
+
+    order: np.ndarray
+    """Working-set slots in send order (grouped by owner)."""
+    send_counts: np.ndarray
+    """Rows asked of each owner."""
+    owned: np.ndarray
+    """Local rows of this rank's shard that the ranks asked for, grouped by requester."""
+    recv_counts: np.ndarray
+    """Rows each requester asked of this rank."""
+    stale_counts: np.ndarray = field(default_factory=lambda: _EMPTY)
+    """How many flagged rows each owner sends again."""
+    serve_stale: np.ndarray = field(default_factory=lambda: _EMPTY)
+    """Local rows this rank flagged, grouped by requester (it sends them again)."""
+    serve_counts: np.ndarray = field(default_factory=lambda: _EMPTY)
+    """How many flagged rows this rank sends again to each requester."""
+
+
+class ShardedColdStore(ColdStore):
+    """Cold rows sharded by fused row id modulo N (see the module docstring)."""
+
+    writes_back = False
+
+    def __init__(self, comm: Comm, shard_weights: np.ndarray, optimizer: SparseOptimizer, num_rows: int):
+        self.comm = comm
+        self.num_rows = int(num_rows)
+        self.host = HostRows(shard_weights, optimizer)
+        self.S = optimizer.state_floats_per_row
+        self._ahead: Comm | None = None  # the look-ahead thread's group, inside lookahead()
+
+    @staticmethod
+    def shard_rows(num_rows: int, rank: int, world_size: int) -> np.ndarray:
+        """The fused rows rank ``rank`` owns, in local-row order."""
+        return np.arange(rank, num_rows, world_size, dtype=np.int64)
+
+    # -- the step ---------------------------------------------------------------------------------------
+    def fetch(self, rows, out_values, out_state, step=-1) -> ColdFetch:
+        """Asks the owners for ``rows`` (on the look-ahead group when ``step >= 0``; the owners flag stale ones)."""
+        comm = self._ahead if step >= 0 else self.comm
+        N = comm.world_size
+        t0 = time.perf_counter()
+        owner = rows % N
+        order = np.argsort(owner, kind="stable")
+        send_counts = np.bincount(owner, minlength=N)
+        asked, recv_counts = comm.all_to_all(torch.from_numpy(rows[order]), send_counts, "cold_ids")
+        local = asked.numpy() // N
+        parts = [self.host.w[local]]
+        if self.S:
+            parts.append(self.host.s[local, None])
+        if step >= 0:
+            stale = np.zeros(local.shape[0], bool)
+            stale[self.host.claim(local, step)] = True
+            parts.append(stale[:, None].astype(np.float32))
+        payload = torch.from_numpy(np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0])
+        got, _ = comm.all_to_all(payload, recv_counts, "cold_rows", send_counts)
+        D = self.host.w.shape[1]
+        rows_back = torch.empty((got.shape[0], D + self.S), dtype=torch.float32)
+        rows_back[torch.from_numpy(order)] = got[:, : D + self.S]
+        values = np.ascontiguousarray(rows_back.numpy()[:, :D])
+        state = np.ascontiguousarray(rows_back.numpy()[:, D]) if self.S else np.zeros(0, np.float32)
+        route = Route(order, send_counts, local, recv_counts)
+        out = ColdFetch(rows, values, state, step=step, route=route)
+        if step >= 0:
+            # Refresh routes, known to both sides without asking: the owner sends its flagged rows again,
+            # grouped by requester in the order they were asked; the requester gets them in its send order.
+            sent_stale = np.flatnonzero(got[:, -1].numpy() != 0)
+            source = np.repeat(np.arange(N), recv_counts)
+            out.stale = order[sent_stale]
+            route.stale_counts = np.bincount(owner[order][sent_stale], minlength=N)
+            route.serve_stale = local[stale]
+            route.serve_counts = np.bincount(source[stale], minlength=N)
+        out.times = {"exchange_ahead" if step >= 0 else "exchange": time.perf_counter() - t0}
+        if step >= 0:
+            out.counters = {f"bytes_sent_{k}": v for k, v in comm.take_bytes().items()}
+        return out
+
+    def needs_refresh(self, fetch: ColdFetch) -> bool:
+        return fetch.step >= 0  # a collective: every rank runs it every step, flagged rows or not
+
+    def refresh(self, fetch: ColdFetch):
+        r = fetch.route
+        send = torch.from_numpy(self.host.w[r.serve_stale])
+        got, _ = self.comm.all_to_all(send, r.serve_counts, "cold_refresh", r.stale_counts)
+        return fetch.stale, got.numpy(), np.zeros(0, np.float32)  # the owners hold the state they update
+
+    def update(self, fetch, optimizer, work, work_state, slot, grads, pos, device_index=None) -> int:
+        r = fetch.route
+        D = work.shape[1]
+        summed = torch.zeros((fetch.rows.shape[0], D), dtype=torch.float32, device=grads.device)
+        if slot.shape[0]:
+            slot_t, pos_t = device_index if device_index is not None else map(torch.from_numpy, (slot, pos))
+            summed.index_add_(0, slot_t, grads[pos_t])
+        send = summed.cpu()[torch.from_numpy(r.order)]
+        got, _ = self.comm.all_to_all(send, r.send_counts, "cold_grads", r.recv_counts)
+        touched = 0
+        if r.owned.shape[0]:  # rows asked for by several ranks: the kernel sums their gradients first
+            touched = optimizer.step(self.host.weight, self.host.state, torch.from_numpy(r.owned), got)
+        if fetch.step >= 0:  # after the update: the look-ahead thread may read these rows as fresh now
+            self.host.applied = fetch.step + 1
+        return touched
+
+    def write_back(self, fetch: ColdFetch, values, state) -> None:
+        """Nothing to store: the owners applied the update in :meth:`update`."""
+
+    @contextlib.contextmanager
+    def lookahead(self):
+        """Resets the claim bookkeeping and opens the look-ahead thread's gloo group (a collective)."""
+        self.host.start_claims()
+        self._ahead = self.comm.new_group()
+        try:
+            yield self._ahead
+        except BaseException:
+            self._ahead.destroy()
+            raise
+        else:  # no rank destroys the group while a peer may still finish its last collective on it
+            self.comm.barrier()
+            self._ahead.destroy()
+        finally:
+            self._ahead = None
+            self.host.end_claims()
+
+    # -- evaluation, export, checkpoints ------------------------------------------------------------------
+    def read(self, rows: np.ndarray) -> np.ndarray:
+        N = self.comm.world_size
+        owner = rows % N
+        order = np.argsort(owner, kind="stable")
+        send_counts = np.bincount(owner, minlength=N)
+        asked, recv_counts = self.comm.all_to_all(torch.from_numpy(rows[order]), send_counts, "eval_ids")
+        got, _ = self.comm.all_to_all(
+            torch.from_numpy(self.host.w[asked.numpy() // N]), recv_counts, "eval_rows", send_counts
+        )
+        out = np.empty_like(got.numpy())
+        out[order] = got.numpy()
+        return out
+
+    def _assemble(self, shard: np.ndarray) -> np.ndarray:
+        N = self.comm.world_size
+        parts = self.comm.all_gather_varlen(torch.from_numpy(shard.reshape(shard.shape[0], -1)), "export")
+        full = np.empty((self.num_rows, *shard.shape[1:]), np.float32)
+        for r, p in enumerate(parts):
+            full[r::N] = p.numpy().reshape(-1, *shard.shape[1:])
+        return full
+
+    def export(self, hot_rows, hot_w, hot_s):
+        w = self._assemble(self.host.w)
+        s = self._assemble(self.host.s) if self.S else self.host.s.copy()
+        if hot_rows.size:
+            w[hot_rows] = hot_w.detach().cpu().numpy()
+            if self.S:
+                s[hot_rows] = hot_s.detach().cpu().numpy()
+        return w, s
+
+    def load(self, weights: np.ndarray, state: np.ndarray) -> None:
+        N, r = self.comm.world_size, self.comm.rank
+        self.host.w[:] = weights[r::N]
+        if self.S:
+            self.host.s[:] = state[r::N]

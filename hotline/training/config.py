@@ -1,0 +1,119 @@
+"""The configuration of a training run: one dataclass whose fields are the flags of ``hotline train``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from hotline.tiers.sparse_optim import SparseOptimizer
+from hotline.training.model import DLRMConfig
+
+MODES = ("device", "hybrid", "hotline")
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run needs besides the dataset (flags keep the reference DLRM's names)."""
+
+    mode: str = "device"
+    """Where embedding rows live: ``device`` (all on the compute device), ``hybrid`` or ``hotline``."""
+    embedding_dim: int = 16
+    """``--arch-sparse-feature-size``."""
+    bottom_mlp: list[int] = field(default_factory=lambda: [13, 512, 256, 64, 16])
+    """``--arch-mlp-bot``."""
+    top_mlp: list[int] = field(default_factory=lambda: [512, 256, 1])
+    """``--arch-mlp-top``."""
+    interaction: str = "dot"
+    """``--arch-interaction-op``: dot or cat."""
+    mini_batch_size: int = 128
+    """Samples per mini-batch (one optimizer step each)."""
+    learning_rate: float = 0.1
+    """Learning rate of dense and sparse optimizers."""
+    optimizer: str = "sgd"
+    """``sgd`` or ``rowwise-adagrad`` (dense layers get plain Adagrad with it)."""
+    nepochs: int = 1
+    """Passes over the training split."""
+    num_batches: int = 0
+    """Stop after this many steps in total (0: run all epochs)."""
+    print_freq: int = 256
+    """Steps between progress reports (metrics records)."""
+    test_freq: int = 0
+    """Steps between validation runs (0: only at the end)."""
+    eval_batch_size: int = 16384
+    """Samples per evaluation forward pass."""
+    eval_max_samples: int = 0
+    """Evaluate on at most this many samples of val/test (0: all)."""
+    seed: int = 0
+    """Seed of model and embedding initialisation."""
+    device: str = "cpu"
+    """Compute device: cpu or cuda."""
+    threads: int = 0
+    """torch and numba threads (0: all cores)."""
+    progress: bool = True
+    """Show a tqdm progress bar."""
+    metrics_path: str | None = None
+    """``--metrics``: write one JSON record per report to this .jsonl file."""
+    dump_params_path: str | None = None
+    """``--dump-params``: write every parameter by name to this .npz at the end."""
+    placement_path: str | None = None
+    """``--placement``: a Placement .npz for ``--mode hotline``."""
+    hbm_budget: int | None = None
+    """``--hbm-budget`` in bytes: profile first and place hot rows under it (``--mode hotline``)."""
+    lookahead: int = 2
+    """``--lookahead``: steps whose cold rows are gathered ahead of compute (hotline mode)."""
+    worker_threads: int = 1
+    """Numba threads of the look-ahead worker that dispatches and gathers (the rest compute)."""
+    micro_batches: str = "auto"
+    """hotline: ``split`` (popular then non-popular forward/backward), ``fused`` (one pass over the batch in
+    order, hot rows and working rows together), or ``auto`` (split at look-ahead 0, where the popular
+    micro-batch computes while the cold rows are gathered; fused with look-ahead, where they are ready)."""
+    checkpoint_dir: str | None = None
+    """``--checkpoint-dir``: where periodic checkpoints go (and ``--resume`` looks)."""
+    checkpoint_every: int = 0
+    """``--checkpoint-every``: steps between checkpoints (0: none)."""
+    resume: bool = False
+    """``--resume``: continue from the newest complete checkpoint in ``checkpoint_dir``."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"--mode must be one of {MODES}, got {self.mode!r}")
+        for name in ("mini_batch_size", "nepochs", "print_freq", "eval_batch_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_batches < 0 or self.test_freq < 0 or self.lookahead < 0 or self.checkpoint_every < 0:
+            raise ValueError("num_batches, test_freq, lookahead and checkpoint_every must be >= 0")
+        if self.micro_batches not in ("auto", "split", "fused"):
+            raise ValueError(f"--micro-batches must be auto, split or fused, got {self.micro_batches!r}")
+        if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
+            raise ValueError("--checkpoint-every and --resume need --checkpoint-dir")
+        if self.threads < 0 or self.worker_threads < 1:
+            raise ValueError(
+                f"--threads must be >= 0 (0: all cores) and --worker-threads >= 1, got {self.threads} "
+                f"and {self.worker_threads}"
+            )
+        try:
+            device = torch.device(self.device)
+        except RuntimeError as e:
+            raise ValueError(f"--device {self.device!r} is not a device: {e}") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(
+                f"--device {self.device}: CUDA is not available to this torch ({torch.__version__})"
+            )
+        SparseOptimizer(self.optimizer, self.learning_rate)  # validates optimizer and learning rate
+
+    @property
+    def fused_micro_batches(self) -> bool:
+        """Whether hotline steps run one fused pass instead of popular and non-popular micro-batches."""
+        if self.micro_batches == "auto":
+            return self.lookahead > 0
+        return self.micro_batches == "fused"
+
+    def model_config(self, table_sizes: list[int]) -> DLRMConfig:
+        return DLRMConfig(
+            table_sizes=list(table_sizes),
+            embedding_dim=self.embedding_dim,
+            bottom_mlp=list(self.bottom_mlp),
+            top_mlp=list(self.top_mlp),
+            interaction=self.interaction,
+        )
