@@ -29,9 +29,9 @@ from pathlib import Path
 import common
 import numpy as np
 
+from hotline import TrainConfig
 from hotline.datasets.format import Dataset
 from hotline.distributed.launcher import spawn, train_and_dump
-from hotline.training import TrainConfig
 
 KINDS = (
     "dense_allreduce",

@@ -95,8 +95,8 @@ def make_placement(dataset, args, cfg, root: Path) -> tuple[str, dict]:
 def run_mode(name, dataset, args, cfg, placement_path, device: str = "cpu") -> dict:
     import torch
 
+    from hotline import TrainConfig, Trainer
     from hotline.pipeline.executor import overlap_ratio
-    from hotline.training import TrainConfig, Trainer
 
     config = TrainConfig(
         **{**cfg, "mini_batch_size": args.batch},

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hotline.datasets.criteo import preprocess, write_raw_tsv
+from hotline.datasets.criteo import preprocess
+from hotline.datasets.criteo_raw import write_raw_tsv
 
 TARGET_ROWS_PER_S = 200_000
 # Per-table cardinalities: a few huge tables and many small ones, as in Criteo Kaggle (scaled down).

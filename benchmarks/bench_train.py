@@ -89,7 +89,7 @@ def main_thread_ms(phases: dict[str, float]) -> float:
 def run_config(name: str, args, dataset: Dataset, workdir: Path) -> dict:
     """Builds one Trainer per mode for config ``name``, runs them interleaved, returns the figures."""
     import hotline
-    from hotline.training import TrainConfig, Trainer
+    from hotline import TrainConfig, Trainer
 
     cfg = CONFIGS[name]
     dim = cfg["dim"]

@@ -89,9 +89,9 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("--steps and --batch must be positive")
     threads = common.setup_threads(args.threads)
 
+    from hotline import TrainConfig, Trainer
     from hotline.datasets.format import Dataset
     from hotline.datasets.synthetic import generate
-    from hotline.training import TrainConfig, Trainer
 
     with tempfile.TemporaryDirectory(prefix="hotline-soak-") as tmp:
         t0 = time.perf_counter()

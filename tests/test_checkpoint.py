@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
+from hotline import TrainConfig, Trainer
 from hotline.cli import main
 from hotline.datasets.format import Dataset
 from hotline.datasets.synthetic import generate
 from hotline.placement import Placement
-from hotline.training import TrainConfig, Trainer
 from hotline.training.checkpoint import (
     CheckpointError,
     CheckpointManager,

@@ -17,8 +17,8 @@ from hotline.datasets.criteo import (
     order_inputs,
     preprocess,
     split_sizes,
-    write_raw_tsv,
 )
+from hotline.datasets.criteo_raw import write_raw_tsv
 from hotline.datasets.format import Dataset
 from hotline.kernels.criteo_parse import REASONS, build_id_table, format_lines, map_categories, parse_lines
 from tests import naive

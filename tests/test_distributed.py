@@ -10,6 +10,7 @@ import argparse
 import numpy as np
 import pytest
 
+from hotline import TrainConfig, Trainer
 from hotline.cli import main
 from hotline.cli.train import add_parser
 from hotline.datasets.format import Dataset
@@ -17,7 +18,6 @@ from hotline.datasets.synthetic import generate
 from hotline.distributed.comm import Comm, shard_bounds
 from hotline.distributed.launcher import launcher_argv, spawn, train_and_dump
 from hotline.placement import Placement
-from hotline.training import TrainConfig, Trainer
 from hotline.training.checkpoint import CheckpointError
 
 TABLES = [30, 200, 12, 500, 60, 5, 90, 40]

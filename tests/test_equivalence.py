@@ -8,11 +8,11 @@ popular and non-popular micro-batches' gradients are summed instead of computed 
 import numpy as np
 import pytest
 
+from hotline import TrainConfig, Trainer
 from hotline.cli import main
 from hotline.datasets.format import Dataset
 from hotline.datasets.synthetic import generate
 from hotline.placement import Placement
-from hotline.training import TrainConfig, Trainer
 
 TABLES = [30, 200, 12, 500, 60, 5, 90, 40]
 STEPS = 55

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 import naive
+from hotline import TrainConfig, Trainer
 from hotline.datasets.synthetic import generate
 from hotline.kernels.dispatch import claim_rows
 from hotline.pipeline.executor import Executor, overlap_ratio
 from hotline.placement import Placement
-from hotline.training import TrainConfig, Trainer
 
 
 @pytest.fixture(scope="module")

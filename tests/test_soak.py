@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hotline import TrainConfig, Trainer
 from hotline.datasets.format import Dataset
 from hotline.datasets.synthetic import generate
 from hotline.placement import Placement
 from hotline.tiers.tiered import PreparedStep
-from hotline.training import TrainConfig, Trainer
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 SIZES = [500, 2000, 100, 50]

@@ -90,6 +90,11 @@ def add_output(parser: argparse.ArgumentParser, flag: str, help: str, **kw) -> N
     parser.add_argument(flag, type=Path, default=None, metavar="FILE", help=help, **kw)
 
 
+def flags(args: argparse.Namespace, *names: str) -> dict:
+    """The parsed flags ``names`` as keyword arguments of the same names."""
+    return {name: getattr(args, name) for name in names}
+
+
 def error(command: str, message: object) -> int:
     """Prints ``hotline COMMAND: error: MESSAGE`` on stderr (one line); returns exit status 2."""
     print(f"hotline {command}: error: {message}", file=sys.stderr)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from hotline.cli.args import SubParsers, add_progress, add_seed, error
+from hotline.cli.args import SubParsers, add_progress, add_seed, error, flags
 
 
 def add_parser(subparsers: SubParsers) -> None:
@@ -22,13 +22,28 @@ def _add_out(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="dataset directory to write (replaced atomically)")
 
 
+def _build(command: str, errors: tuple, make):
+    """Runs ``make()`` (which writes a dataset and returns its path): ``(Dataset, seconds)``, or the exit
+    status 2 after one error line for the ``errors`` a user can cause (OSError: unreadable input, a full or
+    unwritable output)."""
+    from hotline.datasets.format import Dataset
+
+    t0 = time.perf_counter()
+    try:
+        path = make()
+    except errors as e:
+        return error(command, e)
+    seconds = time.perf_counter() - t0
+    return Dataset(path), seconds
+
+
 def _rate(rows: int, seconds: float) -> str:
     return f"{rows:,} rows in {seconds:.2f} s ({rows / max(seconds, 1e-9):,.0f} rows/s)"
 
 
 # -- criteo -----------------------------------------------------------------------------------------------
 def _add_criteo(sub: SubParsers) -> None:
-    from hotline.datasets.criteo import LAYOUTS, ON_BAD_LINE
+    from hotline.datasets.criteo_raw import LAYOUTS, ON_BAD_LINE
 
     parser = sub.add_parser(
         "criteo",
@@ -74,23 +89,14 @@ def _add_criteo(sub: SubParsers) -> None:
 def _run_criteo(args: argparse.Namespace) -> int:
     """Runs ``hotline data criteo`` and prints a summary; returns the exit status."""
     from hotline.datasets.criteo import CriteoFormatError, preprocess
-    from hotline.datasets.format import Dataset
 
-    t0 = time.perf_counter()
-    try:
-        out = preprocess(
-            args.raw,
-            args.out,
-            layout=args.layout,
-            max_ind_range=args.max_ind_range,
-            min_count=args.min_count,
-            on_bad_line=args.on_bad_line,
-            progress=not args.no_progress,
-        )
-    except (CriteoFormatError, OSError, ValueError) as e:  # OSError: missing input, full or unwritable --out
-        return error("data criteo", e)
-    seconds = time.perf_counter() - t0
-    ds = Dataset(out)
+    built = _build("data criteo", (CriteoFormatError, OSError, ValueError), lambda: preprocess(
+        args.raw, args.out, **flags(args, "layout", "max_ind_range", "min_count", "on_bad_line"),
+        progress=not args.no_progress))  # fmt: skip
+    if isinstance(built, int):
+        return built
+    ds, seconds = built
+    out = ds.path
     rows = sum(len(ds.split(s)) for s in ("train", "val", "test"))
     print(f"wrote {out} ({ds.meta['source']['layout']} layout)")
     print(f"  rows: train {len(ds.train):,}  val {len(ds.val):,}  test {len(ds.test):,}")
@@ -159,26 +165,16 @@ def _add_synthetic(sub: SubParsers) -> None:
 
 def _run_synthetic(args: argparse.Namespace) -> int:
     """Runs ``hotline data synthetic`` and prints a short summary; returns the exit status."""
-    from hotline.datasets.format import SPLITS, Dataset
+    from hotline.datasets.format import SPLITS
     from hotline.datasets.synthetic import generate
 
-    t0 = time.perf_counter()
-    try:
-        path = generate(
-            args.out,
-            args.rows,
-            seed=args.seed,
-            table_sizes=args.table_sizes,
-            max_rows_per_table=args.max_rows_per_table,
-            zipf=args.zipf,
-            pooling_factor=args.pooling_factor,
-            raw_tsv=args.raw_tsv,
-            progress=not args.no_progress,
-        )
-    except (ValueError, OSError) as e:  # OSError: an unwritable or full output location
-        return error("data synthetic", e)
-    seconds = time.perf_counter() - t0
-    ds = Dataset(path)
+    names = ("seed", "table_sizes", "max_rows_per_table", "zipf", "pooling_factor", "raw_tsv")
+    built = _build("data synthetic", (ValueError, OSError), lambda: generate(
+        args.out, args.rows, **flags(args, *names), progress=not args.no_progress))  # fmt: skip
+    if isinstance(built, int):
+        return built
+    ds, seconds = built
+    path = ds.path
     info = ds.meta["synthetic"]
     splits = ", ".join(f"{name} {len(ds.split(name)):,}" for name in SPLITS)
     print(f"wrote {path}: {splits} rows; {ds.num_tables} tables, {ds.total_rows:,} embedding rows, "

@@ -29,32 +29,14 @@ def add_parser(subparsers: SubParsers) -> None:
     parser.add_argument(
         "--placement", type=Path, default=None, metavar="FILE", help="hot rows from `hotline profile --out`"
     )
-    parser.add_argument(
-        "--world-size", type=int, default=1, metavar="N", help="number of devices (default 1)"
-    )
-    parser.add_argument(
-        "--hbm-per-gpu",
-        type=size_arg,
-        default="16GiB",
-        metavar="SIZE",
-        help="memory per device (default 16GiB)",
-    )
-    parser.add_argument(
-        "--compute-device",
-        default="cuda",
-        choices=["cuda", "cpu"],
-        help="topology to plan for (default cuda)",
-    )
-    parser.add_argument(
-        "--algorithm", default="lru", choices=["lru", "lfu"], help="cache algorithm (default lru)"
-    )
-    parser.add_argument(
-        "--batch-size",
-        type=int,
-        default=None,
-        metavar="B",
-        help="per-rank batch size (default --mini-batch-size)",
-    )
+    for flag, kw in (
+        ("--world-size", dict(type=int, default=1, metavar="N", help="number of devices (default 1)")),
+        ("--hbm-per-gpu", dict(type=size_arg, default="16GiB", metavar="SIZE", help="memory per device (default 16GiB)")),
+        ("--compute-device", dict(default="cuda", choices=["cuda", "cpu"], help="topology to plan for (default cuda)")),
+        ("--algorithm", dict(default="lru", choices=["lru", "lfu"], help="cache algorithm (default lru)")),
+        ("--batch-size", dict(type=int, default=None, metavar="B", help="per-rank batch size (default --mini-batch-size)")),
+    ):  # fmt: skip
+        parser.add_argument(flag, **kw)
     parser.add_argument("--no-scaleup", action="store_true", help="keep Hotline's load factors as they are")
     add_sampling(parser)
     add_embedding(parser)

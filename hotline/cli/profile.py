@@ -13,6 +13,7 @@ from hotline.cli.args import (
     add_sampling,
     add_threads,
     error,
+    flags,
     sample_fraction,
 )
 from hotline.units import format_size
@@ -78,15 +79,9 @@ def run(args: argparse.Namespace) -> int:
     if (args.out is not None or args.always_hot) and args.hbm_budget is None:
         return error("profile", "--out and --always-hot need --hbm-budget")
     try:
+        names = ("sample_batches", "mini_batch_size", "seed", "embedding_dim", "optimizer", "split")
         profiler = Profiler(
-            sample_fraction=sample_fraction(args),
-            sample_batches=args.sample_batches,
-            mini_batch_size=args.mini_batch_size,
-            seed=args.seed,
-            embedding_dim=args.embedding_dim,
-            optimizer=args.optimizer,
-            split=args.split,
-            progress=not args.no_progress,
+            sample_fraction=sample_fraction(args), **flags(args, *names), progress=not args.no_progress
         )
         prof = profiler.profile(args.dataset)
         placement = prof.placement(args.hbm_budget, args.always_hot) if args.hbm_budget is not None else None

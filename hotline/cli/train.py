@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from hotline.cli.args import SubParsers, add_threads, error
+from hotline.cli.args import SubParsers, add_threads, error, flags
 
 SUMMARY_KEYS = (
     "mode",
@@ -94,34 +94,21 @@ def config_from_args(args: argparse.Namespace):
         from hotline.units import parse_size
 
         hbm_budget = parse_size(args.hbm_budget)
+    same = ("mode", "mini_batch_size", "learning_rate", "optimizer", "nepochs", "num_batches", "print_freq",
+            "test_freq", "eval_max_samples", "seed", "device", "lookahead", "worker_threads", "micro_batches",
+            "checkpoint_dir", "checkpoint_every", "resume")  # fmt: skip
     return TrainConfig(
-        mode=args.mode,
+        **flags(args, *same),
         embedding_dim=args.arch_sparse_feature_size,
         bottom_mlp=parse_layers(args.arch_mlp_bot, "--arch-mlp-bot"),
         top_mlp=parse_layers(args.arch_mlp_top, "--arch-mlp-top"),
         interaction=args.arch_interaction_op,
-        mini_batch_size=args.mini_batch_size,
-        learning_rate=args.learning_rate,
-        optimizer=args.optimizer,
-        nepochs=args.nepochs,
-        num_batches=args.num_batches,
-        print_freq=args.print_freq,
-        test_freq=args.test_freq,
-        eval_max_samples=args.eval_max_samples,
-        seed=args.seed,
-        device=args.device,
         threads=args.threads or 0,
         progress=not args.no_progress,
         metrics_path=args.metrics,
         dump_params_path=args.dump_params,
         placement_path=args.placement,
         hbm_budget=hbm_budget,
-        lookahead=args.lookahead,
-        worker_threads=args.worker_threads,
-        micro_batches=args.micro_batches,
-        checkpoint_dir=args.checkpoint_dir,
-        checkpoint_every=args.checkpoint_every,
-        resume=args.resume,
     )
 
 

@@ -41,7 +41,8 @@ from pathlib import Path
 import numpy as np
 
 from hotline.datasets.format import NUM_DENSE, SPLITS, Dataset, DatasetWriter
-from hotline.kernels.synthetic import bag_effects, zipf_ranks
+from hotline.datasets.zipf import sample_zipf, zipf_pmf, zipf_top_share
+from hotline.kernels.synthetic import bag_effects
 
 # Rows per table of the 26 categorical features of Criteo Kaggle (Display Advertising Challenge), as dlrm
 # reports them for the preprocessed Kaggle data.
@@ -177,39 +178,6 @@ def split_sizes(rows: int) -> dict[str, int]:
     from hotline.datasets.criteo import split_sizes as criteo_split_sizes
 
     return criteo_split_sizes("kaggle", [rows])
-
-
-# ---------------------------------------------------------------------------------------------- sampling
-
-
-def sample_zipf(
-    rng: np.random.Generator, n: int, s: float, shape: int | tuple[int, ...], redraw_key: int = 0
-) -> np.ndarray:
-    """Draws Zipf(n, s) ranks in [0, n) (P(r) proportional to 1/(r+1)**s) as an int64 array of ``shape``.
-
-    Takes exactly ``prod(shape)`` uniforms from ``rng``, in order; the few draws the rejection step turns
-    down are redrawn from a hash of (``redraw_key``, position, attempt), not from ``rng``. So the first k
-    values of a larger draw equal a draw of k values: rows do not depend on how many are made.
-    """
-    return zipf_ranks(rng.random(shape), n, s, redraw_key)
-
-
-def zipf_pmf(n: int, s: float) -> np.ndarray:
-    """Exact probabilities of ranks 0..n-1 under Zipf(n, s) (float64 [n])."""
-    w = np.arange(1, n + 1, dtype=np.float64) ** -float(s)
-    return w / w.sum()
-
-
-def zipf_top_share(n: int, s: float, top: int) -> float:
-    """Exact probability that a Zipf(n, s) draw has rank < ``top``, summed in blocks to bound memory."""
-    head = total = 0.0
-    block = 1 << 22
-    for lo in range(1, n + 1, block):
-        w = np.arange(lo, min(lo + block, n + 1), dtype=np.float64) ** -float(s)
-        total += float(w.sum())
-        if lo <= top:
-            head += float(w[: max(0, top - lo + 1)].sum())
-    return head / total
 
 
 def top_rows(n: int, share: float = TOP_SHARE) -> int:
@@ -396,7 +364,7 @@ def generate_config(
             f"{cfg.pooling_factor}; write raw TSV only with pooling_factor 1"
         )
     if raw_tsv is not None:
-        from hotline.datasets.criteo import NUM_CATEGORICAL, write_raw_tsv
+        from hotline.datasets.criteo_raw import NUM_CATEGORICAL, write_raw_tsv
 
         if cfg.num_tables != NUM_CATEGORICAL:
             raise ValueError(

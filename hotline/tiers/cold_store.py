@@ -116,6 +116,17 @@ def host_tensor(array: np.ndarray, pin: bool) -> torch.Tensor:
     return t.pin_memory() if pin else t
 
 
+def with_hot_rows(
+    w: np.ndarray, s: np.ndarray, hot_rows: np.ndarray, hot_w: torch.Tensor, hot_s: torch.Tensor
+):
+    """Every row's weight and state with the hot rows' taken from the hot tier (authoritative for them)."""
+    if hot_rows.size:
+        w[hot_rows] = hot_w.detach().cpu().numpy()
+        if s.size:
+            s[hot_rows] = hot_s.detach().cpu().numpy()
+    return w, s
+
+
 class HostRows:
     """Rows and their optimizer state in this process's host memory, with the claim rule's bookkeeping."""
 
@@ -208,12 +219,7 @@ class LocalColdStore(ColdStore):
         return self.w[rows]
 
     def export(self, hot_rows, hot_w, hot_s):
-        w, s = self.w.copy(), self.s.copy()
-        if hot_rows.size:
-            w[hot_rows] = hot_w.detach().cpu().numpy()
-            if s.size:
-                s[hot_rows] = hot_s.detach().cpu().numpy()
-        return w, s
+        return with_hot_rows(self.w.copy(), self.s.copy(), hot_rows, hot_w, hot_s)
 
     def load(self, weights: np.ndarray, state: np.ndarray) -> None:
         self.w[:] = weights

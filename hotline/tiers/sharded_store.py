@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from hotline.distributed.comm import Comm
-from hotline.tiers.cold_store import _EMPTY, ColdFetch, ColdStore, HostRows
+from hotline.tiers.cold_store import _EMPTY, ColdFetch, ColdStore, HostRows, with_hot_rows
 from hotline.tiers.sparse_optim import SparseOptimizer
 
 
@@ -178,11 +178,7 @@ class ShardedColdStore(ColdStore):
     def export(self, hot_rows, hot_w, hot_s):
         w = self._assemble(self.host.w)
         s = self._assemble(self.host.s) if self.S else self.host.s.copy()
-        if hot_rows.size:
-            w[hot_rows] = hot_w.detach().cpu().numpy()
-            if self.S:
-                s[hot_rows] = hot_s.detach().cpu().numpy()
-        return w, s
+        return with_hot_rows(w, s, hot_rows, hot_w, hot_s)
 
     def load(self, weights: np.ndarray, state: np.ndarray) -> None:
         N, r = self.comm.world_size, self.comm.rank
