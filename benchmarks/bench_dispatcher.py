@@ -6,7 +6,7 @@ whose hot rows are the most frequent rows of a profiling sample (drawn from the 
 budget of ``--budget-share`` of the embedding bytes. Timed: splitting ``--batches`` different batches of
 ``--batch`` samples, one-hot (L = 1) and multi-hot (L = ``--multi-hot``), by
 
-- ``hotline``: ``hotline.dispatcher.Dispatcher.split`` (the kernels of ``hotline.kernels.dispatch``);
+- ``hotline``: ``hotline.dispatch.Dispatcher.split`` (the kernels of ``hotline.kernels.dispatch``);
 - ``numpy``: :func:`numpy_split` below: range check, remap lookup, row-wise ``all``, ``np.unique`` with
   ``return_index``/``return_inverse`` for the working set in first-occurrence order.
 

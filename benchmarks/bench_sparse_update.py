@@ -6,7 +6,7 @@ gradients:
 
 - ``index_add``: ``table.index_add_(0, ids, grads, alpha=-lr)``, the naive SGD (duplicates applied one by one);
 - ``torch-unique``: ``torch.unique`` + ``index_add_`` to sum duplicates first, then one update per row: the
-  torch path of ``hotline.sparse_optim.SparseOptimizer`` (its CUDA path), run on the CPU; SGD and row-wise
+  torch path of ``hotline.tiers.sparse_optim.SparseOptimizer`` (its CUDA path), run on the CPU; SGD and row-wise
   Adagrad;
 - ``numba``: ``hotline.kernels.sparse_update.sparse_sgd_`` / ``sparse_rowwise_adagrad_`` (duplicates
   coalesced, then one parallel update per touched row), given a reusable scratch where they take one.

@@ -12,7 +12,7 @@ Configs (``--configs``):
   where moving embedding rows costs more than the dense compute.
 
 Both use mini-batches of ``--batch`` (default 2048) samples, SGD, learning rate 0.1. Every mode gets its own
-Trainer (``hotline.train.Trainer`` + ``TrainConfig``) built from the same seed; after ``--warmup`` steps each,
+Trainer (``hotline.Trainer`` + ``TrainConfig``) built from the same seed; after ``--warmup`` steps each,
 ``--rounds`` rounds run ``--steps`` steps per mode, modes interleaved within a round so that load changes on
 the machine hit all modes alike; every mode trains on the same batches in the same order. Reported per mode:
 samples/s (median over rounds), CPU milliseconds per step (all threads: steadier than wall time on a
@@ -20,7 +20,7 @@ shared machine, but blind to overlap), ratios hotline/hybrid and hotline/device,
 step of each phase from ``StepStats.times``. ``hotline`` runs with look-ahead 0 (sequential), each other ``--lookahead`` K
 as ``hotline_k<K>`` through the pipelined executor (``Trainer.progress``). With K > 0, data movement
 (dispatch, gather, h2d, write-back) runs on worker threads beside compute: ``stall`` is the main thread's
-wait for it, ``overlap`` the share of it hidden (``hotline.executor.overlap_ratio``), and ``other`` the step
+wait for it, ``overlap`` the share of it hidden (``hotline.pipeline.executor.overlap_ratio``), and ``other`` the step
 time not in the main thread's phases.
 """
 

@@ -3,7 +3,7 @@
 Data: a synthetic dataset (``hotline.datasets.synthetic.generate``: the 26 Criteo Kaggle tables capped at
 ``--max-rows-per-table`` rows, ``--rows`` rows) generated into a temporary directory, or ``--data DIR``.
 Placement: ``hotline.profile`` hot rows under ``--budget-share`` of the embedding bytes (``TrainConfig.hbm_budget``).
-The run is ``hotline.train.Trainer`` with ``TrainConfig(mode="hotline", lookahead=2)`` over ``--steps`` steps
+The run is ``hotline.Trainer`` with ``TrainConfig(mode="hotline", lookahead=2)`` over ``--steps`` steps
 of ``--batch`` samples (epochs repeat the training split as often as needed), driven by
 ``trainer.progress(trainer.batches())``: the pipelined executor with its producer and write-back threads.
 

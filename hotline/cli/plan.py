@@ -11,6 +11,7 @@ from hotline.cli.args import (
     add_output,
     add_progress,
     add_sampling,
+    add_threads,
     error,
     sample_fraction,
 )
@@ -41,6 +42,7 @@ def add_parser(subparsers: SubParsers) -> None:
     add_sampling(parser)
     add_embedding(parser)
     add_output(parser, "--out", "write plan.json and its side-car")
+    add_threads(parser, "Numba threads")
     add_progress(parser)
     parser.set_defaults(func=run)
 
@@ -75,9 +77,12 @@ def run(args: argparse.Namespace) -> int:
     import logging
 
     from hotline.datasets.format import Dataset, DatasetError
+    from hotline.pipeline.threads import set_numba_threads
     from hotline.placement import Placement, PlacementError
     from hotline.profiling.profiler import profile
 
+    if args.threads:
+        set_numba_threads(args.threads)
     # torchrec logs planner warnings meant for its developers (topology construction, proposer internals).
     logging.getLogger("torchrec").setLevel(logging.ERROR)
     from hotline import torchrec_bridge as bridge

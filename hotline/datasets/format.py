@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hotline._io import write_json
+
 FORMAT_TAG = "hotline-dataset/1"
 SPLITS = ("train", "val", "test")
 NUM_DENSE = 13
@@ -283,7 +285,7 @@ class DatasetWriter:
         meta["fingerprint"] = fingerprint_of(meta)
         if extra:
             meta.update(extra)
-        (self.tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        write_json(self.tmp / "meta.json", meta)
         for f in self.tmp.iterdir():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())

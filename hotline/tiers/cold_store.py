@@ -149,11 +149,18 @@ class HostRows:
         if self.s.size:
             scatter_rows(self.s, rows, s)
 
-    def claim(self, rows: np.ndarray, step: int) -> np.ndarray:
+    def claim(self, rows: np.ndarray, step: int, distinct: bool = True) -> np.ndarray:
         """The claim rule: positions in ``rows`` of rows that an earlier step, whose update has not landed,
-        also holds (they may be stale); records ``step`` as the rows' last holder. ``applied`` is read
-        BEFORE the rows, so a row not flagged was last updated by a step that had finished."""
-        return claim_rows(rows, self._last, step, self.applied)
+        also holds (they may be stale); records ``step`` as the rows' last holder. Call it BEFORE reading the
+        rows: ``applied`` is read first, so a row not flagged was last updated by a step that had finished.
+        ``distinct=False``: ``rows`` may repeat (several ranks asked for one row); each copy gets the flag
+        of the row."""
+        applied = self.applied
+        if distinct:
+            return claim_rows(rows, self._last, step, applied)
+        stale = np.flatnonzero(self._last[rows] >= applied)
+        self._last[rows] = step
+        return stale
 
     def start_claims(self) -> None:
         self._last = np.full(self.w.shape[0], -1, dtype=np.int64)

@@ -78,12 +78,13 @@ class ShardedColdStore(ColdStore):
         send_counts = np.bincount(owner, minlength=N)
         asked, recv_counts = comm.all_to_all(torch.from_numpy(rows[order]), send_counts, "cold_ids")
         local = asked.numpy() // N
+        if step >= 0:  # the claim before the read (see HostRows.claim)
+            stale = np.zeros(local.shape[0], bool)
+            stale[self.host.claim(local, step, distinct=False)] = True
         parts = [self.host.w[local]]
         if self.S:
             parts.append(self.host.s[local, None])
         if step >= 0:
-            stale = np.zeros(local.shape[0], bool)
-            stale[self.host.claim(local, step)] = True
             parts.append(stale[:, None].astype(np.float32))
         payload = torch.from_numpy(np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0])
         got, _ = comm.all_to_all(payload, recv_counts, "cold_rows", send_counts)

@@ -34,7 +34,7 @@ from hotline.distributed.comm import Comm
 from hotline.kernels import sparse_update
 from hotline.kernels.gather import assemble_rows
 from hotline.placement import Placement
-from hotline.table_layout import TableLayout
+from hotline.table_layout import TableLayout, bytes_per_row
 from hotline.tiers.base import StepStats, TrainMode, loss_and_backward, sum_pool
 from hotline.tiers.cold_store import ColdFetch, ColdStore, host_tensor
 from hotline.tiers.replicated import all_ranks_gradients
@@ -183,7 +183,7 @@ class TieredMode(TrainMode):
                 ready = torch.cuda.Event()
                 ready.record(copy_stream)
             t3 = time.perf_counter()
-        row_bytes = 4 * (self.dim + self.optimizer.state_floats_per_row)
+        row_bytes = bytes_per_row(self.dim, self.optimizer.kind)
         return PreparedStep(
             batch,
             micro,
