@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 
 from hotline.datasets.format import Batch
-from hotline.pipeline.threads import END, POLL_S, Producer, Worker
+from hotline.pipeline.threads import END, POLL_S, Producer, Worker, check_concurrent_kernels
 from hotline.tiers.base import StepStats
 from hotline.tiers.tiered import PreparedStep, TieredMode
 
@@ -67,6 +67,7 @@ class Executor:
         if self.lookahead == 0:
             yield from self._sequential(batches)
             return
+        check_concurrent_kernels()  # before any thread starts: workqueue would abort the process
         self._written = 0  # steps < _written have their rows back in the cold store
         self._computed = 0
         self._cond = threading.Condition()

@@ -39,6 +39,22 @@ def set_numba_threads(threads: int | None) -> None:
     numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
 
 
+def check_concurrent_kernels() -> str:
+    """Raises RuntimeError when Numba's threading layer cannot run parallel kernels from two threads at once
+    (``workqueue`` aborts the process then), as the look-ahead worker and the main thread do; returns the
+    layer's name."""
+    from hotline.kernels.probe import threading_layer
+
+    layer = threading_layer()
+    if layer == "workqueue":
+        raise RuntimeError(
+            "Numba runs on its 'workqueue' threading layer, which aborts when two threads run parallel "
+            "kernels at once (look-ahead does): install TBB (pip install tbb) or an OpenMP runtime, or "
+            "train with --lookahead 0"
+        )
+    return layer
+
+
 def configure_threads(threads: int) -> int:
     """Sets torch's and numba's thread counts on purpose (they share the cores, one after the other);
     0 means all cores. Returns the count."""

@@ -30,6 +30,7 @@ from hotline.distributed.comm import Comm
 from hotline.kernels import sparse_update
 from hotline.kernels.dispatch import claim_rows
 from hotline.kernels.gather import gather_rows, scatter_rows
+from hotline.tiers.pinning import pin_in_place
 from hotline.tiers.sparse_optim import SparseOptimizer
 
 _EMPTY = np.zeros(0, np.int64)
@@ -109,11 +110,14 @@ class ColdStore(ABC):
     def load(self, weights: np.ndarray, state: np.ndarray) -> None:
         """Replaces every row's weight and state (fused ids; each rank keeps its own)."""
 
+    def close(self) -> None:
+        """Releases what the store holds beyond its arrays (pinned registrations)."""
+        self.host.close()
 
-def host_tensor(array: np.ndarray, pin: bool) -> torch.Tensor:
-    """A host tensor of ``array`` (a pinned copy when ``pin``, for asynchronous copies to CUDA)."""
-    t = torch.from_numpy(array)
-    return t.pin_memory() if pin else t
+
+def staging_tensor(shape, pin: bool) -> torch.Tensor:
+    """A float32 host buffer that copies go through (allocated pinned when ``pin``: small, reused)."""
+    return torch.empty(shape, dtype=torch.float32, pin_memory=pin)
 
 
 def with_hot_rows(
@@ -131,10 +135,20 @@ class HostRows:
     """Rows and their optimizer state in this process's host memory, with the claim rule's bookkeeping."""
 
     def __init__(self, weights: np.ndarray, optimizer: SparseOptimizer, pin: bool = False):
-        self.weight = host_tensor(weights, pin)
-        self.state = host_tensor(optimizer.new_state(weights.shape[0]).numpy(), pin)
+        self.weight = torch.from_numpy(weights)
+        self.state = optimizer.new_state(weights.shape[0])
         self.w = self.weight.numpy()  # numpy views for the Numba kernels (same memory)
         self.s = self.state.numpy()
+        # Pinned in place (cudaHostRegister), never copied: only the staging buffers are copied from, but a
+        # registered cold tier lets later versions read it from the device directly.
+        self._pinned = [pin_in_place(t) for t in (self.weight, self.state)] if pin else []
+
+    def close(self) -> None:
+        """Unregisters pinned memory."""
+        for region in self._pinned:
+            if region is not None:
+                region.close()
+        self._pinned = []
         self._last = None  # int64 [rows]: the last step whose working set held each row (look-ahead)
         self.applied = 0  # steps < applied have their updates in these arrays
 

@@ -10,6 +10,7 @@ import torch
 
 from hotline.datasets.format import Batch
 from hotline.distributed.comm import Comm
+from hotline.kernels import sparse_update
 from hotline.table_layout import TableLayout
 from hotline.tiers.base import StepStats, TrainMode, initial_tables, loss_and_backward, sum_pool
 from hotline.tiers.replicated import all_ranks_gradients
@@ -41,14 +42,27 @@ class DeviceMode(TrainMode):
         self.weight = torch.from_numpy(initial_tables(layout, dim, seed)).to(self.device)
         self.state = optimizer.new_state(self.weight.shape[0], self.device)
         self.scratch = optimizer.new_scratch(self.weight.shape[0], self.device)
+        # Off the CPU the update runs as torch ops; its distinct rows are found on the host (as the tiered
+        # modes do), so the device never waits for a torch.unique (tests set it on CPU, too).
+        self.device_updates = self.device.type != "cpu"
+        self._host_scratch = None
 
     def _fused_ids(self, sparse: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(self.layout.fuse(sparse))
 
+    def _distinct(self, fused: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch's distinct rows and each lookup's index into them, found on the host."""
+        if self._host_scratch is None:
+            self._host_scratch = sparse_update.new_scratch(self.layout.num_rows)
+        rows, inverse = sparse_update.distinct(fused, self._host_scratch)
+        return torch.from_numpy(rows).to(self.device), torch.from_numpy(inverse).to(self.device)
+
     def step(self, model: DLRM, batch: Batch) -> StepStats:
         B, T, L = batch.sparse.shape
         t0 = time.perf_counter()
-        ids = self._fused_ids(batch.sparse).to(self.device)
+        fused = self.layout.fuse(batch.sparse)
+        distinct = self._distinct(fused) if self.device_updates and self.comm.world_size == 1 else None
+        ids = torch.from_numpy(fused).to(self.device)
         rows = self.weight.index_select(0, ids).requires_grad_(True)
         t1 = time.perf_counter()
         loss = 0.0
@@ -63,6 +77,9 @@ class DeviceMode(TrainMode):
                 self.comm, [ids] if B else [], [rows.grad] if B else [], self.dim, "sparse_allgather"
             )
             touched = self.optimizer.step(self.weight, self.state, ids, grads) if ids.shape[0] else 0
+        elif distinct is not None:
+            self.optimizer.step_coalesced(self.weight, self.state, *distinct, rows.grad)
+            touched = int(distinct[0].shape[0])
         else:
             touched = self.optimizer.step(self.weight, self.state, ids, rows.grad, self.scratch)
         t3 = time.perf_counter()

@@ -36,7 +36,7 @@ from hotline.kernels.gather import assemble_rows
 from hotline.placement import Placement
 from hotline.table_layout import TableLayout, bytes_per_row
 from hotline.tiers.base import StepStats, TrainMode, loss_and_backward, sum_pool
-from hotline.tiers.cold_store import ColdFetch, ColdStore, host_tensor
+from hotline.tiers.cold_store import ColdFetch, ColdStore, staging_tensor
 from hotline.tiers.replicated import all_ranks_gradients
 from hotline.tiers.sparse_optim import SparseOptimizer
 from hotline.training.model import DLRM
@@ -134,10 +134,7 @@ class TieredMode(TrainMode):
         pin = self.device.type == "cuda"
         S = optimizer.state_floats_per_row
         self._staging = [
-            (
-                host_tensor(np.empty((max_rows, dim), np.float32), pin),
-                host_tensor(np.empty(max_rows if S else 0, np.float32), pin),
-            )
+            (staging_tensor((max_rows, dim), pin), staging_tensor((max_rows if S else 0,), pin))
             for _ in range(max(1, in_flight))
         ]
         self._next_staging = 0
@@ -206,8 +203,21 @@ class TieredMode(TrainMode):
         """Whether :meth:`refresh` must run before the step computes."""
         return self.cold.needs_refresh(prep.fetch)
 
+    @staticmethod
+    def _await_copies(prep: PreparedStep) -> None:
+        """Makes the compute stream wait for the step's side-stream copies (once). Whatever writes the
+        working buffer on the compute stream (a refresh, the step) must come after this: a copy landing
+        later would overwrite fresh rows with stale ones."""
+        if prep.ready is not None:
+            stream = torch.cuda.current_stream()
+            stream.wait_event(prep.ready)
+            for t in (prep.work, prep.work_state, *prep.index.values()):
+                t.record_stream(stream)
+            prep.ready = None
+
     def refresh(self, prep: PreparedStep) -> None:
         """Re-reads the stale working rows from the cold store (after the earlier steps' updates landed)."""
+        self._await_copies(prep)
         slots, w, s = self.cold.refresh(prep.fetch)
         if not slots.size:
             return
@@ -219,10 +229,7 @@ class TieredMode(TrainMode):
 
     def compute(self, model: DLRM, prep: PreparedStep) -> StepStats:
         """Forward/backward of both micro-batches and one sparse update per tier (write-back is separate)."""
-        if prep.ready is not None:
-            torch.cuda.current_stream().wait_event(prep.ready)
-            for t in (prep.work, prep.work_state, *prep.index.values()):
-                t.record_stream(torch.cuda.current_stream())
+        self._await_copies(prep)
         batch, micro, ix = prep.batch, prep.micro, prep.index
         B, T, L = batch.sparse.shape
         G = batch.loss_normaliser
@@ -376,6 +383,9 @@ class TieredMode(TrainMode):
             self.hot_w.copy_(torch.from_numpy(w[self.hot_rows]))
             if s.size:
                 self.hot_s.copy_(torch.from_numpy(s[self.hot_rows]))
+
+    def close(self) -> None:
+        self.cold.close()
 
     def shard_state(self) -> dict[str, torch.Tensor]:
         """This rank's checkpoint share: its cold rows (every rank) and the hot tier (rank 0 only)."""

@@ -1,0 +1,53 @@
+"""The CUDA path's logic, tested where a CPU twin can test it: device mode's host-side distinct rows (no
+torch.unique on the device), the Numba threading-layer preflight of look-ahead, pinning only in place."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from hotline.tiers.cold_store import HostRows
+from hotline.tiers.pinning import pin_in_place
+from hotline.tiers.sparse_optim import SparseOptimizer
+from tests.test_equivalence import STEPS, _device, _run, assert_equivalent, datasets  # noqa: F401
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "rowwise-adagrad"])
+def test_device_mode_host_distinct_path_equals_kernel_path(datasets, optimizer):  # noqa: F811
+    """Device mode on CUDA feeds the torch update with distinct rows found on the host (run here on CPU)."""
+    ds = datasets[3]
+    ref = _device(ds, optimizer)
+    got = _run(ds, "device", optimizer, device_updates=True)
+    assert len(got[0]) == STEPS
+    assert_equivalent(ref, got)
+    # and it really took the host-distinct path: touched rows are counted from the distinct set
+    assert all(s.counters["rows_touched"] > 0 for s in got[2])
+
+
+def _layer_in_fresh_process(env_layer: str | None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_THREADING_LAYER"}
+    if env_layer:
+        env["NUMBA_THREADING_LAYER"] = env_layer
+    code = "from hotline.pipeline.threads import check_concurrent_kernels as c; print(c())"
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_workqueue_threading_layer_is_refused_before_look_ahead():
+    bad = _layer_in_fresh_process("workqueue")
+    assert bad.returncode != 0 and "workqueue" in bad.stderr and "--lookahead 0" in bad.stderr
+    good = _layer_in_fresh_process(None)
+    assert good.returncode == 0, good.stderr
+    assert good.stdout.strip() in ("omp", "tbb")
+
+
+def test_cold_rows_are_never_copied_to_be_pinned():
+    """HostRows keeps the caller's memory (numpy views stay valid); without CUDA nothing is registered."""
+    weights = np.random.default_rng(0).random((50, 4), dtype=np.float32)
+    rows = HostRows(weights, SparseOptimizer("rowwise-adagrad", 0.1), pin=True)
+    assert rows.weight.data_ptr() == weights.ctypes.data
+    if not torch.cuda.is_available():
+        assert pin_in_place(rows.weight) is None
+    rows.close()
