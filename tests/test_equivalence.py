@@ -62,7 +62,8 @@ def _placement(ds, kind, optimizer, path):
     return str(path)
 
 
-def _run(ds, mode, optimizer, placement=None, lookahead=0, micro_batches="auto", device_updates=False):
+def _run(ds, mode, optimizer, placement=None, lookahead=0, micro_batches="auto", device_updates=False,
+         pack_copies=False):  # fmt: skip
     cfg = TrainConfig(
         micro_batches=micro_batches,
         mode=mode,
@@ -79,6 +80,8 @@ def _run(ds, mode, optimizer, placement=None, lookahead=0, micro_batches="auto",
     tr = Trainer(cfg, ds)
     if device_updates:  # the CUDA update path (torch ops, distinct rows found on the host), run on the CPU
         tr.mode.device_updates = True
+    if pack_copies:  # the CUDA copy path (a step's arrays packed into one buffer per dtype), run on the CPU
+        tr.mode.pack_copies = True
     try:
         stats = [s for s in tr.progress(tr.batches())]
         return np.array([s.loss_sum for s in stats]), tr.named_arrays(), stats

@@ -51,3 +51,34 @@ def test_cold_rows_are_never_copied_to_be_pinned():
     if not torch.cuda.is_available():
         assert pin_in_place(rows.weight) is None
     rows.close()
+
+
+@pytest.mark.parametrize("lookahead", [0, 2])
+def test_packed_copies_path_equals_device(datasets, tmp_path, lookahead):  # noqa: F811
+    """The copy path CUDA takes (index arrays and dense inputs packed, device tensors as views) is exact."""
+    from tests.test_equivalence import _placement
+
+    ds = datasets[3]
+    path = _placement(ds, "profiled", "rowwise-adagrad", tmp_path / "p.npz")
+    got = _run(ds, "hotline", "rowwise-adagrad", path, lookahead, device_updates=True, pack_copies=True)
+    assert_equivalent(_device(ds, "rowwise-adagrad"), got)
+
+
+def test_copy_pack_round_trips_and_grows():
+    from hotline.tiers.packing import CopyPack
+
+    rng = np.random.default_rng(1)
+    pack = CopyPack(pin=False, int_capacity=3)
+    arrays = {
+        "a": rng.integers(0, 1 << 40, 17).astype(np.int64),
+        "empty": np.zeros(0, np.int64),
+        "dense": rng.random((5, 13), dtype=np.float32),
+        "b": rng.integers(-5, 5, 9).astype(np.int64),
+        "labels": rng.random(5, dtype=np.float32),
+    }
+    out = pack.copy(arrays, torch.device("cpu"), non_blocking=False)
+    assert out.keys() == arrays.keys()
+    for k, a in arrays.items():
+        assert out[k].shape == a.shape and np.array_equal(out[k].numpy(), a), k
+    with pytest.raises(TypeError, match="int32"):
+        pack.copy({"x": np.zeros(3, np.int32)}, torch.device("cpu"), non_blocking=False)

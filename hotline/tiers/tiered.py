@@ -37,6 +37,7 @@ from hotline.placement import Placement
 from hotline.table_layout import TableLayout, bytes_per_row
 from hotline.tiers.base import StepStats, TrainMode, loss_and_backward, sum_pool
 from hotline.tiers.cold_store import ColdFetch, ColdStore, staging_tensor
+from hotline.tiers.packing import CopyPack
 from hotline.tiers.replicated import all_ranks_gradients
 from hotline.tiers.sparse_optim import SparseOptimizer
 from hotline.training.model import DLRM
@@ -138,6 +139,10 @@ class TieredMode(TrainMode):
             for _ in range(max(1, in_flight))
         ]
         self._next_staging = 0
+        # Off the CPU a step's index arrays and dense inputs go in two copies from pinned packs, one per
+        # staging slot (tests set it on CPU too, where the "copy" is a view of the pack).
+        self.pack_copies = self.device.type == "cuda"
+        self._packs = [CopyPack(pin) for _ in self._staging]
         self._hot_scratch = sparse_update.new_scratch(self.hot_w.shape[0])
         # Off the CPU the sparse updates run as torch ops; their distinct hot rows are found on the host while
         # the batch is prepared, so the device never waits for a torch.unique (tests set it on CPU, too).
@@ -156,8 +161,9 @@ class TieredMode(TrainMode):
             micro = self.dispatcher.split(batch.sparse, fused=self.fused)
             t1 = time.perf_counter()
         with record_function("## gather ##"):
-            stage_w, stage_s = self._staging[self._next_staging]
-            self._next_staging = (self._next_staging + 1) % len(self._staging)
+            slot = self._next_staging
+            stage_w, stage_s = self._staging[slot]
+            self._next_staging = (slot + 1) % len(self._staging)
             fetch = self.cold.fetch(micro.working_set, stage_w.numpy(), stage_s.numpy(), step)
             t2 = time.perf_counter()
         with record_function("## h2d ##"), _on_stream(copy_stream):
@@ -165,16 +171,17 @@ class TieredMode(TrainMode):
             n = micro.working_set.shape[0]
             work = torch.from_numpy(fetch.values).to(self.device, non_blocking=nb)
             work_state = torch.from_numpy(fetch.state).to(self.device, non_blocking=nb)
-            index = {
-                k: torch.from_numpy(getattr(micro, k)).to(self.device, non_blocking=nb) for k in _INDEX_NAMES
-            }
+            arrays = {k: getattr(micro, k) for k in _INDEX_NAMES}
             if self.device_updates:
                 hot_ids = np.concatenate([micro.pop_ids, micro.hot_slot])
-                hot_rows, hot_inverse = sparse_update.distinct(hot_ids, self._prep_scratch)
-                index["hot_rows"] = torch.from_numpy(hot_rows).to(self.device, non_blocking=nb)
-                index["hot_inverse"] = torch.from_numpy(hot_inverse).to(self.device, non_blocking=nb)
-            index["dense"] = torch.from_numpy(batch.dense).to(self.device, non_blocking=nb)
-            index["labels"] = torch.from_numpy(batch.labels).to(self.device, non_blocking=nb)
+                arrays["hot_rows"], arrays["hot_inverse"] = sparse_update.distinct(
+                    hot_ids, self._prep_scratch
+                )
+            arrays["dense"], arrays["labels"] = batch.dense, batch.labels
+            if self.pack_copies:  # two copies (int64, float32) from pinned packs instead of one per array
+                index = self._packs[slot].copy(arrays, self.device, nb)
+            else:
+                index = {k: torch.from_numpy(a).to(self.device, non_blocking=nb) for k, a in arrays.items()}
             ready = None
             if copy_stream is not None:
                 ready = torch.cuda.Event()
