@@ -33,6 +33,7 @@ from hotline.dispatch import Dispatcher, MicroBatches
 from hotline.distributed.comm import Comm
 from hotline.kernels import sparse_update
 from hotline.kernels.gather import assemble_rows
+from hotline.pipeline.gpu_timing import StreamPhases
 from hotline.placement import Placement
 from hotline.table_layout import TableLayout, bytes_per_row
 from hotline.tiers.base import StepStats, TrainMode, loss_and_backward, sum_pool
@@ -142,6 +143,7 @@ class TieredMode(TrainMode):
         # Off the CPU a step's index arrays and dense inputs go in two copies from pinned packs, one per
         # staging slot (tests set it on CPU too, where the "copy" is a view of the pack).
         self.pack_copies = self.device.type == "cuda"
+        self.phases: StreamPhases | None = None  # set to time phases on the device's clock (gpu_bench)
         self._packs = [CopyPack(pin) for _ in self._staging]
         self._hot_scratch = sparse_update.new_scratch(self.hot_w.shape[0])
         # Off the CPU the sparse updates run as torch ops; their distinct hot rows are found on the host while
@@ -166,7 +168,7 @@ class TieredMode(TrainMode):
             self._next_staging = (slot + 1) % len(self._staging)
             fetch = self.cold.fetch(micro.working_set, stage_w.numpy(), stage_s.numpy(), step)
             t2 = time.perf_counter()
-        with record_function("## h2d ##"), _on_stream(copy_stream):
+        with record_function("## h2d ##"), _on_stream(copy_stream), self._phase("h2d", copy_stream):
             nb = self.device.type == "cuda"
             n = micro.working_set.shape[0]
             work = torch.from_numpy(fetch.values).to(self.device, non_blocking=nb)
@@ -210,6 +212,9 @@ class TieredMode(TrainMode):
         """Whether :meth:`refresh` must run before the step computes."""
         return self.cold.needs_refresh(prep.fetch)
 
+    def _phase(self, name: str, stream=None):
+        return self.phases.phase(name, stream) if self.phases is not None else contextlib.nullcontext()
+
     @staticmethod
     def _await_copies(prep: PreparedStep) -> None:
         """Makes the compute stream wait for the step's side-stream copies (once). Whatever writes the
@@ -249,14 +254,14 @@ class TieredMode(TrainMode):
         grad_p = grad_n = None
         t0 = time.perf_counter()
         if micro.num_popular:
-            with record_function("## popular forward/backward ##"):
+            with record_function("## popular forward/backward ##"), self._phase("popular_compute"):
                 rows = self.hot_w.index_select(0, ix["pop_ids"]).requires_grad_(True)
                 idx = ix["popular_samples"]
                 loss += loss_and_backward(model, dense[idx], sum_pool(rows, T, L), labels[idx], G)
                 grad_p = rows.grad
         t1 = time.perf_counter()
         if micro.num_non_popular:
-            with record_function("## non-popular forward/backward ##"):
+            with record_function("## non-popular forward/backward ##"), self._phase("non_popular_compute"):
                 rows = torch.empty((micro.num_non_popular * C, D), dtype=torch.float32, device=self.device)
                 if host:
                     assemble_rows(rows.numpy(), self.hot_w.numpy(), micro.hot_pos, micro.hot_slot,
@@ -269,7 +274,7 @@ class TieredMode(TrainMode):
                 loss += loss_and_backward(model, dense[idx], sum_pool(rows, T, L), labels[idx], G)
                 grad_n = rows.grad
         t2 = time.perf_counter()
-        with record_function("## sparse optimizer ##"):
+        with record_function("## sparse optimizer ##"), self._phase("sparse_update"):
             touched = self._hot_update(prep, grad_p, grad_n, host)
             empty = torch.zeros((0, D), dtype=torch.float32, device=self.device)
             touched += self.cold.update(
@@ -327,9 +332,10 @@ class TieredMode(TrainMode):
         n = prep.micro.working_set.shape[0]
         stage_w, stage_s = prep.staging
         if self.cold.writes_back and self.device.type == "cuda" and n:
-            stage_w[:n].copy_(prep.work, non_blocking=True)
-            if prep.work_state.numel():
-                stage_s[:n].copy_(prep.work_state, non_blocking=True)
+            with self._phase("copy_back"):
+                stage_w[:n].copy_(prep.work, non_blocking=True)
+                if prep.work_state.numel():
+                    stage_s[:n].copy_(prep.work_state, non_blocking=True)
             done = torch.cuda.Event()
             done.record()
             return done
