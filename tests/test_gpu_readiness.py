@@ -82,3 +82,30 @@ def test_copy_pack_round_trips_and_grows():
         assert out[k].shape == a.shape and np.array_equal(out[k].numpy(), a), k
     with pytest.raises(TypeError, match="int32"):
         pack.copy({"x": np.zeros(3, np.int32)}, torch.device("cpu"), non_blocking=False)
+
+
+@pytest.mark.parametrize("forward", [True, False])
+def test_stale_rows_forwarded_from_live_steps_or_refreshed_from_host(datasets, tmp_path, forward):  # noqa: F811
+    """Look-ahead with stale rows: taken from the live working buffer of the step that last held them (no
+    wait for its write-back), or, with forwarding off, re-read from host memory after it. Both equal device."""
+    from hotline import TrainConfig, Trainer
+    from hotline.pipeline.executor import Executor
+    from tests.test_equivalence import ARCH, BATCH, _placement
+
+    ds = datasets[1]
+    path = _placement(ds, "profiled", "rowwise-adagrad", tmp_path / "p.npz")
+    cfg = TrainConfig(mode="hotline", optimizer="rowwise-adagrad", learning_rate=0.05, mini_batch_size=BATCH,
+                      num_batches=STEPS, progress=False, placement_path=path, lookahead=2, **ARCH)  # fmt: skip
+    tr = Trainer(cfg, ds)
+    try:
+        ex = Executor(tr.mode, tr._compute_prepared, lookahead=2, forward_stale=forward)
+        stats = list(ex.progress(tr.batches()))
+        got = (np.array([s.loss_sum for s in stats]), tr.named_arrays(), stats)
+    finally:
+        tr.close()
+    stale = sum(s.counters["stale_rows"] for s in stats)
+    forwarded = sum(s.counters["stale_forwarded"] for s in stats)
+    assert stale > 0
+    assert (forwarded > 0) if forward else (forwarded == 0)
+    assert forwarded <= stale
+    assert_equivalent(_device(ds, "rowwise-adagrad"), got)

@@ -46,6 +46,7 @@ class Executor:
         compute_step: Callable[[PreparedStep], StepStats],
         lookahead: int = 2,
         worker_threads: int = 1,
+        forward_stale: bool = True,
     ):
         if lookahead < 0:
             raise ValueError(f"lookahead must be >= 0, got {lookahead}")
@@ -53,6 +54,9 @@ class Executor:
         self.compute_step = compute_step
         self.lookahead = lookahead
         self.worker_threads = worker_threads
+        self.forward_stale = (
+            forward_stale  # stale rows from a live earlier step's buffer, not after its write-back
+        )
         self.ring = len(mode._staging)
         if lookahead and self.ring < lookahead + 3:
             raise ValueError(
@@ -72,6 +76,7 @@ class Executor:
         self._computed = 0
         self._cond = threading.Condition()
         self._write_time = 0.0  # write-back seconds not yet reported (the writer runs behind the steps)
+        self._live: dict[int, PreparedStep] = {}  # computed steps whose rows are not written back yet
         mode = self.mode
         copy_stream = torch.cuda.Stream(mode.device) if mode.device.type == "cuda" else None
         with mode.cold.lookahead() as channel:
@@ -87,17 +92,27 @@ class Executor:
                     if item is END:
                         break
                     writer.raise_error()
+                    forwarded = 0
                     if mode.needs_refresh(item):
                         t1 = time.perf_counter()
-                        self._wait_written(step)
+                        if self.forward_stale and mode.cold.forwards_stale:
+                            # Under the lock no write-back completes, so no live step's staging slot is
+                            # reused by the producer while its rows are read.
+                            with self._cond:
+                                forwarded = mode.refresh(item, self._live)
+                        else:
+                            self._wait_written(step)
+                            mode.refresh(item)
                         waited += time.perf_counter() - t1
-                        mode.refresh(item)
                     stats = self.compute_step(item)
+                    with self._cond:
+                        self._live[step] = item
                     writer.submit((item, mode.start_write_back(item)))
                     stats.times["stall"] = waited
                     with self._cond:
                         stats.times["write_back"], self._write_time = self._write_time, 0.0
                     stats.counters["stale_rows"] = int(item.stale.size)
+                    stats.counters["stale_forwarded"] = forwarded
                     self._computed = step + 1
                     yield stats
                 writer.finish()
@@ -105,6 +120,7 @@ class Executor:
                 producer.close()
                 writer.close()  # it drains the rows already queued, then sees the stop
                 self._cond = None
+                self._live = {}
 
     def drain(self) -> None:
         """Blocks until every step yielded so far has written its rows back (call between yields)."""
@@ -141,6 +157,7 @@ class Executor:
         elapsed = time.perf_counter() - t0
         with self._cond:
             self._written = prep.step + 1
+            self._live.pop(prep.step, None)
             self._write_time += elapsed
             self._cond.notify_all()
 

@@ -50,6 +50,9 @@ class ColdFetch:
     """The step it was fetched for under the claim rule (-1: fetched when due, nothing can be stale)."""
     stale: np.ndarray = field(default_factory=lambda: _EMPTY)
     """Working-set slots an earlier, unfinished step may update: read again by ``refresh`` before compute."""
+    stale_owner: np.ndarray = field(default_factory=lambda: _EMPTY)
+    """For each stale slot, the step that last held its row (whose working buffer has the fresh value), where
+    the store knows it (one rank); empty otherwise."""
     route: object = None
     """What the store needs to finish the step (the sharded store's routes between ranks)."""
     times: dict[str, float] = field(default_factory=dict)
@@ -62,6 +65,9 @@ class ColdStore(ABC):
     writes_back: bool = True
     """True when the tiered mode updates the fetched copy and ``write_back`` stores it; False when
     ``update`` applies the gradients where the rows live (nothing to write back)."""
+    forwards_stale: bool = False
+    """True when a stale row may be taken from the working buffer of the step that last held it (its value
+    is final once that step computed), instead of waiting for that step's write-back."""
 
     comm: Comm
 
@@ -77,9 +83,11 @@ class ColdStore(ABC):
         on every step)."""
 
     @abstractmethod
-    def refresh(self, fetch: ColdFetch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Reads the rows ``fetch.stale`` again (after every earlier step's update landed): returns the
-        slots and their fresh weights and state (state [0] where the fetched state is not used)."""
+    def refresh(
+        self, fetch: ColdFetch, slots: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Reads the rows at ``slots`` (default ``fetch.stale``) again, after every earlier step's update of
+        them landed: returns the slots and their fresh weights and state (state [0] where unused)."""
 
     @abstractmethod
     def update(self, fetch: ColdFetch, optimizer: SparseOptimizer, work: torch.Tensor, work_state: torch.Tensor,
@@ -163,6 +171,12 @@ class HostRows:
         if self.s.size:
             scatter_rows(self.s, rows, s)
 
+    def claim_with_owners(self, rows: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`claim` of distinct ``rows``, also returning the step that last held each stale row."""
+        previous = self._last[rows]
+        stale = self.claim(rows, step)
+        return stale, previous[stale]
+
     def claim(self, rows: np.ndarray, step: int, distinct: bool = True) -> np.ndarray:
         """The claim rule: positions in ``rows`` of rows that an earlier step, whose update has not landed,
         also holds (they may be stale); records ``step`` as the rows' last holder. Call it BEFORE reading the
@@ -200,17 +214,20 @@ class LocalColdStore(ColdStore):
     def s(self) -> np.ndarray:
         return self.host.s
 
+    forwards_stale = True
+
     def fetch(self, rows, out_values, out_state, step=-1) -> ColdFetch:
-        stale = self.host.claim(rows, step) if step >= 0 else _EMPTY
+        stale, owner = self.host.claim_with_owners(rows, step) if step >= 0 else (_EMPTY, _EMPTY)
         w, s = self.host.gather(rows, out_values, out_state)
-        return ColdFetch(rows, w, s, step=step, stale=stale)
+        return ColdFetch(rows, w, s, step=step, stale=stale, stale_owner=owner)
 
     def needs_refresh(self, fetch: ColdFetch) -> bool:
         return fetch.stale.size > 0
 
-    def refresh(self, fetch: ColdFetch):
-        rows = fetch.rows[fetch.stale]
-        return fetch.stale, self.w[rows], self.s[rows] if self.s.size else self.s[:0]
+    def refresh(self, fetch: ColdFetch, slots=None):
+        slots = fetch.stale if slots is None else slots
+        rows = fetch.rows[slots]
+        return slots, self.w[rows], self.s[rows] if self.s.size else self.s[:0]
 
     def update(self, fetch, optimizer, work, work_state, slot, grads, pos, device_index=None) -> int:
         if not slot.shape[0]:

@@ -112,7 +112,7 @@ class ShardedColdStore(ColdStore):
     def needs_refresh(self, fetch: ColdFetch) -> bool:
         return fetch.step >= 0  # a collective: every rank runs it every step, flagged rows or not
 
-    def refresh(self, fetch: ColdFetch):
+    def refresh(self, fetch: ColdFetch, slots=None):
         r = fetch.route
         send = torch.from_numpy(self.host.w[r.serve_stale])
         got, _ = self.comm.all_to_all(send, r.serve_counts, "cold_refresh", r.stale_counts)

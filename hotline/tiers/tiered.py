@@ -85,6 +85,15 @@ class PreparedStep:
         return self.fetch.stale
 
 
+def _positions(working_set: np.ndarray, rows: np.ndarray) -> torch.Tensor:
+    """Where each of ``rows`` stands in ``working_set`` (every one is there: it is the step's own)."""
+    order = np.argsort(working_set, kind="stable")
+    pos = order[np.searchsorted(working_set[order], rows)]
+    if not np.array_equal(working_set[pos], rows):
+        raise RuntimeError("a stale row is missing from the working set of the step that last held it")
+    return torch.from_numpy(pos)
+
+
 _INDEX_NAMES = (
     "popular_samples",
     "non_popular_samples",
@@ -227,17 +236,48 @@ class TieredMode(TrainMode):
                 t.record_stream(stream)
             prep.ready = None
 
-    def refresh(self, prep: PreparedStep) -> None:
-        """Re-reads the stale working rows from the cold store (after the earlier steps' updates landed)."""
+    def refresh(self, prep: PreparedStep, live: dict[int, PreparedStep] | None = None) -> int:
+        """Re-reads the stale working rows; returns how many were forwarded.
+
+        ``live``: the computed steps whose rows are not written back yet (by step), with their working buffers
+        still on the device. A stale row whose last holder is among them is copied from that buffer (device to
+        device: its value is final, the holder computed before this step), the rest come from the cold store,
+        whose copy is fresh (their holders were written back). Without ``live`` every stale row comes from the
+        cold store, which the caller must let every earlier step write back to first.
+        """
         self._await_copies(prep)
-        slots, w, s = self.cold.refresh(prep.fetch)
-        if not slots.size:
-            return
+        fetch, forwarded = prep.fetch, 0
+        slots = fetch.stale
+        if live and slots.size and self.cold.forwards_stale:
+            owners = fetch.stale_owner
+            from_live = np.isin(owners, np.fromiter(live, np.int64, len(live)))
+            for o in np.unique(owners[from_live]):
+                mine = slots[from_live & (owners == o)]
+                src = live[int(o)]
+                theirs = _positions(src.fetch.rows, fetch.rows[mine])
+                self._copy_rows(
+                    prep, mine, src.work[theirs], src.work_state[theirs] if src.work_state.numel() else None
+                )
+                forwarded += int(mine.size)
+            slots = slots[~from_live]
+        slots, w, s = self.cold.refresh(fetch, slots)
+        if slots.size:
+            self._copy_rows(
+                prep,
+                slots,
+                torch.from_numpy(w).to(self.device),
+                torch.from_numpy(s).to(self.device) if s.size else None,
+            )
+        return forwarded
+
+    def _copy_rows(
+        self, prep: PreparedStep, slots: np.ndarray, w: torch.Tensor, s: torch.Tensor | None
+    ) -> None:
         idx = torch.from_numpy(slots).to(self.device)
         with torch.no_grad():
-            prep.work.index_copy_(0, idx, torch.from_numpy(w).to(self.device))
-            if s.size:
-                prep.work_state.index_copy_(0, idx, torch.from_numpy(s).to(self.device))
+            prep.work.index_copy_(0, idx, w)
+            if s is not None:
+                prep.work_state.index_copy_(0, idx, s)
 
     def compute(self, model: DLRM, prep: PreparedStep) -> StepStats:
         """Forward/backward of both micro-batches and one sparse update per tier (write-back is separate)."""
