@@ -66,6 +66,7 @@ class Dispatcher:
         self.num_hot = placement.num_hot
         self.slot_map = np.full(int(sum(self.table_sizes)), -1, dtype=np.int32)
         self.max_batch_size = int(max_batch_size)
+        self.counts = None  # an OnlineCounts to count every lookup of every split (re-placement)
         self._ring = [
             dispatch.new_buffers(self.max_batch_size * T * L, self.max_batch_size)
             for _ in range(max(1, in_flight))
@@ -100,5 +101,7 @@ class Dispatcher:
             raise IndexError(
                 f"table {t}: id {int(ids[b, c])} out of range [0, {self.table_sizes[t]}) (sample {b} of the batch)"
             )
+        if self.counts is not None:  # the ids are checked now
+            self.counts.add(ids, self.col_offset)
         popular = int(np.count_nonzero(buffers["is_popular"][:B])) if fused else -1
         return MicroBatches(*out[:-1], popular_count=popular)

@@ -219,3 +219,21 @@ def claim_rows(working_set: np.ndarray, owner: np.ndarray, step: int, fresh_befo
     stale = np.empty(working_set.shape[0], np.int64)
     n = _claim_rows(working_set, owner, step, fresh_before, stale)
     return stale[:n]
+
+
+@njit(cache=True)
+def _add_counts(ids, col_offset, counts, weight):
+    B, C = ids.shape
+    for b in range(B):
+        for c in range(C):
+            counts[ids[b, c] + col_offset[c]] += weight
+
+
+def add_counts(ids: np.ndarray, col_offset: np.ndarray, counts: np.ndarray, weight: float) -> None:
+    """``counts[fused id] += weight`` for every lookup of a checked ``[B, T*L]`` id batch (column c of table
+    offset ``col_offset[c]``)."""
+    if ids.ndim != 2 or ids.shape[1] != col_offset.shape[0]:
+        raise ValueError(f"ids must be [B, {col_offset.shape[0]}], got {ids.shape}")
+    if counts.dtype != np.float64:
+        raise ValueError(f"counts must be float64, got {counts.dtype}")
+    _add_counts(ids, col_offset, counts, float(weight))

@@ -424,3 +424,12 @@ def criteo_map_categories(raw, id_maps):
             else:
                 missing += 1
     return out, missing
+
+
+def add_counts(ids, col_offset, counts, weight):
+    """``counts[id + offset] += weight`` per lookup, the obvious way."""
+    out = counts.copy()
+    for row in np.asarray(ids):
+        for c, v in enumerate(row):
+            out[int(v) + int(col_offset[c])] += weight
+    return out

@@ -157,6 +157,10 @@ def _add_synthetic(sub: SubParsers) -> None:
     )
     p.add_argument("--pooling-factor", type=int, default=1, metavar="L",
                    help="ids per bag, as dlrm's --num-indices-per-lookup (default 1: one-hot)")  # fmt: skip
+    p.add_argument("--drift-days", type=int, default=1, metavar="D",
+                   help="cut the rows into D days; each day moves popular ranks to new rows (default 1: none)")  # fmt: skip
+    p.add_argument("--drift-rate", type=float, default=0.0, metavar="R",
+                   help="share of each table's top-1%% ranks that move to cold rows every day (default 0)")  # fmt: skip
     p.add_argument("--raw-tsv", default=None, metavar="FILE",
                    help="also write the rows as raw Criteo text: label, 13 ints, 26 hex (one-hot)")  # fmt: skip
     add_progress(p)
@@ -168,7 +172,8 @@ def _run_synthetic(args: argparse.Namespace) -> int:
     from hotline.datasets.format import SPLITS
     from hotline.datasets.synthetic import generate
 
-    names = ("seed", "table_sizes", "max_rows_per_table", "zipf", "pooling_factor", "raw_tsv")
+    names = ("seed", "table_sizes", "max_rows_per_table", "zipf", "pooling_factor", "raw_tsv", "drift_days",
+             "drift_rate")  # fmt: skip
     built = _build("data synthetic", (ValueError, OSError), lambda: generate(
         args.out, args.rows, **flags(args, *names), progress=not args.no_progress))  # fmt: skip
     if isinstance(built, int):

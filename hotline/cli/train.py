@@ -71,6 +71,15 @@ def add_parser(subparsers: SubParsers) -> None:
         help="hotline: popular and non-popular passes (split), one pass (fused), or auto: split at "
         "--lookahead 0, fused when the cold rows were gathered ahead",
     )
+    p.add_argument("--replace-every", type=int, default=0, metavar="N",
+                   help="hotline: re-choose the hot rows from online access counts every N steps (0: never)")  # fmt: skip
+    p.add_argument("--replace", default="off", choices=["off", "auto"],
+                   help="hotline: auto re-chooses when the hot-lookup share falls --replace-threshold below "
+                   "what the placement delivered")  # fmt: skip
+    p.add_argument("--replace-threshold", type=float, default=0.05, metavar="P",
+                   help="fall in hot-lookup share that triggers --replace auto (default 0.05: 5 points)")  # fmt: skip
+    p.add_argument("--count-decay", type=float, default=0.99, metavar="D",
+                   help="per-step decay of the online access counts (default 0.99)")  # fmt: skip
     p.add_argument("--checkpoint-dir", help="directory for periodic checkpoints (and --resume)")
     p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: none)")
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
@@ -96,7 +105,8 @@ def config_from_args(args: argparse.Namespace):
         hbm_budget = parse_size(args.hbm_budget)
     same = ("mode", "mini_batch_size", "learning_rate", "optimizer", "nepochs", "num_batches", "print_freq",
             "test_freq", "eval_max_samples", "seed", "device", "lookahead", "worker_threads", "micro_batches",
-            "checkpoint_dir", "checkpoint_every", "resume")  # fmt: skip
+            "checkpoint_dir", "checkpoint_every", "resume", "replace_every", "replace", "replace_threshold",
+            "count_decay")  # fmt: skip
     return TrainConfig(
         **flags(args, *same),
         embedding_dim=args.arch_sparse_feature_size,

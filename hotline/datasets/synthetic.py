@@ -15,6 +15,8 @@ missing as 0, as the Criteo pipeline stores them) and one bag of ``L`` row ids p
 * **Splits** as in the Criteo Kaggle layout, by the rule of ``hotline data criteo`` (dlrm's): the N rows form
   7 "days"; the first 6 are train, the 7th is split in halves, test first, then val. So ``--raw-tsv`` output
   preprocessed by ``hotline data criteo`` gives the same splits.
+* **Drift** (``--drift-days D --drift-rate R``, :mod:`hotline.datasets.drift`): the stream is D days; each day
+  a share R of every table's head ranks moves to rows that were cold before. ``meta.json`` records the days.
 
 Determinism. The rows form one stream that depends only on the parameters and the seed: rows are made in
 chunks of ``CHUNK_ROWS`` (a fixed constant that is part of the stream's definition, like the seed), chunk
@@ -40,8 +42,9 @@ from pathlib import Path
 
 import numpy as np
 
+from hotline.datasets.drift import RankDrift
 from hotline.datasets.format import NUM_DENSE, SPLITS, Dataset, DatasetWriter
-from hotline.datasets.zipf import sample_zipf, zipf_pmf, zipf_top_share
+from hotline.datasets.zipf import sample_zipf, zipf_pmf, zipf_top_share  # noqa: F401 - re-exported
 from hotline.kernels.synthetic import bag_effects
 
 # Rows per table of the 26 categorical features of Criteo Kaggle (Display Advertising Challenge), as dlrm
@@ -110,6 +113,10 @@ class SyntheticConfig:
     """Zipf exponent s of every table, or one per table (0 = uniform)."""
     pooling_factor: int = 1
     """Ids per bag L (dlrm's --num-indices-per-lookup, fixed); 1 = one-hot."""
+    drift_days: int = 1
+    """Days the row stream is cut into (1: no drift); each day moves popular ranks to new rows."""
+    drift_rate: float = 0.0
+    """Share of each table's head ranks that move to rows that were cold before, every day."""
     sizes: tuple[int, ...] = field(init=False)
     """Table sizes after the cap (derived)."""
     exponents: tuple[float, ...] = field(init=False)
@@ -146,6 +153,10 @@ class SyntheticConfig:
                 raise ValueError(f"zipf exponent of table {t} must be in [0, 10], got {z}")
         if int(self.pooling_factor) != self.pooling_factor or self.pooling_factor < 1:
             raise ValueError(f"pooling_factor must be an integer >= 1, got {self.pooling_factor!r}")
+        if int(self.drift_days) != self.drift_days or self.drift_days < 1:
+            raise ValueError(f"drift_days must be an integer >= 1, got {self.drift_days!r}")
+        if not 0.0 <= self.drift_rate <= 1.0:
+            raise ValueError(f"drift_rate must be in [0, 1], got {self.drift_rate!r}")
         object.__setattr__(self, "table_sizes", tuple(int(s) for s in self.table_sizes))
         object.__setattr__(self, "sizes", sizes)
         object.__setattr__(self, "exponents", exponents)
@@ -166,7 +177,17 @@ class SyntheticConfig:
             "max_rows_per_table": self.max_rows_per_table,
             "zipf": list(self.exponents),
             "pooling_factor": int(self.pooling_factor),
+            # only when on: datasets without drift keep their fingerprints
+            **(
+                {"drift_days": int(self.drift_days), "drift_rate": float(self.drift_rate)}
+                if self.drifts
+                else {}
+            ),
         }
+
+    @property
+    def drifts(self) -> bool:
+        return self.drift_days > 1 and self.drift_rate > 0
 
 
 # Order of the splits in the row stream (and in a raw TSV): Criteo Kaggle's file order, as dlrm reads it.
@@ -283,7 +304,8 @@ def _calibrate_bias(logit: np.ndarray, ctr: float) -> float:
     return 0.5 * (lo + hi)
 
 
-def _make_rows(cfg: SyntheticConfig, model: _PlantedModel, seq: np.random.SeedSequence, m: int) -> dict:
+def _make_rows(cfg: SyntheticConfig, model: _PlantedModel, seq: np.random.SeedSequence, m: int,
+               start: int = 0, drift: RankDrift | None = None) -> dict:  # fmt: skip
     """The first ``m`` rows of the chunk drawn from ``seq``: raw and log dense, row ids, effects, labels.
 
     Every random array comes from its own stream in one call of ``m`` rows, so these rows are the first ``m``
@@ -311,6 +333,8 @@ def _make_rows(cfg: SyntheticConfig, model: _PlantedModel, seq: np.random.SeedSe
     for t, (n, s) in enumerate(zip(cfg.sizes, cfg.exponents, strict=True)):
         redraw_key = int(table_seqs[t].generate_state(1, np.uint64)[0])
         ranks = sample_zipf(np.random.default_rng(table_seqs[t]), n, s, (m, L), redraw_key)
+        if drift is not None:  # the item at a rank depends on the day (effects follow the item)
+            ranks = drift.apply(t, ranks, drift.day_of(start + np.arange(m), cfg.rows))
         top_hits[t] = np.count_nonzero(ranks < top_rows(n))
         rows[:, t, :] = model.tables.row_ids(t, ranks, n)
         model.add_table_terms(t, ranks, table_logit, interactions)
@@ -334,6 +358,8 @@ def generate(
     pooling_factor: int = 1,
     raw_tsv: str | os.PathLike | None = None,
     progress: bool = True,
+    drift_days: int = 1,
+    drift_rate: float = 0.0,
 ) -> Path:
     """Generates a synthetic dataset directory at ``out`` (and optionally the same rows as raw Criteo TSV).
 
@@ -347,6 +373,8 @@ def generate(
         max_rows_per_table=max_rows_per_table,
         zipf=float(zipf) if np.ndim(zipf) == 0 else tuple(float(z) for z in zipf),
         pooling_factor=pooling_factor,
+        drift_days=drift_days,
+        drift_rate=drift_rate,
     )
     return generate_config(cfg, out, raw_tsv=raw_tsv, progress=progress)
 
@@ -375,6 +403,7 @@ def generate_config(
         Path(raw_tsv).parent.mkdir(parents=True, exist_ok=True)
     tables = _Tables(cfg)
     model = _PlantedModel(cfg, tables)
+    drift = RankDrift(cfg.sizes, cfg.drift_days, cfg.drift_rate, cfg.seed) if cfg.drifts else None
     sizes = split_sizes(cfg.rows)
     bounds, start = {}, 0
     for name in STREAM_ORDER:
@@ -387,7 +416,7 @@ def generate_config(
         bar = tqdm(total=cfg.rows, unit="rows", unit_scale=True, desc="synthetic", disable=not progress)
         for c, lo in enumerate(range(0, cfg.rows, CHUNK_ROWS)):
             hi = min(lo + CHUNK_ROWS, cfg.rows)
-            chunk = _make_rows(cfg, model, np.random.SeedSequence([cfg.seed, 0, c]), hi - lo)
+            chunk = _make_rows(cfg, model, np.random.SeedSequence([cfg.seed, 0, c]), hi - lo, lo, drift)
             top_hits += chunk["top_hits"]
             clicks += int(chunk["labels"].sum())
             for name, (s0, s1) in bounds.items():
@@ -416,6 +445,8 @@ def generate_config(
                 a.flush()
         del arrays
         extra = {"synthetic": _summary(cfg, model, top_hits, clicks, val_logit, val_labels)}
+        if drift is not None:
+            extra["drift"] = drift.meta(cfg.rows)
         return writer.finish(source=cfg.source(), extra=extra)
 
 
@@ -462,17 +493,3 @@ def default_dataset(cache_dir: str | os.PathLike | None = None, progress: bool =
         except ValueError:
             pass  # damaged: make it again
     return generate(path, progress=progress, **DEFAULT_DATASET)
-
-
-__all__ = [
-    "CHUNK_ROWS",
-    "DEFAULT_DATASET",
-    "KAGGLE_TABLE_SIZES",
-    "SyntheticConfig",
-    "default_dataset",
-    "generate",
-    "sample_zipf",
-    "split_sizes",
-    "zipf_pmf",
-    "zipf_top_share",
-]

@@ -122,6 +122,14 @@ class ColdStore(ABC):
         """Releases what the store holds beyond its arrays (pinned registrations)."""
         self.host.close()
 
+    def demote(self, rows: np.ndarray, w: np.ndarray, s: np.ndarray) -> None:
+        """Stores rows leaving the hot tier (their values and state become the authoritative copies)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot move rows between tiers yet")
+
+    def promote(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Weights and state of rows entering the hot tier."""
+        raise NotImplementedError(f"{type(self).__name__} cannot move rows between tiers yet")
+
 
 def staging_tensor(shape, pin: bool) -> torch.Tensor:
     """A float32 host buffer that copies go through (allocated pinned when ``pin``: small, reused)."""
@@ -255,6 +263,13 @@ class LocalColdStore(ColdStore):
 
     def read(self, rows: np.ndarray) -> np.ndarray:
         return self.w[rows]
+
+    def demote(self, rows, w, s) -> None:
+        if rows.size:
+            self.host.scatter(rows, w, s)
+
+    def promote(self, rows):
+        return self.w[rows], self.s[rows] if self.s.size else self.s[:0]
 
     def export(self, hot_rows, hot_w, hot_s):
         return with_hot_rows(self.w.copy(), self.s.copy(), hot_rows, hot_w, hot_s)

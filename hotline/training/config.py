@@ -68,6 +68,15 @@ class TrainConfig:
     """hotline: ``split`` (popular then non-popular forward/backward), ``fused`` (one pass over the batch in
     order, hot rows and working rows together), or ``auto`` (split at look-ahead 0, where the popular
     micro-batch computes while the cold rows are gathered; fused with look-ahead, where they are ready)."""
+    replace_every: int = 0
+    """``--replace-every``: hotline re-chooses its hot rows from online access counts every N steps (0: never)."""
+    replace: str = "off"
+    """``--replace auto``: re-choose when the measured hot-lookup share falls ``replace_threshold`` below
+    what the placement delivered in its first steps (``off``: only ``replace_every``)."""
+    replace_threshold: float = 0.05
+    """``--replace-threshold``: the fall in hot-lookup share (absolute, 0.05 = 5 points) that triggers auto."""
+    count_decay: float = 0.99
+    """``--count-decay``: per-step decay of the online access counts re-placement chooses from."""
     checkpoint_dir: str | None = None
     """``--checkpoint-dir``: where periodic checkpoints go (and ``--resume`` looks)."""
     checkpoint_every: int = 0
@@ -83,6 +92,16 @@ class TrainConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.num_batches < 0 or self.test_freq < 0 or self.lookahead < 0 or self.checkpoint_every < 0:
             raise ValueError("num_batches, test_freq, lookahead and checkpoint_every must be >= 0")
+        if self.replace not in ("off", "auto") or self.replace_every < 0:
+            raise ValueError(
+                f"--replace must be off or auto and --replace-every >= 0, got {self.replace!r}, {self.replace_every}"
+            )
+        if (self.replace_every or self.replace == "auto") and self.mode != "hotline":
+            raise ValueError(
+                "--replace-every and --replace auto re-place the hot rows of --mode hotline only"
+            )
+        if not 0 < self.count_decay <= 1 or not 0 < self.replace_threshold < 1:
+            raise ValueError("--count-decay must be in (0, 1] and --replace-threshold in (0, 1)")
         if self.micro_batches not in ("auto", "split", "fused"):
             raise ValueError(f"--micro-batches must be auto, split or fused, got {self.micro_batches!r}")
         if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
@@ -101,6 +120,11 @@ class TrainConfig:
                 f"--device {self.device}: CUDA is not available to this torch ({torch.__version__})"
             )
         SparseOptimizer(self.optimizer, self.learning_rate)  # validates optimizer and learning rate
+
+    @property
+    def replaces(self) -> bool:
+        """Whether the hot rows follow the data during the run."""
+        return bool(self.replace_every) or self.replace == "auto"
 
     @property
     def fused_micro_batches(self) -> bool:

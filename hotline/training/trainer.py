@@ -231,7 +231,15 @@ class Trainer:
         )
         self._executor = executor
         try:
-            yield from executor.progress(batches)
+            if self.config.replaces:
+                from hotline.pipeline.replacement import progress_replacing
+
+                def on_replace(record):
+                    self._emit({**record, "step": self.step_count})
+
+                yield from progress_replacing(executor.progress, batches, self.mode, self.config, on_replace)
+            else:
+                yield from executor.progress(batches)
         finally:
             self._executor = None
 

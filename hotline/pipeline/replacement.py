@@ -1,0 +1,87 @@
+"""Re-placement during training: the hot set follows the data, exactly.
+
+The dispatcher counts every lookup (decayed, :class:`~hotline.profiling.online.OnlineCounts`). Every
+``--replace-every`` steps, or with ``--replace auto`` when the measured hot-lookup share has fallen
+``--replace-threshold`` below what the placement delivered in its first steps, the run is DRAINED: the batch
+source is gated, so the look-ahead thread dispatches no step past the boundary, every step already dispatched
+against the old placement computes and writes back; then, between two steps, the hottest rows under the same
+budget become the hot set (:meth:`TieredMode.replace`: values and optimizer state move between the tiers, no
+arithmetic), and the next steps are dispatched against the new placement.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+
+from hotline.profiling.online import OnlineCounts
+from hotline.tiers.base import StepStats
+
+AUTO_WINDOW = 20
+"""Steps over which ``--replace auto`` measures the hot-lookup share (what a placement delivers, and now)."""
+
+
+class _Source:
+    """An iterator of batches that can say whether another one is coming (without losing it)."""
+
+    def __init__(self, batches: Iterable):
+        self._it = iter(batches)
+        self._next = None
+
+    def more(self) -> bool:
+        if self._next is None:
+            self._next = next(self._it, None)
+        return self._next is not None
+
+    def take(self):
+        batch = self._next if self._next is not None else next(self._it, None)
+        self._next = None
+        return batch
+
+
+class _Gate:
+    """Batches of a shared source until ``limit`` were taken or the gate is closed."""
+
+    def __init__(self, source: _Source, limit: int | None):
+        self.source, self.limit = source, limit
+        self.taken, self.closed = 0, False
+
+    def __iter__(self):
+        while not self.closed and (self.limit is None or self.taken < self.limit):
+            batch = self.source.take()
+            if batch is None:
+                return
+            self.taken += 1
+            yield batch
+
+
+def hot_share(stats: StepStats) -> float:
+    return stats.counters["hot_lookups"] / max(1.0, stats.counters["lookups"])
+
+
+def progress_replacing(
+    run: Callable[[Iterable], Iterator[StepStats]], batches: Iterable, mode, config, on_replace
+) -> Iterator[StepStats]:
+    """``run(batches)`` (the executor's progress) in segments between re-placements; ``on_replace(record)``
+    hears of each one (promoted / demoted rows, hot share before)."""
+    counts = OnlineCounts(mode.layout.num_rows, config.count_decay)
+    mode.dispatcher.counts = counts
+    source = _Source(batches)
+    while True:
+        gate = _Gate(source, config.replace_every or None)
+        recent: deque[float] = deque(maxlen=AUTO_WINDOW)
+        promised = None
+        for stats in run(gate):
+            recent.append(hot_share(stats))
+            if config.replace == "auto" and len(recent) == AUTO_WINDOW:
+                now = sum(recent) / AUTO_WINDOW
+                if promised is None:
+                    promised = now
+                elif now < promised - config.replace_threshold:
+                    gate.closed = True  # drain: no step past this one is dispatched against this placement
+            yield stats
+        if not source.more():  # no step left: nothing to re-place for
+            return
+        before = sum(recent) / len(recent) if recent else float("nan")
+        moved = mode.replace(counts.top(mode.placement.num_hot))
+        on_replace({"kind": "replace", "hot_share_before": before, "promised": promised, **moved})

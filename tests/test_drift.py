@@ -1,0 +1,159 @@
+"""Popularity drift: drifting synthetic data, online access counts, and exact re-placement of hot rows."""
+
+import json
+
+import numpy as np
+import pytest
+
+from hotline import TrainConfig, Trainer
+from hotline.cli import main
+from hotline.datasets.format import Dataset
+from hotline.datasets.synthetic import generate
+from hotline.kernels.dispatch import add_counts
+from hotline.placement import Placement
+from hotline.profiling.online import OnlineCounts
+from tests import naive
+
+TABLES = [400, 2000, 50, 3000]
+ARCH = {"embedding_dim": 8, "bottom_mlp": [13, 16, 8], "top_mlp": [16, 1]}
+BATCH, STEPS = 64, 60
+
+
+@pytest.fixture(scope="module")
+def drifting(tmp_path_factory):
+    root = tmp_path_factory.mktemp("drift")
+    ds = Dataset(generate(root / "ds", 6000, seed=7, table_sizes=TABLES, zipf=1.2, drift_days=6,
+                          drift_rate=0.6, progress=False))  # fmt: skip
+    # A static placement from the first day's rows: a quarter of each table.
+    sp = ds.train.sparse[:800]
+    hot = [
+        np.argsort(-np.bincount(sp[:, t, 0], minlength=n), kind="stable")[: n // 10]
+        for t, n in enumerate(TABLES)
+    ]
+    p = Placement.from_hot_ids(
+        ds.table_sizes, hot, dataset_fingerprint=ds.fingerprint, embedding_dim=8, bytes_per_row=36
+    )
+    p.save(root / "p.npz")
+    return ds, str(root / "p.npz")
+
+
+def test_drifting_data_is_deterministic_and_moves_popular_rows(tmp_path):
+    kw = dict(seed=3, table_sizes=[500, 800], zipf=1.2, drift_days=4, drift_rate=0.5, progress=False)
+    a, b = Dataset(generate(tmp_path / "a", 4000, **kw)), Dataset(generate(tmp_path / "b", 4000, **kw))
+    assert np.array_equal(a.train.sparse, b.train.sparse) and a.fingerprint == b.fingerprint
+    assert a.meta["drift"]["days"] == 4 and a.meta["drift"]["day_start_rows"] == [0, 1000, 2000, 3000]
+    sp = a.train.sparse[:, 1, 0]
+    first, last = np.bincount(sp[:800], minlength=800), np.bincount(sp[2600:3400], minlength=800)
+    top_first, top_last = set(np.argsort(-first)[:8]), set(np.argsort(-last)[:8])
+    assert len(top_first & top_last) < 8  # some of the most popular rows of day 0 are no longer so
+    # and without drift the stream is the one it always was (fingerprints of existing datasets unchanged)
+    plain = Dataset(generate(tmp_path / "c", 4000, seed=3, table_sizes=[500, 800], zipf=1.2, progress=False))
+    off = Dataset(
+        generate(tmp_path / "d", 4000, seed=3, table_sizes=[500, 800], zipf=1.2, drift_days=1, progress=False)
+    )
+    assert plain.fingerprint == off.fingerprint and np.array_equal(plain.train.sparse, off.train.sparse)
+    assert not np.array_equal(plain.train.sparse, a.train.sparse)
+
+
+def test_add_counts_matches_twin():
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 5, (7, 6)).astype(np.int32)
+    offsets = np.repeat(np.array([0, 5, 10], np.int64), 2)
+    counts = rng.random(15)
+    want = naive.add_counts(ids, offsets, counts, 2.5)
+    add_counts(ids, offsets, counts, 2.5)
+    np.testing.assert_allclose(counts, want, rtol=1e-15)
+    with pytest.raises(ValueError, match="float64"):
+        add_counts(ids, offsets, counts.astype(np.float32), 1.0)
+
+
+def test_online_counts_decay_recent_steps_weigh_more():
+    c = OnlineCounts(4, decay=0.5)
+    offsets = np.zeros(1, np.int64)
+    for row in (0, 0, 1, 2):  # one lookup per step
+        c.add(np.array([[row]], np.int32), offsets)
+    # step weights, newest first: 1, 0.5, 0.25, 0.125
+    np.testing.assert_allclose(c.values(), [0.25 + 0.125, 0.5, 1.0, 0.0])
+    assert c.top(2).tolist() == [1, 2]
+
+
+def _run(ds, placement, **kw):
+    cfg = TrainConfig(mode=kw.pop("mode", "hotline"), placement_path=placement, mini_batch_size=BATCH,
+                      num_batches=STEPS, progress=False, learning_rate=0.05, print_freq=1, **ARCH, **kw)  # fmt: skip
+    tr = Trainer(cfg, ds)
+    try:
+        stats = list(tr.progress(tr.batches()))
+        replaced = [r for r in tr.history if r.get("kind") == "replace"]
+        return (np.array([s.loss_sum for s in stats]), tr.named_arrays(), stats), replaced
+    finally:
+        tr.close()
+
+
+def assert_equivalent(ref, got, rtol=1e-5):
+    """Every step's loss and every parameter within ``rtol`` of each tensor's scale (summation order)."""
+    np.testing.assert_allclose(got[0], ref[0], rtol=rtol)
+    assert ref[1].keys() == got[1].keys()
+    for name, a in ref[1].items():
+        scale = max(float(np.abs(a).max()), 1e-12)
+        assert float(np.abs(got[1][name] - a).max()) <= rtol * scale, name
+
+
+def _share(stats):
+    return sum(s.counters["hot_lookups"] for s in stats) / sum(s.counters["lookups"] for s in stats)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "rowwise-adagrad"])
+@pytest.mark.parametrize("lookahead", [0, 2])
+def test_replacement_is_exact_and_follows_the_data(drifting, optimizer, lookahead):
+    ds, placement = drifting
+    device, _ = _run(ds, None, mode="device", optimizer=optimizer)
+    static, none = _run(ds, placement, optimizer=optimizer, lookahead=lookahead)
+    adaptive, replaced = _run(ds, placement, optimizer=optimizer, lookahead=lookahead, replace_every=10)
+    assert none == [] and len(replaced) == STEPS // 10 - 1
+    assert sum(r["promoted"] for r in replaced) > 0 and all(r["promoted"] == r["demoted"] for r in replaced)
+    assert_equivalent(device, adaptive)
+    if lookahead:  # the fused path moves values only: bit-identical to device mode, re-placements or not
+        for name, a in device[1].items():
+            assert np.array_equal(a, adaptive[1][name]), name
+    assert _share(adaptive[2][10:]) > _share(static[2][10:]) + 0.02
+
+
+def test_replace_auto_triggers_on_drift(drifting):
+    ds, placement = drifting
+    device, _ = _run(ds, None, mode="device", optimizer="sgd")
+    got, replaced = _run(ds, placement, optimizer="sgd", lookahead=2, replace="auto", replace_threshold=0.02)
+    assert replaced and all(r["hot_share_before"] < r["promised"] - 0.02 for r in replaced)
+    assert_equivalent(device, got)
+
+
+def test_cli_flags_and_refusals(drifting, tmp_path, capsys):
+    ds, placement = drifting
+    common = ["train", str(ds.path), "--arch-sparse-feature-size", "8", "--arch-mlp-bot", "13-16-8",
+              "--arch-mlp-top", "16-1", "--no-progress", "--num-batches", "30", "--eval-max-samples", "100"]  # fmt: skip
+    metrics = tmp_path / "m.jsonl"
+    assert main([*common, "--mode", "hotline", "--placement", placement, "--replace-every", "10",
+                 "--metrics", str(metrics)]) == 0  # fmt: skip
+    kinds = [json.loads(line)["kind"] for line in metrics.read_text().splitlines()]
+    assert kinds.count("replace") == 2
+    assert main([*common, "--replace-every", "10"]) == 2  # device mode has no hot rows to move
+    assert "--mode hotline only" in capsys.readouterr().err
+
+
+def test_bench_drift_smoke(tmp_path):
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    sys.path.insert(0, str(bench))
+    try:
+        import bench_drift
+
+        out = tmp_path / "d.json"
+        assert bench_drift.main(["--smoke", "--threads", "1", "--json", str(out)]) == 0
+    finally:
+        sys.path.remove(str(bench))
+        sys.modules.pop("bench_drift", None)
+    rows = {r["placement"]: r for r in json.loads(out.read_text())["results"]}
+    assert rows["adaptive"]["replacements"] > 0 and rows["static"]["replacements"] == 0
+    assert rows["adaptive"]["hot_lookup_share"] > rows["static"]["hot_lookup_share"]
+    assert rows["counting only"]["hot_lookup_share"] == rows["static"]["hot_lookup_share"]
