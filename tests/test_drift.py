@@ -78,8 +78,9 @@ def test_online_counts_decay_recent_steps_weigh_more():
 
 
 def _run(ds, placement, **kw):
+    kw.setdefault("num_batches", STEPS)
     cfg = TrainConfig(mode=kw.pop("mode", "hotline"), placement_path=placement, mini_batch_size=BATCH,
-                      num_batches=STEPS, progress=False, learning_rate=0.05, print_freq=1, **ARCH, **kw)  # fmt: skip
+                      progress=False, learning_rate=0.05, print_freq=1, **ARCH, **kw)  # fmt: skip
     tr = Trainer(cfg, ds)
     try:
         stats = list(tr.progress(tr.batches()))
@@ -131,10 +132,14 @@ def test_cli_flags_and_refusals(drifting, tmp_path, capsys):
     common = ["train", str(ds.path), "--arch-sparse-feature-size", "8", "--arch-mlp-bot", "13-16-8",
               "--arch-mlp-top", "16-1", "--no-progress", "--num-batches", "30", "--eval-max-samples", "100"]  # fmt: skip
     metrics = tmp_path / "m.jsonl"
+    out = tmp_path / "in-force.npz"
     assert main([*common, "--mode", "hotline", "--placement", placement, "--replace-every", "10",
-                 "--metrics", str(metrics)]) == 0  # fmt: skip
+                 "--metrics", str(metrics), "--save-placement", str(out)]) == 0  # fmt: skip
     kinds = [json.loads(line)["kind"] for line in metrics.read_text().splitlines()]
     assert kinds.count("replace") == 2
+    saved, initial = Placement.load(out, dataset=ds), Placement.load(placement)
+    assert saved.num_hot == initial.num_hot  # the same budget
+    assert any(not np.array_equal(a, b) for a, b in zip(saved.hot_ids, initial.hot_ids))  # other rows
     assert main([*common, "--replace-every", "10"]) == 2  # device mode has no hot rows to move
     assert "--mode hotline only" in capsys.readouterr().err
 
@@ -157,3 +162,56 @@ def test_bench_drift_smoke(tmp_path):
     assert rows["adaptive"]["replacements"] > 0 and rows["static"]["replacements"] == 0
     assert rows["adaptive"]["hot_lookup_share"] > rows["static"]["hot_lookup_share"]
     assert rows["counting only"]["hot_lookup_share"] == rows["static"]["hot_lookup_share"]
+
+
+def test_two_ranks_replace_the_same_rows_and_stay_exact(drifting, tmp_path):
+    """--replace-every on 2 gloo ranks: global counts, the same re-placement on every rank (hot replicas
+    identical, cold shards consistent), parameters equal one process in device mode."""
+    from hotline.distributed.launcher import spawn, train_and_dump
+
+    ds, placement = drifting
+    cfg = TrainConfig(mode="hotline", placement_path=placement, mini_batch_size=BATCH, num_batches=STEPS,
+                      progress=False, learning_rate=0.05, optimizer="rowwise-adagrad", replace_every=10,
+                      lookahead=2, **ARCH)  # fmt: skip
+    out = tmp_path / "two.npz"
+    spawn(2, train_and_dump, [(cfg, str(ds.path), str(out))])
+    got = np.load(out)
+    kinds = list(got["bytes_kinds"])
+    for kind in ("bytes_sent_replace_counts", "bytes_sent_replace_rows"):  # the re-placements ran
+        assert kind in kinds and got["bytes_sent"][:, kinds.index(kind)].sum() > 0, kind
+    device, _ = _run(ds, None, mode="device", optimizer="rowwise-adagrad")
+    np.testing.assert_allclose(got["losses"], device[0], rtol=1e-5)
+    for name, a in device[1].items():
+        scale = max(float(np.abs(a).max()), 1e-12)
+        assert float(np.abs(got[name] - a).max()) <= 1e-5 * scale, name
+    with pytest.raises(ValueError, match="several ranks"):
+        from hotline.distributed.comm import Comm
+
+        Trainer(TrainConfig(**{**cfg.__dict__, "replace_every": 0, "replace": "auto"}), ds, Comm(0, 2))
+
+
+@pytest.mark.parametrize("lookahead", [0, 2])
+def test_resume_across_a_replacement_is_bit_exact(drifting, tmp_path, lookahead):
+    """A checkpoint holds the placement in force and the online counts: a run stopped after a re-placement
+    and resumed ends bit for bit where a straight run does (same schedule, same counts, same placements)."""
+    ds, placement = drifting
+
+    def fit(**kw):
+        cfg = TrainConfig(mode="hotline", placement_path=placement, mini_batch_size=BATCH, progress=False,
+                          learning_rate=0.05, optimizer="rowwise-adagrad", lookahead=lookahead, replace_every=10,
+                          eval_max_samples=64, **ARCH, **kw)  # fmt: skip
+        tr = Trainer(cfg, ds)
+        try:
+            tr.fit()
+            return tr.named_arrays(), [r["step"] for r in tr.history if r.get("kind") == "replace"]
+        finally:
+            tr.close()
+
+    straight, steps = fit(num_batches=STEPS)
+    assert steps == [10, 20, 30, 40, 50]
+    ck = tmp_path / "ck"
+    _, first = fit(num_batches=35, checkpoint_dir=str(ck), checkpoint_every=35)
+    resumed, second = fit(num_batches=STEPS, checkpoint_dir=str(ck), resume=True)
+    assert first == [10, 20, 30] and second == [40, 50]  # on the schedule of step 0, not of the resume
+    for name, a in straight.items():
+        assert np.array_equal(a, resumed[name]), name

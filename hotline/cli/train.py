@@ -80,6 +80,8 @@ def add_parser(subparsers: SubParsers) -> None:
                    help="fall in hot-lookup share that triggers --replace auto (default 0.05: 5 points)")  # fmt: skip
     p.add_argument("--count-decay", type=float, default=0.99, metavar="D",
                    help="per-step decay of the online access counts (default 0.99)")  # fmt: skip
+    p.add_argument("--save-placement", metavar="FILE",
+                   help="hotline: write the placement in force at the end (.npz, as `hotline profile --out`)")  # fmt: skip
     p.add_argument("--checkpoint-dir", help="directory for periodic checkpoints (and --resume)")
     p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: none)")
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
@@ -175,6 +177,11 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
             summary = trainer.fit()
             if args.save:
                 save_checkpoint(trainer, args.save)
+            if args.save_placement and comm.rank == 0:
+                placement = getattr(trainer.mode, "placement", None)
+                if placement is None:
+                    raise ValueError("--save-placement: --mode device has no placement")
+                placement.save(args.save_placement)
         finally:
             trainer.close()
         # Every rank reaches this point before any tears gloo down: destroying the group while a peer's

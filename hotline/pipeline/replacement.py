@@ -59,16 +59,30 @@ def hot_share(stats: StepStats) -> float:
     return stats.counters["hot_lookups"] / max(1.0, stats.counters["lookups"])
 
 
+def start_counting(mode, config) -> OnlineCounts:
+    """The online counts of a run that re-places (kept by the dispatcher, restored by a checkpoint)."""
+    mode.dispatcher.counts = OnlineCounts(mode.layout.num_rows, config.count_decay)
+    return mode.dispatcher.counts
+
+
 def progress_replacing(
-    run: Callable[[Iterable], Iterator[StepStats]], batches: Iterable, mode, config, on_replace
+    run: Callable[[Iterable], Iterator[StepStats]],
+    batches: Iterable,
+    mode,
+    config,
+    on_replace,
+    start_step: int = 0,
 ) -> Iterator[StepStats]:
-    """``run(batches)`` (the executor's progress) in segments between re-placements; ``on_replace(record)``
-    hears of each one (promoted / demoted rows, hot share before)."""
-    counts = OnlineCounts(mode.layout.num_rows, config.count_decay)
-    mode.dispatcher.counts = counts
+    """``run(batches)`` (the executor's progress) in segments between re-placements, every
+    ``config.replace_every`` steps counted from step 0 (a resumed run keeps the schedule);
+    ``on_replace(record)`` hears of each one (promoted / demoted rows, hot share before)."""
+    counts = mode.dispatcher.counts if mode.dispatcher.counts is not None else start_counting(mode, config)
     source = _Source(batches)
+    every = config.replace_every
+    first = every - start_step % every if every else None
     while True:
-        gate = _Gate(source, config.replace_every or None)
+        gate = _Gate(source, first)
+        first = every or None
         recent: deque[float] = deque(maxlen=AUTO_WINDOW)
         promised = None
         for stats in run(gate):
@@ -83,5 +97,10 @@ def progress_replacing(
         if not source.more():  # no step left: nothing to re-place for
             return
         before = sum(recent) / len(recent) if recent else float("nan")
-        moved = mode.replace(counts.top(mode.placement.num_hot))
+        raw = counts.raw
+        if mode.comm.world_size > 1:  # every rank chooses from the global counts: the same rows
+            import torch
+
+            raw = mode.comm.all_reduce_(torch.from_numpy(raw.copy()), "replace_counts").numpy()
+        moved = mode.replace(counts.top(mode.placement.num_hot, raw))
         on_replace({"kind": "replace", "hot_share_before": before, "promised": promised, **moved})

@@ -39,14 +39,15 @@ class OnlineCounts:
         """The decayed counts (float64 [num_rows]), in units of the latest step's lookups."""
         return self.raw / (self.weight * self.decay)  # the latest step was counted with weight * decay
 
-    def top(self, k: int) -> np.ndarray:
+    def top(self, k: int, raw: np.ndarray | None = None) -> np.ndarray:
         """The fused ids of the ``k`` most counted rows, sorted by id (a deterministic function of the
         counts: every rank of a run chooses the same rows from the same counts)."""
-        n = self.raw.shape[0]
+        raw = self.raw if raw is None else raw  # (the counts summed over ranks, in units of ``raw``)
+        n = raw.shape[0]
         k = int(min(max(k, 0), n))
         if k == 0:
             return np.zeros(0, np.int64)
-        top = np.arange(n) if k == n else np.argpartition(-self.raw, k - 1)[:k]
+        top = np.arange(n) if k == n else np.argpartition(-raw, k - 1)[:k]
         return np.sort(top).astype(np.int64)
 
     def state(self) -> dict[str, np.ndarray]:

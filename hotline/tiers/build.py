@@ -82,8 +82,8 @@ def build_mode(config, dataset: Dataset, comm: Comm | None = None) -> TrainMode:
     layout = TableLayout(dataset.table_sizes)
     if config.mode == "device":
         return DeviceMode(layout, config.embedding_dim, opt, config.seed, config.device, comm)
-    if config.replaces and comm.world_size > 1:
-        raise ValueError("--replace-every / --replace auto: re-placement on several ranks is not built yet")
+    if config.replace == "auto" and comm.world_size > 1:
+        raise ValueError("--replace auto on several ranks is not built yet: use --replace-every N")
     placement = placement_for(config, dataset, progress=config.progress and comm.rank == 0)
     max_batch = -(-config.mini_batch_size // comm.world_size)  # a rank's share of a global batch
     max_rows = max_batch * layout.num_tables * dataset.pooling_factor

@@ -168,6 +168,33 @@ class ShardedColdStore(ColdStore):
         out[order] = got.numpy()
         return out
 
+    def demote(self, rows, w, s) -> None:
+        """Each owner keeps the leaving rows it owns, from its own (identical) replica of the hot tier."""
+        N, r = self.comm.world_size, self.comm.rank
+        mine = rows % N == r
+        local = rows[mine] // N
+        self.host.w[local] = w[mine]
+        if self.S:
+            self.host.s[local] = s[mine]
+
+    def promote(self, rows):
+        """The entering rows from their owners to every rank (a collective: one all-gather)."""
+        N, r = self.comm.world_size, self.comm.rank
+        mine = np.flatnonzero(rows % N == r)
+        local = rows[mine] // N
+        parts = [self.host.w[local]] + ([self.host.s[local, None]] if self.S else [])
+        payload = torch.from_numpy(np.concatenate(parts, axis=1) if self.S else parts[0])
+        got = self.comm.all_gather_varlen(payload, "replace_rows")
+        where = self.comm.all_gather_varlen(torch.from_numpy(mine), "replace_ids")
+        D = self.host.w.shape[1]
+        w = np.empty((rows.shape[0], D), np.float32)
+        s = np.empty(rows.shape[0] if self.S else 0, np.float32)
+        for pos, vals in zip(where, got):
+            w[pos.numpy()] = vals.numpy()[:, :D]
+            if self.S:
+                s[pos.numpy()] = vals.numpy()[:, D]
+        return w, s
+
     def _assemble(self, shard: np.ndarray) -> np.ndarray:
         N = self.comm.world_size
         parts = self.comm.all_gather_varlen(torch.from_numpy(shard.reshape(shard.shape[0], -1)), "export")

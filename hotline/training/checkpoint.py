@@ -54,6 +54,10 @@ def _payload(trainer) -> dict:
         "dataset_fingerprint": trainer.dataset.fingerprint,
         "num_hot": int(placement.num_hot) if placement is not None else 0,
     }
+    counts = getattr(getattr(trainer.mode, "dispatcher", None), "counts", None)
+    if counts is not None:  # re-placement: the placement in force and the counts it will choose from
+        payload["hot_rows"] = torch.from_numpy(trainer.mode.hot_rows.copy())
+        payload["online_counts"] = {k: torch.from_numpy(np.asarray(v)) for k, v in counts.state().items()}
     if comm.world_size == 1:
         payload["tables"] = [torch.from_numpy(np.ascontiguousarray(t)) for t in trainer.mode.export_tables()]
         payload["states"] = [torch.from_numpy(np.ascontiguousarray(s)) for s in trainer.mode.export_state()]
@@ -177,6 +181,10 @@ def load_checkpoint(trainer, base: str | os.PathLike) -> int:
     except (RuntimeError, ValueError, KeyError) as e:
         raise CheckpointError(f"{base}: the dense optimizer state does not match --optimizer: {e}") from e
     trainer.model.load_state_dict(rank0["model"])
+    counts = getattr(getattr(trainer.mode, "dispatcher", None), "counts", None)
+    if "hot_rows" in own and counts is not None:  # the placement in force when it was written, first
+        trainer.mode.replace(own["hot_rows"].numpy())
+        counts.load({k: v.numpy() for k, v in own["online_counts"].items()})
     if comm.world_size == 1:
         tables = [np.ascontiguousarray(t.numpy()) for t in own["tables"]]
         states = [np.ascontiguousarray(s.numpy()) for s in own["states"]]

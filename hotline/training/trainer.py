@@ -57,6 +57,10 @@ class Trainer:
         self.sparse_opt = SparseOptimizer(config.optimizer, config.learning_rate)
         self.dense_opt = self.sparse_opt.dense_optimizer(self.model.parameters())
         self.mode = self._build_mode()
+        if config.replaces:  # counted from the first step (a checkpoint restores them)
+            from hotline.pipeline.replacement import start_counting
+
+            start_counting(self.mode, config)
         self.step_count = 0
         self._executor = None
         self.history: list[dict] = []
@@ -237,7 +241,9 @@ class Trainer:
                 def on_replace(record):
                     self._emit({**record, "step": self.step_count})
 
-                yield from progress_replacing(executor.progress, batches, self.mode, self.config, on_replace)
+                yield from progress_replacing(
+                    executor.progress, batches, self.mode, self.config, on_replace, self.step_count
+                )
             else:
                 yield from executor.progress(batches)
         finally:
