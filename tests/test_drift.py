@@ -166,28 +166,33 @@ def test_bench_drift_smoke(tmp_path):
 
 def test_two_ranks_replace_the_same_rows_and_stay_exact(drifting, tmp_path):
     """--replace-every on 2 gloo ranks: global counts, the same re-placement on every rank (hot replicas
-    identical, cold shards consistent), parameters equal one process in device mode."""
+    identical, cold shards consistent), parameters equal one process in device mode (SGD at K=0, row-wise
+    Adagrad at K=2)."""
     from hotline.distributed.launcher import spawn, train_and_dump
 
     ds, placement = drifting
-    cfg = TrainConfig(mode="hotline", placement_path=placement, mini_batch_size=BATCH, num_batches=STEPS,
-                      progress=False, learning_rate=0.05, optimizer="rowwise-adagrad", replace_every=10,
-                      lookahead=2, **ARCH)  # fmt: skip
-    out = tmp_path / "two.npz"
-    spawn(2, train_and_dump, [(cfg, str(ds.path), str(out))])
-    got = np.load(out)
-    kinds = list(got["bytes_kinds"])
-    for kind in ("bytes_sent_replace_counts", "bytes_sent_replace_rows"):  # the re-placements ran
-        assert kind in kinds and got["bytes_sent"][:, kinds.index(kind)].sum() > 0, kind
-    device, _ = _run(ds, None, mode="device", optimizer="rowwise-adagrad")
-    np.testing.assert_allclose(got["losses"], device[0], rtol=1e-5)
-    for name, a in device[1].items():
-        scale = max(float(np.abs(a).max()), 1e-12)
-        assert float(np.abs(got[name] - a).max()) <= 1e-5 * scale, name
+    cases = {"sgd": 0, "rowwise-adagrad": 2}
+    jobs = []
+    for opt, k in cases.items():
+        cfg = TrainConfig(mode="hotline", placement_path=placement, mini_batch_size=BATCH, num_batches=STEPS,
+                          progress=False, learning_rate=0.05, optimizer=opt, replace_every=10, lookahead=k,
+                          **ARCH)  # fmt: skip
+        jobs.append((cfg, str(ds.path), str(tmp_path / f"{opt}.npz")))
+    spawn(2, train_and_dump, jobs)
+    for opt in cases:
+        got = np.load(tmp_path / f"{opt}.npz")
+        kinds = list(got["bytes_kinds"])
+        for kind in ("bytes_sent_replace_counts", "bytes_sent_replace_rows"):  # the re-placements ran
+            assert kind in kinds and got["bytes_sent"][:, kinds.index(kind)].sum() > 0, kind
+        device, _ = _run(ds, None, mode="device", optimizer=opt)
+        np.testing.assert_allclose(got["losses"], device[0], rtol=1e-5)
+        for name, a in device[1].items():
+            scale = max(float(np.abs(a).max()), 1e-12)
+            assert float(np.abs(got[name] - a).max()) <= 1e-5 * scale, (opt, name)
     with pytest.raises(ValueError, match="several ranks"):
         from hotline.distributed.comm import Comm
 
-        Trainer(TrainConfig(**{**cfg.__dict__, "replace_every": 0, "replace": "auto"}), ds, Comm(0, 2))
+        Trainer(TrainConfig(**{**jobs[0][0].__dict__, "replace_every": 0, "replace": "auto"}), ds, Comm(0, 2))
 
 
 @pytest.mark.parametrize("lookahead", [0, 2])
