@@ -19,7 +19,9 @@ def add_parser(subparsers: SubParsers) -> None:
 
 
 def _add_out(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", required=True, help="dataset directory to write (replaced atomically)")
+    parser.add_argument(
+        "--out", required=True, metavar="DIR", help="dataset directory to write (replaced atomically)"
+    )
 
 
 def _build(command: str, errors: tuple, make):
@@ -141,6 +143,7 @@ def _add_synthetic(sub: SubParsers) -> None:
         "--rows",
         type=int,
         required=True,
+        metavar="N",
         help="total rows N (Criteo Kaggle layout: train 6/7, then test and val 1/14 each)",
     )
     add_seed(p, "the data and the planted model")

@@ -12,6 +12,13 @@ from hotline.training.model import DLRMConfig
 MODES = ("device", "hybrid", "hotline")
 
 
+def resolve_device(device: str) -> str:
+    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``; any other name as it is."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
 @dataclass
 class TrainConfig:
     """Everything a training run needs besides the dataset (flags keep the reference DLRM's names)."""
@@ -47,7 +54,7 @@ class TrainConfig:
     seed: int = 0
     """Seed of model and embedding initialisation."""
     device: str = "cpu"
-    """Compute device: cpu or cuda."""
+    """Compute device: cpu, cuda (cuda:N), or auto: cuda when torch sees a GPU, else cpu (resolved here)."""
     threads: int = 0
     """torch and numba threads (0: all cores)."""
     progress: bool = True
@@ -92,6 +99,8 @@ class TrainConfig:
                 f"--threads must be >= 0 (0: all cores) and --worker-threads >= 1, got {self.threads} "
                 f"and {self.worker_threads}"
             )
+        if self.device == "auto":
+            self.device = resolve_device("auto")
         try:
             device = torch.device(self.device)
         except RuntimeError as e:
