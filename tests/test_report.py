@@ -57,17 +57,16 @@ def test_figure_has_the_axes_and_series(pair):
     def labels(title):
         return [line.get_label() for line in axes[title].get_lines()]
 
-    assert labels("training loss") == ["hybrid", "hotline"]
+    assert labels(TITLES[0]) == ["hybrid", "hotline"]
     assert labels("validation AUC") == ["hybrid", "hotline"]
     loss_line = axes["training loss"].get_lines()[1]
     assert list(loss_line.get_xdata()) == [5, 10, 15, 20, 25, 30]
     auc = axes["validation AUC"].get_lines()[0]
     assert list(auc.get_xdata()) == [10, 20, 30]  # two eval records and the summary's val_auc
-    assert "hotline: popular-sample share" in labels("tier figures")
-    assert "hotline: overlap ratio" in labels("tier figures")
-    rates = {line.get_label(): line for line in axes["tier figures"].get_lines()}
-    hybrid_popular = set(rates["hybrid: popular-sample share"].get_ydata())
-    assert hybrid_popular == {0.0}  # hybrid has no popular micro-batch
+    assert "hotline: popular-sample share" in labels(TITLES[2])
+    assert "hotline: overlap ratio" in labels(TITLES[2])
+    rates = {line.get_label(): line for line in axes[TITLES[2]].get_lines()}
+    assert "hybrid: popular-sample share" not in rates  # hybrid has no popular micro-batch
     assert min(rates["hotline: popular-sample share"].get_ydata()) > 0.1
     assert "hybrid: overlap ratio" not in rates
     assert axes["training loss"].get_xlabel() == "step"
@@ -79,6 +78,12 @@ def test_figure_has_the_axes_and_series(pair):
     hyb = axes["hybrid: time per step by phase"]
     assert "gather" in [c.get_label() for c in hyb.collections]  # sequential: movement is stacked
     assert "wall clock" in [line.get_label() for line in hyb.get_lines()]
+
+    def colour(ax, phase):
+        (c,) = [c for c in ax.collections if c.get_label() == phase]
+        return tuple(c.get_facecolor()[0])
+
+    assert colour(hot, "non_popular_compute") == colour(hyb, "non_popular_compute")  # one colour per phase
 
 
 def test_old_records_without_window_length_use_the_step_difference(tmp_path):

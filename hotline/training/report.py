@@ -21,7 +21,10 @@ RATE_SERIES = (  # record key, legend name, line style
     ("popular_sample_share", "popular-sample share", "--"),
     ("overlap_ratio", "overlap ratio", ":"),
 )
-TITLES = ("training loss", "validation AUC", "tier figures")
+TITLES = ("training loss", "validation AUC", "hit rate / popular share / overlap")
+PHASES = ("dispatch", "gather", "h2d", "popular_compute", "non_popular_compute", "forward_backward",
+          "sparse_update", "dense_allreduce", "dense_update", "write_back", "stall")  # fmt: skip
+"""Known phases in step order; each keeps one colour in every panel."""
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:
@@ -73,9 +76,15 @@ def phase_ms(records: list[dict]) -> tuple[list[int], dict[str, list[float]], li
 
 
 def _phase_order(name: str) -> tuple[int, str]:
-    order = ("dispatch", "gather", "h2d", "popular_compute", "non_popular_compute", "forward_backward",
-             "sparse_update", "dense_allreduce", "dense_update", "write_back", "stall")  # fmt: skip
-    return (order.index(name) if name in order else len(order), name)
+    return (PHASES.index(name) if name in PHASES else len(PHASES), name)
+
+
+def _phase_colour(name: str):
+    import matplotlib
+
+    colours = matplotlib.colormaps["tab20"].colors
+    i = PHASES.index(name) if name in PHASES else len(PHASES) + sum(map(ord, name))
+    return colours[(2 * i) % 20 if i < 10 else (2 * i + 1) % 20]
 
 
 def report_figure(runs: list[tuple[str, list[dict]]]):
@@ -96,18 +105,26 @@ def report_figure(runs: list[tuple[str, list[dict]]]):
 
     for i, (label, records) in enumerate(runs):
         c = colours[i % len(colours)]
+        lw = 1.5 + 2.0 * (n - 1 - i) / max(
+            n - 1, 1
+        )  # earlier runs wider: equal curves (exact modes) stay visible
         train = [r for r in records if r["kind"] == "train"]
-        ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], color=c, marker=".", label=label)
+        ax_loss.plot(
+            [r["step"] for r in train], [r["loss"] for r in train], color=c, lw=lw, marker=".", label=label
+        )
         evals = [(r["step"], r["auc"]) for r in records if r["kind"] == "eval" and "auc" in r]
         evals += [(r["steps"], r["val_auc"]) for r in records if r["kind"] == "summary" and "val_auc" in r]
         if evals:
             xs, ys = zip(*sorted(evals))
-            ax_auc.plot(xs, ys, color=c, marker="o", label=label)
+            ax_auc.plot(xs, ys, color=c, lw=lw, marker="o", ms=2 + lw, label=label)
+        modes = {r.get("mode") for r in records if r["kind"] == "summary"}
         for key, name, style in RATE_SERIES:
+            if key == "popular_sample_share" and modes & {"hybrid", "device"}:
+                continue  # no popular micro-batch in these modes: their 0 says nothing
             pts = [(r["step"], r[key]) for r in train if key in r]
             if pts:
                 xs, ys = zip(*pts)
-                ax_rate.plot(xs, ys, color=c, linestyle=style, label=f"{label}: {name}")
+                ax_rate.plot(xs, ys, color=c, lw=lw, linestyle=style, label=f"{label}: {name}")
         _phase_panel(phase_axes[i], label, records)
 
     ax_loss.set(title=TITLES[0], xlabel="step", ylabel="log-loss (mean over the report window)")
@@ -132,7 +149,8 @@ def _phase_panel(ax, label: str, records: list[dict]) -> None:
     overlapped = "stall" in phases
     stacked = {k: v for k, v in phases.items() if not (overlapped and k in MOVEMENT)}
     if stacked:
-        ax.stackplot(steps, *stacked.values(), labels=list(stacked), alpha=0.85)
+        colours = [_phase_colour(k) for k in stacked]
+        ax.stackplot(steps, *stacked.values(), labels=list(stacked), colors=colours, alpha=0.9)
     if overlapped:
         movement = [sum(phases[k][j] for k in MOVEMENT if k in phases) for j in range(len(steps))]
         ax.plot(steps, movement, "k--", label="row movement (worker, overlapped)")
