@@ -94,6 +94,10 @@ def test_device_auto_takes_cuda_when_there_is_one(monkeypatch):
     assert TrainConfig(device="auto").device == ("cuda" if torch.cuda.is_available() else "cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert resolve_device("auto") == "cuda" and resolve_device("cpu") == "cpu"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert resolve_device("auto") == "cuda:1"  # each local rank its own GPU
     args = build_parser().parse_args(["train"])
     assert args.device == "auto"
 

@@ -105,3 +105,30 @@ def test_bad_metrics_files_are_named(tmp_path, capsys):
     assert main(["report", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "x.png")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert not (tmp_path / "x.png").exists()
+
+
+def test_validation_time_is_not_counted_as_step_time(tmp_path, monkeypatch):
+    import time
+
+    from hotline.training.config import TrainConfig
+    from hotline.training.trainer import Trainer
+
+    ds = generate(tmp_path / "ds", 3000, seed=1, table_sizes=[30, 20], progress=False)
+    config = TrainConfig(embedding_dim=4, bottom_mlp=[13, 4], top_mlp=[8, 1], num_batches=12, print_freq=4,
+                         test_freq=4, progress=False)  # fmt: skip
+    trainer = Trainer(config, ds)
+    real = trainer.evaluate
+
+    def slow_evaluate(split):  # a validation of 2 s: 500 ms per step of the next 4-step window if counted
+        if trainer.step_count < 12:
+            time.sleep(2.0)
+        return real(split)
+
+    monkeypatch.setattr(trainer, "evaluate", slow_evaluate)
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    train = [r for r in trainer.history if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [4, 8, 12]
+    assert all(r["ms_per_step"] < 400 for r in train[1:]), [r["ms_per_step"] for r in train]

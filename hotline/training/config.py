@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -13,10 +14,16 @@ MODES = ("device", "hybrid", "hotline")
 
 
 def resolve_device(device: str) -> str:
-    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``; any other name as it is."""
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
+    """``auto`` -> ``cuda`` when torch sees a GPU (a local rank of several: ``cuda:LOCAL_RANK``, modulo the
+    GPUs), else ``cpu``; any other name as it is."""
+    if device != "auto":
+        return device
+    if not torch.cuda.is_available():
+        return "cpu"
+    local_rank = os.environ.get("LOCAL_RANK")
+    if local_rank is None or int(os.environ.get("LOCAL_WORLD_SIZE", "1")) <= 1:
+        return "cuda"
+    return f"cuda:{int(local_rank) % torch.cuda.device_count()}"
 
 
 @dataclass

@@ -47,7 +47,8 @@ def format_line(rec: dict, total: int) -> str:
         parts.append(f"{rec['ms_per_step']:.2f} ms/step")
     if "hot_lookup_share" in rec:
         parts.append(f"hit rate {rec['hot_lookup_share']:.1%}")
-    if "popular_sample_share" in rec:
+    popular = rec.get("popular_sample_share")
+    if popular is not None and (popular or "overlap_ratio" in rec):  # not hybrid's 0: it has no popular batch
         parts.append(f"popular {rec['popular_sample_share']:.1%}")
     if "overlap_ratio" in rec:
         parts.append(f"overlap {rec['overlap_ratio']:.2f}")

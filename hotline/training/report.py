@@ -99,7 +99,7 @@ def report_figure(runs: list[tuple[str, list[dict]]]):
     n = len(runs)
     fig = Figure(figsize=(max(15, 5 * n), 9), layout="constrained")
     top, bottom = fig.subfigures(2, 1, height_ratios=[1, 1.1])
-    ax_loss, ax_auc, ax_rate = top.subplots(1, 3)
+    ax_loss, ax_auc, ax_rate = top.subplots(1, 3, sharex=True)
     phase_axes = bottom.subplots(1, n, sharey=True, squeeze=False)[0]
     colours = matplotlib.colormaps["tab10"].colors
 

@@ -184,6 +184,7 @@ class Trainer:
                     log.report(rec, total)
                     self._emit(rec)
                     window = _Window()
+                paused = time.perf_counter()
                 if (
                     checkpoints is not None
                     and cfg.checkpoint_every
@@ -193,6 +194,7 @@ class Trainer:
                     checkpoints.save(self)
                 if cfg.test_freq and self.step_count % cfg.test_freq == 0 and self.step_count < total:
                     self._emit({"kind": "eval", "step": self.step_count, **self.evaluate("val")})
+                window.start += time.perf_counter() - paused  # a window's ms/step: training steps only
         finally:
             bar.close()
         elapsed = time.perf_counter() - start
