@@ -237,6 +237,15 @@ def test_export_refuses_what_torchrec_cannot_express(runs, tmp_path, capsys):
 
 
 # -- logs ----------------------------------------------------------------------------------------------------
+def test_summary_line_has_the_same_keys_on_one_rank_as_on_n(runs, capsys):
+    from hotline.cli.train import SUMMARY_KEYS
+
+    argv = ["train", runs["ds"], *ARCH, "--num-batches", "3", "--no-progress", "--eval-max-samples", "50"]
+    assert main(argv) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert list(record) == [*SUMMARY_KEYS, "world_size"] and record["world_size"] == 1
+
+
 def test_no_progress_prints_a_line_per_report(runs, capsys):
     argv = ["train", runs["ds"], *ARCH, "--mode", "hybrid", "--num-batches", "12", "--print-freq", "4",
             "--no-progress", "--eval-max-samples", "100"]  # fmt: skip

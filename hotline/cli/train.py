@@ -228,8 +228,7 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
                 dist.destroy_process_group()
     if comm.rank == 0:
         record = {k: summary[k] for k in SUMMARY_KEYS}
-        if comm.world_size > 1:
-            record["world_size"] = comm.world_size
+        record["world_size"] = comm.world_size  # every run prints the same keys, 1 rank or N
         print(json.dumps(record))
     return 0
 
