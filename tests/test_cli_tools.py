@@ -307,3 +307,10 @@ def test_compile_note_only_while_a_kernel_is_not_compiled(tmp_path, monkeypatch)
     del fresh_kernels
     monkeypatch.delitem(sys.modules, "fresh_kernels")
     assert not kernels_need_compiling(("fresh_kernels",))  # a new process: _twice comes from the cache
+
+
+def test_export_without_torchrec_says_what_is_missing(runs, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchrec.models.dlrm", None)  # import fails as if not installed
+    assert main(["export", str(tmp_path / "x.pt"), "--load", str(runs["ckpt"])]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hotline export: error: torchrec is needed") and not (tmp_path / "x.pt").exists()

@@ -28,19 +28,32 @@ def _run(cmd: list[str], cwd: Path, env: dict, timeout: float = 240) -> subproce
     return proc
 
 
+def _copy_source(dest: Path) -> None:
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+            cwd=ROOT, capture_output=True, check=True,
+        ).stdout.decode().split("\0")  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):  # not a git checkout (an sdist, say): everything
+        shutil.copytree(
+            ROOT, dest, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", ".venv")
+        )
+        return
+    for name in filter(None, listed):
+        path = ROOT / name
+        if path.is_file() and not path.is_symlink():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, dest / name)
+
+
 def test_wheel_installs_and_trains_in_a_fresh_venv(tmp_path):
     pytest.importorskip("setuptools")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
-    # A copy of the source, so that the build leaves no build/ or .egg-info in the checkout.
+    # A copy of the source (what git would commit: tracked and not-ignored files), so that the build leaves
+    # no build/ or .egg-info in the checkout and a developer's datasets or venvs do not travel.
     src = tmp_path / "src"
-    shutil.copytree(
-        ROOT,
-        src,
-        symlinks=True,
-        ignore=shutil.ignore_patterns(".git", "build", "*.egg-info", "__pycache__", ".venv", "runs", "out"),
-    )
-    (src / "hotline" / "kernels").unlink(missing_ok=True)  # a developer's symlink; the wheel maps kernels/
+    _copy_source(src)
     wheels = tmp_path / "wheels"
     _run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", ".", "-w", str(wheels)],

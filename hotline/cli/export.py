@@ -37,6 +37,10 @@ def run(args: argparse.Namespace) -> int:
         from hotline.training.export import export_torchrec_dlrm
 
         config = export_torchrec_dlrm(args.load, args.out, arch_flags(args))
+    except ImportError as e:
+        return error(
+            "export", f"torchrec is needed for --to torchrec-dlrm ({e}): see README, torchrec section"
+        )
     except (ValueError, OSError) as e:
         return error("export", e)
     print(
