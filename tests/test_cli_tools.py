@@ -314,3 +314,25 @@ def test_export_without_torchrec_says_what_is_missing(runs, tmp_path, capsys, mo
     assert main(["export", str(tmp_path / "x.pt"), "--load", str(runs["ckpt"])]) == 2
     err = capsys.readouterr().err
     assert err.startswith("hotline export: error: torchrec is needed") and not (tmp_path / "x.pt").exists()
+
+
+def test_evaluation_shows_a_progress_bar_on_a_terminal(runs, monkeypatch):
+    from dataclasses import replace
+
+    from hotline.training.inference import trainer_from_checkpoint
+
+    trainer = trainer_from_checkpoint(runs["ds"], runs["ckpt"], progress=True)
+    try:
+        trainer.config = replace(trainer.config, eval_batch_size=100)
+        terminal = _Terminal()
+        monkeypatch.setattr(sys, "stderr", terminal)
+        trainer.evaluate("val")
+        shown = terminal.getvalue()
+        trainer.config = replace(trainer.config, progress=False)
+        terminal = _Terminal()
+        monkeypatch.setattr(sys, "stderr", terminal)
+        trainer.evaluate("val")
+    finally:
+        trainer.close()
+    assert "eval val" in shown and "sample" in shown
+    assert terminal.getvalue() == ""  # --no-progress: no bar
