@@ -28,3 +28,38 @@ def test_profile_notebook_runs(tmp_path):
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert sum(o.output_type == "display_data" and "image/png" in o.get("data", {}) for o in outputs) == 3
     assert not [o for o in outputs if o.output_type == "error"]
+
+
+TRAINING_NOTEBOOK = NOTEBOOK.with_name("training_run.ipynb")
+
+
+def test_training_notebook_is_committed_without_outputs():
+    nb = nbformat.read(TRAINING_NOTEBOOK, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code and all(not c.outputs and c.execution_count is None for c in code)
+
+
+def test_training_notebook_runs(tmp_path):
+    nb = nbformat.read(TRAINING_NOTEBOOK, as_version=4)
+    client = nbclient.NotebookClient(
+        nb, kernel_name="python3", timeout=180, resources={"metadata": {"path": str(tmp_path)}}
+    )
+    client.execute()
+    for mode in ("hybrid", "hotline"):
+        records = (tmp_path / f"{mode}.jsonl").read_text().splitlines()
+        assert len(records) == 20 + 3 + 1  # 200 steps / print-freq 10, 3 validations before the end, summary
+    assert (tmp_path / "run.png").read_bytes()[:4] == b"\x89PNG"
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert (
+        sum(
+            o.output_type in ("display_data", "execute_result") and "image/png" in o.get("data", {})
+            for o in outputs
+        )
+        == 2
+    )
+    assert not [o for o in outputs if o.output_type == "error"]
+    stderr = "".join(o.text for o in outputs if o.output_type == "stream" and o.name == "stderr")
+    log = [line for line in stderr.splitlines() if not line.startswith(("step ", "compiling kernels"))]
+    assert not log, log  # the runs' log lines, and no warnings
+    tables = [o for o in outputs if o.output_type == "execute_result" and "text/html" in o.get("data", {})]
+    assert len(tables) == 3  # summaries, train records, eval records

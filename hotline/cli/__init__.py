@@ -13,18 +13,27 @@ COMMANDS = {
     "profile": "hotline.cli.profile",
     "train": "hotline.cli.train",
     "plan": "hotline.cli.plan",
+    "evaluate": "hotline.cli.evaluate",
+    "predict": "hotline.cli.predict",
+    "export": "hotline.cli.export",
+    "report": "hotline.cli.report",
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from hotline import __version__
+    from hotline.cli.args import use_help_formatter
+
     parser = argparse.ArgumentParser(
         prog="hotline",
         description="Train recommendation models whose embedding tables do not fit in GPU memory.",
     )
+    parser.add_argument("--version", action="version", version=f"hotline {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for module_name in COMMANDS.values():
         importlib.import_module(module_name).add_parser(sub)
+    use_help_formatter(parser)  # every flag's help shows its default
     return parser
 
 

@@ -15,6 +15,34 @@ from hotline.units import size_arg
 SubParsers = argparse._SubParsersAction
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default, unless its text already names it: ``(default: 128)``,
+    ``(default: off)`` for a switch, ``(default: none)`` for an optional value left unset."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default is argparse.SUPPRESS or not action.option_strings:
+            return text
+        if action.required:
+            return f"{text} (required)"
+        if isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+            return text
+        if action.nargs == 0:  # store_true / store_false
+            return f"{text} (default: {'on' if action.default else 'off'})"
+        if action.default is None:
+            return f"{text} (default: none)"
+        return f"{text} (default: %(default)s)"
+
+
+def use_help_formatter(parser: argparse.ArgumentParser) -> None:
+    """Gives ``parser`` and every sub-command parser below it :class:`HelpFormatter`."""
+    parser.formatter_class = HelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                use_help_formatter(sub)
+
+
 def add_threads(parser: argparse.ArgumentParser, what: str = "torch and numba threads") -> None:
     """``--threads N`` (0 or unset: all cores) and its hidden alias ``--num-threads``."""
     parser.add_argument("--threads", type=int, default=0, metavar="N", help=f"{what} (default 0: all cores)")
@@ -25,8 +53,14 @@ def add_progress(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
+def check_new_output(path: str | Path, force: bool, flag: str) -> None:
+    """Refuses to replace an existing file at ``path`` unless ``--force`` (ValueError naming the flag)."""
+    if Path(path).exists() and not force:
+        raise ValueError(f"{flag} {path} exists: pass --force to replace it, or choose another name")
+
+
 def add_seed(parser: argparse.ArgumentParser, what: str) -> None:
-    parser.add_argument("--seed", type=int, default=0, help=f"seed of {what} (default 0)")
+    parser.add_argument("--seed", type=int, default=0, metavar="N", help=f"seed of {what} (default 0)")
 
 
 def add_mini_batch_size(parser: argparse.ArgumentParser) -> None:
@@ -77,6 +111,41 @@ def add_embedding(parser: argparse.ArgumentParser) -> None:
         default="sgd",
         choices=["sgd", "rowwise-adagrad"],
         help="optimizer whose state is kept with hot rows (default sgd: none; rowwise-adagrad: 4 bytes per row)",
+    )
+
+
+def add_arch(parser: argparse.ArgumentParser, default=True) -> None:
+    """The DLRM architecture flags of ``hotline train`` (``default=False``: unset, taken from a checkpoint)."""
+
+    def d(value):
+        return value if default else None
+
+    parser.add_argument(
+        "--arch-sparse-feature-size", type=int, default=d(16), metavar="D", help="embedding dimension D"
+    )
+    parser.add_argument(
+        "--arch-mlp-bot",
+        default=d("13-512-256-64-16"),
+        metavar="SIZES",
+        help="bottom MLP sizes (dense in ... D)",
+    )
+    parser.add_argument(
+        "--arch-mlp-top",
+        default=d("512-256-1"),
+        metavar="SIZES",
+        help="top MLP sizes after the interaction (... 1)",
+    )
+    parser.add_argument(
+        "--arch-interaction-op", default=d("dot"), choices=["dot", "cat"], help="feature interaction"
+    )
+
+
+def add_device(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--device",
+        default="auto",
+        metavar="DEVICE",
+        help="compute device: auto (cuda when available, else cpu), cpu, cuda, cuda:1",
     )
 
 

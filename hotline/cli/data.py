@@ -19,7 +19,9 @@ def add_parser(subparsers: SubParsers) -> None:
 
 
 def _add_out(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", required=True, help="dataset directory to write (replaced atomically)")
+    parser.add_argument(
+        "--out", required=True, metavar="DIR", help="dataset directory to write (replaced atomically)"
+    )
 
 
 def _build(command: str, errors: tuple, make):
@@ -141,6 +143,7 @@ def _add_synthetic(sub: SubParsers) -> None:
         "--rows",
         type=int,
         required=True,
+        metavar="N",
         help="total rows N (Criteo Kaggle layout: train 6/7, then test and val 1/14 each)",
     )
     add_seed(p, "the data and the planted model")
@@ -158,9 +161,9 @@ def _add_synthetic(sub: SubParsers) -> None:
     p.add_argument("--pooling-factor", type=int, default=1, metavar="L",
                    help="ids per bag, as dlrm's --num-indices-per-lookup (default 1: one-hot)")  # fmt: skip
     p.add_argument("--drift-days", type=int, default=1, metavar="D",
-                   help="cut the rows into D days; each day moves popular ranks to new rows (default 1: none)")  # fmt: skip
+                   help="cut the rows into D days; each day moves popular ranks to new rows (1: no drift)")  # fmt: skip
     p.add_argument("--drift-rate", type=float, default=0.0, metavar="R",
-                   help="share of each table's top-1%% ranks that move to cold rows every day (default 0)")  # fmt: skip
+                   help="share of each table's most popular ranks (its top 1 percent) that move to cold rows every day")  # fmt: skip
     p.add_argument("--raw-tsv", default=None, metavar="FILE",
                    help="also write the rows as raw Criteo text: label, 13 ints, 26 hex (one-hot)")  # fmt: skip
     add_progress(p)

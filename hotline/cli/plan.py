@@ -26,7 +26,7 @@ def add_parser(subparsers: SubParsers) -> None:
         "factor is Hotline's hot share, fill torchrec's CacheStatistics from the profile, and run torchrec's "
         "EmbeddingShardingPlanner. Writes plan.json and plan.hot_rows.npz (hot row ids per table).",
     )
-    parser.add_argument("dataset", help="dataset directory (from `hotline data ...`)")
+    parser.add_argument("dataset", metavar="DATASET", help="dataset directory (from `hotline data ...`)")
     parser.add_argument(
         "--placement", type=Path, default=None, metavar="FILE", help="hot rows from `hotline profile --out`"
     )

@@ -26,7 +26,7 @@ def add_parser(subparsers: SubParsers) -> None:
         description="Count accesses per (table, row) over a sample of a dataset split, rank the rows of all "
         "tables by popularity, and choose the hot rows that fit an HBM budget.",
     )
-    parser.add_argument("dataset", help="dataset directory (from `hotline data ...`)")
+    parser.add_argument("dataset", metavar="DATASET", help="dataset directory (from `hotline data ...`)")
     add_sampling(parser)
     parser.add_argument("--split", default="train", choices=["train", "val", "test"], help="split to profile")
     add_budget(

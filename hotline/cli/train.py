@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from hotline.cli.args import SubParsers, add_threads, error, flags
+from hotline.cli.args import SubParsers, add_arch, add_device, add_threads, error, flags
 
 SUMMARY_KEYS = (
     "mode",
@@ -32,37 +32,69 @@ def add_parser(subparsers: SubParsers) -> None:
         help="train DLRM (on the built-in synthetic default when no dataset is given)",
         description="Train DLRM. Flags keep the reference DLRM's names.",
     )
-    p.add_argument("dataset", nargs="?", help="dataset directory (default: the built-in synthetic dataset)")
+    p.add_argument(
+        "dataset",
+        nargs="?",
+        metavar="DATASET",
+        help="dataset directory (default: the built-in synthetic dataset)",
+    )
     p.add_argument(
         "--mode",
         default="device",
         choices=["device", "hybrid", "hotline"],
-        help="where embedding rows live (default: device)",
+        help="where embedding rows live: all on the device, all in host memory, or hot/cold (hotline)",
     )
-    p.add_argument("--arch-sparse-feature-size", type=int, default=16, help="embedding dim D (default 16)")
-    p.add_argument("--arch-mlp-bot", default="13-512-256-64-16", help="bottom MLP sizes")
-    p.add_argument("--arch-mlp-top", default="512-256-1", help="top MLP sizes after the interaction")
-    p.add_argument("--arch-interaction-op", default="dot", choices=["dot", "cat"])
-    p.add_argument("--mini-batch-size", type=int, default=128)
-    p.add_argument("--learning-rate", type=float, default=0.1)
-    p.add_argument("--optimizer", default="sgd", choices=["sgd", "rowwise-adagrad"])
-    p.add_argument("--nepochs", type=int, default=1)
-    p.add_argument("--num-batches", type=int, default=0, help="stop after this many steps (0: all)")
-    p.add_argument("--print-freq", type=int, default=256, help="steps between reports")
-    p.add_argument("--test-freq", type=int, default=0, help="steps between validations (0: at the end)")
-    p.add_argument("--eval-max-samples", type=int, default=0, help="evaluate on at most N samples (0: all)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
-    add_threads(p)
-    p.add_argument("--metrics", help="write one JSON record per report to this .jsonl file")
-    p.add_argument("--dump-params", help="write every parameter by name to this .npz at the end")
-    p.add_argument("--save", help="write a checkpoint here at the end")
-    p.add_argument("--load", help="start from this checkpoint")
-    p.add_argument("--placement", help="placement .npz for --mode hotline (from `hotline profile`)")
-    p.add_argument("--hbm-budget", help="for --mode hotline without --placement: profile first, this budget")
-    p.add_argument("--lookahead", type=int, default=2, help="hotline: steps gathered ahead (0: sequential)")
+    add_arch(p)
+    p.add_argument("--mini-batch-size", type=int, default=128, metavar="B", help="samples per optimizer step")
     p.add_argument(
-        "--worker-threads", type=int, default=1, help="hotline: numba threads of the look-ahead worker"
+        "--learning-rate", type=float, default=0.1, metavar="LR", help="dense and sparse learning rate"
+    )
+    p.add_argument(
+        "--optimizer", default="sgd", choices=["sgd", "rowwise-adagrad"], help="sparse (and dense) optimizer"
+    )
+    p.add_argument("--nepochs", type=int, default=1, metavar="N", help="passes over the training split")
+    p.add_argument("--num-batches", type=int, default=0, metavar="N", help="stop after N steps (0: all)")
+    p.add_argument(
+        "--print-freq",
+        type=int,
+        default=256,
+        metavar="N",
+        help="steps between reports (metrics records, log lines)",
+    )
+    p.add_argument(
+        "--test-freq", type=int, default=0, metavar="N", help="steps between validations (0: at the end only)"
+    )
+    p.add_argument(
+        "--eval-max-samples", type=int, default=0, metavar="N", help="evaluate on at most N samples (0: all)"
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, metavar="N", help="seed of the model and embedding initialisation"
+    )
+    add_device(p)
+    add_threads(p)
+    p.add_argument("--metrics", metavar="FILE.jsonl", help="write one JSON record per report to this file")
+    p.add_argument(
+        "--dump-params", metavar="FILE.npz", help="write every parameter by name to this file at the end"
+    )
+    p.add_argument("--save", metavar="CKPT.pt", help="write a checkpoint here at the end")
+    p.add_argument("--load", metavar="CKPT.pt", help="start from this checkpoint")
+    p.add_argument(
+        "--placement", metavar="FILE.npz", help="hot rows for --mode hotline (from `hotline profile`)"
+    )
+    p.add_argument(
+        "--hbm-budget",
+        metavar="SIZE",
+        help="--mode hotline without --placement: profile first, this budget (256MiB)",
+    )
+    p.add_argument(
+        "--lookahead", type=int, default=2, metavar="K", help="hotline: steps gathered ahead (0: sequential)"
+    )
+    p.add_argument(
+        "--worker-threads",
+        type=int,
+        default=1,
+        metavar="N",
+        help="hotline: numba threads of the look-ahead worker",
     )
     p.add_argument(
         "--micro-batches",
@@ -77,20 +109,29 @@ def add_parser(subparsers: SubParsers) -> None:
                    help="hotline: auto re-chooses when the hot-lookup share falls --replace-threshold below "
                    "what the placement delivered")  # fmt: skip
     p.add_argument("--replace-threshold", type=float, default=0.05, metavar="P",
-                   help="fall in hot-lookup share that triggers --replace auto (default 0.05: 5 points)")  # fmt: skip
+                   help="fall in hot-lookup share that triggers --replace auto (0.05: 5 points)")  # fmt: skip
     p.add_argument("--count-decay", type=float, default=0.99, metavar="D",
-                   help="per-step decay of the online access counts (default 0.99)")  # fmt: skip
+                   help="per-step decay of the online access counts")  # fmt: skip
     p.add_argument("--save-placement", metavar="FILE",
                    help="hotline: write the placement in force at the end (.npz, as `hotline profile --out`)")  # fmt: skip
-    p.add_argument("--checkpoint-dir", help="directory for periodic checkpoints (and --resume)")
-    p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: none)")
+    p.add_argument(
+        "--checkpoint-dir", metavar="DIR", help="directory for periodic checkpoints (and --resume)"
+    )
+    p.add_argument(
+        "--checkpoint-every", type=int, default=0, metavar="N", help="steps between checkpoints (0: none)"
+    )
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar: a log line every --print-freq steps instead",
+    )
     p.add_argument(
         "--nproc",
         type=int,
         default=0,
-        help="train on N local ranks (data-parallel, through torch.distributed.run, as torchrun does)",
+        metavar="N",
+        help="train on N local ranks (data-parallel, through torch.distributed.run, as torchrun does; 0: one process)",
     )
     p.set_defaults(func=run, train_parser=p)
 
@@ -204,8 +245,7 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
                 dist.destroy_process_group()
     if comm.rank == 0:
         record = {k: summary[k] for k in SUMMARY_KEYS}
-        if comm.world_size > 1:
-            record["world_size"] = comm.world_size
+        record["world_size"] = comm.world_size  # every run prints the same keys, 1 rank or N
         print(json.dumps(record))
     return 0
 

@@ -53,6 +53,14 @@ def _payload(trainer) -> dict:
         "table_sizes": list(trainer.dataset.table_sizes),
         "dataset_fingerprint": trainer.dataset.fingerprint,
         "num_hot": int(placement.num_hot) if placement is not None else 0,
+        # The architecture, so that evaluate / predict / export need no --arch-* flags (load ignores it).
+        "model_config": {
+            "embedding_dim": trainer.config.embedding_dim,
+            "bottom_mlp": list(trainer.config.bottom_mlp),
+            "top_mlp": list(trainer.config.top_mlp),
+            "interaction": trainer.config.interaction,
+            "optimizer": trainer.config.optimizer,
+        },
     }
     counts = getattr(getattr(trainer.mode, "dispatcher", None), "counts", None)
     if counts is not None:  # re-placement: the placement in force and the counts it will choose from

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -10,6 +11,19 @@ from hotline.tiers.sparse_optim import SparseOptimizer
 from hotline.training.model import DLRMConfig
 
 MODES = ("device", "hybrid", "hotline")
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` -> ``cuda`` when torch sees a GPU (a local rank of several: ``cuda:LOCAL_RANK``, modulo the
+    GPUs), else ``cpu``; any other name as it is."""
+    if device != "auto":
+        return device
+    if not torch.cuda.is_available():
+        return "cpu"
+    local_rank = os.environ.get("LOCAL_RANK")
+    if local_rank is None or int(os.environ.get("LOCAL_WORLD_SIZE", "1")) <= 1:
+        return "cuda"
+    return f"cuda:{int(local_rank) % torch.cuda.device_count()}"
 
 
 @dataclass
@@ -47,7 +61,7 @@ class TrainConfig:
     seed: int = 0
     """Seed of model and embedding initialisation."""
     device: str = "cpu"
-    """Compute device: cpu or cuda."""
+    """Compute device: cpu, cuda (cuda:N), or auto: cuda when torch sees a GPU, else cpu (resolved here)."""
     threads: int = 0
     """torch and numba threads (0: all cores)."""
     progress: bool = True
@@ -111,6 +125,8 @@ class TrainConfig:
                 f"--threads must be >= 0 (0: all cores) and --worker-threads >= 1, got {self.threads} "
                 f"and {self.worker_threads}"
             )
+        if self.device == "auto":
+            self.device = resolve_device("auto")
         try:
             device = torch.device(self.device)
         except RuntimeError as e:

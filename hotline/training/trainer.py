@@ -32,6 +32,7 @@ from hotline.distributed.comm import Comm, shard_bounds
 from hotline.tiers.base import StepStats, TrainMode
 from hotline.tiers.sparse_optim import SparseOptimizer
 from hotline.training.config import TrainConfig
+from hotline.training.logs import LogLines
 from hotline.training.metrics import accuracy, log_loss, roc_auc
 from hotline.training.model import DLRM
 
@@ -160,9 +161,9 @@ class Trainer:
         if cfg.metrics_path:  # append-only: flushed after every record
             Path(cfg.metrics_path).parent.mkdir(parents=True, exist_ok=True)
             self._metrics_file = open(cfg.metrics_path, "a" if self.step_count else "w")
-        bar = tqdm(
-            total=total, initial=self.step_count, disable=not cfg.progress, unit="step", dynamic_ncols=True
-        )
+        log = LogLines(self.comm.rank == 0, bar=cfg.progress)  # no bar without a TTY: a line per report
+        bar = tqdm(total=total, initial=self.step_count, disable=not log.bar, unit="step", dynamic_ncols=True)
+        log.before_first_step()
         window = _Window()
         start = time.perf_counter()
         samples_total = 0
@@ -171,6 +172,7 @@ class Trainer:
                 window.add(stats)
                 samples_total += stats.samples
                 bar.update(1)
+                log.after_step(bar, self.step_count)
                 if not math.isfinite(stats.loss_sum):
                     kept = f"; the last good checkpoint is {checkpoints.latest()}" if checkpoints else ""
                     raise FloatingPointError(
@@ -183,8 +185,10 @@ class Trainer:
                     if "overlap_ratio" in rec:
                         postfix["overlap"] = f"{rec['overlap_ratio']:.2f}"
                     bar.set_postfix(postfix)
+                    log.report(rec, total)
                     self._emit(rec)
                     window = _Window()
+                paused = time.perf_counter()
                 if (
                     checkpoints is not None
                     and cfg.checkpoint_every
@@ -194,6 +198,7 @@ class Trainer:
                     checkpoints.save(self)
                 if cfg.test_freq and self.step_count % cfg.test_freq == 0 and self.step_count < total:
                     self._emit({"kind": "eval", "step": self.step_count, **self.evaluate("val")})
+                window.start += time.perf_counter() - paused  # a window's ms/step: training steps only
         finally:
             bar.close()
         elapsed = time.perf_counter() - start
@@ -265,10 +270,14 @@ class Trainer:
     def predict(self, split: Split, max_samples: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """Click probabilities and labels of a split (the first ``max_samples`` if given): each rank scores
         its shard of every eval batch (a collective on N ranks)."""
+        from tqdm import tqdm
+
         self.model.eval()
         N, r = self.comm.world_size, self.comm.rank
         probs, labels = [], []
         n = min(len(split), max_samples) if max_samples else len(split)
+        shown = self.config.progress and sys.stderr.isatty() and n > self.config.eval_batch_size
+        bar = tqdm(total=n, disable=not shown, unit="sample", desc=f"eval {split.name}", leave=False)
         for start in range(0, n, self.config.eval_batch_size):
             stop = min(start + self.config.eval_batch_size, n)
             lo, hi = shard_bounds(stop - start, r, N)
@@ -281,6 +290,8 @@ class Trainer:
                 local = torch.zeros(0)
             probs.append(torch.cat(self.comm.all_gather_varlen(local, "eval")).numpy())
             labels.append(np.array(split.labels[start:stop]))
+            bar.update(stop - start)
+        bar.close()
         self.comm.take_bytes()
         self.model.train()
         if not probs:
@@ -341,11 +352,15 @@ class _Window:
         from hotline.pipeline.executor import overlap_ratio
 
         elapsed = time.perf_counter() - self.start
+        steps = max(self.steps, 1)
         rec = {
             "kind": "train",
             "step": step,
             "loss": self.loss / max(self.samples, 1),
             "samples_per_s": self.samples / elapsed if elapsed > 0 else 0.0,
+            "window_steps": self.steps,  # steps since the previous record: time_s / window_steps = per step
+            "ms_per_step": 1e3 * elapsed / steps,
+            "phase_ms_per_step": {k: round(1e3 * v / steps, 6) for k, v in self.times.items()},
             "time_s": {k: round(v, 6) for k, v in self.times.items()},
             **{k: v for k, v in self.counters.items()},
         }

@@ -1,0 +1,85 @@
+"""``hotline evaluate DATASET --load CKPT``: a checkpoint's AUC, log-loss and accuracy on a split, as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from hotline.cli.args import SubParsers, add_arch, add_device, add_progress, add_threads, error
+
+
+def add_scoring(p: argparse.ArgumentParser, split_default: str) -> None:
+    """The flags ``evaluate`` and ``predict`` share: dataset, checkpoint, split, architecture, device."""
+    p.add_argument("dataset", metavar="DATASET", help="dataset directory the checkpoint was trained on")
+    p.add_argument(
+        "--load", required=True, metavar="CKPT.pt", help="checkpoint (from `hotline train --save`)"
+    )
+    p.add_argument("--split", default=split_default, choices=["val", "test"], help="split to score")
+    p.add_argument(
+        "--eval-max-samples", type=int, default=0, metavar="N", help="the first N samples only (0: all)"
+    )
+    add_arch(p, default=False)  # a checkpoint records its architecture; these are for older ones
+    for action in p._actions:
+        if action.dest.startswith("arch_"):
+            action.help += " (default: the checkpoint's; older checkpoints: `hotline train`'s)"
+    add_device(p)
+    add_threads(p)
+    add_progress(p)
+
+
+def arch_flags(args: argparse.Namespace) -> dict:
+    """The ``--arch-*`` flags given, as model-spec fields (None: not given)."""
+    from hotline.training.model import parse_layers
+
+    def layers(value, flag):
+        return None if value is None else parse_layers(value, flag)
+
+    return {
+        "embedding_dim": args.arch_sparse_feature_size,
+        "bottom_mlp": layers(args.arch_mlp_bot, "--arch-mlp-bot"),
+        "top_mlp": layers(args.arch_mlp_top, "--arch-mlp-top"),
+        "interaction": args.arch_interaction_op,
+    }
+
+
+def scoring_trainer(args: argparse.Namespace):
+    """The checkpoint's model on the dataset (ValueError / OSError for a user's mistake)."""
+    from hotline.pipeline.threads import configure_threads
+    from hotline.training.inference import trainer_from_checkpoint
+
+    if args.eval_max_samples < 0:
+        raise ValueError(f"--eval-max-samples must be >= 0, got {args.eval_max_samples}")
+    configure_threads(args.threads or 0)
+    return trainer_from_checkpoint(
+        args.dataset,
+        args.load,
+        flags=arch_flags(args),
+        device=args.device,
+        eval_max_samples=args.eval_max_samples,
+        progress=not args.no_progress,
+    )
+
+
+def add_parser(subparsers: SubParsers) -> None:
+    p = subparsers.add_parser(
+        "evaluate",
+        help="score a checkpoint on a split: AUC, log-loss, accuracy as JSON",
+        description="Load a checkpoint of `hotline train --save` and print its metrics on a split of the "
+        "dataset it was trained on, as one JSON line on stdout.",
+    )
+    add_scoring(p, "val")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        trainer = scoring_trainer(args)
+        try:
+            metrics = trainer.evaluate(args.split)
+        finally:
+            trainer.close()
+    except (ValueError, OSError, IndexError) as e:
+        return error("evaluate", e)
+    record = {"split": args.split, "checkpoint": str(args.load), "step": trainer.step_count, **metrics}
+    print(json.dumps(record))
+    return 0

@@ -1,0 +1,51 @@
+"""``hotline export --load CKPT --to torchrec-dlrm OUT.pt``: a checkpoint as torchrec's DLRM."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from hotline.cli.args import SubParsers, add_arch, check_new_output, error
+
+
+def add_parser(subparsers: SubParsers) -> None:
+    p = subparsers.add_parser(
+        "export",
+        help="export a checkpoint as torchrec's DLRM (torchrec.models.dlrm.DLRM weights)",
+        description="Write a checkpoint's model as torchrec's DLRM: a torch.save file that "
+        "hotline.training.export.load_torchrec_dlrm(OUT) turns back into torchrec.models.dlrm.DLRM "
+        "(features cat_0 .. cat_{T-1}, sum pooling).",
+    )
+    p.add_argument("out", metavar="OUT.pt", help="file to write")
+    p.add_argument(
+        "--load", required=True, metavar="CKPT.pt", help="checkpoint (from `hotline train --save`)"
+    )
+    p.add_argument("--to", default="torchrec-dlrm", choices=["torchrec-dlrm"], help="target model")
+    add_arch(p, default=False)
+    for action in p._actions:
+        if action.dest.startswith("arch_"):
+            action.help += " (default: the checkpoint's; older checkpoints: `hotline train`'s)"
+    p.add_argument("--force", action="store_true", help="replace OUT.pt if it exists")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from hotline.cli.evaluate import arch_flags
+
+    try:
+        check_new_output(args.out, args.force, "OUT")
+        from hotline.training.export import export_torchrec_dlrm
+
+        config = export_torchrec_dlrm(args.load, args.out, arch_flags(args))
+    except ImportError as e:
+        return error(
+            "export", f"torchrec is needed for --to torchrec-dlrm ({e}): see README, torchrec section"
+        )
+    except (ValueError, OSError) as e:
+        return error("export", e)
+    print(
+        f"wrote {args.out}: torchrec DLRM of {args.load} (step {config['step']}, {len(config['table_sizes'])} "
+        f"tables, dim {config['embedding_dim']})",
+        file=sys.stderr,
+    )
+    return 0

@@ -1,0 +1,174 @@
+"""A Hotline checkpoint as torchrec's DLRM (``torchrec.models.dlrm.DLRM``), weights included.
+
+The architectures map one to one: Hotline's DenseArch is torchrec's DenseArch (an MLP with ReLU after every
+layer), OverArch the same (ReLU between layers, none after the last), each table one
+``EmbeddingBagConfig`` (sum pooling, feature ``cat_{t}``, table ``t_cat_{t}``) in table order. Only the dot
+interaction's column order differs: Hotline takes the pairs (i, j), i > j, of the strict lower triangle row by
+row, torchrec those of the strict upper triangle (i < j) row by row, so the first top-MLP layer's input columns
+are permuted. ``cat`` interaction and a one-layer top MLP have no torchrec counterpart and are refused.
+
+The exported file is ``torch.save`` of ``{"format", "config", "state_dict"}`` (tensors, lists and strings
+only: it loads with ``weights_only=True``); :func:`load_torchrec_dlrm` rebuilds the module from it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from hotline import _io
+from hotline.training.inference import checkpoint_payload, model_spec
+from hotline.training.model import DLRM, DLRMConfig
+
+EXPORT_FORMAT = "hotline-torchrec-dlrm/1"
+TARGETS = ("torchrec-dlrm",)
+
+
+class ExportError(ValueError):
+    """A model that torchrec's DLRM cannot express, or an exported file that is not one of ours."""
+
+
+def feature_name(t: int) -> str:
+    return f"cat_{t}"
+
+
+def _interaction_permutation(num_tables: int) -> torch.Tensor:
+    """For torchrec's interaction column c (pair i < j, upper triangle row-major), Hotline's column index."""
+    F = num_tables + 1
+    li, lj = torch.tril_indices(F, F, offset=-1)
+    hotline_pos = {(int(i), int(j)): c for c, (i, j) in enumerate(zip(li, lj))}
+    ui, uj = torch.triu_indices(F, F, offset=1)
+    return torch.tensor([hotline_pos[(int(j), int(i))] for i, j in zip(ui, uj)], dtype=torch.long)
+
+
+def _build(config: dict):
+    """An (untrained) torchrec DLRM of ``config`` (table_sizes, embedding_dim, bottom_mlp, top_mlp)."""
+    from torchrec.models.dlrm import DLRM as TorchrecDLRM
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    tables = [
+        EmbeddingBagConfig(
+            name=f"t_{feature_name(t)}",
+            embedding_dim=int(config["embedding_dim"]),
+            num_embeddings=int(n),
+            feature_names=[feature_name(t)],
+            pooling=PoolingType.SUM,
+        )
+        for t, n in enumerate(config["table_sizes"])
+    ]
+    ebc = EmbeddingBagCollection(tables=tables, device=torch.device("cpu"))
+    return TorchrecDLRM(
+        embedding_bag_collection=ebc,
+        dense_in_features=int(config["bottom_mlp"][0]),
+        dense_arch_layer_sizes=[int(x) for x in config["bottom_mlp"][1:]],
+        over_arch_layer_sizes=[int(x) for x in config["top_mlp"]],
+    )
+
+
+def _linears(module: nn.Module) -> list[nn.Linear]:
+    return [m for m in module.modules() if isinstance(m, nn.Linear)]
+
+
+def torchrec_dlrm(model: DLRM, tables: list[np.ndarray]):
+    """torchrec's DLRM with the weights of Hotline's ``model`` and embedding ``tables`` (original row order)."""
+    cfg = model.config
+    if cfg.interaction != "dot":
+        raise ExportError("--arch-interaction-op cat has no torchrec DLRM counterpart (torchrec's is dot)")
+    if len(cfg.top_mlp) < 2:
+        raise ExportError(f"--arch-mlp-top {cfg.top_mlp}: torchrec's OverArch needs at least two layers")
+    config = {
+        "table_sizes": list(cfg.table_sizes),
+        "embedding_dim": cfg.embedding_dim,
+        "bottom_mlp": list(cfg.bottom_mlp),
+        "top_mlp": list(cfg.top_mlp),
+    }
+    out = _build(config)
+    D = cfg.embedding_dim
+    perm = _interaction_permutation(cfg.num_tables)
+    with torch.no_grad():
+        for theirs, ours in zip(_linears(out.dense_arch), _linears(model.dense_arch), strict=True):
+            theirs.weight.copy_(ours.weight)
+            theirs.bias.copy_(ours.bias)
+        for k, (theirs, ours) in enumerate(
+            zip(_linears(out.over_arch), _linears(model.over_arch), strict=True)
+        ):
+            w = ours.weight.detach().cpu()
+            if k == 0:  # [dense D | interaction pairs]: the pairs in torchrec's order
+                w = torch.cat([w[:, :D], w[:, D:][:, perm]], dim=1)
+            theirs.weight.copy_(w)
+            theirs.bias.copy_(ours.bias)
+        bags = out.sparse_arch.embedding_bag_collection.embedding_bags
+        for t, w in enumerate(tables):
+            bags[f"t_{feature_name(t)}"].weight.copy_(torch.from_numpy(np.asarray(w)))
+    out.eval()
+    return out
+
+
+def hotline_model(payload: dict, path: str | os.PathLike, flags: dict | None = None) -> DLRM:
+    """Hotline's DLRM with a checkpoint payload's dense weights."""
+    spec = model_spec(payload, path, flags)
+    model = DLRM(
+        DLRMConfig(
+            table_sizes=list(payload["table_sizes"]),
+            embedding_dim=spec.embedding_dim,
+            bottom_mlp=spec.bottom_mlp,
+            top_mlp=spec.top_mlp,
+            interaction=spec.interaction,
+        )
+    )
+    try:
+        model.load_state_dict(payload["model"])
+    except RuntimeError as e:
+        raise ExportError(f"{path} does not match the --arch-* flags: {e}") from None
+    return model.eval()
+
+
+def export_torchrec_dlrm(
+    checkpoint: str | os.PathLike, out: str | os.PathLike, flags: dict | None = None
+) -> dict:
+    """Writes checkpoint ``checkpoint`` as torchrec's DLRM to ``out`` (atomically); returns its config."""
+    payload = checkpoint_payload(checkpoint)
+    model = hotline_model(payload, checkpoint, flags)
+    tables = [t.numpy() for t in payload["tables"]]
+    module = torchrec_dlrm(model, tables)
+    config = {
+        "table_sizes": [int(n) for n in payload["table_sizes"]],
+        "embedding_dim": model.config.embedding_dim,
+        "bottom_mlp": list(model.config.bottom_mlp),
+        "top_mlp": list(model.config.top_mlp),
+        "feature_names": [feature_name(t) for t in range(model.config.num_tables)],
+        "dataset_fingerprint": payload["dataset_fingerprint"],
+        "step": int(payload["step"]),
+    }
+    blob = {"format": EXPORT_FORMAT, "config": config, "state_dict": module.state_dict()}
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    _io.atomic_write(out, lambda f: torch.save(blob, f))
+    return config
+
+
+def load_torchrec_dlrm(path: str | os.PathLike):
+    """The torchrec DLRM of an exported file, and its config (feature names in table order)."""
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ExportError(f"{path} cannot be loaded as an exported model: {e}") from e
+    if not isinstance(blob, dict) or blob.get("format") != EXPORT_FORMAT:
+        raise ExportError(f"{path} is not a Hotline torchrec-DLRM export (format {EXPORT_FORMAT})")
+    module = _build(blob["config"])
+    module.load_state_dict(blob["state_dict"])
+    return module.eval(), blob["config"]
+
+
+def keyed_jagged(sparse: np.ndarray, feature_names: list[str]):
+    """A KeyedJaggedTensor of a batch's ids ``[B, T, L]`` (feature-major, L ids per bag)."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    B, T, L = sparse.shape
+    values = torch.from_numpy(np.ascontiguousarray(sparse.transpose(1, 0, 2)).reshape(-1).astype(np.int64))
+    lengths = torch.full((T * B,), L, dtype=torch.int32)
+    return KeyedJaggedTensor.from_lengths_sync(keys=list(feature_names), values=values, lengths=lengths)
