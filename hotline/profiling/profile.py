@@ -20,6 +20,7 @@ from hotline.placement import Placement, PlacementError
 from hotline.units import format_size, parse_size
 
 if TYPE_CHECKING:
+    from hotline.profiling.heldout import HeldOut
     from hotline.profiling.profiler import Profiler
 
 
@@ -42,7 +43,9 @@ class Profile:
     sample_indices: np.ndarray | None = None
     """Sorted indices of the sampled samples in the split, or None for the first ``num_samples``."""
     timings: dict = field(default_factory=dict)
-    """Seconds spent counting and ranking."""
+    """Seconds spent counting, ranking and measuring the held-out figures."""
+    heldout: HeldOut | None = None
+    """The ranking measured on samples it did not see (None: not measured); see :mod:`~hotline.profiling.heldout`."""
     _chunks: object = None
     _popular_cum: np.ndarray | None = None
 
@@ -123,11 +126,14 @@ class Profile:
     def curve(self, budgets: Sequence[int | str] | None = None, batch_size: int | None = None):
         """A pandas DataFrame of what each HBM budget gives (one row per budget).
 
-        Columns: budget_bytes, hot_rows, hot_bytes, access_coverage, popular_sample_share,
-        expected_cold_rows_per_batch, expected_unique_rows_per_batch, hybrid_bytes_per_batch (every
-        B*T*L looked-up row gathered), hybrid_unique_bytes_per_batch (each unique row once),
-        hotline_bytes_per_batch (the unique cold rows of the non-popular micro-batch). Bytes moved are
-        host-to-device, bytes_per_row per row. Default budgets: 0, then log-spaced up to all accessed rows.
+        Columns: budget_bytes, hot_rows, hot_bytes; measured on held-out samples (when the profile has them:
+        see :attr:`heldout`; per-batch figures at its mini-batch size): heldout_access_coverage,
+        heldout_popular_sample_share, heldout_unique_cold_rows_per_batch, heldout_bytes_per_batch; measured on
+        the profiled sample itself (optimistic: the ranking was made from it): access_coverage,
+        popular_sample_share, expected_cold_rows_per_batch, expected_unique_rows_per_batch,
+        hybrid_bytes_per_batch (every B*T*L looked-up row gathered), hybrid_unique_bytes_per_batch (each unique
+        row once), hotline_bytes_per_batch (the unique cold rows of the non-popular micro-batch). Bytes moved
+        are host-to-device, bytes_per_row per row. Default budgets: 0, then log-spaced up to all accessed rows.
         """
         import pandas as pd
 
@@ -145,11 +151,17 @@ class Profile:
         k = np.minimum(budgets_b // self.bytes_per_row, self.num_accessed)
         suffix = self._expected_unique_suffix(B)
         row_bytes = self.bytes_per_row
+        heldout = {}
+        if self.heldout is not None:
+            h = self.heldout.figures(k)
+            heldout = {f"heldout_{name}": v for name, v in h.items()}
+            heldout["heldout_bytes_per_batch"] = h["unique_cold_rows_per_batch"] * row_bytes
         return pd.DataFrame(
             {
                 "budget_bytes": budgets_b,
                 "hot_rows": k,
                 "hot_bytes": k * row_bytes,
+                **heldout,
                 "access_coverage": self._cum_counts[k] / max(1, self.total_lookups),
                 "popular_sample_share": self._popular_cum[k] / self.num_samples,
                 "expected_cold_rows_per_batch": suffix[k],
@@ -296,10 +308,33 @@ class Profile:
             "expected_cold_rows_per_batch": expected,
         }
 
+    def heldout_figures(self, budget: int | str, always_hot: Sequence[int] = ()) -> dict | None:
+        """The held-out figures at ``budget`` (of ``placement(budget, always_hot)``): source, samples,
+        access_coverage, popular_sample_share, unique_cold_rows_per_batch, bytes_per_batch,
+        popular_samples_per_batch; None when the profile has no held-out samples."""
+        h = self.heldout
+        if h is None:
+            return None
+        if always_hot:
+            figures = h.evaluate(self.placement(budget, always_hot).fused_remap() >= 0, self.table_sizes)
+        else:
+            figures = {k: float(v) for k, v in h.figures(self.hot_rows_for(budget)).items()}
+        return {
+            "source": h.source,
+            "split": h.split,
+            "samples": h.num_samples,
+            "mini_batches": h.num_batches,
+            **figures,
+            "bytes_per_batch": figures["unique_cold_rows_per_batch"] * self.bytes_per_row,
+            "popular_samples_per_batch": figures["popular_sample_share"] * h.batch_size,
+        }
+
     def summary(self, budget: int | str, always_hot: Sequence[int] = ()) -> dict:
-        """What ``hotline profile --json`` writes: settings, the figures at ``budget``, and per-table stats."""
+        """What ``hotline profile --json`` writes: settings, the held-out figures at ``budget`` (``heldout``),
+        the same measured on the profiled sample (top level: optimistic), and per-table stats."""
         budget_b = parse_size(budget)
         figures = self.curve([budget_b]).to_dict(orient="records")[0]
+        figures = {k: v for k, v in figures.items() if not k.startswith("heldout_")}
         if always_hot:
             placement = self.placement(budget_b, always_hot)
             figures.update(self.evaluate(placement))
@@ -324,6 +359,9 @@ class Profile:
             "embedding_dim": int(p.embedding_dim),
             "optimizer": p.optimizer,
             "always_hot": sorted({int(t) for t in always_hot}),
+            "heldout": self.heldout_figures(budget_b, always_hot),
+            "in_sample_note": "the top-level coverage and popular-sample figures are measured on the profiled "
+            "sample, which the ranking was made from: optimistic; `heldout` holds them measured on unseen samples",
             **figures,
             "bytes_per_row": self.bytes_per_row,
             "hbm_budget_bytes": budget_b,
