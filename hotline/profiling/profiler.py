@@ -186,10 +186,14 @@ class Profiler:
         rest = np.ones(num_samples, dtype=bool)
         rest[indices] = False
         rest = np.flatnonzero(rest)
-        rng = np.random.default_rng([int(self.seed), 1])  # a stream of its own: the profiled sample is unchanged
+        rng = np.random.default_rng(
+            [int(self.seed), 1]
+        )  # a stream of its own: the profiled sample is unchanged
         return np.sort(rng.choice(rest, size=size, replace=False, shuffle=False)).astype(np.int64)
 
-    def measure_heldout(self, ds: Dataset, indices: np.ndarray | None, n: int, rank: np.ndarray, num_ranked: int):
+    def measure_heldout(
+        self, ds: Dataset, indices: np.ndarray | None, n: int, rank: np.ndarray, num_ranked: int
+    ):
         """The ranking's :class:`~hotline.profiling.heldout.HeldOut` figures (None for ``heldout='none'``)."""
         from tqdm import tqdm
 
@@ -205,7 +209,9 @@ class Profiler:
         if picked is None or picked.size == 0:
             if self.split == "val" or len(ds.split("val")) == 0:
                 if self.heldout == "val":
-                    raise ValueError(f"no held-out samples: the validation split of {ds.path} is empty or profiled")
+                    raise ValueError(
+                        f"no held-out samples: the validation split of {ds.path} is empty or profiled"
+                    )
                 return None
             split_name, picked, source = "val", None, "validation split"
         split = ds.split(split_name)
