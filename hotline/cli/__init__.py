@@ -13,6 +13,7 @@ COMMANDS = {
     "profile": "hotline.cli.profile",
     "train": "hotline.cli.train",
     "plan": "hotline.cli.plan",
+    "calibrate": "hotline.cli.calibrate",
 }
 
 

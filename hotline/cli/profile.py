@@ -46,6 +46,25 @@ def add_parser(subparsers: SubParsers) -> None:
     parser.add_argument(
         "--always-hot", type=int, nargs="+", default=[], metavar="TABLE", help="tables to keep hot whole"
     )
+    parser.add_argument(
+        "--predict",
+        action="store_true",
+        help="predict samples/s of device, hybrid and hotline K=0 / K>=1 at --hbm-budget from the held-out figures",
+    )
+    parser.add_argument(
+        "--hardware",
+        default="H200",
+        metavar="SPEC",
+        help="for --predict: a JSON file from `hotline calibrate`, or a known GPU (H100, H200; default H200)",
+    )
+    parser.add_argument(
+        "--host-hardware", default=None, metavar="FILE", help="for a GPU: its host's `hotline calibrate` JSON"
+    )
+    parser.add_argument("--arch-mlp-bot", default=None, metavar="A-B-C", help="for --predict: bottom MLP")
+    parser.add_argument("--arch-mlp-top", default="512-256-1", metavar="A-B-C", help="for --predict: top MLP")
+    parser.add_argument(
+        "--worker-threads", type=int, default=1, help="for --predict: threads of the look-ahead producer"
+    )
     add_output(parser, "--out", "write the placement (.npz)")
     add_output(parser, "--json", "write the summary as JSON")
     add_output(parser, "--curve-csv", "write the budget curve as CSV")
@@ -77,6 +96,27 @@ def _table_text(stats) -> str:
     return df.drop(columns=["lookups"]).to_string(index=False)
 
 
+def _prediction_text(prof, args) -> str:
+    from hotline.profiling import costmodel
+
+    def widths(v):
+        return [int(x) for x in v.split("-")] if v else None
+
+    hw = costmodel.load_hardware(args.hardware, args.host_hardware)
+    w = costmodel.workload_for(
+        prof, widths(args.arch_mlp_bot), widths(args.arch_mlp_top), args.worker_threads
+    )
+    stats = costmodel.Stats.from_profile(prof, args.hbm_budget)
+    figures = "held-out" if prof.heldout is not None else "IN-SAMPLE (nothing held out: optimistic)"
+    return (
+        f"predicted on {hw['name']} ({figures} figures: coverage {stats.hot_lookup_share:.1%}, popular "
+        f"{stats.popular_sample_share:.1%}, {stats.cold_rows_per_batch:,.0f} cold rows per mini-batch of "
+        f"{w.batch_size}); bottom MLP {'-'.join(map(str, w.bottom_mlp))}, top {'-'.join(map(str, w.top_mlp))}\n"
+        + costmodel.prediction_table(costmodel.predict_all(w, stats, hw))
+        + "\n"
+    )
+
+
 def _heldout_text(h: dict | None, batch_size: int) -> str:
     if h is None:
         return "held-out: none (nothing was held out: the figures below are in-sample only)"
@@ -99,8 +139,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads:
         set_numba_threads(args.threads)
-    if (args.out is not None or args.always_hot) and args.hbm_budget is None:
-        return error("profile", "--out and --always-hot need --hbm-budget")
+    if (args.out is not None or args.always_hot or args.predict) and args.hbm_budget is None:
+        return error("profile", "--out, --always-hot and --predict need --hbm-budget")
     try:
         names = ("sample_batches", "mini_batch_size", "seed", "embedding_dim", "optimizer", "split", "heldout",
                  "heldout_fraction")  # fmt: skip
@@ -136,6 +176,12 @@ def run(args: argparse.Namespace) -> int:
             f"(all lookups), {format_size(round(summary['hybrid_unique_bytes_per_batch']))} (unique rows); "
             f"Hotline {format_size(round(summary['hotline_bytes_per_batch']))} (unique cold rows)\n"
         )
+    if args.predict:
+        try:
+            text = _prediction_text(prof, args)
+        except (ValueError, OSError, KeyError) as e:
+            return error("profile", e)
+        print(text)
     print("per table (in-sample):")
     print(_table_text(prof.table_stats(args.hbm_budget, args.always_hot)))
     try:  # an unwritable or full output location is the user's to fix: one line, no traceback
