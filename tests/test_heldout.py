@@ -145,3 +145,19 @@ def test_profile_json_has_heldout(small, tmp_path, capsys):
     for key in ("access_coverage", "popular_sample_share", "unique_cold_rows_per_batch"):
         assert 0 <= held[key] and np.isfinite(held[key])
     assert held["access_coverage"] <= 1 and held["popular_sample_share"] <= 1
+
+
+def test_epoch_estimate_mixes_in_the_profiled_samples(skewed):
+    """A quarter of the split profiled: an epoch trains those samples too, at their in-sample figures. The
+    epoch estimate (in-sample on that quarter, held-out on the rest) is what training counts."""
+    root, path, _ = skewed
+    prof = hotline.profile(path, sample_fraction=0.25, mini_batch_size=B, embedding_dim=8, progress=False)
+    budget = prof.num_accessed * prof.bytes_per_row // 2
+    held = prof.summary(budget)["heldout"]
+    epoch = held["epoch_estimate"]
+    assert epoch["profiled_share_of_split"] == pytest.approx(0.25, abs=1e-3)
+    measured = _train(path, prof.placement(budget).save(root / "p-quarter.npz"))
+    assert abs(epoch["access_coverage"] - measured["hot_lookup_share"]) <= 0.01
+    assert epoch["popular_sample_share"] == pytest.approx(measured["popular_sample_share"], rel=0.1)
+    # the held-out figure alone describes unseen data: here below what the epoch counts
+    assert held["popular_sample_share"] < 0.9 * measured["popular_sample_share"]

@@ -127,6 +127,12 @@ def _heldout_text(h: dict | None, batch_size: int) -> str:
         f"  (~{h['popular_samples_per_batch']:.1f} of {batch_size} per mini-batch)\n"
         f"  per mini-batch of {batch_size}: unique cold rows {h['unique_cold_rows_per_batch']:.1f} "
         f"({format_size(round(h['bytes_per_batch']))} host->device, over {h['mini_batches']:,} mini-batches)"
+    ) + (
+        ""
+        if "epoch_estimate" not in h
+        else f"\n  an epoch of split {h['split']!r} ({h['epoch_estimate']['profiled_share_of_split']:.0%} of it "
+        f"profiled, at the in-sample figures) counts: coverage {h['epoch_estimate']['access_coverage']:.2%}, "
+        f"popular {h['epoch_estimate']['popular_sample_share']:.2%}"
     )
 
 

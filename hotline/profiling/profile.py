@@ -311,7 +311,10 @@ class Profile:
     def heldout_figures(self, budget: int | str, always_hot: Sequence[int] = ()) -> dict | None:
         """The held-out figures at ``budget`` (of ``placement(budget, always_hot)``): source, samples,
         access_coverage, popular_sample_share, unique_cold_rows_per_batch, bytes_per_batch,
-        popular_samples_per_batch; None when the profile has no held-out samples."""
+        popular_samples_per_batch; None when the profile has no held-out samples. When they come from the
+        profiled split, ``epoch_estimate`` is what an epoch over that split will count: the profiled samples
+        (a share ``profiled_share_of_split`` of it, at their in-sample figures) mixed with the rest (at the
+        held-out ones)."""
         h = self.heldout
         if h is None:
             return None
@@ -319,7 +322,7 @@ class Profile:
             figures = h.evaluate(self.placement(budget, always_hot).fused_remap() >= 0, self.table_sizes)
         else:
             figures = {k: float(v) for k, v in h.figures(self.hot_rows_for(budget)).items()}
-        return {
+        out = {
             "source": h.source,
             "split": h.split,
             "samples": h.num_samples,
@@ -328,6 +331,20 @@ class Profile:
             "bytes_per_batch": figures["unique_cold_rows_per_batch"] * self.bytes_per_row,
             "popular_samples_per_batch": figures["popular_sample_share"] * h.batch_size,
         }
+        if self.dataset is not None and h.split == self.profiler.split:
+            # An epoch over the profiled split also trains the profiled samples, on which the in-sample figures
+            # hold: what it will count is the mix, weighted by the share of the split that was profiled.
+            share = self.num_samples / max(1, len(self.dataset.split(h.split)))
+            inside = self.evaluate(self.placement(budget, always_hot)) if always_hot else None
+            k = self.hot_rows_for(budget)
+            cov_in = inside["access_coverage"] if inside else self._cum_counts[k] / max(1, self.total_lookups)
+            pop_in = inside["popular_sample_share"] if inside else self._popular_cum[k] / self.num_samples
+            out["epoch_estimate"] = {
+                "profiled_share_of_split": share,
+                "access_coverage": float(share * cov_in + (1 - share) * figures["access_coverage"]),
+                "popular_sample_share": float(share * pop_in + (1 - share) * figures["popular_sample_share"]),
+            }
+        return out
 
     def summary(self, budget: int | str, always_hot: Sequence[int] = ()) -> dict:
         """What ``hotline profile --json`` writes: settings, the held-out figures at ``budget`` (``heldout``),
