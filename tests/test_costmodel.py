@@ -170,3 +170,15 @@ def test_costmodel_benchmarks_smoke(tmp_path, monkeypatch):
         torch.set_num_threads(threads[0])
         numba.set_num_threads(threads[1])
         sys.modules.pop("bench_costmodel", None)
+
+
+def test_nonnegative_fit_recovers_and_clamps():
+    import numpy as np
+
+    from hotline.profiling.calibrate import _nnls
+
+    x = np.array([[1e9, 1e6, 1.0], [4e9, 2e6, 1.0], [2e8, 8e6, 1.0], [3e9, 3e7, 1.0]])
+    truth = np.array([2e-11, 5e-10, 3e-4])
+    np.testing.assert_allclose(_nnls(x.tolist(), (x @ truth).tolist()), truth, rtol=1e-6)
+    y = x @ np.array([2e-11, 0.0, 3e-4]) - 1e-4 * x[:, 1] / 3e7  # a negative pull on the middle column
+    assert (_nnls(x.tolist(), y.tolist()) >= 0).all()

@@ -37,15 +37,24 @@ def _median_s(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> fl
 
 
 def _nnls(features: list[list[float]], seconds: list[float]) -> np.ndarray:
-    """Non-negative least squares, each row weighted by 1/seconds (relative error counts, not absolute)."""
-    from scipy.optimize import nnls
-
+    """Non-negative least squares (active set: drop the most negative coefficient, solve again), each row
+    weighted by 1/seconds so relative errors count, not absolute ones. numpy only: the GPU image has no scipy."""
     a = np.asarray(features, dtype=np.float64)
     y = np.asarray(seconds, dtype=np.float64)
     w = 1.0 / y
     scale = a.max(axis=0)
     scale[scale == 0] = 1.0
-    coef, _ = nnls(a / scale * w[:, None], y * w)
+    a = a / scale * w[:, None]
+    b = y * w
+    free = np.ones(a.shape[1], dtype=bool)
+    coef = np.zeros(a.shape[1])
+    while free.any():
+        sol = np.linalg.lstsq(a[:, free], b, rcond=None)[0]
+        if (sol >= 0).all():
+            coef[free] = sol
+            break
+        idx = np.flatnonzero(free)
+        free[idx[np.argmin(sol)]] = False
     return coef / scale
 
 
@@ -124,6 +133,57 @@ def _handover_us(rounds: int = 2000) -> float:
     elapsed = time.perf_counter() - t0
     t.join()
     return 1e6 * elapsed / (2 * rounds)
+
+
+def _overlap_penalty(rng: np.random.Generator, threads: int) -> float:
+    """How much of the shorter of two overlapped lanes still costs time when host work (a Numba gather on a
+    worker thread, one Numba thread, holding the GIL as the producer's kernels do) runs beside the dense
+    compute (torch on ``threads`` threads) on this CPU: (together - longer) / shorter, 0 = free overlap,
+    1 = none. The look-ahead step on a CPU device is priced with it."""
+    import numba
+    import torch
+
+    from hotline.kernels.gather import gather_rows
+    from hotline.tiers.base import loss_and_backward, sum_pool
+    from hotline.training.config import TrainConfig
+    from hotline.training.model import DLRM
+
+    cfg = TrainConfig(embedding_dim=64, bottom_mlp=[13, 64, 64], top_mlp=[64, 1], mini_batch_size=1024)
+    model = DLRM(cfg.model_config([1000] * 26), seed=0)
+    table = torch.randn(50_000, 64)
+    ids = torch.from_numpy(rng.integers(0, 50_000, 1024 * 26))
+    dense, labels = torch.randn(1024, 13), torch.zeros(1024)
+
+    def device_work(n: int = 12) -> None:
+        for _ in range(n):
+            rows = table.index_select(0, ids).requires_grad_(True)
+            loss_and_backward(model, dense, sum_pool(rows, 26, 1), labels, 1024)
+            model.zero_grad(set_to_none=True)
+
+    host_table = rng.standard_normal((400_000, 64), dtype=np.float32)
+    host_rows = rng.integers(0, 400_000, 40_000).astype(np.int64)
+    out = np.empty((host_rows.shape[0], 64), np.float32)
+
+    def host_work(n: int) -> None:
+        numba.set_num_threads(1)  # thread-local, as in the producer
+        for _ in range(n):
+            gather_rows(host_table, host_rows, out)
+
+    device_work(2)
+    host_work(2)
+    t_d = _median_s(device_work, repeats=3, warmup=0)
+    t_one = _median_s(lambda: host_work(1), repeats=5, warmup=0)
+    n_host = max(1, int(0.6 * t_d / max(t_one, 1e-6)))
+    t_h = _median_s(lambda: host_work(n_host), repeats=3, warmup=0)
+
+    def together() -> None:
+        worker = threading.Thread(target=host_work, args=(n_host,))
+        worker.start()
+        device_work()
+        worker.join()
+
+    t_both = _median_s(together, repeats=3, warmup=1)
+    return float(min(1.5, max(0.0, (t_both - max(t_d, t_h)) / min(t_d, t_h))))
 
 
 # Model shapes the dense compute is fitted over: (batch, tables, dim, bottom MLP, top MLP).
@@ -233,6 +293,8 @@ def calibrate(
         host["memcpy_gbps"] = _memcpy_gbps()
         host["handover_us"] = _handover_us()
         host.update(threads=threads, cores=cores)
+        say("overlap of host work and compute")
+        host["overlap_penalty"] = _overlap_penalty(rng, threads)
         say("sparse update")
         device = {"kind": "cpu", **_update_fit(rng)}
         say("dense compute")

@@ -14,8 +14,9 @@ A step is a set of phases, each priced from the hardware description (JSON; see 
 Sequential modes (device, hybrid, hotline K=0) add their phases. Hotline with look-ahead K >= 1 runs host work
 on a producer thread, the write-back on a writer thread and compute on the main thread: a step takes the
 largest of host work, link and device work, plus what cannot overlap (the hand-over between threads); where the
-device is this CPU, all of them share its cores, so a step also takes at least the CPU-seconds of all the work
-divided by the cores.
+device is this CPU, all of them share its cores (and the producer's kernels hold the GIL), so host work and
+compute overlap only partly: a step takes the longer of the two plus the calibrated share (``overlap_penalty``)
+of the shorter.
 
 What a step moves comes from held-out figures (never the in-sample ones): lookups that hit hot rows, the
 popular-sample share, unique cold rows per mini-batch, and unique rows per mini-batch (hybrid's working set).
@@ -267,12 +268,14 @@ def predict(mode: str, w: Workload, s: Stats, hw: dict) -> Prediction:
     }
     step = max(lanes.values())
     host = hw["host"]
-    if hw["link"].get("shared_memory"):  # every lane runs on this CPU's cores
+    if hw["link"].get("shared_memory"):  # every lane runs on this CPU's cores (and host work holds the GIL)
+        # The shorter of host work and device work overlaps only partly: by the calibrated penalty (0: free,
+        # 1: serial; without a calibration, the CPU-seconds bound of one worker thread on the cores).
+        t_h = lanes["host work (dispatch + gather)"] + lanes["write-back"]
+        t_d = lanes["device (compute + updates)"]
         threads = float(host.get("threads", 1))
-        cores = float(host.get("cores", threads))
-        cpu_s = (lanes["host work (dispatch + gather)"] + lanes["write-back"]) * w.worker_threads
-        cpu_s += lanes["device (compute + updates)"] * threads
-        lanes["shared cores"] = cpu_s / cores
+        penalty = host.get("overlap_penalty", w.worker_threads / float(host.get("cores", threads)))
+        lanes["shared cores"] = max(t_h, t_d) + penalty * min(t_h, t_d)
         step = max(step, lanes["shared cores"])
     handover = host.get("handover_us", 0.0) * 1e-6
     step += handover
