@@ -233,6 +233,8 @@ def _dense_fit(rng: np.random.Generator) -> dict:
 
 
 def _update_fit(rng: np.random.Generator) -> dict:
+    """Sparse SGD update (coalesce + row update) over shapes of lookups n, distinct rows u, dim D and table
+    sizes; fitted to n, n*D, u*D and a fixed cost."""
     import torch
 
     from hotline.kernels import sparse_update
@@ -240,20 +242,23 @@ def _update_fit(rng: np.random.Generator) -> dict:
 
     opt = SparseOptimizer("sgd", 0.01)
     feats, secs = [], []
-    for n, rows, D in ((100_000, 500_000, 64), (100_000, 5_000, 64), (20_000, 200_000, 16), (200_000, 2_000_000, 16),
-                       (50_000, 20_000, 64)):  # fmt: skip
+    shapes = ((100_000, 1_000_000, 64), (100_000, 5_000, 64), (20_000, 200_000, 16), (200_000, 2_000_000, 16),
+              (50_000, 20_000, 64), (50_000, 2_000_000, 16))  # fmt: skip
+    for n, rows, D in shapes:
         table = torch.randn(rows, D)
         state = torch.zeros(0)
-        ids = torch.from_numpy(rng.integers(0, rows, n))
+        ids = torch.from_numpy(np.minimum(rng.zipf(1.05, n), rows) - 1)  # skewed, as lookups are
+        ids = torch.from_numpy(rng.permutation(rows)[ids.numpy()])  # popular rows scattered over the table
         grads = torch.randn(n, D)
         scratch = sparse_update.new_scratch(rows)
         unique = int(np.unique(ids.numpy()).shape[0])
         secs.append(_median_s(lambda t=table, s=state, i=ids, g=grads, sc=scratch: opt.step(t, s, i, g, sc)))
-        feats.append([n * D, unique * D, 1.0])
-    per_lookup, per_row, overhead = _nnls(feats, secs)
+        feats.append([n, n * D, unique * D, 1.0])
+    per_lookup, per_lookup_float, per_row_float, overhead = _nnls(feats, secs)
     return {
-        "update_ns_per_lookup_float": 1e9 * per_lookup,
-        "update_ns_per_row_float": 1e9 * per_row,
+        "update_ns_per_lookup": 1e9 * per_lookup,
+        "update_ns_per_lookup_float": 1e9 * per_lookup_float,
+        "update_ns_per_row_float": 1e9 * per_row_float,
         "update_overhead_us": 1e6 * overhead,
     }
 
@@ -296,7 +301,8 @@ def calibrate(
         say("overlap of host work and compute")
         host["overlap_penalty"] = _overlap_penalty(rng, threads)
         say("sparse update")
-        device = {"kind": "cpu", **_update_fit(rng)}
+        # The device is this CPU: device mode reads its rows out of host memory at the gather bandwidth.
+        device = {"kind": "cpu", "gather_gbps": host["gather_gbps"]["n"], **_update_fit(rng)}
         say("dense compute")
         device.update(_dense_fit(rng))
     finally:

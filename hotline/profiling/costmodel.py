@@ -7,7 +7,7 @@ A step is a set of phases, each priced from the hardware description (JSON; see 
   host's gather bandwidth) and ``write_back`` (bytes at its scatter bandwidth);
 - link: ``h2d`` / ``d2h`` of the working rows and the index arrays (none when the device is this CPU: the
   tensors are shared, not copied);
-- device work: ``compute`` (forward and backward of each micro-batch: FLOPs at the dense rate, bytes at the
+- device work: ``lookup`` (device mode: every looked-up row read out of the whole table), ``compute`` (forward and backward of each micro-batch: FLOPs at the dense rate, bytes at the
   memory bandwidth, plus a fixed cost per pass), ``sparse_update`` (per lookup gradient and per updated row)
   and ``dense_update`` (the MLP parameters).
 
@@ -192,7 +192,8 @@ def _update_s(w: Workload, dev: dict, lookups: float, rows: float) -> float:
     if lookups <= 0:
         return 0.0
     return (
-        lookups * w.embedding_dim * dev["update_ns_per_lookup_float"] * 1e-9
+        lookups * dev.get("update_ns_per_lookup", 0.0) * 1e-9
+        + lookups * w.embedding_dim * dev["update_ns_per_lookup_float"] * 1e-9
         + rows * w.embedding_dim * dev["update_ns_per_row_float"] * 1e-9
         + dev.get("update_overhead_us", 0.0) * 1e-6
     )
@@ -226,6 +227,8 @@ def phases(mode: str, w: Workload, s: Stats, hw: dict) -> dict[str, float]:
     threads = w.worker_threads if mode == "hotline_k1" else None
     out: dict[str, float] = {}
     if mode == "device":
+        # every looked-up row read out of the whole table (the other modes read hot rows and the working set)
+        out["lookup"] = N * 4.0 * w.embedding_dim / (dev.get("gather_gbps", dev["mem_gbps"]) * 1e9)
         out["compute"] = _compute_s(w, dev, B)
         out["sparse_update"] = _update_s(w, dev, N, s.unique_rows_per_batch)
     else:
