@@ -196,3 +196,49 @@ def _jsonable(x: object) -> object:
     if hasattr(x, "tolist"):
         return x.tolist()
     raise TypeError(f"cannot write {type(x).__name__} as JSON")
+
+
+# A run whose lookups hit hot rows this often is device mode plus a dispatch: never a hotline result.
+SATURATED_COVERAGE = 0.999
+
+
+def budgets_for_coverage(prof, targets: Sequence[float], heldout: bool = False) -> list[dict]:
+    """For each target access coverage, the smallest budget (in rows of ``prof``'s ranking) whose coverage
+    reaches it: over the profiled sample (``heldout=False``: when the profile is the run's own data, what the
+    run touches) or the profile's held-out samples. Targets above what any budget reaches are dropped (with a
+    note). Returns dicts: target, hot_rows, budget_bytes, profiled_coverage."""
+    import numpy as np
+
+    if heldout and prof.heldout is not None:
+        cov = prof.heldout.hits_cum / max(1, prof.heldout.total_lookups)
+    else:
+        cov = prof._cum_counts / max(1, prof.total_lookups)
+    out = []
+    for t in targets:
+        k = int(np.searchsorted(cov, float(t) - 1e-12))
+        if k >= cov.shape[0]:
+            print(f"coverage target {t:.0%} is out of reach (at most {cov[-1]:.1%}): skipped", flush=True)
+            continue
+        out.append(
+            {
+                "target": float(t),
+                "hot_rows": k,
+                "budget_bytes": k * prof.bytes_per_row,
+                "profiled_coverage": float(cov[k]),
+            }
+        )
+    return out
+
+
+def measured(counters: dict, samples: int, steps: int) -> dict:
+    """What a tiered run saw, from its summed step counters: coverage (lookups that hit hot rows), popular
+    share, unique cold rows per step, and whether it was saturated (coverage >= SATURATED_COVERAGE)."""
+    if not counters.get("lookups"):
+        return {"coverage": None, "popular_share": None, "cold_rows_per_step": None, "saturated": None}
+    coverage = counters["hot_lookups"] / counters["lookups"]
+    return {
+        "coverage": coverage,
+        "popular_share": counters["popular_samples"] / max(1, samples),
+        "cold_rows_per_step": counters["working_set_rows"] / max(1, steps),
+        "saturated": coverage >= SATURATED_COVERAGE,
+    }

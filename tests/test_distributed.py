@@ -238,10 +238,13 @@ def test_bench_distributed_smoke(tmp_path, monkeypatch):
         torch.set_num_threads(threads[0])
         numba.set_num_threads(threads[1])
         sys.modules.pop("bench_distributed", None)
-    (r,) = json.loads(out.read_text())["results"]
-    assert r["nproc"] == 2 and r["samples_per_s"] > 0 and r["ms_per_step"] > 0
-    for kind in ("dense_allreduce", "hot_allgather", "cold_ids", "cold_rows", "cold_grads"):
-        assert r[f"bytes_{kind}"] > 0, kind
+    results = json.loads(out.read_text())["results"]  # one run per budget of the coverage sweep
+    assert len(results) == 3 and len({r["hot_rows"] for r in results}) == 3
+    for r in results:
+        assert r["nproc"] == 2 and r["samples_per_s"] > 0 and r["ms_per_step"] > 0
+        assert 0.6 < r["coverage"] < 0.99 and not r["saturated"]
+        for kind in ("dense_allreduce", "hot_allgather", "cold_ids", "cold_rows", "cold_grads"):
+            assert r[f"bytes_{kind}"] > 0, kind
 
 
 def _fetch_threads():

@@ -28,6 +28,7 @@ def test_profile_notebook_runs(tmp_path):
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert sum(o.output_type == "display_data" and "image/png" in o.get("data", {}) for o in outputs) == 3
     assert not [o for o in outputs if o.output_type == "error"]
+    assert not [o.text for o in outputs if o.output_type == "stream" and o.name == "stderr"]  # no warnings
 
 
 TRAINING_NOTEBOOK = NOTEBOOK.with_name("training_run.ipynb")

@@ -18,3 +18,19 @@ def test_smoke(script, tmp_path):
         assert payload[mode]["samples_per_s"] > 0
     assert 0 <= payload["hotline_k2"]["stall_share"] <= 1
     assert payload["ratios"]
+
+
+def test_pipeline_sweep_runs_the_cold_path(tmp_path):
+    """Budgets come from coverage targets of the run's own lookups; every hotline run measures its coverage,
+    popular share and cold rows, and none of the smoke sweep is saturated."""
+    payload = __import__("bench_pipeline").main(
+        ["--smoke", "--modes", "hotline_k0", "--coverages", "0.7,0.85,1"]
+    )
+    runs = payload["sweep"]
+    assert [r["target"] for r in runs] == [0.7, 0.85, 1.0]
+    for r in runs[:2]:
+        assert abs(r["coverage"] - r["target"]) < 0.03 and not r["saturated"] and r["note"] == ""
+        assert r["cold_rows_per_step"] > 0 and 0 <= r["popular_share"] < 1
+    assert runs[2]["saturated"] and runs[2]["note"].startswith("SATURATED")
+    assert runs[0]["budget_bytes"] < runs[1]["budget_bytes"] < runs[2]["budget_bytes"]
+    assert payload["hotline_k0"]["target"] == 0.85  # the headline: the middle unsaturated budget

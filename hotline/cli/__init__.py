@@ -17,6 +17,7 @@ COMMANDS = {
     "predict": "hotline.cli.predict",
     "export": "hotline.cli.export",
     "report": "hotline.cli.report",
+    "calibrate": "hotline.cli.calibrate",
 }
 
 

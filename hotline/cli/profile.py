@@ -29,12 +29,45 @@ def add_parser(subparsers: SubParsers) -> None:
     parser.add_argument("dataset", metavar="DATASET", help="dataset directory (from `hotline data ...`)")
     add_sampling(parser)
     parser.add_argument("--split", default="train", choices=["train", "val", "test"], help="split to profile")
+    parser.add_argument(
+        "--heldout",
+        default="sample",
+        choices=["sample", "val", "none"],
+        help="where the figures are measured that the ranking did not see: a disjoint sample of the same split "
+        "(default, as many samples as profiled), the validation split, or nowhere",
+    )
+    parser.add_argument(
+        "--heldout-fraction", type=float, default=None, metavar="F", help="share of the split held out"
+    )
     add_budget(
         parser, help="device bytes for hot rows, e.g. 256MiB, 2GiB, 1GB or plain bytes (required for --out)"
     )
     add_embedding(parser)
     parser.add_argument(
         "--always-hot", type=int, nargs="+", default=[], metavar="TABLE", help="tables to keep hot whole"
+    )
+    parser.add_argument(
+        "--predict",
+        action="store_true",
+        help="predict samples/s of device, hybrid and hotline K=0 / K>=1 at --hbm-budget from the held-out figures",
+    )
+    parser.add_argument(
+        "--hardware",
+        default="H200",
+        metavar="SPEC",
+        help="for --predict: a JSON file from `hotline calibrate`, or a known GPU (H100, H200; default H200)",
+    )
+    parser.add_argument(
+        "--host-hardware", default=None, metavar="FILE", help="for a GPU: its host's `hotline calibrate` JSON"
+    )
+    parser.add_argument("--arch-mlp-bot", default=None, metavar="A-B-C", help="for --predict: bottom MLP")
+    parser.add_argument("--arch-mlp-top", default="512-256-1", metavar="A-B-C", help="for --predict: top MLP")
+    parser.add_argument(
+        "--worker-threads",
+        type=int,
+        default=1,
+        metavar="N",
+        help="for --predict: threads of the look-ahead producer",
     )
     add_output(parser, "--out", "write the placement (.npz)")
     add_output(parser, "--json", "write the summary as JSON")
@@ -67,6 +100,46 @@ def _table_text(stats) -> str:
     return df.drop(columns=["lookups"]).to_string(index=False)
 
 
+def _prediction_text(prof, args) -> str:
+    from hotline.profiling import costmodel
+
+    def widths(v):
+        return [int(x) for x in v.split("-")] if v else None
+
+    hw = costmodel.load_hardware(args.hardware, args.host_hardware)
+    w = costmodel.workload_for(
+        prof, widths(args.arch_mlp_bot), widths(args.arch_mlp_top), args.worker_threads
+    )
+    stats = costmodel.Stats.from_profile(prof, args.hbm_budget)
+    figures = "held-out" if prof.heldout is not None else "IN-SAMPLE (nothing held out: optimistic)"
+    return (
+        f"predicted on {hw['name']} ({figures} figures: coverage {stats.hot_lookup_share:.1%}, popular "
+        f"{stats.popular_sample_share:.1%}, {stats.cold_rows_per_batch:,.0f} cold rows per mini-batch of "
+        f"{w.batch_size}); bottom MLP {'-'.join(map(str, w.bottom_mlp))}, top {'-'.join(map(str, w.top_mlp))}\n"
+        + costmodel.prediction_table(costmodel.predict_all(w, stats, hw))
+        + "\n"
+    )
+
+
+def _heldout_text(h: dict | None, batch_size: int) -> str:
+    if h is None:
+        return "held-out: none (nothing was held out: the figures below are in-sample only)"
+    return (
+        f"held-out (measured on samples the ranking did not see: {h['source']})\n"
+        f"  access coverage        {h['access_coverage']:.2%}\n"
+        f"  popular-sample share   {h['popular_sample_share']:.2%}"
+        f"  (~{h['popular_samples_per_batch']:.1f} of {batch_size} per mini-batch)\n"
+        f"  per mini-batch of {batch_size}: unique cold rows {h['unique_cold_rows_per_batch']:.1f} "
+        f"({format_size(round(h['bytes_per_batch']))} host->device, over {h['mini_batches']:,} mini-batches)"
+    ) + (
+        ""
+        if "epoch_estimate" not in h
+        else f"\n  an epoch of split {h['split']!r} ({h['epoch_estimate']['profiled_share_of_split']:.0%} of it "
+        f"profiled, at the in-sample figures) counts: coverage {h['epoch_estimate']['access_coverage']:.2%}, "
+        f"popular {h['epoch_estimate']['popular_sample_share']:.2%}"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     from hotline._io import write_json, write_text
     from hotline.datasets.format import DatasetError
@@ -76,10 +149,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads:
         set_numba_threads(args.threads)
-    if (args.out is not None or args.always_hot) and args.hbm_budget is None:
-        return error("profile", "--out and --always-hot need --hbm-budget")
+    if (args.out is not None or args.always_hot or args.predict) and args.hbm_budget is None:
+        return error("profile", "--out, --always-hot and --predict need --hbm-budget")
     try:
-        names = ("sample_batches", "mini_batch_size", "seed", "embedding_dim", "optimizer", "split")
+        names = ("sample_batches", "mini_batch_size", "seed", "embedding_dim", "optimizer", "split", "heldout",
+                 "heldout_fraction")  # fmt: skip
         profiler = Profiler(
             sample_fraction=sample_fraction(args), **flags(args, *names), progress=not args.no_progress
         )
@@ -94,12 +168,15 @@ def run(args: argparse.Namespace) -> int:
         f"({prof.total_lookups:,} lookups, {prof.num_accessed:,} of {sum(prof.table_sizes):,} rows accessed) "
         f"in {prof.timings['count_s'] + prof.timings['rank_s']:.1f} s"
     )
-    print(_table_text(prof.table_stats(args.hbm_budget, args.always_hot)))
     if summary is not None:
         B = prof.mini_batch_size
         print(
             f"\nHBM budget {format_size(summary['hbm_budget_bytes'])} at {summary['bytes_per_row']} B/row: "
-            f"{summary['hot_rows']:,} hot rows ({format_size(summary['hot_bytes'])})\n"
+            f"{summary['hot_rows']:,} hot rows ({format_size(summary['hot_bytes'])})"
+        )
+        print(_heldout_text(summary.get("heldout"), B))
+        print(
+            "in-sample (measured on the profiled sample the ranking came from: optimistic)\n"
             f"  access coverage        {summary['access_coverage']:.2%}\n"
             f"  popular-sample share   {summary['popular_sample_share']:.2%}"
             f"  (~{summary['expected_popular_samples_per_batch']:.1f} of {B} per mini-batch)\n"
@@ -107,8 +184,16 @@ def run(args: argparse.Namespace) -> int:
             f" of {summary['expected_unique_rows_per_batch']:.1f} unique\n"
             f"  host->device bytes per mini-batch: hybrid {format_size(summary['hybrid_bytes_per_batch'])} "
             f"(all lookups), {format_size(round(summary['hybrid_unique_bytes_per_batch']))} (unique rows); "
-            f"Hotline {format_size(round(summary['hotline_bytes_per_batch']))} (unique cold rows)"
+            f"Hotline {format_size(round(summary['hotline_bytes_per_batch']))} (unique cold rows)\n"
         )
+    if args.predict:
+        try:
+            text = _prediction_text(prof, args)
+        except (ValueError, OSError, KeyError) as e:
+            return error("profile", e)
+        print(text)
+    print("per table (in-sample):")
+    print(_table_text(prof.table_stats(args.hbm_budget, args.always_hot)))
     try:  # an unwritable or full output location is the user's to fix: one line, no traceback
         if placement is not None and args.out is not None:
             placement.save(args.out)

@@ -63,6 +63,10 @@ def spawn(world_size: int, fn, *args, threads: int = 1) -> None:
     mp.spawn(_spawned, args=(world_size, free_port(), threads, fn, args), nprocs=world_size, join=True)
 
 
+# Step counters train_and_dump records per step (summed over ranks), in this order.
+MEASURED = ("lookups", "hot_lookups", "popular_samples", "working_set_rows")
+
+
 def train_and_dump(comm: Comm, jobs: list[tuple[TrainConfig, str, str]]) -> None:
     """Trains each ``(config, dataset, out)`` job in turn (no evaluation); rank 0 writes every parameter and
     the per-step losses and seconds to ``out`` (.npz). A spawn target for tests and benchmarks."""
@@ -71,11 +75,12 @@ def train_and_dump(comm: Comm, jobs: list[tuple[TrainConfig, str, str]]) -> None
     for config, dataset, out in jobs:
         trainer = Trainer(config, dataset, comm)
         try:
-            losses, seconds, sent, stale = [], [], [], []
+            losses, seconds, sent, stale, seen = [], [], [], [], []
             comm.barrier()
             for stats in trainer.progress(trainer.batches()):
                 losses.append(stats.loss_sum)
                 stale.append(stats.counters.get("stale_rows", 0))
+                seen.append([stats.counters.get(k, 0.0) for k in MEASURED])
                 seconds.append(time.perf_counter())
                 sent.append({k: v for k, v in stats.counters.items() if k.startswith("bytes_sent_")})
             arrays = trainer.named_arrays()
@@ -85,6 +90,8 @@ def train_and_dump(comm: Comm, jobs: list[tuple[TrainConfig, str, str]]) -> None
                     out,
                     losses=np.asarray(losses),
                     stale_rows=np.asarray(stale),
+                    measured=np.asarray(seen, dtype=np.float64).reshape(len(seen), len(MEASURED)),
+                    measured_kinds=np.asarray(MEASURED),
                     step_end_s=np.asarray(seconds),
                     bytes_kinds=np.asarray(kinds),
                     bytes_sent=np.asarray([[s.get(k, 0.0) for k in kinds] for s in sent]).reshape(

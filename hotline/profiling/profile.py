@@ -20,6 +20,7 @@ from hotline.placement import Placement, PlacementError
 from hotline.units import format_size, parse_size
 
 if TYPE_CHECKING:
+    from hotline.profiling.heldout import HeldOut
     from hotline.profiling.profiler import Profiler
 
 
@@ -42,7 +43,9 @@ class Profile:
     sample_indices: np.ndarray | None = None
     """Sorted indices of the sampled samples in the split, or None for the first ``num_samples``."""
     timings: dict = field(default_factory=dict)
-    """Seconds spent counting and ranking."""
+    """Seconds spent counting, ranking and measuring the held-out figures."""
+    heldout: HeldOut | None = None
+    """The ranking measured on samples it did not see (None: not measured); see :mod:`~hotline.profiling.heldout`."""
     _chunks: object = None
     _popular_cum: np.ndarray | None = None
 
@@ -123,11 +126,14 @@ class Profile:
     def curve(self, budgets: Sequence[int | str] | None = None, batch_size: int | None = None):
         """A pandas DataFrame of what each HBM budget gives (one row per budget).
 
-        Columns: budget_bytes, hot_rows, hot_bytes, access_coverage, popular_sample_share,
-        expected_cold_rows_per_batch, expected_unique_rows_per_batch, hybrid_bytes_per_batch (every
-        B*T*L looked-up row gathered), hybrid_unique_bytes_per_batch (each unique row once),
-        hotline_bytes_per_batch (the unique cold rows of the non-popular micro-batch). Bytes moved are
-        host-to-device, bytes_per_row per row. Default budgets: 0, then log-spaced up to all accessed rows.
+        Columns: budget_bytes, hot_rows, hot_bytes; measured on held-out samples (when the profile has them:
+        see :attr:`heldout`; per-batch figures at its mini-batch size): heldout_access_coverage,
+        heldout_popular_sample_share, heldout_unique_cold_rows_per_batch, heldout_bytes_per_batch; measured on
+        the profiled sample itself (optimistic: the ranking was made from it): access_coverage,
+        popular_sample_share, expected_cold_rows_per_batch, expected_unique_rows_per_batch,
+        hybrid_bytes_per_batch (every B*T*L looked-up row gathered), hybrid_unique_bytes_per_batch (each unique
+        row once), hotline_bytes_per_batch (the unique cold rows of the non-popular micro-batch). Bytes moved
+        are host-to-device, bytes_per_row per row. Default budgets: 0, then log-spaced up to all accessed rows.
         """
         import pandas as pd
 
@@ -145,11 +151,17 @@ class Profile:
         k = np.minimum(budgets_b // self.bytes_per_row, self.num_accessed)
         suffix = self._expected_unique_suffix(B)
         row_bytes = self.bytes_per_row
+        heldout = {}
+        if self.heldout is not None:
+            h = self.heldout.figures(k)
+            heldout = {f"heldout_{name}": v for name, v in h.items()}
+            heldout["heldout_bytes_per_batch"] = h["unique_cold_rows_per_batch"] * row_bytes
         return pd.DataFrame(
             {
                 "budget_bytes": budgets_b,
                 "hot_rows": k,
                 "hot_bytes": k * row_bytes,
+                **heldout,
                 "access_coverage": self._cum_counts[k] / max(1, self.total_lookups),
                 "popular_sample_share": self._popular_cum[k] / self.num_samples,
                 "expected_cold_rows_per_batch": suffix[k],
@@ -296,10 +308,50 @@ class Profile:
             "expected_cold_rows_per_batch": expected,
         }
 
+    def heldout_figures(self, budget: int | str, always_hot: Sequence[int] = ()) -> dict | None:
+        """The held-out figures at ``budget`` (of ``placement(budget, always_hot)``): source, samples,
+        access_coverage, popular_sample_share, unique_cold_rows_per_batch, bytes_per_batch,
+        popular_samples_per_batch; None when the profile has no held-out samples. When they come from the
+        profiled split, ``epoch_estimate`` is what an epoch over that split will count: the profiled samples
+        (a share ``profiled_share_of_split`` of it, at their in-sample figures) mixed with the rest (at the
+        held-out ones)."""
+        h = self.heldout
+        if h is None:
+            return None
+        if always_hot:
+            figures = h.evaluate(self.placement(budget, always_hot).fused_remap() >= 0, self.table_sizes)
+        else:
+            figures = {k: float(v) for k, v in h.figures(self.hot_rows_for(budget)).items()}
+        out = {
+            "source": h.source,
+            "split": h.split,
+            "samples": h.num_samples,
+            "mini_batches": h.num_batches,
+            **figures,
+            "bytes_per_batch": figures["unique_cold_rows_per_batch"] * self.bytes_per_row,
+            "popular_samples_per_batch": figures["popular_sample_share"] * h.batch_size,
+        }
+        if self.dataset is not None and h.split == self.profiler.split:
+            # An epoch over the profiled split also trains the profiled samples, on which the in-sample figures
+            # hold: what it will count is the mix, weighted by the share of the split that was profiled.
+            share = self.num_samples / max(1, len(self.dataset.split(h.split)))
+            inside = self.evaluate(self.placement(budget, always_hot)) if always_hot else None
+            k = self.hot_rows_for(budget)
+            cov_in = inside["access_coverage"] if inside else self._cum_counts[k] / max(1, self.total_lookups)
+            pop_in = inside["popular_sample_share"] if inside else self._popular_cum[k] / self.num_samples
+            out["epoch_estimate"] = {
+                "profiled_share_of_split": share,
+                "access_coverage": float(share * cov_in + (1 - share) * figures["access_coverage"]),
+                "popular_sample_share": float(share * pop_in + (1 - share) * figures["popular_sample_share"]),
+            }
+        return out
+
     def summary(self, budget: int | str, always_hot: Sequence[int] = ()) -> dict:
-        """What ``hotline profile --json`` writes: settings, the figures at ``budget``, and per-table stats."""
+        """What ``hotline profile --json`` writes: settings, the held-out figures at ``budget`` (``heldout``),
+        the same measured on the profiled sample (top level: optimistic), and per-table stats."""
         budget_b = parse_size(budget)
         figures = self.curve([budget_b]).to_dict(orient="records")[0]
+        figures = {k: v for k, v in figures.items() if not k.startswith("heldout_")}
         if always_hot:
             placement = self.placement(budget_b, always_hot)
             figures.update(self.evaluate(placement))
@@ -324,6 +376,9 @@ class Profile:
             "embedding_dim": int(p.embedding_dim),
             "optimizer": p.optimizer,
             "always_hot": sorted({int(t) for t in always_hot}),
+            "heldout": self.heldout_figures(budget_b, always_hot),
+            "in_sample_note": "the top-level coverage and popular-sample figures are measured on the profiled "
+            "sample, which the ranking was made from: optimistic; `heldout` holds them measured on unseen samples",
             **figures,
             "bytes_per_row": self.bytes_per_row,
             "hbm_budget_bytes": budget_b,
@@ -333,38 +388,99 @@ class Profile:
         return _jsonable(out)
 
     # ------------------------------------------------------------------ plots
-    def plot(self, budget: int | str | None = None, batch_sizes: Sequence[int] | None = None) -> dict:
-        """Matplotlib figures: ``rank_frequency`` (per table, log-log), ``budget`` (coverage and popular-sample
-        share against the HBM budget) and ``working_set`` (unique rows per mini-batch against its size, at
-        ``budget``, default: no hot rows)."""
+    def plot(
+        self,
+        budget: int | str | None = None,
+        batch_sizes: Sequence[int] | None = None,
+        hardware: dict | str | None = None,
+        label_tables: int = 5,
+    ) -> dict:
+        """Matplotlib figures: ``rank_frequency`` (per table, log-log: the ``label_tables`` largest tables
+        labelled, the rest grouped), ``budget`` (coverage and popular-sample share against the HBM budget,
+        held-out solid and in-sample dashed, ``budget`` marked; with ``hardware`` a second panel: the cost
+        model's predicted speed-up of hotline over hybrid) and ``working_set`` (unique rows per mini-batch
+        against its size, at ``budget``, default: no hot rows)."""
         from matplotlib.figure import Figure
+        from matplotlib.ticker import FuncFormatter, LogLocator
 
         figs = {}
         fig = Figure(figsize=(7, 4.5))
         ax = fig.add_subplot()
+        largest = set(np.argsort(-np.asarray(self.table_sizes), kind="stable")[:label_tables].tolist())
+        grouped = 0
         for t, ids in enumerate(self._ranked_by_table(self.order)):
             if ids.size == 0:
                 continue
             c = self.table_counts(t)[ids]
             pick = np.unique(np.geomspace(1, c.size, min(c.size, 400)).astype(np.int64)) - 1
-            ax.loglog(pick + 1, c[pick], lw=1, label=f"table {t}")
+            if t in largest:
+                ax.loglog(
+                    pick + 1, c[pick], lw=1.5, label=f"table {t} ({self.table_sizes[t]:,} rows)", zorder=3
+                )
+            else:
+                label = f"other {self.num_tables - len(largest)} tables" if grouped == 0 else None
+                ax.loglog(pick + 1, c[pick], lw=0.7, color="0.7", label=label, zorder=2)
+                grouped += 1
         ax.set(xlabel="rank within table", ylabel="accesses in sample", title="Rank-frequency per table")
-        if self.num_tables <= 12:
-            ax.legend(fontsize="small")
+        ax.legend(fontsize="small")
         figs["rank_frequency"] = fig
 
         curve = self.curve()
         curve = curve[curve.budget_bytes > 0]
-        fig = Figure(figsize=(7, 4.5))
-        ax = fig.add_subplot()
-        ax.semilogx(curve.budget_bytes, curve.access_coverage, label="access coverage")
-        ax.semilogx(curve.budget_bytes, curve.popular_sample_share, label="popular-sample share")
-        ax.set(xlabel="HBM budget (bytes)", ylabel="share", ylim=(0, 1.02), title="What an HBM budget buys")
-        ax.legend()
+        panels = 2 if hardware is not None else 1
+        fig = Figure(figsize=(7, 4.5 * panels))
+        ax = fig.add_subplot(panels, 1, 1)
+        if "heldout_access_coverage" in curve:
+            ax.semilogx(
+                curve.budget_bytes,
+                curve.heldout_access_coverage,
+                color="C0",
+                label="access coverage (held-out)",
+            )
+            ax.semilogx(curve.budget_bytes, curve.heldout_popular_sample_share, color="C1",
+                        label="popular-sample share (held-out)")  # fmt: skip
+        ax.semilogx(curve.budget_bytes, curve.access_coverage, "--", color="C0", lw=1,
+                    label="access coverage (in-sample, optimistic)")  # fmt: skip
+        ax.semilogx(curve.budget_bytes, curve.popular_sample_share, "--", color="C1", lw=1,
+                    label="popular-sample share (in-sample, optimistic)")  # fmt: skip
+        sizes = FuncFormatter(lambda x, _: format_size(int(round(x))) if x >= 1 else "")
+        chosen = parse_size(budget) if budget is not None else None
+
+        lo, hi = max(1, int(curve.budget_bytes.min())), max(2, int(curve.budget_bytes.max()))
+        base = 2 ** max(1, math.ceil(math.log2(hi / lo) / 7))  # powers of two, at most ~8 labelled ticks
+
+        def mark(a) -> None:
+            a.xaxis.set_major_locator(LogLocator(base=base))
+            a.xaxis.set_minor_locator(LogLocator(base=base, subs=()))
+            a.xaxis.set_major_formatter(sizes)
+            if chosen:
+                a.axvline(chosen, color="k", lw=1, ls=":", label=f"chosen: {format_size(chosen)}")
+
+        mark(ax)
+        ax.set(xlabel="HBM budget", ylabel="share", ylim=(0, 1.02), title="What an HBM budget buys")
+        ax.legend(fontsize="small")
+        if hardware is not None:
+            from hotline.profiling import costmodel
+
+            hw = costmodel.load_hardware(hardware) if not isinstance(hardware, dict) else hardware
+            sp = costmodel.speedup_curve(self, hw, budgets=list(curve.budget_bytes))
+            ax2 = fig.add_subplot(2, 1, 2)
+            ax2.semilogx(sp.budget_bytes, sp.k1_vs_hybrid, color="C2", label="hotline K>=1 / hybrid")
+            ax2.semilogx(sp.budget_bytes, sp.k0_vs_hybrid, color="C4", label="hotline K=0 / hybrid")
+            ax2.semilogx(sp.budget_bytes, sp.share_of_device, "--", color="C3", label="best hotline / device")
+            ax2.axhline(1.0, color="0.6", lw=0.8)
+            mark(ax2)
+            ax2.set(
+                xlabel="HBM budget",
+                ylabel="predicted speed-up",
+                title=f"Predicted on {hw['name']} (cost model)",
+            )
+            ax2.legend(fontsize="small")
+        fig.tight_layout()
         figs["budget"] = fig
 
-        sizes = batch_sizes or [2**i for i in range(0, 17)]
-        ws = self.working_set(0 if budget is None else budget, sizes)
+        sizes_b = batch_sizes or [2**i for i in range(0, 17)]
+        ws = self.working_set(0 if budget is None else budget, sizes_b)
         fig = Figure(figsize=(7, 4.5))
         ax = fig.add_subplot()
         ax.loglog(ws.batch_size, ws.looked_up_rows, "--", label="looked-up rows (B*T*L)")

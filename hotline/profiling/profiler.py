@@ -55,6 +55,13 @@ class Profiler:
     """Samples read from the memory map per kernel call."""
     progress: bool = True
     """Show tqdm progress bars."""
+    heldout: str = "sample"
+    """Where the held-out figures are measured: 'sample' (a sample of the same split disjoint from the profiled
+    one: the same size, drawn uniformly; after a ``sample_batches`` prefix, the batches that follow it),
+    'val' (the validation split), or 'none'. With nothing left to hold out (the whole split profiled),
+    'sample' falls back to the validation split."""
+    heldout_fraction: float | None = None
+    """Share of the split held out (default: as many samples as profiled); only for ``heldout='sample'``."""
 
     def __post_init__(self) -> None:
         if self.sample_batches is None and not (0.0 < float(self.sample_fraction) <= 1.0):
@@ -65,6 +72,10 @@ class Profiler:
             raise ValueError(f"mini_batch_size must be positive, got {self.mini_batch_size}")
         if int(self.chunk_size) <= 0:
             raise ValueError(f"chunk_size must be positive, got {self.chunk_size}")
+        if self.heldout not in ("sample", "val", "none"):
+            raise ValueError(f"heldout must be 'sample', 'val' or 'none', got {self.heldout!r}")
+        if self.heldout_fraction is not None and not (0.0 < float(self.heldout_fraction) <= 1.0):
+            raise ValueError(f"heldout_fraction must be in (0, 1], got {self.heldout_fraction}")
         self.bytes_per_row = bytes_per_row_for(int(self.embedding_dim), self.optimizer)
 
     def sample_indices(self, num_samples: int) -> np.ndarray | None:
@@ -158,8 +169,82 @@ class Profiler:
             max_rank = kernels.sample_max_rank(c, sizes, profile.rank)
             kernels.add_histogram(max_rank + 1, hist)
         profile._popular_cum = np.cumsum(hist)
-        profile.timings = {"count_s": t1 - t0, "rank_s": time.perf_counter() - t1}
+        t2 = time.perf_counter()
+        profile.heldout = self.measure_heldout(ds, indices, n, profile.rank, profile.num_accessed)
+        profile.timings = {"count_s": t1 - t0, "rank_s": t2 - t1, "heldout_s": time.perf_counter() - t2}
         return profile
+
+    def heldout_indices(self, num_samples: int, indices: np.ndarray | None, n: int) -> np.ndarray | None:
+        """Sorted indices of the held-out samples in a split of ``num_samples`` rows of which ``indices`` (or
+        the prefix ``[0, n)`` when None) were profiled; an empty array when nothing is left to hold out."""
+        size = n if self.heldout_fraction is None else round(float(self.heldout_fraction) * num_samples)
+        size = min(max(1, size), num_samples - n)
+        if size <= 0:
+            return np.zeros(0, dtype=np.int64)
+        if indices is None:  # a prefix was profiled (sample_batches): hold out the batches that follow it
+            return np.arange(n, n + size, dtype=np.int64)
+        rest = np.ones(num_samples, dtype=bool)
+        rest[indices] = False
+        rest = np.flatnonzero(rest)
+        rng = np.random.default_rng(
+            [int(self.seed), 1]
+        )  # a stream of its own: the profiled sample is unchanged
+        return np.sort(rng.choice(rest, size=size, replace=False, shuffle=False)).astype(np.int64)
+
+    def measure_heldout(
+        self, ds: Dataset, indices: np.ndarray | None, n: int, rank: np.ndarray, num_ranked: int
+    ):
+        """The ranking's :class:`~hotline.profiling.heldout.HeldOut` figures (None for ``heldout='none'``)."""
+        from tqdm import tqdm
+
+        from hotline.profiling.heldout import HeldOut, scan
+
+        if self.heldout == "none":
+            return None
+        split_name = self.split
+        picked = None
+        if self.heldout == "sample":
+            picked = self.heldout_indices(len(ds.split(self.split)), indices, n)
+            source = f"disjoint {'uniform sample' if indices is not None else 'next batches'} of split {self.split!r}"
+        if picked is None or picked.size == 0:
+            if self.split == "val" or len(ds.split("val")) == 0:
+                if self.heldout == "val":
+                    raise ValueError(
+                        f"no held-out samples: the validation split of {ds.path} is empty or profiled"
+                    )
+                return None
+            split_name, picked, source = "val", None, "validation split"
+        split = ds.split(split_name)
+        total = len(split) if picked is None else int(picked.shape[0])
+        B = int(self.mini_batch_size)
+        step = max(B, (int(self.chunk_size) // B) * B)
+
+        def chunks() -> Iterator[np.ndarray]:
+            bar = tqdm(total=total, desc="held-out", unit="samples", unit_scale=True, disable=not self.progress,
+                       leave=False)  # fmt: skip
+            try:
+                for start in range(0, total, step):
+                    stop = min(total, start + step)
+                    rows = slice(start, stop) if picked is None else picked[start:stop]
+                    yield np.ascontiguousarray(split.sparse[rows])
+                    bar.update(stop - start)
+            finally:
+                bar.close()
+
+        hits, popular, cold, batches, lookups = scan(chunks(), ds.table_sizes, rank, num_ranked, B)
+        return HeldOut(
+            source=f"{source} ({total:,} samples)",
+            split=split_name,
+            num_samples=total,
+            num_batches=batches,
+            batch_size=B,
+            total_lookups=lookups,
+            hits_cum=hits,
+            popular_cum=popular,
+            cold_suffix=cold,
+            indices=picked,
+            _chunks=chunks,
+        )
 
 
 def profile(
@@ -173,6 +258,8 @@ def profile(
     optimizer: str = "sgd",
     split: str = "train",
     progress: bool = True,
+    heldout: str = "sample",
+    heldout_fraction: float | None = None,
 ) -> Profile:
     """Profiles ``dataset`` (a Dataset or its directory): ``Profiler(...).profile(dataset)``."""
     return Profiler(
@@ -184,4 +271,6 @@ def profile(
         optimizer=optimizer,
         split=split,
         progress=progress,
+        heldout=heldout,
+        heldout_fraction=heldout_fraction,
     ).profile(dataset)

@@ -94,6 +94,23 @@ def _positions(working_set: np.ndarray, rows: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(pos)
 
 
+def measured_figures(counters: dict, samples: int, steps: int) -> dict:
+    """What a tiered run saw, from its summed step counters: hot_lookup_share (lookups that hit a hot row),
+    popular_sample_share, cold_rows_per_step (unique cold rows: the working set) and cold_bytes_per_step
+    (host-to-device; the write-back moves as many back). Empty for a mode without the counters (device).
+
+    On N ranks popular samples and working-set rows are summed over the ranks (the trainer's all-reduce);
+    lookups, hot lookups and bytes are this rank's own, so hot_lookup_share is that of this rank's shards."""
+    if "hot_lookups" not in counters or steps <= 0:
+        return {}
+    return {
+        "hot_lookup_share": counters["hot_lookups"] / max(1.0, counters["lookups"]),
+        "popular_sample_share": counters["popular_samples"] / max(1, samples),
+        "cold_rows_per_step": counters["working_set_rows"] / steps,
+        "cold_bytes_per_step": counters["bytes_gathered"] / steps,
+    }
+
+
 _INDEX_NAMES = (
     "popular_samples",
     "non_popular_samples",

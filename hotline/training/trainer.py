@@ -151,6 +151,8 @@ class Trainer:
         """Runs the whole training; returns the summary record (also the last line of ``--metrics``)."""
         from tqdm import tqdm  # imported here: the GPU benchmark image has no tqdm and never calls fit()
 
+        from hotline.tiers.tiered import measured_figures
+
         cfg = self.config
         total = self.train_steps()
         if total == 0:
@@ -165,11 +167,13 @@ class Trainer:
         bar = tqdm(total=total, initial=self.step_count, disable=not log.bar, unit="step", dynamic_ncols=True)
         log.before_first_step()
         window = _Window()
+        run = _Window()  # the whole run's counters: the summary's measured figures
         start = time.perf_counter()
         samples_total = 0
         try:
             for stats in self.progress(self.batches(self.step_count)):
                 window.add(stats)
+                run.add(stats)
                 samples_total += stats.samples
                 bar.update(1)
                 log.after_step(bar, self.step_count)
@@ -211,6 +215,7 @@ class Trainer:
             "samples": samples_total,
             "train_seconds": elapsed,
             "samples_per_s": samples_total / elapsed if elapsed > 0 else 0.0,
+            **measured_figures(run.counters, run.samples, run.steps),
             **{f"val_{k}": v for k, v in val.items()},
             **{f"test_{k}": v for k, v in test.items()},
         }

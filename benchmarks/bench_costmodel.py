@@ -1,0 +1,131 @@
+"""Cost-model check: predicted / measured samples/s of device, hybrid, hotline K=0 and K=2 on this CPU.
+
+Calibrates this host first (``hotline calibrate``: the CPU is its own device, the link shared memory), then
+for each CPU config of ``bench_pipeline.py`` (emb-heavy, kaggle) generates its data, profiles it (the run's
+own batches pick three budgets from ``--coverages``; the figures the model is given are the held-out ones, on
+the validation split the run never trains on), runs the modes at each budget as ``bench_pipeline`` does, and
+prints predicted and measured samples/s with their ratio and the predicted bottleneck. Target: every ratio in
+0.8-1.25 on an idle machine (a loaded machine's timings mean nothing).
+
+Run: ``python benchmarks/bench_costmodel.py --json costmodel.json`` (about 3 minutes on an idle 2-core host).
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_pipeline  # noqa: E402
+import common  # noqa: E402
+
+TARGET = (0.8, 1.25)
+PREDICTED_AS = {
+    "device": "device",
+    "hybrid": "hybrid",
+    "hotline_k0": "hotline_k0",
+    "hotline_k2": "hotline_k1",
+}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from hotline.profiling import costmodel
+    from hotline.profiling.calibrate import calibrate
+
+    p = common.parser(__doc__)
+    p.add_argument("--configs", default="emb-heavy,kaggle", help="comma list of bench_pipeline configs")
+    p.add_argument("--steps", type=int, default=15, help="timed steps per mode and budget")
+    p.add_argument("--warmup-steps", type=int, default=3)
+    p.add_argument("--max-rows-per-table", type=int, default=1_000_000)
+    p.add_argument("--zipf", type=float, default=1.05)
+    p.add_argument("--coverages", type=lambda v: [float(x) for x in v.split(",")], default=[0.70, 0.85, 0.95])
+    p.add_argument("--worker-threads", type=int, default=1)
+    p.add_argument("--hardware", default=None, help="a hardware JSON instead of calibrating now")
+    args = p.parse_args(argv)
+    # bench_pipeline's flags that this script fixes
+    args.modes, args.batch, args.data = "device,hybrid,hotline_k0,hotline_k2", 0, None
+    args.sample_fraction, args.optimizer = 1.0, "sgd"
+    if args.smoke:
+        args.steps, args.warmup_steps, args.max_rows_per_table = 3, 1, 2000
+    common.setup_threads(args.threads)
+    if args.hardware:
+        hw = costmodel.load_hardware(args.hardware)
+    else:
+        hw = calibrate(threads=args.threads, seed=args.seed)
+        print(f"calibrated {hw['name']} in {hw['calibration_s']:.0f} s", flush=True)
+    common.setup_threads(args.threads)
+    rows = []
+    for name in args.configs.split(","):
+        cfg = dict(bench_pipeline.CONFIGS[name])
+        args.batch = 128 if args.smoke else cfg["mini_batch_size"]
+        with tempfile.TemporaryDirectory(prefix="bench_costmodel_") as tmp:
+            root = Path(tmp)
+            dataset = bench_pipeline.make_data(args, root)
+            prof = bench_pipeline.profile_run(dataset, args, cfg)
+            placements = bench_pipeline.make_placements(dataset, args, cfg, root, prof=prof)
+            measured = bench_pipeline.sweep(dataset, args, cfg, placements)
+        work = costmodel.Workload(
+            batch_size=args.batch,
+            num_tables=dataset.num_tables,
+            pooling_factor=dataset.pooling_factor,
+            embedding_dim=cfg["embedding_dim"],
+            bottom_mlp=tuple(cfg["bottom_mlp"]),
+            top_mlp=tuple(cfg["top_mlp"]),
+            optimizer=args.optimizer,
+            worker_threads=args.worker_threads,
+        )
+        by_budget = {pl["budget_bytes"]: pl for pl in placements}
+        for r in measured:
+            pl = by_budget.get(r.get("budget_bytes"), placements[len(placements) // 2])
+            stats = costmodel.Stats.from_profile(prof, pl["budget_bytes"])
+            pred = costmodel.predict(PREDICTED_AS[r["mode"]], work, stats, hw)
+            rows.append(
+                {
+                    "config": name,
+                    "mode": r["mode"],
+                    "target": r.get("target"),
+                    "coverage": r.get("coverage"),
+                    "heldout_coverage": stats.hot_lookup_share if r["mode"].startswith("hotline") else None,
+                    "predicted": pred.samples_per_s,
+                    "measured": r["samples_per_s"],
+                    "ratio": pred.samples_per_s / r["samples_per_s"],
+                    "bottleneck": pred.bottleneck,
+                    "predicted_phases_ms": {k: 1e3 * v for k, v in pred.phases_s.items()},
+                    "measured_phases_ms": {k: v for k, v in r.items() if k.endswith("_ms")},
+                }
+            )
+    for r in rows:
+        r["in_target"] = TARGET[0] <= r["ratio"] <= TARGET[1]
+    common.print_table(
+        rows,
+        [
+            ("config", "config", ""),
+            ("mode", "mode", ""),
+            ("target", "target", ".2f"),
+            ("coverage", "measured cov", ".3f"),
+            ("heldout_coverage", "held-out cov", ".3f"),
+            ("predicted", "predicted/s", ".0f"),
+            ("measured", "measured/s", ".0f"),
+            ("ratio", "pred/meas", ".2f"),
+            ("bottleneck", "predicted bottleneck", ""),
+        ],
+        title=f"cost model on {hw['name']}: predicted / measured samples/s (target {TARGET[0]}-{TARGET[1]})",
+    )
+    inside = sum(r["in_target"] for r in rows)
+    print(f"{inside} of {len(rows)} ratios within {TARGET[0]}-{TARGET[1]}")
+    payload = {
+        "benchmark": "bench_costmodel",
+        "hardware": hw,
+        "results": rows,
+        "in_target": inside,
+        "target_met": inside == len(rows),
+        "machine": common.machine_info(args.threads),
+    }
+    common.write_json(args.json, payload)
+    return payload
+
+
+if __name__ == "__main__":
+    main()

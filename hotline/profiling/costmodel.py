@@ -1,0 +1,349 @@
+"""Cost model: samples/s of device, hybrid, hotline K=0 and K>=1 from a profile's held-out figures, the model,
+the batch and a hardware description; and which phase bounds each.
+
+A step is a set of phases, each priced from the hardware description (JSON; see :func:`load_hardware`):
+
+- host work: ``dispatch`` (split the batch: per lookup), ``gather`` (cold rows out of host memory: bytes at the
+  host's gather bandwidth) and ``write_back`` (bytes at its scatter bandwidth);
+- link: ``h2d`` / ``d2h`` of the working rows and the index arrays (none when the device is this CPU: the
+  tensors are shared, not copied);
+- device work: ``lookup`` (device mode: every looked-up row read out of the whole table), ``compute`` (forward and backward of each micro-batch: FLOPs at the dense rate, bytes at the
+  memory bandwidth, plus a fixed cost per pass), ``sparse_update`` (per lookup gradient and per updated row)
+  and ``dense_update`` (the MLP parameters).
+
+Sequential modes (device, hybrid, hotline K=0) add their phases. Hotline with look-ahead K >= 1 runs host work
+on a producer thread, the write-back on a writer thread and compute on the main thread: a step takes the
+largest of host work, link and device work, plus what cannot overlap (the hand-over between threads); where the
+device is this CPU, all of them share its cores (and the producer's kernels hold the GIL), so host work and
+compute overlap only partly: a step takes the longer of the two plus the calibrated share (``overlap_penalty``)
+of the shorter.
+
+What a step moves comes from held-out figures (never the in-sample ones): lookups that hit hot rows, the
+popular-sample share, unique cold rows per mini-batch, and unique rows per mini-batch (hybrid's working set).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+MODES = ("device", "hybrid", "hotline_k0", "hotline_k1")
+"""The modes predicted: ``hotline_k1`` stands for any look-ahead K >= 1 (the pipelined step)."""
+
+
+@dataclass
+class Workload:
+    """What one training step computes and moves (besides the held-out figures)."""
+
+    batch_size: int
+    """Mini-batch size B."""
+    num_tables: int
+    """Embedding tables T."""
+    pooling_factor: int = 1
+    """Lookups per table per sample L."""
+    embedding_dim: int = 16
+    """Embedding dimension D."""
+    bottom_mlp: tuple[int, ...] = (13, 512, 256, 64, 16)
+    """Bottom MLP layer widths (DLRM's --arch-mlp-bot)."""
+    top_mlp: tuple[int, ...] = (512, 256, 1)
+    """Top MLP widths after the interaction (DLRM's --arch-mlp-top; its input is the interaction's output)."""
+    optimizer: str = "sgd"
+    """Sparse optimizer: 'sgd' or 'rowwise-adagrad' (one state float per row)."""
+    worker_threads: int = 1
+    """Numba threads of the look-ahead producer (host work of K >= 1 runs on them)."""
+
+    def __post_init__(self) -> None:
+        if self.batch_size <= 0 or self.num_tables <= 0 or self.embedding_dim <= 0:
+            raise ValueError("batch_size, num_tables and embedding_dim must be positive")
+        if self.optimizer not in ("sgd", "rowwise-adagrad"):
+            raise ValueError(f"optimizer must be 'sgd' or 'rowwise-adagrad', got {self.optimizer!r}")
+
+    @property
+    def lookups(self) -> int:
+        return self.batch_size * self.num_tables * self.pooling_factor
+
+    @property
+    def row_bytes(self) -> int:
+        return 4 * self.embedding_dim + (4 if self.optimizer == "rowwise-adagrad" else 0)
+
+    def mlp_layers(self) -> list[tuple[int, int]]:
+        """(in, out) of every dense layer, the top MLP's input being the dot interaction's output."""
+        bot = list(self.bottom_mlp)
+        T, D = self.num_tables, self.embedding_dim
+        inter = (T + 1) * T // 2 + D
+        top = [inter, *self.top_mlp]
+        return list(zip(bot[:-1], bot[1:])) + list(zip(top[:-1], top[1:]))
+
+    def dense_params(self) -> int:
+        return sum(i * o + o for i, o in self.mlp_layers())
+
+
+@dataclass
+class Stats:
+    """Held-out figures of a placement (what a step moves)."""
+
+    hot_lookup_share: float
+    """Share of lookups that hit hot rows (held-out access coverage)."""
+    popular_sample_share: float
+    """Share of samples whose every lookup is hot."""
+    cold_rows_per_batch: float
+    """Unique cold rows per mini-batch (the working set)."""
+    unique_rows_per_batch: float
+    """Unique rows per mini-batch with nothing hot (hybrid's working set)."""
+
+    @classmethod
+    def from_profile(cls, prof, budget, batch_size: int | None = None) -> Stats:
+        """The held-out figures of ``prof`` at ``budget`` (in-sample ones only when it has no held-out samples)."""
+        k = prof.hot_rows_for(budget)
+        if prof.heldout is not None and (batch_size is None or batch_size == prof.heldout.batch_size):
+            h = prof.heldout.figures(k)
+            return cls(
+                float(h["access_coverage"]),
+                float(h["popular_sample_share"]),
+                float(h["unique_cold_rows_per_batch"]),
+                float(prof.heldout.figures(0)["unique_cold_rows_per_batch"]),
+            )
+        c = prof.curve([k * prof.bytes_per_row], batch_size=batch_size).iloc[0]
+        return cls(
+            float(c.access_coverage),
+            float(c.popular_sample_share),
+            float(c.expected_cold_rows_per_batch),
+            float(c.expected_unique_rows_per_batch),
+        )
+
+
+@dataclass
+class Prediction:
+    """Predicted step time of one mode, by phase."""
+
+    mode: str
+    samples_per_s: float
+    step_s: float
+    phases_s: dict[str, float] = field(default_factory=dict)
+    """Seconds per step of each phase (in a pipelined step, of each lane: host, link, device, ...)."""
+    bottleneck: str = ""
+    """The phase (sequential) or lane (pipelined) that takes the most time."""
+
+
+# ---------------------------------------------------------------------------------------------- hardware
+def known_gpus() -> dict:
+    """The shipped table of GPUs (``hotline/profiling/gpus.json``): device and link figures, with sources."""
+    text = resources.files("hotline.profiling").joinpath("gpus.json").read_text()
+    return json.loads(text)["gpus"]
+
+
+def load_hardware(spec: str | os.PathLike | dict, host: str | os.PathLike | dict | None = None) -> dict:
+    """A hardware description: a dict, a JSON file (from ``hotline calibrate``), or the name of a known GPU
+    (``H100``, ``H200``, ...), whose host side comes from ``host`` (a calibration JSON; default: the typical
+    host figures shipped with the GPU table)."""
+    if isinstance(spec, dict):
+        hw = dict(spec)
+    elif Path(spec).is_file():
+        hw = json.loads(Path(spec).read_text())
+    else:
+        gpus = known_gpus()
+        name = str(spec)
+        match = next((k for k in gpus if k.lower() == name.lower()), None)
+        if match is None:
+            raise ValueError(f"hardware {name!r}: neither a JSON file nor a known GPU ({', '.join(gpus)})")
+        gpu = gpus[match]
+        base = (
+            load_hardware(host)
+            if host is not None
+            else json.loads(resources.files("hotline.profiling").joinpath("gpus.json").read_text())[
+                "typical_host"
+            ]
+        )
+        hw = {**base, "name": f"{match} + {base.get('name', 'host')}", "device": gpu["device"],
+              "link": gpu["link"], "sources": gpu.get("sources", [])}  # fmt: skip
+    for section in ("host", "device", "link"):
+        if section not in hw:
+            raise ValueError(f"hardware description has no {section!r} section")
+    return hw
+
+
+# ---------------------------------------------------------------------------------------------- phases
+def compute_features(w: Workload, samples: float) -> tuple[float, float]:
+    """(FLOPs, bytes) of one forward + backward pass over ``samples`` samples: the MLPs and the dot interaction
+    (x3: forward, two backward products), and the rows, activations and gradients it reads and writes."""
+    T, L, D = w.num_tables, w.pooling_factor, w.embedding_dim
+    flops = 6.0 * samples * (sum(i * o for i, o in w.mlp_layers()) + (T + 1) * (T + 1) * D)
+    act = sum(o for _, o in w.mlp_layers())
+    return flops, 4.0 * samples * (4 * T * L * D + 2 * (T + 1) * D + 6 * act)
+
+
+def _compute_s(w: Workload, dev: dict, samples: float) -> float:
+    """Forward + backward of one pass over ``samples`` samples (0 samples: no pass)."""
+    if samples <= 0:
+        return 0.0
+    flops, bytes_ = compute_features(w, samples)
+    return (
+        flops / (dev["dense_gflops"] * 1e9)
+        + bytes_ / (dev["mem_gbps"] * 1e9)
+        + dev["pass_overhead_us"] * 1e-6
+    )
+
+
+def _update_s(w: Workload, dev: dict, lookups: float, rows: float) -> float:
+    """One sparse update: per lookup gradient (coalesced) and per updated row."""
+    if lookups <= 0:
+        return 0.0
+    return (
+        lookups * dev.get("update_ns_per_lookup", 0.0) * 1e-9
+        + lookups * w.embedding_dim * dev["update_ns_per_lookup_float"] * 1e-9
+        + rows * w.embedding_dim * dev["update_ns_per_row_float"] * 1e-9
+        + dev.get("update_overhead_us", 0.0) * 1e-6
+    )
+
+
+def _dense_update_s(w: Workload, dev: dict) -> float:
+    return 12.0 * w.dense_params() / (dev["mem_gbps"] * 1e9) + dev.get("dense_update_overhead_us", 0.0) * 1e-6
+
+
+def _link_s(hw: dict, nbytes: float, direction: str) -> float:
+    link = hw["link"]
+    if link.get("shared_memory"):  # the device is this CPU: tensors are shared, nothing is copied
+        return 0.0
+    copies = link.get("copies_per_step", 1) if direction == "h2d" else 1
+    return nbytes / (link[f"{direction}_gbps"] * 1e9) + copies * link.get("latency_us", 0.0) * 1e-6
+
+
+def _host(hw: dict, key: str, threads: int | None) -> float:
+    """A host rate at ``threads`` (None: the calibration's thread count), e.g. ``dispatch_ns_per_lookup``."""
+    v = hw["host"][key]
+    if isinstance(v, dict):  # {"1": value with one thread, "n": value with all calibrated threads}
+        return v["1"] if threads == 1 else v["n"]
+    return v
+
+
+def phases(mode: str, w: Workload, s: Stats, hw: dict) -> dict[str, float]:
+    """Seconds per step of each phase of ``mode`` (one of :data:`MODES`)."""
+    dev = hw["device"]
+    B, N, R = w.batch_size, w.lookups, w.row_bytes
+    index_bytes = 8.0 * N * 2 + 4.0 * B * 14  # lookup positions and slots; dense features and labels
+    threads = w.worker_threads if mode == "hotline_k1" else None
+    out: dict[str, float] = {}
+    if mode == "device":
+        # every looked-up row read out of the whole table (the other modes read hot rows and the working set)
+        out["lookup"] = N * 4.0 * w.embedding_dim / (dev.get("gather_gbps", dev["mem_gbps"]) * 1e9)
+        out["compute"] = _compute_s(w, dev, B)
+        out["sparse_update"] = _update_s(w, dev, N, s.unique_rows_per_batch)
+    else:
+        cold = s.unique_rows_per_batch if mode == "hybrid" else s.cold_rows_per_batch
+        out["dispatch"] = N * _host(hw, "dispatch_ns_per_lookup", threads) * 1e-9
+        out["gather"] = cold * R / (_host(hw, "gather_gbps", threads) * 1e9)
+        out["h2d"] = _link_s(hw, cold * R + index_bytes, "h2d")
+        if mode in ("hybrid", "hotline_k1"):  # one pass (look-ahead fuses the micro-batches: rows are ready)
+            out["compute"] = _compute_s(w, dev, B)
+        else:  # K=0: the popular micro-batch, then the non-popular one (each pass only when it has samples)
+            p = min(max(s.popular_sample_share, 0.0), 1.0)
+            passes = (1.0 - (1.0 - p) ** B) + (1.0 - p**B)
+            flops, bytes_ = compute_features(w, B)
+            out["compute"] = (
+                flops / (dev["dense_gflops"] * 1e9)
+                + bytes_ / (dev["mem_gbps"] * 1e9)
+                + passes * dev["pass_overhead_us"] * 1e-6
+            )
+        out["sparse_update"] = _update_s(w, dev, N, s.unique_rows_per_batch)
+        out["d2h"] = _link_s(hw, cold * R, "d2h")
+        out["write_back"] = cold * R / (_host(hw, "scatter_gbps", None) * 1e9)
+    out["dense_update"] = _dense_update_s(w, dev)
+    return out
+
+
+def predict(mode: str, w: Workload, s: Stats, hw: dict) -> Prediction:
+    """Predicted samples/s of ``mode`` (``hotline_k1``: any look-ahead K >= 1) and its bottleneck."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    ph = phases(mode, w, s, hw)
+    if mode != "hotline_k1":
+        step = sum(ph.values())
+        bottleneck = max(ph, key=ph.get)
+        return Prediction(mode, w.batch_size / step, step, ph, bottleneck)
+    lanes = {
+        "host work (dispatch + gather)": ph["dispatch"] + ph["gather"],
+        "link (h2d + d2h)": ph["h2d"] + ph["d2h"],
+        "device (compute + updates)": ph["compute"] + ph["sparse_update"] + ph["dense_update"],
+        "write-back": ph["write_back"],
+    }
+    step = max(lanes.values())
+    host = hw["host"]
+    if hw["link"].get("shared_memory"):  # every lane runs on this CPU's cores (and host work holds the GIL)
+        # The shorter of host work and device work overlaps only partly: by the calibrated penalty (0: free,
+        # 1: serial; without a calibration, the CPU-seconds bound of one worker thread on the cores).
+        t_h = lanes["host work (dispatch + gather)"] + lanes["write-back"]
+        t_d = lanes["device (compute + updates)"]
+        threads = float(host.get("threads", 1))
+        penalty = host.get("overlap_penalty", w.worker_threads / float(host.get("cores", threads)))
+        lanes["shared cores"] = max(t_h, t_d) + penalty * min(t_h, t_d)
+        step = max(step, lanes["shared cores"])
+    handover = host.get("handover_us", 0.0) * 1e-6
+    step += handover
+    lanes["hand-over"] = handover
+    bottleneck = max((k for k in lanes if k != "hand-over"), key=lanes.get)
+    return Prediction(
+        mode, w.batch_size / step, step, {**ph, **{f"lane: {k}": v for k, v in lanes.items()}}, bottleneck
+    )
+
+
+def predict_all(w: Workload, s: Stats, hw: dict, modes=MODES) -> dict[str, Prediction]:
+    """:func:`predict` for each mode."""
+    return {m: predict(m, w, s, hw) for m in modes}
+
+
+def prediction_table(preds: dict[str, Prediction]) -> str:
+    """The predictions as text: mode, samples/s, ms/step, speed-up over hybrid, bottleneck."""
+    hybrid = preds.get("hybrid")
+    lines = [f"{'mode':<11} {'samples/s':>11} {'ms/step':>9} {'vs hybrid':>9}  bottleneck"]
+    for m, p in preds.items():
+        vs = f"{p.samples_per_s / hybrid.samples_per_s:.2f}x" if hybrid else "-"
+        lines.append(f"{m:<11} {p.samples_per_s:>11,.0f} {1e3 * p.step_s:>9.2f} {vs:>9}  {p.bottleneck}")
+    return "\n".join(lines)
+
+
+def workload_for(prof, bottom_mlp=None, top_mlp=(512, 256, 1), worker_threads: int = 1) -> Workload:
+    """The workload of training on ``prof``'s dataset with its mini-batch size, dim and optimizer (bottom MLP
+    default: Kaggle DLRM's 13-512-256-64, then the embedding dim if it differs)."""
+    D = int(prof.profiler.embedding_dim)
+    bottom = tuple(bottom_mlp) if bottom_mlp else ((13, 512, 256, 64) if D == 64 else (13, 512, 256, 64, D))
+    return Workload(
+        batch_size=prof.mini_batch_size,
+        num_tables=prof.num_tables,
+        pooling_factor=prof.pooling_factor,
+        embedding_dim=D,
+        bottom_mlp=bottom,
+        top_mlp=tuple(top_mlp),
+        optimizer=prof.profiler.optimizer,
+        worker_threads=worker_threads,
+    )
+
+
+def speedup_curve(prof, hw: dict, workload: Workload | None = None, budgets=None):
+    """A DataFrame over budgets (default: the profile's curve budgets): held-out coverage and popular share,
+    predicted samples/s of every mode, and hotline's (best K) speed-up over hybrid and share of device."""
+    import pandas as pd
+
+    w = workload or workload_for(prof)
+    curve = prof.curve(budgets)
+    rows = []
+    for b in curve.budget_bytes:
+        s = Stats.from_profile(prof, int(b))
+        preds = predict_all(w, s, hw)
+        best = max(preds["hotline_k0"].samples_per_s, preds["hotline_k1"].samples_per_s)
+        rows.append(
+            {
+                "budget_bytes": int(b),
+                "heldout_coverage": s.hot_lookup_share,
+                "heldout_popular_share": s.popular_sample_share,
+                **{f"{m}_samples_per_s": p.samples_per_s for m, p in preds.items()},
+                "speedup_vs_hybrid": best / preds["hybrid"].samples_per_s,
+                "k0_vs_hybrid": preds["hotline_k0"].samples_per_s / preds["hybrid"].samples_per_s,
+                "k1_vs_hybrid": preds["hotline_k1"].samples_per_s / preds["hybrid"].samples_per_s,
+                "share_of_device": best / preds["device"].samples_per_s,
+                "bottleneck_k1": preds["hotline_k1"].bottleneck,
+            }
+        )
+    return pd.DataFrame(rows)

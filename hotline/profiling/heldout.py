@@ -1,0 +1,118 @@
+"""Held-out figures: what a ranking gives on samples it did not see (the honest estimate of training).
+
+A profile ranks rows by how often its sample looked them up, so figures measured on that same sample are
+optimistic: every row the sample touched once is "hot" once the budget reaches it, though most such rows are
+never looked up again. :class:`HeldOut` re-measures the ranking on a second sample, disjoint from the profiled
+one (by default a uniform sample of the same split and the same size; or the validation split):
+
+- ``hits_cum[k]``: held-out lookups that hit one of the ``k`` best-ranked rows (access coverage at ``k``);
+- ``popular_cum[k]``: held-out samples whose every lookup hits one of them (popular-sample share);
+- ``cold_suffix[k]``: unique rows of rank ``>= k`` summed over the held-out mini-batches of ``B`` samples
+  (the working set a mini-batch needs; rows the profile never saw are always cold).
+
+All three come from one scan, for every budget at once, like the in-sample curve.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from hotline.kernels import profile as kernels
+
+
+@dataclass
+class HeldOut:
+    """Figures of a ranking measured on a sample the ranking did not see, for every budget ``k`` (rows)."""
+
+    source: str
+    """What the held-out samples are, in words (e.g. "disjoint uniform sample of split 'train'")."""
+    split: str
+    """The split they come from."""
+    num_samples: int
+    """Held-out samples."""
+    num_batches: int
+    """Mini-batches of ``batch_size`` samples the per-batch figures average over."""
+    batch_size: int
+    """Mini-batch size B of the per-batch figures."""
+    total_lookups: int
+    """Lookups of the held-out samples."""
+    hits_cum: np.ndarray
+    """int64 [A+1]: lookups hitting one of the k best-ranked rows, for k = 0..A (A: rows the profile saw)."""
+    popular_cum: np.ndarray
+    """int64 [A+1]: samples whose every lookup hits one of the k best-ranked rows."""
+    cold_suffix: np.ndarray
+    """int64 [A+1]: unique rows of rank >= k (unseen rows included), summed over the mini-batches."""
+    indices: np.ndarray | None = None
+    """Sorted indices of the held-out samples in ``split`` (None: the whole split)."""
+    _chunks: Callable[[], Iterator[np.ndarray]] | None = None
+
+    def figures(self, k) -> dict:
+        """Held-out figures at ``k`` hot rows (an int or an int array): access_coverage, popular_sample_share,
+        unique_cold_rows_per_batch."""
+        k = np.asarray(k)
+        return {
+            "access_coverage": self.hits_cum[k] / max(1, self.total_lookups),
+            "popular_sample_share": self.popular_cum[k] / max(1, self.num_samples),
+            "unique_cold_rows_per_batch": self.cold_suffix[k] / max(1, self.num_batches),
+        }
+
+    def evaluate(self, hot: np.ndarray, table_sizes) -> dict:
+        """The same figures for any hot set (bool [total rows]), by scanning the held-out samples again."""
+        cold_rank = (~hot).astype(np.int32)  # rank 0: hot, 1: cold
+        hits, popular, cold, _, _ = scan(self._chunks(), table_sizes, cold_rank, 1, self.batch_size)
+        return {
+            "access_coverage": hits[1] / max(1, self.total_lookups),
+            "popular_sample_share": popular[1] / max(1, self.num_samples),
+            "unique_cold_rows_per_batch": cold[1] / max(1, self.num_batches),
+        }
+
+
+def scan(
+    chunks: Iterator[np.ndarray], table_sizes, rank: np.ndarray, num_ranked: int, batch_size: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
+    """One pass over sample chunks (each a whole number of mini-batches, except the last) under ``rank``
+    (int32 [total rows], ranks ``0..num_ranked``, ``num_ranked`` meaning never hot).
+
+    Returns ``(hits_cum, popular_cum, cold_suffix, num_batches, lookups)``, each array of length
+    ``num_ranked + 1`` indexed by the number of hot rows ``k``. Per-batch figures count full mini-batches
+    only (the last, partial one too when there is no full one)."""
+    A = int(num_ranked)
+    offsets = kernels.table_offsets(table_sizes)
+    lookup_hist = np.zeros(A + 1, dtype=np.int64)
+    max_hist = np.zeros(A + 2, dtype=np.int64)
+    unique_hist = np.zeros(A + 1, dtype=np.int64)
+    B = int(batch_size)
+    batches = lookups = 0
+    partial_hist, partial_batches = None, 0
+    for c in chunks:
+        n = c.shape[0]
+        fused = c.reshape(n, -1).astype(np.int64) + np.repeat(offsets[:-1], c.shape[2])[None, :]
+        ranks = rank[fused]
+        lookup_hist += np.bincount(ranks.ravel(), minlength=A + 1)
+        lookups += ranks.size
+        kernels.add_histogram(kernels.sample_max_rank(c, table_sizes, rank) + 1, max_hist)
+        full = (n // B) * B
+        if full:
+            unique_hist += _unique_rank_hist(fused[:full], rank, B, A)
+            batches += full // B
+        if full < n:
+            partial_hist = _unique_rank_hist(fused[full:], rank, n - full, A)
+            partial_batches = 1
+    if batches == 0 and partial_hist is not None:
+        unique_hist, batches = partial_hist, partial_batches
+    hits_cum = np.concatenate([[0], np.cumsum(lookup_hist[:A])])
+    popular_cum = np.cumsum(max_hist)[: A + 1]
+    cold_suffix = np.cumsum(unique_hist[::-1])[::-1]
+    return hits_cum, popular_cum, cold_suffix, batches, lookups
+
+
+def _unique_rank_hist(fused: np.ndarray, rank: np.ndarray, batch_size: int, num_ranked: int) -> np.ndarray:
+    """Histogram over ranks of the distinct (mini-batch, row) pairs of ``fused`` [n, C] (n a multiple of B)."""
+    n = fused.shape[0]
+    batch = np.repeat(np.arange(n // batch_size, dtype=np.int64), batch_size * fused.shape[1])
+    total = int(rank.shape[0])
+    keys = np.unique(batch * total + fused.ravel())
+    return np.bincount(rank[keys % total], minlength=num_ranked + 1)

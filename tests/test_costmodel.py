@@ -1,0 +1,184 @@
+"""The cost model: phases add up (sequential) or overlap (pipelined), bottlenecks are named, hardware loads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hotline.profiling import costmodel as cm
+
+HW = {
+    "name": "test host",
+    "host": {
+        "dispatch_ns_per_lookup": {"1": 10.0, "n": 5.0},
+        "gather_gbps": {"1": 2.0, "n": 4.0},
+        "scatter_gbps": {"1": 2.0, "n": 4.0},
+        "memcpy_gbps": 8.0,
+        "handover_us": 50.0,
+        "threads": 2,
+        "cores": 2,
+    },
+    "device": {
+        "kind": "cpu",
+        "dense_gflops": 50.0,
+        "mem_gbps": 5.0,
+        "pass_overhead_us": 200.0,
+        "update_ns_per_lookup_float": 1.0,
+        "update_ns_per_row_float": 0.5,
+    },
+    "link": {"shared_memory": True, "h2d_gbps": 8.0, "d2h_gbps": 8.0},
+}
+W = cm.Workload(4096, 26, 1, 64, (13, 64, 64), (64, 1))
+
+
+def stats(coverage=0.85, popular=0.2, cold=20_000, unique=60_000):
+    return cm.Stats(coverage, popular, cold, unique)
+
+
+def test_sequential_modes_add_their_phases():
+    for mode in ("device", "hybrid", "hotline_k0"):
+        p = cm.predict(mode, W, stats(), HW)
+        assert p.step_s == pytest.approx(sum(p.phases_s.values()))
+        assert p.samples_per_s == pytest.approx(4096 / p.step_s)
+        assert p.bottleneck == max(p.phases_s, key=p.phases_s.get)
+    hybrid = cm.phases("hybrid", W, stats(), HW)
+    hotline = cm.phases("hotline_k0", W, stats(), HW)
+    assert hybrid["gather"] == pytest.approx(60_000 * 256 / 4e9)  # unique rows at the gather bandwidth
+    assert hotline["gather"] == pytest.approx(20_000 * 256 / 4e9)  # only the cold ones
+    assert hybrid["h2d"] == 0.0  # the CPU is its own device: nothing is copied
+    # K=0 computes two micro-batches: one more pass overhead than hybrid's single pass
+    assert hotline["compute"] - hybrid["compute"] == pytest.approx(200e-6)
+
+
+def test_pipelined_step_is_the_slowest_lane_plus_handover():
+    gpu = {**HW, "link": {"h2d_gbps": 1.0, "d2h_gbps": 1.0}}  # a slow link, not shared memory
+    p = cm.predict("hotline_k1", W, stats(cold=2_000_000), gpu)
+    lanes = {k: v for k, v in p.phases_s.items() if k.startswith("lane: ") and k != "lane: hand-over"}
+    assert p.step_s == pytest.approx(max(lanes.values()) + 50e-6)
+    assert p.bottleneck == "link (h2d + d2h)"
+    seq = cm.predict("hotline_k0", W, stats(cold=2_000_000), gpu)
+    assert p.samples_per_s > seq.samples_per_s  # overlap hides the smaller lanes
+    # On a CPU device the lanes share the cores: at least the CPU-seconds over the cores.
+    shared = cm.predict("hotline_k1", W, stats(), HW)
+    assert shared.phases_s["lane: shared cores"] >= shared.phases_s["lane: device (compute + updates)"]
+
+
+def test_more_coverage_predicts_less_cold_work():
+    low = cm.predict("hotline_k0", W, stats(coverage=0.7, cold=40_000), HW)
+    high = cm.predict("hotline_k0", W, stats(coverage=0.95, cold=5_000), HW)
+    assert high.phases_s["gather"] < low.phases_s["gather"] and high.samples_per_s > low.samples_per_s
+
+
+def test_known_gpus_have_sources_and_load():
+    gpus = cm.known_gpus()
+    assert {"H100", "H200"} <= set(gpus)
+    for g in gpus.values():
+        assert g["sources"] and g["device"]["mem_gbps"] > 0 and g["link"]["h2d_gbps"] > 0
+    assert gpus["H200"]["device"]["mem_gbps"] > gpus["H100"]["device"]["mem_gbps"]
+    hw = cm.load_hardware("h200", HW)  # case-insensitive; host side from a calibration
+    assert hw["host"] == HW["host"] and hw["device"]["kind"] == "cuda" and hw["sources"]
+    p = cm.predict("hotline_k1", W, stats(), hw)
+    assert p.phases_s["h2d"] > 0 and p.samples_per_s > 0
+    with pytest.raises(ValueError, match="known GPU"):
+        cm.load_hardware("A123")
+
+
+def test_gpu_table_ships_as_package_data():
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    assert "gpus.json" in pyproject["tool"]["setuptools"]["package-data"]["hotline.profiling"]
+
+
+def test_stats_come_from_heldout_figures(tmp_path):
+    import hotline
+    from hotline.datasets.synthetic import generate
+
+    path = generate(tmp_path / "d", 8000, max_rows_per_table=3000, progress=False)
+    prof = hotline.profile(path, mini_batch_size=256, progress=False)
+    s = cm.Stats.from_profile(prof, "64KiB")
+    h = prof.summary("64KiB")["heldout"]
+    assert s.hot_lookup_share == pytest.approx(h["access_coverage"])
+    assert s.cold_rows_per_batch == pytest.approx(h["unique_cold_rows_per_batch"])
+    curve = cm.speedup_curve(prof, HW, budgets=["0", "16KiB", "64KiB"])
+    assert list(curve.heldout_coverage) == sorted(curve.heldout_coverage)
+    assert (curve.speedup_vs_hybrid > 0).all()
+
+
+def test_calibrate_cli_writes_and_refuses_foreign_files(tmp_path, monkeypatch, capsys):
+    from hotline.cli import main
+    from hotline.profiling import calibrate
+
+    fake = {"format": "hotline-hardware", "name": "x", "calibration_s": 1.0, **HW}
+    fake["host"] = {**HW["host"], "dispatch_ns_per_lookup": {"1": 1.0, "n": 1.0}}
+    fake["device"] = {**HW["device"], "dense_fit_max_rel_error": 0.1}
+    monkeypatch.setattr(calibrate, "calibrate", lambda *a, **k: fake)
+    out = tmp_path / "host.json"
+    assert main(["calibrate", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["host"]["cores"] == 2
+    assert main(["calibrate", "--out", str(out)]) == 0  # its own file: replaced
+    mine = tmp_path / "mine.json"
+    mine.write_text('{"not": "hotline"}')
+    assert main(["calibrate", "--out", str(mine)]) == 2
+    assert mine.read_text() == '{"not": "hotline"}'
+    assert "not replaced" in capsys.readouterr().err
+
+
+def test_calibrate_times_this_host():
+    """The real calibration (small: it must take well under a minute): every figure positive and finite."""
+    from hotline.profiling.calibrate import calibrate
+
+    hw = calibrate(threads=1)
+    assert hw["calibration_s"] < 60
+    for section in ("host", "device"):
+        for k, v in hw[section].items():
+            values = v.values() if isinstance(v, dict) else [v]
+            assert all(not isinstance(x, (int, float)) or x >= 0 for x in values), k
+    assert hw["device"]["dense_gflops"] > 0 and hw["host"]["gather_gbps"]["1"] > 0
+    p = cm.predict("hotline_k1", W, stats(), hw)
+    assert p.samples_per_s > 0
+
+
+def test_costmodel_benchmarks_smoke(tmp_path, monkeypatch):
+    """bench_costmodel (given a hardware file: no calibration) and predict_h200 run and report ratios."""
+    import sys
+    from pathlib import Path
+
+    import numba
+    import torch
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    threads = (torch.get_num_threads(), numba.get_num_threads())
+    hw = tmp_path / "hw.json"
+    hw.write_text(json.dumps(HW))
+    try:
+        import bench_costmodel
+        import predict_h200
+
+        r = bench_costmodel.main(
+            ["--smoke", "--threads", "1", "--configs", "emb-heavy", "--hardware", str(hw)]
+        )
+        assert len(r["results"]) == 2 + 2 * 3  # device, hybrid, and both hotline modes at three budgets
+        assert all(x["predicted"] > 0 and x["measured"] > 0 and x["ratio"] > 0 for x in r["results"])
+        assert isinstance(r["target_met"], bool)
+        p = predict_h200.main(["--smoke", "--threads", "1"])
+        assert {x["mode"] for x in p["results"]} == set(cm.MODES) and len(p["results"]) == 12
+    finally:
+        torch.set_num_threads(threads[0])
+        numba.set_num_threads(threads[1])
+        sys.modules.pop("bench_costmodel", None)
+
+
+def test_nonnegative_fit_recovers_and_clamps():
+    import numpy as np
+
+    from hotline.profiling.calibrate import _nnls
+
+    x = np.array([[1e9, 1e6, 1.0], [4e9, 2e6, 1.0], [2e8, 8e6, 1.0], [3e9, 3e7, 1.0]])
+    truth = np.array([2e-11, 5e-10, 3e-4])
+    np.testing.assert_allclose(_nnls(x.tolist(), (x @ truth).tolist()), truth, rtol=1e-6)
+    y = x @ np.array([2e-11, 0.0, 3e-4]) - 1e-4 * x[:, 1] / 3e7  # a negative pull on the middle column
+    assert (_nnls(x.tolist(), y.tolist()) >= 0).all()
