@@ -56,6 +56,8 @@ def add_parser(subparsers: SubParsers) -> None:
     add_threads(p)
     p.add_argument("--metrics", help="write one JSON record per report to this .jsonl file")
     p.add_argument("--dump-params", help="write every parameter by name to this .npz at the end")
+    p.add_argument("--init-params", help="start from the parameters in this .npz (as --dump-params writes)")
+    p.add_argument("--dump-init", help="write every parameter by name to this .npz before the first step")
     p.add_argument("--save", help="write a checkpoint here at the end")
     p.add_argument("--load", help="start from this checkpoint")
     p.add_argument("--placement", help="placement .npz for --mode hotline (from `hotline profile`)")
@@ -107,6 +109,8 @@ def config_from_args(args: argparse.Namespace):
         progress=not args.no_progress,
         metrics_path=args.metrics,
         dump_params_path=args.dump_params,
+        init_params_path=args.init_params,
+        dump_init_path=args.dump_init,
         placement_path=args.placement,
         hbm_budget=hbm_budget,
     )
