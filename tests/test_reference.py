@@ -39,6 +39,8 @@ MODES = {
     "hotline-k2": ("hotline", 2, "auto", True),
     "hotline-k4": ("hotline", 4, "auto", True),
     "hotline-k2-split": ("hotline", 2, "split", False),
+    # the CUDA update path (torch ops fed with distinct rows found on the host), run on the CPU
+    "hotline-k2-torch-updates": ("hotline", 2, "auto", False),
 }
 OPTIMIZERS = ["sgd", "rowwise-adagrad"]
 
@@ -102,6 +104,7 @@ def hotline_run(setup, name, opt, L, op):
     key = (name, opt, L, op)
     if key not in _cache:
         tr = Trainer(config(setup, name, opt, L, op), setup[1][L])
+        tr.mode.device_updates = name.endswith("torch-updates")
         try:
             stats = list(tr.progress(tr.batches()))
             probs, _ = tr.predict(tr.dataset.val)
@@ -173,6 +176,33 @@ def test_same_parameters_same_predictions(setup, name):
         assert np.array_equal(probs[s], device[s])
 
 
+def test_quiesce_waits_for_every_write_back(setup):
+    """With slow write-backs, ``quiesce`` after a step returns only when that step's rows are in the cold
+    store: the exported tables then equal device mode's after the same number of steps, bit for bit (what a
+    checkpoint taken mid-run relies on)."""
+    import time
+
+    opt, L, op = "rowwise-adagrad", 1, "dot"
+    tr = Trainer(config(setup, "hotline-k2", opt, L, op, num_batches=6), setup[1][L])
+    dev = Trainer(config(setup, "device", opt, L, op, num_batches=6), setup[1][L])
+    finish = tr.mode.finish_write_back
+
+    def slow(prep, copied=None):
+        time.sleep(0.05)
+        finish(prep, copied)
+
+    tr.mode.finish_write_back = slow
+    try:
+        for n, (_, _) in enumerate(zip(tr.progress(tr.batches()), dev.progress(dev.batches())), start=1):
+            tr.quiesce()
+            got, want = tr.named_arrays(), dev.named_arrays()
+            for k, v in want.items():
+                assert np.array_equal(got[k], v), f"after step {n}: {k}"
+    finally:
+        tr.close()
+        dev.close()
+
+
 # 2 ranks (one spawn, few cases: spawning is slow): the sharded cold store and the replicated hot tier
 TWO_RANKS = [
     ("hotline-k2", "rowwise-adagrad", 3, "dot"),
@@ -182,19 +212,56 @@ TWO_RANKS = [
 ]
 
 
+RESUME_CASE = ("hotline-k2", "rowwise-adagrad", 1, "dot")  # both tiers hold Adagrad state that must survive
+
+
+def rank_jobs(comm, dump_jobs, fit_configs) -> None:
+    """A spawn target: ``train_and_dump`` of ``dump_jobs``, then ``fit()`` of each of ``fit_configs`` in turn."""
+    train_and_dump(comm, dump_jobs)
+    for cfg, dataset in fit_configs:
+        tr = Trainer(cfg, dataset, comm)
+        try:
+            tr.fit()
+        finally:
+            tr.close()
+
+
 @pytest.fixture(scope="module")
 def two_ranks(setup):
-    root = setup[0]
+    root, sets = setup[0], setup[1]
     jobs = [
-        (config(setup, *case), str(setup[1][case[2]].path), str(root / f"2r-{'-'.join(map(str, case))}.npz"))
+        (config(setup, *case), str(sets[case[2]].path), str(root / f"2r-{'-'.join(map(str, case))}.npz"))
         for case in TWO_RANKS
     ]
-    spawn(2, train_and_dump, jobs)
+    # the resume case: straight (2 epochs), stopped at the epoch boundary with a checkpoint, resumed
+    ck, ds = str(root / "2r-ck"), str(sets[RESUME_CASE[2]].path)
+    fits = [
+        (config(setup, *RESUME_CASE, eval_max_samples=16, dump_params_path=str(root / "2r-straight.npz")), ds),
+        (config(setup, *RESUME_CASE, eval_max_samples=16, num_batches=8, checkpoint_dir=ck, checkpoint_every=8), ds),
+        (config(setup, *RESUME_CASE, eval_max_samples=16, checkpoint_dir=ck, resume=True,
+                dump_params_path=str(root / "2r-resumed.npz")), ds),
+    ]  # fmt: skip
+    spawn(2, rank_jobs, jobs, fits)
     out = {}
     for case, (_, _, path) in zip(TWO_RANKS, jobs):
         with np.load(path) as z:
             out[case] = {k: z[k] for k in z.files}
+    for name in ("straight", "resumed"):
+        with np.load(root / f"2r-{name}.npz") as z:
+            out[name] = {k: z[k] for k in z.files}
     return out
+
+
+def test_two_ranks_resume_is_bit_identical(setup, two_ranks):
+    """2 ranks, look-ahead 2, row-wise Adagrad: stopped after epoch 1 (a checkpoint file per rank: the cold
+    shard and, on rank 0, the hot tier, with their optimizer state), resumed to the end of epoch 2: bit for bit
+    the straight run."""
+    straight, resumed = two_ranks["straight"], two_ranks["resumed"]
+    assert straight.keys() == resumed.keys()
+    for k, v in straight.items():
+        assert np.array_equal(resumed[k], v), k
+    err, where = max_rel_diff(reference(setup, *RESUME_CASE[1:])[1], straight)
+    assert err <= TOLERANCE[RESUME_CASE[1]], where
 
 
 @pytest.mark.parametrize("case", TWO_RANKS, ids=["-".join(map(str, c)) for c in TWO_RANKS])
