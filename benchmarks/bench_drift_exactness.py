@@ -9,7 +9,9 @@ same order, in lockstep; every ``--every`` steps each run's parameters are compa
 - ``device_t2``: device mode at 2 torch/numba threads (only the thread count differs from the reference);
 - ``split_t1``: hotline, look-ahead 0, split micro-batches (popular, then non-popular pass), 1 thread;
 - ``split_t2``: the same at 2 threads;
-- ``fused_k2_t1``: hotline, look-ahead 2, one fused pass, 1 thread (expected: 0, bit-identical).
+- ``fused_k2_t1``: hotline, look-ahead 2, one fused pass, 1 thread (expected: 0, bit-identical);
+- ``independent_t1``: tests/reference.py, the plain-PyTorch DLRM the tests use (no Hotline code), 1 thread: the
+  spread between two correct float32 implementations of the same training (``--no-independent``: skipped).
 
 Placement: per table, the rows most accessed in the last ``--profile-batches`` batches of the training split
 (not the batches measured, so the popular share is steady from the first step), at most
@@ -69,6 +71,10 @@ def placement(
     return str(path)
 
 
+def arch_interaction(trainers: dict) -> str:
+    return next(iter(trainers.values())).config.interaction
+
+
 def drift(ds: Dataset, optimizer: str, args, arch: dict, workdir: Path) -> dict:
     """Trains every run in lockstep; returns {run: [{"step", "max_rel_diff", "tensor"}, ...]}."""
     place = placement(ds, args.batch, args.profile_batches, args.hot_share, arch["embedding_dim"], optimizer,
@@ -88,6 +94,14 @@ def drift(ds: Dataset, optimizer: str, args, arch: dict, workdir: Path) -> dict:
         trainers[name] = tr
         streams[name] = tr.progress(tr.batches())
     curves: dict[str, list] = {name: [] for name in RUNS if name != REFERENCE}
+    independent = None
+    if args.independent:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+        from reference import ReferenceDLRM, read_params, read_split
+
+        independent = ReferenceDLRM(read_params(init), arch_interaction(trainers), optimizer, args.lr)
+        dense, sparse, labels = read_split(ds.path, "train")
+        curves["independent_t1"] = []
     popular = samples = 0
     try:
         for step in range(1, args.steps + 1):
@@ -99,13 +113,20 @@ def drift(ds: Dataset, optimizer: str, args, arch: dict, workdir: Path) -> dict:
                 ):  # the split path differs from one pass only when both micro-batches occur
                     popular += stats.counters["popular_samples"]
                     samples += stats.samples
+            if independent is not None:
+                common.setup_threads(1)
+                lo, hi = (step - 1) * args.batch, step * args.batch
+                independent.step(dense[lo:hi], sparse[lo:hi], labels[lo:hi])
             if step % args.every == 0 or step == args.steps:
                 for tr in trainers.values():
                     tr.quiesce()
                 ref = trainers[REFERENCE].named_arrays()
-                for name in curves:
+                for name in trainers.keys() - {REFERENCE}:
                     d, where = max_rel_diff(ref, trainers[name].named_arrays())
                     curves[name].append({"step": step, "max_rel_diff": d, "tensor": where})
+                if independent is not None:
+                    d, where = max_rel_diff(ref, independent.named_arrays())
+                    curves["independent_t1"].append({"step": step, "max_rel_diff": d, "tensor": where})
         for s in streams.values():
             s.close()
     finally:
@@ -123,6 +144,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--optimizers", nargs="+", default=["sgd", "rowwise-adagrad"])
+    p.add_argument(
+        "--no-independent", dest="independent", action="store_false", help="skip the tests/reference.py run"
+    )
     p.add_argument(
         "--profile-batches", type=int, default=128, help="hot rows: those seen in the last N batches"
     )

@@ -24,10 +24,10 @@ def test_bench_drift_exactness_smoke(tmp_path, monkeypatch):
     for result in report["results"].values():
         assert 0 < result["popular_share"] < 1  # both micro-batches occur: the split path is exercised
         curves = result["curves"]
-        assert set(curves) == {"device_t2", "split_t1", "split_t2", "fused_k2_t1"}
+        assert set(curves) == {"device_t2", "split_t1", "split_t2", "fused_k2_t1", "independent_t1"}
         assert [c["step"] for c in curves["split_t1"]] == [3, 6]
         assert all(c["max_rel_diff"] == 0.0 for c in curves["fused_k2_t1"])  # one fused pass: bit-identical
-        for name in ("device_t2", "split_t1", "split_t2"):
+        for name in ("device_t2", "split_t1", "split_t2", "independent_t1"):
             assert all(
                 math.isfinite(c["max_rel_diff"]) and 0 <= c["max_rel_diff"] < 1e-4 for c in curves[name]
             )
