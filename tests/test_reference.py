@@ -236,7 +236,8 @@ def two_ranks(setup):
     # the resume case: straight (2 epochs), stopped at the epoch boundary with a checkpoint, resumed
     ck, ds = str(root / "2r-ck"), str(sets[RESUME_CASE[2]].path)
     fits = [
-        (config(setup, *RESUME_CASE, eval_max_samples=16, dump_params_path=str(root / "2r-straight.npz")), ds),
+        (config(setup, *RESUME_CASE, eval_max_samples=16, dump_params_path=str(root / "2r-straight.npz"),
+                dump_init_path=str(root / "2r-init.npz")), ds),
         (config(setup, *RESUME_CASE, eval_max_samples=16, num_batches=8, checkpoint_dir=ck, checkpoint_every=8), ds),
         (config(setup, *RESUME_CASE, eval_max_samples=16, checkpoint_dir=ck, resume=True,
                 dump_params_path=str(root / "2r-resumed.npz")), ds),
@@ -246,7 +247,7 @@ def two_ranks(setup):
     for case, (_, _, path) in zip(TWO_RANKS, jobs):
         with np.load(path) as z:
             out[case] = {k: z[k] for k in z.files}
-    for name in ("straight", "resumed"):
+    for name in ("straight", "resumed", "init"):
         with np.load(root / f"2r-{name}.npz") as z:
             out[name] = {k: z[k] for k in z.files}
     return out
@@ -260,6 +261,10 @@ def test_two_ranks_resume_is_bit_identical(setup, two_ranks):
     assert straight.keys() == resumed.keys()
     for k, v in straight.items():
         assert np.array_equal(resumed[k], v), k
+    with np.load(
+        setup[2][RESUME_CASE[2], RESUME_CASE[3]]
+    ) as z:  # --init-params in, --dump-init out: the same
+        assert z.files and all(np.array_equal(two_ranks["init"][k], z[k]) for k in z.files)
     err, where = max_rel_diff(reference(setup, *RESUME_CASE[1:])[1], straight)
     assert err <= TOLERANCE[RESUME_CASE[1]], where
 
