@@ -210,3 +210,59 @@ def test_nan_loss_stops_and_keeps_last_checkpoint(data, tmp_path, capsys):
     latest = CheckpointManager(ck).latest()
     payload = read_checkpoint(latest)
     assert all(torch.isfinite(t).all() for t in payload["tables"])
+
+
+@pytest.mark.parametrize("lookahead", [1, 4])
+def test_resume_is_bit_identical_with_lookahead_1_and_4(data, tmp_path, lookahead):
+    ds, placement = data
+    straight = _train(ds, _config("hotline", placement, 24, lookahead=lookahead))
+    ck = tmp_path / "ck"
+    _train(
+        ds, _config("hotline", placement, 10, lookahead=lookahead, checkpoint_dir=str(ck), checkpoint_every=5)
+    )
+    assert [p.name for p in CheckpointManager(ck).complete()] == ["step-000000005.pt", "step-000000010.pt"]
+    resumed = _train(
+        ds, _config("hotline", placement, 24, lookahead=lookahead, checkpoint_dir=str(ck), resume=True)
+    )
+    for name, a in straight.items():
+        assert np.array_equal(a, resumed[name]), name
+
+
+@pytest.fixture(scope="module")
+def short(tmp_path_factory):
+    """172 training samples: with batches of 32, 5 full batches and a short one of 12 per epoch."""
+    root = tmp_path_factory.mktemp("ckpt-short")
+    ds = Dataset(generate(root / "ds", 200, seed=5, table_sizes=[40, 300, 25, 90], zipf=1.2, progress=False))
+    assert len(ds.train) == 172
+    hot = [np.arange(n // 4) for n in ds.table_sizes]
+    Placement.from_hot_ids(
+        ds.table_sizes, hot, dataset_fingerprint=ds.fingerprint, embedding_dim=8, bytes_per_row=36
+    ).save(root / "p.npz")
+    return ds, root / "p.npz"
+
+
+@pytest.mark.parametrize("stop", [5, 6], ids=["before-short-batch", "at-epoch-boundary"])
+@pytest.mark.parametrize(
+    "mode,lookahead,micro",
+    [("device", 0, "auto"), ("hybrid", 0, "auto"), ("hotline", 0, "auto"), ("hotline", 1, "auto"),
+     ("hotline", 2, "split"), ("hotline", 4, "auto")],
+)  # fmt: skip
+def test_resume_across_short_batch_and_epoch_boundary(short, tmp_path, mode, lookahead, micro, stop):
+    """Two epochs of 6 steps: stopped after step 5 (the resumed run starts with the short last batch) or 6 (it
+    starts the second epoch), the resumed run ends bit-identical to the straight one."""
+    ds, placement = short
+    kw = {"lookahead": lookahead, "micro_batches": micro, "nepochs": 2}
+    straight = _train(ds, _config(mode, placement, 0, **kw))
+    ck = tmp_path / "ck"
+    _train(ds, _config(mode, placement, stop, checkpoint_dir=str(ck), checkpoint_every=stop, **kw))
+    assert [p.name for p in CheckpointManager(ck).complete()] == [f"step-{stop:09d}.pt"]
+    tr = Trainer(_config(mode, placement, 0, checkpoint_dir=str(ck), resume=True, **kw), ds)
+    try:
+        assert tr.train_steps() == 12
+        tr.fit()
+        assert tr.step_count == 12
+        resumed = tr.named_arrays()
+    finally:
+        tr.close()
+    for name, a in straight.items():
+        assert np.array_equal(a, resumed[name]), name

@@ -76,6 +76,16 @@ def add_parser(subparsers: SubParsers) -> None:
     p.add_argument(
         "--dump-params", metavar="FILE.npz", help="write every parameter by name to this file at the end"
     )
+    p.add_argument(
+        "--init-params",
+        metavar="FILE.npz",
+        help="start from these parameters (names and layout as --dump-params)",
+    )
+    p.add_argument(
+        "--dump-init",
+        metavar="FILE.npz",
+        help="write every parameter by name to this file before the first step",
+    )
     p.add_argument("--save", metavar="CKPT.pt", help="write a checkpoint here at the end")
     p.add_argument("--load", metavar="CKPT.pt", help="start from this checkpoint")
     p.add_argument(
@@ -160,6 +170,8 @@ def config_from_args(args: argparse.Namespace):
         progress=not args.no_progress,
         metrics_path=args.metrics,
         dump_params_path=args.dump_params,
+        init_params_path=args.init_params,
+        dump_init_path=args.dump_init,
         placement_path=args.placement,
         hbm_budget=hbm_budget,
     )

@@ -70,6 +70,10 @@ class TrainConfig:
     """``--metrics``: write one JSON record per report to this .jsonl file."""
     dump_params_path: str | None = None
     """``--dump-params``: write every parameter by name to this .npz at the end."""
+    init_params_path: str | None = None
+    """``--init-params``: start from the parameters in this .npz (names and layout as ``--dump-params``)."""
+    dump_init_path: str | None = None
+    """``--dump-init``: write every parameter by name to this .npz before the first step."""
     placement_path: str | None = None
     """``--placement``: a Placement .npz for ``--mode hotline``."""
     hbm_budget: int | None = None

@@ -20,6 +20,8 @@ import math
 import os
 import sys
 import time
+import zipfile
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -58,6 +60,8 @@ class Trainer:
         self.sparse_opt = SparseOptimizer(config.optimizer, config.learning_rate)
         self.dense_opt = self.sparse_opt.dense_optimizer(self.model.parameters())
         self.mode = self._build_mode()
+        if config.init_params_path:
+            self.load_params(read_params(config.init_params_path))
         if config.replaces:  # counted from the first step (a checkpoint restores them)
             from hotline.pipeline.replacement import start_counting
 
@@ -163,6 +167,8 @@ class Trainer:
         if cfg.metrics_path:  # append-only: flushed after every record
             Path(cfg.metrics_path).parent.mkdir(parents=True, exist_ok=True)
             self._metrics_file = open(cfg.metrics_path, "a" if self.step_count else "w")
+        if cfg.dump_init_path:  # the parameters this run's first step starts from (after --resume/--load)
+            self.dump_params(cfg.dump_init_path)
         log = LogLines(self.comm.rank == 0, bar=cfg.progress)  # no bar without a TTY: a line per report
         bar = tqdm(total=total, initial=self.step_count, disable=not log.bar, unit="step", dynamic_ncols=True)
         log.before_first_step()
@@ -329,8 +335,56 @@ class Trainer:
             _io.atomic_write(path, lambda f: np.savez(f, **arrays))
         self.comm.barrier()
 
+    def load_params(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Replaces every parameter by name (as :meth:`named_arrays` / ``--dump-params`` name them); the
+        sparse optimizer state restarts at zero. Checks every tensor first: a missing, extra or misshapen one
+        is a ValueError naming it, and nothing is changed. On N ranks every rank passes the same arrays."""
+        expected = {f"model.{k}": tuple(v.shape) for k, v in self.model.named_parameters()}
+        for t, n in enumerate(self.dataset.table_sizes):
+            expected[f"embedding.table_{t}"] = (n, self.config.embedding_dim)
+        missing = [k for k in expected if k not in arrays]
+        extra = [k for k in arrays if k not in expected]
+        if missing or extra:
+            raise ValueError(
+                f"initial parameters: missing tensor(s) {missing[:4]}, unexpected tensor(s) {extra[:4]} "
+                f"(expected the names --dump-params writes for this model and dataset)"
+            )
+        for k, shape in expected.items():
+            a = arrays[k]
+            if tuple(a.shape) != shape or not np.issubdtype(a.dtype, np.floating):
+                raise ValueError(
+                    f"initial parameters: tensor {k} is {a.dtype}{list(a.shape)}, expected float32{list(shape)}"
+                )
+            if not np.isfinite(a).all():
+                raise ValueError(f"initial parameters: tensor {k} has non-finite values")
+        state = {
+            k[len("model.") :]: torch.from_numpy(np.asarray(arrays[k], np.float32))
+            for k in expected
+            if k.startswith("model.")
+        }
+        with torch.no_grad():
+            self.model.load_state_dict(state, strict=True)
+        tables = [
+            np.ascontiguousarray(arrays[f"embedding.table_{t}"], np.float32)
+            for t in range(len(self.dataset.table_sizes))
+        ]
+        S = self.sparse_opt.state_floats_per_row
+        self.mode.load_tables(tables, [np.zeros(t.shape[0] * S, np.float32) for t in tables])
+
     def close(self) -> None:
         self.mode.close()
+
+
+def read_params(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """The arrays of a parameter .npz (as ``--dump-params`` writes), no pickles; ValueError if unreadable."""
+    try:
+        z = np.load(path, allow_pickle=False)
+        if not isinstance(z, np.lib.npyio.NpzFile):
+            raise ValueError("a single array, not an .npz archive of named arrays")
+        with z:
+            return {k: z[k] for k in z.files}
+    except (ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise ValueError(f"--init-params {path}: not a readable parameter .npz ({e})") from None
 
 
 class _Window:

@@ -1,0 +1,178 @@
+"""An independent DLRM for the tests: plain PyTorch, written from the definitions, sharing NO code with Hotline.
+
+It reads a dataset directory's ``.npy`` arrays directly (``{split}_dense/sparse/labels.npy``) and a parameter
+``.npz`` with the names ``hotline train --dump-params`` / ``--dump-init`` write (``model.<name>``,
+``embedding.table_<t>``), and trains on the same batches in the same order:
+
+- embedding bags: ``table[ids]`` summed over each bag of L lookups;
+- bottom MLP: Linear + ReLU after every layer; top MLP: Linear + ReLU after every layer but the last;
+- interaction ``dot``: the dense output, then the pairwise dot products ``<f_i, f_j>`` for i > j of the
+  F = T + 1 features (i the slower index, as DLRM's strictly lower triangle); ``cat``: the features concatenated;
+- loss: the SUM of the per-sample binary cross-entropies (written out, from the logit) divided by the mini-batch
+  size; batches of ``batch_size`` in file order, epoch after epoch, the last of an epoch possibly short;
+- SGD: ``p -= lr * g`` (dense parameters and every row a batch looked up);
+- row-wise Adagrad (FBGEMM's EXACT_ROWWISE_ADAGRAD) for embedding rows, per row looked up in the batch with its
+  summed gradient g [D]: ``state += mean(g^2)``; ``row -= lr * g / (sqrt(state) + eps)``; dense parameters get
+  element-wise Adagrad: ``state += g^2``; ``p -= lr * g / (sqrt(state) + eps)``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+
+EPS = 1e-8
+
+
+def read_split(dataset_dir, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """dense [N, 13] float32, sparse [N, T, L] int, labels [N] float32 of one split, read from the .npy files."""
+    d = Path(dataset_dir)
+    return tuple(np.load(d / f"{split}_{k}.npy", allow_pickle=False) for k in ("dense", "sparse", "labels"))
+
+
+def read_params(path) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as z:
+        return {k: np.array(z[k]) for k in z.files}
+
+
+def random_params(table_sizes, dim: int, bottom: list[int], top: list[int], interaction: str, seed: int):
+    """Initial parameters drawn here (not by Hotline), named as ``--dump-params`` names them."""
+    rng = np.random.default_rng(seed)
+    F = len(table_sizes) + 1
+    width = F * (F - 1) // 2 + dim if interaction == "dot" else F * dim
+    out = {}
+    for prefix, sizes in (("dense_arch", bottom), ("over_arch", [width, *top])):
+        for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+            out[f"model.{prefix}.mlp.{2 * i}.weight"] = rng.normal(
+                0, math.sqrt(2 / (n_in + n_out)), (n_out, n_in)
+            )
+            out[f"model.{prefix}.mlp.{2 * i}.bias"] = rng.normal(0, math.sqrt(1 / n_out), n_out)
+    for t, n in enumerate(table_sizes):
+        out[f"embedding.table_{t}"] = rng.uniform(-1 / math.sqrt(n), 1 / math.sqrt(n), (n, dim))
+    return {k: v.astype(np.float32) for k, v in out.items()}
+
+
+def _layers(params: dict[str, np.ndarray], prefix: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    pattern = re.compile(rf"^model\.{prefix}\.mlp\.(\d+)\.weight$")
+    idx = sorted(int(m.group(1)) for k in params if (m := pattern.match(k)))
+    return [
+        (
+            torch.tensor(params[f"model.{prefix}.mlp.{i}.weight"]),
+            torch.tensor(params[f"model.{prefix}.mlp.{i}.bias"]),
+        )
+        for i in idx
+    ]
+
+
+class ReferenceDLRM:
+    """DLRM with its own tables, MLPs and optimizers (see the module docstring)."""
+
+    def __init__(self, params: dict[str, np.ndarray], interaction: str, optimizer: str, lr: float):
+        assert interaction in ("dot", "cat") and optimizer in ("sgd", "rowwise-adagrad")
+        self.interaction, self.optimizer, self.lr = interaction, optimizer, lr
+        self.bottom = _layers(params, "dense_arch")
+        self.top = _layers(params, "over_arch")
+        T = sum(1 for k in params if k.startswith("embedding.table_"))
+        self.tables = [torch.tensor(params[f"embedding.table_{t}"]) for t in range(T)]
+        self.dense_params = [p for layer in self.bottom + self.top for p in layer]
+        self.dense_state = [torch.zeros_like(p) for p in self.dense_params]
+        self.row_state = [torch.zeros(t.shape[0]) for t in self.tables]
+
+    # -- the model ----------------------------------------------------------------------------------------
+    def logits(self, dense: torch.Tensor, sparse: np.ndarray, tables: list[torch.Tensor]) -> torch.Tensor:
+        x = dense
+        for w, b in self.bottom:
+            x = torch.relu(x @ w.T + b)
+        features = [x]
+        for t, table in enumerate(tables):
+            bags = table[torch.from_numpy(np.asarray(sparse[:, t, :], np.int64))]  # [B, L, D]
+            features.append(bags.sum(dim=1))
+        if self.interaction == "cat":
+            z = torch.cat(features, dim=1)
+        else:
+            pairs = [(features[i] * features[j]).sum(dim=1) for i in range(len(features)) for j in range(i)]
+            z = torch.cat([x, torch.stack(pairs, dim=1)], dim=1)
+        for k, (w, b) in enumerate(self.top):
+            z = z @ w.T + b
+            if k < len(self.top) - 1:
+                z = torch.relu(z)
+        return z[:, 0]
+
+    @staticmethod
+    def bce_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """sum over samples of -(y log s(z) + (1 - y) log(1 - s(z))), in the overflow-safe form."""
+        return (logits.clamp(min=0) - logits * labels + torch.log1p(torch.exp(-logits.abs()))).sum()
+
+    # -- training -----------------------------------------------------------------------------------------
+    def step(self, dense: np.ndarray, sparse: np.ndarray, labels: np.ndarray) -> float:
+        """One mini-batch: loss = sum BCE / batch size, backward, one optimizer step; returns the summed loss."""
+        for p in self.dense_params:
+            p.requires_grad_(True)
+            p.grad = None
+        tables = [t.clone().requires_grad_(True) for t in self.tables]
+        y = torch.from_numpy(np.asarray(labels, np.float32))
+        loss = self.bce_sum(self.logits(torch.from_numpy(np.asarray(dense, np.float32)), sparse, tables), y)
+        (loss / len(labels)).backward()
+        with torch.no_grad():
+            for p, state in zip(self.dense_params, self.dense_state):
+                g = p.grad
+                if self.optimizer == "sgd":
+                    p -= self.lr * g
+                else:
+                    state += g * g
+                    p -= self.lr * g / (state.sqrt() + EPS)
+                p.grad = None
+            for t, (table, copy) in enumerate(zip(self.tables, tables)):
+                rows = torch.from_numpy(np.unique(np.asarray(sparse[:, t, :], np.int64)))
+                g = copy.grad[rows]  # each looked-up row's gradient, summed over its lookups
+                if self.optimizer == "sgd":
+                    table[rows] -= self.lr * g
+                else:
+                    self.row_state[t][rows] += (g * g).mean(dim=1)
+                    table[rows] -= self.lr * g / (self.row_state[t][rows].sqrt()[:, None] + EPS)
+        for p in self.dense_params:
+            p.requires_grad_(False)
+        return float(loss.detach())
+
+    def train(self, dataset_dir, batch_size: int, nepochs: int = 1, num_batches: int = 0) -> list[float]:
+        """Trains over the train split in file order; returns each step's summed loss."""
+        dense, sparse, labels = read_split(dataset_dir, "train")
+        n, losses = len(labels), []
+        for _ in range(nepochs):
+            for start in range(0, n, batch_size):
+                if num_batches and len(losses) == num_batches:
+                    return losses
+                stop = min(start + batch_size, n)
+                losses.append(self.step(dense[start:stop], sparse[start:stop], labels[start:stop]))
+        return losses
+
+    @torch.no_grad()
+    def predict(self, dataset_dir, split: str) -> tuple[np.ndarray, np.ndarray]:
+        dense, sparse, labels = read_split(dataset_dir, split)
+        z = self.logits(torch.from_numpy(np.asarray(dense, np.float32)), sparse, self.tables)
+        return torch.sigmoid(z).numpy(), np.asarray(labels)
+
+    def named_arrays(self) -> dict[str, np.ndarray]:
+        out = {}
+        for prefix, layers in (("dense_arch", self.bottom), ("over_arch", self.top)):
+            for i, (w, b) in enumerate(layers):
+                out[f"model.{prefix}.mlp.{2 * i}.weight"] = w.numpy().copy()
+                out[f"model.{prefix}.mlp.{2 * i}.bias"] = b.numpy().copy()
+        for t, table in enumerate(self.tables):
+            out[f"embedding.table_{t}"] = table.numpy().copy()
+        return out
+
+
+def max_rel_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> tuple[float, str]:
+    """The largest max|a - b| / max|a| over the tensors of two parameter sets (and its tensor's name)."""
+    assert a.keys() == b.keys(), sorted(set(a) ^ set(b))
+    worst, name = 0.0, ""
+    for k, x in a.items():
+        d = float(np.abs(np.asarray(b[k], np.float64) - x).max()) / max(float(np.abs(x).max()), 1e-12)
+        if d > worst:
+            worst, name = d, k
+    return worst, name
