@@ -104,11 +104,16 @@ def make_placements(dataset, args, cfg, root: Path, prof=None) -> list[dict]:
     return out
 
 
-def run_mode(name, dataset, args, cfg, placement_path, device: str = "cpu") -> dict:
+def run_mode(name, dataset, args, cfg, placement_path, device: str = "cpu", probe=None) -> dict:
+    """One timed run. On CUDA the device is synchronised once, after the timed steps (a sync per step would
+    hide the overlap it measures), phases are timed with CUDA events on their streams, and peak memory is
+    recorded. ``probe`` (a Batch): the run's pooled embeddings of it and its dense parameters are returned
+    under ``_probe`` (to compare modes: same batches, same initial weights)."""
     import torch
 
     from hotline import TrainConfig, Trainer
     from hotline.pipeline.executor import overlap_ratio
+    from hotline.pipeline.gpu_timing import StreamPhases
 
     config = TrainConfig(
         **{**cfg, "mini_batch_size": args.batch},
@@ -122,24 +127,39 @@ def run_mode(name, dataset, args, cfg, placement_path, device: str = "cpu") -> d
         num_batches=args.steps + args.warmup_steps,
         device=device,
     )
+    cuda = device == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
     trainer = Trainer(config, dataset)
     times: dict[str, float] = {}
+    phases = None
     try:
         stats_iter = trainer.progress(trainer.batches())
         for _ in range(args.warmup_steps):
             next(stats_iter)
+        if cuda:
+            torch.cuda.synchronize()
+        if hasattr(trainer.mode, "phases"):
+            trainer.mode.phases = phases = StreamPhases(device)
         t0 = time.perf_counter()
         samples = 0
         counters: dict[str, float] = {}
         for s in stats_iter:
-            if device == "cuda":
-                torch.cuda.synchronize()
             samples += s.samples
             for k, v in s.counters.items():
                 counters[k] = counters.get(k, 0.0) + v
             for k, v in s.times.items():
                 times[k] = times.get(k, 0.0) + v
+        if cuda:
+            torch.cuda.synchronize()
         elapsed = time.perf_counter() - t0
+        probed = None
+        if probe is not None:
+            with torch.no_grad():
+                pooled = trainer.mode.pooled_eval(probe.sparse).cpu()
+            dense = {k: v.detach().cpu().clone() for k, v in trainer.model.named_parameters()}
+            probed = {"pooled": pooled, "dense": dense}
     finally:
         trainer.close()
     steps = args.steps
@@ -152,17 +172,30 @@ def run_mode(name, dataset, args, cfg, placement_path, device: str = "cpu") -> d
         "overlap_ratio": overlap_ratio(times) if "stall" in times else None,
         **seen,
         "working_set_rows": seen["cold_rows_per_step"],
+        "stale_rows_per_step": counters.get("stale_rows", 0.0) / steps,
+        "stale_forwarded_per_step": counters.get("stale_forwarded", 0.0) / steps,
     }
     rec.update({f"{k}_ms": 1e3 * times[k] / steps for k in PHASES if k in times})
+    if phases is not None:
+        g = phases.summary()
+        rec.update({f"dev_{k}_ms": 1e3 * v / steps for k, v in g["phase_s"].items()})
+        rec.update(device_busy_share=g["busy_share"], copy_overlap_share=g["copy_overlap_share"])
+    if cuda:
+        rec.update(peak_allocated_gib=torch.cuda.max_memory_allocated() / 2**30,
+                   peak_reserved_gib=torch.cuda.max_memory_reserved() / 2**30)  # fmt: skip
+    if probed is not None:
+        rec["_probe"] = probed
     return rec
 
 
-def sweep(dataset, args, cfg, placements: list[dict], device: str = "cpu", log=None) -> list[dict]:
+def sweep(
+    dataset, args, cfg, placements: list[dict], device: str = "cpu", log=None, probe=None
+) -> list[dict]:
     """Runs device and hybrid once and the hotline modes once per placement; one record per run."""
     rows = []
     for m in args.modes.split(","):
         for pl in placements if m.startswith("hotline") else [None]:  # device, hybrid: no hot tier to size
-            rec = run_mode(m, dataset, args, cfg, pl["path"] if pl else None, device=device)
+            rec = run_mode(m, dataset, args, cfg, pl["path"] if pl else None, device=device, probe=probe)
             if pl is not None:
                 rec.update(target=pl["target"], hot_rows=pl["hot_rows"], budget_bytes=pl["budget_bytes"])
                 rec["budget_mib"] = pl["budget_bytes"] / 2**20

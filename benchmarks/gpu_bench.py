@@ -1,20 +1,25 @@
-"""GPU benchmark: hotline vs hybrid vs device (all rows in HBM) on Kaggle-sized tables, one NVIDIA GPU.
+"""GPU benchmark: hotline vs hybrid vs device (all rows in HBM) vs plain PyTorch, Kaggle-sized tables, one GPU.
 
-Kaggle-sized synthetic data (26 tables with the Criteo Kaggle cardinalities, ~34 M rows), embedding dim 64,
-mini-batch 4096. The run touches only a few % of those rows, so a budget as a share of the table bytes would
-make every touched row hot (device mode plus a dispatch); instead the hot tier is sized from what the run
-touches: one budget per target coverage of ``--coverages`` (default 70%, 85%, 95% of the run's lookups).
-Prints samples/s per mode and budget beside the measured coverage, popular share and cold rows per step (runs
-at >= 99.9% coverage are marked saturated), and the ratios at the middle budget against the paper's goals
-(hotline >= 2.2x hybrid, >= 0.7x device). Needs only torch, numba and numpy (and
-pandas for the profile); runs from a plain checkout without installing (it maps ``hotline.kernels`` itself).
+Two stages in one command. ``smoke`` (small tables, seconds): every mode on the same batches, checked against
+device mode on probe rows and dense parameters (``exact``). ``full``: Kaggle-sized synthetic data (26 tables
+with the Criteo Kaggle cardinalities, ~34 M rows), embedding dim 64, mini-batch 4096, 300 timed steps after 20
+of warm-up. The run touches only a few % of those rows, so a budget as a share of the table bytes would make
+every touched row hot (device mode plus a dispatch); instead the hot tier is sized from what the run touches:
+one budget per target coverage of ``--coverages`` (default 70%, 85%, 95% of the run's lookups). Modes: device,
+hybrid, hotline K=0 and K=2 (one run per budget) and ``torch_embeddingbag`` (one ``nn.EmbeddingBag(sparse=True)``
+per table in HBM, torch's SGD: what users pick instead). Per run: samples/s beside the measured coverage,
+popular share and cold rows per step (>= 99.9% coverage is marked saturated), phase times on the device's
+clock (CUDA events per stream), device-busy share and copy/compute overlap, stale rows, peak memory, the
+difference from device mode, and the cost model's prediction. The JSON is rewritten after every mode.
+Needs only torch, numba and numpy (and pandas for the profile); runs from a plain checkout without
+installing (it maps ``hotline.kernels`` itself). ``benchmarks/GPU.md`` gives the command and the fields.
 
-Run on the GPU machine: ``python benchmarks/gpu_bench.py --json $OUT/gpu.json`` (about 3-4 minutes).
-``--smoke`` runs a tiny version on the CPU (the tests do).
+``--smoke`` runs the smoke stage on the CPU (the tests do).
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.machinery
 import importlib.util
 import sys
@@ -79,16 +84,21 @@ _quiet_tqdm_if_missing()
 
 import bench_pipeline  # noqa: E402
 import common  # noqa: E402
+import gpu_extras  # noqa: E402
 
 GOALS = {"hotline/hybrid": 2.2, "hotline/device": 0.7}
+
+
+SMOKE = {"steps": 6, "warmup_steps": 2, "batch": 256, "max_rows_per_table": 5000, "worker_threads": 1}
+EXACT_RTOL = 1e-4  # modes differ in summation order (and atomics on CUDA); a wrong step is far above this
 
 
 def main(argv: list[str] | None = None) -> dict:
     import torch
 
     p = common.parser(__doc__)
-    p.add_argument("--steps", type=int, default=40, help="timed steps per mode")
-    p.add_argument("--warmup-steps", type=int, default=8)
+    p.add_argument("--steps", type=int, default=300, help="timed steps per mode")
+    p.add_argument("--warmup-steps", type=int, default=20)
     p.add_argument("--batch", type=int, default=4096)
     p.add_argument("--dim", type=int, default=64)
     p.add_argument(
@@ -102,7 +112,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--sample-fraction", type=float, default=1.0, help="share of train rows profiled")
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "rowwise-adagrad"])
     p.add_argument("--worker-threads", type=int, default=4)
-    p.add_argument("--modes", default="device,hybrid,hotline_k0,hotline_k2")
+    p.add_argument("--modes", default="device,hybrid,hotline_k0,hotline_k2,torch_embeddingbag")
     p.add_argument("--data", help="an existing dataset directory")
     p.add_argument(
         "--gpu", default=None, help="the shipped GPU table's entry to predict with (default: detected)"
@@ -118,14 +128,38 @@ def main(argv: list[str] | None = None) -> dict:
         metavar="FILE",
         help="also calibrate: time this host, the link and the device's dense pass, and write the description",
     )
+    p.add_argument("--no-smoke", action="store_true", help="on CUDA: skip the small exactness run first")
     p.set_defaults(threads=8)
     args = p.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
-    if args.smoke:
-        args.steps, args.warmup_steps, args.batch, args.max_rows_per_table, args.threads = 3, 1, 256, 5000, 2
-        args.worker_threads = 1
-    elif device != "cuda":
+    if device != "cuda" and not args.smoke:
         raise SystemExit("gpu_bench needs a CUDA device (use --smoke for a CPU check)")
+    t_start = time.perf_counter()
+    payload = {"versions": gpu_extras.versions(), "zero_copy": gpu_extras.zero_copy_probe(),
+               "machine": common.machine_info(args.threads), "stages": {}}  # fmt: skip
+    print(f"versions: {payload['versions']}\nzero-copy probe: {payload['zero_copy']}", flush=True)
+    common.setup_threads(args.threads)
+    stages = ["smoke"] if args.smoke else ([] if args.no_smoke else ["smoke"]) + ["full"]
+    for stage in stages:
+        run_args = argparse.Namespace(**{**vars(args), **(SMOKE if stage == "smoke" else {})})
+        if stage == "smoke":
+            run_args.threads = min(args.threads, 2) if device == "cpu" else args.threads
+        payload["stages"][stage] = _stage(stage, run_args, device, payload, t_start)
+    full = payload["stages"].get("full") or payload["stages"]["smoke"]
+    payload.update(
+        {k: full[k] for k in ("ratios", "best_hotline", "sweep", "placements", "hardware") if k in full}
+    )
+    payload.update(full.get("by_mode", {}))
+    payload["device_name"] = (
+        torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    )  # not "device": a mode
+    payload["total_s"] = time.perf_counter() - t_start
+    common.write_json(args.json, payload)
+    return payload
+
+
+def _stage(stage: str, args, device: str, payload: dict, t_start: float) -> dict:
+    """One stage (smoke: small tables; full: Kaggle-sized): every mode on the same batches, JSON after each."""
     args.max_rows_per_table = args.max_rows_per_table or None
     cfg = {
         "embedding_dim": args.dim,
@@ -133,34 +167,67 @@ def main(argv: list[str] | None = None) -> dict:
         "top_mlp": [512, 256, 1],
         "mini_batch_size": args.batch,
     }
-    common.setup_threads(args.threads)
-    t_start = time.perf_counter()
+    out: dict = {"args": {k: v for k, v in vars(args).items() if k != "json"}}
     with tempfile.TemporaryDirectory(prefix="gpu_bench_") as tmp:
         root = Path(tmp)
+        t0 = time.perf_counter()
         dataset = bench_pipeline.make_data(args, root)
-        t_data = time.perf_counter() - t_start
+        t_data = time.perf_counter() - t0
         prof = bench_pipeline.profile_run(dataset, args, cfg)
         placements = bench_pipeline.make_placements(dataset, args, cfg, root, prof=prof)
+        out["placements"] = [
+            {k: v for k, v in pl.items() if k not in ("path", "summary")}
+            | {"heldout": pl["summary"]["heldout"]}
+            for pl in placements
+        ]
         print(
-            f"data {dataset.total_rows:,} rows in {t_data:.0f} s; budgets: "
+            f"[{stage}] data {dataset.total_rows:,} rows in {t_data:.0f} s; budgets: "
             + ", ".join(f"{pl['hot_rows']:,} hot rows for {pl['target']:.0%}" for pl in placements),
             flush=True,
         )
+        probe = dataset.val.batch(0, min(len(dataset.val), 512))
+        reference = {}
 
         def log(r):
-            cov = "" if r["coverage"] is None else f" at coverage {r['coverage']:.3f}"
-            print(f"{r['mode']}: {r['samples_per_s']:.0f} samples/s{cov}", flush=True)
+            probed = r.pop("_probe", None)
+            if probed is not None:
+                if r["mode"] == "device":
+                    reference.update(probed)
+                elif reference:
+                    r.update(gpu_extras.max_rel_diff(reference, probed))
+            cov = "" if r.get("coverage") is None else f" at coverage {r['coverage']:.3f}"
+            diff = (
+                f", max diff from device {r['diff_probe_rows']:.1e} rows / {r['diff_dense']:.1e} dense"
+                if "diff_dense" in r
+                else ""
+            )
+            print(f"[{stage}] {r['mode']}: {r['samples_per_s']:.0f} samples/s{cov}{diff}", flush=True)
+            out.setdefault("sweep", []).append(r)
+            payload["stages"][stage] = out
+            common.write_json(args.json, payload)  # after every mode: a timeout still returns what finished
 
-        rows = bench_pipeline.sweep(dataset, args, cfg, placements, device=device, log=log)
+        modes = args.modes.split(",")
+        args.modes = ",".join(m for m in modes if m != "torch_embeddingbag")
+        if "device" in modes:
+            args.modes = ",".join(["device"] + [m for m in args.modes.split(",") if m != "device"])
+        rows = bench_pipeline.sweep(dataset, args, cfg, placements, device=device, log=log, probe=probe)
+        if "torch_embeddingbag" in modes and args.optimizer == "sgd":
+            log(gpu_extras.run_embedding_bag(dataset, args, cfg, device, probe))
+            rows = out["sweep"]
     bench_pipeline.mark_saturated(rows)
+    wrong = [r["mode"] for r in rows if max(r.get("diff_probe_rows", 0), r.get("diff_dense", 0)) > EXACT_RTOL]
+    out["exact"] = not wrong
+    print(
+        f"[{stage}] exactness vs device (rtol {EXACT_RTOL}): {'all modes agree' if not wrong else 'DIFFER: ' + ', '.join(wrong)}"
+    )
     hw = _hardware(args, device, cfg, prof, rows)
     if hw is not None:
         _predict(rows, hw, prof, placements, cfg, args)
-    by, _ = bench_pipeline.headline(rows)
+    out["hardware"] = hw
+    by, _ = bench_pipeline.headline([r for r in rows if r["mode"] in bench_pipeline.MODES])
     live = [by[m] for m in ("hotline_k0", "hotline_k2") if m in by and not by[m].get("saturated")]
-    best = max(
-        live or [by[m] for m in ("hotline_k0", "hotline_k2") if m in by], key=lambda r: r["samples_per_s"]
-    )
+    candidates = live or [by[m] for m in ("hotline_k0", "hotline_k2") if m in by]
+    best = max(candidates, key=lambda r: r["samples_per_s"]) if candidates else None
     ratios = {}
     if live and "hybrid" in by:
         ratios["hotline/hybrid"] = best["samples_per_s"] / by["hybrid"]["samples_per_s"]
@@ -170,34 +237,30 @@ def main(argv: list[str] | None = None) -> dict:
         rows,
         bench_pipeline.SWEEP_COLUMNS[:9]
         + [("h2d_ms", "h2d", ".2f"), ("gather_ms", "gather", ".2f")]
+        + [("device_busy_share", "dev busy", ".2f"), ("copy_overlap_share", "copy ovl", ".2f")]
+        + [("stale_rows_per_step", "stale", ".0f"), ("peak_allocated_gib", "peak GiB", ".2f")]
+        + [("diff_dense", "diff", ".1e")]
         + [
             ("predicted", "predicted/s", ".0f"),
             ("pred_ratio", "pred/meas", ".2f"),
             ("bottleneck", "bottleneck", ""),
         ]
         + [("note", "", "")],
-        title=f"{device}: batch {args.batch}, dim {args.dim}, {dataset.total_rows:,} rows; budgets for coverage "
-        f"targets {args.coverages} of the run's lookups (coverage, popular, cold rows: measured by the run)",
+        title=f"[{stage}] {device}: batch {args.batch}, dim {args.dim}, {dataset.total_rows:,} rows; budgets for "
+        f"coverage targets {args.coverages} of the run's lookups (coverage, popular, cold rows: measured by the run)",
     )
     for k, v in ratios.items():
-        print(f"{k}: {v:.2f}x (goal >= {GOALS[k]}x: {'met' if v >= GOALS[k] else 'NOT met'})")
-    payload = {
-        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-        "ratios": ratios,
-        "best_hotline": best["mode"],
-        "sweep": rows,
-        **by,
-        "placements": [
-            {k: v for k, v in pl.items() if k not in ("path", "summary")}
-            | {"heldout": pl["summary"]["heldout"]}
-            for pl in placements
-        ],
-        "hardware": hw,
-        "machine": common.machine_info(args.threads),
-        "total_s": time.perf_counter() - t_start,
-    }
+        print(f"[{stage}] {k}: {v:.2f}x (goal >= {GOALS[k]}x: {'met' if v >= GOALS[k] else 'NOT met'})")
+    out.update(
+        ratios=ratios,
+        best_hotline=best["mode"] if best else None,
+        sweep=rows,
+        by_mode=by,
+        seconds=time.perf_counter() - t_start,
+    )
+    payload["stages"][stage] = out
     common.write_json(args.json, payload)
-    return payload
+    return out
 
 
 def _gpu_name(args, device: str) -> str | None:
@@ -280,7 +343,12 @@ def _predict(rows, hw, prof, placements, cfg, args) -> None:
     from hotline.profiling import costmodel
 
     w = _workload(cfg, args, prof)
-    as_mode = {"device": "device", "hybrid": "hybrid", "hotline_k0": "hotline_k0"}
+    as_mode = {
+        "device": "device",
+        "hybrid": "hybrid",
+        "hotline_k0": "hotline_k0",
+        "torch_embeddingbag": "device",
+    }
     middle = placements[len(placements) // 2]["budget_bytes"] if placements else 0
     for r in rows:
         s = costmodel.Stats.from_profile(prof, r.get("budget_bytes", middle))

@@ -34,3 +34,26 @@ def test_pipeline_sweep_runs_the_cold_path(tmp_path):
     assert runs[2]["saturated"] and runs[2]["note"].startswith("SATURATED")
     assert runs[0]["budget_bytes"] < runs[1]["budget_bytes"] < runs[2]["budget_bytes"]
     assert payload["hotline_k0"]["target"] == 0.85  # the headline: the middle unsaturated budget
+
+
+def test_gpu_bench_smoke_checks_exactness_and_records_what_the_gpu_run_needs(tmp_path):
+    """The same code paths as the GPU run: exactness against device mode on probe rows and dense parameters,
+    the plain nn.EmbeddingBag baseline, phase times on the device's clock, versions, the zero-copy probe;
+    the JSON is rewritten after every mode (a timeout still returns what finished)."""
+    import json
+
+    out = tmp_path / "g.json"
+    payload = __import__("gpu_bench").main(
+        ["--smoke", "--json", str(out), "--modes", "device,hotline_k2,torch_embeddingbag"]
+    )
+    smoke = payload["stages"]["smoke"]
+    assert smoke["exact"] is True
+    modes = [r["mode"] for r in smoke["sweep"]]
+    assert modes[0] == "device" and "torch_embeddingbag" in modes and modes.count("hotline_k2") == 3
+    for r in smoke["sweep"][1:]:
+        assert r["diff_dense"] <= 1e-4 and r["diff_probe_rows"] <= 1e-4, r["mode"]
+    k2 = next(r for r in smoke["sweep"] if r["mode"] == "hotline_k2")
+    assert 0 < k2["device_busy_share"] <= 1 and k2["dev_h2d_ms"] >= 0 and "stale_rows_per_step" in k2
+    assert payload["versions"]["numba_threading_layer"] in ("omp", "tbb") and "triton" in payload["zero_copy"]
+    written = json.loads(out.read_text())
+    assert [r["mode"] for r in written["stages"]["smoke"]["sweep"]] == modes
