@@ -19,7 +19,16 @@ def add_parser(subparsers: SubParsers) -> None:
 
 
 def _add_out(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", required=True, help="dataset directory to write (replaced atomically)")
+    parser.add_argument(
+        "--out",
+        required=True,
+        help="dataset directory to write (new or empty; an existing Hotline dataset only with --overwrite)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the Hotline dataset at --out (atomically, once the new one is complete)",
+    )
 
 
 def _build(command: str, errors: tuple, make):
@@ -91,7 +100,7 @@ def _run_criteo(args: argparse.Namespace) -> int:
     from hotline.datasets.criteo import CriteoFormatError, preprocess
 
     built = _build("data criteo", (CriteoFormatError, OSError, ValueError), lambda: preprocess(
-        args.raw, args.out, **flags(args, "layout", "max_ind_range", "min_count", "on_bad_line"),
+        args.raw, args.out, **flags(args, "layout", "max_ind_range", "min_count", "on_bad_line", "overwrite"),
         progress=not args.no_progress))  # fmt: skip
     if isinstance(built, int):
         return built
@@ -168,7 +177,7 @@ def _run_synthetic(args: argparse.Namespace) -> int:
     from hotline.datasets.format import SPLITS
     from hotline.datasets.synthetic import generate
 
-    names = ("seed", "table_sizes", "max_rows_per_table", "zipf", "pooling_factor", "raw_tsv")
+    names = ("seed", "table_sizes", "max_rows_per_table", "zipf", "pooling_factor", "raw_tsv", "overwrite")
     built = _build("data synthetic", (ValueError, OSError), lambda: generate(
         args.out, args.rows, **flags(args, *names), progress=not args.no_progress))  # fmt: skip
     if isinstance(built, int):
