@@ -3,8 +3,13 @@ file is checked byte for byte afterwards; plus the top-level error handler and t
 
 from __future__ import annotations
 
+import resource
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hotline.cli import main
@@ -123,3 +128,122 @@ def test_synthetic_raw_tsv_inside_out_is_refused(tmp_path, capsys):
     assert main(argv) == 2
     assert "would delete it" in _one_error(capsys, "data synthetic")
     assert _tree(out) == before
+
+
+# ------------------------------------------------------------------------------ checkpoint directories
+
+
+def _train_argv(data, ck: Path, steps: int, *extra: str) -> list[str]:
+    return [
+        "train",
+        str(data["ds"]),
+        *SMALL,
+        "--num-batches",
+        str(steps),
+        "--checkpoint-dir",
+        str(ck),
+        *extra,
+    ]
+
+
+def test_checkpoints_leave_other_programs_files_alone(data, tmp_path, capsys):
+    ck = tmp_path / "shared"
+    ck.mkdir()
+    theirs = {"build.tmp": b"someone's temp", "step-000000004.pt.tmp": b"not ours", ".x.tmp-1": b"x"}
+    for name, content in theirs.items():
+        (ck / name).write_bytes(content)
+    assert main(_train_argv(data, ck, 8, "--checkpoint-every", "2")) == 0
+    for name, content in theirs.items():
+        assert (ck / name).read_bytes() == content, name
+    assert sorted(p.name for p in ck.glob("step-*.pt")) == ["step-000000006.pt", "step-000000008.pt"]
+
+
+def test_new_run_into_a_directory_of_another_run_is_refused(data, tmp_path, capsys):
+    ck = tmp_path / "ck"
+    assert main(_train_argv(data, ck, 8, "--checkpoint-every", "4")) == 0
+    before = _tree(ck)
+    capsys.readouterr()
+    assert main(_train_argv(data, ck, 8, "--checkpoint-every", "4", "--seed", "3")) == 2
+    line = _one_error(capsys, "train")
+    assert "holds checkpoints of another run (newest: step 8)" in line and "pass --resume" in line
+    assert _tree(ck) == before
+
+
+def test_resume_with_changed_flags_or_nothing_to_resume_is_refused(data, tmp_path, capsys):
+    ck = tmp_path / "ck"
+    assert main(_train_argv(data, ck, 8, "--checkpoint-every", "4")) == 0
+    before = _tree(ck)
+    capsys.readouterr()
+    assert main(_train_argv(data, ck, 12, "--resume", "--mini-batch-size", "16")) == 2
+    line = _one_error(capsys, "train")
+    assert "belongs to another run (--mini-batch-size: checkpoint 32, this run 16)" in line
+    assert main(_train_argv(data, ck, 12, "--resume", "--optimizer", "rowwise-adagrad")) == 2
+    assert "--optimizer: checkpoint 'sgd', this run 'rowwise-adagrad'" in _one_error(capsys, "train")
+    assert _tree(ck) == before
+    empty = tmp_path / "empty"
+    assert main(_train_argv(data, empty, 4, "--resume")) == 2
+    assert "holds no complete checkpoint to resume" in _one_error(capsys, "train")
+    assert main(_train_argv(data, empty, 4, "--resume-if-present", "--checkpoint-every", "4")) == 0
+    assert main(_train_argv(data, empty, 8, "--resume-if-present", "--checkpoint-every", "4")) == 0
+    assert "resumed from" in capsys.readouterr().err
+
+
+def test_a_second_live_run_is_refused(data, tmp_path, capsys):
+    from hotline.training.checkpoint import CheckpointManager
+
+    ck = tmp_path / "ck"
+    live = CheckpointManager(ck)
+    live._lock()  # what a running `hotline train --checkpoint-dir ck` holds
+    try:
+        assert main(_train_argv(data, ck, 4, "--checkpoint-every", "2")) == 2
+        assert "is in use by another run that is still going" in _one_error(capsys, "train")
+        assert list(ck.iterdir()) == []
+    finally:
+        live.close()
+    assert main(_train_argv(data, ck, 4, "--checkpoint-every", "2")) == 0  # free again
+
+
+def test_rotation_removes_only_this_runs_checkpoints(data, tmp_path, capsys):
+    ck, other = tmp_path / "ck", tmp_path / "other"
+    assert main(_train_argv(data, ck, 8, "--checkpoint-every", "4")) == 0
+    assert main(_train_argv(data, other, 2, "--checkpoint-every", "2", "--mini-batch-size", "16")) == 0
+    for name in ("step-000000002.pt", "step-000000002.pt.sha256"):  # another run's checkpoint, older
+        (ck / name).write_bytes((other / name).read_bytes())
+    foreign = _tree(ck / "step-000000002.pt")
+    assert main(_train_argv(data, ck, 16, "--checkpoint-every", "4", "--resume")) == 0
+    names = sorted(p.name for p in ck.glob("step-*.pt"))
+    assert names == ["step-000000002.pt", "step-000000012.pt", "step-000000016.pt"]  # 4 and 8 were ours
+    assert _tree(ck / "step-000000002.pt") == foreign
+
+
+# ------------------------------------------------------------------------------ --dump-params
+
+
+def _limited(limit_bytes: int):
+    def setup() -> None:  # in the child before exec: writes past the limit fail with EFBIG
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+
+    return setup
+
+
+def test_dump_params_on_a_full_disk_keeps_the_previous_file(data, tmp_path, capsys):
+    dump = tmp_path / "params"  # no .npz suffix: written under exactly this name
+    argv = ["train", str(data["ds"]), *SMALL, "--num-batches", "4", "--dump-params", str(dump)]
+    assert main(argv) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params"]
+    before = dump.read_bytes()
+    assert set(np.load(dump).files) >= {"embedding.table_0"}
+    r = subprocess.run(
+        [sys.executable, "-m", "hotline", *argv, "--seed", "5"],
+        preexec_fn=_limited(len(before) // 2),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2, r.stderr
+    err = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(err) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert err[0].startswith("hotline train: error: [Errno 27] File too large: cannot write ")
+    assert dump.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params"]  # no temporary file left

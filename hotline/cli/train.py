@@ -74,6 +74,11 @@ def add_parser(subparsers: SubParsers) -> None:
     p.add_argument("--checkpoint-dir", help="directory for periodic checkpoints (and --resume)")
     p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: none)")
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    p.add_argument(
+        "--resume-if-present",
+        action="store_true",
+        help="resume if --checkpoint-dir holds a checkpoint of this run, else start (for job schedulers)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
         "--nproc",
@@ -96,7 +101,7 @@ def config_from_args(args: argparse.Namespace):
         hbm_budget = parse_size(args.hbm_budget)
     same = ("mode", "mini_batch_size", "learning_rate", "optimizer", "nepochs", "num_batches", "print_freq",
             "test_freq", "eval_max_samples", "seed", "device", "lookahead", "worker_threads", "micro_batches",
-            "checkpoint_dir", "checkpoint_every", "resume")  # fmt: skip
+            "checkpoint_dir", "checkpoint_every", "resume", "resume_if_present")  # fmt: skip
     return TrainConfig(
         **flags(args, *same),
         embedding_dim=args.arch_sparse_feature_size,

@@ -73,7 +73,9 @@ class TrainConfig:
     checkpoint_every: int = 0
     """``--checkpoint-every``: steps between checkpoints (0: none)."""
     resume: bool = False
-    """``--resume``: continue from the newest complete checkpoint in ``checkpoint_dir``."""
+    """``--resume``: continue from the newest complete checkpoint in ``checkpoint_dir`` (an error if none)."""
+    resume_if_present: bool = False
+    """``--resume-if-present``: resume if ``checkpoint_dir`` holds a checkpoint, else start (job schedulers)."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -85,7 +87,7 @@ class TrainConfig:
             raise ValueError("num_batches, test_freq, lookahead and checkpoint_every must be >= 0")
         if self.micro_batches not in ("auto", "split", "fused"):
             raise ValueError(f"--micro-batches must be auto, split or fused, got {self.micro_batches!r}")
-        if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
+        if (self.checkpoint_every or self.resume or self.resume_if_present) and not self.checkpoint_dir:
             raise ValueError("--checkpoint-every and --resume need --checkpoint-dir")
         if self.threads < 0 or self.worker_threads < 1:
             raise ValueError(

@@ -61,6 +61,7 @@ class Trainer:
         self._executor = None
         self.history: list[dict] = []
         self._metrics_file = None
+        self._checkpoints = None
 
     def _build_mode(self) -> TrainMode:
         from hotline.tiers.build import build_mode
@@ -150,8 +151,9 @@ class Trainer:
         total = self.train_steps()
         if total == 0:
             raise ValueError(f"the training split of {self.dataset.path} has no rows to train on")
-        checkpoints = self._checkpoint_manager()
-        if cfg.resume and checkpoints is not None and checkpoints.resume(self) is not None:
+        checkpoints = self._checkpoints = self._checkpoint_manager()
+        resume = cfg.resume or cfg.resume_if_present
+        if checkpoints is not None and checkpoints.start(self, resume, cfg.resume_if_present) is not None:
             print(f"resumed from {checkpoints.latest()} at step {self.step_count}", file=sys.stderr)
         if cfg.metrics_path:  # append-only: flushed after every record
             Path(cfg.metrics_path).parent.mkdir(parents=True, exist_ok=True)
@@ -300,6 +302,8 @@ class Trainer:
         self.comm.barrier()
 
     def close(self) -> None:
+        if self._checkpoints is not None:
+            self._checkpoints.close()  # the checkpoint directory's lock
         self.mode.close()
 
 
