@@ -11,7 +11,14 @@ import json
 import os
 import sys
 
-from hotline.cli.args import SubParsers, add_threads, error, flags
+from hotline.cli.args import (
+    SubParsers,
+    add_threads,
+    error,
+    flags,
+    ignore_further_interrupts,
+    show_traceback,
+)
 
 SUMMARY_KEYS = (
     "mode",
@@ -179,10 +186,13 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
         # User-caused problems (bad dataset, placement, checkpoint, flags, a diverging loss, a full disk):
         # one clear line, no traceback. DatasetError, PlacementError and CheckpointError are ValueErrors.
         where = f" (rank {comm.rank if comm else '?'})" if distributed else ""
+        show_traceback()
         print(f"hotline train: error{where}: {e}", file=sys.stderr)
         return 2 if not isinstance(e, FloatingPointError) else 3
     except KeyboardInterrupt:
-        print("hotline train: interrupted", file=sys.stderr)
+        ignore_further_interrupts()
+        if not os.environ.get("HOTLINE_LAUNCHED"):  # under --nproc, the launcher prints the one line
+            print("hotline train: interrupted", file=sys.stderr)
         return 130
     finally:
         if distributed:

@@ -4,8 +4,11 @@ process-group join for ``torchrun -m hotline train``, and a gloo spawn for tests
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import signal
 import socket
+import sys
 import time
 
 import numpy as np
@@ -98,6 +101,7 @@ def train_and_dump(comm: Comm, jobs: list[tuple[TrainConfig, str, str]]) -> None
 
 def launch(nproc: int, argv: list[str]) -> int:
     """Starts ``python -m hotline <argv>`` on ``nproc`` local ranks through torch's elastic launcher (torchrun)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -105,11 +109,33 @@ def launch(nproc: int, argv: list[str]) -> int:
         ["--standalone", "--nproc-per-node", str(nproc), "--module", "hotline", *argv]
     )
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default; we set threads per rank ourselves
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)  # no per-signal warnings
+    # The elastic agent turns SIGINT/SIGTERM into a SignalException here (and leaves its handlers behind);
+    # the ranks see HOTLINE_LAUNCHED and leave the one "interrupted" line to this process.
+    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+    handlers = {s: signal.getsignal(s) for s in handled}
+    launched = os.environ.get("HOTLINE_LAUNCHED")
+    os.environ["HOTLINE_LAUNCHED"] = "1"
     try:
         run(launcher_args)
     except ChildFailedError as e:
         codes = [f.exitcode for f in e.failures.values()]
         return next((c for c in codes if c and c > 0), 1)
+    except SignalException as e:
+        from hotline.cli.args import ignore_further_interrupts
+
+        ignore_further_interrupts()
+        print(
+            f"hotline {argv[0]}: {'interrupted' if e.sigval == signal.SIGINT else 'terminated'}",
+            file=sys.stderr,
+        )
+        return 130 if e.sigval == signal.SIGINT else 128 + int(e.sigval)
+    finally:
+        for s, h in handlers.items():
+            if h is not None and not (s == signal.SIGINT and signal.getsignal(s) == signal.SIG_IGN):
+                signal.signal(s, h)
+        if launched is None:
+            os.environ.pop("HOTLINE_LAUNCHED", None)
     return 0
 
 

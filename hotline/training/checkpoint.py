@@ -55,7 +55,7 @@ def run_fingerprint(trainer) -> dict:
     placement = getattr(trainer.mode, "placement", None)
     hot = None
     if placement is not None and N > 1:  # one rank's checkpoint holds every row in row order: any placement
-        hot = hashlib.sha256(np.ascontiguousarray(placement.fused_hot_ids, np.int64).tobytes()).hexdigest()[
+        hot = hashlib.sha256(np.ascontiguousarray(placement.fused_hot_ids(), np.int64).tobytes()).hexdigest()[
             :16
         ]
     return {
