@@ -3,6 +3,7 @@ file is checked byte for byte afterwards; plus the top-level error handler and t
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import signal
@@ -314,3 +315,97 @@ def test_ctrl_c_is_one_line_and_exit_130(data, tmp_path, presses):
         proc.kill()
     assert proc.returncode == 130, err
     assert err.strip().splitlines() == ["hotline train: interrupted"]
+
+
+# ------------------------------------------------------------------------------ before the first step
+
+
+@pytest.mark.parametrize("flag", ["--metrics", "--dump-params", "--save", "--checkpoint-dir"])
+def test_every_unwritable_output_fails_before_step_1(data, tmp_path, capsys, flag):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    bad = str(blocker / "out")  # below a regular file: nothing can be written there
+    metrics = tmp_path / "m.jsonl"
+    argv = ["train", str(data["ds"]), *SMALL, "--num-batches", "4", flag, bad]
+    if flag != "--metrics":
+        argv += ["--metrics", str(metrics)]
+    assert main(argv) == 2
+    line = _one_error(capsys, "train")
+    assert line.startswith(f"hotline train: error: {flag} {bad}: cannot write there"), line
+    assert not metrics.exists()  # refused before training: not one record written
+    assert blocker.read_text() == "x"
+
+
+def test_output_that_is_a_directory_is_refused(data, tmp_path, capsys):
+    assert main(["train", str(data["ds"]), *SMALL, "--num-batches", "4", "--dump-params", str(tmp_path)]) == 2
+    assert "is a directory: give a file name" in _one_error(capsys, "train")
+
+
+@pytest.mark.parametrize(
+    "flags,text",
+    [
+        (["--eval-max-samples", "-1"], "--eval-max-samples must be >= 0"),
+        (["--seed", "-1"], "--seed must be in [0, 2**32)"),
+        (["--seed", str(2**40)], "--seed must be in [0, 2**32)"),
+        (["--nproc", "0"], "--nproc must be >= 1, got 0"),
+        (
+            ["--placement", "p.npz"],
+            "--placement places hot rows for --mode hotline; --mode device would ignore",
+        ),
+        (["--mode", "hybrid", "--hbm-budget", "1MiB"], "--hbm-budget places hot rows for --mode hotline"),
+    ],
+)
+def test_nonsense_train_flags_name_the_flag(data, capsys, flags, text):
+    assert main(["train", str(data["ds"]), *SMALL, "--num-batches", "2", *flags]) == 2
+    assert text in _one_error(capsys, "train")
+
+
+@pytest.mark.parametrize(
+    "flags,text",
+    [
+        (["--max-ind-range", "0"], "--max-ind-range must be in [1, 2**63)"),
+        (["--max-ind-range", str(2**64)], "--max-ind-range must be in [1, 2**63)"),
+        (["--min-count", "0"], "--min-count must be >= 1"),
+    ],
+)
+def test_nonsense_criteo_flags_name_the_flag(data, tmp_path, capsys, flags, text):
+    out = tmp_path / "c"
+    assert main(["data", "criteo", str(data["raw"]), "--out", str(out), "--no-progress", *flags]) == 2
+    assert text in _one_error(capsys, "data criteo")
+    assert not out.exists()
+
+
+def test_synthetic_seed_out_of_range(tmp_path, capsys):
+    assert main(["data", "synthetic", "--out", str(tmp_path / "s"), *SYNTH, "--seed", "-3"]) == 2
+    assert "--seed must be in [0, 2**32)" in _one_error(capsys, "data synthetic")
+
+
+@pytest.mark.parametrize("split,row", [("train", 37), ("val", 3)])
+def test_nan_in_the_input_is_a_data_error_naming_file_and_row(data, tmp_path, capsys, split, row):
+    import shutil
+
+    ds = tmp_path / "ds"
+    shutil.copytree(data["ds"], ds)
+    dense = np.load(ds / f"{split}_dense.npy", mmap_mode="r+")
+    dense[row, 4] = np.nan
+    dense.flush()
+    del dense
+    assert main(["train", str(ds), *SMALL, "--num-batches", "4"]) == 2
+    line = _one_error(capsys, "train")
+    assert f"{ds / f'{split}_dense.npy'}, row {row}, column 4: the value is" in line and "nan" in line
+    assert "learning-rate" not in line
+
+
+def test_metrics_and_summary_are_strict_json_without_nan(tmp_path, capsys):
+    ds = generate(tmp_path / "tiny", 6, seed=1, table_sizes=SIZES, progress=False)  # no val, no test rows
+    assert len(Dataset(ds).val) == 0
+    metrics = tmp_path / "m.jsonl"
+    assert main(["train", str(ds), *SMALL, "--metrics", str(metrics)]) == 0
+
+    def strict(text):
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+
+    records = [strict(line) for line in metrics.read_text().splitlines()]
+    assert records[-1]["kind"] == "summary" and records[-1]["val_auc"] is None
+    summary = strict(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["val_auc"] is None and summary["steps"] == 1

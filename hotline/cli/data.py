@@ -99,6 +99,12 @@ def _run_criteo(args: argparse.Namespace) -> int:
     """Runs ``hotline data criteo`` and prints a summary; returns the exit status."""
     from hotline.datasets.criteo import CriteoFormatError, preprocess
 
+    if args.max_ind_range is not None and not 1 <= args.max_ind_range < 2**63:
+        return error("data criteo", f"--max-ind-range must be in [1, 2**63) (raw category values are taken "
+                                    f"modulo it), got {args.max_ind_range}")  # fmt: skip
+    if args.min_count < 1:
+        return error("data criteo", f"--min-count must be >= 1, got {args.min_count}")
+
     built = _build("data criteo", (CriteoFormatError, OSError, ValueError), lambda: preprocess(
         args.raw, args.out, **flags(args, "layout", "max_ind_range", "min_count", "on_bad_line", "overwrite"),
         progress=not args.no_progress))  # fmt: skip
@@ -177,6 +183,12 @@ def _run_synthetic(args: argparse.Namespace) -> int:
     from hotline.datasets.format import SPLITS
     from hotline.datasets.synthetic import generate
 
+    if args.max_rows_per_table is not None and not 1 <= args.max_rows_per_table < 2**31:
+        return error(
+            "data synthetic", f"--max-rows-per-table must be in [1, 2**31), got {args.max_rows_per_table}"
+        )
+    if not 0 <= args.seed < 2**32:
+        return error("data synthetic", f"--seed must be in [0, 2**32), got {args.seed}")
     names = ("seed", "table_sizes", "max_rows_per_table", "zipf", "pooling_factor", "raw_tsv", "overwrite")
     built = _build("data synthetic", (ValueError, OSError), lambda: generate(
         args.out, args.rows, **flags(args, *names), progress=not args.no_progress))  # fmt: skip

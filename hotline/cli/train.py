@@ -7,7 +7,6 @@ single-process and the distributed runs take the same flags and print the same s
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -90,7 +89,7 @@ def add_parser(subparsers: SubParsers) -> None:
     p.add_argument(
         "--nproc",
         type=int,
-        default=0,
+        default=None,
         help="train on N local ranks (data-parallel, through torch.distributed.run, as torchrun does)",
     )
     p.set_defaults(func=run, train_parser=p)
@@ -101,6 +100,15 @@ def config_from_args(args: argparse.Namespace):
     from hotline.training.config import TrainConfig
     from hotline.training.model import parse_layers
 
+    if args.mode != "hotline" and (args.placement or args.hbm_budget):
+        flag = "--placement" if args.placement else "--hbm-budget"
+        raise ValueError(f"{flag} places hot rows for --mode hotline; --mode {args.mode} would ignore it")
+    if args.nproc is not None and args.nproc < 1:
+        raise ValueError(f"--nproc must be >= 1, got {args.nproc}")
+    warn = not os.environ.get("HOTLINE_LAUNCHED") and os.environ.get("RANK", "0") == "0"  # once per run
+    if warn and args.threads and args.threads > (os.cpu_count() or 1):
+        print(f"hotline train: warning: --threads {args.threads} is more than the {os.cpu_count()} cores",
+              file=sys.stderr)  # fmt: skip
     hbm_budget = None
     if args.hbm_budget:
         from hotline.units import parse_size
@@ -129,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     under_torchrun = world > 1 and "RANK" in os.environ
     if under_torchrun and args.nproc and args.nproc != world:
         return error("train", f"--nproc {args.nproc} but torchrun started {world} ranks")
-    if args.nproc > 1 and not under_torchrun:
+    if (args.nproc or 1) > 1 and not under_torchrun:
         return _launch(args)
     return _train(args, distributed=under_torchrun)
 
@@ -154,11 +162,13 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
     from hotline.distributed.comm import Comm
     from hotline.pipeline.threads import configure_threads
     from hotline.training.checkpoint import load_checkpoint, save_checkpoint
+    from hotline.training.preflight import check_train_outputs, finite_json
     from hotline.training.trainer import Trainer
 
     comm = None
     try:
         config = config_from_args(args)  # a bad flag value is a ValueError: one line like the rest
+        check_train_outputs(config, args.save)  # every output writable before anything is loaded
         if distributed:
             from hotline.distributed.launcher import init_from_env, worker_threads
 
@@ -204,7 +214,7 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
         record = {k: summary[k] for k in SUMMARY_KEYS}
         if comm.world_size > 1:
             record["world_size"] = comm.world_size
-        print(json.dumps(record))
+        print(finite_json(record))
     return 0
 
 

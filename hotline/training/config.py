@@ -85,6 +85,10 @@ class TrainConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.num_batches < 0 or self.test_freq < 0 or self.lookahead < 0 or self.checkpoint_every < 0:
             raise ValueError("num_batches, test_freq, lookahead and checkpoint_every must be >= 0")
+        if self.eval_max_samples < 0:
+            raise ValueError(f"--eval-max-samples must be >= 0 (0: all samples), got {self.eval_max_samples}")
+        if not 0 <= self.seed < 2**32:
+            raise ValueError(f"--seed must be in [0, 2**32), got {self.seed}")
         if self.micro_batches not in ("auto", "split", "fused"):
             raise ValueError(f"--micro-batches must be auto, split or fused, got {self.micro_batches!r}")
         if (self.checkpoint_every or self.resume or self.resume_if_present) and not self.checkpoint_dir:

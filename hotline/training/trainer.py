@@ -15,7 +15,6 @@ With one rank every collective is a no-op and is skipped.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -34,6 +33,7 @@ from hotline.tiers.sparse_optim import SparseOptimizer
 from hotline.training.config import TrainConfig
 from hotline.training.metrics import accuracy, log_loss, roc_auc
 from hotline.training.model import DLRM
+from hotline.training.preflight import check_finite, check_train_outputs, finite_json
 
 # Step counters that are summed over ranks (in the dense all-reduce); the rest are this rank's own.
 SUMMED_COUNTERS = ("popular_samples", "working_set_rows", "stale_rows")
@@ -97,7 +97,9 @@ class Trainer:
                 remaining -= 1
                 start, stop = b * B, min((b + 1) * B, len(split))
                 lo, hi = shard_bounds(stop - start, r, N)
-                yield split.batch(start + lo, start + hi, global_size=stop - start)
+                batch = split.batch(start + lo, start + hi, global_size=stop - start)
+                check_finite(self.dataset.path, split, start + lo, batch.dense, batch.labels)
+                yield batch
             first = 0
 
     def step(self, batch: Batch) -> StepStats:
@@ -148,6 +150,7 @@ class Trainer:
         from tqdm import tqdm  # imported here: the GPU benchmark image has no tqdm and never calls fit()
 
         cfg = self.config
+        check_train_outputs(cfg)  # before step 1, not after the last one
         total = self.train_steps()
         if total == 0:
             raise ValueError(f"the training split of {self.dataset.path} has no rows to train on")
@@ -245,7 +248,7 @@ class Trainer:
     def _emit(self, record: dict) -> None:
         self.history.append(record)
         if self._metrics_file:
-            self._metrics_file.write(json.dumps(record) + "\n")
+            self._metrics_file.write(finite_json(record) + "\n")  # strict JSON: NaN is null
             self._metrics_file.flush()
 
     # -- evaluation and export ------------------------------------------------------------------------
@@ -261,6 +264,7 @@ class Trainer:
             stop = min(start + self.config.eval_batch_size, n)
             lo, hi = shard_bounds(stop - start, r, N)
             b = split.batch(start + lo, start + hi)
+            check_finite(self.dataset.path, split, start + lo, b.dense, b.labels)
             pooled = self.mode.pooled_eval(b.sparse)
             if len(b):
                 dense = torch.from_numpy(b.dense).to(self.config.device)
