@@ -24,13 +24,30 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _init_process_group(*args, **kwargs) -> None:
+    """``dist.init_process_group``, after importing the torch modules that would otherwise pin the group.
+
+    ``torch.distributed.nn.functional`` takes ``group.WORLD`` as default arguments, bound when it is first
+    imported; torch._dynamo imports it, and the first torch optimizer imports torch._dynamo. Imported after
+    the group exists, it holds the default group for the life of the process: ``destroy_process_group()``
+    then frees nothing, and the group's gloo threads live on into interpreter shutdown. A gloo worker that
+    drops a finished collective's tensors late (a loaded machine) then takes the GIL of a finalizing
+    interpreter, which ends the thread through a noexcept frame: "terminate called without an active
+    exception", SIGABRT, exit -6, after the run had finished. Imported first, it binds None (no group yet).
+    """
+    import torch.distributed as dist
+    import torch.distributed.nn.functional  # noqa: F401 - see above: must precede init_process_group
+
+    dist.init_process_group(*args, **kwargs)
+
+
 def init_from_env(backend: str | None = None) -> Comm:
     """Joins the process group torchrun described in the environment (RANK, WORLD_SIZE, MASTER_*)."""
     import torch.distributed as dist
 
     if not dist.is_initialized():
         backend = backend or "gloo"  # NCCL would need every collective on CUDA tensors: not done yet
-        dist.init_process_group(backend)
+        _init_process_group(backend)
     return Comm.from_process_group()
 
 
@@ -48,7 +65,7 @@ def _spawned(rank: int, world_size: int, port: int, threads: int, fn, args: tupl
     from hotline.pipeline.threads import configure_threads
 
     configure_threads(threads)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    _init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     try:
         fn(Comm.from_process_group(), *args)
         dist.barrier()  # no rank tears the group down while a peer still uses it
