@@ -27,7 +27,9 @@ def _probe(directory: Path, flag: str, path: str | os.PathLike) -> None:
             f.write(b"\0")
         probe.unlink()
     except OSError as e:
-        raise ValueError(f"{flag} {path}: cannot write there ({e.strerror or e})") from None
+        blocker = next((a for a in (directory, *directory.parents) if a.exists() and not a.is_dir()), None)
+        why = f"{blocker} is a file, not a directory" if blocker is not None else (e.strerror or str(e))
+        raise ValueError(f"{flag} {path}: cannot write there ({why})") from None
 
 
 def check_outputs(outputs: dict[str, str | os.PathLike | None], directories: dict | None = None) -> None:
