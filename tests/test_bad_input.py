@@ -75,6 +75,7 @@ REFERENCED = [
     "test_safety.py::test_output_that_is_a_directory_is_refused",
     "test_safety.py::test_resume_with_changed_flags_or_nothing_to_resume_is_refused",
     "test_safety.py::test_rotation_removes_only_this_runs_checkpoints",
+    "test_safety.py::test_signal_while_writing_a_dataset_removes_the_temporary_directory",
     "test_safety.py::test_synthetic_out_on_a_folder_of_documents_is_refused",
     "test_safety.py::test_synthetic_raw_tsv_inside_out_is_refused",
     "test_safety.py::test_synthetic_seed_out_of_range",

@@ -448,3 +448,25 @@ def test_destroy_process_group_leaves_no_gloo_thread_into_interpreter_shutdown()
 
     assert left("hotline") == 0
     assert left("plain") > 0  # torch's own init order pins the group: the regression this guards against
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_while_writing_a_dataset_removes_the_temporary_directory(tmp_path, sig, code):
+    import time
+
+    out = tmp_path / "ds"
+    cmd = [sys.executable, "-m", "hotline", "data", "synthetic", "--out", str(out), "--rows", "3000000",
+           "--table-sizes", "40,300,25", "--no-progress"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not list(tmp_path.glob(".ds.hotline-tmp-*")):
+            time.sleep(0.02)  # until the temporary directory exists
+        assert list(tmp_path.glob(".ds.hotline-tmp-*")), "the writer never started"
+        os.killpg(proc.pid, sig)
+        err = proc.communicate(timeout=60)[1]
+    finally:
+        proc.kill()
+    assert proc.returncode == code, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert list(tmp_path.iterdir()) == []  # no dataset, no temporary directory

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
 import time
 
 from hotline.cli.args import SubParsers, add_progress, add_seed, error, flags
@@ -38,12 +40,23 @@ def _build(command: str, errors: tuple, make):
     from hotline.datasets.format import Dataset
 
     t0 = time.perf_counter()
+    previous = signal.signal(
+        signal.SIGTERM, _terminated
+    )  # a SIGTERM unwinds: the writer removes its temp dir
     try:
         path = make()
     except errors as e:
         return error(command, e)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     seconds = time.perf_counter() - t0
     return Dataset(path), seconds
+
+
+def _terminated(signum, frame) -> None:
+    """SIGTERM while a dataset is written: unwind like Ctrl-C (the temporary directory goes), exit 143."""
+    print("hotline data: terminated", file=sys.stderr)
+    raise SystemExit(128 + signum)
 
 
 def _rate(rows: int, seconds: float) -> str:
