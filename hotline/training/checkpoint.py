@@ -341,13 +341,18 @@ class CheckpointManager:
         try:
             if not resume:
                 found = {n: max(steps) for n, steps in self._steps().items() if steps}
+                refusal = None
                 if found:
                     n, step = max(found.items(), key=lambda kv: kv[1])
                     ranks = f" of {n} ranks" if n > 1 else ""
-                    raise CheckpointError(
+                    refusal = CheckpointError(
                         f"--checkpoint-dir {self.directory} holds checkpoints of another run (newest: step {step}"
                         f"{ranks}): pass --resume to continue that run (same dataset, model, optimizer, "
                         f"--mini-batch-size and --nproc), or choose another --checkpoint-dir"
+                    )
+                if not self.comm.all_ok(refusal is None):  # all ranks refuse together, none waits
+                    raise refusal or CheckpointError(
+                        f"--checkpoint-dir {self.directory}: another rank found checkpoints there"
                     )
                 return None
             step = self.resume(trainer)
