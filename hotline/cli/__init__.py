@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 
 # Sub-command -> module providing ``add_parser(subparsers)``. Modules are imported when the parser is built;
@@ -38,15 +40,86 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Optional packages -> what installs them (a missing one is a one-line error with this command).
+EXTRAS = {
+    "torchrec": 'pip install "hotline[torchrec]" && pip install --no-deps torchrec==1.8.0',
+    "fbgemm_gpu": 'pip install "hotline[torchrec]" && pip install --no-deps torchrec==1.8.0',
+    "pandas": "pip install pandas",
+    "matplotlib": "pip install matplotlib",
+}
+
+
+def _command_name(args: argparse.Namespace | None) -> str:
+    if args is None:
+        return "hotline"
+    parts = [getattr(args, "command", None), getattr(args, "data_command", None)]
+    return " ".join(["hotline", *(p for p in parts if p)])
+
+
+def _known_failure(e: BaseException) -> str | None:
+    """The one-line message of a failure a user can cause, or None for a bug (which keeps its traceback)."""
+    if isinstance(e, MemoryError):
+        size = f" ({e.args[0]})" if e.args else ""
+        return (
+            f"out of memory{size}: use a smaller --mini-batch-size, fewer or smaller tables, or more memory"
+        )
+    if isinstance(e, ModuleNotFoundError):
+        top = (e.name or "").split(".")[0]
+        if top in EXTRAS:
+            return f"this needs the optional package {top!r}: {EXTRAS[top]}"
+        return None
+    if isinstance(e, OSError):
+        return str(e)  # carries the path: "[Errno 28] No space left on device: 'x'"
+    if isinstance(e, (ValueError, IndexError)):  # DatasetError, PlacementError, CheckpointError, flags
+        return str(e)
+    if isinstance(e, RuntimeError) and any(w in str(e) for w in ("device", "CUDA", "numba", "NUMBA")):
+        return str(e).splitlines()[0]  # an invalid device string, no CUDA, Numba thread limits
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``hotline`` console script; returns the process exit status."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Entry point of the ``hotline`` console script; returns the process exit status.
+
+    Failures a user can cause (a bad input or flag, an unwritable or full output, no memory, a missing
+    optional package) print one line ``hotline COMMAND: error: ...`` and exit 2; ``--debug`` (anywhere on the
+    command line) or ``HOTLINE_DEBUG=1`` prints the traceback too. Ctrl-C exits 130 with one line."""
+    in_process = argv is not None
+    argv = list(sys.argv[1:] if argv is None else argv)
+    saved, sigint = os.environ.get("HOTLINE_DEBUG"), signal.getsignal(signal.SIGINT)
+    if "--debug" in argv:
+        argv = [a for a in argv if a != "--debug"]
+        os.environ["HOTLINE_DEBUG"] = "1"  # for this call only; ranks started by --nproc inherit it
     try:
+        return _main(argv)
+    finally:
+        if saved is None:
+            os.environ.pop("HOTLINE_DEBUG", None)
+        else:
+            os.environ["HOTLINE_DEBUG"] = saved
+        if in_process and sigint is not None and signal.getsignal(signal.SIGINT) is not sigint:
+            signal.signal(signal.SIGINT, sigint)  # a Ctrl-C ignored the rest; the caller keeps its own
+
+
+def _main(argv: list[str]) -> int:
+    args = None
+    try:
+        args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        from hotline.cli.args import ignore_further_interrupts
+
+        ignore_further_interrupts()
+        print(f"{_command_name(args)}: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:
+        message = _known_failure(e)
+        if message is None:
+            raise
+        from hotline.cli.args import show_traceback
+
+        show_traceback()
+        print(f"{_command_name(args)}: error: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

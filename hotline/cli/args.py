@@ -7,7 +7,10 @@ stays as a hidden alias of it).
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
+import traceback
 from pathlib import Path
 
 from hotline.units import size_arg
@@ -165,6 +168,23 @@ def flags(args: argparse.Namespace, *names: str) -> dict:
 
 
 def error(command: str, message: object) -> int:
-    """Prints ``hotline COMMAND: error: MESSAGE`` on stderr (one line); returns exit status 2."""
+    """Prints ``hotline COMMAND: error: MESSAGE`` on stderr (one line); returns exit status 2. With
+    ``--debug`` / ``HOTLINE_DEBUG=1``, the traceback of the exception being handled comes first."""
+    show_traceback()
     print(f"hotline {command}: error: {message}", file=sys.stderr)
     return 2
+
+
+def ignore_further_interrupts() -> None:
+    """After the first Ctrl-C: a second one must not cut the clean-up and the one-line message short
+    (``hotline.cli.main`` restores the handler when it was called in-process)."""
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        pass
+
+
+def show_traceback() -> None:
+    """Prints the traceback of the exception being handled if ``--debug`` or ``HOTLINE_DEBUG=1`` asked for it."""
+    if os.environ.get("HOTLINE_DEBUG", "") not in ("", "0") and sys.exc_info()[0] is not None:
+        traceback.print_exc()

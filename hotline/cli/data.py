@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
 import time
 
 from hotline.cli.args import SubParsers, add_progress, add_seed, error, flags
@@ -20,7 +22,15 @@ def add_parser(subparsers: SubParsers) -> None:
 
 def _add_out(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--out", required=True, metavar="DIR", help="dataset directory to write (replaced atomically)"
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="dataset directory to write (new or empty; an existing Hotline dataset only with --overwrite)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the Hotline dataset at --out (atomically, once the new one is complete)",
     )
 
 
@@ -31,12 +41,23 @@ def _build(command: str, errors: tuple, make):
     from hotline.datasets.format import Dataset
 
     t0 = time.perf_counter()
+    previous = signal.signal(
+        signal.SIGTERM, _terminated
+    )  # a SIGTERM unwinds: the writer removes its temp dir
     try:
         path = make()
     except errors as e:
         return error(command, e)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     seconds = time.perf_counter() - t0
     return Dataset(path), seconds
+
+
+def _terminated(signum, frame) -> None:
+    """SIGTERM while a dataset is written: unwind like Ctrl-C (the temporary directory goes), exit 143."""
+    print("hotline data: terminated", file=sys.stderr)
+    raise SystemExit(128 + signum)
 
 
 def _rate(rows: int, seconds: float) -> str:
@@ -92,8 +113,14 @@ def _run_criteo(args: argparse.Namespace) -> int:
     """Runs ``hotline data criteo`` and prints a summary; returns the exit status."""
     from hotline.datasets.criteo import CriteoFormatError, preprocess
 
+    if args.max_ind_range is not None and not 1 <= args.max_ind_range < 2**63:
+        return error("data criteo", f"--max-ind-range must be in [1, 2**63) (raw category values are taken "
+                                    f"modulo it), got {args.max_ind_range}")  # fmt: skip
+    if args.min_count < 1:
+        return error("data criteo", f"--min-count must be >= 1, got {args.min_count}")
+
     built = _build("data criteo", (CriteoFormatError, OSError, ValueError), lambda: preprocess(
-        args.raw, args.out, **flags(args, "layout", "max_ind_range", "min_count", "on_bad_line"),
+        args.raw, args.out, **flags(args, "layout", "max_ind_range", "min_count", "on_bad_line", "overwrite"),
         progress=not args.no_progress))  # fmt: skip
     if isinstance(built, int):
         return built
@@ -175,7 +202,13 @@ def _run_synthetic(args: argparse.Namespace) -> int:
     from hotline.datasets.format import SPLITS
     from hotline.datasets.synthetic import generate
 
-    names = ("seed", "table_sizes", "max_rows_per_table", "zipf", "pooling_factor", "raw_tsv", "drift_days",
+    if args.max_rows_per_table is not None and not 1 <= args.max_rows_per_table < 2**31:
+        return error(
+            "data synthetic", f"--max-rows-per-table must be in [1, 2**31), got {args.max_rows_per_table}"
+        )
+    if not 0 <= args.seed < 2**32:
+        return error("data synthetic", f"--seed must be in [0, 2**32), got {args.seed}")
+    names = ("seed", "table_sizes", "max_rows_per_table", "zipf", "pooling_factor", "raw_tsv", "overwrite", "drift_days",
              "drift_rate")  # fmt: skip
     built = _build("data synthetic", (ValueError, OSError), lambda: generate(
         args.out, args.rows, **flags(args, *names), progress=not args.no_progress))  # fmt: skip

@@ -7,11 +7,19 @@ single-process and the distributed runs take the same flags and print the same s
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
-from hotline.cli.args import SubParsers, add_arch, add_device, add_threads, error, flags
+from hotline.cli.args import (
+    SubParsers,
+    add_arch,
+    add_device,
+    add_threads,
+    error,
+    flags,
+    ignore_further_interrupts,
+    show_traceback,
+)
 
 SUMMARY_KEYS = (
     "mode",
@@ -132,6 +140,11 @@ def add_parser(subparsers: SubParsers) -> None:
     )
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
     p.add_argument(
+        "--resume-if-present",
+        action="store_true",
+        help="resume if --checkpoint-dir holds a checkpoint of this run, else start (for job schedulers)",
+    )
+    p.add_argument(
         "--no-progress",
         action="store_true",
         help="no progress bar: a log line every --print-freq steps instead",
@@ -139,9 +152,9 @@ def add_parser(subparsers: SubParsers) -> None:
     p.add_argument(
         "--nproc",
         type=int,
-        default=0,
+        default=None,
         metavar="N",
-        help="train on N local ranks (data-parallel, through torch.distributed.run, as torchrun does; 0: one process)",
+        help="train on N local ranks (data-parallel, through torch.distributed.run, as torchrun does; unset: one process)",
     )
     p.set_defaults(func=run, train_parser=p)
 
@@ -151,6 +164,15 @@ def config_from_args(args: argparse.Namespace):
     from hotline.training.config import TrainConfig
     from hotline.training.model import parse_layers
 
+    if args.mode != "hotline" and (args.placement or args.hbm_budget):
+        flag = "--placement" if args.placement else "--hbm-budget"
+        raise ValueError(f"{flag} places hot rows for --mode hotline; --mode {args.mode} would ignore it")
+    if args.nproc is not None and args.nproc < 1:
+        raise ValueError(f"--nproc must be >= 1, got {args.nproc}")
+    warn = not os.environ.get("HOTLINE_LAUNCHED") and os.environ.get("RANK", "0") == "0"  # once per run
+    if warn and args.threads and args.threads > (os.cpu_count() or 1):
+        print(f"hotline train: warning: --threads {args.threads} is more than the {os.cpu_count()} cores",
+              file=sys.stderr)  # fmt: skip
     hbm_budget = None
     if args.hbm_budget:
         from hotline.units import parse_size
@@ -158,8 +180,8 @@ def config_from_args(args: argparse.Namespace):
         hbm_budget = parse_size(args.hbm_budget)
     same = ("mode", "mini_batch_size", "learning_rate", "optimizer", "nepochs", "num_batches", "print_freq",
             "test_freq", "eval_max_samples", "seed", "device", "lookahead", "worker_threads", "micro_batches",
-            "checkpoint_dir", "checkpoint_every", "resume", "replace_every", "replace", "replace_threshold",
-            "count_decay")  # fmt: skip
+            "checkpoint_dir", "checkpoint_every", "resume", "resume_if_present", "replace_every", "replace",
+            "replace_threshold", "count_decay")  # fmt: skip
     return TrainConfig(
         **flags(args, *same),
         embedding_dim=args.arch_sparse_feature_size,
@@ -182,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
     under_torchrun = world > 1 and "RANK" in os.environ
     if under_torchrun and args.nproc and args.nproc != world:
         return error("train", f"--nproc {args.nproc} but torchrun started {world} ranks")
-    if args.nproc > 1 and not under_torchrun:
+    if (args.nproc or 1) > 1 and not under_torchrun:
         return _launch(args)
     return _train(args, distributed=under_torchrun)
 
@@ -207,11 +229,13 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
     from hotline.distributed.comm import Comm
     from hotline.pipeline.threads import configure_threads
     from hotline.training.checkpoint import load_checkpoint, save_checkpoint
+    from hotline.training.preflight import check_train_outputs, finite_json
     from hotline.training.trainer import Trainer
 
     comm = None
     try:
         config = config_from_args(args)  # a bad flag value is a ValueError: one line like the rest
+        check_train_outputs(config, args.save)  # every output writable before anything is loaded
         if distributed:
             from hotline.distributed.launcher import init_from_env, worker_threads
 
@@ -244,10 +268,13 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
         # User-caused problems (bad dataset, placement, checkpoint, flags, a diverging loss, a full disk):
         # one clear line, no traceback. DatasetError, PlacementError and CheckpointError are ValueErrors.
         where = f" (rank {comm.rank if comm else '?'})" if distributed else ""
+        show_traceback()
         print(f"hotline train: error{where}: {e}", file=sys.stderr)
         return 2 if not isinstance(e, FloatingPointError) else 3
     except KeyboardInterrupt:
-        print("hotline train: interrupted", file=sys.stderr)
+        ignore_further_interrupts()
+        if not os.environ.get("HOTLINE_LAUNCHED"):  # under --nproc, the launcher prints the one line
+            print("hotline train: interrupted", file=sys.stderr)
         return 130
     finally:
         if distributed:
@@ -258,7 +285,7 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
     if comm.rank == 0:
         record = {k: summary[k] for k in SUMMARY_KEYS}
         record["world_size"] = comm.world_size  # every run prints the same keys, 1 rank or N
-        print(json.dumps(record))
+        print(finite_json(record))
     return 0
 
 

@@ -356,12 +356,15 @@ def preprocess(
     on_bad_line: str = "error",
     progress: bool = True,
     block_bytes: int = BLOCK_BYTES,
+    overwrite: bool = True,
 ) -> Path:
     """Converts raw Criteo files (Kaggle ``train.txt`` or Terabyte ``day_N``, plain or gzip) into a dataset
     directory at ``out`` (see the module docstring for the conversion and the splits); returns ``out``.
 
     Raises :class:`CriteoFormatError` for a bad line (``on_bad_line="error"``), a truncated gzip file, or
-    input without rows; nothing is left at ``out`` then (an existing dataset there is kept).
+    input without rows; nothing is left at ``out`` then (an existing dataset there is kept). An existing
+    ``out`` is replaced only if it is a Hotline dataset and ``overwrite`` (the CLI's ``--overwrite``), and
+    never when it holds one of the raw files; anything else there is a DatasetError before any read.
     """
     paths = [Path(raw_paths)] if isinstance(raw_paths, (str, os.PathLike)) else [Path(p) for p in raw_paths]
     if not paths:
@@ -384,7 +387,8 @@ def preprocess(
     t0 = time.perf_counter()
 
     # Table sizes are known only after pass 1; the writer needs them only when the splits are created.
-    with DatasetWriter(out, [0] * NUM_CATEGORICAL, pooling_factor=1) as writer:
+    writer = DatasetWriter(out, [0] * NUM_CATEGORICAL, pooling_factor=1, overwrite=overwrite, inputs=paths)
+    with writer:
         tmp = {k: writer.tmp / f"_pass1_{k}.bin" for k in ("labels", "dense", "cats")}
         try:
             counters = _pass1(stats, tmp, max_ind_range, on_bad_line, block_bytes, progress)

@@ -20,6 +20,7 @@ import errno
 import hashlib
 import json
 import os
+import secrets
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hotline._io import write_json
+from hotline._io import TMP_MARKER, write_json
 
 FORMAT_TAG = "hotline-dataset/1"
 SPLITS = ("train", "val", "test")
@@ -193,12 +194,54 @@ def fingerprint_of(meta: dict) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
 
 
+def is_dataset_dir(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a directory that Hotline wrote as a dataset (its meta.json carries the format tag)."""
+    meta = Path(path) / "meta.json"
+    try:
+        return Path(path).is_dir() and json.loads(meta.read_text()).get("format") == FORMAT_TAG
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def check_output_dir(out: str | os.PathLike, overwrite: bool = False, inputs=()) -> None:
+    """Refuses (DatasetError) an output directory whose replacement could destroy something Hotline did not
+    make: an existing file, a directory that is not a Hotline dataset, a Hotline dataset without
+    ``overwrite``, or a directory holding (or being) one of the ``inputs``. An empty directory is fine."""
+    out = Path(out)
+    target = out.resolve()
+    for given in inputs:
+        src = Path(given).resolve()
+        if src == target or target in src.parents:
+            raise DatasetError(
+                f"output directory {out} holds {given}: writing the dataset there would delete it; "
+                "choose another output directory"
+            )
+    if not out.exists() and not out.is_symlink():
+        return
+    if not out.is_dir() or out.is_symlink():
+        raise DatasetError(f"output {out} exists and is not a dataset directory: refusing to replace it")
+    if not any(out.iterdir()):
+        return
+    if not is_dataset_dir(out):
+        raise DatasetError(
+            f"output directory {out} exists and is not a Hotline dataset directory (no meta.json with format "
+            f"{FORMAT_TAG!r}): refusing to replace it; choose a new or empty directory"
+        )
+    if not overwrite:
+        raise DatasetError(
+            f"output directory {out} already holds a Hotline dataset: pass --overwrite (overwrite=True) to replace it"
+        )
+
+
 class DatasetWriter:
-    """Builds a dataset directory atomically: everything goes to ``DIR.tmp-*`` and is renamed at the end.
+    """Builds a dataset directory atomically: everything goes to a temporary sibling directory (a name only
+    Hotline uses, ``.DIR.hotline-tmp-<pid>-<random>``) that is renamed into place at the end.
 
     Use as a context manager; an exception inside the ``with`` block removes the temporary directory, so a
     failed run leaves no half-written dataset (and an existing dataset at ``out`` is only replaced once the
-    new one is complete)::
+    new one is complete). What is at ``out`` is checked first by :func:`check_output_dir`: only an empty
+    directory, or a Hotline dataset with ``overwrite=True``, is ever replaced; ``inputs`` (raw files) must not
+    lie inside ``out``::
 
         with DatasetWriter(out, table_sizes, pooling_factor=1) as w:
             dense, sparse, labels = w.create_split("train", n_rows)
@@ -212,22 +255,26 @@ class DatasetWriter:
         table_sizes: list[int],
         pooling_factor: int = 1,
         num_dense: int = NUM_DENSE,
+        *,
+        overwrite: bool = False,
+        inputs=(),
     ):
         self.out = Path(out)
+        self.overwrite = bool(overwrite)
+        self.inputs = [Path(p) for p in inputs]
+        check_output_dir(self.out, self.overwrite, self.inputs)
         self.table_sizes = [int(s) for s in table_sizes]
         self.pooling_factor = int(pooling_factor)
         self.num_dense = int(num_dense)
         if self.pooling_factor < 1:
             raise ValueError(f"pooling_factor must be >= 1, got {pooling_factor}")
-        self.tmp = self.out.parent / f"{self.out.name}.tmp-{os.getpid()}"
+        self.tmp = self.out.parent / f".{self.out.name}{TMP_MARKER}{os.getpid()}-{secrets.token_hex(4)}"
         self._rows: dict[str, int] = {}
         self._finished = False
 
     def __enter__(self) -> DatasetWriter:
         self.out.parent.mkdir(parents=True, exist_ok=True)
-        if self.tmp.exists():
-            shutil.rmtree(self.tmp)
-        self.tmp.mkdir()
+        self.tmp.mkdir()  # a fresh random name: never a directory someone else made
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -289,12 +336,15 @@ class DatasetWriter:
         for f in self.tmp.iterdir():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
-        if self.out.exists():
-            old = self.out.parent / f"{self.out.name}.old-{os.getpid()}"
+        check_output_dir(self.out, self.overwrite, self.inputs)  # again: it may have changed meanwhile
+        if self.out.exists() and any(self.out.iterdir()):
+            old = self.out.parent / f".{self.out.name}{TMP_MARKER}old-{os.getpid()}-{secrets.token_hex(4)}"
             self.out.rename(old)
             self.tmp.rename(self.out)
-            shutil.rmtree(old, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)  # the Hotline dataset that check_output_dir accepted
         else:
+            if self.out.exists():
+                self.out.rmdir()  # empty
             self.tmp.rename(self.out)
         self._finished = True
         return self.out

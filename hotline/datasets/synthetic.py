@@ -360,11 +360,13 @@ def generate(
     progress: bool = True,
     drift_days: int = 1,
     drift_rate: float = 0.0,
+    overwrite: bool = True,
 ) -> Path:
     """Generates a synthetic dataset directory at ``out`` (and optionally the same rows as raw Criteo TSV).
 
     ``table_sizes`` defaults to :data:`KAGGLE_TABLE_SIZES`; ``zipf`` is one exponent or one per table.
-    Returns the dataset path. See the module docstring for the data, the planted model and determinism.
+    An existing ``out`` is replaced only if it is a Hotline dataset and ``overwrite`` (the CLI's
+    ``--overwrite``); anything else there is refused (see :func:`~hotline.datasets.format.check_output_dir`). Returns the dataset path. See the module docstring for the data, the planted model and determinism.
     """
     cfg = SyntheticConfig(
         rows=rows,
@@ -376,16 +378,19 @@ def generate(
         drift_days=drift_days,
         drift_rate=drift_rate,
     )
-    return generate_config(cfg, out, raw_tsv=raw_tsv, progress=progress)
+    return generate_config(cfg, out, raw_tsv=raw_tsv, progress=progress, overwrite=overwrite)
 
 
 def generate_config(
     cfg: SyntheticConfig, out: str | os.PathLike, *, raw_tsv: str | os.PathLike | None = None,
-    progress: bool = True,
+    progress: bool = True, overwrite: bool = True,
 ) -> Path:  # fmt: skip
     """Generates the dataset described by ``cfg`` at ``out``; see :func:`generate`."""
     from tqdm.auto import tqdm
 
+    from hotline.datasets.format import check_output_dir
+
+    check_output_dir(out, overwrite, [raw_tsv] if raw_tsv is not None else [])  # before any TSV is written
     if raw_tsv is not None and cfg.pooling_factor > 1:
         raise ValueError(
             f"raw_tsv: the raw Criteo format has one id per table, but pooling_factor is "
@@ -411,7 +416,11 @@ def generate_config(
         start += sizes[name]
     top_hits = np.zeros(cfg.num_tables, np.int64)
     val_logit, val_labels, clicks = [], [], 0
-    with DatasetWriter(out, list(cfg.sizes), pooling_factor=cfg.pooling_factor) as writer:
+    writer = DatasetWriter(
+        out, list(cfg.sizes), pooling_factor=cfg.pooling_factor, overwrite=overwrite,
+        inputs=[raw_tsv] if raw_tsv is not None else [],
+    )  # fmt: skip
+    with writer:
         arrays = {name: writer.create_split(name, sizes[name]) for name in SPLITS}
         bar = tqdm(total=cfg.rows, unit="rows", unit_scale=True, desc="synthetic", disable=not progress)
         for c, lo in enumerate(range(0, cfg.rows, CHUNK_ROWS)):
@@ -492,4 +501,4 @@ def default_dataset(cache_dir: str | os.PathLike | None = None, progress: bool =
             return path
         except ValueError:
             pass  # damaged: make it again
-    return generate(path, progress=progress, **DEFAULT_DATASET)
+    return generate(path, progress=progress, overwrite=True, **DEFAULT_DATASET)

@@ -4,8 +4,11 @@ process-group join for ``torchrun -m hotline train``, and a gloo spawn for tests
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import signal
 import socket
+import sys
 import time
 
 import numpy as np
@@ -21,13 +24,30 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _init_process_group(*args, **kwargs) -> None:
+    """``dist.init_process_group``, after importing the torch modules that would otherwise pin the group.
+
+    ``torch.distributed.nn.functional`` takes ``group.WORLD`` as default arguments, bound when it is first
+    imported; torch._dynamo imports it, and the first torch optimizer imports torch._dynamo. Imported after
+    the group exists, it holds the default group for the life of the process: ``destroy_process_group()``
+    then frees nothing, and the group's gloo threads live on into interpreter shutdown. A gloo worker that
+    drops a finished collective's tensors late (a loaded machine) then takes the GIL of a finalizing
+    interpreter, which ends the thread through a noexcept frame: "terminate called without an active
+    exception", SIGABRT, exit -6, after the run had finished. Imported first, it binds None (no group yet).
+    """
+    import torch.distributed as dist
+    import torch.distributed.nn.functional  # noqa: F401 - see above: must precede init_process_group
+
+    dist.init_process_group(*args, **kwargs)
+
+
 def init_from_env(backend: str | None = None) -> Comm:
     """Joins the process group torchrun described in the environment (RANK, WORLD_SIZE, MASTER_*)."""
     import torch.distributed as dist
 
     if not dist.is_initialized():
         backend = backend or "gloo"  # NCCL would need every collective on CUDA tensors: not done yet
-        dist.init_process_group(backend)
+        _init_process_group(backend)
     return Comm.from_process_group()
 
 
@@ -45,7 +65,7 @@ def _spawned(rank: int, world_size: int, port: int, threads: int, fn, args: tupl
     from hotline.pipeline.threads import configure_threads
 
     configure_threads(threads)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    _init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     try:
         fn(Comm.from_process_group(), *args)
         dist.barrier()  # no rank tears the group down while a peer still uses it
@@ -105,6 +125,7 @@ def train_and_dump(comm: Comm, jobs: list[tuple[TrainConfig, str, str]]) -> None
 
 def launch(nproc: int, argv: list[str]) -> int:
     """Starts ``python -m hotline <argv>`` on ``nproc`` local ranks through torch's elastic launcher (torchrun)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -112,11 +133,33 @@ def launch(nproc: int, argv: list[str]) -> int:
         ["--standalone", "--nproc-per-node", str(nproc), "--module", "hotline", *argv]
     )
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default; we set threads per rank ourselves
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)  # no per-signal warnings
+    # The elastic agent turns SIGINT/SIGTERM into a SignalException here (and leaves its handlers behind);
+    # the ranks see HOTLINE_LAUNCHED and leave the one "interrupted" line to this process.
+    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+    handlers = {s: signal.getsignal(s) for s in handled}
+    launched = os.environ.get("HOTLINE_LAUNCHED")
+    os.environ["HOTLINE_LAUNCHED"] = "1"
     try:
         run(launcher_args)
     except ChildFailedError as e:
         codes = [f.exitcode for f in e.failures.values()]
         return next((c for c in codes if c and c > 0), 1)
+    except SignalException as e:
+        from hotline.cli.args import ignore_further_interrupts
+
+        ignore_further_interrupts()
+        print(
+            f"hotline {argv[0]}: {'interrupted' if e.sigval == signal.SIGINT else 'terminated'}",
+            file=sys.stderr,
+        )
+        return 130 if e.sigval == signal.SIGINT else 128 + int(e.sigval)
+    finally:
+        for s, h in handlers.items():
+            if h is not None and not (s == signal.SIGINT and signal.getsignal(s) == signal.SIG_IGN):
+                signal.signal(s, h)
+        if launched is None:
+            os.environ.pop("HOTLINE_LAUNCHED", None)
     return 0
 
 

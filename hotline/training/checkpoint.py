@@ -9,10 +9,18 @@ every rank's file and digest exist: a run killed at any moment, even mid-write, 
 checkpoint in place and resumes from it. Loading uses ``torch.load(weights_only=True)`` (no pickled code
 runs), checks everything against the trainer first, and only then changes the trainer: a corrupt or
 mismatched checkpoint is refused with a clear error and never half-loaded (on N ranks: on none of them).
+
+A checkpoint directory belongs to one run. Every checkpoint records the run's fingerprint (model, optimizer,
+dataset, mini-batch size, number of ranks, and on N ranks the placement): :class:`CheckpointManager` refuses a
+new run into a directory that holds checkpoints (resume it, or choose another directory), refuses a
+``--resume`` whose fingerprint differs, holds an ``fcntl`` lock on the directory so that a second live run is
+refused, and its rotation removes only checkpoints of its own run.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import re
 from collections import defaultdict
@@ -41,6 +49,59 @@ def rank_file(base: str | os.PathLike, rank: int, world_size: int) -> Path:
     return base.with_name(f"{stem}.rank{rank:03d}-of-{world_size:03d}.pt")
 
 
+def run_fingerprint(trainer) -> dict:
+    """What must be the same for a run to continue from a checkpoint (recorded in every checkpoint)."""
+    cfg, N = trainer.config, trainer.comm.world_size
+    placement = getattr(trainer.mode, "placement", None)
+    hot = None
+    if placement is not None and N > 1:  # one rank's checkpoint holds every row in row order: any placement
+        hot = hashlib.sha256(np.ascontiguousarray(placement.fused_hot_ids(), np.int64).tobytes()).hexdigest()[
+            :16
+        ]
+    return {
+        "model": {
+            "table_sizes": [int(n) for n in trainer.dataset.table_sizes],
+            "embedding_dim": int(cfg.embedding_dim),
+            "bottom_mlp": [int(n) for n in cfg.bottom_mlp],
+            "top_mlp": [int(n) for n in cfg.top_mlp],
+            "interaction": cfg.interaction,
+        },
+        "optimizer": cfg.optimizer,
+        "dataset": trainer.dataset.fingerprint,
+        "mini_batch_size": int(cfg.mini_batch_size),
+        "world_size": int(N),
+        "placement": hot,
+    }
+
+
+# What a user changes to make each fingerprint field match (for the error message).
+_RUN_FIELDS = {
+    "model": "the --arch-* flags",
+    "optimizer": "--optimizer",
+    "dataset": "the dataset",
+    "mini_batch_size": "--mini-batch-size",
+    "world_size": "--nproc",
+    "placement": "--placement / --hbm-budget",
+}
+
+
+def _check_run(trainer, payload: dict, path: Path) -> None:
+    """Raises CheckpointError unless ``payload`` was written by a run with this trainer's fingerprint."""
+    theirs = payload.get("run")
+    if theirs is None:
+        return  # written before fingerprints: the structural checks of _check still apply
+    ours = run_fingerprint(trainer)
+    diff = [k for k in _RUN_FIELDS if theirs.get(k) != ours[k]]
+    if diff:
+        what = "; ".join(
+            f"{_RUN_FIELDS[k]}: checkpoint {theirs.get(k)!r}, this run {ours[k]!r}" for k in diff
+        )
+        raise CheckpointError(
+            f"checkpoint {path} belongs to another run ({what}): resume with that run's flags, or choose "
+            f"another --checkpoint-dir"
+        )
+
+
 def _payload(trainer) -> dict:
     comm: Comm = trainer.comm
     placement = getattr(trainer.mode, "placement", None)
@@ -61,6 +122,7 @@ def _payload(trainer) -> dict:
             "interaction": trainer.config.interaction,
             "optimizer": trainer.config.optimizer,
         },
+        "run": run_fingerprint(trainer),
     }
     counts = getattr(getattr(trainer.mode, "dispatcher", None), "counts", None)
     if counts is not None:  # re-placement: the placement in force and the counts it will choose from
@@ -155,8 +217,9 @@ def _check(trainer, payload: dict, path: Path) -> None:
             )
 
 
-def _read_for(trainer, base: Path) -> tuple[dict, dict]:
-    """This rank's payload and rank 0's, checked against ``trainer``."""
+def _read_for(trainer, base: Path, same_run: bool = False) -> tuple[dict, dict]:
+    """This rank's payload and rank 0's, checked against ``trainer`` (and its run fingerprint if
+    ``same_run``)."""
     N, r = trainer.comm.world_size, trainer.comm.rank
     own_path = rank_file(base, r, N)
     if not own_path.is_file() and N > 1:
@@ -164,20 +227,23 @@ def _read_for(trainer, base: Path) -> tuple[dict, dict]:
     own = read_checkpoint(own_path)
     rank0 = own if r == 0 else read_checkpoint(rank_file(base, 0, N))
     for path, p in ((own_path, own), (rank_file(base, 0, N), rank0)):
+        if same_run:
+            _check_run(trainer, p, path)  # first: it names the flag that differs
         _check(trainer, p, path)
         if p["step"] != own["step"]:
             raise CheckpointError(f"checkpoint {base}: the ranks' files are of different steps")
     return own, rank0
 
 
-def load_checkpoint(trainer, base: str | os.PathLike) -> int:
+def load_checkpoint(trainer, base: str | os.PathLike, same_run: bool = False) -> int:
     """Restores ``trainer`` from checkpoint ``base`` after verifying everything (a collective on N ranks:
-    all load, or none); returns the step it resumes at."""
+    all load, or none); returns the step it resumes at. ``same_run``: also refuse a checkpoint of a run with
+    another fingerprint (``--resume``; ``--load`` may start a different run from a checkpoint)."""
     base = Path(base)
     comm: Comm = trainer.comm
     error = None
     try:
-        own, rank0 = _read_for(trainer, base)
+        own, rank0 = _read_for(trainer, base, same_run)
     except CheckpointError as e:
         error = e
     if not comm.all_ok(error is None):
@@ -208,14 +274,19 @@ def load_checkpoint(trainer, base: str | os.PathLike) -> int:
 
 
 class CheckpointManager:
-    """Periodic checkpoints in a directory shared by the ranks; keeps the newest ``keep`` complete ones.
+    """Periodic checkpoints of ONE run in a directory shared by the ranks; keeps the newest ``keep`` complete
+    ones of this run. A step counts when the files and digests of all N ranks are there.
 
-    A step counts when the files and digests of all N ranks are there."""
+    :meth:`start` claims the directory (an ``fcntl`` lock held until :meth:`close`; rank 0 holds it) and
+    refuses a directory that holds checkpoints unless the run resumes them; :meth:`save` writes a checkpoint
+    and removes only this run's old ones."""
 
     def __init__(self, directory: str | os.PathLike, comm: Comm | None = None, keep: int = 2):
         self.directory = Path(directory)
         self.comm = comm if comm is not None else Comm()
         self.keep = max(1, keep)
+        self._own: set[int] = set()  # steps of this run (written here, or resumed and verified)
+        self._lock_fd: int | None = None
 
     def _steps(self) -> dict[int, dict[int, set[int]]]:
         """world size -> step -> ranks whose file and digest exist."""
@@ -232,6 +303,10 @@ class CheckpointManager:
         """The checkpoint of ``step``: the file itself for one rank, the common stem of the rank files else."""
         return self.directory / (f"step-{step:09d}.pt" if self.comm.world_size == 1 else f"step-{step:09d}")
 
+    @staticmethod
+    def _step_of(base: Path) -> int:
+        return int(base.name.split("-")[1].split(".")[0])
+
     def complete(self) -> list[Path]:
         """The checkpoints complete for this run's number of ranks, oldest first (one rank: the files)."""
         N = self.comm.world_size
@@ -243,20 +318,99 @@ class CheckpointManager:
         done = self.complete()
         return done[-1] if done else None
 
+    # -- one run per directory -----------------------------------------------------------------------------
+    def _lock(self) -> None:
+        """Takes the directory's lock (no lock file: ``flock`` on the directory itself) or raises."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise CheckpointError(
+                f"--checkpoint-dir {self.directory} is in use by another run that is still going: wait for "
+                f"it to end, or choose another --checkpoint-dir"
+            ) from None
+        self._lock_fd = fd
+
+    def close(self) -> None:
+        """Releases the directory's lock."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor releases the flock
+            self._lock_fd = None
+
+    def start(self, trainer, resume: bool, if_present: bool = False) -> int | None:
+        """Claims the directory for this run and resumes it if asked (a collective on N ranks); returns the
+        step resumed at, or None for a fresh start.
+
+        Refused (CheckpointError): a directory in use by a live run; a fresh run into a directory holding
+        checkpoints; ``resume`` without a checkpoint (unless ``if_present``); a checkpoint of another run."""
+        error = None
+        if self.comm.rank == 0:
+            try:
+                self._lock()
+            except (CheckpointError, OSError) as e:
+                error = e
+        if not self.comm.all_ok(error is None):
+            self.close()
+            raise error or CheckpointError(f"--checkpoint-dir {self.directory}: rank 0 could not claim it")
+        try:
+            if not resume:
+                found = {n: max(steps) for n, steps in self._steps().items() if steps}
+                refusal = None
+                if found:
+                    n, step = max(found.items(), key=lambda kv: kv[1])
+                    ranks = f" of {n} ranks" if n > 1 else ""
+                    refusal = CheckpointError(
+                        f"--checkpoint-dir {self.directory} holds checkpoints of another run (newest: step {step}"
+                        f"{ranks}): pass --resume to continue that run (same dataset, model, optimizer, "
+                        f"--mini-batch-size and --nproc), or choose another --checkpoint-dir"
+                    )
+                if not self.comm.all_ok(refusal is None):  # all ranks refuse together, none waits
+                    raise refusal or CheckpointError(
+                        f"--checkpoint-dir {self.directory}: another rank found checkpoints there"
+                    )
+                return None
+            step = self.resume(trainer)
+            if step is None and not if_present:
+                raise CheckpointError(
+                    f"--resume: {self.directory} holds no complete checkpoint to resume: run without --resume "
+                    f"to start (or pass --resume-if-present to start when there is none)"
+                )
+            return step
+        except BaseException:
+            self.close()
+            raise
+
+    def _same_run(self, base: Path, run: dict) -> bool:
+        """Whether checkpoint ``base`` was written by a run with fingerprint ``run`` (reads rank 0's file
+        memory-mapped: only its small fields)."""
+        try:
+            payload = torch.load(
+                rank_file(base, 0, self.comm.world_size), map_location="cpu", weights_only=True, mmap=True
+            )
+        except Exception:  # unreadable: not provably ours, so never removed
+            return False
+        return isinstance(payload, dict) and payload.get("run") == run
+
     def save(self, trainer) -> Path:
         base = self._base(trainer.step_count)
         save_checkpoint(trainer, base)
+        self._own.add(trainer.step_count)
         r, N = self.comm.rank, self.comm.world_size
-        for old in self.complete()[: -self.keep]:  # each rank removes its own old files
+        own = [b for b in self.complete() if self._step_of(b) in self._own]
+        for old in own[: -self.keep]:  # each rank removes its own old files, of this run only
             f = rank_file(old, r, N)
             _io.digest_path(f).unlink(missing_ok=True)
             f.unlink(missing_ok=True)
+            self._own.discard(self._step_of(old))
         return base
 
     def resume(self, trainer) -> int | None:
-        """Loads the newest checkpoint complete on all ranks; None when there is none (for any N)."""
+        """Loads the newest checkpoint complete on all ranks (refused if another run wrote it); None when
+        there is none (for any N). The older checkpoints of the same run become this run's to rotate."""
         latest = self.latest()
-        step = -1 if latest is None else int(latest.name.split("-")[1].split(".")[0])
+        step = -1 if latest is None else self._step_of(latest)
         agreed = self.comm.all_gather_varlen(torch.tensor([step], dtype=torch.int64), "control")
         if len({int(a) for a in agreed}) > 1:
             raise CheckpointError(
@@ -270,4 +424,7 @@ class CheckpointManager:
                     f"{self.comm.world_size}: resume with --nproc {others[0]}"
                 )
             return None
-        return load_checkpoint(trainer, latest)
+        resumed = load_checkpoint(trainer, latest, same_run=True)
+        run = run_fingerprint(trainer)
+        self._own = {self._step_of(b) for b in self.complete() if b == latest or self._same_run(b, run)}
+        return resumed

@@ -100,7 +100,9 @@ class TrainConfig:
     checkpoint_every: int = 0
     """``--checkpoint-every``: steps between checkpoints (0: none)."""
     resume: bool = False
-    """``--resume``: continue from the newest complete checkpoint in ``checkpoint_dir``."""
+    """``--resume``: continue from the newest complete checkpoint in ``checkpoint_dir`` (an error if none)."""
+    resume_if_present: bool = False
+    """``--resume-if-present``: resume if ``checkpoint_dir`` holds a checkpoint, else start (job schedulers)."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -120,9 +122,13 @@ class TrainConfig:
             )
         if not 0 < self.count_decay <= 1 or not 0 < self.replace_threshold < 1:
             raise ValueError("--count-decay must be in (0, 1] and --replace-threshold in (0, 1)")
+        if self.eval_max_samples < 0:
+            raise ValueError(f"--eval-max-samples must be >= 0 (0: all samples), got {self.eval_max_samples}")
+        if not 0 <= self.seed < 2**32:
+            raise ValueError(f"--seed must be in [0, 2**32), got {self.seed}")
         if self.micro_batches not in ("auto", "split", "fused"):
             raise ValueError(f"--micro-batches must be auto, split or fused, got {self.micro_batches!r}")
-        if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
+        if (self.checkpoint_every or self.resume or self.resume_if_present) and not self.checkpoint_dir:
             raise ValueError("--checkpoint-every and --resume need --checkpoint-dir")
         if self.threads < 0 or self.worker_threads < 1:
             raise ValueError(

@@ -15,7 +15,6 @@ With one rank every collective is a no-op and is skipped.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -37,6 +36,7 @@ from hotline.training.config import TrainConfig
 from hotline.training.logs import LogLines
 from hotline.training.metrics import accuracy, log_loss, roc_auc
 from hotline.training.model import DLRM
+from hotline.training.preflight import check_finite, check_train_outputs, finite_json
 
 # Step counters that are summed over ranks (in the dense all-reduce); the rest are this rank's own.
 SUMMED_COUNTERS = ("popular_samples", "working_set_rows", "stale_rows")
@@ -70,6 +70,7 @@ class Trainer:
         self._executor = None
         self.history: list[dict] = []
         self._metrics_file = None
+        self._checkpoints = None
 
     def _build_mode(self) -> TrainMode:
         from hotline.tiers.build import build_mode
@@ -105,7 +106,9 @@ class Trainer:
                 remaining -= 1
                 start, stop = b * B, min((b + 1) * B, len(split))
                 lo, hi = shard_bounds(stop - start, r, N)
-                yield split.batch(start + lo, start + hi, global_size=stop - start)
+                batch = split.batch(start + lo, start + hi, global_size=stop - start)
+                check_finite(self.dataset.path, split, start + lo, batch.dense, batch.labels)
+                yield batch
             first = 0
 
     def step(self, batch: Batch) -> StepStats:
@@ -158,11 +161,13 @@ class Trainer:
         from hotline.tiers.tiered import measured_figures
 
         cfg = self.config
+        check_train_outputs(cfg)  # before step 1, not after the last one
         total = self.train_steps()
         if total == 0:
             raise ValueError(f"the training split of {self.dataset.path} has no rows to train on")
-        checkpoints = self._checkpoint_manager()
-        if cfg.resume and checkpoints is not None and checkpoints.resume(self) is not None:
+        checkpoints = self._checkpoints = self._checkpoint_manager()
+        resume = cfg.resume or cfg.resume_if_present
+        if checkpoints is not None and checkpoints.start(self, resume, cfg.resume_if_present) is not None:
             print(f"resumed from {checkpoints.latest()} at step {self.step_count}", file=sys.stderr)
         if cfg.metrics_path:  # append-only: flushed after every record
             Path(cfg.metrics_path).parent.mkdir(parents=True, exist_ok=True)
@@ -273,7 +278,7 @@ class Trainer:
     def _emit(self, record: dict) -> None:
         self.history.append(record)
         if self._metrics_file:
-            self._metrics_file.write(json.dumps(record) + "\n")
+            self._metrics_file.write(finite_json(record) + "\n")  # strict JSON: NaN is null
             self._metrics_file.flush()
 
     # -- evaluation and export ------------------------------------------------------------------------
@@ -293,6 +298,7 @@ class Trainer:
             stop = min(start + self.config.eval_batch_size, n)
             lo, hi = shard_bounds(stop - start, r, N)
             b = split.batch(start + lo, start + hi)
+            check_finite(self.dataset.path, split, start + lo, b.dense, b.labels)
             pooled = self.mode.pooled_eval(b.sparse)
             if len(b):
                 dense = torch.from_numpy(b.dense).to(self.config.device)
@@ -372,6 +378,8 @@ class Trainer:
         self.mode.load_tables(tables, [np.zeros(t.shape[0] * S, np.float32) for t in tables])
 
     def close(self) -> None:
+        if self._checkpoints is not None:
+            self._checkpoints.close()  # the checkpoint directory's lock
         self.mode.close()
 
 
