@@ -281,7 +281,7 @@ def test_missing_optional_package_names_the_install_command(data):
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().splitlines() == [
         "hotline plan: error: this needs the optional package 'torchrec': "
-        'pip install "hotline[torchrec]" && pip install --no-deps torchrec==1.8.0'
+        'pip install "hotline-dlrm[torchrec]" && pip install --no-deps torchrec==1.8.0'
     ]
 
 

@@ -42,8 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Optional packages -> what installs them (a missing one is a one-line error with this command).
 EXTRAS = {
-    "torchrec": 'pip install "hotline[torchrec]" && pip install --no-deps torchrec==1.8.0',
-    "fbgemm_gpu": 'pip install "hotline[torchrec]" && pip install --no-deps torchrec==1.8.0',
+    "torchrec": 'pip install "hotline-dlrm[torchrec]" && pip install --no-deps torchrec==1.8.0',
+    "fbgemm_gpu": 'pip install "hotline-dlrm[torchrec]" && pip install --no-deps torchrec==1.8.0',
     "pandas": "pip install pandas",
     "matplotlib": "pip install matplotlib",
 }
