@@ -34,6 +34,9 @@ SIZES = [40, 300, 25]
 
 # Bad inputs covered by tests in other files (the README table names them; this file checks they exist).
 REFERENCED = [
+    "test_safety.py::test_a_bad_id_in_any_split_is_named_before_step_1",
+    "test_safety.py::test_a_run_that_cannot_fit_in_memory_is_refused_with_the_figure",
+    "test_safety.py::test_a_batch_larger_than_the_data_trains_alike_in_every_mode",
     "test_criteo.py::test_bad_line_error_names_file_line_field",  # too few/many fields, non-hex, overflow, NUL
     "test_criteo.py::test_bad_lines_skipped_and_counted",  # --on-bad-line skip
     "test_criteo.py::test_gzip_crlf_and_no_final_newline",  # CRLF endings are accepted

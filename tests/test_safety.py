@@ -475,3 +475,65 @@ def test_signal_while_writing_a_dataset_removes_the_temporary_directory(tmp_path
     assert proc.returncode == code, err
     assert len(err.strip().splitlines()) == 1, err
     assert list(tmp_path.iterdir()) == []  # no dataset, no temporary directory
+
+
+def test_a_bad_id_in_any_split_is_named_before_step_1(data, tmp_path, capsys):
+    """An id outside its table in the val split (read only at the end of training) stops the run before its
+    first step, naming the file, the sample, the table and the id."""
+    import shutil
+
+    ds = tmp_path / "ds"
+    shutil.copytree(data["ds"], ds)
+    sparse = np.load(ds / "val_sparse.npy", mmap_mode="r+")
+    sparse[7, 1, 0] = SIZES[1]
+    sparse.flush()
+    del sparse
+    metrics = tmp_path / "m.jsonl"
+    assert main(["train", str(ds), *SMALL, "--metrics", str(metrics)]) == 2
+    line = _one_error(capsys, "train")
+    assert f"val_sparse.npy, sample 7, table 1: id {SIZES[1]} out of range [0, {SIZES[1]})" in line
+    assert not metrics.exists() or not metrics.read_text()  # not one step was taken
+
+
+def test_a_run_that_cannot_fit_in_memory_is_refused_with_the_figure(data):
+    from hotline import TrainConfig
+    from hotline.datasets.format import Dataset
+    from hotline.training.preflight import check_memory, memory_needed
+
+    ds = Dataset(data["ds"])
+    cfg = TrainConfig(mode="hotline", embedding_dim=8, bottom_mlp=[13, 8], top_mlp=[8, 1], hbm_budget=1024,
+                      mini_batch_size=32, lookahead=2, optimizer="rowwise-adagrad", progress=False)  # fmt: skip
+    rows, row_bytes = sum(SIZES), 4 * (8 + 1)
+    ring_lookups = 5 * 32 * len(SIZES)  # look-ahead 2: a ring of 5 slots of 32 samples x 3 tables
+    assert memory_needed(cfg, ds) == rows * row_bytes + ring_lookups * (row_bytes + 64)
+    check_memory(cfg, ds, available=10**9)
+    with pytest.raises(MemoryError, match=r"needs about .* available"):
+        check_memory(cfg, ds, available=1000)
+    # a batch larger than the data is clipped (buffers sized from the data, not the flag), in every mode
+    huge = TrainConfig(**{**cfg.__dict__, "mini_batch_size": 10**8})
+    assert memory_needed(huge, ds) == memory_needed(
+        TrainConfig(**{**cfg.__dict__, "mini_batch_size": len(ds.train)}), ds
+    )
+
+
+def test_a_batch_larger_than_the_data_trains_alike_in_every_mode(data):
+    from hotline import TrainConfig, Trainer
+    from hotline.datasets.format import Dataset
+
+    ds = Dataset(data["ds"])
+    out = {}
+    for mode in ("device", "hybrid", "hotline"):
+        cfg = TrainConfig(mode=mode, embedding_dim=8, bottom_mlp=[13, 8], top_mlp=[8, 1], mini_batch_size=10**7,
+                          num_batches=2, progress=False, hbm_budget=4096 if mode == "hotline" else None,
+                          learning_rate=0.05)  # fmt: skip
+        tr = Trainer(cfg, ds)
+        try:
+            if mode != "device":
+                assert tr.mode.dispatcher.max_batch_size == len(ds.train)
+            list(tr.progress(tr.batches()))
+            out[mode] = tr.named_arrays()
+        finally:
+            tr.close()
+    for mode in ("hybrid", "hotline"):
+        for name, a in out["device"].items():
+            np.testing.assert_allclose(out[mode][name], a, rtol=1e-5, atol=1e-7, err_msg=f"{mode} {name}")

@@ -85,7 +85,8 @@ def build_mode(config, dataset: Dataset, comm: Comm | None = None) -> TrainMode:
     if config.replace == "auto" and comm.world_size > 1:
         raise ValueError("--replace auto on several ranks is not built yet: use --replace-every N")
     placement = placement_for(config, dataset, progress=config.progress and comm.rank == 0)
-    max_batch = -(-config.mini_batch_size // comm.world_size)  # a rank's share of a global batch
+    # A rank's share of a global batch; a batch larger than the data is clipped to it (as every mode does).
+    max_batch = -(-max(1, min(config.mini_batch_size, len(dataset.train))) // comm.world_size)
     max_rows = max_batch * layout.num_tables * dataset.pooling_factor
     cold, hot_w = _stores(
         layout,

@@ -87,3 +87,69 @@ def finite_json(record) -> str:
         return x
 
     return json.dumps(clean(record), allow_nan=False)
+
+
+_CHUNK_ROWS = 1 << 18
+
+
+def check_ids(dataset) -> None:
+    """Raises IndexError naming the split's file, the sample, the table and the id if any id of any split is
+    outside its table (read once, in chunks, before the first step: not found by a dispatch hours later)."""
+    sizes = np.asarray(dataset.table_sizes, dtype=np.int64)
+    for name in ("train", "val", "test"):
+        sparse = dataset.split(name).sparse
+        for lo in range(0, sparse.shape[0], _CHUNK_ROWS):
+            chunk = np.asarray(sparse[lo : lo + _CHUNK_ROWS])
+            if not chunk.size:
+                continue
+            if chunk.min() >= 0 and (chunk.max(axis=(0, 2)) < sizes).all():
+                continue
+            bad = (chunk < 0) | (chunk >= sizes[None, :, None])
+            b, t, l = (int(x[0]) for x in np.nonzero(bad))
+            raise IndexError(
+                f"{Path(dataset.path) / f'{name}_sparse.npy'}, sample {lo + b}, table {t}: id {int(chunk[b, t, l])} "
+                f"out of range [0, {int(sizes[t])})"
+            )
+
+
+def memory_needed(config, dataset, world_size: int = 1) -> int:
+    """Host bytes a run allocates up front: the embedding rows and their optimizer state (this rank's share of
+    the cold tier on N ranks, plus the replicated hot tier), the staging and dispatch buffers of the
+    look-ahead ring, sized from the batch (the batch is clipped to the training split)."""
+    from hotline.table_layout import bytes_per_row
+
+    rows, row_bytes = dataset.total_rows, bytes_per_row(config.embedding_dim, config.optimizer)
+    batch = max(1, min(config.mini_batch_size, len(dataset.train)))
+    if config.mode == "device":
+        return rows * row_bytes + rows * 4  # the table, its state, the update's scratch
+    lookups = -(-batch // world_size) * dataset.num_tables * dataset.pooling_factor
+    ring = 1 if config.mode == "hybrid" else config.lookahead + 3
+    tables = -(-rows // world_size) * row_bytes
+    buffers = ring * lookups * (row_bytes + 8 * 8)  # staging rows, dispatch index arrays (int64)
+    return tables + buffers
+
+
+def available_memory() -> int | None:
+    """Bytes the kernel says can be allocated without swapping (Linux ``MemAvailable``), or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_memory(config, dataset, world_size: int = 1, available: int | None = None) -> None:
+    """Raises MemoryError with the figures when the run cannot fit in this machine's available memory."""
+    from hotline.units import format_size
+
+    available = available_memory() if available is None else available
+    need = memory_needed(config, dataset, world_size)
+    if available is not None and need > available:
+        raise MemoryError(
+            f"this run needs about {format_size(need)} of host memory up front (embedding rows and optimizer "
+            f"state, look-ahead buffers), this machine has {format_size(available)} available: use a smaller "
+            f"--mini-batch-size or --lookahead, more ranks (--nproc), or a machine with more memory"
+        )

@@ -36,7 +36,7 @@ from hotline.training.config import TrainConfig
 from hotline.training.logs import LogLines
 from hotline.training.metrics import accuracy, log_loss, roc_auc
 from hotline.training.model import DLRM
-from hotline.training.preflight import check_finite, check_train_outputs, finite_json
+from hotline.training.preflight import check_finite, check_ids, check_memory, check_train_outputs, finite_json
 
 # Step counters that are summed over ranks (in the dense all-reduce); the rest are this rank's own.
 SUMMED_COUNTERS = ("popular_samples", "working_set_rows", "stale_rows")
@@ -59,6 +59,7 @@ class Trainer:
         self.model = DLRM(config.model_config(self.dataset.table_sizes), seed=config.seed).to(config.device)
         self.sparse_opt = SparseOptimizer(config.optimizer, config.learning_rate)
         self.dense_opt = self.sparse_opt.dense_optimizer(self.model.parameters())
+        check_memory(config, self.dataset, self.comm.world_size)  # before the tables are allocated
         self.mode = self._build_mode()
         if config.init_params_path:
             self.load_params(read_params(config.init_params_path))
@@ -162,6 +163,7 @@ class Trainer:
 
         cfg = self.config
         check_train_outputs(cfg)  # before step 1, not after the last one
+        check_ids(self.dataset)  # every split: a bad id names its file and sample now, not at its step
         total = self.train_steps()
         if total == 0:
             raise ValueError(f"the training split of {self.dataset.path} has no rows to train on")
