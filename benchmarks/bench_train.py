@@ -149,7 +149,7 @@ def run_config(name: str, args, dataset: Dataset, workdir: Path) -> dict:
             loss = 0.0
             c0, t0 = time.process_time(), time.perf_counter()
             for stats in trainer.progress(iter(chunk)):
-                loss += stats.loss_sum
+                loss += float(stats.loss_sum)
                 for k, v in stats.times.items():
                     times[k] = times.get(k, 0.0) + v
                 for k, v in stats.counters.items():

@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> dict:
         t0 = time.perf_counter()
         try:
             for step, stats in enumerate(trainer.progress(trainer.batches()), 1):
-                losses += stats.loss_sum
+                losses += float(stats.loss_sum)
                 seen += stats.samples
                 if step % every == 0 or step == args.steps:
                     during.update(hotline_threads())

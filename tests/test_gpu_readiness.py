@@ -109,3 +109,24 @@ def test_stale_rows_forwarded_from_live_steps_or_refreshed_from_host(datasets, t
     assert (forwarded > 0) if forward else (forwarded == 0)
     assert forwarded <= stale
     assert_equivalent(_device(ds, "rowwise-adagrad"), got)
+
+
+def test_the_loss_is_read_late_and_a_diverged_step_still_stops_the_run(tmp_path):
+    """On a device a step's loss is copied to the host on the side and read one step later (no sync per
+    step); a NaN is still caught, named with its own step, before anything of it is reported or saved."""
+    from hotline import TrainConfig, Trainer
+    from hotline.datasets.format import Dataset
+    from hotline.datasets.synthetic import generate
+    from hotline.tiers.base import DeferredLoss, step_loss
+
+    assert step_loss(torch.tensor(2.5)) == 2.5 and float(DeferredLoss(torch.tensor(1.25))) == 1.25
+    ds = Dataset(generate(tmp_path / "ds", 3000, seed=1, table_sizes=[30, 50], progress=False))
+    cfg = TrainConfig(embedding_dim=4, bottom_mlp=[13, 4], top_mlp=[4, 1], mini_batch_size=32, learning_rate=1e30,
+                      print_freq=10**6, num_batches=40, progress=False, eval_max_samples=32)  # fmt: skip
+    tr = Trainer(cfg, ds)
+    try:
+        with pytest.raises(FloatingPointError, match=r"loss became nan at step (\d+)"):
+            tr.fit()
+        assert not [r for r in tr.history if r["kind"] == "train"]  # nothing of a diverged step reported
+    finally:
+        tr.close()

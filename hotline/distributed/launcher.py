@@ -98,7 +98,7 @@ def train_and_dump(comm: Comm, jobs: list[tuple[TrainConfig, str, str]]) -> None
             losses, seconds, sent, stale, seen = [], [], [], [], []
             comm.barrier()
             for stats in trainer.progress(trainer.batches()):
-                losses.append(stats.loss_sum)
+                losses.append(float(stats.loss_sum))
                 stale.append(stats.counters.get("stale_rows", 0))
                 seen.append([stats.counters.get(k, 0.0) for k in MEASURED])
                 seconds.append(time.perf_counter())

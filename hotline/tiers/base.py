@@ -19,12 +19,37 @@ from hotline.table_layout import TableLayout
 from hotline.training.model import DLRM, init_embedding_table
 
 
+class DeferredLoss:
+    """A step's loss copied to pinned host memory on the side of the step (no synchronisation when the step is
+    issued); ``float()`` waits for that copy alone, by when the step has long finished."""
+
+    def __init__(self, loss: torch.Tensor):
+        self._host = torch.empty((), dtype=loss.dtype, pin_memory=loss.device.type == "cuda")
+        self._host.copy_(loss, non_blocking=True)
+        self._done = None
+        if loss.device.type == "cuda":
+            self._done = torch.cuda.Event()
+            self._done.record()
+
+    def __float__(self) -> float:
+        if self._done is not None:
+            self._done.synchronize()
+        return float(self._host)
+
+
+def step_loss(loss) -> float | DeferredLoss:
+    """The loss a step reports: a float on the CPU (free), a :class:`DeferredLoss` on a device."""
+    if isinstance(loss, torch.Tensor) and loss.device.type != "cpu":
+        return DeferredLoss(loss)
+    return float(loss)
+
+
 @dataclass
 class StepStats:
     """What one training step did (summed into the report of each print interval)."""
 
-    loss_sum: float = 0.0
-    """Sum of the per-sample losses of the mini-batch."""
+    loss_sum: float | DeferredLoss = 0.0
+    """Sum of the per-sample losses of the mini-batch (on a device: read it with ``float()``, late)."""
     samples: int = 0
     """Samples in the mini-batch."""
     times: dict[str, float] = field(default_factory=dict)

@@ -12,7 +12,7 @@ from hotline.datasets.format import Batch
 from hotline.distributed.comm import Comm
 from hotline.kernels import sparse_update
 from hotline.table_layout import TableLayout
-from hotline.tiers.base import StepStats, TrainMode, initial_tables, loss_and_backward, sum_pool
+from hotline.tiers.base import StepStats, TrainMode, initial_tables, loss_and_backward, step_loss, sum_pool
 from hotline.tiers.replicated import all_ranks_gradients
 from hotline.tiers.sparse_optim import SparseOptimizer
 from hotline.training.model import DLRM
@@ -84,7 +84,7 @@ class DeviceMode(TrainMode):
             touched = self.optimizer.step(self.weight, self.state, ids, rows.grad, self.scratch)
         t3 = time.perf_counter()
         return StepStats(
-            loss_sum=float(loss),
+            loss_sum=step_loss(loss),
             samples=B,
             times={"gather": t1 - t0, "compute": t2 - t1, "sparse_update": t3 - t2},
             counters={"rows_touched": touched},

@@ -36,7 +36,7 @@ from hotline.kernels.gather import assemble_rows
 from hotline.pipeline.gpu_timing import StreamPhases
 from hotline.placement import Placement
 from hotline.table_layout import TableLayout, bytes_per_row
-from hotline.tiers.base import StepStats, TrainMode, loss_and_backward, sum_pool
+from hotline.tiers.base import StepStats, TrainMode, loss_and_backward, step_loss, sum_pool
 from hotline.tiers.cold_store import ColdFetch, ColdStore, staging_tensor
 from hotline.tiers.packing import CopyPack
 from hotline.tiers.replicated import all_ranks_gradients
@@ -349,7 +349,7 @@ class TieredMode(TrainMode):
             "sparse_update": t3 - t2,
         }
         return StepStats(
-            loss_sum=float(loss),
+            loss_sum=step_loss(loss),
             samples=B,
             times=times,
             counters={**prep.counters, "rows_touched": touched},

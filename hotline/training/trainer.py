@@ -144,7 +144,7 @@ class Trainer:
         dev = params[0].device
         flat = torch.cat(
             [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), device=dev) for p in params]
-            + [torch.tensor([stats.loss_sum, *(stats.counters[k] for k in summed)], device=dev)]
+            + [torch.tensor([float(stats.loss_sum), *(stats.counters[k] for k in summed)], device=dev)]
         )
         self.comm.all_reduce_(flat, "dense_allreduce")
         at = 0
@@ -184,19 +184,25 @@ class Trainer:
         start = time.perf_counter()
         samples_total = 0
         try:
+            pending = None  # the previous step, whose loss is read now: reading it costs no wait for this one
             for stats in self.progress(self.batches(self.step_count)):
+                self._check_loss(pending, checkpoints)
+                pending = (stats, self.step_count)
                 window.add(stats)
                 run.add(stats)
                 samples_total += stats.samples
                 bar.update(1)
                 log.after_step(bar, self.step_count)
-                if not math.isfinite(stats.loss_sum):
-                    kept = f"; the last good checkpoint is {checkpoints.latest()}" if checkpoints else ""
-                    raise FloatingPointError(
-                        f"loss became {stats.loss_sum} at step {self.step_count}: training stopped before saving "
-                        f"anything of this step{kept} (lower --learning-rate?)"
-                    )
-                if self.step_count % cfg.print_freq == 0 or self.step_count == total:
+                reports = self.step_count % cfg.print_freq == 0 or self.step_count == total
+                saves = (
+                    checkpoints is not None
+                    and cfg.checkpoint_every
+                    and self.step_count % cfg.checkpoint_every == 0
+                )
+                if reports or saves or (cfg.test_freq and self.step_count % cfg.test_freq == 0):
+                    self._check_loss(pending, checkpoints)  # nothing is reported or saved of a diverged step
+                    pending = None
+                if reports:
                     rec = window.report(self.step_count)
                     postfix = {"loss": f"{rec['loss']:.4f}", "sps": f"{rec['samples_per_s']:.0f}"}
                     if "overlap_ratio" in rec:
@@ -206,16 +212,13 @@ class Trainer:
                     self._emit(rec)
                     window = _Window()
                 paused = time.perf_counter()
-                if (
-                    checkpoints is not None
-                    and cfg.checkpoint_every
-                    and self.step_count % cfg.checkpoint_every == 0
-                ):
+                if saves:
                     self.quiesce()
                     checkpoints.save(self)
                 if cfg.test_freq and self.step_count % cfg.test_freq == 0 and self.step_count < total:
                     self._emit({"kind": "eval", "step": self.step_count, **self.evaluate("val")})
                 window.start += time.perf_counter() - paused  # a window's ms/step: training steps only
+            self._check_loss(pending, checkpoints)
         finally:
             bar.close()
         elapsed = time.perf_counter() - start
@@ -239,6 +242,20 @@ class Trainer:
         if cfg.dump_params_path:
             self.dump_params(cfg.dump_params_path)
         return summary
+
+    @staticmethod
+    def _check_loss(pending, checkpoints) -> None:
+        """Raises FloatingPointError if the step's loss is not finite (``pending``: its stats and step)."""
+        if pending is None:
+            return
+        stats, step = pending
+        stats.loss_sum = float(stats.loss_sum)
+        if not math.isfinite(stats.loss_sum):
+            kept = f"; the last good checkpoint is {checkpoints.latest()}" if checkpoints else ""
+            raise FloatingPointError(
+                f"loss became {stats.loss_sum} at step {step}: training stopped before saving anything of this "
+                f"step{kept} (lower --learning-rate?)"
+            )
 
     def progress(self, batches):
         """Runs a step per batch, yielding each step's stats; ``hotline`` mode goes through the pipelined
@@ -402,14 +419,14 @@ class _Window:
 
     def __init__(self) -> None:
         self.start = time.perf_counter()
-        self.loss = 0.0
+        self._losses: list = []  # floats, or DeferredLoss read only when the window reports
         self.samples = 0
         self.steps = 0
         self.times: dict[str, float] = {}
         self.counters: dict[str, float] = {}
 
     def add(self, s: StepStats) -> None:
-        self.loss += s.loss_sum
+        self._losses.append(s.loss_sum)
         self.samples += s.samples
         self.steps += 1
         for k, v in s.times.items():
@@ -425,7 +442,7 @@ class _Window:
         rec = {
             "kind": "train",
             "step": step,
-            "loss": self.loss / max(self.samples, 1),
+            "loss": sum(float(x) for x in self._losses) / max(self.samples, 1),
             "samples_per_s": self.samples / elapsed if elapsed > 0 else 0.0,
             "window_steps": self.steps,  # steps since the previous record: time_s / window_steps = per step
             "ms_per_step": 1e3 * elapsed / steps,
