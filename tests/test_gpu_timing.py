@@ -69,5 +69,7 @@ def test_tiered_mode_reports_phases_on_the_host_twin(tmp_path):
         s = tr.mode.phases.summary()
     finally:
         tr.close()
-    assert {"h2d", "popular_compute", "non_popular_compute", "sparse_update"} <= set(s["phase_s"])
+    assert {"h2d", "popular_compute", "non_popular_compute", "sparse_update", "dense_update"} <= set(
+        s["phase_s"]
+    )
     assert all(v >= 0 for v in s["phase_s"].values()) and 0 < s["busy_share"] <= 1
