@@ -210,7 +210,10 @@ def _stage(stage: str, args, device: str, payload: dict, t_start: float) -> dict
         args.modes = ",".join(m for m in modes if m != "torch_embeddingbag")
         if "device" in modes:
             args.modes = ",".join(["device"] + [m for m in args.modes.split(",") if m != "device"])
-        rows = bench_pipeline.sweep(dataset, args, cfg, placements, device=device, log=log, probe=probe)
+        from hotline.tiers.base import reusing_initial_tables
+
+        with reusing_initial_tables():  # every mode from one computed set of initial tables
+            rows = bench_pipeline.sweep(dataset, args, cfg, placements, device=device, log=log, probe=probe)
         if "torch_embeddingbag" in modes and args.optimizer == "sgd":
             log(gpu_extras.run_embedding_bag(dataset, args, cfg, device, probe))
             rows = out["sweep"]

@@ -130,3 +130,16 @@ def test_the_loss_is_read_late_and_a_diverged_step_still_stops_the_run(tmp_path)
         assert not [r for r in tr.history if r["kind"] == "train"]  # nothing of a diverged step reported
     finally:
         tr.close()
+
+
+def test_modes_of_one_benchmark_share_one_computed_set_of_initial_tables():
+    from hotline.table_layout import TableLayout
+    from hotline.tiers.base import initial_tables, reusing_initial_tables
+
+    layout = TableLayout([30, 7])
+    plain = initial_tables(layout, 4, 3)
+    with reusing_initial_tables():
+        a, b = initial_tables(layout, 4, 3), initial_tables(layout, 4, 3)
+        a[0, 0] += 1.0  # each mode updates its own copy
+        c = initial_tables(layout, 4, 3)
+    assert np.array_equal(b, plain) and np.array_equal(c, plain) and b is not c
