@@ -220,3 +220,27 @@ def test_resume_across_a_replacement_is_bit_exact(drifting, tmp_path, lookahead)
     assert first == [10, 20, 30] and second == [40, 50]  # on the schedule of step 0, not of the resume
     for name, a in straight.items():
         assert np.array_equal(a, resumed[name]), name
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "rowwise-adagrad"])
+def test_replacement_equals_the_independent_reference(drifting, optimizer):
+    """Re-placing every 10 steps (K=2, drifting data) ends where tests/reference.py (a plain DLRM sharing no
+    code with Hotline) does from the same initial parameters."""
+    from tests.reference import ReferenceDLRM, max_rel_diff
+
+    ds, placement = drifting
+    cfg = TrainConfig(mode="hotline", placement_path=placement, mini_batch_size=BATCH, num_batches=STEPS,
+                      progress=False, learning_rate=0.05, optimizer=optimizer, replace_every=10, lookahead=2,
+                      **ARCH)  # fmt: skip
+    tr = Trainer(cfg, ds)
+    try:
+        start = {k: v.copy() for k, v in tr.named_arrays().items()}  # (model arrays are views)
+        list(tr.progress(tr.batches()))
+        assert [r for r in tr.history if r.get("kind") == "replace"]
+        got = tr.named_arrays()
+    finally:
+        tr.close()
+    ref = ReferenceDLRM(start, "dot", optimizer, 0.05)
+    ref.train(ds.path, BATCH, num_batches=STEPS)
+    worst, name = max_rel_diff(ref.named_arrays(), got)
+    assert worst <= (1e-6 if optimizer == "sgd" else 1e-5), (worst, name)
