@@ -455,6 +455,8 @@ class _Window:
         }
         if "popular_samples" in self.counters:
             rec["popular_sample_share"] = self.counters["popular_samples"] / max(self.samples, 1)
+        if self.counters.get("lookups"):  # tiered modes: the share of this window's lookups that hit hot rows
+            rec["hot_lookup_share"] = self.counters["hot_lookups"] / self.counters["lookups"]
         if "stall" in self.times:
             rec["overlap_ratio"] = overlap_ratio(self.times)
         return rec
