@@ -180,12 +180,14 @@ def print_table(rows: Sequence[dict], columns: Sequence[tuple[str, str, str]], t
 
 
 def write_json(path: Path | None, payload: dict) -> None:
-    """Writes ``payload`` to ``path`` (if given) as indented JSON; dataclasses become dicts."""
+    """Writes ``payload`` to ``path`` (if given) as indented JSON, atomically; dataclasses become dicts."""
     if path is None:
         return
+    from hotline._io import write_text  # atomic: a run killed mid-write leaves the previous JSON whole
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2, default=_jsonable) + "\n")
+    write_text(path, json.dumps(payload, indent=2, default=_jsonable) + "\n")
 
 
 def _jsonable(x: object) -> object:
