@@ -7,7 +7,7 @@ the validation split the run never trains on), runs the modes at each budget as 
 prints predicted and measured samples/s with their ratio and the predicted bottleneck. Target: every ratio in
 0.8-1.25 on an idle machine (a loaded machine's timings mean nothing).
 
-Run: ``python benchmarks/bench_costmodel.py --json costmodel.json`` (about 3 minutes on an idle 2-core host).
+Run: ``python benchmarks/bench_costmodel.py --json costmodel.json`` (about 80 s on an idle 2-core host).
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     p = common.parser(__doc__)
     p.add_argument("--configs", default="emb-heavy,kaggle", help="comma list of bench_pipeline configs")
-    p.add_argument("--steps", type=int, default=15, help="timed steps per mode and budget")
-    p.add_argument("--warmup-steps", type=int, default=3)
+    p.add_argument("--steps", type=int, default=40, help="timed steps per mode and budget")
+    p.add_argument("--warmup-steps", type=int, default=5)
     p.add_argument("--max-rows-per-table", type=int, default=1_000_000)
     p.add_argument("--zipf", type=float, default=1.05)
     p.add_argument("--coverages", type=lambda v: [float(x) for x in v.split(",")], default=[0.70, 0.85, 0.95])

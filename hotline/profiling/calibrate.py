@@ -13,27 +13,45 @@ from __future__ import annotations
 import os
 import platform
 import queue
-import statistics
 import threading
 import time
 from collections.abc import Callable
 
 import numpy as np
 
-from hotline.profiling.costmodel import Workload, compute_features
+from hotline.profiling.costmodel import Workload, compute_terms
 
 VERSION = 1
 
 
-def _median_s(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
+def _mean_s(
+    fn: Callable[[], object], repeats: int = 5, warmup: int = 1, flush: Callable[[], object] | None = None
+) -> float:
+    """Mean seconds of ``fn`` after ``warmup`` calls: the mean, not the median, because a run's samples/s
+    averages its steps, the occasional slow one (a page fault, a neighbour on a shared host) included.
+
+    ``flush``: run (untimed) before each timed call, to start it with cold caches as a training step's host
+    work does (the dense pass before it streamed hundreds of MB)."""
     for _ in range(warmup):
         fn()
-    runs = []
+    if flush is None:
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        return (time.perf_counter() - t0) / repeats
+    total = 0.0
     for _ in range(repeats):
+        flush()
         t0 = time.perf_counter()
         fn()
-        runs.append(time.perf_counter() - t0)
-    return statistics.median(runs)
+        total += time.perf_counter() - t0
+    return total / repeats
+
+
+def _flusher(big: np.ndarray, nbytes: int = 96 << 20) -> Callable[[], None]:
+    """Reads ``nbytes`` of ``big`` (more than any last-level cache), evicting what the last call left there."""
+    part = big[: nbytes // big.itemsize]
+    return lambda: float(part.sum())
 
 
 def _nnls(features: list[list[float]], seconds: list[float]) -> np.ndarray:
@@ -69,51 +87,88 @@ def _with_threads(n: int, fn: Callable[[], float]) -> float:
         numba.set_num_threads(before)
 
 
-def _dispatch_ns_per_lookup(
-    rng: np.random.Generator, batch: int = 4096, tables: int = 26
-) -> Callable[[], float]:
+def _criteo_like(rng: np.random.Generator, n: int) -> tuple[list[int], np.ndarray, list[np.ndarray]]:
+    """Ids [n, 26, 1] of Criteo-like lookups (Kaggle's table sizes up to 1M rows, Zipf ranks) whose popular rows
+    are scattered over each table as in real data, and each table's rows by rank (most popular first)."""
+    from hotline.datasets.synthetic import KAGGLE_TABLE_SIZES
+    from hotline.datasets.zipf import sample_zipf
+
+    sizes = [min(int(x), 1_000_000) for x in KAGGLE_TABLE_SIZES]
+    by_rank = [rng.permutation(size).astype(np.int64) for size in sizes]
+    ids = np.stack([by_rank[t][sample_zipf(rng, size, 1.05, n)] for t, size in enumerate(sizes)], axis=1)
+    return sizes, ids.astype(np.int32)[:, :, None], by_rank
+
+
+def _dispatch_fit(
+    rng: np.random.Generator, flush: Callable[[], object], batch: int = 4096
+) -> Callable[[], dict]:
+    """Dispatch of Criteo-like batches (Kaggle's 26 table sizes up to 1M rows, Zipf ids) under placements from
+    nothing hot to most lookups hot, fitted to ns per lookup and per cold lookup (the cold ones also get a
+    working-buffer slot)."""
     from hotline.dispatch import Dispatcher
     from hotline.placement import Placement
 
-    sizes = [200_000] * tables
-    ranks = np.minimum(rng.zipf(1.1, size=(batch * 8, tables)), sizes[0]) - 1
-    hot = [np.arange(int(0.02 * n), dtype=np.int64) for n in sizes]  # the most popular 2% of each table
-    placement = Placement.from_hot_ids(sizes, hot, dataset_fingerprint="", embedding_dim=16, bytes_per_row=64,
-                                       hbm_budget_bytes=64 * sum(h.size for h in hot))  # fmt: skip
-    d = Dispatcher(placement, 1, batch)
-    ids = ranks.astype(np.int32)[:, :, None]
-    i = [0]
+    sizes, ids, by_rank = _criteo_like(rng, batch * 8)
+    setups = []
+    for share in (0.0, 0.001, 0.01, 0.1):  # hot: the most popular rows of each table
+        hot = [order[: int(share * order.shape[0])] for order in by_rank]
+        placement = Placement.from_hot_ids(sizes, hot, dataset_fingerprint="", embedding_dim=16, bytes_per_row=64,
+                                           hbm_budget_bytes=64 * max(1, sum(h.size for h in hot)))  # fmt: skip
+        d = Dispatcher(placement, 1, batch)
+        cold = sum(int(np.count_nonzero(placement.remap[t][ids[:, t, 0]] < 0)) for t in range(len(sizes))) / 8
+        setups.append((d, cold))
 
-    def one() -> None:
-        b = i[0] % 8
-        i[0] += 1
-        d.split(ids[b * batch : (b + 1) * batch])
+    def fit() -> dict:
+        feats, secs = [], []
+        for d, cold in setups:
+            i = [0]
 
-    return lambda: _median_s(one, repeats=7, warmup=2) / (batch * tables) * 1e9
+            def one(d=d, i=i) -> None:
+                b = i[0] % 8
+                i[0] += 1
+                d.split(ids[b * batch : (b + 1) * batch])
+
+            secs.append(_mean_s(one, repeats=8, warmup=2, flush=flush))
+            feats.append([batch * len(sizes), cold])
+        per_lookup, per_cold = _nnls(feats, secs)
+        return {"per_lookup": 1e9 * per_lookup, "per_cold_lookup": 1e9 * per_cold}
+
+    return fit
 
 
-def _gather_scatter_gbps(rng: np.random.Generator, dim: int = 64) -> tuple[Callable, Callable]:
+def _gather_scatter_gbps(
+    rng: np.random.Generator, big: np.ndarray, dim: int = 64
+) -> tuple[Callable[[], float], Callable[[], float]]:
+    """Gather and scatter of distinct rows scattered over a table far larger than any cache (``big``), a fresh
+    set of rows each call (repeating one set would time rows left in cache)."""
     from hotline.kernels.gather import gather_rows, scatter_rows
 
-    table = rng.standard_normal((1_000_000, dim), dtype=np.float32)
-    rows = np.unique(rng.integers(0, table.shape[0], 120_000)).astype(np.int64)
-    rng.shuffle(rows)
-    out = np.empty((rows.shape[0], dim), np.float32)
-    nbytes = rows.shape[0] * dim * 4
+    table = big.reshape(-1, dim)
+    flush = _flusher(big)
+    sets = []
+    for _ in range(4):
+        rows = np.unique(rng.integers(0, table.shape[0], 40_000)).astype(np.int64)
+        rng.shuffle(rows)
+        sets.append(rows)
+    out = np.empty((max(r.shape[0] for r in sets), dim), np.float32)
+    nbytes = float(np.mean([r.shape[0] for r in sets])) * dim * 4
+    i = [0]
 
-    def gather() -> float:
-        return nbytes / _median_s(lambda: gather_rows(table, rows, out)) / 1e9
+    def timed(kernel) -> float:
+        def one() -> None:
+            rows = sets[i[0] % len(sets)]
+            i[0] += 1
+            kernel(table, rows, out[: rows.shape[0]])
 
-    def scatter() -> float:
-        return nbytes / _median_s(lambda: scatter_rows(table, rows, out)) / 1e9
+        return nbytes / _mean_s(one, repeats=8, warmup=2, flush=flush) / 1e9
 
-    return gather, scatter
+    return (lambda: timed(gather_rows)), (lambda: timed(scatter_rows))
 
 
 def _memcpy_gbps() -> float:
     src = np.ones(32 << 20, np.float32)  # 128 MiB
     dst = np.empty_like(src)
-    return src.nbytes / _median_s(lambda: np.copyto(dst, src)) / 1e9
+    return src.nbytes / _mean_s(lambda: np.copyto(dst, src)) / 1e9
 
 
 def _handover_us(rounds: int = 2000) -> float:
@@ -135,46 +190,83 @@ def _handover_us(rounds: int = 2000) -> float:
     return 1e6 * elapsed / (2 * rounds)
 
 
-def _overlap_penalty(rng: np.random.Generator, threads: int) -> float:
-    """How much of the shorter of two overlapped lanes still costs time when host work (a Numba gather on a
-    worker thread, one Numba thread, holding the GIL as the producer's kernels do) runs beside the dense
-    compute (torch on ``threads`` threads) on this CPU: (together - longer) / shorter, 0 = free overlap,
-    1 = none. The look-ahead step on a CPU device is priced with it."""
-    import numba
+def _pass(rng: np.random.Generator, B: int, T: int, D: int, bot, top) -> tuple[Callable, Callable, Workload]:
+    """A non-popular micro-batch's forward and backward as the tiered step runs it on a CPU (its rows put
+    together by the Numba kernel from a hot table and a working buffer, then DLRM's forward and backward), and
+    the row assembly alone; with the matching workload."""
     import torch
 
-    from hotline.kernels.gather import gather_rows
+    from hotline.kernels.gather import assemble_rows
     from hotline.tiers.base import loss_and_backward, sum_pool
     from hotline.training.config import TrainConfig
     from hotline.training.model import DLRM
 
-    cfg = TrainConfig(embedding_dim=64, bottom_mlp=[13, 64, 64], top_mlp=[64, 1], mini_batch_size=1024)
-    model = DLRM(cfg.model_config([1000] * 26), seed=0)
-    table = torch.randn(50_000, 64)
-    ids = torch.from_numpy(rng.integers(0, 50_000, 1024 * 26))
-    dense, labels = torch.randn(1024, 13), torch.zeros(1024)
+    cfg = TrainConfig(embedding_dim=D, bottom_mlp=list(bot), top_mlp=list(top), mini_batch_size=B)
+    model = DLRM(cfg.model_config([1000] * T), seed=0)
+    dense = torch.randn(B, 13)
+    labels = torch.from_numpy((rng.random(B) < 0.25).astype(np.float32))
+    N = B * T
+    hot = rng.standard_normal((100_000, D), dtype=np.float32)
+    work = rng.standard_normal((max(1, N // 3), D), dtype=np.float32)
+    order = rng.permutation(N)
+    hot_pos, cold_pos = np.sort(order[: N // 2]), np.sort(order[N // 2 :])
+    hot_slot = rng.integers(0, hot.shape[0], hot_pos.shape[0])
+    cold_slot = rng.integers(0, work.shape[0], cold_pos.shape[0])
+
+    def assemble() -> torch.Tensor:
+        rows = torch.empty((N, D), dtype=torch.float32)
+        assemble_rows(rows.numpy(), hot, hot_pos, hot_slot, work, cold_pos, cold_slot)
+        return rows
+
+    def one() -> None:
+        rows = assemble().requires_grad_(True)
+        loss_and_backward(model, dense, sum_pool(rows, T, 1), labels, B)
+        model.zero_grad(set_to_none=True)
+
+    return one, assemble, Workload(B, T, 1, D, tuple(bot), tuple(top))
+
+
+def _overlap_penalty(rng: np.random.Generator, big: np.ndarray) -> float:
+    """How much of the shorter of two overlapped lanes still costs time when a look-ahead producer's host work
+    (dispatch and gather of Criteo-like batches on a worker thread with one Numba thread, the kernels holding
+    the GIL as the producer's do) runs beside the compute (a tiered forward and backward on all threads) on
+    this CPU: (together - longer) / shorter, 0 = free overlap, 1 = none, more than 1 = worse than one after
+    the other (the two contend for the cores: a parallel region waits for its thread that lost its core). The look-ahead step on a CPU device is
+    priced with it."""
+    import numba
+
+    from hotline.dispatch import Dispatcher
+    from hotline.kernels.gather import gather_rows
+    from hotline.placement import Placement
+
+    one, _, _ = _pass(rng, 1024, 26, 64, (13, 64, 64), (64, 1))
+    batch = 1024
+    sizes, ids, by_rank = _criteo_like(rng, batch * 4)
+    hot = [order[: int(0.01 * order.shape[0])] for order in by_rank]
+    placement = Placement.from_hot_ids(sizes, hot, dataset_fingerprint="", embedding_dim=64, bytes_per_row=256,
+                                       hbm_budget_bytes=256 * max(1, sum(h.size for h in hot)))  # fmt: skip
+    d = Dispatcher(placement, 1, batch)
+    table = big.reshape(-1, 64)
+    out = np.empty((batch * len(sizes), 64), np.float32)
 
     def device_work(n: int = 12) -> None:
         for _ in range(n):
-            rows = table.index_select(0, ids).requires_grad_(True)
-            loss_and_backward(model, dense, sum_pool(rows, 26, 1), labels, 1024)
-            model.zero_grad(set_to_none=True)
-
-    host_table = rng.standard_normal((400_000, 64), dtype=np.float32)
-    host_rows = rng.integers(0, 400_000, 40_000).astype(np.int64)
-    out = np.empty((host_rows.shape[0], 64), np.float32)
+            one()
 
     def host_work(n: int) -> None:
         numba.set_num_threads(1)  # thread-local, as in the producer
-        for _ in range(n):
-            gather_rows(host_table, host_rows, out)
+        for k in range(n):
+            b = k % 4
+            micro = d.split(ids[b * batch : (b + 1) * batch])
+            rows = micro.working_set % table.shape[0]
+            gather_rows(table, rows, out[: rows.shape[0]])
 
     device_work(2)
     host_work(2)
-    t_d = _median_s(device_work, repeats=3, warmup=0)
-    t_one = _median_s(lambda: host_work(1), repeats=5, warmup=0)
-    n_host = max(1, int(0.6 * t_d / max(t_one, 1e-6)))
-    t_h = _median_s(lambda: host_work(n_host), repeats=3, warmup=0)
+    t_d = _mean_s(device_work, repeats=3, warmup=0)
+    t_one = _mean_s(lambda: host_work(4), repeats=3, warmup=0) / 4
+    n_host = max(1, int(0.5 * t_d / max(t_one, 1e-6)))
+    t_h = _mean_s(lambda: host_work(n_host), repeats=3, warmup=0)
 
     def together() -> None:
         worker = threading.Thread(target=host_work, args=(n_host,))
@@ -182,15 +274,18 @@ def _overlap_penalty(rng: np.random.Generator, threads: int) -> float:
         device_work()
         worker.join()
 
-    t_both = _median_s(together, repeats=3, warmup=1)
-    return float(min(1.5, max(0.0, (t_both - max(t_d, t_h)) / min(t_d, t_h))))
+    t_both = _mean_s(together, repeats=3, warmup=1)
+    return float(min(3.0, max(0.0, (t_both - max(t_d, t_h)) / min(t_d, t_h))))
 
 
 # Model shapes the dense compute is fitted over: (batch, tables, dim, bottom MLP, top MLP).
 _SHAPES = (
     (4096, 26, 64, (13, 64, 64), (64, 1)),
+    (2048, 26, 64, (13, 64, 64), (64, 1)),
     (1024, 26, 64, (13, 64, 64), (64, 1)),
+    (4096, 26, 32, (13, 128, 32), (128, 1)),
     (2048, 26, 16, (13, 512, 256, 64, 16), (512, 256, 1)),
+    (1024, 26, 16, (13, 512, 256, 64, 16), (512, 256, 1)),
     (512, 26, 16, (13, 512, 256, 64, 16), (512, 256, 1)),
     (64, 26, 16, (13, 64, 16), (64, 1)),
     (4096, 8, 32, (13, 256, 32), (256, 1)),
@@ -199,60 +294,91 @@ _SHAPES = (
 
 
 def _dense_fit(rng: np.random.Generator) -> dict:
-    import torch
+    """The tiered forward and backward over :data:`_SHAPES`, its row assembly timed apart (the cost model's
+    ``assemble`` phase) and the rest fitted to MLP FLOPs, interaction FLOPs, bytes and a cost per pass; and
+    the dense optimizer's step, fitted to a cost per parameter tensor beyond streaming its parameters."""
+    from hotline.tiers.sparse_optim import SparseOptimizer
 
-    from hotline.tiers.base import loss_and_backward, sum_pool
-    from hotline.training.config import TrainConfig
-    from hotline.training.model import DLRM
-
-    feats, secs = [], []
+    feats, secs, assembled, dense_upd = [], [], [], []
     for B, T, D, bot, top in _SHAPES:
-        w = Workload(B, T, 1, D, bot, top)
-        cfg = TrainConfig(embedding_dim=D, bottom_mlp=list(bot), top_mlp=list(top), mini_batch_size=B)
-        model = DLRM(cfg.model_config([1000] * T), seed=0)
-        table = torch.randn(50_000, D)
-        ids = torch.from_numpy(rng.integers(0, 50_000, B * T))
-        dense = torch.randn(B, 13)
-        labels = torch.from_numpy((rng.random(B) < 0.25).astype(np.float32))
+        one, assemble, w = _pass(rng, B, T, D, bot, top)
+        total = _mean_s(one, repeats=16, warmup=3)
+        t_asm = _mean_s(assemble, repeats=16, warmup=2)
+        assembled.append((B * T * D * 4, t_asm))
+        secs.append(max(total - t_asm, 1e-7))
+        feats.append([*compute_terms(w, B), 1.0])
+        if B >= 1024:
+            import torch
 
-        def one(model=model, table=table, ids=ids, dense=dense, labels=labels, T=T, B=B) -> None:
-            rows = table.index_select(0, ids).requires_grad_(True)
-            loss_and_backward(model, dense, sum_pool(rows, T, 1), labels, B)
-            model.zero_grad(set_to_none=True)
+            from hotline.training.config import TrainConfig
+            from hotline.training.model import DLRM
 
-        secs.append(_median_s(one, repeats=5, warmup=2))
-        feats.append([*compute_features(w, B), 1.0])
-    inv_rate, inv_bw, overhead = _nnls(feats, secs)
-    predicted = np.asarray(feats) @ np.array([inv_rate, inv_bw, overhead])
+            cfg = TrainConfig(embedding_dim=D, bottom_mlp=list(bot), top_mlp=list(top), mini_batch_size=B)
+            model = DLRM(cfg.model_config([1000] * T), seed=0)
+            params = list(model.parameters())
+            for q in params:
+                q.grad = torch.randn_like(q)
+            opt = SparseOptimizer("sgd", 0.01).dense_optimizer(params)
+            dense_upd.append((w, _mean_s(opt.step, repeats=20, warmup=3)))
+    inv_mlp, inv_inter, inv_bw, overhead = _nnls(feats, secs)
+    predicted = np.asarray(feats) @ np.array([inv_mlp, inv_inter, inv_bw, overhead])
+    mem_gbps = 1e-9 / max(inv_bw, 1e-18)
+    # the dense step: what streaming its parameters (the cost model's 12 bytes each) does not explain, per tensor
+    per_tensor = [max(0.0, t - 12.0 * w.dense_params() / (mem_gbps * 1e9)) / (2 * len(w.mlp_layers()))
+                  for w, t in dense_upd]  # fmt: skip
     return {
-        "dense_gflops": 1e-9 / max(inv_rate, 1e-18),
-        "mem_gbps": 1e-9 / max(inv_bw, 1e-18),
+        "dense_gflops": 1e-9 / max(inv_mlp, 1e-18),
+        "interaction_gflops": 1e-9 / max(inv_inter, 1e-18),
+        "mem_gbps": mem_gbps,
         "pass_overhead_us": 1e6 * overhead,
         "dense_fit_max_rel_error": float(np.max(np.abs(predicted / np.asarray(secs) - 1))),
+        "assemble_gbps": sum(b for b, _ in assembled) / sum(t for _, t in assembled) / 1e9,
+        "dense_update_us_per_tensor": 1e6 * float(np.median(per_tensor)),
     }
 
 
-def _update_fit(rng: np.random.Generator) -> dict:
-    """Sparse SGD update (coalesce + row update) over shapes of lookups n, distinct rows u, dim D and table
-    sizes; fitted to n, n*D, u*D and a fixed cost."""
+def _update_fit(rng: np.random.Generator, big: np.ndarray) -> dict:
+    """Sparse SGD update (coalesce + row update) of skewed lookups scattered over a table far larger than any
+    cache (``big``: what Hotline's tables are), over lookups n, distinct rows u and dim D, a fresh set of ids
+    each call; fitted to n, n*D, u*D and a fixed cost."""
     import torch
 
+    from hotline.datasets.zipf import sample_zipf
     from hotline.kernels import sparse_update
     from hotline.tiers.sparse_optim import SparseOptimizer
 
     opt = SparseOptimizer("sgd", 0.01)
+    flat = torch.from_numpy(big)
+    flush = _flusher(big)
     feats, secs = [], []
-    shapes = ((100_000, 1_000_000, 64), (100_000, 5_000, 64), (20_000, 200_000, 16), (200_000, 2_000_000, 16),
-              (50_000, 20_000, 64), (50_000, 2_000_000, 16))  # fmt: skip
-    for n, rows, D in shapes:
-        table = torch.randn(rows, D)
-        state = torch.zeros(0)
-        ids = torch.from_numpy(np.minimum(rng.zipf(1.05, n), rows) - 1)  # skewed, as lookups are
-        ids = torch.from_numpy(rng.permutation(rows)[ids.numpy()])  # popular rows scattered over the table
+    shapes = (
+        (100_000, 64),
+        (200_000, 64),
+        (25_000, 64),
+        (50_000, 32),
+        (200_000, 16),
+        (100_000, 16),
+        (10_000, 16),
+    )
+    for n, D in shapes:
+        rows = flat.shape[0] // D
+        table = flat[: rows * D].view(rows, D)
+        sets = []
+        for _ in range(4):
+            ids = sample_zipf(rng, rows, 1.05, n)  # skewed, as lookups are
+            ids = rng.permutation(rows)[ids]  # popular rows scattered over the table
+            sets.append((torch.from_numpy(ids), int(np.unique(ids).shape[0])))
         grads = torch.randn(n, D)
         scratch = sparse_update.new_scratch(rows)
-        unique = int(np.unique(ids.numpy()).shape[0])
-        secs.append(_median_s(lambda t=table, s=state, i=ids, g=grads, sc=scratch: opt.step(t, s, i, g, sc)))
+        i = [0]
+
+        def one(table=table, grads=grads, scratch=scratch, sets=sets, i=i) -> None:
+            ids = sets[i[0] % len(sets)][0]
+            i[0] += 1
+            opt.step(table, torch.zeros(0), ids, grads, scratch)
+
+        secs.append(_mean_s(one, repeats=8, warmup=1, flush=flush))
+        unique = float(np.mean([u for _, u in sets]))
         feats.append([n, n * D, unique * D, 1.0])
     per_lookup, per_lookup_float, per_row_float, overhead = _nnls(feats, secs)
     return {
@@ -287,11 +413,18 @@ def calibrate(
     rng = np.random.default_rng(seed)
     t0 = time.perf_counter()
     try:
+        big = np.ones(
+            256 << 20, np.float32
+        )  # 1 GiB: tables far larger than any cache (the values do not matter)
         say("dispatch")
-        dispatch = _dispatch_ns_per_lookup(rng)
-        host = {"dispatch_ns_per_lookup": {"1": _with_threads(1, dispatch), "n": dispatch()}}
+        dispatch = _dispatch_fit(rng, _flusher(big))
+        d1, dn = _with_threads(1, dispatch), dispatch()
+        host = {
+            "dispatch_ns_per_lookup": {"1": d1["per_lookup"], "n": dn["per_lookup"]},
+            "dispatch_ns_per_cold_lookup": {"1": d1["per_cold_lookup"], "n": dn["per_cold_lookup"]},
+        }
         say("gather and scatter")
-        gather, scatter = _gather_scatter_gbps(rng)
+        gather, scatter = _gather_scatter_gbps(rng, big)
         host["gather_gbps"] = {"1": _with_threads(1, gather), "n": gather()}
         host["scatter_gbps"] = {"1": _with_threads(1, scatter), "n": scatter()}
         say("memory copy")
@@ -299,10 +432,11 @@ def calibrate(
         host["handover_us"] = _handover_us()
         host.update(threads=threads, cores=cores)
         say("overlap of host work and compute")
-        host["overlap_penalty"] = _overlap_penalty(rng, threads)
+        host["overlap_penalty"] = _overlap_penalty(rng, big)
         say("sparse update")
         # The device is this CPU: device mode reads its rows out of host memory at the gather bandwidth.
-        device = {"kind": "cpu", "gather_gbps": host["gather_gbps"]["n"], **_update_fit(rng)}
+        device = {"kind": "cpu", "gather_gbps": host["gather_gbps"]["n"], **_update_fit(rng, big)}
+        del big
         say("dense compute")
         device.update(_dense_fit(rng))
     finally:

@@ -3,20 +3,25 @@ the batch and a hardware description; and which phase bounds each.
 
 A step is a set of phases, each priced from the hardware description (JSON; see :func:`load_hardware`):
 
-- host work: ``dispatch`` (split the batch: per lookup), ``gather`` (cold rows out of host memory: bytes at the
-  host's gather bandwidth) and ``write_back`` (bytes at its scatter bandwidth);
+- host work: ``dispatch`` (split the batch: per lookup, and per cold lookup, which also gets a working-buffer
+  slot), ``gather`` (cold rows out of host memory: bytes at the host's gather bandwidth) and ``write_back``
+  (bytes at its scatter bandwidth);
 - link: ``h2d`` / ``d2h`` of the working rows and the index arrays (none when the device is this CPU: the
   tensors are shared, not copied);
-- device work: ``lookup`` (device mode: every looked-up row read out of the whole table), ``compute`` (forward and backward of each micro-batch: FLOPs at the dense rate, bytes at the
-  memory bandwidth, plus a fixed cost per pass), ``sparse_update`` (per lookup gradient and per updated row)
-  and ``dense_update`` (the MLP parameters).
+- device work: ``lookup`` (device mode: every looked-up row read out of the whole table) or ``assemble`` (the
+  other modes: the looked-up rows put together from the hot table and the working buffer), ``compute``
+  (forward and backward of each micro-batch: the MLPs' FLOPs at the dense rate, the dot interaction's FLOPs at
+  its own rate (batched small products run far below the GEMM rate), bytes at the memory bandwidth, plus a
+  fixed cost per pass), ``sparse_update`` (per lookup gradient and per updated row) and ``dense_update`` (the
+  MLP parameters, plus a cost per parameter tensor).
 
 Sequential modes (device, hybrid, hotline K=0) add their phases. Hotline with look-ahead K >= 1 runs host work
 on a producer thread, the write-back on a writer thread and compute on the main thread: a step takes the
 largest of host work, link and device work, plus what cannot overlap (the hand-over between threads); where the
 device is this CPU, all of them share its cores (and the producer's kernels hold the GIL), so host work and
 compute overlap only partly: a step takes the longer of the two plus the calibrated share (``overlap_penalty``)
-of the shorter.
+of the shorter (above 1 where the two contend for the cores so that together they take longer than one after
+the other, as on a 2-core host).
 
 What a step moves comes from held-out figures (never the in-sample ones): lookups that hit hot rows, the
 popular-sample share, unique cold rows per mini-batch, and unique rows per mini-batch (hybrid's working set).
@@ -166,24 +171,35 @@ def load_hardware(spec: str | os.PathLike | dict, host: str | os.PathLike | dict
 
 
 # ---------------------------------------------------------------------------------------------- phases
-def compute_features(w: Workload, samples: float) -> tuple[float, float]:
-    """(FLOPs, bytes) of one forward + backward pass over ``samples`` samples: the MLPs and the dot interaction
-    (x3: forward, two backward products), and the rows, activations and gradients it reads and writes."""
+def compute_terms(w: Workload, samples: float) -> tuple[float, float, float]:
+    """(MLP FLOPs, interaction FLOPs, bytes) of one forward + backward pass over ``samples`` samples: the dense
+    layers' GEMMs and the dot interaction's batched small products are priced at their own rates (x3: forward,
+    two backward products), and the rows, activations and gradients it reads and writes."""
     T, L, D = w.num_tables, w.pooling_factor, w.embedding_dim
-    flops = 6.0 * samples * (sum(i * o for i, o in w.mlp_layers()) + (T + 1) * (T + 1) * D)
+    mlp = 6.0 * samples * sum(i * o for i, o in w.mlp_layers())
+    inter = 6.0 * samples * (T + 1) * (T + 1) * D
     act = sum(o for _, o in w.mlp_layers())
-    return flops, 4.0 * samples * (4 * T * L * D + 2 * (T + 1) * D + 6 * act)
+    return mlp, inter, 4.0 * samples * (4 * T * L * D + 2 * (T + 1) * D + 6 * act)
 
 
-def _compute_s(w: Workload, dev: dict, samples: float) -> float:
-    """Forward + backward of one pass over ``samples`` samples (0 samples: no pass)."""
+def compute_features(w: Workload, samples: float) -> tuple[float, float]:
+    """(FLOPs, bytes) of one forward + backward pass over ``samples`` samples (:func:`compute_terms`, the two
+    kinds of FLOPs added)."""
+    mlp, inter, bytes_ = compute_terms(w, samples)
+    return mlp + inter, bytes_
+
+
+def _compute_s(w: Workload, dev: dict, samples: float, passes: float = 1.0) -> float:
+    """Forward + backward over ``samples`` samples in ``passes`` passes (0 samples: no pass). The interaction's
+    rate defaults to the dense rate where the description has none of its own (the GPU table)."""
     if samples <= 0:
         return 0.0
-    flops, bytes_ = compute_features(w, samples)
+    mlp, inter, bytes_ = compute_terms(w, samples)
     return (
-        flops / (dev["dense_gflops"] * 1e9)
+        mlp / (dev["dense_gflops"] * 1e9)
+        + inter / (dev.get("interaction_gflops", dev["dense_gflops"]) * 1e9)
         + bytes_ / (dev["mem_gbps"] * 1e9)
-        + dev["pass_overhead_us"] * 1e-6
+        + passes * dev["pass_overhead_us"] * 1e-6
     )
 
 
@@ -200,7 +216,14 @@ def _update_s(w: Workload, dev: dict, lookups: float, rows: float) -> float:
 
 
 def _dense_update_s(w: Workload, dev: dict) -> float:
-    return 12.0 * w.dense_params() / (dev["mem_gbps"] * 1e9) + dev.get("dense_update_overhead_us", 0.0) * 1e-6
+    """The dense optimizer's step: its parameters, gradients and state streamed, plus a cost per parameter
+    tensor (weight and bias of each layer)."""
+    tensors = 2 * len(w.mlp_layers())
+    return (
+        12.0 * w.dense_params() / (dev["mem_gbps"] * 1e9)
+        + dev.get("dense_update_overhead_us", 0.0) * 1e-6
+        + tensors * dev.get("dense_update_us_per_tensor", 0.0) * 1e-6
+    )
 
 
 def _link_s(hw: dict, nbytes: float, direction: str) -> float:
@@ -211,8 +234,11 @@ def _link_s(hw: dict, nbytes: float, direction: str) -> float:
     return nbytes / (link[f"{direction}_gbps"] * 1e9) + copies * link.get("latency_us", 0.0) * 1e-6
 
 
-def _host(hw: dict, key: str, threads: int | None) -> float:
-    """A host rate at ``threads`` (None: the calibration's thread count), e.g. ``dispatch_ns_per_lookup``."""
+def _host(hw: dict, key: str, threads: int | None, default: float | None = None) -> float:
+    """A host rate at ``threads`` (None: the calibration's thread count), e.g. ``dispatch_ns_per_lookup``
+    (``default`` where the description has no such figure)."""
+    if default is not None and key not in hw["host"]:
+        return default
     v = hw["host"][key]
     if isinstance(v, dict):  # {"1": value with one thread, "n": value with all calibrated threads}
         return v["1"] if threads == 1 else v["n"]
@@ -233,20 +259,26 @@ def phases(mode: str, w: Workload, s: Stats, hw: dict) -> dict[str, float]:
         out["sparse_update"] = _update_s(w, dev, N, s.unique_rows_per_batch)
     else:
         cold = s.unique_rows_per_batch if mode == "hybrid" else s.cold_rows_per_batch
-        out["dispatch"] = N * _host(hw, "dispatch_ns_per_lookup", threads) * 1e-9
+        # per lookup (classify it) and per cold lookup (give it a working-buffer slot)
+        cold_lookups = N * (1.0 if mode == "hybrid" else 1.0 - min(max(s.hot_lookup_share, 0.0), 1.0))
+        out["dispatch"] = (
+            N * _host(hw, "dispatch_ns_per_lookup", threads)
+            + cold_lookups * _host(hw, "dispatch_ns_per_cold_lookup", threads, 0.0)
+        ) * 1e-9
         out["gather"] = cold * R / (_host(hw, "gather_gbps", threads) * 1e9)
         out["h2d"] = _link_s(hw, cold * R + index_bytes, "h2d")
+        # the looked-up rows put together from the hot table and the working buffer (device mode's "lookup")
+        out["assemble"] = (
+            N
+            * 4.0
+            * w.embedding_dim
+            / (dev.get("assemble_gbps", dev.get("gather_gbps", dev["mem_gbps"])) * 1e9)
+        )
         if mode in ("hybrid", "hotline_k1"):  # one pass (look-ahead fuses the micro-batches: rows are ready)
             out["compute"] = _compute_s(w, dev, B)
         else:  # K=0: the popular micro-batch, then the non-popular one (each pass only when it has samples)
             p = min(max(s.popular_sample_share, 0.0), 1.0)
-            passes = (1.0 - (1.0 - p) ** B) + (1.0 - p**B)
-            flops, bytes_ = compute_features(w, B)
-            out["compute"] = (
-                flops / (dev["dense_gflops"] * 1e9)
-                + bytes_ / (dev["mem_gbps"] * 1e9)
-                + passes * dev["pass_overhead_us"] * 1e-6
-            )
+            out["compute"] = _compute_s(w, dev, B, passes=(1.0 - (1.0 - p) ** B) + (1.0 - p**B))
         out["sparse_update"] = _update_s(w, dev, N, s.unique_rows_per_batch)
         out["d2h"] = _link_s(hw, cold * R, "d2h")
         out["write_back"] = cold * R / (_host(hw, "scatter_gbps", None) * 1e9)
@@ -266,7 +298,10 @@ def predict(mode: str, w: Workload, s: Stats, hw: dict) -> Prediction:
     lanes = {
         "host work (dispatch + gather)": ph["dispatch"] + ph["gather"],
         "link (h2d + d2h)": ph["h2d"] + ph["d2h"],
-        "device (compute + updates)": ph["compute"] + ph["sparse_update"] + ph["dense_update"],
+        "device (compute + updates)": ph["assemble"]
+        + ph["compute"]
+        + ph["sparse_update"]
+        + ph["dense_update"],
         "write-back": ph["write_back"],
     }
     step = max(lanes.values())
