@@ -70,6 +70,27 @@ def test_more_coverage_predicts_less_cold_work():
     assert high.phases_s["gather"] < low.phases_s["gather"] and high.samples_per_s > low.samples_per_s
 
 
+def test_dispatch_interaction_and_assembly_terms():
+    """The dispatch pays per lookup and again per cold lookup; the interaction's FLOPs run at their own rate;
+    the tiered modes assemble their looked-up rows, device mode reads them (its lookup), never both."""
+    hw = {**HW, "host": {**HW["host"], "dispatch_ns_per_cold_lookup": {"1": 4.0, "n": 2.0}}}
+    N = W.lookups
+    hybrid = cm.phases("hybrid", W, stats(coverage=0.8), hw)
+    k0 = cm.phases("hotline_k0", W, stats(coverage=0.8), hw)
+    assert hybrid["dispatch"] == pytest.approx(N * (5.0 + 2.0) * 1e-9)  # nothing hot: every lookup is cold
+    assert k0["dispatch"] == pytest.approx(N * (5.0 + 0.2 * 2.0) * 1e-9)
+    assert cm.phases("hybrid", W, stats(), HW)["dispatch"] == pytest.approx(N * 5.0 * 1e-9)  # older files
+    mlp, inter, nbytes = cm.compute_terms(W, W.batch_size)
+    assert inter == pytest.approx(6.0 * 4096 * 27 * 27 * 64) and mlp > 0
+    slow = {**HW, "device": {**HW["device"], "interaction_gflops": 10.0}}
+    gap = cm.phases("hybrid", W, stats(), slow)["compute"] - hybrid["compute"]
+    assert gap == pytest.approx(inter / 10e9 - inter / 50e9)
+    assert "assemble" in hybrid and "lookup" not in hybrid
+    device = cm.phases("device", W, stats(), HW)
+    assert "lookup" in device and "assemble" not in device
+    assert hybrid["assemble"] == pytest.approx(N * 4 * 64 / 5e9)  # at the memory bandwidth without its own
+
+
 def test_known_gpus_have_sources_and_load():
     gpus = cm.known_gpus()
     assert {"H100", "H200"} <= set(gpus)
