@@ -189,10 +189,36 @@ def test_two_ranks_replace_the_same_rows_and_stay_exact(drifting, tmp_path):
         for name, a in device[1].items():
             scale = max(float(np.abs(a).max()), 1e-12)
             assert float(np.abs(got[name] - a).max()) <= 1e-5 * scale, (opt, name)
-    with pytest.raises(ValueError, match="several ranks"):
-        from hotline.distributed.comm import Comm
 
-        Trainer(TrainConfig(**{**jobs[0][0].__dict__, "replace_every": 0, "replace": "auto"}), ds, Comm(0, 2))
+
+def test_two_ranks_replace_auto_on_the_steps_one_process_does(drifting, tmp_path):
+    """--replace auto on 2 gloo ranks decides from the hot-lookup share of both ranks' lookups: it re-places
+    at the very steps one process does on the global batch (K=0 and K=2, where the look-ahead producers must
+    stop the segment at the same step and give back a batch taken too many), and stays equal to device mode."""
+    from hotline.distributed.launcher import spawn, train_and_dump
+
+    ds, placement = drifting
+    cases = {"sgd": 0, "rowwise-adagrad": 2}
+    jobs, cfgs = [], {}
+    for opt, k in cases.items():
+        cfgs[opt] = TrainConfig(mode="hotline", placement_path=placement, mini_batch_size=BATCH, num_batches=STEPS,
+                                progress=False, learning_rate=0.05, optimizer=opt, replace="auto",
+                                replace_threshold=0.02, lookahead=k, **ARCH)  # fmt: skip
+        jobs.append((cfgs[opt], str(ds.path), str(tmp_path / f"{opt}.npz")))
+    spawn(2, train_and_dump, jobs)
+    for opt, k in cases.items():
+        got = np.load(tmp_path / f"{opt}.npz")
+        one, replaced = _run(
+            ds, placement, optimizer=opt, lookahead=k, replace="auto", replace_threshold=0.02
+        )
+        assert replaced, opt  # the drift triggers it
+        assert list(got["replace_steps"]) == [r["step"] for r in replaced], opt
+        assert len(got["losses"]) == STEPS  # no batch lost at a boundary
+        device, _ = _run(ds, None, mode="device", optimizer=opt)
+        np.testing.assert_allclose(got["losses"], device[0], rtol=1e-5)
+        for name, a in device[1].items():
+            scale = max(float(np.abs(a).max()), 1e-12)
+            assert float(np.abs(got[name] - a).max()) <= 1e-5 * scale, (opt, name)
 
 
 @pytest.mark.parametrize("lookahead", [0, 2])
@@ -244,3 +270,51 @@ def test_replacement_equals_the_independent_reference(drifting, optimizer):
     ref.train(ds.path, BATCH, num_batches=STEPS)
     worst, name = max_rel_diff(ref.named_arrays(), got)
     assert worst <= (1e-6 if optimizer == "sgd" else 1e-5), (worst, name)
+
+
+def test_a_segment_stopped_by_another_rank_gives_its_batch_back(drifting, monkeypatch):
+    """Look-ahead on N ranks: when another rank's producer stops at step j (its gate closed), this rank's
+    producer may have taken batch j already; it goes back to the source, and the next segment starts with it.
+    Simulated on one process: the look-ahead channel says "stop" at step 5 although this rank has a batch."""
+    import contextlib
+
+    from hotline.pipeline.replacement import _Gate, _Source
+
+    ds, placement = drifting
+    cfg = TrainConfig(mode="hotline", placement_path=placement, mini_batch_size=BATCH, num_batches=12,
+                      progress=False, learning_rate=0.05, lookahead=2, **ARCH)  # fmt: skip
+    straight = Trainer(cfg, ds)
+    try:
+        want = [s.loss_sum for s in straight.progress(straight.batches())]
+    finally:
+        straight.close()
+    tr = Trainer(cfg, ds)
+    try:
+        cold = tr.mode.cold
+        real = cold.lookahead
+
+        class OtherRankStopsAt5:
+            def __init__(self, comm):
+                self.comm, self.calls = comm, 0
+
+            def all_ok(self, ok):
+                self.calls += 1
+                return ok and self.calls <= 5 and self.comm.all_ok(ok)
+
+        @contextlib.contextmanager
+        def lookahead():
+            with real() as comm:
+                yield OtherRankStopsAt5(comm)
+
+        monkeypatch.setattr(cold, "lookahead", lookahead)
+        batches = list(tr.batches())
+        source = _Source(batches)
+        gate = _Gate(source, None)
+        first = [s.loss_sum for s in tr.progress(gate)]
+        assert len(first) == 5 and gate.taken == 5  # batch 5 was taken by the producer, then given back
+        monkeypatch.setattr(cold, "lookahead", real)
+        rest = [s.loss_sum for s in tr.progress(_Gate(source, None))]
+    finally:
+        tr.close()
+    assert len(first) + len(rest) == len(batches) == 12
+    np.testing.assert_array_equal(np.array(first + rest), np.array(want))  # nothing lost, nothing repeated

@@ -117,6 +117,9 @@ def train_and_dump(comm: Comm, jobs: list[tuple[TrainConfig, str, str]]) -> None
                     bytes_sent=np.asarray([[s.get(k, 0.0) for k in kinds] for s in sent]).reshape(
                         len(sent), -1
                     ),
+                    replace_steps=np.asarray(
+                        [r["step"] for r in trainer.history if r.get("kind") == "replace"], dtype=np.int64
+                    ),
                     **arrays,
                 )
         finally:

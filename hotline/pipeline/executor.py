@@ -140,11 +140,14 @@ class Executor:
     # -- the two threads ---------------------------------------------------------------------------------
     def _prepared(self, batches: Iterable[Batch], channel, producer: Producer, copy_stream):
         """The producer's source: step j's batch dispatched, fetched ahead and copied to the device."""
+        source = batches
         batches = iter(batches)
         for j in itertools.count():
             batch = None if producer.stopping else next(batches, None)
             # Every rank's thread takes the same decision, or one would wait forever in a collective.
             if not channel.all_ok(batch is not None):
+                if batch is not None and hasattr(source, "give_back"):  # another rank stopped here: not lost
+                    source.give_back(batch)
                 return
             # The staging slot of step j was last used by step j - ring: its write-back must be done.
             self._wait_written(j - self.ring + 1, producer)

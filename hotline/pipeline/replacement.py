@@ -7,6 +7,11 @@ source is gated, so the look-ahead thread dispatches no step past the boundary, 
 against the old placement computes and writes back; then, between two steps, the hottest rows under the same
 budget become the hot set (:meth:`TieredMode.replace`: values and optimizer state move between the tiers, no
 arithmetic), and the next steps are dispatched against the new placement.
+
+On N ranks every rank re-places at the same step with the same rows: ``--replace-every`` counts the same
+steps, ``--replace auto`` decides from the hot-lookup share of every rank's lookups together, the look-ahead
+producers stop the segment at the same step (a batch one of them took too many goes back to the source), and
+the rows are chosen from the globally reduced counts.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ AUTO_WINDOW = 20
 
 
 class _Source:
-    """An iterator of batches that can say whether another one is coming (without losing it)."""
+    """An iterator of batches that can say whether another one is coming, and take one back (never losing it)."""
 
     def __init__(self, batches: Iterable):
         self._it = iter(batches)
@@ -38,24 +43,45 @@ class _Source:
         self._next = None
         return batch
 
+    def put_back(self, batch) -> None:
+        if self._next is not None:
+            raise RuntimeError("a batch source holds one batch back at most")
+        self._next = batch
+
 
 class _Gate:
-    """Batches of a shared source until ``limit`` were taken or the gate is closed."""
+    """Batches of a shared source until ``limit`` were taken or the gate is closed.
+
+    On N ranks the look-ahead producers agree step by step whether to go on (the executor's ``all_ok``), so
+    a segment ends on every rank at the first step at which any rank's gate is closed: a rank that had already
+    taken that step's batch gives it back (:meth:`give_back`), and the next segment starts with it."""
 
     def __init__(self, source: _Source, limit: int | None):
         self.source, self.limit = source, limit
         self.taken, self.closed = 0, False
 
     def __iter__(self):
-        while not self.closed and (self.limit is None or self.taken < self.limit):
-            batch = self.source.take()
-            if batch is None:
-                return
-            self.taken += 1
-            yield batch
+        return self
+
+    def __next__(self):
+        if self.closed or (self.limit is not None and self.taken >= self.limit):
+            raise StopIteration
+        batch = self.source.take()
+        if batch is None:
+            raise StopIteration
+        self.taken += 1
+        return batch
+
+    def give_back(self, batch) -> None:
+        """Returns a batch taken but not run (the other ranks stopped at this step)."""
+        self.source.put_back(batch)
+        self.taken -= 1
 
 
 def hot_share(stats: StepStats) -> float:
+    """A step's hot-lookup share; on N ranks of every rank's lookups together (the trainer sums the counters
+    over ranks in its dense all-reduce), so ``--replace auto`` decides on the same step on every rank, as one
+    process would on the global batch."""
     return stats.counters["hot_lookups"] / max(1.0, stats.counters["lookups"])
 
 

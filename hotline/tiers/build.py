@@ -82,8 +82,6 @@ def build_mode(config, dataset: Dataset, comm: Comm | None = None) -> TrainMode:
     layout = TableLayout(dataset.table_sizes)
     if config.mode == "device":
         return DeviceMode(layout, config.embedding_dim, opt, config.seed, config.device, comm)
-    if config.replace == "auto" and comm.world_size > 1:
-        raise ValueError("--replace auto on several ranks is not built yet: use --replace-every N")
     placement = placement_for(config, dataset, progress=config.progress and comm.rank == 0)
     # A rank's share of a global batch; a batch larger than the data is clipped to it (as every mode does).
     max_batch = -(-max(1, min(config.mini_batch_size, len(dataset.train))) // comm.world_size)

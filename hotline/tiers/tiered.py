@@ -99,8 +99,8 @@ def measured_figures(counters: dict, samples: int, steps: int) -> dict:
     popular_sample_share, cold_rows_per_step (unique cold rows: the working set) and cold_bytes_per_step
     (host-to-device; the write-back moves as many back). Empty for a mode without the counters (device).
 
-    On N ranks popular samples and working-set rows are summed over the ranks (the trainer's all-reduce);
-    lookups, hot lookups and bytes are this rank's own, so hot_lookup_share is that of this rank's shards."""
+    On N ranks popular samples, working-set rows, lookups and hot lookups are summed over the ranks (the
+    trainer's all-reduce), so hot_lookup_share is the global batch's; bytes are this rank's own."""
     if "hot_lookups" not in counters or steps <= 0:
         return {}
     return {

@@ -40,7 +40,7 @@ from hotline.training.model import DLRM
 from hotline.training.preflight import check_finite, check_ids, check_memory, check_train_outputs, finite_json
 
 # Step counters that are summed over ranks (in the dense all-reduce); the rest are this rank's own.
-SUMMED_COUNTERS = ("popular_samples", "working_set_rows", "stale_rows")
+SUMMED_COUNTERS = ("popular_samples", "working_set_rows", "stale_rows", "lookups", "hot_lookups")
 
 
 class Trainer:
