@@ -290,6 +290,8 @@ def test_config_caps_table_sizes_and_expands_exponents():
 
 
 def test_default_dataset_is_cached(tmp_path, monkeypatch):
+    from hotline.datasets import default as syn
+
     monkeypatch.setenv("HOTLINE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setitem(syn.DEFAULT_DATASET, "rows", 1500)
     monkeypatch.setitem(syn.DEFAULT_DATASET, "max_rows_per_table", 300)

@@ -218,7 +218,7 @@ def _launch(args: argparse.Namespace) -> int:
     except ValueError as e:
         return error("train", e)
     if args.dataset is None:
-        from hotline.datasets.synthetic import default_dataset
+        from hotline.datasets.default import default_dataset
 
         args.dataset = str(default_dataset())  # made once here, not raced by the ranks
     return launch(args.nproc, ["train", *launcher_argv(args.train_parser, args, ("nproc", "train_parser"))])
@@ -293,7 +293,7 @@ def _dataset(args: argparse.Namespace, comm):
     """The dataset directory to train on: the flag's, or the built-in default (made by rank 0 alone)."""
     if args.dataset is not None:
         return args.dataset
-    from hotline.datasets.synthetic import default_dataset
+    from hotline.datasets.default import default_dataset
 
     if comm.rank == 0:
         path = default_dataset()

@@ -32,8 +32,6 @@ Kaggle tables, one-hot), plus 12 bytes per validation row for the planted AUC; n
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
 from collections.abc import Sequence
@@ -43,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from hotline.datasets.drift import RankDrift
-from hotline.datasets.format import NUM_DENSE, SPLITS, Dataset, DatasetWriter
+from hotline.datasets.format import NUM_DENSE, SPLITS, DatasetWriter
 from hotline.datasets.zipf import sample_zipf, zipf_pmf, zipf_top_share  # noqa: F401 - re-exported
 from hotline.kernels.synthetic import bag_effects
 
@@ -59,17 +57,6 @@ DEFAULT_ZIPF = 1.05
 CHUNK_ROWS = 1 << 18
 # Bumped whenever the generated data for given parameters changes; part of the cache key of the default.
 GENERATOR_VERSION = 1
-
-# The built-in default dataset of ``hotline train``: 26 tables with the Kaggle sizes capped at 50,000 rows
-# (447,398 embedding rows in all), 600,000 rows (514,286 train, 42,857 each val and test), made in a few
-# seconds. Planted val AUC 0.835; the default training run (1 epoch, SGD) reaches val AUC 0.77 on it.
-DEFAULT_DATASET: dict = {
-    "rows": 600_000,
-    "seed": 0,
-    "max_rows_per_table": 50_000,
-    "zipf": DEFAULT_ZIPF,
-    "pooling_factor": 1,
-}
 
 # Criteo-like dense features: per feature, the median count, the spread of log(count) and the share missing
 # (roughly those of Criteo Kaggle's I1..I13).
@@ -483,22 +470,3 @@ def _summary(cfg, model, top_hits, clicks, val_logit, val_labels) -> dict:
             "interaction_pairs": [list(p) for p in model.pairs],
         },
     }
-
-
-def default_dataset(cache_dir: str | os.PathLike | None = None, progress: bool = False) -> Path:
-    """The built-in default dataset (:data:`DEFAULT_DATASET`), generated once into the cache and reused.
-
-    The cache directory is ``cache_dir``, else ``$HOTLINE_CACHE``, else ``~/.cache/hotline``; the dataset
-    lives in ``default-<hash of the parameters and generator version>`` and is regenerated when absent.
-    """
-    base = Path(cache_dir or os.environ.get("HOTLINE_CACHE") or Path.home() / ".cache" / "hotline")
-    key = json.dumps({**DEFAULT_DATASET, "generator_version": GENERATOR_VERSION, "chunk_rows": CHUNK_ROWS},
-                     sort_keys=True)  # fmt: skip
-    path = base.expanduser() / f"default-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
-    if (path / "meta.json").is_file():
-        try:
-            Dataset(path)
-            return path
-        except ValueError:
-            pass  # damaged: make it again
-    return generate(path, progress=progress, overwrite=True, **DEFAULT_DATASET)

@@ -3,8 +3,10 @@
 The dispatcher counts every lookup (decayed, :class:`~hotline.profiling.online.OnlineCounts`). Every
 ``--replace-every`` steps, or with ``--replace auto`` when the measured hot-lookup share has fallen
 ``--replace-threshold`` below what the placement delivered in its first steps, the run is DRAINED: the batch
-source is gated, so the look-ahead thread dispatches no step past the boundary, every step already dispatched
-against the old placement computes and writes back; then, between two steps, the hottest rows under the same
+source is gated, so the look-ahead thread dispatches no step past the boundary (with auto, the boundary is K+1
+steps after the step that decided: the most the look-ahead thread can have taken by then, so where it falls
+never depends on thread timing), every step already dispatched against the old placement computes and writes
+back; then, between two steps, the hottest rows under the same
 budget become the hot set (:meth:`TieredMode.replace`: values and optimizer state move between the tiers, no
 arithmetic), and the next steps are dispatched against the new placement.
 
@@ -50,21 +52,21 @@ class _Source:
 
 
 class _Gate:
-    """Batches of a shared source until ``limit`` were taken or the gate is closed.
+    """Batches of a shared source until ``limit`` were taken (``limit`` may be set while it runs).
 
     On N ranks the look-ahead producers agree step by step whether to go on (the executor's ``all_ok``), so
-    a segment ends on every rank at the first step at which any rank's gate is closed: a rank that had already
+    a segment ends on every rank at the first step at which any rank's gate is shut: a rank that had already
     taken that step's batch gives it back (:meth:`give_back`), and the next segment starts with it."""
 
     def __init__(self, source: _Source, limit: int | None):
         self.source, self.limit = source, limit
-        self.taken, self.closed = 0, False
+        self.taken = 0
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        if self.closed or (self.limit is not None and self.taken >= self.limit):
+        if self.limit is not None and self.taken >= self.limit:
             raise StopIteration
         batch = self.source.take()
         if batch is None:
@@ -111,14 +113,16 @@ def progress_replacing(
         first = every or None
         recent: deque[float] = deque(maxlen=AUTO_WINDOW)
         promised = None
-        for stats in run(gate):
+        for yielded, stats in enumerate(run(gate), 1):
             recent.append(hot_share(stats))
-            if config.replace == "auto" and len(recent) == AUTO_WINDOW:
+            if config.replace == "auto" and len(recent) == AUTO_WINDOW and gate.limit is None:
                 now = sum(recent) / AUTO_WINDOW
                 if promised is None:
                     promised = now
                 elif now < promised - config.replace_threshold:
-                    gate.closed = True  # drain: no step past this one is dispatched against this placement
+                    # Drain: the segment ends after the steps the look-ahead thread may have taken by now (K
+                    # queued, one in its hands), so where the re-placement falls never depends on timing.
+                    gate.limit = max(gate.taken, yielded + (config.lookahead + 1 if config.lookahead else 0))
             yield stats
         if not source.more():  # no step left: nothing to re-place for
             return

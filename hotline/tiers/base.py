@@ -134,6 +134,11 @@ class TrainMode(ABC):
     def export_state(self) -> list[np.ndarray]:
         """Every table's sparse optimizer state in original row order (empty arrays for SGD)."""
 
+    def export_tables_and_state(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """:meth:`export_tables` and :meth:`export_state` together (a mode whose export gathers every row
+        overrides it to gather once)."""
+        return self.export_tables(), self.export_state()
+
     @abstractmethod
     def load_tables(self, tables: list[np.ndarray], states: list[np.ndarray]) -> None:
         """Replaces weights and optimizer state of every row (each rank keeps what it holds)."""

@@ -447,6 +447,11 @@ class TieredMode(TrainMode):
     def export_state(self) -> list[np.ndarray]:
         return self.layout.split_state(self.cold.export(self.hot_rows, self.hot_w, self.hot_s)[1])
 
+    def export_tables_and_state(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Both from ONE export of the cold store (on N ranks one all-gather, not two)."""
+        w, s = self.cold.export(self.hot_rows, self.hot_w, self.hot_s)
+        return self.layout.split(w), self.layout.split_state(s)
+
     def load_tables(self, tables: list[np.ndarray], states: list[np.ndarray]) -> None:
         w = np.concatenate(tables)
         s = np.concatenate(states) if self.optimizer.state_floats_per_row else np.zeros(0, np.float32)
@@ -458,52 +463,11 @@ class TieredMode(TrainMode):
 
     # -- re-placement ---------------------------------------------------------------------------------------
     def replace(self, hot_rows: np.ndarray) -> dict[str, int]:
-        """Makes ``hot_rows`` (fused ids) the hot set, between two steps (nothing in flight): rows that leave
-        go to the cold store with their optimizer state, rows that enter come from it, rows that stay keep
-        their values; only values move, so training stays exact. Returns how many rows moved each way."""
-        new = np.unique(np.asarray(hot_rows, dtype=np.int64))
-        old, old_slot = self.hot_rows, self.fused_remap
-        stays = np.isin(new, old)
-        leaves = old[~np.isin(old, new)]
-        S = self.optimizer.state_floats_per_row
-        hot_w = self.hot_w.detach().cpu().numpy()
-        hot_s = self.hot_s.detach().cpu().numpy()
-        leave_slots = old_slot[leaves].astype(np.int64)
-        self.cold.demote(leaves, hot_w[leave_slots], hot_s[leave_slots] if S else hot_s[:0])
-        w = np.empty((new.shape[0], self.dim), np.float32)
-        s = np.zeros(new.shape[0] if S else 0, np.float32)
-        stay_slots = old_slot[new[stays]].astype(np.int64)
-        w[stays] = hot_w[stay_slots]
-        enter_w, enter_s = self.cold.promote(new[~stays])
-        w[~stays] = enter_w
-        if S:
-            s[stays] = hot_s[stay_slots]
-            s[~stays] = enter_s
-        bounds = self.layout.bounds()
-        per_table = np.split(new, np.searchsorted(new, bounds[1:-1]))
-        self.placement = Placement.from_hot_ids(
-            self.table_sizes,
-            [ids - bounds[t] for t, ids in enumerate(per_table)],
-            dataset_fingerprint=self.placement.dataset_fingerprint,
-            embedding_dim=self.placement.embedding_dim,
-            bytes_per_row=self.placement.bytes_per_row,
-            hbm_budget_bytes=self.placement.hbm_budget_bytes,
-        )
-        counts = self.dispatcher.counts
-        d = self.dispatcher
-        self.dispatcher = Dispatcher(self.placement, self.L, d.max_batch_size, in_flight=len(d._ring))
-        self.dispatcher.counts = counts
-        self.fused_remap = self.dispatcher.remap
-        self.hot_rows = self.placement.fused_hot_ids()
-        self.hot_w = torch.from_numpy(w).to(self.device)
-        self.hot_s = torch.from_numpy(s).to(self.device)
-        self._hot_scratch = sparse_update.new_scratch(self.hot_w.shape[0])
-        self._prep_scratch = sparse_update.new_scratch(self.hot_w.shape[0])
-        return {
-            "promoted": int((~stays).sum()),
-            "demoted": int(leaves.shape[0]),
-            "hot_rows": int(new.shape[0]),
-        }
+        """Makes ``hot_rows`` (fused ids) the hot set, between two steps (nothing in flight); see
+        :func:`hotline.tiers.rehome.swap_hot_set`. Returns how many rows moved each way."""
+        from hotline.tiers.rehome import swap_hot_set
+
+        return swap_hot_set(self, hot_rows)
 
     def close(self) -> None:
         self.cold.close()

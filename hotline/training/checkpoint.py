@@ -129,8 +129,9 @@ def _payload(trainer) -> dict:
         payload["hot_rows"] = torch.from_numpy(trainer.mode.hot_rows.copy())
         payload["online_counts"] = {k: torch.from_numpy(np.asarray(v)) for k, v in counts.state().items()}
     if comm.world_size == 1:
-        payload["tables"] = [torch.from_numpy(np.ascontiguousarray(t)) for t in trainer.mode.export_tables()]
-        payload["states"] = [torch.from_numpy(np.ascontiguousarray(s)) for s in trainer.mode.export_state()]
+        tables, states = trainer.mode.export_tables_and_state()
+        payload["tables"] = [torch.from_numpy(np.ascontiguousarray(t)) for t in tables]
+        payload["states"] = [torch.from_numpy(np.ascontiguousarray(s)) for s in states]
     else:
         payload["tiers"] = trainer.mode.shard_state()
     if comm.rank == 0:
