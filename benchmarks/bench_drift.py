@@ -4,7 +4,9 @@ A synthetic dataset whose popular rows move every day (``--drift-days``, ``--dri
 hotline mode three times from the same initial weights on the same batches: with the placement profiled on
 the first day only (static), with the online counts kept but never used (the counting's cost), and with
 re-placement every ``--replace-every`` steps (adaptive). Printed per run: samples/s, the measured hot-lookup
-share and popular-sample share by day, cold rows per step, the re-placements; and the counting overhead.
+share and popular-sample share by day, cold rows per step, the re-placements and the time each takes, the cost
+model's predicted samples/s of both placements on a GPU (``--gpu``, from what each run measured); and the
+counting overhead: its kernel timed apart, and end to end as the median of alternating A/B runs.
 
 Run: ``python benchmarks/bench_drift.py --json drift.json`` (``--smoke`` for a tiny version).
 """
@@ -58,7 +60,49 @@ def _run(ds, placement: str, args, **kw):
         "cold_rows_per_step": float(np.mean([s.counters["working_set_rows"] for s in steps])),
         "replacements": len(replaced),
         "rows_promoted": sum(r["promoted"] for r in replaced),
+        "replace_ms_mean": 1e3 * float(np.mean([r["seconds"] for r in replaced])) if replaced else 0.0,
+        "replace_ms_max": 1e3 * max((r["seconds"] for r in replaced), default=0.0),
+        "popular_sample_share": sum(s.counters["popular_samples"] for s in steps) / sum(s.samples for s in steps),
     }  # fmt: skip
+
+
+def _counting_ms(ds, args) -> float:
+    """The online counting's own cost per step: the counting kernel over the run's batches, timed apart (an
+    end-to-end A/B of two 2-second runs on a shared host is noisier than the effect)."""
+    from hotline.profiling.online import OnlineCounts
+    from hotline.table_layout import TableLayout
+
+    layout = TableLayout(ds.table_sizes)
+    counts = OnlineCounts(layout.num_rows, 0.99)
+    offsets = layout.column_offsets(ds.pooling_factor)
+    batches = [np.ascontiguousarray(ds.train.sparse[i * args.batch : (i + 1) * args.batch]).reshape(args.batch, -1)
+               for i in range(min(args.steps, len(ds.train) // args.batch))]  # fmt: skip
+    counts.add(batches[0], offsets)  # compiled
+    t0 = time.perf_counter()
+    for b in batches:
+        counts.add(b, offsets)
+    return 1e3 * (time.perf_counter() - t0) / len(batches)
+
+
+def _predicted(ds, args, run: dict, gpu: str) -> dict:
+    """The cost model's samples/s on ``gpu`` from what the run measured (hot share, popular share, cold rows
+    per step), hotline K=0 and K>=1."""
+    from hotline.profiling import costmodel
+
+    sp = ds.train.sparse[: args.batch * 20]
+    from hotline.table_layout import TableLayout
+
+    layout = TableLayout(ds.table_sizes)
+    unique = float(
+        np.mean([np.unique(layout.fuse(sp[i * args.batch : (i + 1) * args.batch])).size for i in range(20)])
+    )
+    work = costmodel.Workload(args.batch, ds.num_tables, ds.pooling_factor, args.dim, (13, 64, args.dim), (64, 1),
+                              worker_threads=4)  # fmt: skip
+    stats = costmodel.Stats(
+        run["hot_lookup_share"], run["popular_sample_share"], run["cold_rows_per_step"], unique
+    )
+    hw = costmodel.load_hardware(gpu)
+    return {m: costmodel.predict(m, work, stats, hw).samples_per_s for m in ("hotline_k0", "hotline_k1")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,10 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lookahead", type=int, default=0)
     p.add_argument("--budget-share", type=float, default=0.02, help="hot rows: share of the rows")
     p.add_argument("--replace-every", type=int, default=25)
+    p.add_argument("--rounds", type=int, default=3, help="alternating static / counting-only runs (median)")
+    p.add_argument("--gpu", default="H200", help="the known GPU the cost model predicts for")
     args = p.parse_args(argv)
     if args.smoke:
         args.rows, args.max_rows_per_table, args.steps, args.batch, args.dim = 6000, 2000, 40, 64, 8
-        args.warmup_steps, args.replace_every = 2, 10
+        args.warmup_steps, args.replace_every, args.rounds = 2, 10, 1
     common.setup_threads(args.threads)
     from hotline.datasets.format import Dataset
     from hotline.datasets.synthetic import KAGGLE_TABLE_SIZES, generate
@@ -99,7 +145,19 @@ def main(argv: list[str] | None = None) -> int:
         for name, kw in (("static", {}), ("counting only", {"replace_every": 10**9}),
                          ("adaptive", {"replace_every": args.replace_every})):  # fmt: skip
             rows.append({"placement": name, **_run(ds, path, args, **kw)})
-    static, counting, adaptive = rows
+        static, counting, adaptive = rows
+        # the A/B again, alternating, for a median that a burst of noise does not decide
+        ratios = [counting["ms_per_step"] / static["ms_per_step"]]
+        for _ in range(args.rounds - 1):
+            a, b = (
+                _run(ds, path, args)["ms_per_step"],
+                _run(ds, path, args, replace_every=10**9)["ms_per_step"],
+            )
+            ratios.append(b / a)
+        counting_ms = _counting_ms(ds, args)
+        for r in rows:
+            pred = _predicted(ds, args, r, args.gpu)
+            r["predicted_k0"], r["predicted_k1"] = pred["hotline_k0"], pred["hotline_k1"]
     print(f"drift: {args.drift_days} days, rate {args.drift_rate}; {placement.num_hot:,} hot rows "
           f"({args.budget_share:.0%} of {sum(ds.table_sizes):,}); batch {args.batch}, {args.steps} steps, K={args.lookahead}")  # fmt: skip
     for r in rows:
@@ -107,12 +165,21 @@ def main(argv: list[str] | None = None) -> int:
     common.print_table(rows, [("placement", "placement", ""), ("samples_per_s", "samples/s", ".0f"),
                               ("ms_per_step", "ms/step", ".1f"), ("hot_lookup_share", "hot share", ".3f"),
                               ("hot_share_by_day_text", "hot share by day", ""), ("cold_rows_per_step", "cold rows/step", ".0f"),
-                              ("replacements", "re-placements", "d"), ("rows_promoted", "promoted", "d")])  # fmt: skip
-    overhead = counting["ms_per_step"] / static["ms_per_step"] - 1
-    print(f"online counting overhead: {overhead:+.1%} of a step; adaptive/static samples/s: "
-          f"{adaptive['samples_per_s'] / static['samples_per_s']:.2f}x; hot share +{adaptive['hot_lookup_share'] - static['hot_lookup_share']:.3f}")  # fmt: skip
+                              ("replacements", "re-placements", "d"), ("rows_promoted", "promoted", "d"),
+                              ("replace_ms_mean", "ms/re-placement", ".1f"),
+                              ("predicted_k0", f"{args.gpu} K=0/s", ".0f"), ("predicted_k1", f"{args.gpu} K>=1/s", ".0f")])  # fmt: skip
+    overhead = float(np.median(ratios)) - 1
+    kernel_share = counting_ms / static["ms_per_step"]
+    print(f"online counting: the kernel takes {counting_ms:.3f} ms of a {static['ms_per_step']:.2f} ms step "
+          f"({kernel_share:.1%}); end to end (median of {len(ratios)} alternating A/B runs: "
+          f"{', '.join(f'{r - 1:+.1%}' for r in ratios)}) {overhead:+.1%}")  # fmt: skip
+    print(f"adaptive/static samples/s on this CPU: {adaptive['samples_per_s'] / static['samples_per_s']:.2f}x; "
+          f"predicted on {args.gpu} (K>=1): {adaptive['predicted_k1'] / static['predicted_k1']:.2f}x; "
+          f"hot share +{adaptive['hot_lookup_share'] - static['hot_lookup_share']:.3f}; a re-placement takes "
+          f"{adaptive['replace_ms_mean']:.1f} ms on average ({adaptive['replace_ms_max']:.1f} ms at most)")  # fmt: skip
     settings = {k: v for k, v in vars(args).items() if k != "json"}
-    common.write_json(args.json, {"results": rows, "counting_overhead": overhead, "args": settings})
+    common.write_json(args.json, {"results": rows, "counting_overhead": overhead, "counting_kernel_ms": counting_ms,
+                                  "counting_kernel_share": kernel_share, "ab_ratios": ratios, "args": settings})  # fmt: skip
     return 0
 
 

@@ -18,6 +18,7 @@ the rows are chosen from the globally reduced counts.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 
@@ -127,10 +128,14 @@ def progress_replacing(
         if not source.more():  # no step left: nothing to re-place for
             return
         before = sum(recent) / len(recent) if recent else float("nan")
+        t0 = time.perf_counter()
         raw = counts.raw
         if mode.comm.world_size > 1:  # every rank chooses from the global counts: the same rows
             import torch
 
             raw = mode.comm.all_reduce_(torch.from_numpy(raw.copy()), "replace_counts").numpy()
         moved = mode.replace(counts.top(mode.placement.num_hot, raw))
-        on_replace({"kind": "replace", "hot_share_before": before, "promised": promised, **moved})
+        seconds = time.perf_counter() - t0  # choosing the rows (counts reduced over ranks) and moving them
+        on_replace(
+            {"kind": "replace", "hot_share_before": before, "promised": promised, "seconds": seconds, **moved}
+        )
