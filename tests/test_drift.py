@@ -128,6 +128,10 @@ def test_replace_auto_triggers_on_drift(drifting):
     # Where a re-placement falls depends on the data only, never on how far the look-ahead thread had run.
     _, again = _run(ds, placement, optimizer="sgd", lookahead=2, replace="auto", replace_threshold=0.02)
     assert [r["step"] for r in again] == [r["step"] for r in replaced]
+    # Beside a --replace-every schedule whose boundary is further off, auto still re-places when it decides.
+    _, both = _run(ds, placement, optimizer="sgd", lookahead=2, replace="auto", replace_threshold=0.02,
+                   replace_every=10 * STEPS)  # fmt: skip
+    assert [r["step"] for r in both] == [r["step"] for r in replaced]
 
 
 def test_cli_flags_and_refusals(drifting, tmp_path, capsys):

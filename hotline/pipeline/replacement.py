@@ -6,9 +6,9 @@ The dispatcher counts every lookup (decayed, :class:`~hotline.profiling.online.O
 source is gated, so the look-ahead thread dispatches no step past the boundary (with auto, the boundary is K+1
 steps after the step that decided: the most the look-ahead thread can have taken by then, so where it falls
 never depends on thread timing), every step already dispatched against the old placement computes and writes
-back; then, between two steps, the hottest rows under the same
-budget become the hot set (:meth:`TieredMode.replace`: values and optimizer state move between the tiers, no
-arithmetic), and the next steps are dispatched against the new placement.
+back; then, between two steps, the hottest rows under the same budget become the hot set
+(:meth:`TieredMode.replace`: values and optimizer state move between the tiers, no arithmetic), and the next
+steps are dispatched against the new placement.
 
 On N ranks every rank re-places at the same step with the same rows: ``--replace-every`` counts the same
 steps, ``--replace auto`` decides from the hot-lookup share of every rank's lookups together, the look-ahead
@@ -113,17 +113,20 @@ def progress_replacing(
         gate = _Gate(source, first)
         first = every or None
         recent: deque[float] = deque(maxlen=AUTO_WINDOW)
-        promised = None
+        promised, draining = None, False
         for yielded, stats in enumerate(run(gate), 1):
             recent.append(hot_share(stats))
-            if config.replace == "auto" and len(recent) == AUTO_WINDOW and gate.limit is None:
+            if config.replace == "auto" and len(recent) == AUTO_WINDOW and not draining:
                 now = sum(recent) / AUTO_WINDOW
                 if promised is None:
                     promised = now
                 elif now < promised - config.replace_threshold:
                     # Drain: the segment ends after the steps the look-ahead thread may have taken by now (K
-                    # queued, one in its hands), so where the re-placement falls never depends on timing.
-                    gate.limit = max(gate.taken, yielded + (config.lookahead + 1 if config.lookahead else 0))
+                    # queued, one in its hands), so where the re-placement falls never depends on timing;
+                    # sooner than a --replace-every boundary, never later.
+                    end = yielded + (config.lookahead + 1 if config.lookahead else 0)
+                    gate.limit = max(gate.taken, end if gate.limit is None else min(gate.limit, end))
+                    draining = True
             yield stats
         if not source.more():  # no step left: nothing to re-place for
             return
