@@ -84,24 +84,27 @@ def _counting_ms(ds, args) -> float:
     return 1e3 * (time.perf_counter() - t0) / len(batches)
 
 
-def _predicted(ds, args, run: dict, gpu: str) -> dict:
-    """The cost model's samples/s on ``gpu`` from what the run measured (hot share, popular share, cold rows
-    per step), hotline K=0 and K>=1."""
-    from hotline.profiling import costmodel
-
-    sp = ds.train.sparse[: args.batch * 20]
+def _unique_rows_per_batch(ds, args, batches: int = 20) -> float:
+    """Unique rows a mini-batch looks up with nothing hot (hybrid's working set), over the first batches."""
     from hotline.table_layout import TableLayout
 
     layout = TableLayout(ds.table_sizes)
-    unique = float(
-        np.mean([np.unique(layout.fuse(sp[i * args.batch : (i + 1) * args.batch])).size for i in range(20)])
-    )
+    sp = ds.train.sparse
+    return float(np.mean([np.unique(layout.fuse(sp[i * args.batch : (i + 1) * args.batch])).size
+                          for i in range(batches)]))  # fmt: skip
+
+
+def _predicted(ds, args, run: dict, unique: float) -> dict:
+    """The cost model's samples/s on ``args.gpu`` from what the run measured (hot share, popular share, cold
+    rows per step), hotline K=0 and K>=1."""
+    from hotline.profiling import costmodel
+
     work = costmodel.Workload(args.batch, ds.num_tables, ds.pooling_factor, args.dim, (13, 64, args.dim), (64, 1),
                               worker_threads=4)  # fmt: skip
     stats = costmodel.Stats(
         run["hot_lookup_share"], run["popular_sample_share"], run["cold_rows_per_step"], unique
     )
-    hw = costmodel.load_hardware(gpu)
+    hw = costmodel.load_hardware(args.gpu)
     return {m: costmodel.predict(m, work, stats, hw).samples_per_s for m in ("hotline_k0", "hotline_k1")}
 
 
@@ -155,8 +158,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             ratios.append(b / a)
         counting_ms = _counting_ms(ds, args)
+        unique = _unique_rows_per_batch(ds, args)
         for r in rows:
-            pred = _predicted(ds, args, r, args.gpu)
+            pred = _predicted(ds, args, r, unique)
             r["predicted_k0"], r["predicted_k1"] = pred["hotline_k0"], pred["hotline_k1"]
     print(f"drift: {args.drift_days} days, rate {args.drift_rate}; {placement.num_hot:,} hot rows "
           f"({args.budget_share:.0%} of {sum(ds.table_sizes):,}); batch {args.batch}, {args.steps} steps, K={args.lookahead}")  # fmt: skip

@@ -171,6 +171,16 @@ def test_bench_drift_smoke(tmp_path):
     assert rows["counting only"]["hot_lookup_share"] == rows["static"]["hot_lookup_share"]
 
 
+def _assert_dump_equals_device(ds, got, optimizer):
+    """A rank-0 dump (``train_and_dump``) equals one process in device mode: every step's loss and every
+    parameter within 1e-5 of its tensor's scale."""
+    device, _ = _run(ds, None, mode="device", optimizer=optimizer)
+    np.testing.assert_allclose(got["losses"], device[0], rtol=1e-5)
+    for name, a in device[1].items():
+        scale = max(float(np.abs(a).max()), 1e-12)
+        assert float(np.abs(got[name] - a).max()) <= 1e-5 * scale, (optimizer, name)
+
+
 def test_two_ranks_replace_the_same_rows_and_stay_exact(drifting, tmp_path):
     """--replace-every on 2 gloo ranks: global counts, the same re-placement on every rank (hot replicas
     identical, cold shards consistent), parameters equal one process in device mode (SGD at K=0, row-wise
@@ -191,11 +201,7 @@ def test_two_ranks_replace_the_same_rows_and_stay_exact(drifting, tmp_path):
         kinds = list(got["bytes_kinds"])
         for kind in ("bytes_sent_replace_counts", "bytes_sent_replace_rows"):  # the re-placements ran
             assert kind in kinds and got["bytes_sent"][:, kinds.index(kind)].sum() > 0, kind
-        device, _ = _run(ds, None, mode="device", optimizer=opt)
-        np.testing.assert_allclose(got["losses"], device[0], rtol=1e-5)
-        for name, a in device[1].items():
-            scale = max(float(np.abs(a).max()), 1e-12)
-            assert float(np.abs(got[name] - a).max()) <= 1e-5 * scale, (opt, name)
+        _assert_dump_equals_device(ds, got, opt)
 
 
 def test_two_ranks_replace_auto_on_the_steps_one_process_does(drifting, tmp_path):
@@ -206,26 +212,20 @@ def test_two_ranks_replace_auto_on_the_steps_one_process_does(drifting, tmp_path
 
     ds, placement = drifting
     cases = {"sgd": 0, "rowwise-adagrad": 2}
-    jobs, cfgs = [], {}
+    jobs = []
     for opt, k in cases.items():
-        cfgs[opt] = TrainConfig(mode="hotline", placement_path=placement, mini_batch_size=BATCH, num_batches=STEPS,
+        cfg = TrainConfig(mode="hotline", placement_path=placement, mini_batch_size=BATCH, num_batches=STEPS,
                                 progress=False, learning_rate=0.05, optimizer=opt, replace="auto",
                                 replace_threshold=0.02, lookahead=k, **ARCH)  # fmt: skip
-        jobs.append((cfgs[opt], str(ds.path), str(tmp_path / f"{opt}.npz")))
+        jobs.append((cfg, str(ds.path), str(tmp_path / f"{opt}.npz")))
     spawn(2, train_and_dump, jobs)
     for opt, k in cases.items():
         got = np.load(tmp_path / f"{opt}.npz")
-        one, replaced = _run(
-            ds, placement, optimizer=opt, lookahead=k, replace="auto", replace_threshold=0.02
-        )
+        _, replaced = _run(ds, placement, optimizer=opt, lookahead=k, replace="auto", replace_threshold=0.02)
         assert replaced, opt  # the drift triggers it
         assert list(got["replace_steps"]) == [r["step"] for r in replaced], opt
         assert len(got["losses"]) == STEPS  # no batch lost at a boundary
-        device, _ = _run(ds, None, mode="device", optimizer=opt)
-        np.testing.assert_allclose(got["losses"], device[0], rtol=1e-5)
-        for name, a in device[1].items():
-            scale = max(float(np.abs(a).max()), 1e-12)
-            assert float(np.abs(got[name] - a).max()) <= 1e-5 * scale, (opt, name)
+        _assert_dump_equals_device(ds, got, opt)
 
 
 @pytest.mark.parametrize("lookahead", [0, 2])

@@ -34,14 +34,10 @@ def _mean_s(
     work does (the dense pass before it streamed hundreds of MB)."""
     for _ in range(warmup):
         fn()
-    if flush is None:
-        t0 = time.perf_counter()
-        for _ in range(repeats):
-            fn()
-        return (time.perf_counter() - t0) / repeats
     total = 0.0
     for _ in range(repeats):
-        flush()
+        if flush is not None:
+            flush()
         t0 = time.perf_counter()
         fn()
         total += time.perf_counter() - t0
@@ -190,10 +186,12 @@ def _handover_us(rounds: int = 2000) -> float:
     return 1e6 * elapsed / (2 * rounds)
 
 
-def _pass(rng: np.random.Generator, B: int, T: int, D: int, bot, top) -> tuple[Callable, Callable, Workload]:
+def _pass(
+    rng: np.random.Generator, B: int, T: int, D: int, bot, top
+) -> tuple[Callable, Callable, Workload, object]:
     """A non-popular micro-batch's forward and backward as the tiered step runs it on a CPU (its rows put
     together by the Numba kernel from a hot table and a working buffer, then DLRM's forward and backward), and
-    the row assembly alone; with the matching workload."""
+    the row assembly alone; with the matching workload and the model."""
     import torch
 
     from hotline.kernels.gather import assemble_rows
@@ -223,7 +221,7 @@ def _pass(rng: np.random.Generator, B: int, T: int, D: int, bot, top) -> tuple[C
         loss_and_backward(model, dense, sum_pool(rows, T, 1), labels, B)
         model.zero_grad(set_to_none=True)
 
-    return one, assemble, Workload(B, T, 1, D, tuple(bot), tuple(top))
+    return one, assemble, Workload(B, T, 1, D, tuple(bot), tuple(top)), model
 
 
 def _overlap_penalty(rng: np.random.Generator, big: np.ndarray) -> float:
@@ -231,15 +229,15 @@ def _overlap_penalty(rng: np.random.Generator, big: np.ndarray) -> float:
     (dispatch and gather of Criteo-like batches on a worker thread with one Numba thread, the kernels holding
     the GIL as the producer's do) runs beside the compute (a tiered forward and backward on all threads) on
     this CPU: (together - longer) / shorter, 0 = free overlap, 1 = none, more than 1 = worse than one after
-    the other (the two contend for the cores: a parallel region waits for its thread that lost its core). The look-ahead step on a CPU device is
-    priced with it."""
+    the other (the two contend for the cores: a parallel region waits for its thread that lost its core). The
+    look-ahead step on a CPU device is priced with it."""
     import numba
 
     from hotline.dispatch import Dispatcher
     from hotline.kernels.gather import gather_rows
     from hotline.placement import Placement
 
-    one, _, _ = _pass(rng, 1024, 26, 64, (13, 64, 64), (64, 1))
+    one = _pass(rng, 1024, 26, 64, (13, 64, 64), (64, 1))[0]
     batch = 1024
     sizes, ids, by_rank = _criteo_like(rng, batch * 4)
     hot = [order[: int(0.01 * order.shape[0])] for order in by_rank]
@@ -301,20 +299,15 @@ def _dense_fit(rng: np.random.Generator) -> dict:
 
     feats, secs, assembled, dense_upd = [], [], [], []
     for B, T, D, bot, top in _SHAPES:
-        one, assemble, w = _pass(rng, B, T, D, bot, top)
+        one, assemble, w, model = _pass(rng, B, T, D, bot, top)
         total = _mean_s(one, repeats=16, warmup=3)
         t_asm = _mean_s(assemble, repeats=16, warmup=2)
         assembled.append((B * T * D * 4, t_asm))
         secs.append(max(total - t_asm, 1e-7))
         feats.append([*compute_terms(w, B), 1.0])
-        if B >= 1024:
+        if B >= 1024:  # the dense optimizer's step over the same model
             import torch
 
-            from hotline.training.config import TrainConfig
-            from hotline.training.model import DLRM
-
-            cfg = TrainConfig(embedding_dim=D, bottom_mlp=list(bot), top_mlp=list(top), mini_batch_size=B)
-            model = DLRM(cfg.model_config([1000] * T), seed=0)
             params = list(model.parameters())
             for q in params:
                 q.grad = torch.randn_like(q)
@@ -413,9 +406,8 @@ def calibrate(
     rng = np.random.default_rng(seed)
     t0 = time.perf_counter()
     try:
-        big = np.ones(
-            256 << 20, np.float32
-        )  # 1 GiB: tables far larger than any cache (the values do not matter)
+        # 1 GiB: tables far larger than any cache (the values do not matter)
+        big = np.ones(256 << 20, np.float32)
         say("dispatch")
         dispatch = _dispatch_fit(rng, _flusher(big))
         d1, dn = _with_threads(1, dispatch), dispatch()

@@ -442,10 +442,10 @@ class TieredMode(TrainMode):
         return sum_pool(rows, T, L)
 
     def export_tables(self) -> list[np.ndarray]:
-        return self.layout.split(self.cold.export(self.hot_rows, self.hot_w, self.hot_s)[0])
+        return self.export_tables_and_state()[0]
 
     def export_state(self) -> list[np.ndarray]:
-        return self.layout.split_state(self.cold.export(self.hot_rows, self.hot_w, self.hot_s)[1])
+        return self.export_tables_and_state()[1]
 
     def export_tables_and_state(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Both from ONE export of the cold store (on N ranks one all-gather, not two)."""
