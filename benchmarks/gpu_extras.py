@@ -62,9 +62,9 @@ def run_embedding_bag(dataset, args, cfg, device: str, probe=None) -> dict:
     dense and sparse gradients; the same initial weights, dense model and batches as the Hotline modes."""
     import torch
 
+    from hotline.models.dlrm import DLRM, init_embedding_table
     from hotline.tiers.base import loss_and_backward
     from hotline.training.config import TrainConfig
-    from hotline.training.model import DLRM, init_embedding_table
 
     config = TrainConfig(**{**cfg, "mini_batch_size": args.batch}, optimizer="sgd", learning_rate=0.01,
                          progress=False, device=device)  # fmt: skip

@@ -18,6 +18,15 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"
 
+# In a source checkout (no install, or one of several worktrees beside an editable install) the kernels live in
+# the top-level folder kernels/, installed as hotline.kernels: let the import system find them there, so that
+# ``hotline.kernels`` is always this checkout's (the GPU image runs tests and benchmarks from a plain checkout).
+_checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if not os.path.isdir(os.path.join(os.path.dirname(__file__), "kernels")) and os.path.isfile(
+    os.path.join(_checkout, "kernels", "__init__.py")
+):
+    __path__.append(_checkout)  # noqa: F821 (a package's __path__)
+
 _LAZY = {
     "Dataset": "hotline.datasets.format",
     "DatasetError": "hotline.datasets.format",

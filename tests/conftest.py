@@ -1,5 +1,14 @@
 import os
+import sys
 import warnings
+from pathlib import Path
+
+# The tests import this checkout's hotline, in this process and in the subprocesses they start (``python -m
+# hotline``), even where another checkout is installed in editable mode or none is installed at all.
+_ROOT = str(Path(__file__).resolve().parents[1])
+if sys.path[:1] != [_ROOT]:
+    sys.path.insert(0, _ROOT)
+os.environ["PYTHONPATH"] = os.pathsep.join([_ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])
 
 # Tests share two cores between torch and numba: keep both small and deterministic.
 os.environ.setdefault("NUMBA_NUM_THREADS", "2")

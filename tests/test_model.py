@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from hotline.training.model import DLRM, DLRMConfig, init_embedding_table, parse_layers
+from hotline.models.dlrm import DLRM, DLRMConfig, init_embedding_table, parse_layers
 
 
 def _small(interaction="dot"):

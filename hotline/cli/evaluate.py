@@ -29,7 +29,7 @@ def add_scoring(p: argparse.ArgumentParser, split_default: str) -> None:
 
 def arch_flags(args: argparse.Namespace) -> dict:
     """The ``--arch-*`` flags given, as model-spec fields (None: not given)."""
-    from hotline.training.model import parse_layers
+    from hotline.models.dlrm import parse_layers
 
     def layers(value, flag):
         return None if value is None else parse_layers(value, flag)

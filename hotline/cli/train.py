@@ -161,8 +161,8 @@ def add_parser(subparsers: SubParsers) -> None:
 
 def config_from_args(args: argparse.Namespace):
     """The TrainConfig of parsed ``hotline train`` flags (ValueError naming the flag if one is wrong)."""
+    from hotline.models.dlrm import parse_layers
     from hotline.training.config import TrainConfig
-    from hotline.training.model import parse_layers
 
     if args.mode != "hotline" and (args.placement or args.hbm_budget):
         flag = "--placement" if args.placement else "--hbm-budget"

@@ -195,9 +195,9 @@ def _pass(
     import torch
 
     from hotline.kernels.gather import assemble_rows
+    from hotline.models.dlrm import DLRM
     from hotline.tiers.base import loss_and_backward, sum_pool
     from hotline.training.config import TrainConfig
-    from hotline.training.model import DLRM
 
     cfg = TrainConfig(embedding_dim=D, bottom_mlp=list(bot), top_mlp=list(top), mini_batch_size=B)
     model = DLRM(cfg.model_config([1000] * T), seed=0)

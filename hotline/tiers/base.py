@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from hotline.datasets.format import Batch
+from hotline.models.dlrm import DLRM, init_embedding_table
 from hotline.table_layout import TableLayout
-from hotline.training.model import DLRM, init_embedding_table
 
 
 class DeferredLoss:

@@ -1,4 +1,5 @@
-"""The training mode a TrainConfig asks for, on this rank: ``device``, ``hybrid`` or ``hotline``."""
+"""The training mode a TrainConfig asks for, on this rank: ``device``, ``hybrid`` or ``hotline``, built from a
+placement (the tiers never profile: that happens above them)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import torch
 
 from hotline.datasets.format import Dataset
 from hotline.distributed.comm import Comm
+from hotline.models.dlrm import init_embedding_table
 from hotline.placement import Placement
 from hotline.table_layout import TableLayout
 from hotline.tiers.base import TrainMode, initial_tables
@@ -15,40 +17,6 @@ from hotline.tiers.device import DeviceMode
 from hotline.tiers.sharded_store import ShardedColdStore
 from hotline.tiers.sparse_optim import SparseOptimizer
 from hotline.tiers.tiered import TieredMode
-from hotline.training.model import init_embedding_table
-
-
-def placement_for(config, dataset: Dataset, progress: bool = True) -> Placement:
-    """The placement a TrainConfig asks for: all-cold for ``hybrid``; for ``hotline`` loaded from
-    ``--placement`` or profiled under ``--hbm-budget``. Checked against the dataset and the embedding dim."""
-    if config.mode == "hybrid":
-        return Placement.all_cold(
-            dataset.table_sizes, dataset_fingerprint=dataset.fingerprint, embedding_dim=config.embedding_dim
-        )
-    if config.placement_path:
-        placement = Placement.load(config.placement_path, dataset=dataset)
-    elif config.hbm_budget is not None:
-        from hotline.profiling.profiler import profile
-
-        prof = profile(
-            dataset,
-            embedding_dim=config.embedding_dim,
-            optimizer=config.optimizer,
-            mini_batch_size=config.mini_batch_size,
-            seed=config.seed,
-            progress=progress,
-        )
-        placement = prof.placement(config.hbm_budget)
-    else:
-        raise ValueError(
-            "--mode hotline needs --placement FILE (from `hotline profile`) or --hbm-budget SIZE"
-        )
-    if placement.embedding_dim != config.embedding_dim:
-        raise ValueError(
-            f"the placement was made for embedding dim {placement.embedding_dim}, the model uses "
-            f"{config.embedding_dim} (--arch-sparse-feature-size)"
-        )
-    return placement
 
 
 def _stores(layout: TableLayout, placement: Placement, dim: int, optimizer: SparseOptimizer, seed: int,
@@ -75,14 +43,18 @@ def _stores(layout: TableLayout, placement: Placement, dim: int, optimizer: Spar
     return ShardedColdStore(comm, shard, optimizer, layout.num_rows), hot_w
 
 
-def build_mode(config, dataset: Dataset, comm: Comm | None = None) -> TrainMode:
-    """The TrainMode of ``config.mode`` for this rank (one rank when ``comm`` is None)."""
+def build_mode(
+    config, dataset: Dataset, placement: Placement | None = None, comm: Comm | None = None
+) -> TrainMode:
+    """The TrainMode of ``config.mode`` for this rank (one rank when ``comm`` is None). ``hybrid`` and
+    ``hotline`` need the ``placement`` (profiling for one happens above the tiers, in training)."""
     comm = comm if comm is not None else Comm()
     opt = SparseOptimizer(config.optimizer, config.learning_rate)
     layout = TableLayout(dataset.table_sizes)
     if config.mode == "device":
         return DeviceMode(layout, config.embedding_dim, opt, config.seed, config.device, comm)
-    placement = placement_for(config, dataset, progress=config.progress and comm.rank == 0)
+    if placement is None:
+        raise ValueError(f"mode {config.mode!r} needs a placement")
     # A rank's share of a global batch; a batch larger than the data is clipped to it (as every mode does).
     max_batch = -(-max(1, min(config.mini_batch_size, len(dataset.train))) // comm.world_size)
     max_rows = max_batch * layout.num_tables * dataset.pooling_factor

@@ -11,11 +11,11 @@ import torch
 from hotline.datasets.format import Batch
 from hotline.distributed.comm import Comm
 from hotline.kernels import sparse_update
+from hotline.models.dlrm import DLRM
 from hotline.table_layout import TableLayout
 from hotline.tiers.base import StepStats, TrainMode, initial_tables, loss_and_backward, step_loss, sum_pool
 from hotline.tiers.replicated import all_ranks_gradients
 from hotline.tiers.sparse_optim import SparseOptimizer
-from hotline.training.model import DLRM
 
 
 class DeviceMode(TrainMode):

@@ -33,6 +33,7 @@ from hotline.dispatch import Dispatcher, MicroBatches
 from hotline.distributed.comm import Comm
 from hotline.kernels import sparse_update
 from hotline.kernels.gather import assemble_rows
+from hotline.models.dlrm import DLRM
 from hotline.pipeline.gpu_timing import StreamPhases
 from hotline.placement import Placement
 from hotline.table_layout import TableLayout, bytes_per_row
@@ -41,7 +42,6 @@ from hotline.tiers.cold_store import ColdFetch, ColdStore, staging_tensor
 from hotline.tiers.packing import CopyPack
 from hotline.tiers.replicated import all_ranks_gradients
 from hotline.tiers.sparse_optim import SparseOptimizer
-from hotline.training.model import DLRM
 
 
 @contextlib.contextmanager

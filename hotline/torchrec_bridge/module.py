@@ -47,11 +47,11 @@ from torchrec.modules.embedding_modules import (  # noqa: E402
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor  # noqa: E402
 
 from hotline.dispatch import Dispatcher  # noqa: E402
+from hotline.models.dlrm import init_embedding_table  # noqa: E402
 from hotline.placement import Placement  # noqa: E402
 from hotline.table_layout import TableLayout  # noqa: E402
 from hotline.tiers.cold_store import HostRows  # noqa: E402
 from hotline.tiers.sparse_optim import SparseOptimizer  # noqa: E402
-from hotline.training.model import init_embedding_table  # noqa: E402
 
 
 def kjt_from_sparse(sparse: np.ndarray, feature_names: Sequence[str]) -> KeyedJaggedTensor:

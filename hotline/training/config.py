@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hotline.models.dlrm import DLRMConfig
 from hotline.tiers.sparse_optim import SparseOptimizer
-from hotline.training.model import DLRMConfig
 
 MODES = ("device", "hybrid", "hotline")
 

@@ -21,8 +21,8 @@ import torch
 from torch import nn
 
 from hotline import _io
+from hotline.models.dlrm import DLRM, DLRMConfig
 from hotline.training.inference import checkpoint_payload, model_spec
-from hotline.training.model import DLRM, DLRMConfig
 
 EXPORT_FORMAT = "hotline-torchrec-dlrm/1"
 TARGETS = ("torchrec-dlrm",)

@@ -31,12 +31,12 @@ import torch
 from hotline import _io
 from hotline.datasets.format import Batch, Dataset, Split
 from hotline.distributed.comm import Comm, shard_bounds
+from hotline.models.dlrm import DLRM
 from hotline.tiers.base import StepStats, TrainMode
 from hotline.tiers.sparse_optim import SparseOptimizer
 from hotline.training.config import TrainConfig
 from hotline.training.logs import LogLines
 from hotline.training.metrics import accuracy, log_loss, roc_auc
-from hotline.training.model import DLRM
 from hotline.training.preflight import check_finite, check_ids, check_memory, check_train_outputs, finite_json
 
 # Step counters that are summed over ranks (in the dense all-reduce); the rest are this rank's own.
@@ -76,8 +76,13 @@ class Trainer:
 
     def _build_mode(self) -> TrainMode:
         from hotline.tiers.build import build_mode
+        from hotline.training.placing import placement_for
 
-        return build_mode(self.config, self.dataset, self.comm)
+        cfg = self.config
+        placement = None
+        if cfg.mode != "device":
+            placement = placement_for(cfg, self.dataset, progress=cfg.progress and self.comm.rank == 0)
+        return build_mode(cfg, self.dataset, placement, self.comm)
 
     def _checkpoint_manager(self):
         """The periodic checkpoint manager, or None."""

@@ -1,0 +1,39 @@
+"""The placement a training run uses: all-cold for ``hybrid``, loaded or profiled for ``hotline``."""
+
+from __future__ import annotations
+
+from hotline.datasets.format import Dataset
+from hotline.placement import Placement
+
+
+def placement_for(config, dataset: Dataset, progress: bool = True) -> Placement:
+    """The placement a TrainConfig asks for: all-cold for ``hybrid``; for ``hotline`` loaded from
+    ``--placement`` or profiled under ``--hbm-budget``. Checked against the dataset and the embedding dim."""
+    if config.mode == "hybrid":
+        return Placement.all_cold(
+            dataset.table_sizes, dataset_fingerprint=dataset.fingerprint, embedding_dim=config.embedding_dim
+        )
+    if config.placement_path:
+        placement = Placement.load(config.placement_path, dataset=dataset)
+    elif config.hbm_budget is not None:
+        from hotline.profiling.profiler import profile
+
+        prof = profile(
+            dataset,
+            embedding_dim=config.embedding_dim,
+            optimizer=config.optimizer,
+            mini_batch_size=config.mini_batch_size,
+            seed=config.seed,
+            progress=progress,
+        )
+        placement = prof.placement(config.hbm_budget)
+    else:
+        raise ValueError(
+            "--mode hotline needs --placement FILE (from `hotline profile`) or --hbm-budget SIZE"
+        )
+    if placement.embedding_dim != config.embedding_dim:
+        raise ValueError(
+            f"the placement was made for embedding dim {placement.embedding_dim}, the model uses "
+            f"{config.embedding_dim} (--arch-sparse-feature-size)"
+        )
+    return placement
