@@ -157,8 +157,3 @@ def test_links_between_pages_resolve():
     for page in PAGES:
         for target, _ in link.findall(page.read_text()):
             assert (page.parent / target).exists(), f"{page.name} links to {target}, which does not exist"
-
-
-def test_readme_is_short():
-    text = (ROOT / "README.md").read_text()
-    assert len(text.encode()) <= 16 * 1024, f"README.md is {len(text.encode())} bytes (at most 16 KiB)"
