@@ -66,6 +66,8 @@ class TrainConfig:
     """torch and numba threads (0: all cores)."""
     progress: bool = True
     """Show a tqdm progress bar."""
+    quiet: bool = False
+    """Print nothing while training: no bar, no log lines (a notebook reads the metrics file instead)."""
     metrics_path: str | None = None
     """``--metrics``: write one JSON record per report to this .jsonl file."""
     dump_params_path: str | None = None

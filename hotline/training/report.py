@@ -79,7 +79,8 @@ def _phase_order(name: str) -> tuple[int, str]:
     return (PHASES.index(name) if name in PHASES else len(PHASES), name)
 
 
-def _phase_colour(name: str):
+def phase_colour(name: str):
+    """The colour of a phase: the same in every panel and every figure (report, notebooks)."""
     import matplotlib
 
     colours = matplotlib.colormaps["tab20"].colors
@@ -102,6 +103,7 @@ def report_figure(runs: list[tuple[str, list[dict]]]):
     ax_loss, ax_auc, ax_rate = top.subplots(1, 3, sharex=True)
     phase_axes = bottom.subplots(1, n, sharey=True, squeeze=False)[0]
     colours = matplotlib.colormaps["tab10"].colors
+    top_ms = 0.0  # one scale for every run's phase panel (shared y), the warm-up windows left out of it
 
     for i, (label, records) in enumerate(runs):
         c = colours[i % len(colours)]
@@ -125,7 +127,7 @@ def report_figure(runs: list[tuple[str, list[dict]]]):
             if pts:
                 xs, ys = zip(*pts)
                 ax_rate.plot(xs, ys, color=c, lw=lw, linestyle=style, label=f"{label}: {name}")
-        _phase_panel(phase_axes[i], label, records)
+        top_ms = max(top_ms, _phase_panel(phase_axes[i], label, records))
 
     ax_loss.set(title=TITLES[0], xlabel="step", ylabel="log-loss (mean over the report window)")
     ax_auc.set(title=TITLES[1], xlabel="step", ylabel="ROC AUC on the validation split")
@@ -141,24 +143,37 @@ def report_figure(runs: list[tuple[str, list[dict]]]):
             0.5, 0.5, "no tier figures (device mode)", ha="center", va="center", transform=ax_rate.transAxes
         )
     phase_axes[0].set_ylabel("ms per step (mean over the report window)")
+    if top_ms > 0:
+        phase_axes[0].set_ylim(0, 1.15 * top_ms)
     return fig
 
 
-def _phase_panel(ax, label: str, records: list[dict]) -> None:
+def _phase_panel(ax, label: str, records: list[dict]) -> float:
+    """Draws a run's phases; returns the largest ms per step after its warm-up window (0 if none)."""
     steps, phases, wall = phase_ms(records)
     overlapped = "stall" in phases
     stacked = {k: v for k, v in phases.items() if not (overlapped and k in MOVEMENT)}
     if stacked:
-        colours = [_phase_colour(k) for k in stacked]
+        colours = [phase_colour(k) for k in stacked]
         ax.stackplot(steps, *stacked.values(), labels=list(stacked), colors=colours, alpha=0.9)
     if overlapped:
         movement = [sum(phases[k][j] for k in MOVEMENT if k in phases) for j in range(len(steps))]
         ax.plot(steps, movement, "k--", label="row movement (worker, overlapped)")
     if any(w == w for w in wall):  # not all NaN
         ax.plot(steps, wall, color="black", linewidth=1.5, label="wall clock")
+    if len(steps) > 1:  # the first window compiles and warms the caches: marked, and kept out of the scale
+        ax.axvspan(0, steps[0], color="0.85", zorder=0, label="warm-up window (compile, caches)")
+        later = [w for w in wall[1:] if w == w] + [
+            sum(v[j] for v in stacked.values()) for j in range(1, len(steps))
+        ]
+        if later:
+            ax.set_ylim(0, 1.15 * max(later))
     ax.set(title=f"{label}: time per step by phase", xlabel="step")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper right")
+    totals = [sum(v[j] for v in stacked.values()) for j in range(len(steps))]
+    later = [x for x in [*wall[1:], *totals[1:]] if x == x]
+    return max(later, default=0.0)
 
 
 def write_report(paths: list[str | os.PathLike], out: str | os.PathLike, dpi: int = 110) -> Path:

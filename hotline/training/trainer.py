@@ -184,7 +184,9 @@ class Trainer:
             self._metrics_file = open(cfg.metrics_path, "a" if self.step_count else "w")
         if cfg.dump_init_path:  # the parameters this run's first step starts from (after --resume/--load)
             self.dump_params(cfg.dump_init_path)
-        log = LogLines(self.comm.rank == 0, bar=cfg.progress)  # no bar without a TTY: a line per report
+        log = LogLines(
+            self.comm.rank == 0 and not cfg.quiet, bar=cfg.progress and not cfg.quiet
+        )  # no bar without a TTY: a line per report
         bar = tqdm(total=total, initial=self.step_count, disable=not log.bar, unit="step", dynamic_ncols=True)
         log.before_first_step()
         window = _Window()
