@@ -157,3 +157,28 @@ def test_links_between_pages_resolve():
     for page in PAGES:
         for target, _ in link.findall(page.read_text()):
             assert (page.parent / target).exists(), f"{page.name} links to {target}, which does not exist"
+
+
+def test_performance_page_is_the_benchmarks_json(tmp_path):
+    """docs/performance.md is what benchmarks/run_all.py makes of the committed JSON in benchmarks/results."""
+    out = tmp_path / "performance.md"
+    script = ROOT / "benchmarks" / "run_all.py"
+    results = ROOT / "benchmarks" / "results"
+    subprocess.run([sys.executable, str(script), "--from-json", str(results), "--out", str(out)], check=True,
+                   cwd=ROOT, capture_output=True)  # fmt: skip
+    assert out.read_text() == (ROOT / "docs" / "performance.md").read_text(), (
+        "docs/performance.md is stale: python benchmarks/run_all.py --from-json benchmarks/results"
+    )
+
+
+def test_run_all_quotes_a_benchmark_with_its_machine(tmp_path):
+    out = tmp_path / "performance.md"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run_all.py"), "--only", "dispatcher", "--smoke",
+                    "--json-dir", str(tmp_path / "results"), "--out", str(out)], check=True, cwd=ROOT,
+                   capture_output=True)  # fmt: skip
+    text = out.read_text()
+    dispatcher = text.split("## dispatcher", 1)[1].split("\n## ", 1)[0]
+    assert "python benchmarks/bench_dispatcher.py --json dispatcher.json" in dispatcher
+    assert "cores" in dispatcher and "load average" in dispatcher
+    assert "| method |" in dispatcher or "| " in dispatcher.split("load average", 1)[1]  # the results table
+    assert "Not run yet." in text.split("## profile", 1)[1].split("\n## ", 1)[0]

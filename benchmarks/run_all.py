@@ -1,0 +1,269 @@
+"""Runs the benchmarks and regenerates docs/performance.md from the JSON they write.
+
+Every figure on the performance page comes from a benchmark's JSON, quoted by this script together with the
+command that made it and the machine it ran on (CPU model, cores, load average before and after, date), so
+the page cannot drift from what the benchmarks measure::
+
+    python benchmarks/run_all.py                       # every benchmark (about 15 minutes on 2 cores), then the page
+    python benchmarks/run_all.py --only dispatcher,pipeline-kaggle
+    python benchmarks/run_all.py --from-json benchmarks/results   # the page again from the JSON, no reruns
+
+Run it on an idle machine: the page says what the load was. JSON and the benchmarks' printed output are kept in
+``--json-dir`` (default ``benchmarks/results/``, committed: the page can be rebuilt from it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Bench:
+    """One benchmark run the page quotes."""
+
+    name: str
+    """Section and file name."""
+    script: str
+    """The script in benchmarks/."""
+    args: tuple[str, ...]
+    """Its flags (besides --json)."""
+    what: str
+    """One line: what it compares."""
+
+
+BENCHES = (
+    Bench(
+        "dispatcher",
+        "bench_dispatcher.py",
+        (),
+        "the dispatcher's split of a 4096 x 26 batch against a numpy split, with the memory-limit probe",
+    ),
+    Bench("profile", "bench_profile.py", (), "access counting (Numba) against np.bincount"),
+    Bench("sparse-update", "bench_sparse_update.py", (), "the sparse row update against index_add_"),
+    Bench(
+        "gather",
+        "bench_gather.py",
+        (),
+        "the working-set gather and write-back against index_select / index_copy_",
+    ),
+    Bench(
+        "preprocess",
+        "bench_preprocess.py",
+        (),
+        "Criteo text to a dataset, end to end, against pandas read_csv",
+    ),
+    Bench(
+        "pipeline-emb-heavy",
+        "bench_pipeline.py",
+        ("--config", "emb-heavy"),
+        "every mode side by side at budgets for 70/85/95% coverage (dim 64, batch 4096)",
+    ),
+    Bench(
+        "pipeline-kaggle",
+        "bench_pipeline.py",
+        ("--config", "kaggle"),
+        "every mode side by side at budgets for 70/85/95% coverage (dim 16, batch 2048)",
+    ),
+    Bench(
+        "pipeline-mlperf",
+        "bench_pipeline.py",
+        ("--config", "mlperf-dcnv2"),
+        "the MLPerf DLRM-DCNv2 shape (multi-hot, DCN) at a row cap that fits here",
+    ),
+    Bench(
+        "costmodel",
+        "bench_costmodel.py",
+        (),
+        "the cost model's predicted / measured samples/s per mode and budget",
+    ),
+    Bench(
+        "disk-tier",
+        "bench_disk_tier.py",
+        (),
+        "cold rows on local disk: hotline against hybrid, an mmap baseline and all-in-memory",
+    ),
+    Bench(
+        "torchrec",
+        "bench_torchrec.py",
+        (),
+        "torchrec's EBC and fused EBC against Hotline's collection and trainer",
+    ),
+    Bench(
+        "distributed",
+        "bench_distributed.py",
+        ("--threads", "1"),
+        "1 and 2 gloo ranks, every mode, budgets for 70/85/95% coverage",
+    ),
+    Bench(
+        "drift",
+        "bench_drift.py",
+        (),
+        "static against adaptive placement on drifting data, and the counting's cost",
+    ),
+)
+
+
+def machine() -> dict:
+    """The machine the figures come from."""
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": model or platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+
+
+def run(bench: Bench, json_dir: Path, smoke: bool) -> dict:
+    """Runs one benchmark; returns its record (command, machine, loads, return code, JSON or None)."""
+    out = json_dir / f"{bench.name}.json"
+    argv = [
+        sys.executable,
+        str(HERE / bench.script),
+        *bench.args,
+        "--json",
+        str(out),
+        *(["--smoke"] if smoke else []),
+    ]
+    shown = " ".join(["python", f"benchmarks/{bench.script}", *bench.args, "--json", f"{bench.name}.json"])
+    record = {"command": shown, "machine": machine(), "load_before": list(os.getloadavg()), "smoke": smoke}
+    record["started"] = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    if out.exists():
+        out.unlink()  # ours, from an earlier run: a failed run must not quote it
+    print(f"== {bench.name}: {shown}", flush=True)
+    proc = subprocess.run(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    (json_dir / f"{bench.name}.txt").write_text(proc.stdout)
+    record.update(load_after=list(os.getloadavg()), returncode=proc.returncode)
+    if proc.returncode:
+        record["error"] = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else "no output"
+    (json_dir / f"{bench.name}.run.json").write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def _cell(v: object) -> str:
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if v != v:
+            return "-"
+        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return "-" if v is None else str(v).replace("|", "/")
+
+
+def table(rows: list[dict]) -> list[str]:
+    """A Markdown table of ``rows`` (their scalar fields, in first-seen order)."""
+    cols: list[str] = []
+    for r in rows:
+        cols += [k for k, v in r.items() if k not in cols and not isinstance(v, (dict, list))]
+    if not cols:
+        return []
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_cell(r.get(c)) for c in cols) + " |" for r in rows]
+    return lines
+
+
+def section(bench: Bench, record: dict | None, data: dict | None) -> list[str]:
+    """The page's section of one benchmark."""
+    out = [f"## {bench.name}", "", bench.what[0].upper() + bench.what[1:] + ".", ""]
+    if record is None:
+        return [*out, "Not run yet.", ""]
+    m = record["machine"]
+    out += ["```bash", record["command"], "```", ""]
+    out += [
+        f"Ran {record['started']} on {m['cpu']} ({m['cores']} cores, {m['memory_gib']} GiB), Python {m['python']}; "
+        f"load average {record['load_before'][0]:.2f} before, {record['load_after'][0]:.2f} after.",
+        "",
+    ]
+    if record.get("smoke"):
+        out += ["**A `--smoke` run (tiny sizes): it checks the script, it measures nothing.**", ""]
+    if record.get("returncode"):
+        return [*out, f"**Failed** (exit {record['returncode']}): `{record.get('error', '')}`", ""]
+    if data is None:
+        return [*out, "It wrote no JSON.", ""]
+    results = data.get("results")
+    if isinstance(results, list) and results and isinstance(results[0], dict):
+        out += [*table(results), ""]
+    scalars = {k: v for k, v in data.items() if not isinstance(v, (dict, list)) and k not in ("results",)}
+    for key in ("targets", "summary", "verdict", "checks", "ratios"):
+        if isinstance(data.get(key), dict):
+            scalars.update({f"{key}.{k}": v for k, v in data[key].items() if not isinstance(v, (dict, list))})
+    if scalars:
+        out += (
+            ["| figure | value |", "|---|---|"] + [f"| {k} | {_cell(v)} |" for k, v in scalars.items()] + [""]
+        )
+    return out
+
+
+def page(records: dict[str, dict], json_dir: Path) -> str:
+    """docs/performance.md from the records and JSON in ``json_dir``."""
+    lines = [
+        "# Performance: measured figures",
+        "",
+        "Generated by `python benchmarks/run_all.py` from the JSON the benchmarks wrote (do not edit by hand: rerun",
+        "it). Each benchmark runs its competitors side by side in one process; each section names the command, the",
+        "machine and the load average around the run. Compare ratios within one run, never absolute figures across",
+        "machines or days. A hotline throughput is always printed beside the coverage, popular share and cold rows",
+        "it measured; a run at >= 99.9% coverage is marked saturated and is not a hotline result. GPU figures come",
+        "from `benchmarks/gpu_bench.py` ([GPU.md](../benchmarks/GPU.md)); none has run yet.",
+        "",
+    ]
+    for bench in BENCHES:
+        data_path = json_dir / f"{bench.name}.json"
+        data = json.loads(data_path.read_text()) if data_path.exists() else None
+        lines += section(bench, records.get(bench.name), data)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    p.add_argument("--only", default="", help="comma-separated benchmark names (default: all)")
+    p.add_argument("--json-dir", type=Path, default=HERE / "results", help="where JSON and printed output go")
+    p.add_argument("--from-json", type=Path, default=None, metavar="DIR", help="no runs: the page from DIR")
+    p.add_argument("--out", type=Path, default=ROOT / "docs" / "performance.md", help="the page to write")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes (checks the script, not the machine)")
+    args = p.parse_args(argv)
+    names = [n for n in args.only.split(",") if n]
+    unknown = sorted(set(names) - {b.name for b in BENCHES})
+    if unknown:
+        p.error(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(b.name for b in BENCHES)}")
+    json_dir = args.from_json or args.json_dir
+    json_dir.mkdir(parents=True, exist_ok=True)
+    if args.from_json is None:
+        for bench in BENCHES:
+            if (not names or bench.name in names) and (HERE / bench.script).exists():
+                run(bench, json_dir, args.smoke)
+    records = {}
+    for bench in BENCHES:
+        rec = json_dir / f"{bench.name}.run.json"
+        if rec.exists():
+            records[bench.name] = json.loads(rec.read_text())
+    from hotline._io import write_text
+
+    write_text(args.out, page(records, json_dir))
+    print(f"wrote {args.out} ({len(records)} of {len(BENCHES)} benchmarks quoted)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
