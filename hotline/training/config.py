@@ -10,7 +10,7 @@ import torch
 from hotline.models.dlrm import DLRMConfig
 from hotline.tiers.sparse_optim import SparseOptimizer
 
-MODES = ("device", "hybrid", "hotline")
+MODES = ("device", "hybrid", "hotline", "auto")
 
 
 def resolve_device(device: str) -> str:
@@ -31,7 +31,8 @@ class TrainConfig:
     """Everything a training run needs besides the dataset (flags keep the reference DLRM's names)."""
 
     mode: str = "device"
-    """Where embedding rows live: ``device`` (all on the compute device), ``hybrid`` or ``hotline``."""
+    """Where embedding rows live: ``device`` (all on the compute device), ``hybrid`` or ``hotline``; ``auto``
+    (``hotline train``'s default) is resolved to one of them before training (:mod:`hotline.training.auto`)."""
     embedding_dim: int = 16
     """``--arch-sparse-feature-size``."""
     bottom_mlp: list[int] = field(default_factory=lambda: [13, 512, 256, 64, 16])

@@ -79,6 +79,11 @@ class Trainer:
         from hotline.training.placing import placement_for
 
         cfg = self.config
+        if cfg.mode == "auto":
+            raise ValueError(
+                "mode 'auto' is chosen before training: resolve it with hotline.training.auto.choose_for_run "
+                "(as `hotline train` does) or give device, hybrid or hotline"
+            )
         placement = None
         if cfg.mode != "device":
             placement = placement_for(cfg, self.dataset, progress=cfg.progress and self.comm.rank == 0)
