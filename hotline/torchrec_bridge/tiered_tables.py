@@ -98,6 +98,8 @@ class TieredTables:
         self._prefetched: deque[Lookup] = deque()
         self._ahead: contextlib.ExitStack | None = None  # open while the claim rule is on (after a prefetch)
         self._next_step = 0  # the claim rule's step number of the next training lookup
+        self.refreshed_rows = 0
+        """Prefetched rows read again because an earlier step was still to update them (the claim rule)."""
 
     # -- storage views --------------------------------------------------------------------------------------
     def local_rows(self, t: int) -> slice:
@@ -212,6 +214,7 @@ class TieredTables:
         if self.store.needs_refresh(look.fetch):  # every earlier step's update has landed by now
             slots, w, s = self.store.refresh(look.fetch)
             if slots.size:
+                self.refreshed_rows += int(slots.size)
                 look.fetch.values[slots] = w
                 if s.size:
                     look.fetch.state[slots] = s
@@ -257,8 +260,7 @@ class TieredTables:
         device_index = None
         if self.device.type != "cpu":
             device_index = tuple(torch.from_numpy(a).to(self.device) for a in (look.cold_slot, look.cold_pos))
-        g_host = g if self.device.type == "cpu" else g
-        touched += store.update(look.fetch, optimizer, look.work, look.work_state, look.cold_slot, g_host,
+        touched += store.update(look.fetch, optimizer, look.work, look.work_state, look.cold_slot, g,
                                 look.cold_pos, device_index)  # fmt: skip
         if store.writes_back:
             store.write_back(look.fetch, look.work.cpu().numpy(), look.work_state.cpu().numpy())
