@@ -311,8 +311,8 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
     if comm.rank == 0:
         record = {k: summary[k] for k in SUMMARY_KEYS}
         record["world_size"] = comm.world_size  # every run prints the same keys, 1 rank or N
-        # what --mode auto chose and predicted, beside what the run measured (None: the mode was given)
-        record["auto"] = choice.record(summary["samples_per_s"]) if choice is not None else None
+        if choice is not None:  # what --mode auto chose and predicted, beside what the run measured
+            record["auto"] = choice.record(summary["samples_per_s"])
         print(finite_json(record))
     return 0
 
