@@ -293,6 +293,12 @@ def choose_for_run(
     from hotline.profiling.costmodel import workload_for
 
     dataset = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
+    # the checks training makes first, made before the profiling: bad input is named before any long work
+    from hotline.training.preflight import check_ids
+
+    check_ids(dataset)
+    if dataset.train.num_batches(config.mini_batch_size) == 0:
+        raise ValueError(f"the training split of {dataset.path} has no rows to train on")
     if prof is None:
         from hotline.profiling.profiler import profile
 
