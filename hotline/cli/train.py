@@ -265,13 +265,20 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
             comm = Comm()
             configure_threads(config.threads)
         dataset = _dataset(args, comm)
-        choice = None
-        if config.mode == "auto":
-            choice = _choose(config, dataset, args, comm)
-            config = replace(
-                config, mode=choice.mode, lookahead=choice.lookahead, hbm_budget=choice.hbm_budget
-            )
-        trainer = Trainer(config, dataset, comm)
+        if args.load:  # a missing checkpoint is named before --mode auto profiles
+            from hotline.training.checkpoint import CheckpointError
+
+            if not os.path.isfile(args.load):
+                raise CheckpointError(f"checkpoint {args.load} does not exist")
+        chosen = []
+
+        def choose(cfg, ds):
+            chosen.append(_choose(cfg, ds, args, comm))
+            c = chosen[0]
+            return replace(cfg, mode=c.mode, lookahead=c.lookahead, hbm_budget=c.hbm_budget)
+
+        trainer = Trainer(config, dataset, comm, choose=choose)
+        choice = chosen[0] if chosen else None
         try:
             if args.load:
                 step = load_checkpoint(trainer, args.load)
@@ -335,7 +342,7 @@ def _choose(config, dataset, args: argparse.Namespace, comm=None):
         if choice is None:
             choice = AutoChoice.from_code(code.tolist())
     if comm is None or comm.rank == 0:
-        print(f"hotline train: {choice.line()}", file=sys.stderr)
+        print(choice.line(), file=sys.stderr)
     return choice
 
 
