@@ -87,8 +87,9 @@ def _spawned(rank: int, world_size: int, port: int, threads: int, device: str, f
         backend_for(device), init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
     )
     try:
-        fn(Comm.from_process_group(), *args)
-        dist.barrier()  # no rank tears the group down while a peer still uses it
+        comm = Comm.from_process_group()
+        fn(comm, *args)
+        comm.barrier()  # no rank tears the group down while a peer still uses it
     finally:
         dist.destroy_process_group()
 
