@@ -143,10 +143,11 @@ def main(argv: list[str] | None = None) -> dict:
                "machine": common.machine_info(args.threads), "stages": {}}  # fmt: skip
     print(f"versions: {payload['versions']}\nzero-copy probe: {payload['zero_copy']}", flush=True)
     common.setup_threads(args.threads)
-    stages = ["smoke"] if args.smoke else ([] if args.no_smoke else ["smoke"]) + ["full"]
-    for stage in stages:
+    plan = stage_plan(args.smoke, args.no_smoke)
+    stages = [stage for stage, _ in plan]
+    for stage, calibrates in plan:
         run_args = argparse.Namespace(**{**vars(args), **STAGES[stage]})
-        run_args.calibrate = stage == stages[-1]  # calibration (--hardware-out) runs once
+        run_args.calibrate = calibrates
         if stage == "smoke":
             run_args.threads = min(args.threads, 2) if device == "cpu" else args.threads
         try:
@@ -172,6 +173,13 @@ def main(argv: list[str] | None = None) -> dict:
     payload["total_s"] = time.perf_counter() - t_start
     common.write_json(args.json, payload)
     return payload
+
+
+def stage_plan(smoke: bool, no_smoke: bool) -> list[tuple[str, bool]]:
+    """The stages to run, in order, each with whether it calibrates (``--hardware-out``): the last one only,
+    so calibration is counted once."""
+    stages = ["smoke"] if smoke else ([] if no_smoke else ["smoke"]) + ["full"]
+    return [(stage, stage == stages[-1]) for stage in stages]
 
 
 def _probed(probe) -> dict:

@@ -452,3 +452,12 @@ def test_gpu_bench_smoke_from_a_plain_checkout_survives_a_mode_that_raises(tmp_p
     assert ran == ["device", "hybrid", "hotline_k0", "torch_embeddingbag"]
     assert all(r["samples_per_s"] > 0 for r in smoke["sweep"] if "error" not in r)
     assert "hotline_k0" in payload and "hotline_k2" not in payload  # headline of what ran
+
+
+def test_gpu_bench_calibrates_once_in_its_last_stage():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    plan = __import__("gpu_bench").stage_plan
+
+    assert plan(smoke=False, no_smoke=False) == [("smoke", False), ("full", True)]
+    assert plan(smoke=False, no_smoke=True) == [("full", True)]
+    assert plan(smoke=True, no_smoke=False) == [("smoke", True)]

@@ -127,11 +127,14 @@ class Comm:
         sizes = [torch.zeros(1, dtype=torch.int64, device=where) for _ in range(self.world_size)]
         dist.all_gather(sizes, n, group=group)
         sizes = [int(s) for s in torch.cat(sizes).tolist()]  # one read (on NCCL: one wait for the device)
+        self.bytes_sent["control"] += 8 * (self.world_size - 1)
+        if max(sizes) == 0:  # every rank sees the same sizes: none sends an empty collective
+            self.bytes_sent[kind] += 0.0
+            return [t[:0] for _ in sizes]
         padded = torch.zeros((max(sizes), *t.shape[1:]), dtype=t.dtype, device=where)
         padded[: t.shape[0]] = t
         parts = [torch.empty_like(padded) for _ in range(self.world_size)]
         dist.all_gather(parts, padded, group=group)
-        self.bytes_sent["control"] += 8 * (self.world_size - 1)
         self.bytes_sent[kind] += (self.world_size - 1) * padded.numel() * padded.element_size()
         return [p[:s].to(t.device) for p, s in zip(parts, sizes)]
 

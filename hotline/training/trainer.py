@@ -168,9 +168,10 @@ class Trainer:
                 loss.device_value if isinstance(loss, DeferredLoss) else torch.tensor(float(loss), device=dev)
             )
             flat = torch.cat(grads + [loss.reshape(1).to(dev, torch.float32)])
-            host = torch.tensor(counts, dtype=torch.float64)
-            self.comm.all_reduce_(host, "control")
-            counts = host.tolist()
+            if counts:  # the same counters on every rank (same mode): all skip it or none
+                host = torch.tensor(counts, dtype=torch.float64)
+                self.comm.all_reduce_(host, "control")
+                counts = host.tolist()
         else:
             flat = torch.cat(grads + [torch.tensor([float(stats.loss_sum), *counts], device=dev)])
         self.comm.all_reduce_(flat, "dense_allreduce")
