@@ -85,6 +85,7 @@ _quiet_tqdm_if_missing()
 import bench_pipeline  # noqa: E402
 import common  # noqa: E402
 import gpu_extras  # noqa: E402
+import gpu_torchrec  # noqa: E402
 
 GOALS = {"hotline/hybrid": 2.2, "hotline/device": 0.7}
 
@@ -145,6 +146,10 @@ def main(argv: list[str] | None = None) -> dict:
         if stage == "smoke":
             run_args.threads = min(args.threads, 2) if device == "cpu" else args.threads
         payload["stages"][stage] = _stage(stage, run_args, device, payload, t_start)
+    # Hotline's torchrec collection vs torchrec's EBC on the device (skipped, with the reason, without torchrec)
+    tiny = {"steps": 3, "batch": 64, "dim": 8, "rows": 500, "tables": 3} if args.smoke else {}
+    payload["stages"]["torchrec"] = gpu_torchrec.torchrec_stage(device, **tiny)
+    print(f"torchrec stage: {payload['stages']['torchrec']}", flush=True)
     full = payload["stages"].get("full") or payload["stages"]["smoke"]
     payload.update(
         {k: full[k] for k in ("ratios", "best_hotline", "sweep", "placements", "hardware") if k in full}

@@ -121,10 +121,12 @@ class CollectionCore:
             if weights[g] is not None:
                 contrib = contrib * torch.from_numpy(weights[g]).to(dev, torch.float32)[:, None]
             slots = sorted({j for j, (t, _, _) in enumerate(self.slots) if self.where[t][0] == g})
-            pooled = torch.zeros((len(self.slots) * B, grp.dim), dtype=torch.float32, device=dev)
-            pooled = pooled.index_add(0, torch.from_numpy(bags[g]).to(dev), contrib).view(
-                len(self.slots), B, grp.dim
-            )
+            S = len(self.slots)
+            if bags[g].shape[0] == S * B and (bag_len == 1).all():  # one lookup per bag, in bag order: no sum
+                pooled = contrib.view(S, B, grp.dim)
+            else:
+                pooled = torch.zeros((S * B, grp.dim), dtype=torch.float32, device=dev)
+                pooled = pooled.index_add(0, torch.from_numpy(bags[g]).to(dev), contrib).view(S, B, grp.dim)
             for j in slots:
                 out = pooled[j]
                 if self.configs[self.slots[j][0]].pooling == PoolingType.MEAN:
