@@ -10,16 +10,17 @@ import torch
 from hotline.models.dlrm import DLRMConfig
 from hotline.tiers.sparse_optim import SparseOptimizer
 
-MODES = ("device", "hybrid", "hotline")
+MODES = ("device", "hybrid", "hotline", "auto")
 
 
 def resolve_device(device: str) -> str:
-    """``auto`` -> ``cuda`` when torch sees a GPU (a local rank of several: ``cuda:LOCAL_RANK``, modulo the
-    GPUs), else ``cpu``; any other name as it is."""
-    if device != "auto":
+    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``; ``cuda`` (or ``auto``) on a local rank of
+    several -> ``cuda:LOCAL_RANK`` modulo the GPUs (each rank its own GPU; NCCL refuses two ranks on one);
+    any other name as it is."""
+    if device not in ("auto", "cuda"):
         return device
     if not torch.cuda.is_available():
-        return "cpu"
+        return "cpu" if device == "auto" else device
     local_rank = os.environ.get("LOCAL_RANK")
     if local_rank is None or int(os.environ.get("LOCAL_WORLD_SIZE", "1")) <= 1:
         return "cuda"
@@ -31,7 +32,8 @@ class TrainConfig:
     """Everything a training run needs besides the dataset (flags keep the reference DLRM's names)."""
 
     mode: str = "device"
-    """Where embedding rows live: ``device`` (all on the compute device), ``hybrid`` or ``hotline``."""
+    """Where embedding rows live: ``device`` (all on the compute device), ``hybrid`` or ``hotline``; ``auto``
+    (``hotline train``'s default) is resolved to one of them before training (:mod:`hotline.training.auto`)."""
     embedding_dim: int = 16
     """``--arch-sparse-feature-size``."""
     bottom_mlp: list[int] = field(default_factory=lambda: [13, 512, 256, 64, 16])
@@ -39,7 +41,11 @@ class TrainConfig:
     top_mlp: list[int] = field(default_factory=lambda: [512, 256, 1])
     """``--arch-mlp-top``."""
     interaction: str = "dot"
-    """``--arch-interaction-op``: dot or cat."""
+    """``--arch-interaction-op``: dot, cat or dcn (DCN-v2's low-rank cross net, torchrec's DLRM_DCN)."""
+    dcn_num_layers: int = 3
+    """``--dcn-num-layers``: cross layers of the dcn interaction."""
+    dcn_low_rank_dim: int = 512
+    """``--dcn-low-rank-dim``: rank of each cross layer of the dcn interaction."""
     mini_batch_size: int = 128
     """Samples per mini-batch (one optimizer step each)."""
     learning_rate: float = 0.1
@@ -61,7 +67,8 @@ class TrainConfig:
     seed: int = 0
     """Seed of model and embedding initialisation."""
     device: str = "cpu"
-    """Compute device: cpu, cuda (cuda:N), or auto: cuda when torch sees a GPU, else cpu (resolved here)."""
+    """Compute device: cpu, cuda (cuda:N), or auto: cuda when torch sees a GPU, else cpu (resolved here; on
+    one of several local ranks cuda and auto mean the rank's own GPU, cuda:LOCAL_RANK)."""
     threads: int = 0
     """torch and numba threads (0: all cores)."""
     progress: bool = True
@@ -137,8 +144,12 @@ class TrainConfig:
                 f"--threads must be >= 0 (0: all cores) and --worker-threads >= 1, got {self.threads} "
                 f"and {self.worker_threads}"
             )
-        if self.device == "auto":
-            self.device = resolve_device("auto")
+        if self.dcn_num_layers < 1 or self.dcn_low_rank_dim < 1:
+            raise ValueError(
+                f"--dcn-num-layers and --dcn-low-rank-dim must be >= 1, got {self.dcn_num_layers} and "
+                f"{self.dcn_low_rank_dim}"
+            )
+        self.device = resolve_device(self.device)
         try:
             device = torch.device(self.device)
         except RuntimeError as e:
@@ -168,4 +179,6 @@ class TrainConfig:
             bottom_mlp=list(self.bottom_mlp),
             top_mlp=list(self.top_mlp),
             interaction=self.interaction,
+            dcn_num_layers=self.dcn_num_layers,
+            dcn_low_rank_dim=self.dcn_low_rank_dim,
         )
