@@ -47,7 +47,9 @@ def _stores(config, layout: TableLayout, placement: Placement, optimizer: Sparse
         rows = DiskRows(cold_file(config.cold_dir, r, N), local.shape[0], dim, optimizer, order,
                         config.cold_io_depth, config.cold_direct, config.cold_cache)  # fmt: skip
         rows.fill_initial(layout, seed, r, N)
-        return ShardedColdStore(comm, rows, optimizer, layout.num_rows), _hot_rows(layout, placement, dim, seed)
+        return ShardedColdStore(comm, rows, optimizer, layout.num_rows), _hot_rows(
+            layout, placement, dim, seed
+        )
     # One table at a time: the initial rows of this rank's shard and of the (replicated) hot tier.
     shard = np.empty((len(range(r, layout.num_rows, N)), dim), np.float32)
     hot_w = np.empty((placement.num_hot, dim), np.float32)

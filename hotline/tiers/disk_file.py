@@ -129,7 +129,9 @@ class RowFile:
         self.num_rows, self.dim, self.S = int(num_rows), int(dim), int(state_floats)
         self.floats = self.dim + self.S
         self.record = 4 * self.floats
-        self.order = np.arange(self.num_rows, dtype=np.int64) if order is None else np.asarray(order, np.int64)
+        self.order = (
+            np.arange(self.num_rows, dtype=np.int64) if order is None else np.asarray(order, np.int64)
+        )
         if self.order.shape != (self.num_rows,):
             raise ValueError(f"the row order has {self.order.shape[0]} rows, the file {self.num_rows}")
         self.positions = np.empty(self.num_rows, np.int64)
@@ -159,7 +161,9 @@ class RowFile:
             fcntl.flock(self._bulk, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(self._bulk)
-            raise ValueError(f"cold store {path} is in use by another Hotline run (choose another --cold-dir)")
+            raise ValueError(
+                f"cold store {path} is in use by another Hotline run (choose another --cold-dir)"
+            ) from None
         _io.write_json(
             manifest_path(path),
             {"format": FORMAT, "rows": self.num_rows, "dim": self.dim, "state_floats": self.S,
@@ -170,7 +174,8 @@ class RowFile:
             os.ftruncate(self._bulk, 0)
             os.posix_fallocate(self._bulk, 0, self.size)  # a full disk is found now, not mid-run
         except OSError as e:
-            self.close()
+            os.close(self._bulk)
+            self._bulk = -1
             raise _named(e, path, f"reserving {self.size} bytes") from None
         self.mode = "buffered (O_DIRECT not asked for)"
         self._fd = self._bulk
@@ -330,9 +335,13 @@ class RowFile:
                 try:
                     done = call(fd, [mem[a : a + n]], o)
                 except OSError as e:
-                    raise _named(e, path, f"{'write' if write else 'read'} of {n} bytes at byte {o}") from None
+                    raise _named(
+                        e, path, f"{'write' if write else 'read'} of {n} bytes at byte {o}"
+                    ) from None
                 if done != n:
-                    raise OSError(errno.EIO, f"short {'write' if write else 'read'}: cold store {path} at byte {o}")
+                    raise OSError(
+                        errno.EIO, f"short {'write' if write else 'read'}: cold store {path} at byte {o}"
+                    )
 
         n = starts.shape[0]
         k = min(self.io_depth, n)
@@ -340,7 +349,9 @@ class RowFile:
             run(0, n)
         else:
             bounds = np.linspace(0, n, k + 1).astype(np.int64)
-            futures = [self._pool.submit(run, int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+            futures = [
+                self._pool.submit(run, int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a
+            ]
             for f in futures:
                 f.result()
         moved = int(size.sum())

@@ -30,7 +30,14 @@ import torch
 from hotline.distributed.comm import Comm
 from hotline.kernels import sparse_update
 from hotline.table_layout import TableLayout
-from hotline.tiers.cold_store import _EMPTY, ClaimBook, ColdFetch, ColdStore, update_working_rows, with_hot_rows
+from hotline.tiers.cold_store import (
+    _EMPTY,
+    ClaimBook,
+    ColdFetch,
+    ColdStore,
+    update_working_rows,
+    with_hot_rows,
+)
 from hotline.tiers.disk_file import PAGE, RowFile
 from hotline.tiers.sparse_optim import SparseOptimizer
 
@@ -39,7 +46,11 @@ _INIT_CHUNK_ROWS = 1 << 20
 
 def cold_file(cold_dir: str | os.PathLike, rank: int = 0, world_size: int = 1) -> Path:
     """The cold-row file of ``rank`` in ``cold_dir``."""
-    name = "hotline-cold-rows.bin" if world_size == 1 else f"hotline-cold-rows.rank{rank:03d}-of-{world_size:03d}.bin"
+    name = (
+        "hotline-cold-rows.bin"
+        if world_size == 1
+        else f"hotline-cold-rows.rank{rank:03d}-of-{world_size:03d}.bin"
+    )
     return Path(cold_dir) / name
 
 
@@ -54,7 +65,9 @@ def popularity_order(counts: np.ndarray | None, num_rows: int, last: np.ndarray 
         tail[last] = True
     seen = np.flatnonzero((counts > 0) & ~tail)
     head = seen[np.argsort(-counts[seen], kind="stable")]
-    return np.concatenate([head, np.flatnonzero((counts == 0) & ~tail), np.flatnonzero(tail)]).astype(np.int64)
+    return np.concatenate([head, np.flatnonzero((counts == 0) & ~tail), np.flatnonzero(tail)]).astype(
+        np.int64
+    )
 
 
 def table_chunks(rows: int, dim: int, seed: int, table: int, chunk: int = _INIT_CHUNK_ROWS):
@@ -102,7 +115,11 @@ class DiskRows(ClaimBook):
         U, D = rows.shape[0], self.dim
         w = out_w[:U] if out_w is not None else np.empty((U, D), np.float32)
         w[:] = rec[:, :D]
-        s = (out_s[:U] if out_s is not None else np.empty(U, np.float32)) if self.S else np.zeros(0, np.float32)
+        s = (
+            (out_s[:U] if out_s is not None else np.empty(U, np.float32))
+            if self.S
+            else np.zeros(0, np.float32)
+        )
         if self.S:
             s[:] = rec[:, D]
         return w, s, pages

@@ -60,7 +60,9 @@ class ShardedColdStore(ColdStore):
         holder with HostRows' verbs (``hotline.tiers.disk_store.DiskRows``: the shard in a file)."""
         self.comm = comm
         self.num_rows = int(num_rows)
-        self.host = HostRows(shard_weights, optimizer) if isinstance(shard_weights, np.ndarray) else shard_weights
+        self.host = (
+            HostRows(shard_weights, optimizer) if isinstance(shard_weights, np.ndarray) else shard_weights
+        )
         self.S = optimizer.state_floats_per_row
         self._ahead: Comm | None = None  # the look-ahead thread's group, inside lookahead()
 
