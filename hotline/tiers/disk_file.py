@@ -105,6 +105,8 @@ class PageSet:
     """Writes completed before the pages were read (a page a later write changed is read again)."""
     reads: int = 0
     """System calls the read took."""
+    disk_rows: int = 0
+    """Rows read from the file (the rest came from the DRAM tier)."""
 
 
 class RowFile:
@@ -373,7 +375,7 @@ class RowFile:
             out[ci] = self.cache[cpos]
         if di.shape[0]:
             out[di] = _get(buffer, offsets, self.record).view(np.float32)
-        return out, PageSet(pages, buffer, offsets, version, reads)
+        return out, PageSet(pages, buffer, offsets, version, reads, int(di.shape[0]))
 
     def write_rows(self, rows: np.ndarray, records: np.ndarray, pages: PageSet | None = None) -> int:
         """Stores records [U, floats] of the distinct ``rows`` in place. ``pages``: what the rows' fetch read

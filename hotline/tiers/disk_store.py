@@ -205,7 +205,8 @@ class DiskColdStore(ColdStore):
         return ColdFetch(
             rows, w, s, step=step, stale=stale, stale_owner=owner, route=pages,
             times={"disk_read": time.perf_counter() - t0},
-            counters={"disk_bytes_read": pages.pages.shape[0] * PAGE, "disk_reads": pages.reads},
+            counters={"disk_bytes_read": pages.pages.shape[0] * PAGE, "disk_reads": pages.reads,
+                      "disk_rows": pages.disk_rows},
         )  # fmt: skip
 
     def needs_refresh(self, fetch: ColdFetch) -> bool:
