@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from hotline import TrainConfig, Trainer
 from hotline.cli import main
@@ -366,3 +367,90 @@ def test_cli_trains_with_the_disk_store(data, tmp_path, capsys):
     for k in a.files:
         assert np.array_equal(a[k], b[k]), k
     assert made_by_hotline(cold_file(tmp_path)) and order_path(cold_file(tmp_path)).is_file()
+
+
+# -- calibration, cost model, benchmark -----------------------------------------------------------------
+DISK = {"read_iops": {"1": 20_000.0, "depth": 60_000.0}, "write_iops": 40_000.0, "cpu_us_per_read": 5.0,
+        "cpu_us_per_write": 5.0, "depth": 32, "seq_write_mbps": 900.0}  # fmt: skip
+
+
+def test_cost_model_prices_the_disk_tier():
+    from test_costmodel import HW, W, stats
+
+    from hotline.profiling import costmodel as cm
+
+    hw = {**HW, "disk": DISK}
+    s = stats(cold=20_000, unique=60_000)
+    for mode in ("hybrid", "hotline_k0", "hotline_k1"):
+        mem = cm.predict(mode, W, s, hw)
+        none = cm.predict(mode, W, s, hw, cm.DiskTier(pages_per_cold_row=0.0))  # no page read: as in memory
+        assert none.samples_per_s == pytest.approx(mem.samples_per_s)
+        disk = cm.predict(mode, W, s, hw, cm.DiskTier(pages_per_cold_row=1.0))
+        assert disk.samples_per_s < mem.samples_per_s
+        cold = 60_000 if mode == "hybrid" else 20_000
+        assert disk.phases_s["disk_read"] == pytest.approx(cold / 60_000)
+        assert disk.phases_s["disk_write"] == pytest.approx(cold / 40_000)
+        if mode != "hotline_k1":  # sequential: the reads and writes add up (their CPU is inside them)
+            assert disk.step_s == pytest.approx(mem.step_s + cold / 60_000 + cold / 40_000)
+    k1 = cm.predict("hotline_k1", W, s, hw, cm.DiskTier(1.0))
+    assert k1.phases_s["lane: disk (reads + writes)"] == pytest.approx(20_000 / 60_000 + 20_000 / 40_000)
+    assert k1.bottleneck == "disk (reads + writes)" and k1.step_s >= 20_000 / 60_000 + 20_000 / 40_000
+    half = cm.predict("hotline_k1", W, s, hw, cm.DiskTier(1.0, cached_share=0.5))  # the DRAM tier serves half
+    assert half.phases_s["disk_read"] == pytest.approx(10_000 / 60_000)
+    with pytest.raises(ValueError, match="calibrate --disk"):
+        cm.predict("hybrid", W, s, HW, cm.DiskTier())
+
+
+def test_calibrate_disk_cli(tmp_path, capsys):
+    out = tmp_path / "hw.json"
+    out.write_text('{"format": "hotline-hardware", "host": {"x": 1}}')
+    assert (
+        main(["calibrate", "--out", str(out), "--disk", str(tmp_path), "--disk-only", "--disk-depth", "4"])
+        == 0
+    )
+    import json
+
+    hw = json.loads(out.read_text())
+    d = hw["disk"]
+    assert hw["host"] == {"x": 1}  # what the file held stays
+    assert d["depth"] == 4 and d["io_mode"] in ("direct",) or d["io_mode"].startswith("buffered")
+    for v in (d["read_iops"]["1"], d["read_iops"]["depth"], d["write_iops"], d["seq_write_mbps"]):
+        assert v > 0
+    assert "random 4 KiB reads" in capsys.readouterr().out
+    assert not list(tmp_path.glob("hotline-disk-calibration*"))  # its scratch file is gone
+    assert main(["calibrate", "--out", str(out), "--disk-only"]) == 2
+
+
+def test_bench_disk_tier_smoke(tmp_path, monkeypatch):
+    import json
+
+    import numba
+
+    monkeypatch.syspath_prepend(
+        str(__import__("pathlib").Path(__file__).resolve().parent.parent / "benchmarks")
+    )
+    import bench_disk_tier
+
+    threads = (torch.get_num_threads(), numba.get_num_threads())
+    try:
+        report = bench_disk_tier.main(["--smoke", "--threads", "1", "--json", str(tmp_path / "r.json")])
+    finally:
+        torch.set_num_threads(threads[0])
+        numba.set_num_threads(threads[1])
+    written = json.loads((tmp_path / "r.json").read_text())
+    assert written["benchmark"] == report["benchmark"] == "bench_disk_tier"
+    modes = [r["mode"] for r in written["results"]]
+    assert modes == ["device", "mmap", "hybrid_disk", "hotline_k0_disk", "hotline_k2_disk"]
+    for r in written["results"]:
+        assert r["samples_per_s"] > 0
+        if r["mode"].endswith("_disk"):
+            assert r["io_mode"] == "direct" or r["io_mode"].startswith("buffered")
+            assert r["disk_bytes_per_step"] > 0 and r["cold_rows_per_step"] > 0 and r["exposed_read_ms"] >= 0
+            assert r["coverage"] is not None and r["popular_share"] is not None
+    assert written["results"][1]["page_cache_dropped_by"]
+    assert set(written["targets"]) == {
+        "hotline_k2_disk/hybrid_disk",
+        "hotline_k2_disk/mmap",
+        "hotline_k2_disk/device",
+    }
+    assert isinstance(written["target_met"], bool)

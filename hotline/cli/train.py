@@ -263,6 +263,8 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
                 if comm.rank == 0:
                     print(f"loaded {args.load} (step {step})", file=sys.stderr)
             summary = trainer.fit()
+            if config.cold_store == "disk":
+                _report_disk(trainer)
             if args.save:
                 save_checkpoint(trainer, args.save)
             if args.save_placement and comm.rank == 0:
@@ -298,6 +300,19 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
         record["world_size"] = comm.world_size  # every run prints the same keys, 1 rank or N
         print(finite_json(record))
     return 0
+
+
+def _report_disk(trainer) -> None:
+    """One line of a disk-backed run: its file, I/O mode, bytes of rows and state, and the peak resident
+    memory of this process (Linux ru_maxrss is in KiB)."""
+    import resource
+
+    from hotline.units import format_size
+
+    f = trainer.mode.cold.host.file
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(f"cold store {f.path} ({f.mode}): {format_size(f.num_rows * f.record)} of rows and optimizer state "
+          f"on disk; peak resident memory {format_size(rss)}", file=sys.stderr)  # fmt: skip
 
 
 def _dataset(args: argparse.Namespace, comm):
