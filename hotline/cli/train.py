@@ -312,7 +312,7 @@ def _report_disk(trainer) -> None:
     f = trainer.mode.cold.host.file
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(f"cold store {f.path} ({f.mode}): {format_size(f.num_rows * f.record)} of rows and optimizer state "
-          f"on disk; peak resident memory {format_size(rss)}", file=sys.stderr)  # fmt: skip
+          f"on disk; peak RSS {format_size(rss)}", file=sys.stderr)  # fmt: skip
 
 
 def _dataset(args: argparse.Namespace, comm):

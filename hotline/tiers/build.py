@@ -25,6 +25,11 @@ def _stores(config, layout: TableLayout, placement: Placement, optimizer: Sparse
     N, r, dim, seed = comm.world_size, comm.rank, config.embedding_dim, config.seed
     pin = torch.device(config.device).type == "cuda"
     disk = config.cold_store == "disk"
+    if disk:  # refused before any long work (the profile of the file's order, the initial fill)
+        from hotline.tiers.disk_file import check_cold_path
+        from hotline.tiers.disk_store import cold_file
+
+        check_cold_path(cold_file(config.cold_dir, r, N))
     if N == 1 and disk:
         from hotline.tiers.disk_store import DiskColdStore, cold_file, popularity_order
 

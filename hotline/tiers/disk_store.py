@@ -41,7 +41,7 @@ from hotline.tiers.cold_store import (
 from hotline.tiers.disk_file import PAGE, RowFile
 from hotline.tiers.sparse_optim import SparseOptimizer
 
-_INIT_CHUNK_ROWS = 1 << 20
+_INIT_CHUNK_FLOATS = 16 << 20
 
 
 def cold_file(cold_dir: str | os.PathLike, rank: int = 0, world_size: int = 1) -> Path:
@@ -70,10 +70,11 @@ def popularity_order(counts: np.ndarray | None, num_rows: int, last: np.ndarray 
     )
 
 
-def table_chunks(rows: int, dim: int, seed: int, table: int, chunk: int = _INIT_CHUNK_ROWS):
+def table_chunks(rows: int, dim: int, seed: int, table: int, chunk: int | None = None):
     """The initial weights of one table (:func:`hotline.models.dlrm.init_embedding_table`) chunk by chunk:
     ``(first_row, weights)``. One generator drawn in order, so the chunks are the same numbers as the
     whole table (tested), without holding the table."""
+    chunk = chunk or max(1, _INIT_CHUNK_FLOATS // max(1, dim))  # the draws are float64: 128 MiB at a time
     rng = np.random.default_rng([seed, 7919, table])
     bound = 1.0 / math.sqrt(rows)
     for lo in range(0, rows, chunk):
