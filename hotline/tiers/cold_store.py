@@ -233,9 +233,8 @@ class HostRows(ClaimBook):
         return self.w[rows], self.s[rows] if self.s.size else self.s[:0], None
 
     def put(self, rows: np.ndarray, w: np.ndarray, s: np.ndarray, pages=None) -> None:
-        self.w[rows] = w
-        if self.s.size:
-            self.s[rows] = s
+        """Stores weights and state of the distinct ``rows``."""
+        self.scatter(rows, w, s)
 
     def apply(self, optimizer: SparseOptimizer, rows: np.ndarray, grads: torch.Tensor) -> int:
         """One sparse update of ``rows`` (may repeat: their gradients summed) in place."""
@@ -251,8 +250,54 @@ class HostRows(ClaimBook):
             self.s[:] = state
 
 
-class LocalColdStore(ColdStore):
-    """Every row in this process's host memory: the store of one rank (and a template for a file store)."""
+class OneRankStore(ColdStore):
+    """A store of one rank whose working copy is updated and written back, over a row holder ``host`` with
+    the claim bookkeeping and the verbs get / put / all / replace_all (:class:`HostRows`, or the disk
+    store's ``DiskRows``)."""
+
+    forwards_stale = True
+    _scratch: np.ndarray
+
+    def needs_refresh(self, fetch: ColdFetch) -> bool:
+        return fetch.stale.size > 0
+
+    def update(self, fetch, optimizer, work, work_state, slot, grads, pos, device_index=None) -> int:
+        return update_working_rows(optimizer, self._scratch, work, work_state, slot, grads, pos, device_index)
+
+    def write_back(self, fetch: ColdFetch, values, state) -> None:
+        if fetch.rows.shape[0]:
+            self.host.put(fetch.rows, values, state, fetch.route)
+        if fetch.step >= 0:
+            self.host.applied = fetch.step + 1
+
+    @contextlib.contextmanager
+    def lookahead(self):
+        self.host.start_claims()
+        try:
+            yield self.comm
+        finally:
+            self.host.end_claims()
+
+    def read(self, rows: np.ndarray) -> np.ndarray:
+        return self.host.get(rows)[0]
+
+    def demote(self, rows, w, s) -> None:
+        if rows.size:
+            self.host.put(rows, w, s)
+
+    def promote(self, rows):
+        w, s, _ = self.host.get(rows)
+        return w, s
+
+    def export(self, hot_rows, hot_w, hot_s):
+        return with_hot_rows(*self.host.all(), hot_rows, hot_w, hot_s)
+
+    def load(self, weights: np.ndarray, state: np.ndarray) -> None:
+        self.host.replace_all(weights, state)
+
+
+class LocalColdStore(OneRankStore):
+    """Every row in this process's host memory: the store of one rank."""
 
     def __init__(self, weights: np.ndarray, optimizer: SparseOptimizer, pin: bool = False, max_rows: int = 0):
         self.comm = Comm()
@@ -267,52 +312,12 @@ class LocalColdStore(ColdStore):
     def s(self) -> np.ndarray:
         return self.host.s
 
-    forwards_stale = True
-
     def fetch(self, rows, out_values, out_state, step=-1) -> ColdFetch:
         stale, owner = self.host.claim_with_owners(rows, step) if step >= 0 else (_EMPTY, _EMPTY)
         w, s = self.host.gather(rows, out_values, out_state)
         return ColdFetch(rows, w, s, step=step, stale=stale, stale_owner=owner)
 
-    def needs_refresh(self, fetch: ColdFetch) -> bool:
-        return fetch.stale.size > 0
-
     def refresh(self, fetch: ColdFetch, slots=None):
         slots = fetch.stale if slots is None else slots
         rows = fetch.rows[slots]
         return slots, self.w[rows], self.s[rows] if self.s.size else self.s[:0]
-
-    def update(self, fetch, optimizer, work, work_state, slot, grads, pos, device_index=None) -> int:
-        return update_working_rows(optimizer, self._scratch, work, work_state, slot, grads, pos, device_index)
-
-    def write_back(self, fetch: ColdFetch, values, state) -> None:
-        if fetch.rows.shape[0]:
-            self.host.scatter(fetch.rows, values, state)
-        if fetch.step >= 0:
-            self.host.applied = fetch.step + 1
-
-    @contextlib.contextmanager
-    def lookahead(self):
-        self.host.start_claims()
-        try:
-            yield self.comm
-        finally:
-            self.host.end_claims()
-
-    def read(self, rows: np.ndarray) -> np.ndarray:
-        return self.w[rows]
-
-    def demote(self, rows, w, s) -> None:
-        if rows.size:
-            self.host.scatter(rows, w, s)
-
-    def promote(self, rows):
-        return self.w[rows], self.s[rows] if self.s.size else self.s[:0]
-
-    def export(self, hot_rows, hot_w, hot_s):
-        return with_hot_rows(self.w.copy(), self.s.copy(), hot_rows, hot_w, hot_s)
-
-    def load(self, weights: np.ndarray, state: np.ndarray) -> None:
-        self.w[:] = weights
-        if self.s.size:
-            self.s[:] = state

@@ -18,7 +18,6 @@ rows keep their place in the file.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import time
@@ -30,14 +29,7 @@ import torch
 from hotline.distributed.comm import Comm
 from hotline.kernels import sparse_update
 from hotline.table_layout import TableLayout
-from hotline.tiers.cold_store import (
-    _EMPTY,
-    ClaimBook,
-    ColdFetch,
-    ColdStore,
-    update_working_rows,
-    with_hot_rows,
-)
+from hotline.tiers.cold_store import _EMPTY, ClaimBook, ColdFetch, OneRankStore
 from hotline.tiers.disk_file import PAGE, RowFile
 from hotline.tiers.sparse_optim import SparseOptimizer
 
@@ -171,10 +163,8 @@ class DiskRows(ClaimBook):
         self.file.close()
 
 
-class DiskColdStore(ColdStore):
+class DiskColdStore(OneRankStore):
     """Every row of one rank in a file on local disk (see the module docstring)."""
-
-    forwards_stale = True
 
     def __init__(self, path, layout: TableLayout, dim: int, optimizer: SparseOptimizer, seed: int,
                  order: np.ndarray | None = None, io_depth: int = 32, direct: bool = True,
@@ -185,19 +175,6 @@ class DiskColdStore(ColdStore):
         self.dim, self.S = int(dim), optimizer.state_floats_per_row
         self._scratch = sparse_update.new_scratch(max_rows)
         self.host.fill_initial(layout, seed)
-
-    def describe(self) -> dict:
-        """What the store is: file, I/O mode, depth, DRAM cache, bytes."""
-        f = self.file
-        return {
-            "path": str(f.path),
-            "io_mode": f.mode,
-            "io_depth": f.io_depth,
-            "record_bytes": f.record,
-            "file_bytes": f.size,
-            "cache_rows": f.cache_rows,
-            "cache_bytes": int(f.cache.nbytes),
-        }
 
     def fetch(self, rows, out_values, out_state, step=-1) -> ColdFetch:
         stale, owner = self.host.claim_with_owners(rows, step) if step >= 0 else (_EMPTY, _EMPTY)
@@ -210,48 +187,10 @@ class DiskColdStore(ColdStore):
                       "disk_rows": pages.disk_rows},
         )  # fmt: skip
 
-    def needs_refresh(self, fetch: ColdFetch) -> bool:
-        return fetch.stale.size > 0
-
     def refresh(self, fetch: ColdFetch, slots=None):
         slots = fetch.stale if slots is None else slots
         w, s, _ = self.host.get(fetch.rows[slots])
         return slots, w, s
-
-    def update(self, fetch, optimizer, work, work_state, slot, grads, pos, device_index=None) -> int:
-        return update_working_rows(optimizer, self._scratch, work, work_state, slot, grads, pos, device_index)
-
-    def write_back(self, fetch: ColdFetch, values, state) -> None:
-        if fetch.rows.shape[0]:
-            self.host.put(fetch.rows, values, state, fetch.route)
-        if fetch.step >= 0:
-            self.host.applied = fetch.step + 1
-
-    @contextlib.contextmanager
-    def lookahead(self):
-        self.host.start_claims()
-        try:
-            yield self.comm
-        finally:
-            self.host.end_claims()
-
-    def read(self, rows: np.ndarray) -> np.ndarray:
-        return self.host.get(rows)[0]
-
-    def demote(self, rows, w, s) -> None:
-        if rows.size:
-            self.host.put(rows, w, s)
-
-    def promote(self, rows):
-        w, s, _ = self.host.get(rows)
-        return w, s
-
-    def export(self, hot_rows, hot_w, hot_s):
-        w, s = self.host.all()
-        return with_hot_rows(w, s, hot_rows, hot_w, hot_s)
-
-    def load(self, weights: np.ndarray, state: np.ndarray) -> None:
-        self.host.replace_all(weights, state)
 
     def close(self) -> None:
         self.host.close()
