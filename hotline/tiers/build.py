@@ -4,7 +4,6 @@ placement (the tiers never profile: that happens above them)."""
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from hotline.datasets.format import Dataset
 from hotline.distributed.comm import Comm
@@ -23,7 +22,7 @@ def _stores(config, layout: TableLayout, placement: Placement, optimizer: Sparse
             max_rows: int, dataset: Dataset) -> tuple[ColdStore, np.ndarray]:  # fmt: skip
     """The cold store of this rank and the initial rows of the hot tier."""
     N, r, dim, seed = comm.world_size, comm.rank, config.embedding_dim, config.seed
-    pin = torch.device(config.device).type == "cuda"
+    pin = False  # nothing reads the cold tier in place (copies go through pinned staging): no registration
     disk = config.cold_store == "disk"
     if disk:  # refused before any long work (the profile of the file's order, the initial fill)
         from hotline.tiers.disk_file import check_cold_path
