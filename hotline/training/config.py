@@ -10,7 +10,7 @@ import torch
 from hotline.models.dlrm import DLRMConfig
 from hotline.tiers.sparse_optim import SparseOptimizer
 
-MODES = ("device", "hybrid", "hotline")
+MODES = ("device", "hybrid", "hotline", "auto")
 
 
 def resolve_device(device: str) -> str:
@@ -32,7 +32,8 @@ class TrainConfig:
     """Everything a training run needs besides the dataset (flags keep the reference DLRM's names)."""
 
     mode: str = "device"
-    """Where embedding rows live: ``device`` (all on the compute device), ``hybrid`` or ``hotline``."""
+    """Where embedding rows live: ``device`` (all on the compute device), ``hybrid`` or ``hotline``; ``auto``
+    (``hotline train``'s default) is resolved to one of them before training (:mod:`hotline.training.auto`)."""
     embedding_dim: int = 16
     """``--arch-sparse-feature-size``."""
     bottom_mlp: list[int] = field(default_factory=lambda: [13, 512, 256, 64, 16])
@@ -155,8 +156,10 @@ class TrainConfig:
         if self.cold_store not in ("memory", "disk"):
             raise ValueError(f"--cold-store must be memory or disk, got {self.cold_store!r}")
         if self.cold_store == "disk":
-            if self.mode == "device":
-                raise ValueError("--cold-store disk keeps the cold rows of --mode hybrid or hotline")
+            if self.mode in ("device", "auto"):  # auto's chooser does not price the disk store
+                raise ValueError(
+                    f"--cold-store disk keeps the cold rows of --mode hybrid or hotline (not --mode {self.mode})"
+                )
             if not self.cold_dir:
                 raise ValueError("--cold-store disk needs --cold-dir DIR (where its file goes)")
             if not os.path.isdir(self.cold_dir):
