@@ -89,7 +89,12 @@ def npz_members(path: Path) -> dict[str, np.ndarray]:
                 start = info.header_offset + 30 + name_len + extra_len
                 f.seek(start)
                 version = np.lib.format.read_magic(f)
-                shape, fortran, dtype = np.lib.format._read_array_header(f, version)  # noqa: SLF001
+                reader = (
+                    np.lib.format.read_array_header_1_0
+                    if version == (1, 0)
+                    else np.lib.format.read_array_header_2_0
+                )
+                shape, fortran, dtype = reader(f)
                 if fortran or dtype.hasobject:
                     raise DayFileError(f"{path}: member {info.filename} is not a C-ordered plain array")
                 out[info.filename[:-4]] = np.memmap(path, dtype=dtype, mode="r", offset=f.tell(), shape=shape)
