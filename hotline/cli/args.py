@@ -20,7 +20,13 @@ SubParsers = argparse._SubParsersAction
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Every option's help ends with its default, unless its text already names it: ``(default: 128)``,
-    ``(default: off)`` for a switch, ``(default: none)`` for an optional value left unset."""
+    ``(default: off)`` for a switch, ``(default: none)`` for an optional value left unset. A description or
+    epilog with line breaks of its own keeps them (a table of commands); one without is wrapped."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" in text:
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
