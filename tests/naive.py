@@ -38,31 +38,41 @@ def sparse_rowwise_adagrad(table, state, ids, grads, lr, eps):
 # ---------------------------------------------------------------- kernels/profile.py (popularity profiler)
 
 
-def profile_lookup_counts(sparse, table_sizes):
-    """Accesses per fused row (table offset + row id), one lookup at a time."""
+def _bags(sparse, num_tables, bag_sizes):
+    """Per sample, per table: the list of its real ids (padding -1 dropped), from [n, T, L], [n, T] or [n, C]."""
     sparse = np.asarray(sparse)
-    if sparse.ndim == 2:
-        sparse = sparse[:, :, None]
+    if bag_sizes is None:
+        sparse = sparse.reshape(sparse.shape[0], num_tables, -1)
+        return [
+            [[int(v) for v in sparse[i, t] if v != -1] for t in range(num_tables)] for i in range(len(sparse))
+        ]
+    ends = np.cumsum(bag_sizes)
+    return [
+        [[int(v) for v in sparse[i, e - b : e] if v != -1] for b, e in zip(bag_sizes, ends)]
+        for i in range(len(sparse))
+    ]
+
+
+def profile_lookup_counts(sparse, table_sizes, bag_sizes=None):
+    """Accesses per fused row (table offset + row id), one lookup at a time (padding -1 skipped)."""
     offsets = np.concatenate([[0], np.cumsum(table_sizes)]).astype(np.int64)
     counts = np.zeros(int(offsets[-1]), dtype=np.int64)
-    for i in range(sparse.shape[0]):
-        for t in range(sparse.shape[1]):
-            for j in range(sparse.shape[2]):
-                counts[offsets[t] + int(sparse[i, t, j])] += 1
+    for sample in _bags(sparse, len(table_sizes), bag_sizes):
+        for t, bag in enumerate(sample):
+            for v in bag:
+                counts[offsets[t] + v] += 1
     return counts
 
 
-def profile_sample_max_rank(sparse, table_sizes, rank):
+def profile_sample_max_rank(sparse, table_sizes, rank, bag_sizes=None):
     """For each sample, the largest rank of the fused rows it looks up (-1 if it looks up nothing)."""
-    sparse = np.asarray(sparse)
-    if sparse.ndim == 2:
-        sparse = sparse[:, :, None]
     offsets = np.concatenate([[0], np.cumsum(table_sizes)]).astype(np.int64)
-    out = np.full(sparse.shape[0], -1, dtype=np.int64)
-    for i in range(sparse.shape[0]):
-        for t in range(sparse.shape[1]):
-            for j in range(sparse.shape[2]):
-                out[i] = max(out[i], int(rank[offsets[t] + int(sparse[i, t, j])]))
+    samples = _bags(sparse, len(table_sizes), bag_sizes)
+    out = np.full(len(samples), -1, dtype=np.int64)
+    for i, sample in enumerate(samples):
+        for t, bag in enumerate(sample):
+            for v in bag:
+                out[i] = max(out[i], int(rank[offsets[t] + v]))
     return out
 
 

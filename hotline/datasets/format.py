@@ -130,7 +130,7 @@ class Dataset:
             raise DatasetError(f"{meta_path} is not valid JSON: {e}") from e
         if meta.get("format") not in FORMAT_TAGS:
             raise DatasetError(
-                f"{meta_path}: format is {meta.get('format')!r}, expected one of {FORMAT_TAGS}"
+                f"{meta_path}: format is {meta.get('format')!r}, expected {FORMAT_TAG!r} (or {FORMAT_TAG_BAGS!r})"
             )
         self.meta = meta
         try:

@@ -84,12 +84,14 @@ class Profile:
         return int(self.order.shape[0])
 
     @property
-    def lookups_per_table(self) -> int:
-        return self.num_samples * self.pooling_factor
+    def lookups_per_table(self) -> float:
+        """Lookups of one table in the sample, averaged over the tables (n * L for a pooling factor L)."""
+        return self.total_lookups / max(1, self.num_tables)
 
     @property
     def total_lookups(self) -> int:
-        return self.lookups_per_table * self.num_tables
+        """Lookups counted in the sample (padding of variable bags not counted)."""
+        return int(self.counts.sum())
 
     @property
     def bytes_per_row(self) -> int:
@@ -297,7 +299,14 @@ class Profile:
         cold_rank = (~hot).astype(np.int32)  # a sample is popular iff its max over lookups is 0
         popular = 0
         for c in self._chunks("evaluating"):
-            popular += int(np.count_nonzero(kernels.sample_max_rank(c, self.table_sizes, cold_rank) < 1))
+            layout = (
+                {}
+                if self.dataset is None or self.dataset.uniform
+                else {"bag_sizes": self.dataset.bag_sizes, "padded": self.dataset.padded}
+            )
+            popular += int(
+                np.count_nonzero(kernels.sample_max_rank(c, self.table_sizes, cold_rank, **layout) < 1)
+            )
         B = int(batch_size or self.mini_batch_size)
         p = self.counts[~hot] / float(self.lookups_per_table)
         expected = float(-np.expm1(B * self.pooling_factor * np.log1p(-p)).sum())

@@ -12,8 +12,18 @@ from hotline.datasets.format import Batch
 from hotline.distributed.comm import Comm
 from hotline.kernels import sparse_update
 from hotline.models.dlrm import DLRM
-from hotline.table_layout import TableLayout
-from hotline.tiers.base import StepStats, TrainMode, initial_tables, loss_and_backward, step_loss, sum_pool
+from hotline.table_layout import BagLayout, TableLayout
+from hotline.tiers.base import (
+    StepStats,
+    TrainMode,
+    bag_pool,
+    bags_of,
+    initial_tables,
+    loss_and_backward,
+    padded_rows,
+    real_positions,
+    step_loss,
+)
 from hotline.tiers.replicated import all_ranks_gradients
 from hotline.tiers.sparse_optim import SparseOptimizer
 
@@ -32,8 +42,10 @@ class DeviceMode(TrainMode):
         seed: int,
         device: torch.device | str = "cpu",
         comm: Comm | None = None,
+        bags: BagLayout | None = None,
     ):
         self.layout = layout
+        self.bags = bags  # None: uniform bags, read from each batch's [B, T, L] shape
         self.table_sizes = layout.table_sizes
         self.dim = dim
         self.optimizer = optimizer
@@ -47,9 +59,6 @@ class DeviceMode(TrainMode):
         self.device_updates = self.device.type != "cpu"
         self._host_scratch = None
 
-    def _fused_ids(self, sparse: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(self.layout.fuse(sparse))
-
     def _distinct(self, fused: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch's distinct rows and each lookup's index into them, found on the host."""
         if self._host_scratch is None:
@@ -57,31 +66,41 @@ class DeviceMode(TrainMode):
         rows, inverse = sparse_update.distinct(fused, self._host_scratch)
         return torch.from_numpy(rows).to(self.device), torch.from_numpy(inverse).to(self.device)
 
+    def _lookups(self, sparse: np.ndarray) -> tuple[BagLayout, np.ndarray, torch.Tensor, torch.Tensor | None]:
+        """(bags, fused ids of the real lookups, the same on the device, their positions among the batch's id
+        slots on the device or None when no slot is padding)."""
+        bags = bags_of(self.bags, self.layout, sparse)
+        fused = bags.fuse(sparse)
+        real = real_positions(fused) if bags.padded else None
+        ids = fused if real is None else fused[real]
+        pos = None if real is None else torch.from_numpy(real).to(self.device)
+        return bags, ids, torch.from_numpy(ids).to(self.device), pos
+
     def step(self, model: DLRM, batch: Batch) -> StepStats:
-        B, T, L = batch.sparse.shape
+        B = batch.sparse.shape[0]
         t0 = time.perf_counter()
-        fused = self.layout.fuse(batch.sparse)
+        bags, fused, ids, pos = self._lookups(batch.sparse)
         distinct = self._distinct(fused) if self.device_updates and self.comm.world_size == 1 else None
-        ids = torch.from_numpy(fused).to(self.device)
-        rows = self.weight.index_select(0, ids).requires_grad_(True)
+        rows = padded_rows(self.weight, ids, pos, B * bags.num_columns)
         t1 = time.perf_counter()
         loss = 0.0
         if B:  # a rank's shard of a global batch smaller than N may be empty: it still takes part below
-            pooled = sum_pool(rows, T, L)
+            pooled = bag_pool(rows, bags)
             dense = torch.from_numpy(batch.dense).to(self.device)
             labels = torch.from_numpy(batch.labels).to(self.device)
             loss = loss_and_backward(model, dense, pooled, labels, batch.loss_normaliser)
         t2 = time.perf_counter()
+        grad = rows.grad if pos is None or rows.grad is None else rows.grad.index_select(0, pos)
         if self.comm.world_size > 1:
             ids, grads = all_ranks_gradients(
-                self.comm, [ids] if B else [], [rows.grad] if B else [], self.dim, "sparse_allgather"
+                self.comm, [ids] if B else [], [grad] if B else [], self.dim, "sparse_allgather"
             )
             touched = self.optimizer.step(self.weight, self.state, ids, grads) if ids.shape[0] else 0
         elif distinct is not None:
-            self.optimizer.step_coalesced(self.weight, self.state, *distinct, rows.grad)
+            self.optimizer.step_coalesced(self.weight, self.state, *distinct, grad)
             touched = int(distinct[0].shape[0])
         else:
-            touched = self.optimizer.step(self.weight, self.state, ids, rows.grad, self.scratch)
+            touched = self.optimizer.step(self.weight, self.state, ids, grad, self.scratch)
         t3 = time.perf_counter()
         return StepStats(
             loss_sum=step_loss(loss),
@@ -92,9 +111,8 @@ class DeviceMode(TrainMode):
 
     @torch.no_grad()
     def pooled_eval(self, sparse: np.ndarray) -> torch.Tensor:
-        B, T, L = sparse.shape
-        rows = self.weight.index_select(0, self._fused_ids(sparse).to(self.device))
-        return sum_pool(rows, T, L)
+        bags, _, ids, pos = self._lookups(sparse)
+        return bag_pool(padded_rows(self.weight, ids, pos, sparse.shape[0] * bags.num_columns).detach(), bags)
 
     def export_tables(self) -> list[np.ndarray]:
         return [w.copy() for w in self.layout.split(self.weight.detach().cpu().numpy())]
