@@ -185,7 +185,7 @@ def _as_sparse(sparse: np.ndarray, num_tables: int, bag_sizes=None) -> tuple[np.
                 f"sparse ids must have shape [n, {num_tables}, L] (or [n, {num_tables}]), got {sparse.shape}"
             )
         bags = np.full(num_tables, sparse.shape[2], dtype=np.int64)
-        sparse = sparse.reshape(sparse.shape[0], -1)
+        sparse = sparse.reshape(sparse.shape[0], num_tables * sparse.shape[2])
     start = np.zeros(num_tables + 1, dtype=np.int64)
     np.cumsum(bags, out=start[1:])
     return np.ascontiguousarray(sparse, dtype=np.int32), start

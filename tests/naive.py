@@ -42,7 +42,9 @@ def _bags(sparse, num_tables, bag_sizes):
     """Per sample, per table: the list of its real ids (padding -1 dropped), from [n, T, L], [n, T] or [n, C]."""
     sparse = np.asarray(sparse)
     if bag_sizes is None:
-        sparse = sparse.reshape(sparse.shape[0], num_tables, -1)
+        sparse = sparse.reshape(
+            sparse.shape[0], num_tables, sparse.size // max(1, sparse.shape[0] * num_tables)
+        )
         return [
             [[int(v) for v in sparse[i, t] if v != -1] for t in range(num_tables)] for i in range(len(sparse))
         ]
@@ -97,14 +99,21 @@ def scatter_rows(table, rows, src):
 
 
 # ---- kernels/dispatch.py ---------------------------------------------------------------------------
-def split_batch(sparse, table_sizes, hot_ids):
+def split_batch(sparse, table_sizes, hot_ids, bag_sizes=None):
     """Sample by sample: popular iff every lookup is hot; non-popular lookups remapped to hot slots or to
-    working-buffer slots in first-occurrence order. Returns a dict of lists."""
+    working-buffer slots in first-occurrence order. Returns a dict of lists. With ``bag_sizes`` the ids are
+    [B, C] bags padded with -1: padding slots are skipped, and ``pop_pos`` lists the popular real slots."""
+    if bag_sizes is not None:
+        cols = [t for t, n in enumerate(bag_sizes) for _ in range(n)]
+        sparse = np.asarray(sparse)[:, :, None]  # column c as a "table" cols[c] of one id
+    else:
+        cols = None
     B, T, L = sparse.shape
+    table_of = (lambda t: t) if cols is None else (lambda c: cols[c])
     offsets = np.concatenate([[0], np.cumsum(table_sizes)[:-1]])
     hot_offsets = np.concatenate([[0], np.cumsum([len(h) for h in hot_ids])])
     slot = {}
-    for t in range(T):
+    for t in range(len(hot_ids)):
         for i, r in enumerate(hot_ids[t]):
             slot[(t, int(r))] = int(hot_offsets[t] + i)
     out = {
@@ -118,22 +127,30 @@ def split_batch(sparse, table_sizes, hot_ids):
             "cold_pos",
             "cold_slot",
             "working_set",
+            "pop_pos",
         )
     }
     for b in range(B):
-        keys = [(t, int(sparse[b, t, l])) for t in range(T) for l in range(L)]
+        keys = [
+            (table_of(t), int(sparse[b, t, l])) for t in range(T) for l in range(L) if sparse[b, t, l] != -1
+        ]
         (out["popular"] if all(k in slot for k in keys) else out["non_popular"]).append(b)
-    for b in out["popular"]:
-        out["pop_ids"] += [slot[(t, int(sparse[b, t, l]))] for t in range(T) for l in range(L)]
+    for i, b in enumerate(out["popular"]):
+        for c, (t, l) in enumerate((t, l) for t in range(T) for l in range(L)):
+            if sparse[b, t, l] != -1 or cols is None:
+                out["pop_ids"].append(slot[(table_of(t), int(sparse[b, t, l]))])
+                out["pop_pos"].append(i * T * L + c)
     for i, b in enumerate(out["non_popular"]):
         for c, (t, l) in enumerate((t, l) for t in range(T) for l in range(L)):
-            key = (t, int(sparse[b, t, l]))
+            if cols is not None and sparse[b, t, l] == -1:
+                continue
+            key = (table_of(t), int(sparse[b, t, l]))
             k = i * T * L + c
             if key in slot:
                 out["hot_pos"].append(k)
                 out["hot_slot"].append(slot[key])
             else:
-                fid = int(offsets[t] + key[1])
+                fid = int(offsets[key[0]] + key[1])
                 if fid not in out["working_set"]:
                     out["working_set"].append(fid)
                 out["cold_pos"].append(k)

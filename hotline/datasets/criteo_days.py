@@ -195,7 +195,7 @@ def convert_days(
         for name, pieces in parts.items():
             n = sum(hi - lo for _, lo, hi in pieces)
             dense, sparse, labels = writer.create_split(name, n)
-            sparse2d = sparse.reshape(n, -1)
+            sparse2d = sparse.reshape(n, sum(bag_sizes))
             at = 0
             for day, lo, hi in pieces:
                 for a in range(lo, hi, CHUNK_ROWS):

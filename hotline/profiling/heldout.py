@@ -96,7 +96,7 @@ def scan(
     partial_hist, partial_batches = None, 0
     for c in chunks:
         n = c.shape[0]
-        ids = c.reshape(n, -1)
+        ids = c.reshape(n, int(np.prod(c.shape[1:])))
         cols = np.repeat(offsets[:-1], c.shape[2]) if bags is None else bags.col_offset
         fused = ids.astype(np.int64) + cols[None, :]
         real = ids != PAD_ID if bags is not None and bags.padded else None

@@ -176,7 +176,7 @@ def keyed_jagged(sparse: np.ndarray, feature_names: list[str], bag_sizes: list[i
         )
         lengths = torch.full((T * B,), L, dtype=torch.int32)
         return KeyedJaggedTensor.from_lengths_sync(keys=list(feature_names), values=values, lengths=lengths)
-    flat = sparse.reshape(sparse.shape[0], -1)
+    flat = sparse.reshape(sparse.shape[0], sum(bag_sizes))
     ends = np.cumsum(bag_sizes)
     bags = [flat[:, e - b : e] for b, e in zip(bag_sizes, ends)]  # per table [B, L_t]
     values = np.concatenate([bag[bag != -1] for bag in bags])  # row-major: sample by sample, in table order
