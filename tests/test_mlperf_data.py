@@ -162,3 +162,77 @@ def test_day_files_cli_and_its_errors(tmp_path, capsys):
         convert_days(src, tmp_path / "q", SIZES, progress=False)
     assert main(["data", "criteo", "--out", str(tmp_path / "r")]) == 2
     assert "--day-files" in capsys.readouterr().err
+
+
+# -- hotline train --preset mlperf-dcnv2 ---------------------------------------------------------------------
+def _preset_config(argv):
+    from hotline.cli import build_parser
+    from hotline.cli.train import config_from_args
+
+    args = build_parser().parse_args(argv)
+    args.command_line = argv
+    return config_from_args(args)
+
+
+def test_scaled_batch_size_golden():
+    from hotline.training.presets import scaled_batch_size
+
+    # 214 ids of 128 floats, 16 bytes per float held: 438,272 bytes a sample; 1/8 of 16 GiB holds 4096 samples
+    assert scaled_batch_size(65536, 214, 128, 16 << 30) == 4096
+    assert scaled_batch_size(65536, 214, 128, 1 << 50) == 65536  # a machine that holds it: MLPerf's batch
+    assert scaled_batch_size(65536, 214, 128, 1 << 20) == 128  # never below 128
+
+
+def test_train_preset_sets_mlperf_dcnv2_and_flags_override(tmp_path):
+    from hotline.training.presets import PRESETS
+
+    ds = tmp_path / "ds"
+    main(["data", "synthetic", "--preset", "mlperf-dcnv2", "--rows", "700", "--max-rows-per-table", "300",
+          "--out", str(ds), "--no-progress"])  # fmt: skip
+    cfg = _preset_config(["train", str(ds), "--preset", "mlperf-dcnv2"])
+    assert (cfg.embedding_dim, cfg.bottom_mlp, cfg.top_mlp) == (
+        128,
+        [13, 512, 256, 128],
+        [1024, 1024, 512, 256, 1],
+    )
+    assert (cfg.interaction, cfg.optimizer, cfg.learning_rate) == ("dcn", "rowwise-adagrad", 0.005)
+    assert (cfg.lr_warmup_steps, cfg.lr_decay_start_step, cfg.lr_decay_steps) == (0, 0, 0)
+    assert cfg.lr_schedule.constant
+    assert 128 <= cfg.mini_batch_size <= 65536 and cfg.mini_batch_size & (cfg.mini_batch_size - 1) == 0
+    for field in ("dcn_num_layers", "dcn_low_rank_dim"):  # set once the dcn flags exist
+        if hasattr(cfg, field):
+            assert getattr(cfg, field) == PRESETS["mlperf-dcnv2"][field]
+    cfg = _preset_config(["train", str(ds), "--preset", "mlperf-dcnv2", "--optimizer", "sgd", "--mini-batch-size",
+                          "128", "--arch-sparse-feature-size=64", "--arch-mlp-bot", "13-64", "--learning-rate", "0.1",
+                          "--lr-num-warmup-steps", "5"])  # fmt: skip
+    assert (cfg.optimizer, cfg.mini_batch_size, cfg.embedding_dim, cfg.bottom_mlp) == (
+        "sgd",
+        128,
+        64,
+        [13, 64],
+    )
+    assert (cfg.learning_rate, cfg.lr_warmup_steps, cfg.top_mlp[0]) == (0.1, 5, 1024)
+
+
+def test_train_preset_runs_on_the_mlperf_shape(tmp_path, capsys):
+    """The MLPerf configuration trains in hotline mode on multi-hot MLPerf-shaped data (interaction dot until
+    the dcn op is there)."""
+
+    ds = tmp_path / "ds"
+    main(["data", "synthetic", "--preset", "mlperf-dcnv2", "--variable-bags", "--rows", "1400",
+          "--max-rows-per-table", "400", "--out", str(ds), "--no-progress"])  # fmt: skip
+    capsys.readouterr()
+    extra = [] if _has_dcn() else [
+        "--arch-interaction-op", "dot"]  # fmt: skip
+    rc = main(["train", str(ds), "--preset", "mlperf-dcnv2", "--mode", "hotline", "--hbm-budget", "64KiB",
+               "--mini-batch-size", "256", "--num-batches", "3", "--eval-max-samples", "200", "--no-progress",
+               *extra])  # fmt: skip
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert '"steps": 3' in out.out
+
+
+def _has_dcn() -> bool:
+    from hotline.models import dlrm
+
+    return "dcn" in getattr(dlrm, "INTERACTIONS", ())
