@@ -31,7 +31,7 @@ BLOCK = 512
 PRIVATE_MAX_ROWS = 1 << 20
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _count_lookups_private(sparse, bag_start, padded, table_sizes, table_offsets, private):
     """Counts the lookups of ``sparse`` [n, C] into ``private`` [P, R], sample block p into row p.
     Returns the first bad flat position (sample * C + column) of an out-of-range id, or -1."""
@@ -60,7 +60,7 @@ def _count_lookups_private(sparse, bag_start, padded, table_sizes, table_offsets
     return bad
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _add_private(private, counts):
     """``counts += private.sum(axis=0)``, in parallel over the id space."""
     P, R = private.shape
@@ -71,7 +71,7 @@ def _add_private(private, counts):
         counts[r] = s
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _count_lookups(sparse, bag_start, padded, table_sizes, table_offsets, item_table, item_lo, item_hi, slot_ptr,
                    counts, block):  # fmt: skip
     """Adds the lookups of ``sparse`` [n, C] into ``counts`` [R]. Work slot p counts the row ranges
@@ -108,7 +108,7 @@ def _count_lookups(sparse, bag_start, padded, table_sizes, table_offsets, item_t
     return bad
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _sample_max_rank(sparse, bag_start, padded, table_sizes, table_offsets, rank, out, block):
     """Writes into ``out`` [n] the largest ``rank`` of the fused rows that sample i looks up (-1 if none);
     returns the first bad flat position of an out-of-range id, or -1. Blocks of samples run in parallel,
@@ -146,7 +146,7 @@ def _sample_max_rank(sparse, bag_start, padded, table_sizes, table_offsets, rank
     return -1
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _add_histogram(values, hist):
     """``hist[v] += 1`` for every v in ``values`` (all within ``0 <= v < len(hist)``)."""
     for i in range(values.shape[0]):
