@@ -467,5 +467,6 @@ def add_counts(ids, col_offset, counts, weight):
     out = counts.copy()
     for row in np.asarray(ids):
         for c, v in enumerate(row):
-            out[int(v) + int(col_offset[c])] += weight
+            if v != -1:  # padding
+                out[int(v) + int(col_offset[c])] += weight
     return out

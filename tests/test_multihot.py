@@ -245,3 +245,31 @@ def test_lr_schedule_applies_to_dense_and_sparse_rates(setup):
     assert err <= 1e-5, f"{where} differs from the scheduled reference by {err:.2e}"
     _, constant, _, _ = _run(setup, "hotline-k2", "rowwise-adagrad")
     assert max_rel_diff(constant, params)[0] > 1e-3  # the schedule changed the run
+
+
+def test_replacement_on_variable_bags_equals_device(setup):
+    """--replace-every re-chooses the hot rows from online counts of the real lookups (padding not counted)."""
+    _, dev, _, _ = _run(setup, "device", "rowwise-adagrad")
+    tr = Trainer(_config(setup, "hotline", "rowwise-adagrad", 2, replace_every=4), setup[0])
+    try:
+        list(tr.progress(tr.batches()))
+        assert sum(r.get("kind") == "replace" for r in tr.history) >= 2
+        params = tr.named_arrays()
+    finally:
+        tr.close()
+    err, where = max_rel_diff(dev, params)
+    assert err <= 1e-6, f"{where} differs from device by {err:.2e}"
+
+
+def test_two_ranks_on_variable_bags_equal_device(setup, tmp_path):
+    from hotline.distributed.launcher import spawn, train_and_dump
+
+    _, dev, _, _ = _run(setup, "device", "sgd")
+    jobs = [(_config(setup, mode, "sgd", k), str(setup[0].path), str(tmp_path / f"{mode}.npz"))
+            for mode, k in (("device", 0), ("hotline", 2))]  # fmt: skip
+    spawn(2, train_and_dump, jobs)
+    for _, _, out in jobs:
+        with np.load(out) as z:
+            got = {k: z[k] for k in dev}
+        err, where = max_rel_diff(dev, got)
+        assert err <= 1e-6, f"{out}: {where} differs from one process by {err:.2e}"
