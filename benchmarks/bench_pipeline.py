@@ -69,7 +69,7 @@ def make_data(args, root: Path):
     if args.data:
         return Dataset(args.data)
     rows = int(args.batch * (args.steps + args.warmup_steps) * 7 / 6) + 1000
-    shape = mlperf.data_options() if args.config == mlperf.NAME else {}
+    shape = mlperf.data_options() if getattr(args, "config", None) == mlperf.NAME else {}
     path = generate(
         root / "data",
         rows,
