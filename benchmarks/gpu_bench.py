@@ -14,7 +14,10 @@ difference from device mode, and the cost model's prediction. The JSON is rewrit
 Needs only torch, numba and numpy (and pandas for the profile); runs from a plain checkout without
 installing (it maps ``hotline.kernels`` itself). ``benchmarks/GPU.md`` gives the command and the fields.
 
-``--smoke`` runs the smoke stage on the CPU (the tests do).
+``--smoke`` runs the smoke stage on the CPU (the tests do). ``--workload mlperf-dcnv2`` runs MLPerf
+DLRM-DCNv2 instead (benchmarks/mlperf.py: dim 128, its MLPs and DCN, its 26 tables with multi-hot bags, 214 ids
+a sample), tables capped at 10M rows (about 27 GiB of rows and state: device mode fits one H200, the host holds
+the cold copies) unless ``--max-rows-per-table`` says otherwise; no ``torch_embeddingbag`` run (it is one-hot).
 """
 
 from __future__ import annotations
@@ -85,6 +88,7 @@ _quiet_tqdm_if_missing()
 import bench_pipeline  # noqa: E402
 import common  # noqa: E402
 import gpu_extras  # noqa: E402
+import mlperf  # noqa: E402
 
 GOALS = {"hotline/hybrid": 2.2, "hotline/device": 0.7}
 
@@ -129,6 +133,8 @@ def main(argv: list[str] | None = None) -> dict:
         help="also calibrate: time this host, the link and the device's dense pass, and write the description",
     )
     p.add_argument("--no-smoke", action="store_true", help="on CUDA: skip the small exactness run first")
+    p.add_argument("--workload", choices=["kaggle", mlperf.NAME], default="kaggle",
+                   help="kaggle: the Kaggle tables, one-hot; mlperf-dcnv2: MLPerf DLRM-DCNv2 (multi-hot, capped 10M)")  # fmt: skip
     p.set_defaults(threads=8)
     args = p.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
@@ -167,6 +173,10 @@ def _stage(stage: str, args, device: str, payload: dict, t_start: float) -> dict
         "top_mlp": [512, 256, 1],
         "mini_batch_size": args.batch,
     }
+    if args.workload == mlperf.NAME:
+        cfg, args.config, args.dim = mlperf.config(args.batch), mlperf.NAME, 128
+        args.max_rows_per_table = args.max_rows_per_table or 10_000_000
+        args.modes = ",".join(m for m in args.modes.split(",") if m != "torch_embeddingbag")
     out: dict = {"args": {k: v for k, v in vars(args).items() if k != "json"}}
     with tempfile.TemporaryDirectory(prefix="gpu_bench_") as tmp:
         root = Path(tmp)
