@@ -145,7 +145,24 @@ def add_arch(parser: argparse.ArgumentParser, default=True) -> None:
         help="top MLP sizes after the interaction (... 1)",
     )
     parser.add_argument(
-        "--arch-interaction-op", default=d("dot"), choices=["dot", "cat"], help="feature interaction"
+        "--arch-interaction-op",
+        default=d("dot"),
+        choices=["dot", "cat", "dcn"],
+        help="feature interaction: dot (DLRM), cat, or dcn (DCN-v2 low-rank cross net, torchrec's DLRM_DCN)",
+    )
+    parser.add_argument(
+        "--dcn-num-layers",
+        type=int,
+        default=d(3),
+        metavar="N",
+        help="cross layers of --arch-interaction-op dcn",
+    )
+    parser.add_argument(
+        "--dcn-low-rank-dim",
+        type=int,
+        default=d(512),
+        metavar="R",
+        help="rank of each cross layer of --arch-interaction-op dcn",
     )
 
 
