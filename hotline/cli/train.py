@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
 
 from hotline.cli.args import (
     SubParsers,
@@ -48,9 +49,16 @@ def add_parser(subparsers: SubParsers) -> None:
     )
     p.add_argument(
         "--mode",
-        default="device",
-        choices=["device", "hybrid", "hotline"],
-        help="where embedding rows live: all on the device, all in host memory, or hot/cold (hotline)",
+        default="auto",
+        choices=["auto", "device", "hybrid", "hotline"],
+        help="where embedding rows live: all on the device, all in host memory, or hot/cold (hotline); auto: "
+        "the mode, hot budget and look-ahead the cost model predicts fastest on this hardware (printed)",
+    )
+    p.add_argument(
+        "--hardware",
+        metavar="FILE|GPU",
+        help="--mode auto: price with this `hotline calibrate` JSON or known GPU (default: the GPU torch "
+        "names, or this CPU timed in a second)",
     )
     add_arch(p)
     p.add_argument("--mini-batch-size", type=int, default=128, metavar="B", help="samples per optimizer step")
@@ -242,7 +250,11 @@ def config_from_args(args: argparse.Namespace):
     from hotline.training.config import TrainConfig
 
     apply_preset(args)
-    if args.mode != "hotline" and (args.placement or args.hbm_budget):
+    if args.mode == "auto" and (args.placement or args.hbm_budget):
+        args.mode = "hotline"  # the hot rows are given: nothing left to choose but hotline
+    if args.hardware and args.mode != "auto":
+        raise ValueError(f"--hardware prices the choice of --mode auto; --mode {args.mode} was given")
+    if args.mode not in ("auto", "hotline") and (args.placement or args.hbm_budget):
         flag = "--placement" if args.placement else "--hbm-budget"
         raise ValueError(f"{flag} places hot rows for --mode hotline; --mode {args.mode} would ignore it")
     if args.nproc is not None and args.nproc < 1:
@@ -300,13 +312,19 @@ def _launch(args: argparse.Namespace) -> int:
     from hotline.distributed.launcher import launch, launcher_argv
 
     try:
-        config_from_args(args)
+        config = config_from_args(args)
+        if args.dataset is None:
+            from hotline.datasets.default import default_dataset
+
+            args.dataset = str(default_dataset())  # made once here, not raced by the ranks
+        if config.mode == "auto":  # chosen once, here: every rank trains the same configuration
+            from hotline.datasets.format import Dataset
+
+            choice = _choose(config, Dataset(args.dataset), args)
+            args.mode, args.lookahead, args.hardware = choice.mode, choice.lookahead, None
+            args.hbm_budget = str(choice.hbm_budget) if choice.hbm_budget else None
     except ValueError as e:
         return error("train", e)
-    if args.dataset is None:
-        from hotline.datasets.default import default_dataset
-
-        args.dataset = str(default_dataset())  # made once here, not raced by the ranks
     return launch(args.nproc, ["train", *launcher_argv(args.train_parser, args, ("nproc", "train_parser"))])
 
 
@@ -325,13 +343,26 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
         if distributed:
             from hotline.distributed.launcher import init_from_env, worker_threads
 
-            comm = init_from_env()
+            comm = init_from_env(config.device)  # NCCL on CUDA, gloo on the CPU
             configure_threads(worker_threads(config.threads))
         else:
             comm = Comm()
             configure_threads(config.threads)
         dataset = _dataset(args, comm)
-        trainer = Trainer(config, dataset, comm)
+        if args.load:  # a missing checkpoint is named before --mode auto profiles
+            from hotline.training.checkpoint import CheckpointError
+
+            if not os.path.isfile(args.load):
+                raise CheckpointError(f"checkpoint {args.load} does not exist")
+        chosen = []
+
+        def choose(cfg, ds):
+            chosen.append(_choose(cfg, ds, args, comm))
+            c = chosen[0]
+            return replace(cfg, mode=c.mode, lookahead=c.lookahead, hbm_budget=c.hbm_budget)
+
+        trainer = Trainer(config, dataset, comm, choose=choose)
+        choice = chosen[0] if chosen else None
         try:
             if args.load:
                 step = load_checkpoint(trainer, args.load)
@@ -371,8 +402,32 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
     if comm.rank == 0:
         record = {k: summary[k] for k in SUMMARY_KEYS}
         record["world_size"] = comm.world_size  # every run prints the same keys, 1 rank or N
+        if choice is not None:  # what --mode auto chose and predicted, beside what the run measured
+            record["auto"] = choice.record(summary["samples_per_s"])
         print(finite_json(record))
     return 0
+
+
+def _choose(config, dataset, args: argparse.Namespace, comm=None):
+    """``--mode auto``'s choice for this run (rank 0 chooses and every rank takes its decision), printed."""
+    from hotline.training.auto import AutoChoice, choose_for_run
+
+    if comm is None or comm.world_size == 1:
+        choice = choose_for_run(config, dataset, args.hardware, progress=config.progress)
+    else:
+        import torch
+
+        code = torch.zeros(3, dtype=torch.float64)
+        choice = None
+        if comm.rank == 0:
+            choice = choose_for_run(config, dataset, args.hardware, progress=config.progress)
+            code[:] = torch.tensor(choice.code(), dtype=torch.float64)
+        comm.all_reduce_(code, "auto")
+        if choice is None:
+            choice = AutoChoice.from_code(code.tolist())
+    if comm is None or comm.rank == 0:
+        print(choice.line(), file=sys.stderr)
+    return choice
 
 
 def _dataset(args: argparse.Namespace, comm):

@@ -3,6 +3,7 @@ reference every other mode must equal), replicated on every rank of a distribute
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -24,6 +25,7 @@ from hotline.tiers.base import (
     real_positions,
     step_loss,
 )
+from hotline.tiers.packing import PackRing
 from hotline.tiers.replicated import all_ranks_gradients
 from hotline.tiers.sparse_optim import SparseOptimizer
 
@@ -58,50 +60,73 @@ class DeviceMode(TrainMode):
         # modes do), so the device never waits for a torch.unique (tests set it on CPU, too).
         self.device_updates = self.device.type != "cpu"
         self._host_scratch = None
+        # Off the CPU a step's ids (and distinct rows), dense inputs and labels go to the device in two
+        # asynchronous copies from pinned packs, not five pageable ones that would each synchronise the
+        # upper bound every mode is compared with (tests set it on CPU, too).
+        self.pack_copies = self.device.type == "cuda"
+        self._packs = PackRing(self.device)
+        self.phases = None  # set to time phases on the device's clock (gpu_bench)
+        self._steps = 0  # steps taken (tags the device-clock phases)
 
-    def _distinct(self, fused: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def _phase(self, name: str):
+        return (
+            self.phases.phase(name, step=self._steps) if self.phases is not None else contextlib.nullcontext()
+        )
+
+    def _distinct(self, fused: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The batch's distinct rows and each lookup's index into them, found on the host."""
         if self._host_scratch is None:
             self._host_scratch = sparse_update.new_scratch(self.layout.num_rows)
-        rows, inverse = sparse_update.distinct(fused, self._host_scratch)
-        return torch.from_numpy(rows).to(self.device), torch.from_numpy(inverse).to(self.device)
+        return sparse_update.distinct(fused, self._host_scratch)
 
-    def _lookups(self, sparse: np.ndarray) -> tuple[BagLayout, np.ndarray, torch.Tensor, torch.Tensor | None]:
-        """(bags, fused ids of the real lookups, the same on the device, their positions among the batch's id
-        slots on the device or None when no slot is padding)."""
+    def _to_device(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        if self.pack_copies:
+            return self._packs.copy(arrays)
+        return {k: torch.from_numpy(a).to(self.device) for k, a in arrays.items()}
+
+    def _lookups(self, sparse: np.ndarray) -> tuple[BagLayout, np.ndarray, np.ndarray | None]:
+        """(bags, fused ids of the real lookups, their positions among the batch's id slots or None when no slot
+        is padding)."""
         bags = bags_of(self.bags, self.layout, sparse)
         fused = bags.fuse(sparse)
         real = real_positions(fused) if bags.padded else None
-        ids = fused if real is None else fused[real]
-        pos = None if real is None else torch.from_numpy(real).to(self.device)
-        return bags, ids, torch.from_numpy(ids).to(self.device), pos
+        return bags, (fused if real is None else fused[real]), real
 
     def step(self, model: DLRM, batch: Batch) -> StepStats:
         B = batch.sparse.shape[0]
         t0 = time.perf_counter()
-        bags, fused, ids, pos = self._lookups(batch.sparse)
-        distinct = self._distinct(fused) if self.device_updates and self.comm.world_size == 1 else None
-        rows = padded_rows(self.weight, ids, pos, B * bags.num_columns)
+        bags, fused, pos = self._lookups(batch.sparse)
+        arrays = {"ids": fused, "dense": batch.dense, "labels": batch.labels}
+        if pos is not None:  # padded bags: where the real lookups stand among the batch's id slots
+            arrays["pos"] = pos
+        distinct = self.device_updates and self.comm.world_size == 1
+        if distinct:
+            arrays["rows"], arrays["inverse"] = self._distinct(arrays["ids"])
+        ix = self._to_device(arrays)
+        ids = ix["ids"]
         t1 = time.perf_counter()
         loss = 0.0
-        if B:  # a rank's shard of a global batch smaller than N may be empty: it still takes part below
-            pooled = bag_pool(rows, bags)
-            dense = torch.from_numpy(batch.dense).to(self.device)
-            labels = torch.from_numpy(batch.labels).to(self.device)
-            loss = loss_and_backward(model, dense, pooled, labels, batch.loss_normaliser)
+        with self._phase("compute"):
+            rows = padded_rows(self.weight, ids, ix.get("pos"), B * bags.num_columns)
+            if B:  # a rank's shard of a global batch smaller than N may be empty: it still takes part below
+                pooled = bag_pool(rows, bags)
+                loss = loss_and_backward(model, ix["dense"], pooled, ix["labels"], batch.loss_normaliser)
         t2 = time.perf_counter()
-        grad = rows.grad if pos is None or rows.grad is None else rows.grad.index_select(0, pos)
-        if self.comm.world_size > 1:
-            ids, grads = all_ranks_gradients(
-                self.comm, [ids] if B else [], [grad] if B else [], self.dim, "sparse_allgather"
-            )
-            touched = self.optimizer.step(self.weight, self.state, ids, grads) if ids.shape[0] else 0
-        elif distinct is not None:
-            self.optimizer.step_coalesced(self.weight, self.state, *distinct, grad)
-            touched = int(distinct[0].shape[0])
-        else:
-            touched = self.optimizer.step(self.weight, self.state, ids, grad, self.scratch)
+        with self._phase("sparse_update"):
+            grad = rows.grad if "pos" not in ix or rows.grad is None else rows.grad.index_select(0, ix["pos"])
+            if self.comm.world_size > 1:
+                ids, grads = all_ranks_gradients(
+                    self.comm, [ids] if B else [], [grad] if B else [], self.dim, "sparse_allgather",
+                    self.device,
+                )  # fmt: skip
+                touched = self.optimizer.step(self.weight, self.state, ids, grads) if ids.shape[0] else 0
+            elif distinct:
+                self.optimizer.step_coalesced(self.weight, self.state, ix["rows"], ix["inverse"], grad)
+                touched = int(arrays["rows"].shape[0])
+            else:
+                touched = self.optimizer.step(self.weight, self.state, ids, grad, self.scratch)
         t3 = time.perf_counter()
+        self._steps += 1
         return StepStats(
             loss_sum=step_loss(loss),
             samples=B,
@@ -111,8 +136,12 @@ class DeviceMode(TrainMode):
 
     @torch.no_grad()
     def pooled_eval(self, sparse: np.ndarray) -> torch.Tensor:
-        bags, _, ids, pos = self._lookups(sparse)
-        return bag_pool(padded_rows(self.weight, ids, pos, sparse.shape[0] * bags.num_columns).detach(), bags)
+        bags, ids, pos = self._lookups(sparse)
+        ids_d = torch.from_numpy(ids).to(self.device)
+        pos_d = None if pos is None else torch.from_numpy(pos).to(self.device)
+        return bag_pool(
+            padded_rows(self.weight, ids_d, pos_d, sparse.shape[0] * bags.num_columns).detach(), bags
+        )
 
     def export_tables(self) -> list[np.ndarray]:
         return [w.copy() for w in self.layout.split(self.weight.detach().cpu().numpy())]
