@@ -162,6 +162,15 @@ def add_parser(subparsers: SubParsers) -> None:
         action="store_true",
         help="resume if --checkpoint-dir holds a checkpoint of this run, else start (for job schedulers)",
     )
+    p.add_argument("--cold-store", choices=("memory", "disk"), default="memory",
+                   help="hybrid/hotline: cold rows in host memory, or in a file on local disk (tables beyond DRAM)")  # fmt: skip
+    p.add_argument("--cold-dir", metavar="DIR", help="--cold-store disk: the directory of its file")
+    p.add_argument("--cold-io-depth", type=int, default=32, metavar="N",
+                   help="--cold-store disk: reads in flight (I/O threads)")  # fmt: skip
+    p.add_argument("--cold-cache", default="0", metavar="SIZE",
+                   help="--cold-store disk: DRAM kept for its most popular rows (e.g. 2GiB; 0: none)")  # fmt: skip
+    p.add_argument("--no-cold-direct", action="store_true",
+                   help="--cold-store disk: through the OS page cache instead of O_DIRECT")  # fmt: skip
     p.add_argument(
         "--no-progress",
         action="store_true",
@@ -263,15 +272,16 @@ def config_from_args(args: argparse.Namespace):
     if warn and args.threads and args.threads > (os.cpu_count() or 1):
         print(f"hotline train: warning: --threads {args.threads} is more than the {os.cpu_count()} cores",
               file=sys.stderr)  # fmt: skip
+    from hotline.units import parse_size
+
     hbm_budget = None
     if args.hbm_budget:
-        from hotline.units import parse_size
-
         hbm_budget = parse_size(args.hbm_budget)
     same = ("mode", "mini_batch_size", "learning_rate", "optimizer", "nepochs", "num_batches", "print_freq",
             "test_freq", "eval_max_samples", "seed", "device", "lookahead", "worker_threads", "micro_batches",
             "checkpoint_dir", "checkpoint_every", "resume", "resume_if_present", "replace_every", "replace",
-            "replace_threshold", "count_decay", "lr_decay_start_step")  # fmt: skip
+            "replace_threshold", "count_decay", "cold_store", "cold_dir", "cold_io_depth",
+            "lr_decay_start_step")  # fmt: skip
     return TrainConfig(
         **flags(args, *same),
         embedding_dim=args.arch_sparse_feature_size,
@@ -288,6 +298,8 @@ def config_from_args(args: argparse.Namespace):
         dump_init_path=args.dump_init,
         placement_path=args.placement,
         hbm_budget=hbm_budget,
+        cold_cache=parse_size(args.cold_cache),
+        cold_direct=not args.no_cold_direct,
         lr_warmup_steps=args.lr_num_warmup_steps,
         lr_decay_steps=args.lr_num_decay_steps,
     )
@@ -369,6 +381,8 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
                 if comm.rank == 0:
                     print(f"loaded {args.load} (step {step})", file=sys.stderr)
             summary = trainer.fit()
+            if config.cold_store == "disk":
+                _report_disk(trainer)
             if args.save:
                 save_checkpoint(trainer, args.save)
             if args.save_placement and comm.rank == 0:
@@ -406,6 +420,19 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
             record["auto"] = choice.record(summary["samples_per_s"])
         print(finite_json(record))
     return 0
+
+
+def _report_disk(trainer) -> None:
+    """One line of a disk-backed run: its file, I/O mode, bytes of rows and state, and the peak resident
+    memory of this process (Linux ru_maxrss is in KiB)."""
+    import resource
+
+    from hotline.units import format_size
+
+    f = trainer.mode.cold.host.file
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(f"cold store {f.path} ({f.mode}): {format_size(f.num_rows * f.record)} of rows and optimizer state "
+          f"on disk; peak RSS {format_size(rss)}", file=sys.stderr)  # fmt: skip
 
 
 def _choose(config, dataset, args: argparse.Namespace, comm=None):
