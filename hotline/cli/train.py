@@ -133,6 +133,12 @@ def add_parser(subparsers: SubParsers) -> None:
         help="hotline: numba threads of the look-ahead worker",
     )
     p.add_argument(
+        "--share-cores",
+        action="store_true",
+        help="hotline look-ahead: torch gives the producer the cores it is measured to keep busy (faster on "
+        "few cores; equal to device mode up to reassociation instead of bit-identical)",
+    )
+    p.add_argument(
         "--micro-batches",
         default="auto",
         choices=["auto", "split", "fused"],
@@ -278,7 +284,8 @@ def config_from_args(args: argparse.Namespace):
     if args.hbm_budget:
         hbm_budget = parse_size(args.hbm_budget)
     same = ("mode", "mini_batch_size", "learning_rate", "optimizer", "nepochs", "num_batches", "print_freq",
-            "test_freq", "eval_max_samples", "seed", "device", "lookahead", "worker_threads", "micro_batches",
+            "test_freq", "eval_max_samples", "seed", "device", "lookahead", "worker_threads", "share_cores",
+            "micro_batches",
             "checkpoint_dir", "checkpoint_every", "resume", "resume_if_present", "replace_every", "replace",
             "replace_threshold", "count_decay", "cold_store", "cold_dir", "cold_io_depth",
             "lr_decay_start_step")  # fmt: skip
