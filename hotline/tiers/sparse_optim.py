@@ -14,6 +14,10 @@ import torch
 from hotline.kernels import sparse_update
 from hotline.table_layout import OPTIMIZERS, state_floats_per_row
 
+MAX_LEARNING_RATE = 1e6
+"""The largest learning rate accepted: far above any that trains, and far below float32's range (3.4e38), so
+``lr * gradient`` is a number, not an overflow inside torch."""
+
 
 @dataclass(frozen=True)
 class SparseOptimizer:
@@ -29,8 +33,10 @@ class SparseOptimizer:
     def __post_init__(self) -> None:
         if self.kind not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.kind!r}")
-        if not self.lr > 0:
-            raise ValueError(f"learning rate must be positive, got {self.lr}")
+        if not 0 < self.lr <= MAX_LEARNING_RATE:  # NaN fails too
+            raise ValueError(
+                f"learning rate (--learning-rate) must be positive and at most {MAX_LEARNING_RATE:g}, got {self.lr}"
+            )
 
     @property
     def state_floats_per_row(self) -> int:
