@@ -516,6 +516,7 @@ def test_ranks_die_with_their_launcher(data, tmp_path):
     metrics = tmp_path / "m.jsonl"
     cmd = [sys.executable, "-m", "hotline", "train", str(data["ds"]), *SMALL, "--nproc", "2", "--nepochs", "100000", "--metrics", str(metrics), "--print-freq", "1"]  # fmt: skip
     launcher = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, start_new_session=True)
+    ranks: list[int] = []
     try:
         while launcher.poll() is None and not (metrics.is_file() and metrics.stat().st_size):
             time.sleep(0.05)  # until the ranks train
@@ -524,9 +525,10 @@ def test_ranks_die_with_their_launcher(data, tmp_path):
         launcher.kill()
         launcher.wait()
         assert all(_dead_or_dying(p) for p in ranks)
-    finally:
-        with contextlib.suppress(ProcessLookupError):  # whatever is left of it
-            os.killpg(launcher.pid, signal.SIGKILL)
+    finally:  # whatever is left (the ranks run in a process group of their own)
+        for pid in [launcher.pid, *ranks]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 _FLAKY_GLOO = """
