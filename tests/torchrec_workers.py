@@ -123,10 +123,14 @@ def combined_optimizer(model: torch.nn.Module):
     """torchrec's usual optimizer: the fused one of the collections plus plain SGD on the dense layers."""
     from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 
+    from hotline.torchrec_bridge.sharding import find_collections
+
     dense = {n: p for n, p in model.named_parameters() if "embedding_bags" not in n}
-    return CombinedOptimizer(
-        [model.fused_optimizer, KeyedOptimizerWrapper(dense, lambda ps: torch.optim.SGD(ps, lr=LR))]
-    )
+    if hasattr(model, "fused_optimizer"):  # DMP collects the fused optimizers of its sharded modules
+        fused = model.fused_optimizer
+    else:
+        fused = CombinedOptimizer([(path, m.fused_optimizer) for path, m in find_collections(model).items()])
+    return CombinedOptimizer([fused, KeyedOptimizerWrapper(dense, lambda ps: torch.optim.SGD(ps, lr=LR))])
 
 
 def train_dmp(comm, jobs: list[tuple[str, str, int, int, str]]) -> None:

@@ -38,6 +38,7 @@ from hotline.torchrec_bridge.cache_stats import (  # noqa: E402
     sampled_trace,
 )
 from hotline.torchrec_bridge.fused_optim import HotlineFusedOptimizer, sparse_optimizer  # noqa: E402
+from hotline.torchrec_bridge.model_plans import model_tables, plan_model  # noqa: E402
 from hotline.torchrec_bridge.module import HotlineEmbeddingBagCollection, kjt_from_sparse  # noqa: E402
 from hotline.torchrec_bridge.pipelines import CpuPrefetchTrainPipelineSparseDist  # noqa: E402
 from hotline.torchrec_bridge.plan_files import (  # noqa: E402
@@ -60,6 +61,7 @@ from hotline.torchrec_bridge.planning import (  # noqa: E402
     embedding_bag_configs,
     parameter_shardings,
     plan,
+    plan_inputs,
     plan_summary,
     topology,
 )
@@ -80,6 +82,9 @@ __all__ = [
     "find_collections",
     "hotline_sharding_plan",
     "kjt_from_sparse",
+    "model_tables",
+    "plan_inputs",
+    "plan_model",
     "sparse_optimizer",
     "HotRows",
     "HotlineCacheStats",

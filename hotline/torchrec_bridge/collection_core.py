@@ -301,6 +301,9 @@ class TieredCollectionMixin:
             )
         cls, kw = found.pop()
         rule = sparse_optimizer(cls, dict(kw))
+        if rule.state_floats_per_row != self._core.optimizer.state_floats_per_row:
+            self._rebuild(rule, cls, dict(kw))  # the tables need (or drop) the rule's row-wise state
+        self._core.optimizer = rule
         self._fused_optimizer.rule = rule
         for group in self._fused_optimizer.param_groups:
             group["lr"], group["eps"] = rule.lr, rule.eps
@@ -309,6 +312,19 @@ class TieredCollectionMixin:
             view
         ) in self.embedding_bags.values():  # torch's in-backward hooks never fire (no .grad): drop them
             view.weight._in_backward_optimizers = []
+
+    def _rebuild(self, rule: SparseOptimizer, cls, kwargs: dict) -> None:
+        """The same tables (current weights) over a new core whose rows carry ``rule``'s optimizer state."""
+        old = self._core
+        tables, _ = old.export()
+        core = CollectionCore(old.configs, [np.asarray(h) for h in self.placement.hot_ids],
+                              [tables[c.name] for c in old.configs], rule, old.comm, old.device, old.is_weighted,
+                              max(g._capacity for g in old.groups))  # fmt: skip
+        old.close()
+        self._init_tables(core, True)
+        self._in_backward_checked = True
+        for view in self._modules["embedding_bags"].values():  # the new parameters carry the request too
+            view.weight._optimizer_classes, view.weight._optimizer_kwargs = [cls], [kwargs]
 
     def _tiered_forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         self._check_in_backward()

@@ -192,9 +192,11 @@ def hotline_parameter_sharding(
                              sharding_spec=EnumerableShardingSpec(shards))  # fmt: skip
 
 
-def hotline_sharding_plan(model: nn.Module, world_size: int, device_type: str = "cpu") -> ShardingPlan:
-    """A ShardingPlan that hands every HotlineEmbeddingBagCollection inside ``model`` to Hotline's sharder."""
-    found = find_collections(model)
+def hotline_sharding_plan(model: nn.Module, world_size: int, device_type: str = "cpu",
+                          kinds: dict[str, nn.Module] | None = None) -> ShardingPlan:  # fmt: skip
+    """A ShardingPlan that hands every HotlineEmbeddingBagCollection inside ``model`` (or the collections of
+    ``kinds``, path -> module) to Hotline's sharder."""
+    found = kinds if kinds is not None else find_collections(model)
     if not found:
         raise ValueError(f"{type(model).__name__} holds no HotlineEmbeddingBagCollection to shard")
     plan: dict[str, Any] = {}
