@@ -625,3 +625,16 @@ def test_every_test_named_on_the_bad_input_page_exists():
     for file, name in named:
         tree = ast.parse((Path(__file__).resolve().parent / file).read_text())
         assert name in {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}, f"{file}::{name}"
+
+
+@pytest.mark.parametrize("share", [0.001, 0.05, 0.5, 1.0])
+def test_array_file_gathers_samples_of_any_density(data, monkeypatch, share):
+    """Rows by index (the profiler's sample), dense stretches read whole and sparse ones run by run."""
+    import hotline.datasets.files as files
+
+    monkeypatch.setattr(files, "GATHER_BLOCK_BYTES", 1000)  # many stretches even on a small file
+    a, ref = Dataset(data["ds"]).train.sparse, np.load(data["ds"] / "train_sparse.npy")
+    rng = np.random.default_rng(1)
+    rows = rng.choice(len(ref), max(1, int(len(ref) * share)), replace=False)
+    for index in (rows, np.sort(rows), np.concatenate([rows, rows[:5]])):
+        np.testing.assert_array_equal(a[index], ref[index])

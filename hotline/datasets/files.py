@@ -22,6 +22,11 @@ DIGEST_BLOCKS = 16
 (the first and the last included): at most 1 MiB read per file, whatever its size."""
 
 
+GATHER_BLOCK_BYTES = 8 << 20
+"""Rows picked by index (a random sample) are read in stretches of at most this many bytes: a stretch where
+they are dense (at least one row in 16) in one read, a sparse one run of consecutive rows by run."""
+
+
 def sampled_digest(fd: int, size: int) -> str:
     """A cheap content digest of the open file ``fd`` of ``size`` bytes: SHA-256 of its size and of
     :data:`DIGEST_BLOCKS` evenly spread blocks (the whole file when it is small)."""
@@ -178,13 +183,18 @@ class ArrayFile:
         ordered = rows[order]
         unique, first_of = np.unique(ordered, return_index=True)
         got = np.empty((len(unique), *self.shape[1:]), self.dtype)
-        if unique[-1] - unique[0] + 1 <= 8 * len(unique):  # dense: one read of the span
-            span = self._rows(int(unique[0]), int(unique[-1]) + 1)
-            got[:] = span[unique - unique[0]]
-        else:
-            breaks = np.flatnonzero(np.diff(unique) != 1) + 1
-            for a, b in zip(np.r_[0, breaks], np.r_[breaks, len(unique)]):
-                self._read_rows(got[a:b], int(unique[a]))
+        block = max(1, GATHER_BLOCK_BYTES // max(1, self.row_bytes))
+        i = 0
+        while i < len(unique):  # block by block: a dense stretch in one read, a sparse one run by run
+            j = int(np.searchsorted(unique, unique[i] + block))
+            part = unique[i:j]
+            if part[-1] - part[0] + 1 <= 16 * len(part):
+                got[i:j] = self._rows(int(part[0]), int(part[-1]) + 1)[part - part[0]]
+            else:
+                breaks = np.flatnonzero(np.diff(part) != 1) + 1
+                for a, b in zip(np.r_[0, breaks], np.r_[breaks, len(part)]):
+                    self._read_rows(got[i + a : i + b], int(part[a]))
+            i = j
         out = np.empty((len(rows), *self.shape[1:]), self.dtype)
         out[order] = got[np.searchsorted(unique, ordered)]
         return out

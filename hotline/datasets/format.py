@@ -118,7 +118,8 @@ class Dataset:
         if not self.path.is_dir():
             problem = file_problem(self.path)
             if problem is None or problem.startswith("is "):  # it is something, just not a directory
-                problem = f"is not a directory ({'a regular file' if problem is None else problem[3:]})"
+                kind = "a regular file" if problem is None else problem[3:].removesuffix(", not a file")
+                problem = f"is not a directory ({kind})"
             raise DatasetError(f"dataset directory {self.path} {problem}")
         problem = file_problem(meta_path)
         if problem == "does not exist":
