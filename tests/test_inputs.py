@@ -101,8 +101,9 @@ def test_learning_rate_that_overflows_float32_is_one_line(data, capsys):
     """``--learning-rate 1e308`` ended in a torch traceback ("cannot be converted to type float")."""
     for lr in ("1e308", "nan", "0"):
         assert main(["train", str(data["ds"]), *SMALL, "--num-batches", "2", "--learning-rate", lr]) == 2
-        assert "learning rate (--learning-rate) must be positive and at most 1e+06" in _one_error(
-            capsys, "train"
+        assert (
+            "learning rate (--learning-rate) must be positive and at most 3.403e+38 (float32's largest)"
+            in _one_error(capsys, "train")
         )
 
 

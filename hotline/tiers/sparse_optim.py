@@ -14,9 +14,10 @@ import torch
 from hotline.kernels import sparse_update
 from hotline.table_layout import OPTIMIZERS, state_floats_per_row
 
-MAX_LEARNING_RATE = 1e6
-"""The largest learning rate accepted: far above any that trains, and far below float32's range (3.4e38), so
-``lr * gradient`` is a number, not an overflow inside torch."""
+MAX_LEARNING_RATE = float(np.finfo(np.float32).max)
+"""The largest learning rate accepted: float32's largest number (3.4e38), which the tables' updates take it
+as. A larger one is not a number there (a traceback inside torch); a merely huge one diverges, and the run
+stops at the first non-finite loss with its one line (exit 3)."""
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,8 @@ class SparseOptimizer:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.kind!r}")
         if not 0 < self.lr <= MAX_LEARNING_RATE:  # NaN fails too
             raise ValueError(
-                f"learning rate (--learning-rate) must be positive and at most {MAX_LEARNING_RATE:g}, got {self.lr}"
+                f"learning rate (--learning-rate) must be positive and at most {MAX_LEARNING_RATE:.4g} (float32's "
+                f"largest), got {self.lr}"
             )
 
     @property
