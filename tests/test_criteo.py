@@ -247,7 +247,9 @@ def test_layout_flag_overrides_detection(tmp_path):
     ref, sizes = naive.criteo_reference([a.read_bytes(), b.read_bytes()], "kaggle")
     _assert_dataset_equals_reference(out, ref, sizes)
     with pytest.raises(ValueError, match="with one file .* there would be 0 training rows"):
-        preprocess([a], tmp_path / "ds1", layout="terabyte", progress=False)  # (it used to write 0 train rows)
+        preprocess(
+            [a], tmp_path / "ds1", layout="terabyte", progress=False
+        )  # (it used to write 0 train rows)
     assert not (tmp_path / "ds1").exists()
 
 

@@ -353,10 +353,14 @@ def test_output_that_is_a_directory_is_refused(data, tmp_path, capsys):
         (["--seed", str(2**40)], "--seed must be in [0, 2**32)"),
         (["--nproc", "0"], "--nproc must be >= 1, got 0"),
         (
-            ["--placement", "p.npz"],
-            "--placement has an effect with --mode hotline only; --mode device would ignore",
+            ["--mode", "device", "--placement", "p.npz"],
+            "--placement has an effect with --mode hotline or auto only; --mode device would ignore",
         ),
-        (["--mode", "hybrid", "--hbm-budget", "1MiB"], "--hbm-budget has an effect with --mode hotline only"),
+        (["--mode", "device", "--hardware", "H100"], "--hardware has an effect with --mode auto only"),
+        (
+            ["--mode", "hybrid", "--hbm-budget", "1MiB"],
+            "--hbm-budget has an effect with --mode hotline or auto only",
+        ),
     ],
 )
 def test_nonsense_train_flags_name_the_flag(data, capsys, flags, text):
