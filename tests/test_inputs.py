@@ -131,7 +131,7 @@ def test_a_flag_without_effect_in_the_mode_is_refused_the_same_way(data, tmp_pat
     argv = ["train", str(data["ds"]), *SMALL, "--num-batches", "2", "--mode", mode, "--metrics", str(metrics)]
     assert main([*argv, *flag]) == 2
     line = _one_error(capsys, "train")
-    assert f"{flag[0]} has an effect with --mode hotline only; --mode {mode} would ignore it" in line
+    assert f"{flag[0]} has an effect with --mode hotline or auto only; --mode {mode} would ignore it" in line
     assert not metrics.exists()  # refused before the first step
     assert not (tmp_path / "p.npz").exists()
 
@@ -139,7 +139,7 @@ def test_a_flag_without_effect_in_the_mode_is_refused_the_same_way(data, tmp_pat
 def test_every_hotline_only_flag_is_in_the_table():
     from hotline.cli.train import MODE_FLAGS
 
-    assert {f[0] for f in HOTLINE_ONLY} | {"--placement", "--hbm-budget"} == set(MODE_FLAGS)
+    assert {f[0] for f in HOTLINE_ONLY} | {"--placement", "--hbm-budget", "--hardware"} == set(MODE_FLAGS)
 
 
 def test_hotline_flags_still_apply_in_hotline_mode(data, capsys):

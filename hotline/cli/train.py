@@ -315,6 +315,10 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
             from hotline.training.checkpoint import CheckpointError
 
             check_file(args.load, "checkpoint", CheckpointError)  # a directory, a FIFO, /dev/null: named
+        if args.init_params:  # named before --mode auto profiles, too
+            from hotline._paths import check_file
+
+            check_file(args.init_params, "--init-params")
         chosen = []
 
         def choose(cfg, ds):

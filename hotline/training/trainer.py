@@ -83,6 +83,7 @@ class Trainer:
                     "mode 'auto' is chosen before training: pass choose= (as `hotline train` does, with "
                     "hotline.training.auto.choose_for_run) or give device, hybrid or hotline"
                 )
+            self._check_data()  # before the choice profiles and times anything
             config = self.config = choose(config, self.dataset)
         self.model = DLRM(config.model_config(self.dataset.table_sizes), seed=config.seed).to(config.device)
         self.sparse_opt = SparseOptimizer(config.optimizer, config.learning_rate)
@@ -210,6 +211,15 @@ class Trainer:
         for k, v in zip(summed, counts):
             stats.counters[k] = float(v)
 
+    def _check_data(self) -> None:
+        """Every split's ids, dense values and labels, read once (before the first step, or before --mode
+        auto's choice): a bad one is named with its file and row now, not at its step hours later."""
+        if getattr(self, "_data_checked", False):
+            return
+        check_ids(self.dataset)
+        check_all_values(self.dataset)  # a NaN, a 3e38 or a label 2.0, with its file, row and column
+        self._data_checked = True
+
     def fit(self) -> dict:
         """Runs the whole training; returns the summary record (also the last line of ``--metrics``)."""
         from tqdm import tqdm  # imported here: the GPU benchmark image has no tqdm and never calls fit()
@@ -218,8 +228,7 @@ class Trainer:
 
         cfg = self.config
         check_train_outputs(cfg)  # before step 1, not after the last one
-        check_ids(self.dataset)  # every split: a bad id names its file and sample now, not at its step
-        check_all_values(self.dataset)  # and a NaN, a 3e38 or a label 2.0, with its file, row and column
+        self._check_data()
         total = self.train_steps()
         if total == 0:
             raise ValueError(f"the training split of {self.dataset.path} has no rows to train on")
