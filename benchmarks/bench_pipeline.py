@@ -50,7 +50,7 @@ MODES = {
     "device": {"mode": "device"},
     "hybrid": {"mode": "hybrid"},
     "hotline_k0": {"mode": "hotline", "lookahead": 0},
-    "hotline_k2": {"mode": "hotline", "lookahead": 2},
+    "hotline_k2": {"mode": "hotline", "lookahead": 2, "share_cores": True},  # the core-share rule on
 }
 PHASES = (
     "dispatch",

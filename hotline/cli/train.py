@@ -119,6 +119,12 @@ def add_parser(subparsers: SubParsers) -> None:
     p.add_argument("--worker-threads", type=int, metavar="N",
                    help="hotline: numba threads of the look-ahead worker (default 1)")  # fmt: skip
     p.add_argument(
+        "--share-cores",
+        action="store_true",
+        help="hotline look-ahead: torch gives the producer the cores it is measured to keep busy (faster on "
+        "few cores; equal to device mode up to reassociation instead of bit-identical)",
+    )
+    p.add_argument(
         "--micro-batches",
         choices=["auto", "split", "fused"],
         help="hotline: popular and non-popular passes (split), one pass (fused), or auto: split at "
@@ -225,8 +231,8 @@ def config_from_args(args: argparse.Namespace):
     if args.hbm_budget:
         hbm_budget = parse_size(args.hbm_budget)
     same = ("mode", "mini_batch_size", "learning_rate", "optimizer", "nepochs", "num_batches", "print_freq",
-            "test_freq", "eval_max_samples", "seed", "device", "checkpoint_dir", "checkpoint_every", "resume",
-            "resume_if_present", "cold_store", "cold_dir", "cold_io_depth")  # fmt: skip
+            "test_freq", "eval_max_samples", "seed", "device", "share_cores", "checkpoint_dir", "checkpoint_every",
+            "resume", "resume_if_present", "cold_store", "cold_dir", "cold_io_depth")  # fmt: skip
     hotline_only = ("lookahead", "worker_threads", "micro_batches", "replace_every", "replace",
                     "replace_threshold", "count_decay")  # fmt: skip
     given = {k: v for k, v in flags(args, *hotline_only).items() if v is not None}  # the rest: defaults

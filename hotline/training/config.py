@@ -89,6 +89,10 @@ class TrainConfig:
     """``--lookahead``: steps whose cold rows are gathered ahead of compute (hotline mode)."""
     worker_threads: int = 1
     """Numba threads of the look-ahead worker that dispatches and gathers (the rest compute)."""
+    share_cores: bool = False
+    """``--share-cores``: with look-ahead, torch's threads give up the cores the producer is measured to keep
+    busy (:class:`hotline.pipeline.threads.CoreShare`); faster where they share few cores, but torch's
+    reductions then run on fewer threads: equal to device mode up to reassociation, not bit-identical."""
     micro_batches: str = "auto"
     """hotline: ``split`` (popular then non-popular forward/backward), ``fused`` (one pass over the batch in
     order, hot rows and working rows together), or ``auto`` (split at look-ahead 0, where the popular

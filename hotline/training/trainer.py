@@ -337,6 +337,7 @@ class Trainer:
             self._compute_prepared,
             lookahead=self.config.lookahead,
             worker_threads=self.config.worker_threads,
+            share_cores=self.config.share_cores,
         )
         self._executor = executor
         try:
