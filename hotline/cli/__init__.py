@@ -115,6 +115,7 @@ def _main(argv: list[str]) -> int:
     args = None
     try:
         args = build_parser().parse_args(argv)
+        args.command_line = argv  # which flags were given (a --preset yields to them)
         from hotline.cli.args import check_counts
 
         check_counts(args)  # every command's thread and process counts, bounded the same way
