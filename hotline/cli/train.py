@@ -412,12 +412,14 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
         chosen = []
 
         def choose(cfg, ds):
-            chosen.append(_choose(cfg, ds, args, comm))
+            chosen.append(_choose(cfg, ds, args, comm, announce=False))
             c = chosen[0]
             return replace(cfg, mode=c.mode, lookahead=c.lookahead, hbm_budget=c.hbm_budget)
 
         trainer = Trainer(config, dataset, comm, choose=choose)
         choice = chosen[0] if chosen else None
+        if choice is not None:  # printed when training starts, after every check of the run's inputs
+            trainer.announce = choice.line()
         try:
             if args.load:
                 step = load_checkpoint(trainer, args.load)
@@ -483,8 +485,9 @@ def _report_disk(trainer) -> None:
           f"on disk; peak RSS {format_size(rss)}", file=sys.stderr)  # fmt: skip
 
 
-def _choose(config, dataset, args: argparse.Namespace, comm=None):
-    """``--mode auto``'s choice for this run (rank 0 chooses and every rank takes its decision), printed."""
+def _choose(config, dataset, args: argparse.Namespace, comm=None, announce: bool = True):
+    """``--mode auto``'s choice for this run (rank 0 chooses and every rank takes its decision); printed by
+    rank 0 with ``announce`` (else the caller prints :meth:`AutoChoice.line` when training starts)."""
     from hotline.training.auto import AutoChoice, choose_for_run
 
     if comm is None or comm.world_size == 1:
@@ -500,7 +503,7 @@ def _choose(config, dataset, args: argparse.Namespace, comm=None):
         comm.all_reduce_(code, "auto")
         if choice is None:
             choice = AutoChoice.from_code(code.tolist())
-    if comm is None or comm.rank == 0:
+    if announce and (comm is None or comm.rank == 0):
         print(choice.line(), file=sys.stderr)
     return choice
 

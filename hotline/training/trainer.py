@@ -98,6 +98,8 @@ class Trainer:
 
             start_counting(self.mode, config)
         self.step_count = 0
+        self.announce: str | None = None
+        """A line :meth:`fit` prints once its checks pass, before step 1 (``--mode auto``'s choice)."""
         self._executor = None
         self.history: list[dict] = []
         self._metrics_file = None
@@ -248,6 +250,8 @@ class Trainer:
         resume = cfg.resume or cfg.resume_if_present
         if checkpoints is not None and checkpoints.start(self, resume, cfg.resume_if_present) is not None:
             print(f"resumed from {checkpoints.latest()} at step {self.step_count}", file=sys.stderr)
+        if self.announce and self.comm.rank == 0:  # every check passed: training starts now
+            print(self.announce, file=sys.stderr)
         if cfg.metrics_path:  # append-only: flushed after every record
             Path(cfg.metrics_path).parent.mkdir(parents=True, exist_ok=True)
             self._metrics_file = open(cfg.metrics_path, "a" if self.step_count else "w")
