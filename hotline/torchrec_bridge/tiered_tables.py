@@ -257,7 +257,12 @@ class TieredTables:
                 )
         else:
             ids, grads = all_ranks_gradients(
-                self.comm, [look.hot_slot], [g.index_select(0, look.hot_pos)], self.dim, "hot_grads"
+                self.comm,
+                [look.hot_slot],
+                [g.index_select(0, look.hot_pos)],
+                self.dim,
+                "hot_grads",
+                self.device,
             )
             if ids.numel():
                 touched += optimizer.step(
