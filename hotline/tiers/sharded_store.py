@@ -60,6 +60,7 @@ class ShardedColdStore(ColdStore):
         self.num_rows = int(num_rows)
         self.host = HostRows(shard_weights, optimizer)
         self.S = optimizer.state_floats_per_row
+        self.state_shape = optimizer.state_shape  # rows -> the shape of their state (S columns travel with w)
         self._ahead: Comm | None = None  # the look-ahead thread's group, inside lookahead()
 
     @staticmethod
@@ -83,7 +84,7 @@ class ShardedColdStore(ColdStore):
             stale[self.host.claim(local, step, distinct=False)] = True
         parts = [self.host.w[local]]
         if self.S:
-            parts.append(self.host.s[local, None])
+            parts.append(self.host.s[local].reshape(local.shape[0], self.S))
         if step >= 0:
             parts.append(stale[:, None].astype(np.float32))
         payload = torch.from_numpy(np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0])
@@ -92,7 +93,7 @@ class ShardedColdStore(ColdStore):
         rows_back = torch.empty((got.shape[0], D + self.S), dtype=torch.float32)
         rows_back[torch.from_numpy(order)] = got[:, : D + self.S]
         values = np.ascontiguousarray(rows_back.numpy()[:, :D])
-        state = np.ascontiguousarray(rows_back.numpy()[:, D]) if self.S else np.zeros(0, np.float32)
+        state = np.ascontiguousarray(rows_back.numpy()[:, D:]).reshape(self.state_shape(rows.shape[0]))
         route = Route(order, send_counts, local, recv_counts)
         out = ColdFetch(rows, values, state, step=step, route=route)
         if step >= 0:
@@ -182,17 +183,19 @@ class ShardedColdStore(ColdStore):
         N, r = self.comm.world_size, self.comm.rank
         mine = np.flatnonzero(rows % N == r)
         local = rows[mine] // N
-        parts = [self.host.w[local]] + ([self.host.s[local, None]] if self.S else [])
+        parts = [self.host.w[local]] + (
+            [self.host.s[local].reshape(local.shape[0], self.S)] if self.S else []
+        )
         payload = torch.from_numpy(np.concatenate(parts, axis=1) if self.S else parts[0])
         got = self.comm.all_gather_varlen(payload, "replace_rows")
         where = self.comm.all_gather_varlen(torch.from_numpy(mine), "replace_ids")
         D = self.host.w.shape[1]
         w = np.empty((rows.shape[0], D), np.float32)
-        s = np.empty(rows.shape[0] if self.S else 0, np.float32)
+        s = np.empty(self.state_shape(rows.shape[0]), np.float32)
         for pos, vals in zip(where, got):
             w[pos.numpy()] = vals.numpy()[:, :D]
             if self.S:
-                s[pos.numpy()] = vals.numpy()[:, D]
+                s[pos.numpy()] = vals.numpy()[:, D:].reshape(-1, *s.shape[1:])
         return w, s
 
     def _assemble(self, shard: np.ndarray) -> np.ndarray:

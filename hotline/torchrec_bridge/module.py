@@ -253,7 +253,7 @@ class HotlineEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         working_set = np.array(micro.working_set, copy=True)
         U = working_set.shape[0]
         w_np, s_np = self.cold.gather(
-            working_set, np.empty((U, D), np.float32), np.empty(U if self.cold.s.size else 0, np.float32)
+            working_set, np.empty((U, D), np.float32), np.empty(self.optimizer.state_shape(U), np.float32)
         )
         work = torch.from_numpy(w_np).to(dev)
         work_state = torch.from_numpy(s_np).to(dev)

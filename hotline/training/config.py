@@ -154,7 +154,9 @@ class TrainConfig:
             raise ValueError(
                 f"--device {self.device}: CUDA is not available to this torch ({torch.__version__})"
             )
-        SparseOptimizer(self.optimizer, self.learning_rate)  # validates optimizer and learning rate
+        SparseOptimizer(
+            self.optimizer, self.learning_rate, dim=self.embedding_dim
+        )  # validates optimizer and lr
 
     @property
     def replaces(self) -> bool:
