@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the checkout's hotline, installed or not
 
 import common  # noqa: E402
 
@@ -130,18 +131,19 @@ def run_mode(name, dataset, args, cfg, placement_path, device: str = "cpu", prob
     cuda = device == "cuda"
     if cuda:
         torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # the peaks below are this run's, not the cache of earlier runs
         torch.cuda.reset_peak_memory_stats()
     trainer = Trainer(config, dataset)
     times: dict[str, float] = {}
     phases = None
     try:
+        if hasattr(trainer.mode, "phases"):  # from the start: look-ahead prepares steps during the warm-up
+            trainer.mode.phases = phases = StreamPhases(device, from_step=args.warmup_steps)
         stats_iter = trainer.progress(trainer.batches())
         for _ in range(args.warmup_steps):
             next(stats_iter)
         if cuda:
             torch.cuda.synchronize()
-        if hasattr(trainer.mode, "phases"):
-            trainer.mode.phases = phases = StreamPhases(device)
         t0 = time.perf_counter()
         samples = 0
         counters: dict[str, float] = {}
@@ -188,14 +190,31 @@ def run_mode(name, dataset, args, cfg, placement_path, device: str = "cpu", prob
     return rec
 
 
+def recorded(name: str, run, *args, **kwargs) -> dict:
+    """``run(*args, **kwargs)``'s record, or, if it raises, ``{"mode": name, "error": ...}``: one failing mode
+    (look-ahead refusing a threading layer, a GPU out of memory) is recorded and the others still run."""
+    import gc
+
+    try:
+        return run(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - recorded in the results, and printed
+        error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        print(f"{name}: FAILED, {error} (the other modes still run)", file=sys.stderr, flush=True)
+        return {"mode": name, "error": error, "note": "FAILED"}
+    finally:
+        gc.collect()  # what a failed run left behind goes before the next one starts
+
+
 def sweep(
     dataset, args, cfg, placements: list[dict], device: str = "cpu", log=None, probe=None
 ) -> list[dict]:
-    """Runs device and hybrid once and the hotline modes once per placement; one record per run."""
+    """Runs device and hybrid once and the hotline modes once per placement; one record per run (a run
+    that raised: its mode and error)."""
     rows = []
     for m in args.modes.split(","):
         for pl in placements if m.startswith("hotline") else [None]:  # device, hybrid: no hot tier to size
-            rec = run_mode(m, dataset, args, cfg, pl["path"] if pl else None, device=device, probe=probe)
+            path = pl["path"] if pl else None
+            rec = recorded(m, run_mode, m, dataset, args, cfg, path, device=device, probe=probe)
             if pl is not None:
                 rec.update(target=pl["target"], hot_rows=pl["hot_rows"], budget_bytes=pl["budget_bytes"])
                 rec["budget_mib"] = pl["budget_bytes"] / 2**20
@@ -226,6 +245,7 @@ SWEEP_COLUMNS = [
 def headline(rows: list[dict]) -> tuple[dict, dict]:
     """Per mode the record of the middle unsaturated budget (the one the ratios compare), and the ratios."""
     by: dict[str, dict] = {}
+    rows = [r for r in rows if "error" not in r]
     for m in dict.fromkeys(r["mode"] for r in rows):
         runs = [r for r in rows if r["mode"] == m]
         live = [r for r in runs if not r.get("saturated")] or runs
@@ -245,7 +265,10 @@ def headline(rows: list[dict]) -> tuple[dict, dict]:
 
 def mark_saturated(rows: list[dict]) -> None:
     for r in rows:
-        r["note"] = "SATURATED (not a hotline result)" if r.get("saturated") else ""
+        if "error" in r:
+            r["note"] = "FAILED"
+        else:
+            r["note"] = "SATURATED (not a hotline result)" if r.get("saturated") else ""
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -246,7 +246,7 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
         if distributed:
             from hotline.distributed.launcher import init_from_env, worker_threads
 
-            comm = init_from_env()
+            comm = init_from_env(config.device)  # NCCL on CUDA, gloo on the CPU
             configure_threads(worker_threads(config.threads))
         else:
             comm = Comm()

@@ -4,7 +4,6 @@ placement (the tiers never profile: that happens above them)."""
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from hotline.datasets.format import Dataset
 from hotline.distributed.comm import Comm
@@ -65,7 +64,7 @@ def build_mode(
         opt,
         config.seed,
         comm,
-        torch.device(config.device).type == "cuda",
+        False,  # nothing reads the cold tier in place (copies go through pinned staging): no registration
         max_rows,
     )
     return TieredMode(

@@ -14,12 +14,13 @@ MODES = ("device", "hybrid", "hotline")
 
 
 def resolve_device(device: str) -> str:
-    """``auto`` -> ``cuda`` when torch sees a GPU (a local rank of several: ``cuda:LOCAL_RANK``, modulo the
-    GPUs), else ``cpu``; any other name as it is."""
-    if device != "auto":
+    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``; ``cuda`` (or ``auto``) on a local rank of
+    several -> ``cuda:LOCAL_RANK`` modulo the GPUs (each rank its own GPU; NCCL refuses two ranks on one);
+    any other name as it is."""
+    if device not in ("auto", "cuda"):
         return device
     if not torch.cuda.is_available():
-        return "cpu"
+        return "cpu" if device == "auto" else device
     local_rank = os.environ.get("LOCAL_RANK")
     if local_rank is None or int(os.environ.get("LOCAL_WORLD_SIZE", "1")) <= 1:
         return "cuda"
@@ -65,7 +66,8 @@ class TrainConfig:
     seed: int = 0
     """Seed of model and embedding initialisation."""
     device: str = "cpu"
-    """Compute device: cpu, cuda (cuda:N), or auto: cuda when torch sees a GPU, else cpu (resolved here)."""
+    """Compute device: cpu, cuda (cuda:N), or auto: cuda when torch sees a GPU, else cpu (resolved here; on
+    one of several local ranks cuda and auto mean the rank's own GPU, cuda:LOCAL_RANK)."""
     threads: int = 0
     """torch and numba threads (0: all cores)."""
     progress: bool = True
@@ -144,8 +146,7 @@ class TrainConfig:
                 f"--dcn-num-layers and --dcn-low-rank-dim must be >= 1, got {self.dcn_num_layers} and "
                 f"{self.dcn_low_rank_dim}"
             )
-        if self.device == "auto":
-            self.device = resolve_device("auto")
+        self.device = resolve_device(self.device)
         try:
             device = torch.device(self.device)
         except RuntimeError as e:
