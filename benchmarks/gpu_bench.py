@@ -75,6 +75,7 @@ _quiet_tqdm_if_missing()
 import bench_pipeline  # noqa: E402
 import common  # noqa: E402
 import gpu_extras  # noqa: E402
+import gpu_torchrec  # noqa: E402
 
 GOALS = {"hotline/hybrid": 2.2, "hotline/device": 0.7}
 
@@ -157,6 +158,13 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"[{stage}] FAILED: {error}", file=sys.stderr, flush=True)
             payload["stages"][stage] = {**payload["stages"].get(stage, {}), "error": error}
             common.write_json(args.json, payload)
+    # Hotline's torchrec collection vs torchrec's EBC on the device (skipped, with the reason, without torchrec)
+    tiny = {"steps": 3, "batch": 64, "dim": 8, "rows": 500, "tables": 3} if args.smoke else {}
+    try:
+        payload["stages"]["torchrec"] = gpu_torchrec.torchrec_stage(device, **tiny)
+    except Exception as e:  # noqa: BLE001 - recorded; the other stages' figures still count
+        payload["stages"]["torchrec"] = {"error": f"{type(e).__name__}: {e}"}
+    print(f"torchrec stage: {payload['stages']['torchrec']}", flush=True)
     ok = [s for s in stages if "by_mode" in payload["stages"].get(s, {})]
     if not ok:
         payload["total_s"] = time.perf_counter() - t_start

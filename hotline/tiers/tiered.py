@@ -523,22 +523,22 @@ class TieredMode(TrainMode):
 
     def shard_state(self) -> dict[str, torch.Tensor]:
         """This rank's checkpoint share: its cold rows (every rank) and the hot tier (rank 0 only)."""
-        host = self.cold.host
-        out = {"cold_w": host.weight.clone(), "cold_s": host.state.clone()}
+        w, s = self.cold.host.all()
+        out = {"cold_w": torch.from_numpy(w), "cold_s": torch.from_numpy(s)}
         if self.comm.rank == 0:
             out.update(hot_w=self.hot_w.detach().cpu().clone(), hot_s=self.hot_s.cpu().clone())
         return out
 
     def load_shard_state(self, own: dict, rank0: dict) -> None:
         host = self.cold.host
-        if own["cold_w"].shape != host.weight.shape or rank0["hot_w"].shape != self.hot_w.shape:
+        shape = (host.num_rows, self.dim)
+        if tuple(own["cold_w"].shape) != shape or rank0["hot_w"].shape != self.hot_w.shape:
             raise ValueError(
                 f"checkpoint shard has {tuple(own['cold_w'].shape)} cold and {tuple(rank0['hot_w'].shape)} hot "
-                f"rows, this rank expects {tuple(host.weight.shape)} and {tuple(self.hot_w.shape)} "
+                f"rows, this rank expects {shape} and {tuple(self.hot_w.shape)} "
                 f"(same placement and number of ranks?)"
             )
+        host.replace_all(own["cold_w"].numpy(), own["cold_s"].numpy())
         with torch.no_grad():
-            host.weight.copy_(own["cold_w"])
-            host.state.copy_(own["cold_s"])
             self.hot_w.copy_(rank0["hot_w"])
             self.hot_s.copy_(rank0["hot_s"])

@@ -10,7 +10,7 @@ import torch
 from hotline.models.dlrm import DLRMConfig
 from hotline.tiers.sparse_optim import SparseOptimizer
 
-MODES = ("device", "hybrid", "hotline")
+MODES = ("device", "hybrid", "hotline", "auto")
 
 
 def resolve_device(device: str) -> str:
@@ -32,7 +32,8 @@ class TrainConfig:
     """Everything a training run needs besides the dataset (flags keep the reference DLRM's names)."""
 
     mode: str = "device"
-    """Where embedding rows live: ``device`` (all on the compute device), ``hybrid`` or ``hotline``."""
+    """Where embedding rows live: ``device`` (all on the compute device), ``hybrid`` or ``hotline``; ``auto``
+    (``hotline train``'s default) is resolved to one of them before training (:mod:`hotline.training.auto`)."""
     embedding_dim: int = 16
     """``--arch-sparse-feature-size``."""
     bottom_mlp: list[int] = field(default_factory=lambda: [13, 512, 256, 64, 16])
@@ -88,6 +89,10 @@ class TrainConfig:
     """``--lookahead``: steps whose cold rows are gathered ahead of compute (hotline mode)."""
     worker_threads: int = 1
     """Numba threads of the look-ahead worker that dispatches and gathers (the rest compute)."""
+    share_cores: bool = False
+    """``--share-cores``: with look-ahead, torch's threads give up the cores the producer is measured to keep
+    busy (:class:`hotline.pipeline.threads.CoreShare`); faster where they share few cores, but torch's
+    reductions then run on fewer threads: equal to device mode up to reassociation, not bit-identical."""
     micro_batches: str = "auto"
     """hotline: ``split`` (popular then non-popular forward/backward), ``fused`` (one pass over the batch in
     order, hot rows and working rows together), or ``auto`` (split at look-ahead 0, where the popular
@@ -109,6 +114,17 @@ class TrainConfig:
     """``--resume``: continue from the newest complete checkpoint in ``checkpoint_dir`` (an error if none)."""
     resume_if_present: bool = False
     """``--resume-if-present``: resume if ``checkpoint_dir`` holds a checkpoint, else start (job schedulers)."""
+    cold_store: str = "memory"
+    """``--cold-store``: where hybrid/hotline keep the cold rows: ``memory`` (host memory) or ``disk`` (a file
+    in ``cold_dir``, read and written in place: tables beyond DRAM)."""
+    cold_dir: str | None = None
+    """``--cold-dir``: the directory of the disk store's file (``--cold-store disk``)."""
+    cold_io_depth: int = 32
+    """``--cold-io-depth``: I/O threads (reads in flight) of the disk store."""
+    cold_cache: int = 0
+    """``--cold-cache`` in bytes: the disk store's DRAM tier (its most popular rows kept in memory; 0: none)."""
+    cold_direct: bool = True
+    """``--no-cold-direct`` sets False: the disk store goes through the OS page cache instead of O_DIRECT."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -140,6 +156,28 @@ class TrainConfig:
             raise ValueError(
                 f"--threads must be >= 0 (0: all cores) and --worker-threads >= 1, got {self.threads} "
                 f"and {self.worker_threads}"
+            )
+        if self.cold_store not in ("memory", "disk"):
+            raise ValueError(f"--cold-store must be memory or disk, got {self.cold_store!r}")
+        if self.cold_store == "disk":
+            if self.mode in ("device", "auto"):  # auto's chooser does not price the disk store
+                raise ValueError(
+                    f"--cold-store disk keeps the cold rows of --mode hybrid or hotline (not --mode {self.mode})"
+                )
+            if self.optimizer in ("adagrad", "adam"):  # its row records hold at most one state float
+                raise ValueError(
+                    f"--cold-store disk keeps one state float per row: --optimizer sgd or rowwise-adagrad, "
+                    f"not {self.optimizer}"
+                )
+            if not self.cold_dir:
+                raise ValueError("--cold-store disk needs --cold-dir DIR (where its file goes)")
+            if not os.path.isdir(self.cold_dir):
+                raise ValueError(f"--cold-dir {self.cold_dir} is not a directory")
+        elif self.cold_dir:
+            raise ValueError("--cold-dir is the directory of --cold-store disk")
+        if self.cold_io_depth < 1 or self.cold_cache < 0:
+            raise ValueError(
+                f"--cold-io-depth must be >= 1 and --cold-cache >= 0, got {self.cold_io_depth}, {self.cold_cache}"
             )
         if self.dcn_num_layers < 1 or self.dcn_low_rank_dim < 1:
             raise ValueError(

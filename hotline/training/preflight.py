@@ -125,6 +125,10 @@ def memory_needed(config, dataset, world_size: int = 1) -> int:
     lookups = -(-batch // world_size) * dataset.num_tables * dataset.pooling_factor
     ring = 1 if config.mode == "hybrid" else config.lookahead + 3
     tables = -(-rows // world_size) * row_bytes
+    if (
+        getattr(config, "cold_store", "memory") == "disk"
+    ):  # rows on disk: their index arrays and the DRAM tier
+        tables = -(-rows // world_size) * 8 * 4 + config.cold_cache + (config.hbm_budget or 0)
     buffers = ring * lookups * (row_bytes + 8 * 8)  # staging rows, dispatch index arrays (int64)
     return tables + buffers
 

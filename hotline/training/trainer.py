@@ -21,7 +21,7 @@ import os
 import sys
 import time
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -47,7 +47,15 @@ SUMMED_COUNTERS = ("popular_samples", "working_set_rows", "stale_rows", "lookups
 class Trainer:
     """Trains a DLRM on a dataset directory with one of the training modes, as one rank of ``comm``."""
 
-    def __init__(self, config: TrainConfig, dataset: Dataset | str | os.PathLike, comm: Comm | None = None):
+    def __init__(
+        self,
+        config: TrainConfig,
+        dataset: Dataset | str | os.PathLike,
+        comm: Comm | None = None,
+        choose: Callable[[TrainConfig, Dataset], TrainConfig] | None = None,
+    ):
+        """``choose(config, dataset)``: resolves ``mode='auto'`` to a concrete config (``hotline train``
+        passes --mode auto's chooser); it runs after the cheap checks of the config against the dataset."""
         self.comm = comm if comm is not None else Comm()
         if self.comm.rank:  # one progress bar and one metrics file: rank 0's
             config = replace(config, progress=False, metrics_path=None)
@@ -61,6 +69,13 @@ class Trainer:
                 f"--arch-mlp-bot starts with {config.bottom_mlp[0]} but the dataset has "
                 f"{self.dataset.num_dense} dense features"
             )
+        if config.mode == "auto":
+            if choose is None:
+                raise ValueError(
+                    "mode 'auto' is chosen before training: pass choose= (as `hotline train` does, with "
+                    "hotline.training.auto.choose_for_run) or give device, hybrid or hotline"
+                )
+            config = self.config = choose(config, self.dataset)
         self.model = DLRM(config.model_config(self.dataset.table_sizes), seed=config.seed).to(config.device)
         self.sparse_opt = SparseOptimizer(config.optimizer, config.learning_rate, dim=config.embedding_dim)
         self.dense_opt = self.sparse_opt.dense_optimizer(self.model.parameters())
@@ -304,6 +319,7 @@ class Trainer:
             self._compute_prepared,
             lookahead=self.config.lookahead,
             worker_threads=self.config.worker_threads,
+            share_cores=self.config.share_cores,
         )
         self._executor = executor
         try:
