@@ -79,6 +79,7 @@ class Trainer:
         self.model = DLRM(config.model_config(self.dataset.table_sizes), seed=config.seed).to(config.device)
         self.sparse_opt = SparseOptimizer(config.optimizer, config.learning_rate, dim=config.embedding_dim)
         self.dense_opt = self.sparse_opt.dense_optimizer(self.model.parameters())
+        self._lr_schedule = config.lr_schedule
         check_memory(config, self.dataset, self.comm.world_size)  # before the tables are allocated
         self.mode = self._build_mode()
         if config.init_params_path:
@@ -137,13 +138,24 @@ class Trainer:
                 yield batch
             first = 0
 
+    def _schedule_lr(self) -> None:
+        """Sets the dense and sparse learning rates of the step about to run (``config.lr_schedule``)."""
+        if self._lr_schedule.constant:
+            return
+        lr = self._lr_schedule.lr(self.step_count)
+        for group in self.dense_opt.param_groups:
+            group["lr"] = lr
+        self.mode.optimizer.set_lr(lr)
+
     def step(self, batch: Batch) -> StepStats:
         """One exact mini-batch step: forward/backward through the mode, then one dense optimizer step."""
+        self._schedule_lr()
         self.dense_opt.zero_grad(set_to_none=True)
         return self._dense_step(self.mode.step(self.model, batch), batch)
 
     def _compute_prepared(self, prep) -> StepStats:
         """The compute of one prepared tiered step: both micro-batches, sparse and dense optimizer steps."""
+        self._schedule_lr()
         self.dense_opt.zero_grad(set_to_none=True)
         return self._dense_step(self.mode.compute(self.model, prep), prep.batch)
 
