@@ -174,7 +174,7 @@ class TieredTables:
         fetch = self.store.fetch(
             working_set,
             np.empty((U, D), np.float32),
-            np.empty(U if self.host_state.numel() else 0, np.float32),
+            np.empty(self.optimizer.state_shape(U), np.float32),
             step,
         )
         dev = self.device
