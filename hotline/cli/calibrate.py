@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hotline.cli.args import SubParsers, add_output, add_seed, add_threads, error
+from hotline.cli.args import SubParsers, add_force, add_output, add_seed, add_threads, error
 
 
 def add_parser(subparsers: SubParsers) -> None:
@@ -21,22 +21,26 @@ def add_parser(subparsers: SubParsers) -> None:
     add_output(parser, "--out", "write the hardware description here (required)", required=True)
     add_threads(parser, "torch and numba threads the runs will use")
     add_seed(parser, "the timed inputs")
-    parser.set_defaults(func=run)
+    add_force(parser)
+    parser.set_defaults(func=run, declare=declare)
+
+
+def declare(args: argparse.Namespace):
+    """Outputs and inputs for the output policy (:mod:`hotline.outputs`)."""
+    from hotline.outputs import Output
+
+    return [Output("--out", args.out)], []
 
 
 def run(args: argparse.Namespace) -> int:
     from hotline._io import write_json
     from hotline.profiling.calibrate import calibrate
 
-    if args.out.exists() and not _is_hardware_file(args.out):
-        return error(
-            "calibrate", f"{args.out} exists and is not a Hotline hardware description: not replaced"
-        )
     try:
         hw = calibrate(
             args.threads or None, args.seed, progress=lambda s: print(f"timing {s}", file=sys.stderr)
         )
-        write_json(args.out, hw)
+        write_json(args.claim.path("--out"), hw)
     except (OSError, ValueError) as e:
         return error("calibrate", e)
     h, d = hw["host"], hw["device"]
@@ -47,12 +51,3 @@ def run(args: argparse.Namespace) -> int:
         f"{d['dense_fit_max_rel_error']:.0%})\nwritten to {args.out}"
     )
     return 0
-
-
-def _is_hardware_file(path) -> bool:
-    import json
-
-    try:
-        return json.loads(path.read_text()).get("format") == "hotline-hardware"
-    except (OSError, ValueError, AttributeError):
-        return False

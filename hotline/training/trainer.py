@@ -23,7 +23,6 @@ import time
 import zipfile
 from collections.abc import Mapping
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -37,7 +36,7 @@ from hotline.tiers.sparse_optim import SparseOptimizer
 from hotline.training.config import TrainConfig
 from hotline.training.logs import LogLines
 from hotline.training.metrics import accuracy, log_loss, roc_auc
-from hotline.training.preflight import check_finite, check_ids, check_memory, check_train_outputs, finite_json
+from hotline.training.preflight import check_finite, check_ids, check_memory, finite_json
 
 # Step counters that are summed over ranks (in the dense all-reduce); the rest are this rank's own.
 SUMMED_COUNTERS = ("popular_samples", "working_set_rows", "stale_rows", "lookups", "hot_lookups")
@@ -163,27 +162,54 @@ class Trainer:
         for i, k in enumerate(summed):
             stats.counters[k] = float(flat[at + 1 + i])
 
-    def fit(self) -> dict:
-        """Runs the whole training; returns the summary record (also the last line of ``--metrics``)."""
+    def fit(self, outputs=None) -> dict:
+        """Runs the whole training; returns the summary record (also the last line of ``--metrics``).
+
+        ``outputs``: the run's outputs as :func:`hotline.outputs.claim` judged and locked them (the CLI claims
+        them before loading anything); None: claimed here, refusing to replace any existing file."""
+        own = None
+        if outputs is None:
+            outputs = own = self._claim_outputs()
+        try:
+            return self._fit(outputs)
+        finally:
+            if self._metrics_file is not None:  # a failed run: a file that never got a record stays as it was
+                self._metrics_file.abort()
+                self._metrics_file = None
+            if own is not None:
+                own.release()
+
+    def _claim_outputs(self):
+        """The config's outputs, judged and locked by rank 0 (a rank started by ``--nproc``: its launcher did)."""
+        from hotline import outputs
+        from hotline.training.preflight import train_inputs, train_outputs
+
+        declared = train_outputs(self.config, world_size=self.comm.world_size)
+        if self.comm.rank or os.environ.get("HOTLINE_LAUNCHED"):
+            return outputs.unclaimed(declared)
+        return outputs.claim(declared, train_inputs(self.config, self.dataset.path))
+
+    def _fit(self, outputs) -> dict:
         from tqdm import tqdm  # imported here: the GPU benchmark image has no tqdm and never calls fit()
 
+        from hotline.outputs import LineFile, records_up_to
         from hotline.tiers.tiered import measured_figures
 
         cfg = self.config
-        check_train_outputs(cfg)  # before step 1, not after the last one
         check_ids(self.dataset)  # every split: a bad id names its file and sample now, not at its step
         total = self.train_steps()
         if total == 0:
             raise ValueError(f"the training split of {self.dataset.path} has no rows to train on")
         checkpoints = self._checkpoints = self._checkpoint_manager()
         resume = cfg.resume or cfg.resume_if_present
-        if checkpoints is not None and checkpoints.start(self, resume, cfg.resume_if_present) is not None:
+        resumed = checkpoints.start(self, resume, cfg.resume_if_present) if checkpoints is not None else None
+        if resumed is not None:
             print(f"resumed from {checkpoints.latest()} at step {self.step_count}", file=sys.stderr)
-        if cfg.metrics_path:  # append-only: flushed after every record
-            Path(cfg.metrics_path).parent.mkdir(parents=True, exist_ok=True)
-            self._metrics_file = open(cfg.metrics_path, "a" if self.step_count else "w")
+        if cfg.metrics_path:  # whole lines only; a resumed run replaces the records of the steps it replays
+            keep = records_up_to(self.step_count) if resume else None
+            self._metrics_file = LineFile(outputs.path("--metrics", cfg.metrics_path), keep)
         if cfg.dump_init_path:  # the parameters this run's first step starts from (after --resume/--load)
-            self.dump_params(cfg.dump_init_path)
+            self.dump_params(outputs.path("--dump-init", cfg.dump_init_path))
         log = LogLines(self.comm.rank == 0, bar=cfg.progress)  # no bar without a TTY: a line per report
         bar = tqdm(total=total, initial=self.step_count, disable=not log.bar, unit="step", dynamic_ncols=True)
         log.before_first_step()
@@ -244,11 +270,11 @@ class Trainer:
             **{f"test_{k}": v for k, v in test.items()},
         }
         self._emit(summary)
-        if self._metrics_file:
+        if self._metrics_file is not None:
             self._metrics_file.close()
             self._metrics_file = None
         if cfg.dump_params_path:
-            self.dump_params(cfg.dump_params_path)
+            self.dump_params(outputs.path("--dump-params", cfg.dump_params_path))
         return summary
 
     @staticmethod
@@ -305,8 +331,7 @@ class Trainer:
     def _emit(self, record: dict) -> None:
         self.history.append(record)
         if self._metrics_file:
-            self._metrics_file.write(finite_json(record) + "\n")  # strict JSON: NaN is null
-            self._metrics_file.flush()
+            self._metrics_file.write_line(finite_json(record))  # strict JSON: NaN is null
 
     # -- evaluation and export ------------------------------------------------------------------------
     @torch.no_grad()
