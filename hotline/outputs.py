@@ -68,8 +68,11 @@ def _resolve(flag: str, path: Path) -> Path:
 
 
 def _shown(given: Path, target: Path) -> str:
-    """``given``, and where it leads when that is elsewhere (a link)."""
-    return str(given) if Path(os.path.abspath(given)) == target else f"{given} (a link to {target})"
+    """``given``, and where it leads when that is elsewhere (a link; relative to here when below it)."""
+    if Path(os.path.abspath(given)) == target:
+        return str(given)
+    relative = os.path.relpath(target)
+    return f"{given} (a link to {target if relative.startswith('..') else relative})"
 
 
 def _kind_of(mode: int) -> str:
@@ -109,6 +112,7 @@ def _judge_existing(out: Output, given: Path, target: Path, force: bool) -> None
         if out.continues and _is_records(target):
             return
         if not force:
+            _refuse_if_held(out.flag, given, target)  # the more useful line: --force would not help
             raise OutputError(
                 f"{out.flag} {shown} exists: pass --force to replace it, or choose another name"
             )
@@ -151,6 +155,28 @@ def lock_path(target: Path) -> Path:
     return target.with_name(f".{target.name}{LOCK_SUFFIX}")
 
 
+def _held_message(flag: str, given: Path, fd: int) -> str:
+    holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+    return (
+        f"{flag} {given} is being written by another Hotline run that is still going (pid {holder}): wait for "
+        f"it to end, or choose another name"
+    )
+
+
+def _refuse_if_held(flag: str, given: Path, target: Path) -> None:
+    """Raises OutputError if a live run holds ``target``'s lock (an existing lock file; none is made)."""
+    try:
+        fd = os.open(lock_path(target), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise OutputError(_held_message(flag, given, fd)) from None
+    finally:
+        os.close(fd)
+
+
 class _Lock:
     """An exclusive ``flock`` on the lock file beside an output, held until :meth:`release`."""
 
@@ -161,12 +187,9 @@ class _Lock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                message = _held_message(flag, given, fd)
                 os.close(fd)
-                raise OutputError(
-                    f"{flag} {given} is being written by another Hotline run that is still going (pid "
-                    f"{holder}): wait for it to end, or choose another name"
-                ) from None
+                raise OutputError(message) from None
             try:  # the file may have been removed by the holder that just released it: lock the current one
                 same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
             except FileNotFoundError:

@@ -211,8 +211,11 @@ def test_an_output_on_its_own_input_is_refused_even_with_force(env, tmp_path, ca
     source = case.own_input(env)
     holder = source if source.is_dir() else source.parent
     before = _tree(holder)
-    argv = [*_argv(case, env, source, tmp_path), "--force"]
-    _refused(capsys, case.command, argv, case.flag, "an input of this command", "even with --force")
+    argv = _argv(case, env, source, tmp_path)
+    _refused(capsys, case.command, argv, case.flag, "an input of this command")
+    _refused(
+        capsys, case.command, [*argv, "--force"], case.flag, "an input of this command", "even with --force"
+    )
     assert _tree(holder) == before
     inside = holder / case.name  # a new name inside the dataset directory the command reads
     if case.kind != "dataset" and (env["ds"] == source or env["ds"] in source.parents):
@@ -382,7 +385,7 @@ def test_two_real_runs_on_one_metrics_file_do_not_mix(env, tmp_path):
         assert first.poll() is None, first.stderr.read()
         r = subprocess.run(
             [sys.executable, "-m", "hotline", "train", str(env["ds"]), *SMALL, "--num-batches", "2", "--metrics",
-             str(m), "--force"], capture_output=True, text=True, timeout=300,
+             str(m)], capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         assert first.poll() is None  # still running: the refusal was not a race lost to its end
     finally:
