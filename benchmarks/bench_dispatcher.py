@@ -10,9 +10,12 @@ budget of ``--budget-share`` of the embedding bytes. Timed: splitting ``--batche
 - ``numpy``: :func:`numpy_split` below: range check, remap lookup, row-wise ``all``, ``np.unique`` with
   ``return_index``/``return_inverse`` for the working set in first-occurrence order.
 
-Both produce the same arrays (checked on every batch before timing). Also timed: the kernel phases
-(classify, write popular, write non-popular) and the Python glue around them. Target: one-hot
-4096 x 26 at >= 200 M lookups/s (about 0.5 ms a batch).
+Both produce the same arrays (checked on every batch before timing). Also timed: the kernel phases (the
+one-pass chunked split, the join of the chunks, the cold-slot numbering) and the Python glue around them,
+and the memory-limit probe ``hotline.kernels.probe.remap_gather``: the same access pattern as the split (each
+id read once, its remap entry looked up at random with the same prefetch, one slot written per lookup) doing
+none of its work. ``limit share`` = probe time / split time: how close the split runs to what the memory
+system allows for its lookups. Target: one-hot 4096 x 26 at >= 200 M lookups/s (about 0.5 ms a batch).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import numpy as np
 from hotline.datasets.synthetic import KAGGLE_TABLE_SIZES, sample_zipf
 from hotline.dispatch import Dispatcher
 from hotline.kernels import dispatch
+from hotline.kernels.probe import remap_gather
 from hotline.placement import Placement
 
 TARGET_MLOOKUPS = 200.0
@@ -151,7 +155,14 @@ def run_case(args, sizes, perms, placement, L: int, rng) -> tuple[list[dict], di
         for f in flat:
             numpy_split(f, d.col_offset, d.col_size, d.remap)
 
+    probe_out = np.empty(args.batch * C, np.int64)
+
+    def probe_all():
+        for f in flat:
+            remap_gather(f, d.col_offset, d.remap, probe_out)
+
     lookups = args.batch * C * len(batches)
+    probe = common.timeit(probe_all, args.repeats, args.warmup)
     rows = []
     for method, fn in (("hotline", hotline_all), ("numpy", numpy_all)):
         t = common.timeit(fn, args.repeats, args.warmup)
@@ -170,6 +181,9 @@ def run_case(args, sizes, perms, placement, L: int, rng) -> tuple[list[dict], di
             }
         )
     rows[0]["speedup_vs_numpy"] = rows[1]["ms_per_batch"] / rows[0]["ms_per_batch"]
+    rows[0]["probe_ms_per_batch"] = probe.median_s * 1e3 / len(batches)
+    rows[0]["probe_mlookups_per_s"] = lookups / probe.median_s / 1e6
+    rows[0]["limit_share"] = rows[0]["probe_ms_per_batch"] / rows[0]["ms_per_batch"]
     rows[1]["speedup_vs_numpy"] = 1.0
     return rows, phase_times(d, flat[0], args)
 
@@ -212,12 +226,14 @@ def main(argv: list[str] | None = None) -> dict:
             ("cpu_ms_per_batch", "cpu ms", ".3f"),
             ("mlookups_per_s", "M lookups/s", ".1f"),
             ("speedup_vs_numpy", "vs numpy", ".2f"),
+            ("probe_mlookups_per_s", "probe M/s", ".1f"),
+            ("limit_share", "limit share", ".2f"),
             ("popular_share", "popular", ".3f"),
             ("working_set_rows", "cold rows/batch", ".0f"),
         ],
         title=f"dispatcher split: 26 Kaggle tables capped at {args.max_rows:,} rows ({sum(sizes):,} rows), "
         f"{placement.num_hot:,} hot rows ({args.budget_share:.0%} budget), Zipf {args.zipf}, {threads} threads, "
-        f"median of {args.repeats}",
+        f"median of {args.repeats}, load average {common.load_average()}",
     )
     phase_rows = [{"phase": k, **{case: v[k] for case, v in phases.items()}} for k in phases["L=1"]]
     common.print_table(
@@ -227,7 +243,8 @@ def main(argv: list[str] | None = None) -> dict:
     met = one_hot["mlookups_per_s"] >= TARGET_MLOOKUPS
     print(
         f"one-hot split: {one_hot['mlookups_per_s']:.1f} M lookups/s (target >= {TARGET_MLOOKUPS:.0f}: "
-        f"{'met' if met else 'MISSED'})"
+        f"{'met' if met else 'MISSED'}), {one_hot['limit_share']:.0%} of the memory-limit probe's "
+        f"{one_hot['probe_mlookups_per_s']:.1f} M lookups/s; load average {common.load_average()}"
     )
     report = {
         "benchmark": "dispatcher",

@@ -151,7 +151,7 @@ def _parse_fields(buf, s, e, modulus, hex_value, i, labels, dense, cats):
     return OK, 0
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _parse_line(buf, s, e, modulus, max_line, hex_value, i, labels, dense, cats):
     """Parses one line buf[s:e] (without its newline) into row i. Returns (reason, column).
 
@@ -281,7 +281,7 @@ def _slot(v, mask):
     return np.int64((v * np.uint64(_HASH_MULTIPLIER)) >> np.uint64(32)) & mask
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _build_id_table(uniques, offsets, remap, slot_offsets, keys, ids):
     for t in range(offsets.shape[0] - 1):
         base = slot_offsets[t]
@@ -393,7 +393,7 @@ def _hex_len(v):
     return n
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _line_lengths(labels, dense, cats, lengths):
     for i in prange(labels.shape[0]):
         n = 1 + NUM_FIELDS  # the label digit, 39 tabs and the newline
@@ -406,7 +406,7 @@ def _line_lengths(labels, dense, cats, lengths):
         lengths[i] = n
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _format_lines(labels, dense, cats, offsets, out):
     hexdigits = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
     for i in prange(labels.shape[0]):

@@ -6,110 +6,157 @@ must be gathered from host memory. Ids come out already remapped: hot rows to th
 to their slot in this step's working buffer (first-occurrence order, so the result is deterministic).
 
 The batch is seen as ``[B, C]`` columns (C = T * L: one-hot and multi-hot bags are the same loop), each column
-with its table's offset into the fused row space. Classification runs in parallel over samples; slot
-assignment for cold rows is a sequential pass over the non-popular lookups only, using a scratch array
-``slot_map`` over the fused row space (-1 everywhere between calls) instead of a sort or a hash table.
+with its table's offset into the fused row space. The split is one pass over the batch: the samples are cut
+into contiguous chunks processed in parallel, and each chunk reads every id once, looks it up in the remap
+(prefetched a few samples ahead: the remap is tens of MB and the lookups are random, so the pass is bound by
+memory latency, not bandwidth) and writes the sample straight into its micro-batch, at its chunk's own offsets.
+A short sequential pass then closes the gaps between chunks and numbers the cold rows in first-occurrence
+order with a scratch array ``slot_map`` over the fused row space (-1 everywhere between calls) instead of a
+sort or a hash table. Every kernel releases the GIL (``nogil``): the look-ahead producer runs them beside the
+training step.
 """
 
 from __future__ import annotations
 
+import numba
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+PREFETCH_LOOKUPS = 96
+"""How far ahead (in lookups, rounded to whole samples) the split prefetches remap entries."""
 
 
-@njit(cache=True, parallel=True)
-def _classify(ids, col_offset, col_size, remap, is_popular, bad, slot, n_cold):
-    """is_popular[b] = every lookup of sample b is hot; bad[b] = first out-of-range column of b, or -1;
-    n_cold[b] = its cold lookups.
+@intrinsic
+def _prefetch(typingctx, arr, index):
+    """Hints the CPU to load ``arr[index]`` into cache (LLVM's prefetch: read, high locality); no effect on
+    results, so an index past the end is harmless but never made."""
+    sig = types.void(arr, index)
 
-    Also keeps each lookup's hot slot (or -1) in ``slot`` [B*C], so the later passes read it sequentially
-    instead of going back to the large remap array."""
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        i8p = ir.IntType(8).as_pointer()
+        ptr = builder.bitcast(builder.gep(ary.data, [args[1]]), i8p)
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = builder.module.declare_intrinsic("llvm.prefetch", fnty=fnty)
+        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def _split_chunks(
+    ids, col_offset, col_size, remap, fused, ahead, chunk_start, counts, is_popular, bad,
+    pop_samples, pop_ids, np_samples, hot_pos, hot_slot, cold_pos, cold_fid,
+):  # fmt: skip
+    """The one pass: chunk k (samples ``chunk_start[k]:chunk_start[k+1]``) writes its popular samples and their
+    hot slots, its non-popular samples, their hot lookups (position within the chunk's non-popular lookups,
+    hot slot) and cold lookups (position, fused id) from its first sample's offsets (``b0`` samples, ``b0*C``
+    lookups) on, and ``counts[k]`` = (popular, non-popular, hot, cold). A chunk stops at its first sample with
+    an out-of-range id, recording the column in ``bad`` (-1 for every sample it checked and found good)."""
     B, C = ids.shape
-    for b in prange(B):
-        cold = 0
-        bad[b] = -1
-        for c in range(C):
-            v = ids[b, c]
-            if v < 0 or v >= col_size[c]:
-                bad[b] = c
-                cold += 1
+    for k in prange(chunk_start.shape[0] - 1):
+        b0, b1 = chunk_start[k], chunk_start[k + 1]
+        n_pop = 0
+        n_np = 0
+        nh = 0
+        nc = 0
+        base = b0 * C
+        for b in range(b0, b1):
+            if b + ahead < b1:
+                for c in range(C):
+                    v = ids[b + ahead, c]
+                    if v >= 0 and v < col_size[c]:
+                        _prefetch(remap, col_offset[c] + v)
+            # the sample's slots go to the next popular row first: kept there if it is popular, copied out
+            # (the row is cache-hot) if not
+            row = base + n_pop * C
+            cold = 0
+            stop = -1
+            for c in range(C):
+                v = ids[b, c]
+                if v < 0 or v >= col_size[c]:
+                    stop = c
+                    break
+                r = remap[col_offset[c] + v]
+                pop_ids[row + c] = r
+                cold += r < 0
+            bad[b] = stop
+            if stop >= 0:
                 break
-            r = remap[col_offset[c] + v]
-            slot[b * C + c] = r
-            if r < 0:
-                cold += 1
-        n_cold[b] = cold
-        is_popular[b] = cold == 0
+            is_popular[b] = cold == 0
+            if cold == 0 and not fused:
+                pop_samples[b0 + n_pop] = b
+                n_pop += 1
+                continue
+            np_samples[b0 + n_np] = b
+            first = n_np * C
+            for c in range(C):  # branch-free: both candidates written, one kept (cold lookups are rare)
+                r = pop_ids[row + c]
+                hot = r >= 0
+                hot_pos[base + nh] = first + c
+                hot_slot[base + nh] = r
+                cold_pos[base + nc] = first + c
+                cold_fid[base + nc] = col_offset[c] + ids[b, c]
+                nh += hot
+                nc += 1 - hot
+            n_np += 1
+        counts[k, 0] = n_pop
+        counts[k, 1] = n_np
+        counts[k, 2] = nh
+        counts[k, 3] = nc
 
 
-@njit(cache=True)
-def _partition(is_popular, bad, n_cold, C, fused, pop_samples, np_samples, hot_start, cold_start):
-    """Stable partition into popular / non-popular samples with the prefix sums of the non-popular samples'
-    hot and cold lookups. Returns (n_popular, n_non_popular, n_cold_lookups), or (-1, b, 0) if sample b has
-    an out-of-range id."""
-    B = is_popular.shape[0]
-    for b in range(B):
-        if bad[b] >= 0:
-            return -1, b, 0
+@njit(cache=True, nogil=True)
+def _join_chunks(
+    C, chunk_start, counts, pop_samples, pop_ids, np_samples, hot_pos, hot_slot, cold_pos, cold_fid
+):
+    """Moves every chunk's outputs down to close the gaps left by the chunks before it (positions shifted by the
+    non-popular lookups before the chunk); returns the totals (popular, non-popular, hot, cold)."""
     n_pop = 0
     n_np = 0
+    nh = 0
     nc = 0
-    hot_start[0] = 0
-    cold_start[0] = 0
-    for b in range(B):
-        if is_popular[b] and not fused:
-            pop_samples[n_pop] = b
-            n_pop += 1
-        else:
-            np_samples[n_np] = b
-            nc += n_cold[b]
-            n_np += 1
-            cold_start[n_np] = nc
-            hot_start[n_np] = n_np * C - nc
-    return n_pop, n_np, nc
+    for k in range(chunk_start.shape[0] - 1):
+        b0 = chunk_start[k]
+        base = b0 * C
+        shift = n_np * C
+        if n_pop != b0:  # chunk 0 (and any chunk after only full ones) is in place already
+            for i in range(counts[k, 0]):
+                pop_samples[n_pop + i] = pop_samples[b0 + i]
+            for j in range(counts[k, 0] * C):
+                pop_ids[n_pop * C + j] = pop_ids[base + j]
+        if n_np != b0:
+            for i in range(counts[k, 1]):
+                np_samples[n_np + i] = np_samples[b0 + i]
+        if nh != base or shift != 0:
+            for j in range(counts[k, 2]):
+                hot_pos[nh + j] = hot_pos[base + j] + shift
+                hot_slot[nh + j] = hot_slot[base + j]
+        if nc != base or shift != 0:
+            for j in range(counts[k, 3]):
+                cold_pos[nc + j] = cold_pos[base + j] + shift
+                cold_fid[nc + j] = cold_fid[base + j]
+        n_pop += counts[k, 0]
+        n_np += counts[k, 1]
+        nh += counts[k, 2]
+        nc += counts[k, 3]
+    return n_pop, n_np, nh, nc
 
 
-@njit(cache=True, parallel=True)
-def _write_popular(slot, C, pop_samples, pop_ids):
-    for i in prange(pop_samples.shape[0]):
-        b = pop_samples[i]
-        for c in range(C):
-            pop_ids[i * C + c] = slot[b * C + c]
-
-
-@njit(cache=True, parallel=True)
-def _write_non_popular(
-    ids, col_offset, slot, np_samples, hot_start, cold_start, hot_pos, hot_slot, cold_pos, cold_fid
-):
-    """Positions and hot slots of the non-popular lookups, and the fused ids of the cold ones, in batch order.
-
-    Each sample writes at its own offsets (``hot_start``/``cold_start``: prefix sums of its hot and cold
-    lookups), so the samples run in parallel."""
-    C = ids.shape[1]
-    for i in prange(np_samples.shape[0]):
-        b = np_samples[i]
-        nh = hot_start[i]
-        nc = cold_start[i]
-        for c in range(C):
-            k = i * C + c
-            r = slot[b * C + c]
-            if r >= 0:
-                hot_pos[nh] = k
-                hot_slot[nh] = r
-                nh += 1
-            else:
-                cold_pos[nc] = k
-                cold_fid[nc] = col_offset[c] + ids[b, c]
-                nc += 1
-
-
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _assign_cold_slots(cold_fid, slot_map, cold_slot, working_set):
     """Numbers the distinct cold rows in first-occurrence order (the working set); returns how many.
 
-    Sequential, but over the cold lookups only (a few percent of a skewed batch)."""
+    Sequential, but over the cold lookups only (a few percent of a skewed batch), prefetching ``slot_map``."""
     u = 0
-    for j in range(cold_fid.shape[0]):
+    n = cold_fid.shape[0]
+    for j in range(n):
+        if j + 16 < n:
+            _prefetch(slot_map, cold_fid[j + 16])
         fid = cold_fid[j]
         s = slot_map[fid]
         if s < 0:
@@ -129,64 +176,62 @@ def new_buffers(max_lookups: int, max_samples: int) -> dict[str, np.ndarray]:
         k: np.empty(max_lookups, np.int64)
         for k in ("pop_ids", "hot_pos", "hot_slot", "cold_pos", "cold_slot", "cold_fid", "working_set")
     }
-    for k in ("n_cold", "pop_samples", "np_samples"):
+    for k in ("pop_samples", "np_samples", "bad"):
         out[k] = np.empty(max_samples, np.int64)
-    for k in ("hot_start", "cold_start"):
-        out[k] = np.empty(max_samples + 1, np.int64)
     out["is_popular"] = np.empty(max_samples, np.bool_)
-    out["slot"] = np.empty(max_lookups, np.int32)
-    out["bad"] = np.empty(max_samples, np.int64)
     return out
 
 
-def split_batch(ids, col_offset, col_size, remap, slot_map, buffers, fused=False):
-    """Runs the three kernels on ``ids`` [B, C] (int32/int64), writing into ``buffers`` (see
-    :func:`new_buffers`; sized for at least B*C lookups and B samples). Returns a tuple of arrays (views into
-    ``buffers`` where they are lookup-sized):
+def num_chunks(B: int) -> int:
+    """Chunks a batch of B samples is cut into: one per Numba thread (every chunk after the first is moved
+    once to close the gap before it), and none smaller than 64 samples."""
+    return max(1, min(numba.get_num_threads(), B // 64))
+
+
+def chunk_bounds(B: int, chunks: int | None = None) -> np.ndarray:
+    """int64 [n + 1]: the first sample of each of n chunks of a B-sample batch, then B (n = ``chunks``, or
+    :func:`num_chunks` when None)."""
+    n = num_chunks(B) if chunks is None else max(1, min(int(chunks), max(B, 1)))
+    return (np.arange(n + 1, dtype=np.int64) * B) // n
+
+
+def split_batch(ids, col_offset, col_size, remap, slot_map, buffers, fused=False, chunks=None):
+    """Splits ``ids`` [B, C] (int32/int64), writing into ``buffers`` (see :func:`new_buffers`; sized for at
+    least B*C lookups and B samples). Returns a tuple of arrays (views into ``buffers`` where they are
+    lookup-sized):
 
     ``(popular_samples, non_popular_samples, pop_ids, hot_pos, hot_slot, cold_pos, cold_slot, working_set,
     bad)`` where ``bad`` is per-sample the first out-of-range column (-1 if none); when any is >= 0 the other
-    outputs are empty. ``slot_map`` (int32, fused rows, all -1) is scratch and left all -1.
+    outputs are empty (the first sample with ``bad >= 0`` is the batch's first bad sample; samples after it
+    may be unchecked). ``slot_map`` (int32, fused rows, all -1) is scratch and left all -1. ``chunks``
+    overrides :func:`num_chunks` (the result does not depend on it).
 
     ``fused=True`` classifies as usual (``buffers["is_popular"]``) but returns one micro-batch: every sample
     in the "non-popular" outputs, in batch order (for steps whose cold rows are already on the device).
     """
     B, C = ids.shape
-    is_popular = buffers["is_popular"][:B]
+    chunk_start = chunk_bounds(B, chunks)
+    counts = np.zeros((chunk_start.shape[0] - 1, 4), np.int64)
     bad = buffers["bad"][:B]
-    slot = buffers["slot"][: B * C]
-    n_cold = buffers["n_cold"][:B]
-    _classify(ids, col_offset, col_size, remap, is_popular, bad, slot, n_cold)
-    hot_start, cold_start = buffers["hot_start"][: B + 1], buffers["cold_start"][: B + 1]
-    n_pop, n_np, nc = _partition(
-        is_popular,
-        bad,
-        n_cold,
-        C,
-        fused,
-        buffers["pop_samples"],
-        buffers["np_samples"],
-        hot_start,
-        cold_start,
+    bad.fill(-1)
+    ahead = max(1, PREFETCH_LOOKUPS // max(C, 1))
+    b = buffers
+    pop_samples, pop_ids, np_samples = b["pop_samples"], b["pop_ids"], b["np_samples"]
+    hot_pos, hot_slot, cold_pos, cold_fid = b["hot_pos"], b["hot_slot"], b["cold_pos"], b["cold_fid"]
+    args = (pop_samples, pop_ids, np_samples, hot_pos, hot_slot, cold_pos, cold_fid)
+    _split_chunks(
+        ids, col_offset, col_size, remap, fused, ahead, chunk_start, counts, b["is_popular"], bad, *args
     )
-    if n_pop < 0:
+    if (counts[:, 0] + counts[:, 1] != np.diff(chunk_start)).any():  # a chunk stopped at an out-of-range id
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty, empty, empty, empty, empty, empty, empty, bad
-    pop_samples, np_samples = buffers["pop_samples"][:n_pop], buffers["np_samples"][:n_np]
-    pop_ids = buffers["pop_ids"][: n_pop * C]
-    _write_popular(slot, C, pop_samples, pop_ids)
-    nh = n_np * C - nc
-    hot_pos, hot_slot = buffers["hot_pos"], buffers["hot_slot"]
-    cold_pos, cold_slot, cold_fid = buffers["cold_pos"], buffers["cold_slot"], buffers["cold_fid"]
-    working_set = buffers["working_set"]
-    _write_non_popular(
-        ids, col_offset, slot, np_samples, hot_start, cold_start, hot_pos, hot_slot, cold_pos, cold_fid
-    )
+    n_pop, n_np, nh, nc = _join_chunks(C, chunk_start, counts, *args)
+    cold_slot, working_set = b["cold_slot"], b["working_set"]
     u = _assign_cold_slots(cold_fid[:nc], slot_map, cold_slot, working_set)
     return (
-        pop_samples,
-        np_samples,
-        pop_ids,
+        pop_samples[:n_pop],
+        np_samples[:n_np],
+        pop_ids[: n_pop * C],
         hot_pos[:nh],
         hot_slot[:nh],
         cold_pos[:nc],
@@ -196,7 +241,7 @@ def split_batch(ids, col_offset, col_size, remap, slot_map, buffers, fused=False
     )
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _claim_rows(working_set, owner, step, fresh_before, stale):
     """Marks ``working_set`` as read by ``step``; returns how many of its slots went to ``stale``.
 
@@ -221,7 +266,7 @@ def claim_rows(working_set: np.ndarray, owner: np.ndarray, step: int, fresh_befo
     return stale[:n]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _add_counts(ids, col_offset, counts, weight):
     B, C = ids.shape
     for b in range(B):

@@ -11,7 +11,7 @@ import numpy as np
 from numba import njit, prange
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _gather_rows(table, rows, out):
     D = table.shape[1]
     for i in prange(rows.shape[0]):
@@ -20,7 +20,7 @@ def _gather_rows(table, rows, out):
             out[i, d] = table[r, d]
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _scatter_rows(table, rows, src):
     D = table.shape[1]
     for i in prange(rows.shape[0]):
@@ -29,13 +29,13 @@ def _scatter_rows(table, rows, src):
             table[r, d] = src[i, d]
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _gather_values(values, rows, out):
     for i in prange(rows.shape[0]):
         out[i] = values[rows[i]]
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _scatter_values(values, rows, src):
     for i in prange(rows.shape[0]):
         values[rows[i]] = src[i]
@@ -81,7 +81,7 @@ def scatter_rows(table: np.ndarray, rows: np.ndarray, src: np.ndarray) -> None:
         _scatter_values(table, rows, src)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _assemble_rows(out, hot, hot_pos, hot_slot, work, cold_pos, cold_slot):
     D = out.shape[1]
     for i in prange(hot_pos.shape[0]):

@@ -1,4 +1,10 @@
-"""A tiny parallel kernel that makes Numba choose its threading layer, so the layer can be checked."""
+"""Probes: tiny parallel kernels that measure the machine rather than do work.
+
+``parallel_sum`` makes Numba choose its threading layer, so the layer can be checked. ``remap_gather`` is the
+dispatcher's memory limit: the same access pattern as its split (every id of a ``[B, C]`` batch read once, its
+remap entry looked up at random, prefetched the same way, one slot written per lookup) with none of the
+split's work, so a split's time over the probe's is the share of the limit it reaches.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +12,10 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from .dispatch import PREFETCH_LOOKUPS, _prefetch, chunk_bounds
 
-@njit(parallel=True, cache=True)
+
+@njit(parallel=True, cache=True, nogil=True)
 def _parallel_sum(values):
     total = 0.0
     for i in prange(values.shape[0]):
@@ -27,3 +35,29 @@ def threading_layer() -> str:
     except ValueError:  # not chosen until the first parallel kernel runs
         parallel_sum(np.ones(4))
         return numba.threading_layer()
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _remap_gather(ids, col_offset, remap, ahead, chunk_start, out):
+    C = ids.shape[1]
+    for k in prange(chunk_start.shape[0] - 1):
+        b1 = chunk_start[k + 1]
+        for b in range(chunk_start[k], b1):
+            if b + ahead < b1:
+                for c in range(C):
+                    _prefetch(remap, col_offset[c] + ids[b + ahead, c])
+            for c in range(C):
+                out[b * C + c] = remap[col_offset[c] + ids[b, c]]
+
+
+def remap_gather(ids: np.ndarray, col_offset: np.ndarray, remap: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``out[b*C + c] = remap[col_offset[c] + ids[b, c]]`` for checked ids ``[B, C]`` (int64 ``out`` of at
+    least B*C); returns the written view. Chunked over Numba's threads as the dispatcher's split is."""
+    if ids.ndim != 2 or ids.shape[1] != col_offset.shape[0]:
+        raise ValueError(f"ids must be [B, {col_offset.shape[0]}], got {ids.shape}")
+    B, C = ids.shape
+    if out.dtype != np.int64 or out.shape[0] < B * C:
+        raise ValueError(f"out must be int64 of at least {B * C}, got {out.dtype} [{out.shape[0]}]")
+    ahead = max(1, PREFETCH_LOOKUPS // max(C, 1))
+    _remap_gather(ids, col_offset, remap, ahead, chunk_bounds(B), out)
+    return out[: B * C]

@@ -29,7 +29,7 @@ BLOCK = 512
 PRIVATE_MAX_ROWS = 1 << 20
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _count_lookups_private(sparse, table_sizes, table_offsets, private):
     """Counts the lookups of ``sparse`` [n, T, L] into ``private`` [P, R], sample block p into row p.
     Returns the first bad flat position of an out-of-range id, or -1."""
@@ -55,7 +55,7 @@ def _count_lookups_private(sparse, table_sizes, table_offsets, private):
     return bad
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _add_private(private, counts):
     """``counts += private.sum(axis=0)``, in parallel over the id space."""
     P, R = private.shape
@@ -66,7 +66,7 @@ def _add_private(private, counts):
         counts[r] = s
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _count_lookups(sparse, table_sizes, table_offsets, item_table, item_lo, item_hi, slot_ptr, counts, block):
     """Adds the lookups of ``sparse`` [n, T, L] into ``counts`` [R]. Work slot p counts the row ranges
     ``item_lo[a] <= row < item_hi[a]`` of tables ``item_table[a]`` for a in ``slot_ptr[p]:slot_ptr[p+1]``
@@ -100,7 +100,7 @@ def _count_lookups(sparse, table_sizes, table_offsets, item_table, item_lo, item
     return bad
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _sample_max_rank(sparse, table_sizes, table_offsets, rank, out, block):
     """Writes into ``out`` [n] the largest ``rank`` of the fused rows that sample i looks up (-1 if none);
     returns the first bad flat position of an out-of-range id, or -1. Blocks of samples run in parallel,
@@ -135,7 +135,7 @@ def _sample_max_rank(sparse, table_sizes, table_offsets, rank, out, block):
     return -1
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _add_histogram(values, hist):
     """``hist[v] += 1`` for every v in ``values`` (all within ``0 <= v < len(hist)``)."""
     for i in range(values.shape[0]):

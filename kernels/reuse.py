@@ -16,7 +16,7 @@ import numpy as np
 from numba import njit, prange
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _fenwick_add(tree, pos, value):
     """Adds ``value`` at 1-based ``pos`` of the Fenwick tree ``tree`` [n + 1]."""
     n = tree.shape[0] - 1
@@ -25,7 +25,7 @@ def _fenwick_add(tree, pos, value):
         pos += pos & (-pos)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _fenwick_prefix(tree, pos):
     """Sum of the 1-based positions ``1..pos`` of the Fenwick tree."""
     s = 0
@@ -35,7 +35,7 @@ def _fenwick_prefix(tree, pos):
     return s
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _stack_distances(traces, num_distinct, out):
     """For each row t of ``traces`` [T, n] (ids compacted to ``0 <= id < num_distinct[t]``) writes the stack
     distance of every access into ``out`` [T, n] (-1 for a first access)."""

@@ -14,7 +14,7 @@ import numpy as np
 from numba import get_num_threads, njit, prange
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _first_occurrence(ids, scratch, uniq, inverse):
     """Numbers the distinct ids in order of first occurrence: ``uniq[:u]`` and ``inverse`` (id -> number)."""
     u = 0
@@ -32,7 +32,7 @@ def _first_occurrence(ids, scratch, uniq, inverse):
     return u
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _sum_by_inverse(grads, inverse, u, n_threads, out):
     """``out[k] = sum of grads[j] with inverse[j] == k`` in input order; thread c owns a range of k."""
     D = grads.shape[1]
@@ -49,7 +49,7 @@ def _sum_by_inverse(grads, inverse, u, n_threads, out):
                     out[k, d] += grads[j, d]
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _sgd_apply(table, rows, gsum, lr):
     for s in prange(rows.shape[0]):
         r = rows[s]
@@ -57,7 +57,7 @@ def _sgd_apply(table, rows, gsum, lr):
             table[r, d] -= lr * gsum[s, d]
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _rowwise_adagrad_apply(table, state, rows, gsum, lr, eps):
     D = table.shape[1]
     for s in prange(rows.shape[0]):
@@ -151,7 +151,7 @@ def sparse_rowwise_adagrad_(
     return int(rows.shape[0])
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _accumulate_rows(grads, pos, inverse, u, n_threads, out):
     """``out[inverse[j]] += grads[pos[j]]`` in input order (thread c owns a range of output rows)."""
     D = grads.shape[1]

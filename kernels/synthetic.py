@@ -107,10 +107,10 @@ def _bag_effects_impl(ranks: np.ndarray, key: np.uint64, rank_scale: float, out:
 # Each kernel compiled twice: threads pay off on large arrays, but on small ones (and on a busy machine) the
 # cost of waking them dominates.
 PARALLEL_MIN_SIZE = 1 << 16
-_zipf_ranks = njit(cache=True, parallel=True)(_zipf_ranks_impl)
-_zipf_ranks_serial = njit(cache=True)(_zipf_ranks_impl)
-_bag_effects = njit(cache=True, parallel=True)(_bag_effects_impl)
-_bag_effects_serial = njit(cache=True)(_bag_effects_impl)
+_zipf_ranks = njit(cache=True, parallel=True, nogil=True)(_zipf_ranks_impl)
+_zipf_ranks_serial = njit(cache=True, nogil=True)(_zipf_ranks_impl)
+_bag_effects = njit(cache=True, parallel=True, nogil=True)(_bag_effects_impl)
+_bag_effects_serial = njit(cache=True, nogil=True)(_bag_effects_impl)
 
 
 def _as_key(key: int) -> np.uint64:

@@ -131,6 +131,15 @@ def split_batch(sparse, table_sizes, hot_ids):
     return out
 
 
+# ---- kernels/probe.py ----------------------------------------------------------------------------------
+def remap_gather(ids, col_offset, remap):
+    """The probe's lookups, one by one: remap entry of every id's fused row, row-major."""
+    return np.array(
+        [int(remap[col_offset[c] + ids[b, c]]) for b in range(ids.shape[0]) for c in range(ids.shape[1])],
+        dtype=np.int64,
+    )
+
+
 # ---- criteo_parse (kernels/criteo_parse.py): the reference DLRM preprocessing, line by line --------------
 
 CRITEO_REASONS = (

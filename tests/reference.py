@@ -8,6 +8,9 @@ It reads a dataset directory's ``.npy`` arrays directly (``{split}_dense/sparse/
 - bottom MLP: Linear + ReLU after every layer; top MLP: Linear + ReLU after every layer but the last;
 - interaction ``dot``: the dense output, then the pairwise dot products ``<f_i, f_j>`` for i > j of the
   F = T + 1 features (i the slower index, as DLRM's strictly lower triangle); ``cat``: the features concatenated;
+  ``dcn`` (DCN-v2, as the DCN-v2 paper and torchrec's LowRankCrossNet define it): x0 = the features concatenated
+  [B, F*D], then per cross layer l ``x <- x0 * ((x V_l^T) W_l^T + b_l) + x`` (W_l [F*D, r], V_l [r, F*D]),
+  the top MLP on the last x;
 - loss: the SUM of the per-sample binary cross-entropies (written out, from the logit) divided by the mini-batch
   size; batches of ``batch_size`` in file order, epoch after epoch, the last of an epoch possibly short;
 - SGD: ``p -= lr * g`` (dense parameters and every row a batch looked up);
@@ -39,12 +42,21 @@ def read_params(path) -> dict[str, np.ndarray]:
         return {k: np.array(z[k]) for k in z.files}
 
 
-def random_params(table_sizes, dim: int, bottom: list[int], top: list[int], interaction: str, seed: int):
-    """Initial parameters drawn here (not by Hotline), named as ``--dump-params`` names them."""
+def random_params(table_sizes, dim: int, bottom: list[int], top: list[int], interaction: str, seed: int,
+                  dcn_layers: int = 2, dcn_rank: int = 6):  # fmt: skip
+    """Initial parameters drawn here (not by Hotline), named as ``--dump-params`` names them. The cross net's
+    biases are drawn too (torchrec starts them at zero), so that the test sees them used."""
     rng = np.random.default_rng(seed)
     F = len(table_sizes) + 1
     width = F * (F - 1) // 2 + dim if interaction == "dot" else F * dim
     out = {}
+    if interaction == "dcn":
+        N = F * dim
+        for layer in range(dcn_layers):
+            std = math.sqrt(2 / (N + dcn_rank))
+            out[f"model.inter_arch.crossnet.W_kernels.{layer}"] = rng.normal(0, std, (N, dcn_rank))
+            out[f"model.inter_arch.crossnet.V_kernels.{layer}"] = rng.normal(0, std, (dcn_rank, N))
+            out[f"model.inter_arch.crossnet.bias.{layer}"] = rng.normal(0, 0.1, N)
     for prefix, sizes in (("dense_arch", bottom), ("over_arch", [width, *top])):
         for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
             out[f"model.{prefix}.mlp.{2 * i}.weight"] = rng.normal(
@@ -72,13 +84,22 @@ class ReferenceDLRM:
     """DLRM with its own tables, MLPs and optimizers (see the module docstring)."""
 
     def __init__(self, params: dict[str, np.ndarray], interaction: str, optimizer: str, lr: float):
-        assert interaction in ("dot", "cat") and optimizer in ("sgd", "rowwise-adagrad")
+        assert interaction in ("dot", "cat", "dcn") and optimizer in ("sgd", "rowwise-adagrad")
         self.interaction, self.optimizer, self.lr = interaction, optimizer, lr
         self.bottom = _layers(params, "dense_arch")
         self.top = _layers(params, "over_arch")
+        self.cross = []  # (W, V, b) per cross layer
+        while interaction == "dcn" and f"model.inter_arch.crossnet.W_kernels.{len(self.cross)}" in params:
+            self.cross.append(
+                tuple(
+                    torch.tensor(params[f"model.inter_arch.crossnet.{name}.{len(self.cross)}"])
+                    for name in ("W_kernels", "V_kernels", "bias")
+                )
+            )
+        assert (interaction == "dcn") == bool(self.cross), "dcn needs cross layers, dot and cat have none"
         T = sum(1 for k in params if k.startswith("embedding.table_"))
         self.tables = [torch.tensor(params[f"embedding.table_{t}"]) for t in range(T)]
-        self.dense_params = [p for layer in self.bottom + self.top for p in layer]
+        self.dense_params = [p for layer in self.bottom + self.cross + self.top for p in layer]
         self.dense_state = [torch.zeros_like(p) for p in self.dense_params]
         self.row_state = [torch.zeros(t.shape[0]) for t in self.tables]
 
@@ -93,6 +114,10 @@ class ReferenceDLRM:
             features.append(bags.sum(dim=1))
         if self.interaction == "cat":
             z = torch.cat(features, dim=1)
+        elif self.interaction == "dcn":
+            x0 = z = torch.cat(features, dim=1)
+            for w, v, b in self.cross:
+                z = x0 * ((z @ v.T) @ w.T + b) + z
         else:
             pairs = [(features[i] * features[j]).sum(dim=1) for i in range(len(features)) for j in range(i)]
             z = torch.cat([x, torch.stack(pairs, dim=1)], dim=1)
@@ -162,6 +187,9 @@ class ReferenceDLRM:
             for i, (w, b) in enumerate(layers):
                 out[f"model.{prefix}.mlp.{2 * i}.weight"] = w.numpy().copy()
                 out[f"model.{prefix}.mlp.{2 * i}.bias"] = b.numpy().copy()
+        for layer, params in enumerate(self.cross):
+            for name, p in zip(("W_kernels", "V_kernels", "bias"), params):
+                out[f"model.inter_arch.crossnet.{name}.{layer}"] = p.numpy().copy()
         for t, table in enumerate(self.tables):
             out[f"embedding.table_{t}"] = table.numpy().copy()
         return out

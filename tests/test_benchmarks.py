@@ -95,6 +95,8 @@ def test_bench_dispatcher_smoke(bench, tmp_path):
         for key in ("ms_per_batch", "mlookups_per_s", "speedup_vs_numpy", "lookups_per_batch"):
             assert positive(x[key]), (key, x)
         assert 0.0 <= x["popular_share"] <= 1.0
+        if x["method"] == "hotline":  # beside the memory-limit probe of the same lookups
+            assert positive(x["probe_mlookups_per_s"]) and positive(x["limit_share"])
     assert set(r["phases_ms"]) == {"L=1", "L=4"}
     for phases in r["phases_ms"].values():
         assert {"glue (Python)", "split_batch (all)"} < set(phases)  # and one entry per kernel called

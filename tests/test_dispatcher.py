@@ -7,7 +7,9 @@ from hypothesis import strategies as st
 
 import naive
 from hotline.dispatch import Dispatcher
+from hotline.kernels import dispatch
 from hotline.kernels.gather import assemble_rows, gather_rows, scatter_rows
+from hotline.kernels.probe import remap_gather
 from hotline.placement import Placement
 
 
@@ -98,3 +100,46 @@ def test_assemble_rows_matches_twin(seed, n, dim):
     expect = naive.scatter_rows(np.zeros((n, dim), np.float32), hot_pos, naive.gather_rows(hot, hot_slot))
     expect = naive.scatter_rows(expect, cold_pos, naive.gather_rows(work, cold_slot))
     np.testing.assert_array_equal(out, expect)
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 3, 7])
+@pytest.mark.parametrize("fused", [False, True])
+def test_split_is_the_same_for_any_chunking(chunks, fused):
+    """The one-pass split cuts the batch into chunks and joins them: the result must not depend on the cut,
+    including chunks that hold no popular (or no non-popular) sample and a batch with an out-of-range id."""
+    rng = np.random.default_rng(chunks)
+    sizes = [50, 7, 300]
+    B, L = 203, 2
+    sparse = np.stack([rng.integers(0, n, (B, L)) for n in sizes], axis=1).astype(np.int32)
+    sparse[:40] = 0  # a run of popular samples (row 0 is hot in every table): a chunk with no cold lookup
+    hot = [np.concatenate([[0], rng.permutation(np.arange(1, n))[: n // 2]]) for n in sizes]
+    placement = Placement.from_hot_ids(sizes, hot)
+    d = Dispatcher(placement, L, B)
+    ids = sparse.reshape(B, -1)
+    expect = naive.split_batch(sparse, sizes, hot)
+    got = dispatch.split_batch(ids, d.col_offset, d.col_size, d.remap, d.slot_map, d._ring[0], fused, chunks)
+    if fused:
+        assert got[0].size == 0 and got[1].tolist() == list(range(B))
+    else:
+        assert got[0].tolist() == expect["popular"] and got[1].tolist() == expect["non_popular"]
+        names = ("pop_ids", "hot_pos", "hot_slot", "cold_pos", "cold_slot", "working_set")
+        for name, arr in zip(names, got[2:8]):
+            assert arr.tolist() == expect[name], name
+    assert (d.slot_map == -1).all()
+    ids[150, 3] = 7  # table 1 has 7 rows: the first bad sample is found whatever the chunking
+    ids[190, 0] = -2
+    bad = dispatch.split_batch(ids, d.col_offset, d.col_size, d.remap, d.slot_map, d._ring[0], fused, chunks)
+    assert int(np.flatnonzero(bad[-1] >= 0)[0]) == 150 and bad[-1][150] == 3 and bad[0].size == 0
+
+
+def test_remap_gather_probe_matches_twin():
+    rng = np.random.default_rng(0)
+    remap = rng.integers(-1, 1000, 500).astype(np.int32)
+    col_offset = np.array([0, 100, 400], np.int64)
+    ids = np.stack([rng.integers(0, 100, 300), rng.integers(0, 300, 300), rng.integers(0, 100, 300)], 1)
+    out = np.empty(ids.size + 5, np.int64)
+    np.testing.assert_array_equal(
+        remap_gather(ids, col_offset, remap, out), naive.remap_gather(ids, col_offset, remap)
+    )
+    with pytest.raises(ValueError, match="ids must be"):
+        remap_gather(ids[:, :2], col_offset, remap, out)

@@ -28,6 +28,7 @@ from hotline.placement import Placement
 TABLES = [30, 200, 12, 500, 60, 5, 90, 40]
 BATCH, EPOCHS, LR, DIM = 64, 2, 0.05, 8
 BOTTOM, TOP = [13, 32, 8], [32, 1]
+DCN = {"dcn_num_layers": 2, "dcn_low_rank_dim": 6}  # the cross net of the dcn cases (random_params' shape)
 TOLERANCE = {"sgd": 1e-6, "rowwise-adagrad": 1e-5}
 # name -> (mode, look-ahead, micro-batches, bit-identical to device)
 MODES = {
@@ -55,9 +56,10 @@ def setup(tmp_path_factory):
                               progress=False))  # fmt: skip
         assert len(ds.train) == 480 and len(ds.train) % BATCH == 32  # a short last batch in each epoch
         sets[L] = ds
-        for op in ("dot", "cat"):
+        for op in ("dot", "cat", "dcn"):
             inits[L, op] = root / f"init-{L}-{op}.npz"
-            np.savez(inits[L, op], **random_params(TABLES, DIM, BOTTOM, TOP, op, seed=10 + L))
+            np.savez(inits[L, op], **random_params(TABLES, DIM, BOTTOM, TOP, op, seed=10 + L, dcn_layers=2,
+                                                   dcn_rank=6))  # fmt: skip
         for opt in OPTIMIZERS:  # the most accessed 40% of rows of the first batches: both micro-batches occur
             sp = ds.train.sparse[: BATCH * 4]
             hot = [
@@ -80,7 +82,7 @@ def config(setup, name, opt, L, op, **kw) -> TrainConfig:
         mode=mode, lookahead=k, micro_batches=micro, optimizer=opt, learning_rate=LR, mini_batch_size=BATCH,
         nepochs=EPOCHS, progress=False, embedding_dim=DIM, bottom_mlp=BOTTOM, top_mlp=TOP, interaction=op,
         init_params_path=str(inits[L, op]), placement_path=str(places[L, opt]) if mode == "hotline" else None,
-        **kw,
+        **DCN, **kw,
     )  # fmt: skip
 
 
@@ -121,7 +123,7 @@ def hotline_run(setup, name, opt, L, op):
     return _cache[key]
 
 
-@pytest.mark.parametrize("op", ["dot", "cat"])
+@pytest.mark.parametrize("op", ["dot", "cat", "dcn"])
 @pytest.mark.parametrize("L", [1, 3], ids=["onehot", "multihot"])
 @pytest.mark.parametrize("opt", OPTIMIZERS)
 @pytest.mark.parametrize("name", list(MODES))
@@ -209,6 +211,7 @@ TWO_RANKS = [
     ("hotline-k0-split", "sgd", 1, "cat"),
     ("hybrid", "rowwise-adagrad", 1, "dot"),
     ("device", "sgd", 3, "cat"),
+    ("hotline-k2", "rowwise-adagrad", 3, "dcn"),
 ]
 
 

@@ -23,6 +23,16 @@ COMMANDS = {
 }
 
 
+START_HERE = """where to start:
+  hotline train                          train DLRM on the built-in data (the mode is chosen for you)
+  hotline data synthetic --out D         make a skewed Criteo-like dataset (or: hotline data criteo FILES)
+  hotline profile D --hbm-budget 4MiB --out p.npz
+                                         find the popular rows and place them under a device budget
+  hotline train D --mode hotline --placement p.npz
+                                         train with the popular rows on the device, the rest on the host
+'hotline COMMAND --help' lists a command's flags; docs/cli.md has them all."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     from hotline import __version__
     from hotline.cli.args import use_help_formatter
@@ -30,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hotline",
         description="Train recommendation models whose embedding tables do not fit in GPU memory.",
+        epilog=START_HERE,
     )
     parser.add_argument("--version", action="version", version=f"hotline {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

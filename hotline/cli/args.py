@@ -20,7 +20,13 @@ SubParsers = argparse._SubParsersAction
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Every option's help ends with its default, unless its text already names it: ``(default: 128)``,
-    ``(default: off)`` for a switch, ``(default: none)`` for an optional value left unset."""
+    ``(default: off)`` for a switch, ``(default: none)`` for an optional value left unset. A description or
+    epilog with line breaks of its own keeps them (a table of commands); one without is wrapped."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" in text:
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
@@ -144,7 +150,24 @@ def add_arch(parser: argparse.ArgumentParser, default=True) -> None:
         help="top MLP sizes after the interaction (... 1)",
     )
     parser.add_argument(
-        "--arch-interaction-op", default=d("dot"), choices=["dot", "cat"], help="feature interaction"
+        "--arch-interaction-op",
+        default=d("dot"),
+        choices=["dot", "cat", "dcn"],
+        help="feature interaction: dot (DLRM), cat, or dcn (DCN-v2 low-rank cross net, torchrec's DLRM_DCN)",
+    )
+    parser.add_argument(
+        "--dcn-num-layers",
+        type=int,
+        default=d(3),
+        metavar="N",
+        help="cross layers of --arch-interaction-op dcn",
+    )
+    parser.add_argument(
+        "--dcn-low-rank-dim",
+        type=int,
+        default=d(512),
+        metavar="R",
+        help="rank of each cross layer of --arch-interaction-op dcn",
     )
 
 

@@ -43,7 +43,11 @@ def _build(command: str, errors: tuple, make):
     status 2 after one error line for the ``errors`` a user can cause (OSError: unreadable input, a full or
     unwritable output)."""
     from hotline.datasets.format import Dataset
+    from hotline.training.logs import note_first_compile
 
+    note_first_compile(
+        ("hotline.kernels.criteo_parse",) if command == "data criteo" else ("hotline.kernels.synthetic",)
+    )
     t0 = time.perf_counter()
     previous = signal.signal(
         signal.SIGTERM, _terminated

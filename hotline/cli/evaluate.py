@@ -20,7 +20,7 @@ def add_scoring(p: argparse.ArgumentParser, split_default: str) -> None:
     )
     add_arch(p, default=False)  # a checkpoint records its architecture; these are for older ones
     for action in p._actions:
-        if action.dest.startswith("arch_"):
+        if action.dest.startswith(("arch_", "dcn_")):
             action.help += " (default: the checkpoint's; older checkpoints: `hotline train`'s)"
     add_device(p)
     add_threads(p)
@@ -39,6 +39,8 @@ def arch_flags(args: argparse.Namespace) -> dict:
         "bottom_mlp": layers(args.arch_mlp_bot, "--arch-mlp-bot"),
         "top_mlp": layers(args.arch_mlp_top, "--arch-mlp-top"),
         "interaction": args.arch_interaction_op,
+        "dcn_num_layers": args.dcn_num_layers,
+        "dcn_low_rank_dim": args.dcn_low_rank_dim,
     }
 
 

@@ -11,10 +11,10 @@ from hotline.cli.args import SubParsers, add_arch, add_force, error
 def add_parser(subparsers: SubParsers) -> None:
     p = subparsers.add_parser(
         "export",
-        help="export a checkpoint as torchrec's DLRM (torchrec.models.dlrm.DLRM weights)",
+        help="export a checkpoint as torchrec's DLRM (torchrec.models.dlrm.DLRM, or DLRM_DCN for dcn)",
         description="Write a checkpoint's model as torchrec's DLRM: a torch.save file that "
         "hotline.training.export.load_torchrec_dlrm(OUT) turns back into torchrec.models.dlrm.DLRM "
-        "(features cat_0 .. cat_{T-1}, sum pooling).",
+        "(DLRM_DCN for --arch-interaction-op dcn; features cat_0 .. cat_{T-1}, sum pooling).",
     )
     p.add_argument("out", metavar="OUT.pt", help="file to write")
     p.add_argument(
@@ -23,7 +23,7 @@ def add_parser(subparsers: SubParsers) -> None:
     p.add_argument("--to", default="torchrec-dlrm", choices=["torchrec-dlrm"], help="target model")
     add_arch(p, default=False)
     for action in p._actions:
-        if action.dest.startswith("arch_"):
+        if action.dest.startswith(("arch_", "dcn_")):
             action.help += " (default: the checkpoint's; older checkpoints: `hotline train`'s)"
     add_force(p)
     p.set_defaults(func=run, declare=declare)
@@ -49,8 +49,9 @@ def run(args: argparse.Namespace) -> int:
         )
     except (ValueError, OSError) as e:
         return error("export", e)
+    kind = "DLRM_DCN" if config.get("interaction") == "dcn" else "DLRM"
     print(
-        f"wrote {args.out}: torchrec DLRM of {args.load} (step {config['step']}, {len(config['table_sizes'])} "
+        f"wrote {args.out}: torchrec {kind} of {args.load} (step {config['step']}, {len(config['table_sizes'])} "
         f"tables, dim {config['embedding_dim']})",
         file=sys.stderr,
     )

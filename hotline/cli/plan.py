@@ -25,7 +25,9 @@ def add_parser(subparsers: SubParsers) -> None:
         help="turn a profile into a torchrec sharding plan (ParameterConstraints with cache statistics)",
         description="Profile a dataset, choose per table a device-resident kernel or a UVM cache whose load "
         "factor is Hotline's hot share, fill torchrec's CacheStatistics from the profile, and run torchrec's "
-        "EmbeddingShardingPlanner. Writes plan.json and plan.hot_rows.npz (hot row ids per table).",
+        "EmbeddingShardingPlanner, for torchrec's DLRM (module path sparse_arch.embedding_bag_collection); or, "
+        "with --target hotline, a plan for Hotline's sharder. Writes plan.json and plan.hot_rows.npz (hot row ids "
+        "per table).",
     )
     parser.add_argument("dataset", metavar="DATASET", help="dataset directory (from `hotline data ...`)")
     parser.add_argument(
@@ -37,6 +39,8 @@ def add_parser(subparsers: SubParsers) -> None:
         ("--compute-device", dict(default="cuda", choices=["cuda", "cpu"], help="topology to plan for (default cuda)")),
         ("--algorithm", dict(default="lru", choices=["lru", "lfu"], help="cache algorithm (default lru)")),
         ("--batch-size", dict(type=int, default=None, metavar="B", help="per-rank batch size (default --mini-batch-size)")),
+        ("--target", dict(default="torchrec", choices=["torchrec", "hotline"],
+                          help="torchrec's kernels (FUSED / FUSED_UVM_CACHING) or Hotline's sharder (default torchrec)")),
     ):  # fmt: skip
         parser.add_argument(flag, **kw)
     parser.add_argument("--no-scaleup", action="store_true", help="keep Hotline's load factors as they are")
@@ -87,6 +91,18 @@ def _table_text(summary) -> str:
     return df[cols].to_string(index=False)
 
 
+def _dlrm_on_meta(configs):
+    """torchrec's DLRM over torchrec's collection, on the meta device (nothing allocated): what is planned."""
+    import torch
+    from torchrec import EmbeddingBagCollection
+    from torchrec.models.dlrm import DLRM
+
+    meta = torch.device("meta")
+    dim = configs[0].embedding_dim
+    return DLRM(embedding_bag_collection=EmbeddingBagCollection(tables=configs, device=meta), dense_in_features=1,
+                dense_arch_layer_sizes=[dim], over_arch_layer_sizes=[1, 1], dense_device=meta)  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> int:
     import logging
 
@@ -126,16 +142,17 @@ def run(args: argparse.Namespace) -> int:
             algorithm=args.algorithm,
             scaleup=not args.no_scaleup,
         )
-        inputs = bridge.constraints_from_profile(prof, config, placement)
-        sharding_plan = bridge.plan(inputs, config)
+        model = _dlrm_on_meta(bridge.embedding_bag_configs(prof.table_sizes, dim))
+        sharding_plan, inputs = bridge.plan(model, prof, config, target=args.target, placement=placement)
         summary = bridge.plan_summary(sharding_plan, inputs, config)
     except (DatasetError, PlacementError, bridge.PlanError, ValueError, OSError) as e:
         return error("plan", e)
 
     source = f"placement {args.placement}" if placement is not None else "hot rows chosen by Hotline"
+    kernels = f"{config.algorithm.upper()} caches" if args.target == "torchrec" else "Hotline's sharder"
     print(
         f"torchrec plan for {config.world_size} x {format_size(config.hbm_per_device)} {config.compute_device} "
-        f"devices, {config.algorithm.upper()} caches, per-rank batch {inputs.batch_size}; {source} "
+        f"devices, {kernels}, per-rank batch {inputs.batch_size}; {source} "
         f"({inputs.placement.num_hot:,} of {sum(prof.table_sizes):,} rows hot)"
     )
     print(_table_text(summary))

@@ -164,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
     from hotline.pipeline.threads import set_numba_threads
     from hotline.placement import PlacementError
     from hotline.profiling.profiler import Profiler
+    from hotline.training.logs import note_first_compile
 
     if args.threads:
         set_numba_threads(args.threads)
@@ -175,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
         profiler = Profiler(
             sample_fraction=sample_fraction(args), **flags(args, *names), progress=not args.no_progress
         )
+        note_first_compile(("hotline.kernels.profile",))
         prof = profiler.profile(args.dataset)
         placement = prof.placement(args.hbm_budget, args.always_hot) if args.hbm_budget is not None else None
         summary = prof.summary(args.hbm_budget, args.always_hot) if args.hbm_budget is not None else None

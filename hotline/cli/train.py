@@ -197,6 +197,8 @@ def _config_from_args(args: argparse.Namespace):
         bottom_mlp=parse_layers(args.arch_mlp_bot, "--arch-mlp-bot"),
         top_mlp=parse_layers(args.arch_mlp_top, "--arch-mlp-top"),
         interaction=args.arch_interaction_op,
+        dcn_num_layers=args.dcn_num_layers,
+        dcn_low_rank_dim=args.dcn_low_rank_dim,
         threads=args.threads or 0,
         progress=not args.no_progress,
         metrics_path=args.metrics,

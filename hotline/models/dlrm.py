@@ -1,5 +1,8 @@
 """DLRM: bottom MLP (DenseArch), pooled embeddings (supplied by an embedding tier), interaction, top MLP.
 
+The interaction is DLRM's ``dot`` (pairwise dot products), ``cat`` (concatenation), or ``dcn``: DCN-v2's
+low-rank cross network (``crossnet.py``), which makes this torchrec's ``DLRM_DCN``.
+
 The embedding tables are deliberately NOT inside this module: every training mode (device, hybrid, hotline)
 stores and updates rows its own way and hands the model the pooled embeddings ``[B, T, D]``. That keeps the
 dense part identical across modes, which is what makes exact equivalence testable.
@@ -15,6 +18,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from torch import nn
+
+from hotline.models.crossnet import InteractionDCNArch
+
+INTERACTIONS = ("dot", "cat", "dcn")
 
 
 def parse_layers(spec: str, flag: str) -> list[int]:
@@ -41,15 +48,25 @@ class DLRMConfig:
     top_mlp: list[int] = field(default_factory=lambda: [512, 256, 1])
     """Top MLP layer sizes after the interaction (``--arch-mlp-top``); the last must be 1."""
     interaction: str = "dot"
-    """Feature interaction: ``dot`` (pairwise dot products, as DLRM) or ``cat`` (concatenation)."""
+    """Feature interaction: ``dot`` (pairwise dot products, as DLRM), ``cat`` (concatenation) or ``dcn``
+    (DCN-v2's low-rank cross net over the concatenation, as torchrec's DLRM_DCN)."""
+    dcn_num_layers: int = 3
+    """Cross layers of the ``dcn`` interaction (``--dcn-num-layers``)."""
+    dcn_low_rank_dim: int = 512
+    """Rank r of each cross layer's ``W [F*D, r] V [r, F*D]`` (``--dcn-low-rank-dim``)."""
 
     def __post_init__(self) -> None:
         if not self.table_sizes or any(int(n) <= 0 for n in self.table_sizes):
             raise ValueError(f"table_sizes must be positive, got {self.table_sizes}")
         if self.embedding_dim <= 0:
             raise ValueError(f"embedding_dim must be positive, got {self.embedding_dim}")
-        if self.interaction not in ("dot", "cat"):
-            raise ValueError(f"interaction must be 'dot' or 'cat', got {self.interaction!r}")
+        if self.interaction not in INTERACTIONS:
+            raise ValueError(f"interaction must be one of {INTERACTIONS}, got {self.interaction!r}")
+        if self.dcn_num_layers < 1 or self.dcn_low_rank_dim < 1:
+            raise ValueError(
+                f"--dcn-num-layers and --dcn-low-rank-dim must be >= 1, got {self.dcn_num_layers} and "
+                f"{self.dcn_low_rank_dim}"
+            )
         if self.bottom_mlp[-1] != self.embedding_dim:
             raise ValueError(
                 f"--arch-mlp-bot ends with {self.bottom_mlp[-1]} but --arch-sparse-feature-size is "
@@ -139,7 +156,12 @@ class DLRM(nn.Module):
         self.config = config
         gen = torch.Generator().manual_seed(seed)
         self.dense_arch = DenseArch(config.bottom_mlp, gen)
-        self.inter_arch = InteractionArch(config.num_tables, config.interaction)
+        if config.interaction == "dcn":
+            self.inter_arch = InteractionDCNArch(
+                config.num_tables, config.embedding_dim, config.dcn_num_layers, config.dcn_low_rank_dim, gen
+            )
+        else:
+            self.inter_arch = InteractionArch(config.num_tables, config.interaction)
         self.over_arch = OverArch([config.interaction_width, *config.top_mlp], gen)
 
     def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 
 from hotline.datasets.format import Batch
-from hotline.pipeline.threads import END, POLL_S, Producer, Worker, check_concurrent_kernels
+from hotline.pipeline.threads import END, POLL_S, CoreShare, Producer, Worker, check_concurrent_kernels
 from hotline.tiers.base import StepStats
 from hotline.tiers.tiered import PreparedStep, TieredMode
 
@@ -77,6 +77,8 @@ class Executor:
         self._cond = threading.Condition()
         self._write_time = 0.0  # write-back seconds not yet reported (the writer runs behind the steps)
         self._live: dict[int, PreparedStep] = {}  # computed steps whose rows are not written back yet
+        self._busy = 0.0  # seconds the producer and writer worked since the last step (the core-share rule)
+        share = CoreShare(self.worker_threads)
         mode = self.mode
         copy_stream = torch.cuda.Stream(mode.device) if mode.device.type == "cuda" else None
         with mode.cold.lookahead() as channel:
@@ -104,10 +106,16 @@ class Executor:
                             self._wait_written(step)
                             mode.refresh(item)
                         waited += time.perf_counter() - t1
-                    stats = self.compute_step(item)
+                    with share.lowered() as threads:  # the producer keeps its measured share of the cores
+                        stats = self.compute_step(item)
                     with self._cond:
                         self._live[step] = item
                     writer.submit((item, mode.start_write_back(item)))
+                    with self._cond:
+                        busy, self._busy = self._busy, 0.0
+                    share.record(busy, time.perf_counter() - t0)
+                    stats.counters["compute_threads"] = threads
+                    stats.counters["producer_busy_share"] = share.busy_share
                     stats.times["stall"] = waited
                     with self._cond:
                         stats.times["write_back"], self._write_time = self._write_time, 0.0
@@ -151,7 +159,11 @@ class Executor:
                 return
             # The staging slot of step j was last used by step j - ring: its write-back must be done.
             self._wait_written(j - self.ring + 1, producer)
-            yield self.mode.prepare(batch, step=j, copy_stream=copy_stream)
+            t0 = time.perf_counter()
+            prep = self.mode.prepare(batch, step=j, copy_stream=copy_stream)
+            with self._cond:
+                self._busy += time.perf_counter() - t0
+            yield prep
 
     def _write_back(self, item) -> None:
         prep, copied = item
@@ -162,6 +174,7 @@ class Executor:
             self._written = prep.step + 1
             self._live.pop(prep.step, None)
             self._write_time += elapsed
+            self._busy += elapsed
             self._cond.notify_all()
 
     def _wake(self, error: BaseException) -> None:

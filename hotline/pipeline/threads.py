@@ -8,13 +8,20 @@
 Both re-raise the thread's first exception on the caller, with the thread's traceback; both stop cleanly on
 :meth:`close` (also on Ctrl-C or when the caller leaves a loop early): no thread outlives its owner. A thread
 that runs Numba kernels sets its Numba thread count once, when it starts (Numba's count is per thread).
+
+How a producer and torch share the cores is decided here too, and only here (:func:`compute_threads`,
+:class:`CoreShare`): while a producer runs, torch's intra-op threads (and the main thread's Numba threads) are
+the cores less the cores the producer and the writer were *measured* to keep busy over the last steps; they
+are restored when the run ends. The cost model prices the look-ahead step with the same function.
 """
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 
 POLL_S = 0.05
 """How often a blocked put or get looks at the stop flag."""
@@ -67,6 +74,67 @@ def configure_threads(threads: int) -> int:
     torch.set_num_threads(n)
     numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
     return n
+
+
+BUSY_CORE_SLACK = 0.25
+"""Part of a core the producer may keep busy without taking it from torch (an idle fraction torch's threads
+absorb at little cost; past it, a torch thread would lose its core and stall its parallel region)."""
+
+
+def compute_threads(cores: int, worker_threads: int, busy_share: float) -> int:
+    """torch's intra-op threads while a look-ahead producer runs: ``cores`` less the cores the producer keeps
+    busy (``worker_threads`` Numba threads busy ``busy_share`` of the step, measured), rounded up once past
+    :data:`BUSY_CORE_SLACK`; at least one. The one rule the executor applies and the cost model prices."""
+    busy = worker_threads * min(max(float(busy_share), 0.0), 1.0)
+    return int(max(1, min(cores, cores - math.ceil(busy - BUSY_CORE_SLACK))))
+
+
+class CoreShare:
+    """Applies :func:`compute_threads` to each step computed while a look-ahead producer runs, from measured
+    busy time.
+
+    The step's compute runs inside :meth:`lowered`: torch's intra-op threads (and this thread's Numba threads)
+    are set by the rule, and restored when the step's compute ends (what the caller does between steps, an
+    evaluation say, runs on every core). After each step :meth:`record` is given the seconds the producer and
+    writer threads worked and the step's wall seconds; the share is a running average over the last few steps
+    (one slow step does not flip it), and starts at 1: the producer first fills its queue.
+    """
+
+    def __init__(self, worker_threads: int, cores: int | None = None, smoothing: float = 0.15):
+        import torch
+
+        self.worker_threads = int(worker_threads)
+        self.cores = int(cores or torch.get_num_threads())
+        self.smoothing = float(smoothing)
+        self.busy_share = 1.0
+        """Running share of the step's wall time the producer and writer threads worked."""
+
+    @property
+    def threads(self) -> int:
+        """torch's intra-op threads for the next step's compute."""
+        return compute_threads(self.cores, self.worker_threads, self.busy_share)
+
+    def record(self, busy_s: float, step_s: float) -> None:
+        """Folds one step's measured busy seconds (producer + writer) over its wall seconds into the share."""
+        if step_s > 0:
+            share = min(1.0, max(0.0, busy_s / step_s))
+            self.busy_share += self.smoothing * (share - self.busy_share)
+
+    @contextmanager
+    def lowered(self) -> Iterator[int]:
+        """torch (and this thread's Numba) on :attr:`threads` threads inside; restored after. Yields the count."""
+        import numba
+        import torch
+
+        saved = torch.get_num_threads(), numba.get_num_threads()
+        n = self.threads
+        torch.set_num_threads(n)
+        numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
+        try:
+            yield n
+        finally:
+            torch.set_num_threads(saved[0])
+            numba.set_num_threads(saved[1])
 
 
 class _Thread:

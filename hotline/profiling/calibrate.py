@@ -226,15 +226,16 @@ def _pass(
 
 def _overlap_penalty(rng: np.random.Generator, big: np.ndarray) -> float:
     """How much of the shorter of two overlapped lanes still costs time when a look-ahead producer's host work
-    (dispatch and gather of Criteo-like batches on a worker thread with one Numba thread, the kernels holding
-    the GIL as the producer's do) runs beside the compute (a tiered forward and backward on all threads) on
-    this CPU: (together - longer) / shorter, 0 = free overlap, 1 = none, more than 1 = worse than one after
+    (dispatch and gather of Criteo-like batches on a worker thread with one Numba thread, the kernels
+    releasing the GIL as the producer's do) runs beside the compute (a tiered forward and backward on the
+    threads the executor's core-share rule leaves it, :class:`hotline.pipeline.threads.CoreShare`) on this CPU: (together - longer) / shorter, 0 = free overlap, 1 = none, more than 1 = worse than one after
     the other (the two contend for the cores: a parallel region waits for its thread that lost its core). The
     look-ahead step on a CPU device is priced with it."""
     import numba
 
     from hotline.dispatch import Dispatcher
     from hotline.kernels.gather import gather_rows
+    from hotline.pipeline.threads import CoreShare
     from hotline.placement import Placement
 
     one = _pass(rng, 1024, 26, 64, (13, 64, 64), (64, 1))[0]
@@ -266,10 +267,14 @@ def _overlap_penalty(rng: np.random.Generator, big: np.ndarray) -> float:
     n_host = max(1, int(0.5 * t_d / max(t_one, 1e-6)))
     t_h = _mean_s(lambda: host_work(n_host), repeats=3, warmup=0)
 
+    share = CoreShare(worker_threads=1)
+    share.busy_share = t_h / max(t_h, t_d)  # what the executor would have measured
+
     def together() -> None:
         worker = threading.Thread(target=host_work, args=(n_host,))
         worker.start()
-        device_work()
+        with share.lowered():
+            device_work()
         worker.join()
 
     t_both = _mean_s(together, repeats=3, warmup=1)

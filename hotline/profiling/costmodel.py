@@ -18,10 +18,11 @@ A step is a set of phases, each priced from the hardware description (JSON; see 
 Sequential modes (device, hybrid, hotline K=0) add their phases. Hotline with look-ahead K >= 1 runs host work
 on a producer thread, the write-back on a writer thread and compute on the main thread: a step takes the
 largest of host work, link and device work, plus what cannot overlap (the hand-over between threads); where the
-device is this CPU, all of them share its cores (and the producer's kernels hold the GIL), so host work and
-compute overlap only partly: a step takes the longer of the two plus the calibrated share (``overlap_penalty``)
-of the shorter (above 1 where the two contend for the cores so that together they take longer than one after
-the other, as on a 2-core host).
+device is this CPU, all of them share its cores by the executor's rule (torch keeps the cores the producer was
+not measured to keep busy: :func:`hotline.pipeline.threads.compute_threads`; every producer kernel releases
+the GIL), so host work and compute overlap only partly: a step takes the longer of the two plus the
+calibrated share (``overlap_penalty``, measured with the rule on) of the shorter (see
+:func:`shared_cores_lane`).
 
 What a step moves comes from held-out figures (never the in-sample ones): lookups that hit hot rows, the
 popular-sample share, unique cold rows per mini-batch, and unique rows per mini-batch (hybrid's working set).
@@ -131,6 +132,8 @@ class Prediction:
     """Seconds per step of each phase (in a pipelined step, of each lane: host, link, device, ...)."""
     bottleneck: str = ""
     """The phase (sequential) or lane (pipelined) that takes the most time."""
+    compute_threads: int = 0
+    """Look-ahead on a CPU device: torch's threads while the producer runs, by the executor's rule (0: n/a)."""
 
 
 # ---------------------------------------------------------------------------------------------- hardware
@@ -286,6 +289,35 @@ def phases(mode: str, w: Workload, s: Stats, hw: dict) -> dict[str, float]:
     return out
 
 
+def shared_cores_lane(t_host: float, t_device: float, host: dict, worker_threads: int) -> tuple[int, float]:
+    """(torch threads, seconds) of a look-ahead step whose host work (``t_host`` s on the producer and writer)
+    and device work (``t_device`` s on all calibrated threads) share this CPU's cores.
+
+    torch's threads come from the executor's own rule (:func:`hotline.pipeline.threads.compute_threads`) at
+    the producer's busy share of the step, solved by fixed point (the share depends on the step, the step on
+    the threads). Where the calibration measured the overlap with that rule on (``overlap_penalty``: the part
+    of the shorter lane that still costs time, 0 free, 1 serial), the step is the longer lane plus that part
+    of the shorter. Without one, device work is stretched to the threads it keeps (linear in threads, an upper
+    bound) and runs beside host work: the longer of the two."""
+    from hotline.pipeline.threads import compute_threads
+
+    cores = int(host.get("cores", host.get("threads", 1)))
+    calibrated = float(host.get("threads", cores))
+    penalty = host.get("overlap_penalty")
+    step = max(t_host, t_device)
+    n = cores
+    for _ in range(8):  # converges in two or three rounds; the share only moves n by whole threads
+        n = compute_threads(cores, worker_threads, t_host / step if step > 0 else 0.0)
+        if penalty is not None:
+            new = max(t_host, t_device) + float(penalty) * min(t_host, t_device)
+        else:
+            new = max(t_host, t_device * calibrated / min(n, calibrated))
+        if abs(new - step) <= 1e-12:
+            break
+        step = new
+    return n, step
+
+
 def predict(mode: str, w: Workload, s: Stats, hw: dict) -> Prediction:
     """Predicted samples/s of ``mode`` (``hotline_k1``: any look-ahead K >= 1) and its bottleneck."""
     if mode not in MODES:
@@ -306,22 +338,23 @@ def predict(mode: str, w: Workload, s: Stats, hw: dict) -> Prediction:
     }
     step = max(lanes.values())
     host = hw["host"]
-    if hw["link"].get("shared_memory"):  # every lane runs on this CPU's cores (and host work holds the GIL)
-        # The shorter of host work and device work overlaps only partly: by the calibrated penalty (0: free,
-        # 1: serial; without a calibration, the CPU-seconds bound of one worker thread on the cores).
-        t_h = lanes["host work (dispatch + gather)"] + lanes["write-back"]
-        t_d = lanes["device (compute + updates)"]
-        threads = float(host.get("threads", 1))
-        penalty = host.get("overlap_penalty", w.worker_threads / float(host.get("cores", threads)))
-        lanes["shared cores"] = max(t_h, t_d) + penalty * min(t_h, t_d)
+    threads = 0
+    if hw["link"].get("shared_memory"):  # every lane runs on this CPU's cores
+        threads, lanes["shared cores"] = shared_cores_lane(
+            lanes["host work (dispatch + gather)"] + lanes["write-back"],
+            lanes["device (compute + updates)"],
+            host,
+            w.worker_threads,
+        )
         step = max(step, lanes["shared cores"])
     handover = host.get("handover_us", 0.0) * 1e-6
     step += handover
     lanes["hand-over"] = handover
     bottleneck = max((k for k in lanes if k != "hand-over"), key=lanes.get)
     return Prediction(
-        mode, w.batch_size / step, step, {**ph, **{f"lane: {k}": v for k, v in lanes.items()}}, bottleneck
-    )
+        mode, w.batch_size / step, step, {**ph, **{f"lane: {k}": v for k, v in lanes.items()}}, bottleneck,
+        compute_threads=threads,
+    )  # fmt: skip
 
 
 def predict_all(w: Workload, s: Stats, hw: dict, modes=MODES) -> dict[str, Prediction]:

@@ -37,6 +37,10 @@ from hotline.torchrec_bridge.cache_stats import (  # noqa: E402
     lru_hit_curves,
     sampled_trace,
 )
+from hotline.torchrec_bridge.fused_optim import HotlineFusedOptimizer, sparse_optimizer  # noqa: E402
+from hotline.torchrec_bridge.model_plans import model_tables, plan_model  # noqa: E402
+from hotline.torchrec_bridge.module import HotlineEmbeddingBagCollection, kjt_from_sparse  # noqa: E402
+from hotline.torchrec_bridge.pipelines import CpuPrefetchTrainPipelineSparseDist  # noqa: E402
 from hotline.torchrec_bridge.plan_files import (  # noqa: E402
     HotRows,
     export_plan,
@@ -57,12 +61,31 @@ from hotline.torchrec_bridge.planning import (  # noqa: E402
     embedding_bag_configs,
     parameter_shardings,
     plan,
+    plan_inputs,
     plan_summary,
     topology,
+)
+from hotline.torchrec_bridge.sharding import (  # noqa: E402
+    HotlineEmbeddingBagCollectionSharder,
+    ShardedHotlineEmbeddingBagCollection,
+    find_collections,
+    hotline_sharding_plan,
 )
 
 __all__ = [
     "ALGORITHMS",
+    "CpuPrefetchTrainPipelineSparseDist",
+    "HotlineEmbeddingBagCollection",
+    "HotlineEmbeddingBagCollectionSharder",
+    "HotlineFusedOptimizer",
+    "ShardedHotlineEmbeddingBagCollection",
+    "find_collections",
+    "hotline_sharding_plan",
+    "kjt_from_sparse",
+    "model_tables",
+    "plan_inputs",
+    "plan_model",
+    "sparse_optimizer",
     "HotRows",
     "HotlineCacheStats",
     "PlanConfig",

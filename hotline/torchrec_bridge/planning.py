@@ -261,7 +261,23 @@ def topology(config: PlanConfig) -> Topology:
     )
 
 
-def plan(
+def plan(first, second, *args, **kwargs):
+    """A torchrec ``ShardingPlan``, two ways:
+
+    - ``plan(model, profile, config=PlanConfig(), target="torchrec" | "hotline", placement=None)``: every
+      embedding-bag collection inside ``model`` (see ``model_plans.plan_model``); returns ``(plan, inputs)``;
+    - ``plan(inputs, config, module=None, sharders=None)``: torchrec's planner on Hotline's constraints
+      (:func:`plan_inputs`); returns the plan.
+    """
+    if isinstance(first, PlanInputs):
+        return plan_inputs(first, second, *args, **kwargs)
+    from hotline.torchrec_bridge.model_plans import plan_model
+
+    config = args[0] if args else kwargs.pop("config", None)
+    return plan_model(first, second, config if config is not None else PlanConfig(), *args[1:], **kwargs)
+
+
+def plan_inputs(
     inputs: PlanInputs, config: PlanConfig, module: torch.nn.Module | None = None, sharders=None
 ) -> ShardingPlan:
     """Runs torchrec's ``EmbeddingShardingPlanner`` on ``module`` (default: an EmbeddingBagCollection of
@@ -318,6 +334,8 @@ def plan_summary(sharding_plan: ShardingPlan, inputs: PlanInputs, config: PlanCo
         lf = ps.cache_params.load_factor if ps.cache_params is not None else None
         caching = ps.compute_kernel == EmbeddingComputeKernel.FUSED_UVM_CACHING.value
         device_rows = math.ceil((lf or 0.0) * c.rows) if caching else c.rows
+        if ps.compute_kernel == EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value:  # Hotline's sharder: hot rows
+            caching, lf, device_rows = True, c.hot_rows / c.rows, c.hot_rows
         rows.append(
             {
                 "table": c.name,

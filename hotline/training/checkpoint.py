@@ -59,6 +59,14 @@ def rank_file(base: str | os.PathLike, rank: int, world_size: int) -> Path:
     return base.with_name(f"{stem}.rank{rank:03d}-of-{world_size:03d}.pt")
 
 
+def dcn_arch(cfg) -> dict:
+    """The cross net's shape where the interaction is ``dcn`` (nothing otherwise, so that the records of dot
+    and cat runs stay those of checkpoints written before DCN existed)."""
+    if cfg.interaction != "dcn":
+        return {}
+    return {"dcn_num_layers": int(cfg.dcn_num_layers), "dcn_low_rank_dim": int(cfg.dcn_low_rank_dim)}
+
+
 def run_fingerprint(trainer) -> dict:
     """What must be the same for a run to continue from a checkpoint (recorded in every checkpoint)."""
     cfg, N = trainer.config, trainer.comm.world_size
@@ -75,6 +83,7 @@ def run_fingerprint(trainer) -> dict:
             "bottom_mlp": [int(n) for n in cfg.bottom_mlp],
             "top_mlp": [int(n) for n in cfg.top_mlp],
             "interaction": cfg.interaction,
+            **dcn_arch(cfg),
         },
         "optimizer": cfg.optimizer,
         "dataset": trainer.dataset.fingerprint,
@@ -130,6 +139,7 @@ def _payload(trainer) -> dict:
             "bottom_mlp": list(trainer.config.bottom_mlp),
             "top_mlp": list(trainer.config.top_mlp),
             "interaction": trainer.config.interaction,
+            **dcn_arch(trainer.config),
             "optimizer": trainer.config.optimizer,
         },
         "run": run_fingerprint(trainer),

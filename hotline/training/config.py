@@ -39,7 +39,11 @@ class TrainConfig:
     top_mlp: list[int] = field(default_factory=lambda: [512, 256, 1])
     """``--arch-mlp-top``."""
     interaction: str = "dot"
-    """``--arch-interaction-op``: dot or cat."""
+    """``--arch-interaction-op``: dot, cat or dcn (DCN-v2's low-rank cross net, torchrec's DLRM_DCN)."""
+    dcn_num_layers: int = 3
+    """``--dcn-num-layers``: cross layers of the dcn interaction."""
+    dcn_low_rank_dim: int = 512
+    """``--dcn-low-rank-dim``: rank of each cross layer of the dcn interaction."""
     mini_batch_size: int = 128
     """Samples per mini-batch (one optimizer step each)."""
     learning_rate: float = 0.1
@@ -135,6 +139,11 @@ class TrainConfig:
                 f"--threads must be >= 0 (0: all cores) and --worker-threads >= 1, got {self.threads} "
                 f"and {self.worker_threads}"
             )
+        if self.dcn_num_layers < 1 or self.dcn_low_rank_dim < 1:
+            raise ValueError(
+                f"--dcn-num-layers and --dcn-low-rank-dim must be >= 1, got {self.dcn_num_layers} and "
+                f"{self.dcn_low_rank_dim}"
+            )
         if self.device == "auto":
             self.device = resolve_device("auto")
         try:
@@ -166,4 +175,6 @@ class TrainConfig:
             bottom_mlp=list(self.bottom_mlp),
             top_mlp=list(self.top_mlp),
             interaction=self.interaction,
+            dcn_num_layers=self.dcn_num_layers,
+            dcn_low_rank_dim=self.dcn_low_rank_dim,
         )

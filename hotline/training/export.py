@@ -1,11 +1,14 @@
-"""A Hotline checkpoint as torchrec's DLRM (``torchrec.models.dlrm.DLRM``), weights included.
+"""A Hotline checkpoint as torchrec's DLRM (``torchrec.models.dlrm.DLRM``, or ``DLRM_DCN`` for the ``dcn``
+interaction), weights included.
 
 The architectures map one to one: Hotline's DenseArch is torchrec's DenseArch (an MLP with ReLU after every
 layer), OverArch the same (ReLU between layers, none after the last), each table one
 ``EmbeddingBagConfig`` (sum pooling, feature ``cat_{t}``, table ``t_cat_{t}``) in table order. Only the dot
 interaction's column order differs: Hotline takes the pairs (i, j), i > j, of the strict lower triangle row by
 row, torchrec those of the strict upper triangle (i < j) row by row, so the first top-MLP layer's input columns
-are permuted. ``cat`` interaction and a one-layer top MLP have no torchrec counterpart and are refused.
+are permuted. The ``dcn`` interaction is torchrec's ``InteractionDCNArch`` with the same parameter names and
+layout (``inter_arch.crossnet.{W,V}_kernels.l``, ``bias.l``), copied as they are. ``cat`` interaction and a
+one-layer top MLP have no torchrec counterpart and are refused.
 
 The exported file is ``torch.save`` of ``{"format", "config", "state_dict"}`` (tensors, lists and strings
 only: it loads with ``weights_only=True``); :func:`load_torchrec_dlrm` rebuilds the module from it.
@@ -46,8 +49,10 @@ def _interaction_permutation(num_tables: int) -> torch.Tensor:
 
 
 def _build(config: dict):
-    """An (untrained) torchrec DLRM of ``config`` (table_sizes, embedding_dim, bottom_mlp, top_mlp)."""
+    """An (untrained) torchrec DLRM of ``config`` (table_sizes, embedding_dim, bottom_mlp, top_mlp; and with
+    ``interaction`` dcn, a DLRM_DCN of dcn_num_layers and dcn_low_rank_dim)."""
     from torchrec.models.dlrm import DLRM as TorchrecDLRM
+    from torchrec.models.dlrm import DLRM_DCN
     from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
@@ -62,12 +67,19 @@ def _build(config: dict):
         for t, n in enumerate(config["table_sizes"])
     ]
     ebc = EmbeddingBagCollection(tables=tables, device=torch.device("cpu"))
-    return TorchrecDLRM(
-        embedding_bag_collection=ebc,
-        dense_in_features=int(config["bottom_mlp"][0]),
-        dense_arch_layer_sizes=[int(x) for x in config["bottom_mlp"][1:]],
-        over_arch_layer_sizes=[int(x) for x in config["top_mlp"]],
-    )
+    common = {
+        "embedding_bag_collection": ebc,
+        "dense_in_features": int(config["bottom_mlp"][0]),
+        "dense_arch_layer_sizes": [int(x) for x in config["bottom_mlp"][1:]],
+        "over_arch_layer_sizes": [int(x) for x in config["top_mlp"]],
+    }
+    if config.get("interaction", "dot") == "dcn":
+        return DLRM_DCN(
+            **common,
+            dcn_num_layers=int(config["dcn_num_layers"]),
+            dcn_low_rank_dim=int(config["dcn_low_rank_dim"]),
+        )
+    return TorchrecDLRM(**common)
 
 
 def _linears(module: nn.Module) -> list[nn.Linear]:
@@ -77,8 +89,10 @@ def _linears(module: nn.Module) -> list[nn.Linear]:
 def torchrec_dlrm(model: DLRM, tables: list[np.ndarray]):
     """torchrec's DLRM with the weights of Hotline's ``model`` and embedding ``tables`` (original row order)."""
     cfg = model.config
-    if cfg.interaction != "dot":
-        raise ExportError("--arch-interaction-op cat has no torchrec DLRM counterpart (torchrec's is dot)")
+    if cfg.interaction == "cat":
+        raise ExportError(
+            "--arch-interaction-op cat has no torchrec DLRM counterpart (torchrec's are dot and dcn)"
+        )
     if len(cfg.top_mlp) < 2:
         raise ExportError(f"--arch-mlp-top {cfg.top_mlp}: torchrec's OverArch needs at least two layers")
     config = {
@@ -86,6 +100,7 @@ def torchrec_dlrm(model: DLRM, tables: list[np.ndarray]):
         "embedding_dim": cfg.embedding_dim,
         "bottom_mlp": list(cfg.bottom_mlp),
         "top_mlp": list(cfg.top_mlp),
+        **_dcn_config(cfg),
     }
     out = _build(config)
     D = cfg.embedding_dim
@@ -98,10 +113,15 @@ def torchrec_dlrm(model: DLRM, tables: list[np.ndarray]):
             zip(_linears(out.over_arch), _linears(model.over_arch), strict=True)
         ):
             w = ours.weight.detach().cpu()
-            if k == 0:  # [dense D | interaction pairs]: the pairs in torchrec's order
+            if (
+                k == 0 and cfg.interaction == "dot"
+            ):  # [dense D | interaction pairs]: pairs in torchrec's order
                 w = torch.cat([w[:, :D], w[:, D:][:, perm]], dim=1)
             theirs.weight.copy_(w)
             theirs.bias.copy_(ours.bias)
+        if cfg.interaction == "dcn":
+            ours = model.inter_arch.crossnet.state_dict()  # the same names: strict loading checks them
+            out.inter_arch.crossnet.load_state_dict({k: v.detach().cpu() for k, v in ours.items()})
         bags = out.sparse_arch.embedding_bag_collection.embedding_bags
         for t, w in enumerate(tables):
             bags[f"t_{feature_name(t)}"].weight.copy_(torch.from_numpy(np.asarray(w)))
@@ -109,18 +129,21 @@ def torchrec_dlrm(model: DLRM, tables: list[np.ndarray]):
     return out
 
 
+def _dcn_config(cfg: DLRMConfig) -> dict:
+    """The cross net's shape in an export's config (nothing for dot: an older export reads the same)."""
+    if cfg.interaction != "dcn":
+        return {}
+    return {
+        "interaction": "dcn",
+        "dcn_num_layers": cfg.dcn_num_layers,
+        "dcn_low_rank_dim": cfg.dcn_low_rank_dim,
+    }
+
+
 def hotline_model(payload: dict, path: str | os.PathLike, flags: dict | None = None) -> DLRM:
     """Hotline's DLRM with a checkpoint payload's dense weights."""
     spec = model_spec(payload, path, flags)
-    model = DLRM(
-        DLRMConfig(
-            table_sizes=list(payload["table_sizes"]),
-            embedding_dim=spec.embedding_dim,
-            bottom_mlp=spec.bottom_mlp,
-            top_mlp=spec.top_mlp,
-            interaction=spec.interaction,
-        )
-    )
+    model = DLRM(DLRMConfig(table_sizes=list(payload["table_sizes"]), **spec.arch()))
     try:
         model.load_state_dict(payload["model"])
     except RuntimeError as e:
@@ -141,6 +164,7 @@ def export_torchrec_dlrm(
         "embedding_dim": model.config.embedding_dim,
         "bottom_mlp": list(model.config.bottom_mlp),
         "top_mlp": list(model.config.top_mlp),
+        **_dcn_config(model.config),
         "feature_names": [feature_name(t) for t in range(model.config.num_tables)],
         "dataset_fingerprint": payload["dataset_fingerprint"],
         "step": int(payload["step"]),

@@ -22,6 +22,8 @@ ARCH_DEFAULTS = {
     "bottom_mlp": [13, 512, 256, 64, 16],
     "top_mlp": [512, 256, 1],
     "interaction": "dot",
+    "dcn_num_layers": 3,
+    "dcn_low_rank_dim": 512,
 }
 PREDICTION_FORMATS = (".parquet", ".npy")
 
@@ -35,6 +37,19 @@ class ModelSpec:
     top_mlp: list[int]
     interaction: str
     optimizer: str
+    dcn_num_layers: int = 3
+    dcn_low_rank_dim: int = 512
+
+    def arch(self) -> dict:
+        """The architecture as keyword arguments of ``DLRMConfig`` / ``TrainConfig``."""
+        return {
+            "embedding_dim": self.embedding_dim,
+            "bottom_mlp": list(self.bottom_mlp),
+            "top_mlp": list(self.top_mlp),
+            "interaction": self.interaction,
+            "dcn_num_layers": self.dcn_num_layers,
+            "dcn_low_rank_dim": self.dcn_low_rank_dim,
+        }
 
 
 def checkpoint_payload(path: str | os.PathLike) -> dict:
@@ -69,7 +84,7 @@ def model_spec(payload: dict, path: str | os.PathLike, flags: dict | None = None
                     f"checkpoint {path} was trained with {k} = {stored[k]}, the flags ask for {v}: "
                     f"leave the --arch-* flags out to use the checkpoint's"
                 )
-        arch = {k: stored[k] for k in ARCH_DEFAULTS}
+        arch = {k: stored.get(k, v) for k, v in ARCH_DEFAULTS.items()}  # dcn_*: recorded for dcn only
         optimizer = stored.get("optimizer", "sgd")
     else:
         arch = {**ARCH_DEFAULTS, **{k: v for k, v in flags.items() if k in ARCH_DEFAULTS}}
@@ -80,6 +95,8 @@ def model_spec(payload: dict, path: str | os.PathLike, flags: dict | None = None
         top_mlp=[int(x) for x in arch["top_mlp"]],
         interaction=str(arch["interaction"]),
         optimizer=optimizer,
+        dcn_num_layers=int(arch["dcn_num_layers"]),
+        dcn_low_rank_dim=int(arch["dcn_low_rank_dim"]),
     )
 
 
@@ -101,10 +118,7 @@ def trainer_from_checkpoint(
     spec = model_spec(payload, checkpoint, flags)
     config = TrainConfig(
         mode="device",
-        embedding_dim=spec.embedding_dim,
-        bottom_mlp=spec.bottom_mlp,
-        top_mlp=spec.top_mlp,
-        interaction=spec.interaction,
+        **spec.arch(),
         optimizer=spec.optimizer,
         device=device,
         eval_max_samples=eval_max_samples,

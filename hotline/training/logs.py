@@ -29,6 +29,18 @@ def kernels_need_compiling(modules: tuple[str, ...] = STEP_KERNELS) -> bool:
     return False
 
 
+COMPILE_NOTE = "compiling kernels, once (about 30 s on 2 cores; later runs reuse Numba's cache) ..."
+
+
+def note_first_compile(modules: tuple[str, ...], stream=None) -> bool:
+    """Prints :data:`COMPILE_NOTE` on ``stream`` (stderr) if a kernel module of ``modules`` will compile now;
+    returns whether it did. A first run otherwise sits silent (a progress bar at 0%) while Numba compiles."""
+    if not kernels_need_compiling(modules):
+        return False
+    print(COMPILE_NOTE, file=stream if stream is not None else sys.stderr, flush=True)
+    return True
+
+
 def _compiled_or_cached(kernel) -> bool:
     if kernel.signatures:
         return True
@@ -67,8 +79,8 @@ class LogLines:
         self._steps_seen = 0
 
     def before_first_step(self) -> None:
-        if self.enabled and kernels_need_compiling():
-            print("compiling kernels (first run only) ...", file=self.stream, flush=True)
+        if self.enabled:
+            note_first_compile(STEP_KERNELS, self.stream)
 
     def after_step(self, bar, step: int) -> None:
         """After the run's first step (compilation, warm-up) the bar's clock restarts: no ETA from it."""

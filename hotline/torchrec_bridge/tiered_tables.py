@@ -1,0 +1,271 @@
+"""The tables of one embedding dim over Hotline's tiers, as the torchrec collection looks them up.
+
+A :class:`TieredTables` is the torchrec bridge's view of ``hotline.tiers``: the hot rows of its tables in one
+device tensor (replicated on every rank, their gradients exchanged with
+``hotline.tiers.replicated.all_ranks_gradients``) and every row in a
+:class:`~hotline.tiers.cold_store.ColdStore` (``LocalColdStore`` on one rank, ``ShardedColdStore`` sharded by
+row over N ranks). It adds only what a jagged ``KeyedJaggedTensor`` needs on top of them:
+
+1. ``lookup(ids)``: the :class:`~hotline.dispatch.Dispatcher` splits a batch's fused row ids (one lookup per
+   "sample", so bags of any length need no padding) into hot slots and a working set, the store fetches the
+   working set, and the looked-up rows become one leaf tensor whose ``.grad`` autograd fills;
+2. ``update(lookup)``: ONE sparse update of the hot rows (every rank's gradients) and one of the working rows
+   (written back, or applied at the rows' owners), by the store's own verbs;
+3. ``prefetch(ids)``: the same dispatch and fetch ahead of time, under the store's claim rule (a row an earlier,
+   unfinished step may still update is flagged and read again by ``refresh`` just before the lookup computes),
+   so a look-ahead pipeline stays exact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from hotline.dispatch import Dispatcher
+from hotline.distributed.comm import Comm
+from hotline.placement import Placement
+from hotline.table_layout import TableLayout
+from hotline.tiers.cold_store import ColdFetch, LocalColdStore
+from hotline.tiers.replicated import all_ranks_gradients
+from hotline.tiers.sharded_store import ShardedColdStore
+from hotline.tiers.sparse_optim import SparseOptimizer
+
+
+@dataclass
+class Lookup:
+    """One batch's lookups of a :class:`TieredTables`, from dispatch to the update."""
+
+    ids: np.ndarray
+    """int64 [N] fused row ids, one per lookup."""
+    hot_pos: torch.Tensor
+    """Lookups that hit a hot row ..."""
+    hot_slot: torch.Tensor
+    """... and its hot slot."""
+    cold_pos: np.ndarray
+    """Lookups of cold rows ..."""
+    cold_slot: np.ndarray
+    """... and their slot in the working set."""
+    fetch: ColdFetch
+    """The working set as the cold store fetched it."""
+    work: torch.Tensor | None = None
+    """[U, D] working rows on the device (updated in place by the step)."""
+    work_state: torch.Tensor | None = None
+    """[U] their optimizer state (empty for SGD)."""
+    rows: torch.Tensor | None = None
+    """[N, D] every looked-up row; a leaf whose ``.grad`` the update reads (training)."""
+
+
+class TieredTables:
+    """Tables of one embedding dim: hot rows on the device, all rows in a ColdStore (see the module docstring).
+
+    Args:
+        sizes: rows per table.
+        dim: embedding dim of every table.
+        hot_ids: hot row ids per table (original ids).
+        weights: [sum(sizes), dim] initial weights, fused (table after table).
+        optimizer: the sparse update rule.
+        comm: the ranks the cold rows are sharded over (one rank: every row in this process).
+        device: where the hot rows and the lookups live.
+        max_lookups: lookups per batch to size the dispatcher for (it grows when a batch needs more).
+    """
+
+    def __init__(self, sizes: list[int], dim: int, hot_ids: list[np.ndarray], weights: np.ndarray,
+                 optimizer: SparseOptimizer, comm: Comm, device: torch.device, max_lookups: int = 1 << 16):  # fmt: skip
+        self.layout = TableLayout(sizes)
+        self.dim = int(dim)
+        self.optimizer = optimizer
+        self.comm = comm
+        self.device = torch.device(device)
+        self.num_rows = self.layout.num_rows
+        self.hot_rows = self.layout.fuse_rows(hot_ids)
+        N, r = comm.world_size, comm.rank
+        self._capacity = max(1, int(max_lookups))
+        if N == 1:
+            self.store = LocalColdStore(
+                weights, optimizer, pin=self.device.type == "cuda", max_rows=self._capacity
+            )
+        else:
+            shard = np.ascontiguousarray(weights[r::N])
+            self.store = ShardedColdStore(comm, shard, optimizer, self.num_rows)
+        self.hot_weight = torch.from_numpy(weights[self.hot_rows]).to(self.device)
+        self.hot_state = optimizer.new_state(self.hot_rows.shape[0], self.device)
+        self._placement = Placement.from_hot_ids([self.num_rows], [self.hot_rows], embedding_dim=self.dim)
+        self._dispatcher = Dispatcher(self._placement, 1, self._capacity)
+        self._prefetched: deque[Lookup] = deque()
+        self._ahead: contextlib.ExitStack | None = None  # open while the claim rule is on (after a prefetch)
+        self._next_step = 0  # the claim rule's step number of the next training lookup
+        self.refreshed_rows = 0
+        """Prefetched rows read again because an earlier step was still to update them (the claim rule)."""
+
+    # -- storage views --------------------------------------------------------------------------------------
+    def local_rows(self, t: int) -> slice:
+        """Rows of table ``t`` in this rank's part of the cold store (a slice of its host arrays)."""
+        N, r = self.comm.world_size, self.comm.rank
+        lo, hi = int(self.layout.offsets[t]), int(self.layout.offsets[t]) + self.layout.table_sizes[t]
+        first = lo + (r - lo) % N  # the first fused row of table t this rank holds
+        count = len(range(first, hi, N))
+        return slice(first // N, first // N + count)
+
+    @property
+    def host_weight(self) -> torch.Tensor:
+        """This rank's rows in host memory (every row on one rank); hot rows there are stale until
+        :meth:`sync_to_host`."""
+        return self.store.host.weight
+
+    @property
+    def host_state(self) -> torch.Tensor:
+        return self.store.host.state
+
+    def sync_to_host(self) -> None:
+        """Writes the hot rows' current values and state into the host rows (each rank the rows it holds)."""
+        if self.hot_rows.size:
+            s = self.hot_state.cpu().numpy() if self.hot_state.numel() else np.zeros(0, np.float32)
+            self.store.demote(self.hot_rows, self.hot_weight.detach().cpu().numpy(), s)
+
+    @torch.no_grad()
+    def load_hot_from_host(self, weights: bool = True, state: bool = True) -> None:
+        """Reads the hot rows (and/or their state) back from the host rows (a collective on N ranks)."""
+        if not self.hot_rows.size:
+            return
+        w, s = self.store.promote(self.hot_rows)
+        if weights:
+            self.hot_weight.copy_(torch.from_numpy(np.ascontiguousarray(w)))
+        if state and self.hot_state.numel():
+            self.hot_state.copy_(torch.from_numpy(np.ascontiguousarray(s)))
+
+    def export(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every row's weight and state (fused ids), hot rows from the hot tier (a collective on N ranks)."""
+        return self.store.export(self.hot_rows, self.hot_weight, self.hot_state)
+
+    @torch.no_grad()
+    def load(self, weights: np.ndarray, state: np.ndarray | None = None) -> None:
+        """Replaces every row's weight (and state; None keeps it) in both tiers (each rank keeps its rows)."""
+        if state is None:
+            _, state = self.export()
+        self.store.load(weights, state)
+        self.hot_weight.copy_(torch.from_numpy(weights[self.hot_rows]))
+        if self.hot_state.numel():
+            self.hot_state.copy_(torch.from_numpy(state[self.hot_rows]))
+
+    # -- one step -------------------------------------------------------------------------------------------
+    def _split(self, ids: np.ndarray, step: int) -> Lookup:
+        """Dispatch and fetch (the claim rule when ``step >= 0``)."""
+        n = ids.shape[0]
+        if n > self._capacity:
+            self._capacity = max(n, 2 * self._capacity)
+            self._dispatcher = Dispatcher(self._placement, 1, self._capacity)
+        micro = self._dispatcher.split(ids.reshape(n, 1, 1))
+
+        # The dispatcher's arrays are ring buffers reused by the next split: copy what the step keeps.
+        def index(a) -> np.ndarray:
+            return np.array(a, dtype=np.int64, copy=True)
+
+        working_set = index(micro.working_set)
+        U, D = working_set.shape[0], self.dim
+        fetch = self.store.fetch(
+            working_set,
+            np.empty((U, D), np.float32),
+            np.empty(U if self.host_state.numel() else 0, np.float32),
+            step,
+        )
+        dev = self.device
+        return Lookup(ids, torch.from_numpy(index(micro.popular_samples)).to(dev),
+                      torch.from_numpy(index(micro.pop_ids)).to(dev), index(micro.non_popular_samples),
+                      index(micro.cold_slot), fetch)  # fmt: skip
+
+    def prefetch(self, ids: np.ndarray) -> None:
+        """Dispatches and fetches a coming training batch's lookups now, under the claim rule (the next
+        training :meth:`lookup` of the same ids uses them after refreshing the rows flagged stale)."""
+        if self._ahead is None:
+            self._ahead = contextlib.ExitStack()
+            self._ahead.enter_context(self.store.lookahead())
+            self._next_step = 0
+        step = self._next_step + len(self._prefetched)
+        self._prefetched.append(self._split(np.ascontiguousarray(ids, dtype=np.int64), step))
+
+    def stop_prefetching(self) -> None:
+        """Ends the claim rule (a collective on N ranks); prefetched lookups not yet used are dropped."""
+        if self._ahead is not None:
+            self._prefetched.clear()
+            self._ahead.close()
+            self._ahead = None
+
+    def lookup(self, ids: np.ndarray, training: bool) -> Lookup:
+        """The rows of ``ids`` (a leaf tensor when ``training``), from a prefetch of the same ids if any."""
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        if training and self._prefetched:
+            look = self._prefetched.popleft()
+            if not np.array_equal(look.ids, ids):
+                raise RuntimeError(
+                    "a training forward's features differ from the batch prefetched for it: prefetch() batches "
+                    "in the order they are trained"
+                )
+        elif training and self._ahead is not None:  # the claim rule is on: every training step takes part
+            look = self._split(ids, self._next_step)
+        else:
+            look = self._split(ids, -1)
+        if training and look.fetch.step >= 0:
+            self._next_step = look.fetch.step + 1
+        dev = self.device
+        if self.store.needs_refresh(look.fetch):  # every earlier step's update has landed by now
+            slots, w, s = self.store.refresh(look.fetch)
+            if slots.size:
+                self.refreshed_rows += int(slots.size)
+                look.fetch.values[slots] = w
+                if s.size:
+                    look.fetch.state[slots] = s
+        look.work = torch.from_numpy(look.fetch.values).to(dev)
+        look.work_state = torch.from_numpy(look.fetch.state).to(dev)
+        rows = torch.empty((ids.shape[0], self.dim), dtype=torch.float32, device=dev)
+        rows[look.hot_pos] = self.hot_weight.index_select(0, look.hot_slot)
+        cold_pos = torch.from_numpy(look.cold_pos).to(dev)
+        rows[cold_pos] = look.work.index_select(0, torch.from_numpy(look.cold_slot).to(dev))
+        if training:
+            rows.requires_grad_(True)
+        look.rows = rows
+        return look
+
+    @torch.no_grad()
+    def update(self, look: Lookup, optimizer: SparseOptimizer, grad_scale: float = 1.0) -> int:
+        """Applies ``optimizer`` to the rows ``look`` read, with their gradients (``look.rows.grad``, times
+        ``grad_scale``): every rank's hot-row gradients summed, each touched row updated once; the working rows
+        written back or updated at their owners. Returns the rows this rank updated. A collective on N ranks."""
+        g = look.rows.grad
+        if g is None:
+            g = torch.zeros_like(look.rows)  # a rank whose loss did not reach these rows still takes part
+        if grad_scale != 1.0:
+            g = g * grad_scale
+        g = g.detach().contiguous()
+        touched = 0
+        if self.comm.world_size == 1:
+            if look.hot_pos.numel():
+                touched += optimizer.step(
+                    self.hot_weight, self.hot_state, look.hot_slot, g.index_select(0, look.hot_pos)
+                )
+        else:
+            ids, grads = all_ranks_gradients(
+                self.comm, [look.hot_slot], [g.index_select(0, look.hot_pos)], self.dim, "hot_grads"
+            )
+            if ids.numel():
+                touched += optimizer.step(
+                    self.hot_weight, self.hot_state, ids.to(self.device), grads.to(self.device)
+                )
+        store = self.store
+        if isinstance(store, LocalColdStore) and store._scratch.shape[0] < look.work.shape[0]:
+            store._scratch = np.full(2 * look.work.shape[0], -1, dtype=np.int32)  # the update's row scratch
+        device_index = None
+        if self.device.type != "cpu":
+            device_index = tuple(torch.from_numpy(a).to(self.device) for a in (look.cold_slot, look.cold_pos))
+        touched += store.update(look.fetch, optimizer, look.work, look.work_state, look.cold_slot, g,
+                                look.cold_pos, device_index)  # fmt: skip
+        if store.writes_back:
+            store.write_back(look.fetch, look.work.cpu().numpy(), look.work_state.cpu().numpy())
+        return touched
+
+    def close(self) -> None:
+        self.stop_prefetching()
+        self.store.close()

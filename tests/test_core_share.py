@@ -1,0 +1,128 @@
+"""The look-ahead pipeline's core sharing: every producer kernel releases the GIL, torch keeps the cores the
+producer was measured not to use (one rule, in hotline.pipeline.threads, that the cost model prices too), and
+the hand-over from the producer to the step copies nothing on a CPU."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import numpy as np
+import pytest
+import torch
+
+import hotline.kernels
+from hotline.datasets.synthetic import generate
+from hotline.pipeline.threads import BUSY_CORE_SLACK, CoreShare, compute_threads
+from hotline.profiling import costmodel as cm
+
+
+def test_every_compiled_kernel_releases_the_gil():
+    """A kernel the look-ahead producer (or any thread) runs must not hold the GIL: checked on every Numba
+    kernel of hotline.kernels (helpers inlined into their callers have no entry point of their own)."""
+    kernels = []
+    for info in pkgutil.iter_modules(hotline.kernels.__path__):
+        module = importlib.import_module(f"hotline.kernels.{info.name}")
+        for name, fn in vars(module).items():
+            if hasattr(fn, "py_func") and getattr(fn, "targetoptions", None) is not None:
+                if fn.targetoptions.get("inline", "never") != "always":
+                    kernels.append((info.name, name, fn.targetoptions.get("nogil", False)))
+    assert (
+        len(kernels) >= 25
+    )  # dispatch, gather, sparse_update, reuse, profile, probe, criteo_parse, synthetic
+    holding = [f"{m}.{n}" for m, n, nogil in kernels if not nogil]
+    assert holding == []
+
+
+@pytest.mark.parametrize(
+    "cores, workers, share, expect",
+    [
+        (2, 1, 1.0, 1),  # a producer busy the whole step takes its core
+        (2, 1, 0.5, 1),
+        (2, 1, BUSY_CORE_SLACK, 2),  # up to the slack it takes nothing
+        (2, 1, 0.0, 2),
+        (1, 1, 1.0, 1),  # never below one thread
+        (16, 4, 0.5, 14),  # 2 busy cores of 16
+        (16, 4, 0.6, 13),  # 2.4 busy cores: past the slack, a third core
+        (8, 2, 3.0, 6),  # a share above 1 counts as 1
+    ],
+)
+def test_compute_threads_golden(cores, workers, share, expect):
+    assert compute_threads(cores, workers, share) == expect
+
+
+def test_core_share_follows_measurement_and_restores():
+    before = torch.get_num_threads()
+    share = CoreShare(worker_threads=1, cores=2)
+    assert share.threads == 1  # the producer fills its queue first: taken as fully busy
+    with share.lowered() as n:
+        assert n == 1 and torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    for _ in range(40):  # the producer turns out busy 10% of each step: torch gets its cores back
+        share.record(busy_s=0.001, step_s=0.010)
+    assert share.busy_share == pytest.approx(0.1, abs=0.01) and share.threads == 2
+    share.record(busy_s=0.009, step_s=0.010)  # one slow step does not flip it
+    assert share.threads == 2
+
+
+def test_cost_model_prices_the_executor_rule():
+    """The look-ahead step on a CPU device: torch threads by the same rule, device work stretched to them
+    without a calibration, the calibrated penalty with one."""
+    host = {"cores": 2, "threads": 2}
+    n, step = cm.shared_cores_lane(1.0, 1.0, host, 1)  # the producer busy half the step: torch on 1 thread
+    assert n == compute_threads(2, 1, 1.0 / step) == 1 and step == pytest.approx(2.0)
+    n, step = cm.shared_cores_lane(0.1, 1.0, host, 1)  # busy 10%: torch keeps both
+    assert n == 2 and step == pytest.approx(1.0)
+    n, step = cm.shared_cores_lane(0.5, 1.0, {**host, "overlap_penalty": 0.4}, 1)
+    assert step == pytest.approx(1.2) and n == compute_threads(2, 1, 0.5 / 1.2)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    from hotline.datasets.format import Dataset
+
+    root = tmp_path_factory.mktemp("share")
+    return Dataset(generate(root / "ds", 2000, seed=3, table_sizes=[40, 30, 500], zipf=1.2, progress=False))
+
+
+def _trainer(dataset, tmp_path, lookahead):
+    from hotline import TrainConfig, Trainer
+    from hotline.placement import Placement
+
+    hot = [np.arange(n // 3) for n in dataset.table_sizes]
+    path = tmp_path / "p.npz"
+    Placement.from_hot_ids(
+        dataset.table_sizes, hot, dataset_fingerprint=dataset.fingerprint, embedding_dim=8
+    ).save(path)
+    cfg = TrainConfig(mode="hotline", placement_path=str(path), lookahead=lookahead, embedding_dim=8,
+                      bottom_mlp=[13, 16, 8], top_mlp=[16, 1], mini_batch_size=32, progress=False,
+                      num_batches=12)  # fmt: skip
+    return Trainer(cfg, dataset)
+
+
+def test_lookahead_run_reports_its_threads_and_restores_them(dataset, tmp_path):
+    before = torch.get_num_threads()
+    trainer = _trainer(dataset, tmp_path, lookahead=2)
+    try:
+        stats = list(trainer.progress(trainer.batches()))
+    finally:
+        trainer.close()
+    assert len(stats) == 12
+    for s in stats:
+        assert 1 <= s.counters["compute_threads"] <= before
+        assert 0.0 <= s.counters["producer_busy_share"] <= 1.0
+    assert torch.get_num_threads() == before
+
+
+def test_hand_over_copies_nothing_on_cpu(dataset, tmp_path):
+    """The prepared step's index tensors and working rows are views of the dispatcher's and the staging
+    buffers: the queue hands over references, and the step reads them in place."""
+    trainer = _trainer(dataset, tmp_path, lookahead=2)
+    try:
+        batch = next(iter(trainer.batches()))
+        prep = trainer.mode.prepare(batch)
+        for name in ("hot_pos", "hot_slot", "cold_pos", "cold_slot"):
+            assert prep.index[name].data_ptr() == getattr(prep.micro, name).ctypes.data, name
+        assert prep.work.data_ptr() == prep.fetch.values.ctypes.data
+    finally:
+        trainer.close()

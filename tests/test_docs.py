@@ -1,0 +1,159 @@
+"""The docs cannot drift: every command README.md and docs/*.md show with its output is run here, and its
+output compared with the page's.
+
+A page shows a session in a ```console block: lines starting with ``$ `` are commands (run in order, in one
+scratch folder per page, with ``hotline`` and ``python`` this checkout's), the lines after one are its output.
+A line ``...`` stands for any number of lines (output trimmed on the page). Figures that depend on the machine
+(times, rates, the overlap ratio) are masked before comparing; everything else must match: the data are seeded.
+A block just after ``<!-- docs-test: skip REASON -->`` is not run (a GPU, hours or tens of GB); the reason is
+required. ```bash / ```text blocks show commands or text without a checked output.
+docs/cli.md is generated from the parsers and must equal what they print now.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+_BLOCK = re.compile(r"(?:<!-- docs-test: skip(?P<skip>[^>]*)-->\s*\n)?```console\n(?P<body>.*?)```", re.S)
+
+# Machine-dependent figures: a time, a rate, the overlap ratio, a size in a "took" line. Masked on both sides.
+_VOLATILE = [
+    (
+        re.compile(
+            r"\d[\d,]*(\.\d+)?(e[+-]?\d+)? ?(samples/s|rows/s|lookups/s|M/s|GB/s|MB/s|ms/step|ms|s)\b"
+        ),
+        "<t>",
+    ),
+    (
+        re.compile(r'"(samples_per_s|seconds|wall_s|elapsed_s|[a-z_]*_seconds|[a-z_]*_ms)": [-\d.e+]+'),
+        r'"\1": <t>',
+    ),
+    (re.compile(r"overlap \d\.\d+"), "overlap <r>"),
+    (re.compile(r"\d+:\d\d(:\d\d)?"), "<clock>"),
+    (re.compile(r"peak RSS [\d.]+ [KMG]iB"), "peak RSS <m>"),
+]
+
+
+def _mask(line: str) -> str:
+    for pattern, repl in _VOLATILE:
+        line = pattern.sub(repl, line)
+    return line.rstrip()
+
+
+def parse_blocks(text: str) -> list[tuple[str | None, list[tuple[str, list[str]]]]]:
+    """The console blocks of a page: (skip reason or None, [(command, expected output lines)])."""
+    blocks = []
+    for m in _BLOCK.finditer(text):
+        steps: list[tuple[str, list[str]]] = []
+        for line in m.group("body").splitlines():
+            if line.startswith("$ "):
+                steps.append((line[2:].strip(), []))
+            elif steps:
+                steps[-1][1].append(line)
+            elif line.strip():
+                raise AssertionError(f"a console block starts with output, not a command: {line!r}")
+        skip = m.group("skip")
+        blocks.append((skip.strip() if skip is not None else None, steps))
+    return blocks
+
+
+def matches(expected: list[str], actual: list[str]) -> bool:
+    """Whether ``actual`` equals ``expected`` line by line, a ``...`` line matching any run of lines."""
+    exp = [_mask(e) for e in expected]
+    act = [_mask(a) for a in actual]
+    while exp and not exp[-1]:
+        exp.pop()
+    while act and not act[-1]:
+        act.pop()
+
+    def go(i: int, j: int) -> bool:
+        if i == len(exp):
+            return j == len(act)
+        if exp[i].strip() == "...":
+            return any(go(i + 1, k) for k in range(j, len(act) + 1))
+        return j < len(act) and exp[i] == act[j] and go(i + 1, j + 1)
+
+    return go(0, 0)
+
+
+def _shims(folder: Path) -> dict:
+    """PATH with ``hotline`` and ``python`` as this interpreter and checkout."""
+    bin_dir = folder / ".bin"
+    bin_dir.mkdir()
+    for name, target in (
+        ("hotline", f'"{sys.executable}" -m hotline "$@"'),
+        ("python", f'"{sys.executable}" "$@"'),
+    ):
+        script = bin_dir / name
+        script.write_text(f"#!/bin/sh\nexec {target}\n")
+        script.chmod(0o755)
+    env = dict(os.environ)
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONUNBUFFERED"] = "1"
+    env["COLUMNS"] = "100"
+    env.pop("HOTLINE_DEBUG", None)
+    return env
+
+
+def test_parse_and_match_rules():
+    text = "```console\n$ echo a\na\n...\nz\n$ true\n```\n<!-- docs-test: skip needs a GPU -->\n```console\n$ x\n```"
+    (skip1, steps1), (skip2, steps2) = parse_blocks(text)
+    assert skip1 is None and steps1 == [("echo a", ["a", "...", "z"]), ("true", [])]
+    assert skip2 == "needs a GPU" and steps2 == [("x", [])]
+    assert matches(["a", "...", "z"], ["a", "b", "c", "z"]) and matches(["a", "...", "z"], ["a", "z"])
+    assert not matches(["a", "...", "z"], ["a", "b"]) and not matches(["a"], ["a", "b"])
+    assert matches(["took 1.4 s at 12,345 samples/s"], ["took 0.9 s at 9,001.5 samples/s"])
+    assert not matches(["loss 0.5492"], ["loss 0.5493"])
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_page_commands_print_what_the_page_shows(page: Path, tmp_path: Path):
+    blocks = parse_blocks(page.read_text())
+    runnable = [(skip, steps) for skip, steps in blocks if skip is None]
+    for skip, _ in blocks:
+        assert skip is None or skip, f"{page.name}: a skipped block must give its reason"
+    if not runnable:
+        pytest.skip(f"{page.name} shows no command with output")
+    (tmp_path / "data").symlink_to(ROOT / "data")
+    env = _shims(tmp_path)
+    for _, steps in runnable:
+        for command, expected in steps:
+            proc = subprocess.run(
+                command, shell=True, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                text=True, timeout=900,
+            )  # fmt: skip
+            actual = proc.stdout.splitlines()
+            wants_error = any("error:" in line for line in expected)
+            assert (proc.returncode != 0) == wants_error, (
+                f"{page.name}: `{command}` exited {proc.returncode}:\n{proc.stdout[-3000:]}"
+            )
+            assert matches(expected, actual), (
+                f"{page.name}: `{command}` printed\n"
+                + "\n".join(actual)
+                + "\n\nthe page shows\n"
+                + "\n".join(expected)
+            )
+
+
+def test_cli_reference_is_generated_from_the_parsers():
+    from hotline.cli.reference import page_path, render
+
+    assert page_path().read_text() == render(), (
+        "docs/cli.md is stale: run `python -m hotline.cli.reference --write`"
+    )
+
+
+def test_links_between_pages_resolve():
+    link = re.compile(r"\]\((?!https?://|#)([^)#\s]+)(#[^)]*)?\)")
+    for page in PAGES:
+        for target, _ in link.findall(page.read_text()):
+            assert (page.parent / target).exists(), f"{page.name} links to {target}, which does not exist"

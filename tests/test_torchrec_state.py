@@ -1,0 +1,231 @@
+"""Hotline's collection as torchrec users keep and move models: state_dict round trips with torchrec's
+EmbeddingBagCollection and FusedEmbeddingBagCollection (weights and row-wise Adagrad state), a resume in the
+middle of training, apply_optimizer_in_backward, and fx tracing. One process, CPU."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchrec")
+
+import torchrec_workers as w  # noqa: E402
+from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection  # noqa: E402
+from torchrec.optim import RowWiseAdagrad  # noqa: E402
+
+from hotline.placement import Placement  # noqa: E402
+from hotline.torchrec_bridge import HotlineEmbeddingBagCollection  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
+
+
+def hotline(kind: str = "rowwise-adagrad", placement: Placement | None = None, **kwargs):
+    opt = torch.optim.SGD if kind == "sgd" else RowWiseAdagrad
+    ebc = HotlineEmbeddingBagCollection(w.configs(), placement or w.placement(), optimizer_type=opt,
+                                        optimizer_kwargs={"lr": w.LR}, **kwargs)  # fmt: skip
+    model = w.dlrm(ebc)
+    model.load_state_dict(w.reference_model().state_dict())  # one initial state for every model of a test
+    return model
+
+
+def train(model, steps: range, opt=None) -> None:
+    opt = opt if opt is not None else w.combined_optimizer(model)
+    for s in steps:
+        loss, _ = model(w.batch(s, 16))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def predict(model) -> torch.Tensor:
+    model.eval()
+    with torch.no_grad():
+        _, (_, logits, _) = model(w.batch(999, 16))
+    model.train()
+    return logits
+
+
+def ebc_of(model):
+    return model.model.sparse_arch.embedding_bag_collection
+
+
+def assert_states_equal(a: dict, b: dict) -> None:
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def fused_torchrec(seed: int = 0):
+    """torchrec's DLRM over its FusedEmbeddingBagCollection (fbgemm's CPU kernels, row-wise Adagrad in backward)."""
+    torch.manual_seed(seed)
+    ebc = FusedEmbeddingBagCollection(
+        w.configs(), optimizer_type=RowWiseAdagrad, optimizer_kwargs={"lr": w.LR}
+    )
+    return w.dlrm(ebc)
+
+
+def test_state_dict_has_torchrecs_keys_shapes_and_parameters():
+    ours, ref = hotline(), w.reference_model()
+    assert list(ours.state_dict()) == list(ref.state_dict())
+    for k, v in ref.state_dict().items():
+        assert ours.state_dict()[k].shape == v.shape
+    ebc = ebc_of(ours)
+    assert sorted(ebc.embedding_bags) == ["t_0", "t_1", "t_2"]
+    assert ebc.embedding_bags["t_1"].weight.shape == (w.SIZES[1], w.D)
+    assert [n for n, _ in ebc.named_parameters()] == [f"embedding_bags.t_{i}.weight" for i in range(3)]
+    torch.optim.SGD(ebc.parameters(), lr=0.1)  # not an empty parameter list any more
+
+
+def test_hot_rows_current_values_are_in_the_state_dict_and_the_view():
+    model = hotline("sgd")
+    train(model, range(3))
+    ebc = ebc_of(model)
+    tables = ebc.export_tables()
+    hot = ebc.placement.hot_ids[1]
+    assert hot.size
+    sd = model.state_dict()
+    key = "model.sparse_arch.embedding_bag_collection.embedding_bags.t_1.weight"
+    assert torch.equal(sd[key], torch.from_numpy(tables["t_1"]))
+    assert torch.equal(ebc.embedding_bags["t_1"].weight.detach(), torch.from_numpy(tables["t_1"]))
+
+
+def test_round_trips_hotline_torchrec_fused_are_bit_identical():
+    # torchrec's fused collection trains (fbgemm, in backward), then hands weights and accumulators to Hotline's
+    fused = fused_torchrec()
+    dense_opt = torch.optim.SGD(
+        [p for n, p in fused.named_parameters() if "embedding_bags" not in n], lr=w.LR
+    )
+    for s in range(4):
+        loss, _ = fused(w.batch(s, 16))
+        loss.backward()
+        dense_opt.step()
+        dense_opt.zero_grad()
+    fused_state = copy.deepcopy(fused.state_dict())
+    fused_optim = copy.deepcopy(ebc_of(fused).fused_optimizer().state_dict())
+    assert fused_optim["state"]  # fbgemm's row-wise accumulators are there to move
+
+    ours = hotline(
+        placement=Placement.from_hot_ids(
+            w.SIZES, [np.arange(5), np.arange(30), np.arange(4)], embedding_dim=w.D
+        )
+    )
+    ours.load_state_dict(fused_state)  # strict
+    ebc_of(ours).fused_optimizer.load_state_dict(fused_optim)
+    assert_states_equal(ours.state_dict(), fused_state)
+    got = ebc_of(ours).fused_optimizer.state_dict()
+    assert_states_equal(
+        {f"{k}/{n}": t for k, s in got["state"].items() for n, t in s.items()},
+        {f"{k}/{n}": t for k, s in fused_optim["state"].items() for n, t in s.items()},
+    )
+    # predictions: Hotline's equal torchrec's EmbeddingBagCollection's with the same state, bit for bit
+    ref = w.reference_model()
+    ref.load_state_dict(fused_state)
+    assert torch.equal(predict(ours), predict(ref))
+
+    # Hotline trains on, then hands everything back: to torchrec's EBC, and to a fresh fused collection
+    train(ours, range(4, 8))
+    ours_state = copy.deepcopy(ours.state_dict())
+    ours_optim = copy.deepcopy(ebc_of(ours).fused_optimizer.state_dict())
+    ref.load_state_dict(ours_state)
+    assert torch.equal(predict(ref), predict(ours))
+    back = fused_torchrec(seed=1)
+    back.load_state_dict(ours_state)
+    ebc_of(back).fused_optimizer().load_state_dict(ours_optim)
+    assert_states_equal(back.state_dict(), ours_state)
+    again = ebc_of(back).fused_optimizer().state_dict()
+    for k, s in ours_optim["state"].items():
+        for n, t in s.items():
+            assert torch.equal(again["state"][k][n], t)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "rowwise-adagrad"])
+def test_hotline_to_hotline_resume_mid_training_is_bit_identical(kind):
+    a = hotline(kind)
+    opt_a = w.combined_optimizer(a)
+    train(a, range(5), opt_a)
+    saved = copy.deepcopy(a.state_dict())
+    saved_optim = copy.deepcopy(opt_a.state_dict())
+    train(a, range(5, 10), opt_a)
+
+    b = hotline(kind)  # fresh initial weights and accumulators, overwritten by the checkpoint
+    b.load_state_dict(saved)
+    opt_b = w.combined_optimizer(b)
+    opt_b.load_state_dict(saved_optim)
+    train(b, range(5, 10), opt_b)
+    assert_states_equal(b.state_dict(), a.state_dict())
+    sa, sb = opt_a.state_dict()["state"], opt_b.state_dict()["state"]
+    assert sorted(sa) == sorted(sb)
+    for k in sa:
+        for n in sa[k]:
+            assert torch.equal(sa[k][n], sb[k][n])
+    assert torch.equal(predict(a), predict(b))
+
+
+def test_load_state_dict_refuses_what_does_not_fit():
+    model = hotline()
+    sd = model.state_dict()
+    key = "model.sparse_arch.embedding_bag_collection.embedding_bags.t_0.weight"
+    bad = dict(sd)
+    bad[key] = torch.zeros(3, w.D)
+    with pytest.raises(RuntimeError, match=r"size mismatch for .*t_0.weight"):
+        model.load_state_dict(bad)
+    missing = {k: v for k, v in sd.items() if k != key}
+    with pytest.raises(RuntimeError, match="Missing key"):
+        model.load_state_dict(missing)
+    extra = dict(sd)
+    extra["model.sparse_arch.embedding_bag_collection.embedding_bags.t_9.weight"] = torch.zeros(2, w.D)
+    with pytest.raises(RuntimeError, match="Unexpected key"):
+        model.load_state_dict(extra)
+
+
+def test_apply_optimizer_in_backward_is_honoured_and_refused_clearly():
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+    fused = hotline("rowwise-adagrad")
+    train(fused, range(4))
+    in_bwd = hotline("sgd")
+    apply_optimizer_in_backward(RowWiseAdagrad, ebc_of(in_bwd).parameters(), {"lr": w.LR})
+    dense = torch.optim.SGD([p for n, p in in_bwd.named_parameters() if "embedding_bags" not in n], lr=w.LR)
+    train(in_bwd, range(4), dense)  # no fused step: the tables are updated inside backward()
+    assert_states_equal(in_bwd.state_dict(), fused.state_dict())
+
+    adam = hotline("sgd")
+    apply_optimizer_in_backward(torch.optim.Adam, ebc_of(adam).parameters(), {"lr": w.LR})
+    with pytest.raises(ValueError, match="Adam.* not supported by Hotline's collection"):
+        adam(w.batch(0, 16))
+    with pytest.raises(ValueError, match="momentum"):
+        HotlineEmbeddingBagCollection(
+            w.configs(), optimizer_type=torch.optim.SGD, optimizer_kwargs={"momentum": 0.9}
+        )
+
+
+def test_fused_optimizer_lr_follows_param_groups():
+    a, b = hotline("sgd"), hotline("sgd")
+    ebc_of(b).fused_optimizer.param_groups[0]["lr"] = w.LR / 2
+    train(a, range(1))
+    train(b, range(1))
+    ta, tb = ebc_of(a).export_tables()["t_1"], ebc_of(b).export_tables()["t_1"]
+    t0 = ebc_of(hotline("sgd")).export_tables()["t_1"]
+    changed = np.any(ta != t0, axis=1)
+    assert changed.any()
+    np.testing.assert_allclose(
+        tb[changed] - t0[changed], (ta[changed] - t0[changed]) / 2, rtol=1e-4, atol=1e-8
+    )
+
+
+def test_fx_symbolic_trace_keeps_the_collection_as_a_leaf():
+    import torchrec.fx
+
+    model = hotline("sgd").model
+    traced = torchrec.fx.symbolic_trace(model)
+    leaves = [n.target for n in traced.graph.nodes if n.op == "call_module"]
+    assert "sparse_arch.embedding_bag_collection" in leaves
+    b = w.batch(3, 16)
+    model.eval()
+    with torch.no_grad():
+        assert torch.equal(
+            traced(b.dense_features, b.sparse_features), model(b.dense_features, b.sparse_features)
+        )
