@@ -409,9 +409,12 @@ def preprocess(
             except OSError as e:
                 if e.errno is None or e.filename is not None:
                     raise
-                raise OSError(
-                    e.errno, f"{e.strerror} of dataset {out}; the partial output was removed"
-                ) from e
+                what = (
+                    e.strerror
+                    if "cannot write" in str(e.strerror)
+                    else f"{e.strerror}: cannot write the rows parsed in pass 1"
+                )
+                raise OSError(e.errno, f"{what} of dataset {out}; the partial output was removed") from e
             total = sum(s.rows for s in stats)
             if total == 0:
                 skipped = sum(sum(s.bad_lines.values()) for s in stats)
