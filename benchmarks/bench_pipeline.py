@@ -11,6 +11,12 @@ never a hotline result). Two configs, as the project guide asks:
 - ``emb-heavy`` (default): dim 64 and small MLPs, where moving embedding rows dominates (a GPU's balance);
 - ``kaggle``: the Kaggle DLRM (dim 16, 13-512-256-64-16, 512-256-1), where the MLPs take most of a CPU step.
 
+Targets (issue 25), printed per budget with the coverage each run measured: hotline K=2 >= 1.05x hotline
+K=0 at every budget, and >= 1.0x hybrid. ``--mode auto``'s choice for this data and machine (the chooser of
+``hotline train``, given the sweep's budgets and the profile the budgets come from) is mapped to its measured
+run, and its margin to the fastest measured run printed (target: within 5%). The load average is printed
+beside the figures: on a loaded machine they mean little.
+
 Run: ``python benchmarks/bench_pipeline.py --config emb-heavy --json pipeline.json`` (and ``--config kaggle``)
 """
 
@@ -22,6 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the checkout's hotline, installed or not
 
 import common  # noqa: E402
 
@@ -130,18 +137,19 @@ def run_mode(name, dataset, args, cfg, placement_path, device: str = "cpu", prob
     cuda = device == "cuda"
     if cuda:
         torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # the peaks below are this run's, not the cache of earlier runs
         torch.cuda.reset_peak_memory_stats()
     trainer = Trainer(config, dataset)
     times: dict[str, float] = {}
     phases = None
     try:
+        if hasattr(trainer.mode, "phases"):  # from the start: look-ahead prepares steps during the warm-up
+            trainer.mode.phases = phases = StreamPhases(device, from_step=args.warmup_steps)
         stats_iter = trainer.progress(trainer.batches())
         for _ in range(args.warmup_steps):
             next(stats_iter)
         if cuda:
             torch.cuda.synchronize()
-        if hasattr(trainer.mode, "phases"):
-            trainer.mode.phases = phases = StreamPhases(device)
         t0 = time.perf_counter()
         samples = 0
         counters: dict[str, float] = {}
@@ -174,6 +182,11 @@ def run_mode(name, dataset, args, cfg, placement_path, device: str = "cpu", prob
         "working_set_rows": seen["cold_rows_per_step"],
         "stale_rows_per_step": counters.get("stale_rows", 0.0) / steps,
         "stale_forwarded_per_step": counters.get("stale_forwarded", 0.0) / steps,
+        # look-ahead only: torch's threads by the core-share rule, and the producer's measured busy share
+        "compute_threads": counters["compute_threads"] / steps if "compute_threads" in counters else None,
+        "producer_busy_share": counters["producer_busy_share"] / steps
+        if "producer_busy_share" in counters
+        else None,
     }
     rec.update({f"{k}_ms": 1e3 * times[k] / steps for k in PHASES if k in times})
     if phases is not None:
@@ -188,14 +201,31 @@ def run_mode(name, dataset, args, cfg, placement_path, device: str = "cpu", prob
     return rec
 
 
+def recorded(name: str, run, *args, **kwargs) -> dict:
+    """``run(*args, **kwargs)``'s record, or, if it raises, ``{"mode": name, "error": ...}``: one failing mode
+    (look-ahead refusing a threading layer, a GPU out of memory) is recorded and the others still run."""
+    import gc
+
+    try:
+        return run(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - recorded in the results, and printed
+        error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        print(f"{name}: FAILED, {error} (the other modes still run)", file=sys.stderr, flush=True)
+        return {"mode": name, "error": error, "note": "FAILED"}
+    finally:
+        gc.collect()  # what a failed run left behind goes before the next one starts
+
+
 def sweep(
     dataset, args, cfg, placements: list[dict], device: str = "cpu", log=None, probe=None
 ) -> list[dict]:
-    """Runs device and hybrid once and the hotline modes once per placement; one record per run."""
+    """Runs device and hybrid once and the hotline modes once per placement; one record per run (a run
+    that raised: its mode and error)."""
     rows = []
     for m in args.modes.split(","):
         for pl in placements if m.startswith("hotline") else [None]:  # device, hybrid: no hot tier to size
-            rec = run_mode(m, dataset, args, cfg, pl["path"] if pl else None, device=device, probe=probe)
+            path = pl["path"] if pl else None
+            rec = recorded(m, run_mode, m, dataset, args, cfg, path, device=device, probe=probe)
             if pl is not None:
                 rec.update(target=pl["target"], hot_rows=pl["hot_rows"], budget_bytes=pl["budget_bytes"])
                 rec["budget_mib"] = pl["budget_bytes"] / 2**20
@@ -219,6 +249,8 @@ SWEEP_COLUMNS = [
     ("gather_ms", "gather", ".2f"),
     ("dispatch_ms", "dispatch", ".2f"),
     ("write_back_ms", "wb", ".2f"),
+    ("compute_threads", "torch thr", ".1f"),
+    ("producer_busy_share", "busy", ".2f"),
     ("note", "", ""),
 ]
 
@@ -226,6 +258,7 @@ SWEEP_COLUMNS = [
 def headline(rows: list[dict]) -> tuple[dict, dict]:
     """Per mode the record of the middle unsaturated budget (the one the ratios compare), and the ratios."""
     by: dict[str, dict] = {}
+    rows = [r for r in rows if "error" not in r]
     for m in dict.fromkeys(r["mode"] for r in rows):
         runs = [r for r in rows if r["mode"] == m]
         live = [r for r in runs if not r.get("saturated")] or runs
@@ -243,9 +276,91 @@ def headline(rows: list[dict]) -> tuple[dict, dict]:
     return by, ratios
 
 
+def budget_ratios(rows: list[dict]) -> list[dict]:
+    """Per budget: K=2 over K=0 and over hybrid, with the coverage each hotline run measured."""
+    hybrid = next((r for r in rows if r["mode"] == "hybrid"), None)
+    out = []
+    for k2 in (r for r in rows if r["mode"] == "hotline_k2"):
+        k0 = next(
+            (r for r in rows if r["mode"] == "hotline_k0" and r["budget_bytes"] == k2["budget_bytes"]), None
+        )
+        rec = {
+            "budget_mib": k2["budget_mib"],
+            "target": k2["target"],
+            "coverage_k2": k2["coverage"],
+            "coverage_k0": k0["coverage"] if k0 else None,
+            "k2_over_k0": k2["samples_per_s"] / k0["samples_per_s"] if k0 else None,
+            "k2_over_hybrid": k2["samples_per_s"] / hybrid["samples_per_s"] if hybrid else None,
+            "note": "SATURATED (does not count)" if k2.get("saturated") else "",
+        }
+        out.append(rec)
+    return out
+
+
+def targets_met(ratios: list[dict]) -> dict:
+    """Whether K=2 >= 1.05x K=0 and >= 1.0x hybrid at every unsaturated budget (None where not measured)."""
+    live = [r for r in ratios if not r["note"]]
+    k0 = [r["k2_over_k0"] for r in live if r["k2_over_k0"] is not None]
+    hy = [r["k2_over_hybrid"] for r in live if r["k2_over_hybrid"] is not None]
+    return {
+        "k2_over_k0_min": min(k0) if k0 else None,
+        "k2_over_k0_met": all(x >= 1.05 for x in k0) if k0 else None,
+        "k2_over_hybrid_min": min(hy) if hy else None,
+        "k2_over_hybrid_met": all(x >= 1.0 for x in hy) if hy else None,
+    }
+
+
+def auto_choice(dataset, args, cfg, prof, placements: list[dict]):
+    """What ``hotline train --mode auto`` chooses for this data on this machine, among the sweep's budgets."""
+    from hotline.profiling.costmodel import Stats, workload_for
+    from hotline.training.auto import choose, device_memory, hardware_for, table_bytes
+
+    hw = hardware_for("cpu", args.hardware)
+    w = workload_for(
+        prof, bottom_mlp=cfg["bottom_mlp"], top_mlp=cfg["top_mlp"], worker_threads=args.worker_threads
+    )
+    return choose(
+        table_bytes(dataset.table_sizes, cfg["embedding_dim"], args.optimizer),
+        device_memory("cpu"),
+        hw,
+        w,
+        lambda b: Stats.from_profile(prof, int(b), batch_size=args.batch),
+        [pl["budget_bytes"] for pl in placements],
+    )
+
+
+def auto_margin(choice, rows: list[dict]) -> dict:
+    """The run the choice names, the fastest unsaturated run, and how far below it the choice measured."""
+    if choice.mode == "hotline":
+        name = f"hotline_k{2 if choice.lookahead else 0}"
+        chosen = next((r for r in rows if r["mode"] == name and r["budget_bytes"] == choice.hbm_budget), None)
+    else:
+        name = choice.mode
+        chosen = next((r for r in rows if r["mode"] == name), None)
+    live = [r for r in rows if not r.get("saturated")]
+    fastest = max(live, key=lambda r: r["samples_per_s"]) if live else None
+    if chosen is None or fastest is None:
+        return {"choice": name, "measured": False}
+    return {
+        "choice": name,
+        "budget_mib": chosen.get("budget_mib"),
+        "predicted_samples_per_s": choice.predicted_samples_per_s,
+        "measured_samples_per_s": chosen["samples_per_s"],
+        "fastest": fastest["mode"],
+        "fastest_budget_mib": fastest.get("budget_mib"),
+        "fastest_samples_per_s": fastest["samples_per_s"],
+        "margin": 1.0 - chosen["samples_per_s"] / fastest["samples_per_s"],
+        "reason": choice.reason,
+        "measured": True,
+    }
+
+
 def mark_saturated(rows: list[dict]) -> None:
     for r in rows:
-        r["note"] = "SATURATED (not a hotline result)" if r.get("saturated") else ""
+        if "error" in r:
+            r["note"] = "FAILED"
+        else:
+            r["note"] = "SATURATED (not a hotline result)" if r.get("saturated") else ""
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -272,6 +387,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "rowwise-adagrad"])
     p.add_argument("--worker-threads", type=int, default=1, help="numba threads of the look-ahead worker")
     p.add_argument("--data", help="an existing dataset directory instead of generating one")
+    p.add_argument(
+        "--hardware", help="--mode auto's pricing: a `hotline calibrate` JSON (default: quick timing)"
+    )
     args = p.parse_args(argv)
     cfg = dict(CONFIGS[args.config])
     if args.smoke:
@@ -282,10 +400,16 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench_pipeline_") as tmp:
         root = Path(tmp)
         dataset = make_data(args, root)
-        placements = make_placements(dataset, args, cfg, root)
+        prof = profile_run(dataset, args, cfg)
+        placements = make_placements(dataset, args, cfg, root, prof=prof)
+        choice = auto_choice(dataset, args, cfg, prof, placements)
         rows = sweep(dataset, args, cfg, placements)
     mark_saturated(rows)
     by, ratios = headline(rows)
+    per_budget = budget_ratios(rows)
+    met = targets_met(per_budget)
+    auto = auto_margin(choice, rows)
+    load = common.load_average()
     common.print_table(
         rows,
         SWEEP_COLUMNS,
@@ -295,10 +419,50 @@ def main(argv: list[str] | None = None) -> dict:
     )
     for k, v in ratios.items():
         print(f"{k}: {v:.2f}x (at the middle budget)")
+    common.print_table(
+        per_budget,
+        [
+            ("budget_mib", "budget MiB", ".2f"),
+            ("target", "target", ".2f"),
+            ("coverage_k0", "coverage K=0", ".3f"),
+            ("coverage_k2", "coverage K=2", ".3f"),
+            ("k2_over_k0", "K=2 / K=0", ".2f"),
+            ("k2_over_hybrid", "K=2 / hybrid", ".2f"),
+            ("note", "", ""),
+        ],
+        title=f"K=2 at every budget (targets: >= 1.05x K=0, >= 1.0x hybrid); load average {load}",
+    )
+
+    def verdict(ok, low, target):
+        return (
+            "not measured"
+            if ok is None
+            else f"{'met' if ok else 'MISSED'} (lowest {low:.2f}x, target {target})"
+        )
+
+    print(f"K=2 / K=0 at every budget: {verdict(met['k2_over_k0_met'], met['k2_over_k0_min'], '1.05x')}")
+    print(
+        f"K=2 / hybrid at every budget: {verdict(met['k2_over_hybrid_met'], met['k2_over_hybrid_min'], '1.0x')}"
+    )
+    if auto["measured"]:
+        where = f" at {auto['budget_mib']:.2f} MiB" if auto.get("budget_mib") else ""
+        fast = f" at {auto['fastest_budget_mib']:.2f} MiB" if auto.get("fastest_budget_mib") else ""
+        print(
+            f"--mode auto chose {auto['choice']}{where} (predicted {auto['predicted_samples_per_s']:,.0f}, "
+            f"measured {auto['measured_samples_per_s']:,.0f} samples/s); fastest measured: {auto['fastest']}{fast} "
+            f"({auto['fastest_samples_per_s']:,.0f}): margin {auto['margin']:.1%} (target <= 5%: "
+            f"{'met' if auto['margin'] <= 0.05 else 'MISSED'}); load average {load}"
+        )
+    else:
+        print(f"--mode auto chose {auto['choice']}, which this sweep did not run (--modes)")
     payload = {
         "config": args.config,
         "batch": args.batch,
         "ratios": ratios,
+        "budget_ratios": per_budget,
+        "targets": met,
+        "auto": auto,
+        "load_average": load,
         "sweep": rows,
         "placements": [
             {k: v for k, v in pl.items() if k not in ("path", "summary")}

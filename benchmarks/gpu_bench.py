@@ -12,16 +12,22 @@ popular share and cold rows per step (>= 99.9% coverage is marked saturated), ph
 clock (CUDA events per stream), device-busy share and copy/compute overlap, stale rows, peak memory, the
 difference from device mode, and the cost model's prediction. The JSON is rewritten after every mode.
 Needs only torch, numba and numpy (and pandas for the profile); runs from a plain checkout without
-installing (it maps ``hotline.kernels`` itself). ``benchmarks/GPU.md`` gives the command and the fields.
+installing (the checkout's root goes first on ``sys.path``; ``hotline`` binds ``hotline.kernels`` to its
+``kernels/``). ``benchmarks/GPU.md`` gives the command and the fields.
+
+A mode that raises is recorded with its error and the others still run; a stage that raises is recorded and
+the next stage still runs. ``--hardware-out`` calibrates once, in the last stage.
 
 ``--smoke`` runs the smoke stage on the CPU (the tests do).
+
+Extending it: a workload is one entry of ``WORKLOADS`` (its model and data flags), a baseline beside the
+Hotline modes one entry of ``EXTRA_MODES`` (a function returning a run's record), a stage one of ``STAGES``.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.machinery
-import importlib.util
 import sys
 import tempfile
 import time
@@ -30,22 +36,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(ROOT))
-
-
-def _map_kernels() -> None:
-    """Makes ``hotline.kernels`` importable from a checkout that was not pip-installed."""
-    try:
-        import hotline.kernels  # noqa: F401
-    except ModuleNotFoundError:
-        spec = importlib.util.spec_from_file_location(
-            "hotline.kernels",
-            ROOT / "kernels" / "__init__.py",
-            submodule_search_locations=[str(ROOT / "kernels")],
-        )
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["hotline.kernels"] = module
-        spec.loader.exec_module(module)
+sys.path.insert(0, str(ROOT))  # this checkout's hotline (and, through it, its kernels), installed or not
 
 
 def _quiet_tqdm_if_missing() -> None:
@@ -79,18 +70,31 @@ def _quiet_tqdm_if_missing() -> None:
             sys.modules[name] = module
 
 
-_map_kernels()
 _quiet_tqdm_if_missing()
 
 import bench_pipeline  # noqa: E402
 import common  # noqa: E402
 import gpu_extras  # noqa: E402
+import gpu_torchrec  # noqa: E402
 
 GOALS = {"hotline/hybrid": 2.2, "hotline/device": 0.7}
 
 
 SMOKE = {"steps": 6, "warmup_steps": 2, "batch": 256, "max_rows_per_table": 5000, "worker_threads": 1}
+STAGES = {"smoke": SMOKE, "full": {}}
+"""Each stage: the flags it overrides (smoke: small tables, a check; full: the flags as given)."""
 EXACT_RTOL = 1e-4  # modes differ in summation order (and atomics on CUDA); a wrong step is far above this
+
+
+def _kaggle(args) -> dict:
+    """The Kaggle DLRM's MLPs around ``--dim`` (Kaggle cardinalities come from the synthetic generator)."""
+    return {"embedding_dim": args.dim, "bottom_mlp": [13, 512, 256, args.dim], "top_mlp": [512, 256, 1]}
+
+
+WORKLOADS = {"kaggle": _kaggle}
+"""``--workload``: the model config of each (a function of the flags)."""
+EXTRA_MODES = {"torch_embeddingbag": gpu_extras.run_embedding_bag}
+"""Baselines beside the Hotline modes: ``fn(dataset, args, cfg, device, probe) -> record`` (run after them)."""
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -112,7 +116,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--sample-fraction", type=float, default=1.0, help="share of train rows profiled")
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "rowwise-adagrad"])
     p.add_argument("--worker-threads", type=int, default=4)
-    p.add_argument("--modes", default="device,hybrid,hotline_k0,hotline_k2,torch_embeddingbag")
+    p.add_argument("--modes", default=",".join([*bench_pipeline.MODES, *EXTRA_MODES]))
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="kaggle", help="model and data preset")
     p.add_argument("--data", help="an existing dataset directory")
     p.add_argument(
         "--gpu", default=None, help="the shipped GPU table's entry to predict with (default: detected)"
@@ -135,17 +140,37 @@ def main(argv: list[str] | None = None) -> dict:
     if device != "cuda" and not args.smoke:
         raise SystemExit("gpu_bench needs a CUDA device (use --smoke for a CPU check)")
     t_start = time.perf_counter()
-    payload = {"versions": gpu_extras.versions(), "zero_copy": gpu_extras.zero_copy_probe(),
+    payload = {"versions": _probed(gpu_extras.versions), "zero_copy": _probed(gpu_extras.zero_copy_probe),
                "machine": common.machine_info(args.threads), "stages": {}}  # fmt: skip
     print(f"versions: {payload['versions']}\nzero-copy probe: {payload['zero_copy']}", flush=True)
     common.setup_threads(args.threads)
-    stages = ["smoke"] if args.smoke else ([] if args.no_smoke else ["smoke"]) + ["full"]
-    for stage in stages:
-        run_args = argparse.Namespace(**{**vars(args), **(SMOKE if stage == "smoke" else {})})
+    plan = stage_plan(args.smoke, args.no_smoke)
+    stages = [stage for stage, _ in plan]
+    for stage, calibrates in plan:
+        run_args = argparse.Namespace(**{**vars(args), **STAGES[stage]})
+        run_args.calibrate = calibrates
         if stage == "smoke":
             run_args.threads = min(args.threads, 2) if device == "cpu" else args.threads
-        payload["stages"][stage] = _stage(stage, run_args, device, payload, t_start)
-    full = payload["stages"].get("full") or payload["stages"]["smoke"]
+        try:
+            payload["stages"][stage] = _stage(stage, run_args, device, payload, t_start)
+        except Exception as e:  # noqa: BLE001 - recorded; the next stage still runs
+            error = f"{type(e).__name__}: {e}"
+            print(f"[{stage}] FAILED: {error}", file=sys.stderr, flush=True)
+            payload["stages"][stage] = {**payload["stages"].get(stage, {}), "error": error}
+            common.write_json(args.json, payload)
+    # Hotline's torchrec collection vs torchrec's EBC on the device (skipped, with the reason, without torchrec)
+    tiny = {"steps": 3, "batch": 64, "dim": 8, "rows": 500, "tables": 3} if args.smoke else {}
+    try:
+        payload["stages"]["torchrec"] = gpu_torchrec.torchrec_stage(device, **tiny)
+    except Exception as e:  # noqa: BLE001 - recorded; the other stages' figures still count
+        payload["stages"]["torchrec"] = {"error": f"{type(e).__name__}: {e}"}
+    print(f"torchrec stage: {payload['stages']['torchrec']}", flush=True)
+    ok = [s for s in stages if "by_mode" in payload["stages"].get(s, {})]
+    if not ok:
+        payload["total_s"] = time.perf_counter() - t_start
+        common.write_json(args.json, payload)
+        return payload
+    full = payload["stages"][ok[-1]]
     payload.update(
         {k: full[k] for k in ("ratios", "best_hotline", "sweep", "placements", "hardware") if k in full}
     )
@@ -158,16 +183,27 @@ def main(argv: list[str] | None = None) -> dict:
     return payload
 
 
+def stage_plan(smoke: bool, no_smoke: bool) -> list[tuple[str, bool]]:
+    """The stages to run, in order, each with whether it calibrates (``--hardware-out``): the last one only,
+    so calibration is counted once."""
+    stages = ["smoke"] if smoke else ([] if no_smoke else ["smoke"]) + ["full"]
+    return [(stage, stage == stages[-1]) for stage in stages]
+
+
+def _probed(probe) -> dict:
+    """What ``probe()`` found, or the error it raised (a probe never ends the run)."""
+    try:
+        return probe()
+    except Exception as e:  # noqa: BLE001 - recorded
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
 def _stage(stage: str, args, device: str, payload: dict, t_start: float) -> dict:
     """One stage (smoke: small tables; full: Kaggle-sized): every mode on the same batches, JSON after each."""
     args.max_rows_per_table = args.max_rows_per_table or None
-    cfg = {
-        "embedding_dim": args.dim,
-        "bottom_mlp": [13, 512, 256, args.dim],
-        "top_mlp": [512, 256, 1],
-        "mini_batch_size": args.batch,
-    }
+    cfg = {**WORKLOADS[args.workload](args), "mini_batch_size": args.batch}
     out: dict = {"args": {k: v for k, v in vars(args).items() if k != "json"}}
+    payload["stages"][stage] = out
     with tempfile.TemporaryDirectory(prefix="gpu_bench_") as tmp:
         root = Path(tmp)
         t0 = time.perf_counter()
@@ -201,27 +237,36 @@ def _stage(stage: str, args, device: str, payload: dict, t_start: float) -> dict
                 if "diff_dense" in r
                 else ""
             )
-            print(f"[{stage}] {r['mode']}: {r['samples_per_s']:.0f} samples/s{cov}{diff}", flush=True)
+            if "error" not in r:  # a failed one was printed with its error already
+                print(f"[{stage}] {r['mode']}: {r['samples_per_s']:.0f} samples/s{cov}{diff}", flush=True)
             out.setdefault("sweep", []).append(r)
             payload["stages"][stage] = out
             common.write_json(args.json, payload)  # after every mode: a timeout still returns what finished
 
         modes = args.modes.split(",")
-        args.modes = ",".join(m for m in modes if m != "torch_embeddingbag")
-        if "device" in modes:
-            args.modes = ",".join(["device"] + [m for m in args.modes.split(",") if m != "device"])
+        unknown = [m for m in modes if m not in bench_pipeline.MODES and m not in EXTRA_MODES]
+        if unknown:
+            raise ValueError(f"--modes: unknown {unknown}; known: {[*bench_pipeline.MODES, *EXTRA_MODES]}")
+        # device first: the reference every other mode is compared with
+        ordered = sorted((m for m in modes if m in bench_pipeline.MODES), key=lambda m: m != "device")
+        args.modes = ",".join(ordered)
         from hotline.tiers.base import reusing_initial_tables
 
         with reusing_initial_tables():  # every mode from one computed set of initial tables
-            rows = bench_pipeline.sweep(dataset, args, cfg, placements, device=device, log=log, probe=probe)
-        if "torch_embeddingbag" in modes and args.optimizer == "sgd":
-            log(gpu_extras.run_embedding_bag(dataset, args, cfg, device, probe))
-            rows = out["sweep"]
+            bench_pipeline.sweep(dataset, args, cfg, placements, device=device, log=log, probe=probe)
+            for m in (m for m in modes if m in EXTRA_MODES):
+                log(bench_pipeline.recorded(m, EXTRA_MODES[m], dataset, args, cfg, device, probe))
+        rows = out.get("sweep", [])
     bench_pipeline.mark_saturated(rows)
     wrong = [r["mode"] for r in rows if max(r.get("diff_probe_rows", 0), r.get("diff_dense", 0)) > EXACT_RTOL]
-    out["exact"] = not wrong
+    failed = list(dict.fromkeys(r["mode"] for r in rows if "error" in r))
+    compared = reference and any("diff_dense" in r for r in rows)
+    out["exact"] = (not wrong) if compared else None  # None: nothing was compared (device mode failed?)
+    out["failed_modes"] = failed
+    verdict = "all modes that ran agree" if not wrong else "DIFFER: " + ", ".join(wrong)
     print(
-        f"[{stage}] exactness vs device (rtol {EXACT_RTOL}): {'all modes agree' if not wrong else 'DIFFER: ' + ', '.join(wrong)}"
+        f"[{stage}] exactness vs device (rtol {EXACT_RTOL}): {verdict if compared else 'not checked'}"
+        + (f"; FAILED: {', '.join(failed)}" if failed else "")
     )
     hw = _hardware(args, device, cfg, prof, rows)
     if hw is not None:
@@ -319,21 +364,23 @@ def _hardware(args, device, cfg, prof, rows) -> dict | None:
         print("no known GPU to predict with (pass --gpu H100 or H200)", flush=True)
         return None
     hw = costmodel.load_hardware(name, args.host)
-    if not args.hardware_out:
+    if not args.hardware_out or not args.calibrate:
         return hw
     from hotline.profiling.calibrate import calibrate
 
     host = calibrate(threads=args.threads)
     hw = {**hw, "host": host["host"], "name": f"{name} (calibrated by gpu_bench) + {host['name']}"}
     hw["link"] = {**hw["link"], **_link_gbps(device)}
-    dev_run = next((r for r in rows if r["mode"] == "device"), None)
-    if dev_run and dev_run.get("compute_ms"):
-        # The device's fixed cost per pass: device mode's measured compute less what FLOPs and bytes explain.
+    dev_run = next((r for r in rows if r["mode"] == "device" and "error" not in r), None)
+    compute_ms = dev_run and (dev_run.get("dev_compute_ms") or dev_run.get("compute_ms"))
+    if compute_ms:
+        # The device's fixed cost per pass: device mode's compute on the device's clock (its step issues no
+        # synchronising copy) less what FLOPs and bytes explain.
         w = _workload(cfg, args, prof)
         flops, nbytes = costmodel.compute_features(w, w.batch_size)
         d = dict(hw["device"])
         explained = flops / (d["dense_gflops"] * 1e9) + nbytes / (d["mem_gbps"] * 1e9)
-        d["pass_overhead_us"] = max(0.0, 1e-3 * dev_run["compute_ms"] - explained) * 1e6
+        d["pass_overhead_us"] = max(0.0, 1e-3 * compute_ms - explained) * 1e6
         hw["device"] = d
     hw["format"] = "hotline-hardware"
     _io.write_json(args.hardware_out, hw)
@@ -353,7 +400,7 @@ def _predict(rows, hw, prof, placements, cfg, args) -> None:
         "torch_embeddingbag": "device",
     }
     middle = placements[len(placements) // 2]["budget_bytes"] if placements else 0
-    for r in rows:
+    for r in (r for r in rows if "error" not in r):
         s = costmodel.Stats.from_profile(prof, r.get("budget_bytes", middle))
         pred = costmodel.predict(as_mode.get(r["mode"], "hotline_k1"), w, s, hw)
         r.update(predicted=pred.samples_per_s, pred_ratio=pred.samples_per_s / r["samples_per_s"],

@@ -9,8 +9,8 @@ judges them all before the command does any work, in this order:
   directory replaced as a whole may not hold an input either);
 - two outputs of one command on one path are refused;
 - an existing directory, FIFO or device where a file goes is refused; an existing file (or a Hotline
-  dataset, for a dataset directory) is refused unless ``--force`` -- except a streamed file that a resumed
-  run continues (``continues``: only a file of whole JSON records, as Hotline writes them);
+  dataset, for a dataset directory) is refused unless ``--force`` -- except a file that the run continues
+  (``continues``: only one Hotline wrote, see :func:`_continuable`);
 - the parent directories are created, unless something that is not a directory is in the way;
 - every output is locked (``flock`` on a lock file beside it, ``.NAME.hotline-lock``) until the command ends:
   a second run writing the same output while the first is alive is refused with one line.
@@ -51,13 +51,17 @@ class Output:
     kind: str = "file"
     """``file``; ``dir``: a directory files are added to (existing: fine, nothing in it is replaced);
     ``dataset``: a directory replaced as a whole (existing: only an empty one or, with --force, a dataset)."""
-    continues: bool = False
-    """A streamed file that this run continues (``--metrics`` on ``--resume``): existing is fine if it is a
-    file of JSON records."""
+    continues: str | None = None
+    """A file that this run continues, existing is fine if Hotline wrote it: ``records`` (``--metrics`` on
+    ``--resume``) or ``document`` (``calibrate --disk-only``'s ``--out``); None: a new file."""
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"Output kind must be one of {KINDS}, got {self.kind!r}")
+        if self.continues not in (None, "records", "document"):
+            raise ValueError(
+                f"Output continues must be None, 'records' or 'document', got {self.continues!r}"
+            )
 
 
 def _resolve(flag: str, path: Path) -> Path:
@@ -81,6 +85,19 @@ def _kind_of(mode: int) -> str:
         if test(mode):
             return name
     return "not a regular file"
+
+
+def _continuable(path: Path, what: str) -> bool:
+    """Whether ``path`` is a file Hotline wrote that a run may continue: ``records`` (``--metrics``: JSON
+    objects, one a line) or ``document`` (a JSON document with a Hotline format tag: a hardware description
+    that ``calibrate --disk-only`` adds to)."""
+    if what == "records":
+        return _is_records(path)
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and str(doc.get("format", "")).startswith("hotline-")
 
 
 def _is_records(path: Path) -> bool:
@@ -109,7 +126,7 @@ def _judge_existing(out: Output, given: Path, target: Path, force: bool) -> None
             raise OutputError(f"{out.flag} {shown} is a directory: give a file name")
         if not stat.S_ISREG(st.st_mode):
             raise OutputError(f"{out.flag} {shown} is {_kind_of(st.st_mode)}: give a regular file name")
-        if out.continues and _is_records(target):
+        if out.continues and _continuable(target, out.continues):
             return
         if not force:
             _refuse_if_held(out.flag, given, target)  # the more useful line: --force would not help
@@ -151,7 +168,10 @@ def _make_parents(flag: str, given: Path, directory: Path) -> None:
 
 
 def lock_path(target: Path) -> Path:
-    """The lock file beside output ``target``."""
+    """The lock file beside output ``target`` (inside it for a directory whose parent is not writable, such
+    as ``/tmp``)."""
+    if target.is_dir() and not os.access(target.parent, os.W_OK):
+        return target / LOCK_SUFFIX
     return target.with_name(f".{target.name}{LOCK_SUFFIX}")
 
 
@@ -279,7 +299,7 @@ def claim(
     for out, given, target in resolved:
         _judge_existing(out, given, target, force)
     for out, given, target in resolved:
-        _make_parents(out.flag, given, target.parent)
+        _make_parents(out.flag, given, target if out.kind == "dir" else target.parent)
     locks: list[_Lock] = []
     try:
         for out, given, target in resolved:

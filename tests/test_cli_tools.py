@@ -243,7 +243,8 @@ def test_summary_line_has_the_same_keys_on_one_rank_as_on_n(runs, capsys):
     argv = ["train", runs["ds"], *ARCH, "--num-batches", "3", "--no-progress", "--eval-max-samples", "50"]
     assert main(argv) == 0
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert list(record) == [*SUMMARY_KEYS, "world_size"] and record["world_size"] == 1
+    assert list(record) == [*SUMMARY_KEYS, "world_size", "auto"] and record["world_size"] == 1
+    assert record["auto"]["mode"] == record["mode"] == "device"  # no --mode: auto, and small tables fit
 
 
 def test_no_progress_prints_a_line_per_report(runs, capsys):

@@ -1,5 +1,9 @@
 """The training modes on CUDA: device vs hybrid vs hotline K=0 / K=2, SGD and row-wise Adagrad, with stale
-rows in the look-ahead runs; in-place pinning of the cold tier. Skipped without CUDA (CI has none).
+rows in the look-ahead runs; a look-ahead run with no cold rows at all; in-place pinning; and, with two GPUs,
+two ranks over NCCL (one GPU each) equal to one process. Skipped without CUDA (CI has none).
+
+Runs from a plain checkout with only torch, numba, numpy, pandas and pytest (the GPU image): tests/conftest.py
+puts the checkout first on ``sys.path`` and ``hotline`` binds ``hotline.kernels`` to its ``kernels/``.
 
 On the GPU the sparse updates use ``index_add_`` (atomics: summation order varies between runs), so the
 modes agree within a tolerance, not bit for bit."""
@@ -25,27 +29,49 @@ def dataset(tmp_path_factory):
     return Dataset(generate(root / "ds", rows, seed=3, table_sizes=TABLES, zipf=1.3, progress=False))
 
 
+def _config(mode, optimizer, placement=None, lookahead=0, device="cuda", **kw):
+    fields = dict(mode=mode, optimizer=optimizer, learning_rate=0.05, mini_batch_size=BATCH, num_batches=STEPS,
+                  progress=False, placement_path=placement, lookahead=lookahead, device=device, **ARCH)  # fmt: skip
+    return TrainConfig(**{**fields, **kw})
+
+
 def _run_cuda(ds, mode, optimizer, placement=None, lookahead=0):
-    cfg = TrainConfig(mode=mode, optimizer=optimizer, learning_rate=0.05, mini_batch_size=BATCH,
-                      num_batches=STEPS, progress=False, placement_path=placement, lookahead=lookahead,
-                      device="cuda", **ARCH)  # fmt: skip
-    tr = Trainer(cfg, ds)
+    tr = Trainer(_config(mode, optimizer, placement, lookahead), ds)
     try:
         stats = list(tr.progress(tr.batches()))
-        return np.array([s.loss_sum for s in stats]), tr.named_arrays(), stats
+        # a step's loss on a device is a DeferredLoss (read late): float() reads it
+        return np.array([float(s.loss_sum) for s in stats]), tr.named_arrays(), stats
     finally:
         tr.close()
+
+
+_reference: dict = {}
+
+
+def _device(ds, optimizer):
+    if optimizer not in _reference:
+        _reference[optimizer] = _run_cuda(ds, "device", optimizer)
+    return _reference[optimizer]
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "rowwise-adagrad"])
 @pytest.mark.parametrize("mode,lookahead", [("hybrid", 0), ("hotline", 0), ("hotline", 2)])
 def test_modes_equal_device_on_cuda(dataset, tmp_path, optimizer, mode, lookahead):
     path = _placement(dataset, "profiled", optimizer, tmp_path / "p.npz") if mode == "hotline" else None
-    ref = _run_cuda(dataset, "device", optimizer)
     got = _run_cuda(dataset, mode, optimizer, path, lookahead)
     if lookahead:
         assert sum(s.counters["stale_rows"] for s in got[2]) > 0
-    assert_equivalent(ref, got, rtol=RTOL)
+    assert_equivalent(_device(dataset, optimizer), got, rtol=RTOL)
+
+
+@pytest.mark.parametrize("lookahead", [0, 2])
+def test_steps_without_cold_rows_equal_device_on_cuda(dataset, tmp_path, lookahead):
+    """Every row hot: no step has a working set, yet each still waits for its step's event before its
+    staging slot and copy packs are reused (a step with nothing to copy back used to return no event)."""
+    path = _placement(dataset, "all-hot", "rowwise-adagrad", tmp_path / "p.npz")
+    got = _run_cuda(dataset, "hotline", "rowwise-adagrad", path, lookahead)
+    assert all(s.counters["working_set_rows"] == 0 for s in got[2])
+    assert_equivalent(_device(dataset, "rowwise-adagrad"), got, rtol=RTOL)
 
 
 def test_cold_tier_is_pinned_in_place():
@@ -64,3 +90,50 @@ def test_cold_tier_is_pinned_in_place():
     finally:
         rows.close()
     assert not rows.weight.is_pinned()
+
+
+# -- two ranks over NCCL, one GPU each -------------------------------------------------------------------
+# (name, mode, optimizer, look-ahead, global batch): the last case's batch leaves one sample for the last
+# global batch, so rank 0's shard of it is empty (its empty gradients must be on its GPU).
+NCCL_CASES = [
+    ("device-sgd", "device", "sgd", 0, BATCH),
+    ("hybrid-sgd", "hybrid", "sgd", 0, BATCH),
+    ("hotline-adagrad", "hotline", "rowwise-adagrad", 0, BATCH),
+    ("hotline-adagrad-k2", "hotline", "rowwise-adagrad", 2, BATCH),
+    ("hotline-sgd-empty-shard", "hotline", "sgd", 0, None),
+]
+
+
+def _batch_leaving_one(n: int) -> int:
+    return next(b for b in range(BATCH, 4 * BATCH) if n % b == 1)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_two_ranks_over_nccl_equal_one_process(dataset, tmp_path):
+    from hotline.distributed.comm import backend_for
+    from hotline.distributed.launcher import spawn, train_and_dump
+
+    assert backend_for("cuda") == "nccl"
+    jobs, refs = [], {}
+    for name, mode, opt, k, batch in NCCL_CASES:
+        batch = batch or _batch_leaving_one(len(dataset.train))
+        steps = (
+            0 if batch != BATCH else STEPS
+        )  # the empty-shard case runs every batch, the short last one too
+        path = _placement(dataset, "profiled", opt, tmp_path / f"{name}.npz") if mode == "hotline" else None
+        cfg = _config(mode, opt, path, k, mini_batch_size=batch, num_batches=steps)
+        jobs.append((cfg, str(dataset.path), str(tmp_path / f"{name}.npz.out.npz")))
+        tr = Trainer(_config("device", opt, mini_batch_size=batch, num_batches=steps), dataset)
+        try:
+            refs[name] = ([float(s.loss_sum) for s in tr.progress(tr.batches())], tr.named_arrays())
+        finally:
+            tr.close()
+    spawn(2, train_and_dump, jobs, device="cuda")  # rank r on cuda:r, NCCL for device tensors
+    for (name, *_), (_, _, out) in zip(NCCL_CASES, jobs):
+        got = np.load(out)
+        losses, ref = refs[name]
+        np.testing.assert_allclose(got["losses"], losses, rtol=RTOL, err_msg=name)
+        for key, a in ref.items():
+            scale = max(float(np.abs(a).max()), 1e-12)
+            err = float(np.abs(got[key] - a).max())
+            assert err <= RTOL * scale, f"{name} {key}: max difference {err:.3e} > {RTOL} x {scale:.3e}"

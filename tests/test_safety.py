@@ -354,9 +354,10 @@ def test_output_that_is_a_directory_is_refused(data, tmp_path, capsys):
         (["--seed", str(2**40)], "--seed must be in [0, 2**32)"),
         (["--nproc", "0"], "--nproc must be >= 1, got 0"),
         (
-            ["--placement", "p.npz"],
+            ["--mode", "device", "--placement", "p.npz"],
             "--placement places hot rows for --mode hotline; --mode device would ignore",
         ),
+        (["--mode", "device", "--hardware", "H100"], "--hardware prices the choice of --mode auto"),
         (["--mode", "hybrid", "--hbm-budget", "1MiB"], "--hbm-budget places hot rows for --mode hotline"),
     ],
 )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
 
 from hotline.cli.args import (
     SubParsers,
@@ -49,9 +50,16 @@ def add_parser(subparsers: SubParsers) -> None:
     )
     p.add_argument(
         "--mode",
-        default="device",
-        choices=["device", "hybrid", "hotline"],
-        help="where embedding rows live: all on the device, all in host memory, or hot/cold (hotline)",
+        default="auto",
+        choices=["auto", "device", "hybrid", "hotline"],
+        help="where embedding rows live: all on the device, all in host memory, or hot/cold (hotline); auto: "
+        "the mode, hot budget and look-ahead the cost model predicts fastest on this hardware (printed)",
+    )
+    p.add_argument(
+        "--hardware",
+        metavar="FILE|GPU",
+        help="--mode auto: price with this `hotline calibrate` JSON or known GPU (default: the GPU torch "
+        "names, or this CPU timed in a second)",
     )
     add_arch(p)
     p.add_argument("--mini-batch-size", type=int, default=128, metavar="B", help="samples per optimizer step")
@@ -146,6 +154,15 @@ def add_parser(subparsers: SubParsers) -> None:
         action="store_true",
         help="resume if --checkpoint-dir holds a checkpoint of this run, else start (for job schedulers)",
     )
+    p.add_argument("--cold-store", choices=("memory", "disk"), default="memory",
+                   help="hybrid/hotline: cold rows in host memory, or in a file on local disk (tables beyond DRAM)")  # fmt: skip
+    p.add_argument("--cold-dir", metavar="DIR", help="--cold-store disk: the directory of its file")
+    p.add_argument("--cold-io-depth", type=int, default=32, metavar="N",
+                   help="--cold-store disk: reads in flight (I/O threads)")  # fmt: skip
+    p.add_argument("--cold-cache", default="0", metavar="SIZE",
+                   help="--cold-store disk: DRAM kept for its most popular rows (e.g. 2GiB; 0: none)")  # fmt: skip
+    p.add_argument("--no-cold-direct", action="store_true",
+                   help="--cold-store disk: through the OS page cache instead of O_DIRECT")  # fmt: skip
     p.add_argument(
         "--no-progress",
         action="store_true",
@@ -173,7 +190,11 @@ def _config_from_args(args: argparse.Namespace):
     from hotline.models.dlrm import parse_layers
     from hotline.training.config import TrainConfig
 
-    if args.mode != "hotline" and (args.placement or args.hbm_budget):
+    if args.mode == "auto" and (args.placement or args.hbm_budget):
+        args.mode = "hotline"  # the hot rows are given: nothing left to choose but hotline
+    if args.hardware and args.mode != "auto":
+        raise ValueError(f"--hardware prices the choice of --mode auto; --mode {args.mode} was given")
+    if args.mode not in ("auto", "hotline") and (args.placement or args.hbm_budget):
         flag = "--placement" if args.placement else "--hbm-budget"
         raise ValueError(f"{flag} places hot rows for --mode hotline; --mode {args.mode} would ignore it")
     if args.nproc is not None and args.nproc < 1:
@@ -182,15 +203,15 @@ def _config_from_args(args: argparse.Namespace):
     if warn and args.threads and args.threads > (os.cpu_count() or 1):
         print(f"hotline train: warning: --threads {args.threads} is more than the {os.cpu_count()} cores",
               file=sys.stderr)  # fmt: skip
+    from hotline.units import parse_size
+
     hbm_budget = None
     if args.hbm_budget:
-        from hotline.units import parse_size
-
         hbm_budget = parse_size(args.hbm_budget)
     same = ("mode", "mini_batch_size", "learning_rate", "optimizer", "nepochs", "num_batches", "print_freq",
             "test_freq", "eval_max_samples", "seed", "device", "lookahead", "worker_threads", "micro_batches",
             "checkpoint_dir", "checkpoint_every", "resume", "resume_if_present", "replace_every", "replace",
-            "replace_threshold", "count_decay")  # fmt: skip
+            "replace_threshold", "count_decay", "cold_store", "cold_dir", "cold_io_depth")  # fmt: skip
     return TrainConfig(
         **flags(args, *same),
         embedding_dim=args.arch_sparse_feature_size,
@@ -207,6 +228,8 @@ def _config_from_args(args: argparse.Namespace):
         dump_init_path=args.dump_init,
         placement_path=args.placement,
         hbm_budget=hbm_budget,
+        cold_cache=parse_size(args.cold_cache),
+        cold_direct=not args.no_cold_direct,
     )
 
 
@@ -225,13 +248,19 @@ def _launch(args: argparse.Namespace) -> int:
     from hotline.distributed.launcher import launch, launcher_argv
 
     try:
-        config_from_args(args)
+        config = config_from_args(args)
+        if args.dataset is None:
+            from hotline.datasets.default import default_dataset
+
+            args.dataset = str(default_dataset())  # made once here, not raced by the ranks
+        if config.mode == "auto":  # chosen once, here: every rank trains the same configuration
+            from hotline.datasets.format import Dataset
+
+            choice = _choose(config, Dataset(args.dataset), args)
+            args.mode, args.lookahead, args.hardware = choice.mode, choice.lookahead, None
+            args.hbm_budget = str(choice.hbm_budget) if choice.hbm_budget else None
     except ValueError as e:
         return error("train", e)
-    if args.dataset is None:
-        from hotline.datasets.default import default_dataset
-
-        args.dataset = str(default_dataset())  # made once here, not raced by the ranks
     return launch(args.nproc, ["train", *launcher_argv(args.train_parser, args, ("nproc", "train_parser"))])
 
 
@@ -260,19 +289,34 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
         if distributed:
             from hotline.distributed.launcher import init_from_env, worker_threads
 
-            comm = init_from_env()
+            comm = init_from_env(config.device)  # NCCL on CUDA, gloo on the CPU
             configure_threads(worker_threads(config.threads))
         else:
             comm = Comm()
             configure_threads(config.threads)
         dataset = _dataset(args, comm)
-        trainer = Trainer(config, dataset, comm)
+        if args.load:  # a missing checkpoint is named before --mode auto profiles
+            from hotline.training.checkpoint import CheckpointError
+
+            if not os.path.isfile(args.load):
+                raise CheckpointError(f"checkpoint {args.load} does not exist")
+        chosen = []
+
+        def choose(cfg, ds):
+            chosen.append(_choose(cfg, ds, args, comm))
+            c = chosen[0]
+            return replace(cfg, mode=c.mode, lookahead=c.lookahead, hbm_budget=c.hbm_budget)
+
+        trainer = Trainer(config, dataset, comm, choose=choose)
+        choice = chosen[0] if chosen else None
         try:
             if args.load:
                 step = load_checkpoint(trainer, args.load)
                 if comm.rank == 0:
                     print(f"loaded {args.load} (step {step})", file=sys.stderr)
             summary = trainer.fit(claim)
+            if config.cold_store == "disk":
+                _report_disk(trainer)
             if args.save:
                 save_checkpoint(trainer, claim.path("--save") if comm.world_size == 1 else args.save)
             if args.save_placement and comm.rank == 0:
@@ -306,8 +350,45 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
     if comm.rank == 0:
         record = {k: summary[k] for k in SUMMARY_KEYS}
         record["world_size"] = comm.world_size  # every run prints the same keys, 1 rank or N
+        if choice is not None:  # what --mode auto chose and predicted, beside what the run measured
+            record["auto"] = choice.record(summary["samples_per_s"])
         print(finite_json(record))
     return 0
+
+
+def _report_disk(trainer) -> None:
+    """One line of a disk-backed run: its file, I/O mode, bytes of rows and state, and the peak resident
+    memory of this process (Linux ru_maxrss is in KiB)."""
+    import resource
+
+    from hotline.units import format_size
+
+    f = trainer.mode.cold.host.file
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(f"cold store {f.path} ({f.mode}): {format_size(f.num_rows * f.record)} of rows and optimizer state "
+          f"on disk; peak RSS {format_size(rss)}", file=sys.stderr)  # fmt: skip
+
+
+def _choose(config, dataset, args: argparse.Namespace, comm=None):
+    """``--mode auto``'s choice for this run (rank 0 chooses and every rank takes its decision), printed."""
+    from hotline.training.auto import AutoChoice, choose_for_run
+
+    if comm is None or comm.world_size == 1:
+        choice = choose_for_run(config, dataset, args.hardware, progress=config.progress)
+    else:
+        import torch
+
+        code = torch.zeros(3, dtype=torch.float64)
+        choice = None
+        if comm.rank == 0:
+            choice = choose_for_run(config, dataset, args.hardware, progress=config.progress)
+            code[:] = torch.tensor(choice.code(), dtype=torch.float64)
+        comm.all_reduce_(code, "auto")
+        if choice is None:
+            choice = AutoChoice.from_code(code.tolist())
+    if comm is None or comm.rank == 0:
+        print(choice.line(), file=sys.stderr)
+    return choice
 
 
 def _dataset(args: argparse.Namespace, comm):

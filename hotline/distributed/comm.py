@@ -2,6 +2,14 @@
 
 One rank is the trivial case: every collective is a local no-op and nothing is counted, so single-process
 code calls the same methods at no cost.
+
+The backend follows the compute device (:func:`backend_for`): gloo on the CPU; on CUDA the default group is
+NCCL and a gloo group of the same ranks sits beside it. A collective goes where its tensor lives: tensors on
+the device (the dense gradients, the hot rows' gradients, device mode's sparse gradients) stay on the device
+and go over NCCL; host tensors (the cold rows, the control flags, evaluation scores, exports) go over gloo.
+Cold-row traffic stays on the host on purpose: the rows are read from and written to host memory at both
+ends, by the look-ahead thread on its own group while the device computes, so NCCL would add a host-to-device
+copy at the owner and a device-to-host copy at the requester, and queue them behind the step's compute.
 """
 
 from __future__ import annotations
@@ -17,25 +25,55 @@ def shard_bounds(n: int, rank: int, world_size: int) -> tuple[int, int]:
     return rank * n // world_size, (rank + 1) * n // world_size
 
 
+def backend_for(device: torch.device | str) -> str:
+    """The process-group backend of ranks that compute on ``device``: ``nccl`` on CUDA, ``gloo`` elsewhere."""
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
 class Comm:
-    """The collectives of a run (gloo or NCCL), counting the bytes this rank sends per kind of traffic.
+    """The collectives of a run (gloo, or NCCL beside gloo), counting the bytes this rank sends per kind.
 
     Counted as sent over the wire by a ring algorithm: all-reduce of S bytes, 2(N-1)/N * S; all-gather of a
     (padded) S-byte share, (N-1) * S; all-to-all, the rows addressed to the other ranks. With one rank every
     collective is a local no-op and nothing is counted.
+
+    ``backend``: ``gloo`` (every collective on host memory, device tensors copied there and back) or ``nccl``
+    (device tensors collected on the device over ``group``, host tensors over ``host_group``, a gloo group).
     """
 
-    def __init__(self, rank: int = 0, world_size: int = 1, group=None):
+    def __init__(
+        self, rank: int = 0, world_size: int = 1, group=None, host_group=None, backend: str = "gloo"
+    ):
+        if backend not in ("gloo", "nccl"):
+            raise ValueError(f"Comm backend must be gloo or nccl, got {backend!r}")
         self.rank = rank
         self.world_size = world_size
+        self.backend = backend
         self.group = group  # the process group of the collectives (None: the default group)
+        # Host tensors' group: the same group on gloo; on NCCL the gloo group beside it.
+        self.host_group = host_group if backend == "nccl" else group
         self.bytes_sent: dict[str, float] = defaultdict(float)
 
     @classmethod
     def from_process_group(cls) -> Comm:
+        """The Comm of the default process group; on an NCCL group it creates the gloo group for host tensors
+        (a collective: every rank calls it, in the same order)."""
         import torch.distributed as dist
 
-        return cls(dist.get_rank(), dist.get_world_size())
+        rank, size = dist.get_rank(), dist.get_world_size()
+        if dist.get_backend() == "nccl":
+            return cls(rank, size, None, dist.new_group(backend="gloo"), backend="nccl")
+        return cls(rank, size)
+
+    def on_device(self, t: torch.Tensor) -> bool:
+        """Whether a collective of ``t`` runs on the device (NCCL) rather than on host memory (gloo)."""
+        return self.backend == "nccl" and t.device.type != "cpu"
+
+    def route(self, t: torch.Tensor):
+        """The group a collective of ``t`` runs on and the device its buffers live on."""
+        if self.on_device(t):
+            return self.group, t.device
+        return self.host_group, torch.device("cpu")
 
     def new_group(self) -> Comm:
         """A Comm on a new gloo group of the same ranks (a collective: every rank creates it, in the same order).
@@ -47,7 +85,7 @@ class Comm:
             return Comm(self.rank, 1)
         import torch.distributed as dist
 
-        return Comm(self.rank, self.world_size, dist.new_group(backend="gloo"))
+        return Comm(self.rank, self.world_size, dist.new_group(backend="gloo"))  # host tensors only
 
     def destroy(self) -> None:
         """Destroys this Comm's own group (from :meth:`new_group`; the default group is left alone)."""
@@ -55,6 +93,8 @@ class Comm:
             import torch.distributed as dist
 
             dist.destroy_process_group(self.group)
+            if self.host_group is self.group:
+                self.host_group = None
             self.group = None
 
     def take_bytes(self) -> dict[str, float]:
@@ -67,10 +107,11 @@ class Comm:
         if self.world_size > 1:
             import torch.distributed as dist
 
-            host = t.cpu()  # gloo: collectives on host memory (a no-op copy for CPU tensors)
-            dist.all_reduce(host, group=self.group)
-            if host is not t:
-                t.copy_(host)
+            group, where = self.route(t)
+            buffer = t.to(where)  # gloo: collectives on host memory (a no-op for host tensors and on NCCL)
+            dist.all_reduce(buffer, group=group)
+            if buffer is not t:
+                t.copy_(buffer)
             N = self.world_size
             self.bytes_sent[kind] += 2 * (N - 1) / N * t.numel() * t.element_size()
         return t
@@ -81,15 +122,19 @@ class Comm:
             return [t]
         import torch.distributed as dist
 
-        n = torch.tensor([t.shape[0]], dtype=torch.int64)
-        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
-        dist.all_gather(sizes, n, group=self.group)
-        sizes = [int(s) for s in sizes]
-        padded = torch.zeros((max(sizes), *t.shape[1:]), dtype=t.dtype)
-        padded[: t.shape[0]] = t.cpu()
-        parts = [torch.empty_like(padded) for _ in range(self.world_size)]
-        dist.all_gather(parts, padded, group=self.group)
+        group, where = self.route(t)
+        n = torch.tensor([t.shape[0]], dtype=torch.int64, device=where)
+        sizes = [torch.zeros(1, dtype=torch.int64, device=where) for _ in range(self.world_size)]
+        dist.all_gather(sizes, n, group=group)
+        sizes = [int(s) for s in torch.cat(sizes).tolist()]  # one read (on NCCL: one wait for the device)
         self.bytes_sent["control"] += 8 * (self.world_size - 1)
+        if max(sizes) == 0:  # every rank sees the same sizes: none sends an empty collective
+            self.bytes_sent[kind] += 0.0
+            return [t[:0] for _ in sizes]
+        padded = torch.zeros((max(sizes), *t.shape[1:]), dtype=t.dtype, device=where)
+        padded[: t.shape[0]] = t
+        parts = [torch.empty_like(padded) for _ in range(self.world_size)]
+        dist.all_gather(parts, padded, group=group)
         self.bytes_sent[kind] += (self.world_size - 1) * padded.numel() * padded.element_size()
         return [p[:s].to(t.device) for p, s in zip(parts, sizes)]
 
@@ -103,15 +148,16 @@ class Comm:
             return t.clone(), send_counts.copy()
         import torch.distributed as dist
 
+        group, where = self.route(t)
         if recv_counts is None:
-            got = torch.empty(self.world_size, dtype=torch.int64)
-            dist.all_to_all_single(got, torch.from_numpy(send_counts), group=self.group)
-            recv_counts = got.numpy().copy()
+            got = torch.empty(self.world_size, dtype=torch.int64, device=where)
+            dist.all_to_all_single(got, torch.from_numpy(send_counts).to(where), group=group)
+            recv_counts = got.cpu().numpy().copy()
             self.bytes_sent["control"] += 8 * (self.world_size - 1)
-        device, t = t.device, t.cpu().contiguous()
-        out = torch.empty((int(recv_counts.sum()), *t.shape[1:]), dtype=t.dtype)
+        device, t = t.device, t.to(where).contiguous()
+        out = torch.empty((int(recv_counts.sum()), *t.shape[1:]), dtype=t.dtype, device=where)
         dist.all_to_all_single(
-            out, t, [int(c) for c in recv_counts], [int(c) for c in send_counts], group=self.group
+            out, t, [int(c) for c in recv_counts], [int(c) for c in send_counts], group=group
         )
         row = int(np.prod(t.shape[1:])) * t.element_size()
         self.bytes_sent[kind] += float((send_counts.sum() - send_counts[self.rank]) * row)
@@ -121,7 +167,7 @@ class Comm:
         if self.world_size > 1:
             import torch.distributed as dist
 
-            dist.barrier(group=self.group)
+            dist.barrier(group=self.host_group)  # on the host: an NCCL barrier guesses a device
 
     def all_ok(self, ok: bool) -> bool:
         """True when ``ok`` holds on every rank (so that all ranks raise together, none waits forever)."""

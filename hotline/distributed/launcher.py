@@ -1,5 +1,8 @@
 """Starting the ranks of a data-parallel run: torch's elastic launcher for ``hotline train --nproc N``, a
-process-group join for ``torchrun -m hotline train``, and a gloo spawn for tests and benchmarks."""
+process-group join for ``torchrun -m hotline train``, and a local spawn for tests and benchmarks.
+
+The backend follows the compute device (:func:`~hotline.distributed.comm.backend_for`): gloo on the CPU,
+NCCL (with a gloo group beside it for host tensors) on CUDA, where each process binds its own GPU first."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import time
 
 import numpy as np
 
-from hotline.distributed.comm import Comm
+from hotline.distributed.comm import Comm, backend_for
 from hotline.training.config import TrainConfig
 
 
@@ -41,13 +44,16 @@ def _init_process_group(*args, **kwargs) -> None:
     dist.init_process_group(*args, **kwargs)
 
 
-def init_from_env(backend: str | None = None) -> Comm:
-    """Joins the process group torchrun described in the environment (RANK, WORLD_SIZE, MASTER_*)."""
+def init_from_env(device: str = "cpu") -> Comm:
+    """Joins the process group torchrun described in the environment (RANK, WORLD_SIZE, MASTER_*), with the
+    backend of ``device`` (this rank's compute device, bound to the process first: NCCL needs it)."""
     import torch.distributed as dist
 
+    from hotline.pipeline.threads import bind_device
+
+    bind_device(device)
     if not dist.is_initialized():
-        backend = backend or "gloo"  # NCCL would need every collective on CUDA tensors: not done yet
-        _init_process_group(backend)
+        _init_process_group(backend_for(device))
     return Comm.from_process_group()
 
 
@@ -59,28 +65,46 @@ def worker_threads(threads: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, local))
 
 
-def _spawned(rank: int, world_size: int, port: int, threads: int, fn, args: tuple) -> None:
+def rank_device(device: str, local_rank: int) -> str:
+    """The device local rank ``local_rank`` computes on: on CUDA its own GPU (modulo the GPUs there are)."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return device
+    return f"cuda:{local_rank % max(1, torch.cuda.device_count())}"
+
+
+def _spawned(rank: int, world_size: int, port: int, threads: int, device: str, fn, args: tuple) -> None:
     import torch.distributed as dist
 
-    from hotline.pipeline.threads import configure_threads
+    from hotline.pipeline.threads import bind_device, configure_threads
 
+    # As torchrun does: a config's "cuda" (or "auto") resolves to this rank's GPU (training.config).
+    os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"] = str(rank), str(world_size)
     configure_threads(threads)
-    _init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    bind_device(rank_device(device, rank))
+    _init_process_group(
+        backend_for(device), init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+    )
     try:
-        fn(Comm.from_process_group(), *args)
-        dist.barrier()  # no rank tears the group down while a peer still uses it
+        comm = Comm.from_process_group()
+        fn(comm, *args)
+        comm.barrier()  # no rank tears the group down while a peer still uses it
     finally:
         dist.destroy_process_group()
 
 
-def spawn(world_size: int, fn, *args, threads: int = 1) -> None:
-    """Runs ``fn(comm, *args)`` on ``world_size`` fresh processes in a gloo group on 127.0.0.1 (tests, benchmarks).
+def spawn(world_size: int, fn, *args, threads: int = 1, device: str = "cpu") -> None:
+    """Runs ``fn(comm, *args)`` on ``world_size`` fresh processes in a process group on 127.0.0.1 (tests,
+    benchmarks): gloo for ``device`` cpu; for cuda NCCL, rank r on GPU r (and a gloo group for host tensors).
 
     ``fn`` must be importable by name (a module-level function); ``threads`` torch/numba threads per rank.
     """
     import torch.multiprocessing as mp
 
-    mp.spawn(_spawned, args=(world_size, free_port(), threads, fn, args), nprocs=world_size, join=True)
+    mp.spawn(
+        _spawned, args=(world_size, free_port(), threads, device, fn, args), nprocs=world_size, join=True
+    )
 
 
 # Step counters train_and_dump records per step (summed over ranks), in this order.

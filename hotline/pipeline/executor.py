@@ -82,8 +82,11 @@ class Executor:
         mode = self.mode
         copy_stream = torch.cuda.Stream(mode.device) if mode.device.type == "cuda" else None
         with mode.cold.lookahead() as channel:
-            producer = Producer("hotline-prepare", self.lookahead, self.worker_threads)
-            writer = Worker("hotline-write-back", self._write_back, self.ring, on_error=self._wake)
+            # Both threads bind the mode's device when they start (CUDA's current device is per thread).
+            producer = Producer("hotline-prepare", self.lookahead, self.worker_threads, device=mode.device)
+            writer = Worker(
+                "hotline-write-back", self._write_back, self.ring, on_error=self._wake, device=mode.device
+            )
             self._writer = writer
             try:
                 producer.start(self._prepared(batches, channel, producer, copy_stream), run_to_end=True)
@@ -129,6 +132,8 @@ class Executor:
                 writer.close()  # it drains the rows already queued, then sees the stop
                 self._cond = None
                 self._live = {}
+                # The writer's function is this executor's method: no reference cycle outlives the run.
+                self._writer = None
 
     def drain(self) -> None:
         """Blocks until every step yielded so far has written its rows back (call between yields)."""
@@ -157,8 +162,11 @@ class Executor:
                 if batch is not None and hasattr(source, "give_back"):  # another rank stopped here: not lost
                     source.give_back(batch)
                 return
-            # The staging slot of step j was last used by step j - ring: its write-back must be done.
-            self._wait_written(j - self.ring + 1, producer)
+            # The staging slot of step j was last used by step j - ring: its write-back must be done, even
+            # when the run is stopping (the writer drains every computed step; preparing into the slot
+            # before that would hand the draining writer overwritten rows to store).
+            if not self._wait_written(j - self.ring + 1):
+                raise RuntimeError(f"step {j - self.ring} was never written back; step {j} not prepared")
             t0 = time.perf_counter()
             prep = self.mode.prepare(batch, step=j, copy_stream=copy_stream)
             with self._cond:
@@ -181,13 +189,16 @@ class Executor:
         with self._cond:
             self._cond.notify_all()
 
-    def _wait_written(self, upto: int, producer: Producer | None = None) -> None:
-        """Blocks until every step < ``upto`` has been written back (or the run stops)."""
+    def _wait_written(self, upto: int) -> bool:
+        """Blocks until every step < ``upto`` has been written back, or the writer stopped (its error is
+        raised); returns whether they were written."""
         writer = self._writer
         with self._cond:
-            while self._written < upto and not writer.stopping and not (producer and producer.stopping):
+            while self._written < upto and not writer.stopping:
                 self._cond.wait(POLL_S)
+            written = self._written >= upto
         writer.raise_error()
+        return written
 
 
 def overlap_ratio(times: dict[str, float]) -> float:

@@ -5,6 +5,10 @@ event pair per phase on the phase's stream (copy-in on the side stream; compute,
 on the compute stream) and reads them after one final synchronise: per-phase device seconds, the share of
 the window the device was busy (the union of all intervals), and how much copy-in time overlapped compute.
 On the CPU the same object records host clock intervals, so the interval arithmetic is tested there.
+
+A benchmark installs it before the first step and skips its warm-up by step (``from_step``): installed
+after the warm-up, the look-ahead's copies of the K+1 steps prepared during it would go unrecorded while
+their compute is recorded.
 """
 
 from __future__ import annotations
@@ -47,10 +51,13 @@ def intersection_length(xs: list[tuple[float, float]], ys: list[tuple[float, flo
 
 
 class StreamPhases:
-    """Records device intervals of named phases; :meth:`summary` after the run (it synchronises once)."""
+    """Records device intervals of named phases; :meth:`summary` after the run (it synchronises once).
 
-    def __init__(self, device: torch.device | str):
+    ``from_step``: phases tagged with an earlier step (the warm-up) are not recorded."""
+
+    def __init__(self, device: torch.device | str, from_step: int = 0):
         self.device = torch.device(device)
+        self.from_step = int(from_step)
         self.cuda = self.device.type == "cuda"
         self._origin = time.perf_counter()
         self._pairs: dict[str, list[tuple[object, object]]] = defaultdict(list)
@@ -59,9 +66,15 @@ class StreamPhases:
     def _event(self):
         return torch.cuda.Event(enable_timing=True) if self.cuda else _HostEvent(self._origin)
 
+    def phase(self, name: str, stream=None, step: int | None = None):
+        """Times the work queued inside the block on ``stream`` (the current stream of the device if None);
+        ``step``: the step the work belongs to (untimed before ``from_step``; None: always timed)."""
+        if step is not None and step < self.from_step:
+            return contextlib.nullcontext()
+        return self._timed(name, stream)
+
     @contextlib.contextmanager
-    def phase(self, name: str, stream=None):
-        """Times the work queued inside the block on ``stream`` (the current stream if None)."""
+    def _timed(self, name: str, stream):
         start, end = self._event(), self._event()
         if self.cuda:
             stream = stream if stream is not None else torch.cuda.current_stream(self.device)

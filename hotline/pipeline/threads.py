@@ -7,7 +7,9 @@
 
 Both re-raise the thread's first exception on the caller, with the thread's traceback; both stop cleanly on
 :meth:`close` (also on Ctrl-C or when the caller leaves a loop early): no thread outlives its owner. A thread
-that runs Numba kernels sets its Numba thread count once, when it starts (Numba's count is per thread).
+that runs Numba kernels sets its Numba thread count once, when it starts (Numba's count is per thread), and a
+thread that issues CUDA work binds its device once, when it starts (:func:`bind_device`: CUDA's current
+device is per thread too, and every new thread starts on GPU 0).
 
 How a producer and torch share the cores is decided here too, and only here (:func:`compute_threads`,
 :class:`CoreShare`): while a producer runs, torch's intra-op threads (and the main thread's Numba threads) are
@@ -44,6 +46,29 @@ def set_numba_threads(threads: int | None) -> None:
     import numba
 
     numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
+
+
+_bound = threading.local()
+
+
+def bind_device(device) -> None:
+    """Makes ``device`` the current device of the calling thread (``torch.cuda.set_device`` for a CUDA device
+    with an index; nothing to set for the CPU) and records it (:func:`bound_device`). Every thread that issues
+    CUDA work calls it when it starts, so that whatever still acts on "the current device" (current streams,
+    events recorded without a stream, pinned allocations, NCCL) acts on this rank's GPU, not GPU 0."""
+    if device is None:
+        return
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)
+    _bound.device = device
+
+
+def bound_device():
+    """The device :func:`bind_device` last bound on this thread (None if it never ran here)."""
+    return getattr(_bound, "device", None)
 
 
 def check_concurrent_kernels() -> str:
@@ -138,11 +163,13 @@ class CoreShare:
 
 
 class _Thread:
-    """A named daemon thread, a bounded queue, a stop flag and the first error of the thread."""
+    """A named daemon thread, a bounded queue, a stop flag and the first error of the thread; ``device``: the
+    compute device the thread binds when it starts (None: a thread that issues no device work)."""
 
-    def __init__(self, name: str, depth: int, numba_threads: int | None):
+    def __init__(self, name: str, depth: int, numba_threads: int | None, device=None):
         self.name = name
         self.numba_threads = numba_threads
+        self.device = device
         self.queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -156,6 +183,7 @@ class _Thread:
     def _start(self, target) -> None:
         def run():
             set_numba_threads(self.numba_threads)
+            bind_device(self.device)
             target()
 
         self._thread = threading.Thread(target=run, name=self.name, daemon=True)
@@ -197,8 +225,8 @@ class Producer(_Thread):
     thread of N ranks ends when all ranks agree), which read :attr:`stopping` themselves.
     """
 
-    def __init__(self, name: str, depth: int, numba_threads: int | None = None):
-        super().__init__(name, depth, numba_threads)
+    def __init__(self, name: str, depth: int, numba_threads: int | None = None, device=None):
+        super().__init__(name, depth, numba_threads, device)
 
     def start(self, source: Iterable, run_to_end: bool = False) -> Producer:
         def produce():
@@ -253,8 +281,9 @@ class Worker(_Thread):
         depth: int,
         numba_threads: int | None = None,
         on_error: Callable[[BaseException], None] | None = None,
+        device=None,
     ):
-        super().__init__(name, depth, numba_threads)
+        super().__init__(name, depth, numba_threads, device)
         self.fn = fn
         self.on_error = on_error
         self._start(self._work)

@@ -122,6 +122,36 @@ class Stats:
 
 
 @dataclass
+class DiskTier:
+    """The disk cold store of a run (``--cold-store disk``): how a step's cold rows meet the disk. Its rates
+    come from the hardware description's ``disk`` section (``hotline calibrate --disk DIR``)."""
+
+    pages_per_cold_row: float = 1.0
+    """4 KiB pages read per cold row not in the DRAM tier (1: each row its own page; the popularity order
+    lets rows of a step share pages, below 1)."""
+    cached_share: float = 0.0
+    """Share of the cold rows served by the DRAM tier (``--cold-cache``)."""
+
+    def __post_init__(self) -> None:
+        if not self.pages_per_cold_row >= 0 or not 0 <= self.cached_share <= 1:
+            raise ValueError("pages_per_cold_row must be >= 0 and cached_share in [0, 1]")
+
+
+def _disk_phases(hw: dict, disk: DiskTier, cold_rows: float) -> dict[str, float]:
+    """Seconds per step of the disk store: reads at the calibrated depth's rate, page writes, and the CPU the
+    I/O threads spend issuing them (part of the reads' and writes' wall time, and a share of the cores)."""
+    d = hw.get("disk")
+    if d is None:
+        raise ValueError("the hardware description has no disk section: run `hotline calibrate --disk DIR`")
+    pages = cold_rows * (1.0 - disk.cached_share) * disk.pages_per_cold_row
+    return {
+        "disk_read": pages / d["read_iops"]["depth"],
+        "disk_write": pages / d["write_iops"],
+        "disk_cpu": pages * (d["cpu_us_per_read"] + d["cpu_us_per_write"]) * 1e-6,
+    }
+
+
+@dataclass
 class Prediction:
     """Predicted step time of one mode, by phase."""
 
@@ -248,8 +278,9 @@ def _host(hw: dict, key: str, threads: int | None, default: float | None = None)
     return v
 
 
-def phases(mode: str, w: Workload, s: Stats, hw: dict) -> dict[str, float]:
-    """Seconds per step of each phase of ``mode`` (one of :data:`MODES`)."""
+def phases(mode: str, w: Workload, s: Stats, hw: dict, disk: DiskTier | None = None) -> dict[str, float]:
+    """Seconds per step of each phase of ``mode`` (one of :data:`MODES`); ``disk``: the cold rows live in the
+    disk store (reads, page writes and the CPU issuing them: ``disk_read``, ``disk_write``, ``disk_cpu``)."""
     dev = hw["device"]
     B, N, R = w.batch_size, w.lookups, w.row_bytes
     index_bytes = 8.0 * N * 2 + 4.0 * B * 14  # lookup positions and slots; dense features and labels
@@ -285,6 +316,8 @@ def phases(mode: str, w: Workload, s: Stats, hw: dict) -> dict[str, float]:
         out["sparse_update"] = _update_s(w, dev, N, s.unique_rows_per_batch)
         out["d2h"] = _link_s(hw, cold * R, "d2h")
         out["write_back"] = cold * R / (_host(hw, "scatter_gbps", None) * 1e9)
+        if disk is not None:
+            out.update(_disk_phases(hw, disk, cold))
     out["dense_update"] = _dense_update_s(w, dev)
     return out
 
@@ -318,14 +351,16 @@ def shared_cores_lane(t_host: float, t_device: float, host: dict, worker_threads
     return n, step
 
 
-def predict(mode: str, w: Workload, s: Stats, hw: dict) -> Prediction:
-    """Predicted samples/s of ``mode`` (``hotline_k1``: any look-ahead K >= 1) and its bottleneck."""
+def predict(mode: str, w: Workload, s: Stats, hw: dict, disk: DiskTier | None = None) -> Prediction:
+    """Predicted samples/s of ``mode`` (``hotline_k1``: any look-ahead K >= 1) and its bottleneck; ``disk``:
+    with the cold rows in the disk store."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    ph = phases(mode, w, s, hw)
+    ph = phases(mode, w, s, hw, disk)
     if mode != "hotline_k1":
-        step = sum(ph.values())
-        bottleneck = max(ph, key=ph.get)
+        timed = {k: v for k, v in ph.items() if k != "disk_cpu"}  # inside the reads' and writes' wall time
+        step = sum(timed.values())
+        bottleneck = max(timed, key=timed.get)
         return Prediction(mode, w.batch_size / step, step, ph, bottleneck)
     lanes = {
         "host work (dispatch + gather)": ph["dispatch"] + ph["gather"],
@@ -334,17 +369,19 @@ def predict(mode: str, w: Workload, s: Stats, hw: dict) -> Prediction:
         + ph["compute"]
         + ph["sparse_update"]
         + ph["dense_update"],
-        "write-back": ph["write_back"],
+        "write-back": ph["write_back"] + ph.get("disk_write", 0.0),
     }
+    if disk is not None:  # one disk serves the producer's reads and the writer's page writes
+        lanes["disk (reads + writes)"] = ph["disk_read"] + ph["disk_write"]
+        lanes["host work (dispatch + gather)"] += ph["disk_read"]
     step = max(lanes.values())
     host = hw["host"]
     threads = 0
     if hw["link"].get("shared_memory"):  # every lane runs on this CPU's cores
+        # host work's CPU (the disk's reads and writes wait, their CPU is disk_cpu)
+        t_h = ph["dispatch"] + ph["gather"] + ph["write_back"] + ph.get("disk_cpu", 0.0)
         threads, lanes["shared cores"] = shared_cores_lane(
-            lanes["host work (dispatch + gather)"] + lanes["write-back"],
-            lanes["device (compute + updates)"],
-            host,
-            w.worker_threads,
+            t_h, lanes["device (compute + updates)"], host, w.worker_threads
         )
         step = max(step, lanes["shared cores"])
     handover = host.get("handover_us", 0.0) * 1e-6
@@ -357,9 +394,11 @@ def predict(mode: str, w: Workload, s: Stats, hw: dict) -> Prediction:
     )  # fmt: skip
 
 
-def predict_all(w: Workload, s: Stats, hw: dict, modes=MODES) -> dict[str, Prediction]:
+def predict_all(
+    w: Workload, s: Stats, hw: dict, modes=MODES, disk: DiskTier | None = None
+) -> dict[str, Prediction]:
     """:func:`predict` for each mode."""
-    return {m: predict(m, w, s, hw) for m in modes}
+    return {m: predict(m, w, s, hw, disk) for m in modes}
 
 
 def prediction_table(preds: dict[str, Prediction]) -> str:

@@ -25,12 +25,16 @@ class DeferredLoss:
     issued); ``float()`` waits for that copy alone, by when the step has long finished."""
 
     def __init__(self, loss: torch.Tensor):
+        self.device_value = loss
+        """The loss on its device (what a distributed step sums before anything reads it)."""
         self._host = torch.empty((), dtype=loss.dtype, pin_memory=loss.device.type == "cuda")
         self._host.copy_(loss, non_blocking=True)
         self._done = None
         if loss.device.type == "cuda":
+            # On the stream of the loss's own device (the copy's stream), named: a bare record() would go on
+            # the current device's stream, GPU 0's on a rank of another GPU, and float() would not wait.
             self._done = torch.cuda.Event()
-            self._done.record()
+            self._done.record(torch.cuda.current_stream(loss.device))
 
     def __float__(self) -> float:
         if self._done is not None:
@@ -82,13 +86,16 @@ def reusing_initial_tables():
         _shared_tables = None
 
 
-def initial_tables(layout: TableLayout, dim: int, seed: int) -> np.ndarray:
+def initial_tables(layout: TableLayout, dim: int, seed: int, copy: bool = True) -> np.ndarray:
     """The initial weights of every table (identical for every mode), fused: [num_rows, dim].
 
-    Filled table by table into one array, so start-up holds the embedding once, not as parts plus a copy."""
+    Filled table by table into one array, so start-up holds the embedding once, not as parts plus a copy.
+    ``copy=False`` (a caller that only copies them elsewhere, e.g. to a device): inside
+    :func:`reusing_initial_tables` the shared array itself, which the caller must not write, instead of a
+    host copy of it."""
     key = (tuple(layout.table_sizes), int(dim), int(seed))
     if _shared_tables is not None and key in _shared_tables:
-        return _shared_tables[key].copy()
+        return _shared_tables[key].copy() if copy else _shared_tables[key]
     out = np.empty((layout.num_rows, dim), dtype=np.float32)
     for t, part in enumerate(layout.split(out)):
         part[:] = init_embedding_table(part.shape[0], dim, seed, t)

@@ -3,6 +3,7 @@ reference every other mode must equal), replicated on every rank of a distribute
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -14,6 +15,7 @@ from hotline.kernels import sparse_update
 from hotline.models.dlrm import DLRM
 from hotline.table_layout import TableLayout
 from hotline.tiers.base import StepStats, TrainMode, initial_tables, loss_and_backward, step_loss, sum_pool
+from hotline.tiers.packing import PackRing
 from hotline.tiers.replicated import all_ranks_gradients
 from hotline.tiers.sparse_optim import SparseOptimizer
 
@@ -46,43 +48,64 @@ class DeviceMode(TrainMode):
         # modes do), so the device never waits for a torch.unique (tests set it on CPU, too).
         self.device_updates = self.device.type != "cpu"
         self._host_scratch = None
+        # Off the CPU a step's ids (and distinct rows), dense inputs and labels go to the device in two
+        # asynchronous copies from pinned packs, not five pageable ones that would each synchronise the
+        # upper bound every mode is compared with (tests set it on CPU, too).
+        self.pack_copies = self.device.type == "cuda"
+        self._packs = PackRing(self.device)
+        self.phases = None  # set to time phases on the device's clock (gpu_bench)
+        self._steps = 0  # steps taken (tags the device-clock phases)
+
+    def _phase(self, name: str):
+        return (
+            self.phases.phase(name, step=self._steps) if self.phases is not None else contextlib.nullcontext()
+        )
 
     def _fused_ids(self, sparse: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(self.layout.fuse(sparse))
 
-    def _distinct(self, fused: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def _distinct(self, fused: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The batch's distinct rows and each lookup's index into them, found on the host."""
         if self._host_scratch is None:
             self._host_scratch = sparse_update.new_scratch(self.layout.num_rows)
-        rows, inverse = sparse_update.distinct(fused, self._host_scratch)
-        return torch.from_numpy(rows).to(self.device), torch.from_numpy(inverse).to(self.device)
+        return sparse_update.distinct(fused, self._host_scratch)
+
+    def _to_device(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        if self.pack_copies:
+            return self._packs.copy(arrays)
+        return {k: torch.from_numpy(a).to(self.device) for k, a in arrays.items()}
 
     def step(self, model: DLRM, batch: Batch) -> StepStats:
         B, T, L = batch.sparse.shape
         t0 = time.perf_counter()
-        fused = self.layout.fuse(batch.sparse)
-        distinct = self._distinct(fused) if self.device_updates and self.comm.world_size == 1 else None
-        ids = torch.from_numpy(fused).to(self.device)
-        rows = self.weight.index_select(0, ids).requires_grad_(True)
+        arrays = {"ids": self.layout.fuse(batch.sparse), "dense": batch.dense, "labels": batch.labels}
+        distinct = self.device_updates and self.comm.world_size == 1
+        if distinct:
+            arrays["rows"], arrays["inverse"] = self._distinct(arrays["ids"])
+        ix = self._to_device(arrays)
+        ids = ix["ids"]
         t1 = time.perf_counter()
         loss = 0.0
-        if B:  # a rank's shard of a global batch smaller than N may be empty: it still takes part below
-            pooled = sum_pool(rows, T, L)
-            dense = torch.from_numpy(batch.dense).to(self.device)
-            labels = torch.from_numpy(batch.labels).to(self.device)
-            loss = loss_and_backward(model, dense, pooled, labels, batch.loss_normaliser)
+        with self._phase("compute"):
+            rows = self.weight.index_select(0, ids).requires_grad_(True)
+            if B:  # a rank's shard of a global batch smaller than N may be empty: it still takes part below
+                pooled = sum_pool(rows, T, L)
+                loss = loss_and_backward(model, ix["dense"], pooled, ix["labels"], batch.loss_normaliser)
         t2 = time.perf_counter()
-        if self.comm.world_size > 1:
-            ids, grads = all_ranks_gradients(
-                self.comm, [ids] if B else [], [rows.grad] if B else [], self.dim, "sparse_allgather"
-            )
-            touched = self.optimizer.step(self.weight, self.state, ids, grads) if ids.shape[0] else 0
-        elif distinct is not None:
-            self.optimizer.step_coalesced(self.weight, self.state, *distinct, rows.grad)
-            touched = int(distinct[0].shape[0])
-        else:
-            touched = self.optimizer.step(self.weight, self.state, ids, rows.grad, self.scratch)
+        with self._phase("sparse_update"):
+            if self.comm.world_size > 1:
+                ids, grads = all_ranks_gradients(
+                    self.comm, [ids] if B else [], [rows.grad] if B else [], self.dim, "sparse_allgather",
+                    self.device,
+                )  # fmt: skip
+                touched = self.optimizer.step(self.weight, self.state, ids, grads) if ids.shape[0] else 0
+            elif distinct:
+                self.optimizer.step_coalesced(self.weight, self.state, ix["rows"], ix["inverse"], rows.grad)
+                touched = int(arrays["rows"].shape[0])
+            else:
+                touched = self.optimizer.step(self.weight, self.state, ids, rows.grad, self.scratch)
         t3 = time.perf_counter()
+        self._steps += 1
         return StepStats(
             loss_sum=step_loss(loss),
             samples=B,

@@ -14,7 +14,10 @@ import torch
 
 
 class CopyPack:
-    """Reusable pinned buffers (int64 and float32) a step's arrays are packed into and copied from."""
+    """Reusable pinned buffers (int64 and float32) a step's arrays are packed into and copied from.
+
+    :meth:`load` is host work (packing), :meth:`send` only queues the copies: a caller that times the copies on
+    the device's clock packs first, so the timed interval holds copies, not the host's packing."""
 
     def __init__(self, pin: bool, int_capacity: int = 0, float_capacity: int = 0):
         self.pin = pin
@@ -22,15 +25,19 @@ class CopyPack:
             np.dtype(np.int64): self._alloc(torch.int64, int_capacity),
             np.dtype(np.float32): self._alloc(torch.float32, float_capacity),
         }
+        self._loaded: dict[np.dtype, tuple[int, dict]] = {}
 
     def _alloc(self, dtype: torch.dtype, n: int) -> torch.Tensor:
         return torch.empty(max(1, int(n)), dtype=dtype, pin_memory=self.pin)
 
-    def copy(
-        self, arrays: dict[str, np.ndarray], device: torch.device, non_blocking: bool
-    ) -> dict[str, torch.Tensor]:
-        """Device tensors of ``arrays`` (int64 or float32 each), as views of one copy per dtype."""
-        out: dict[str, torch.Tensor] = {}
+    def load(self, arrays: dict[str, np.ndarray]) -> None:
+        """Packs ``arrays`` (int64 or float32 each) into the buffers (the previous copy from them must be done)."""
+        missing = [k for k, a in arrays.items() if a.dtype not in self._buffers]
+        if missing:
+            raise TypeError(
+                f"CopyPack packs int64 and float32 arrays, not {[str(arrays[k].dtype) for k in missing]}"
+            )
+        self._loaded = {}
         for dtype, buffer in list(self._buffers.items()):
             names = [k for k, a in arrays.items() if a.dtype == dtype]
             total = sum(arrays[k].size for k in names)
@@ -46,12 +53,47 @@ class CopyPack:
                 host[at : at + a.size] = a.reshape(-1)
                 offsets[k] = (at, a.shape)
                 at += a.size
-            dev = buffer[:at].to(device, non_blocking=non_blocking)
+            self._loaded[dtype] = (at, offsets)
+
+    def send(self, device: torch.device, non_blocking: bool) -> dict[str, torch.Tensor]:
+        """Device tensors of the loaded arrays, as views of one copy per dtype (on the current stream)."""
+        out: dict[str, torch.Tensor] = {}
+        for dtype, (at, offsets) in self._loaded.items():
+            dev = self._buffers[dtype][:at].to(device, non_blocking=non_blocking)
             for k, (o, shape) in offsets.items():
                 out[k] = dev[o : o + int(np.prod(shape, dtype=np.int64))].view(shape)
-        missing = [k for k in arrays if k not in out]
-        if missing:
-            raise TypeError(
-                f"CopyPack packs int64 and float32 arrays, not {[str(arrays[k].dtype) for k in missing]}"
-            )
+        return out
+
+    def copy(
+        self, arrays: dict[str, np.ndarray], device: torch.device, non_blocking: bool
+    ) -> dict[str, torch.Tensor]:
+        """Device tensors of ``arrays`` (int64 or float32 each), as views of one copy per dtype."""
+        self.load(arrays)
+        return self.send(device, non_blocking)
+
+
+class PackRing:
+    """A few :class:`CopyPack` used in turn by a caller with no ring of its own (device mode, the plain
+    PyTorch baseline): before a pack is packed again, the copy that last read it must have finished (a CUDA
+    event recorded after it, on the current stream of the device; the wait is for that copy alone)."""
+
+    def __init__(self, device: torch.device | str, slots: int = 2):
+        self.device = torch.device(device)
+        cuda = self.device.type == "cuda"
+        self._packs = [CopyPack(pin=cuda) for _ in range(max(1, slots))]
+        self._copied: list[object | None] = [None] * len(self._packs)
+        self._next = 0
+
+    def copy(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        """Device tensors of ``arrays`` (one copy per dtype, asynchronous on CUDA)."""
+        i = self._next
+        self._next = (i + 1) % len(self._packs)
+        if self._copied[i] is not None:
+            self._copied[i].synchronize()
+        cuda = self.device.type == "cuda"
+        out = self._packs[i].copy(arrays, self.device, non_blocking=cuda)
+        if cuda:
+            done = torch.cuda.Event()
+            done.record(torch.cuda.current_stream(self.device))
+            self._copied[i] = done
         return out

@@ -7,6 +7,8 @@ Registering the existing pages costs no memory and keeps numpy views valid. With
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 
@@ -39,7 +41,19 @@ class PinnedRegion:
 
 
 def pin_in_place(tensor: torch.Tensor) -> PinnedRegion | None:
-    """Registers ``tensor``'s memory with CUDA when CUDA is available (None otherwise, or when empty)."""
+    """Registers ``tensor``'s memory with CUDA when CUDA is available (None otherwise, or when empty).
+
+    Pinning only speeds copies up: when the registration fails (a locked-memory limit, a driver that refuses)
+    it warns and returns None, and the caller goes on with pageable memory."""
     if not torch.cuda.is_available() or tensor.numel() == 0:
         return None
-    return PinnedRegion(tensor)
+    try:
+        return PinnedRegion(tensor)
+    except Exception as e:  # noqa: BLE001 - whatever refused it (CUDA error, torch without CUDA): unpinned
+        nbytes = tensor.numel() * tensor.element_size()
+        warnings.warn(
+            f"could not pin {nbytes / 2**30:.2f} GiB of host memory in place ({e}); going on unpinned",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None

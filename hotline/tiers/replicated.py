@@ -22,15 +22,22 @@ def coalesce(ids: torch.Tensor, grads: torch.Tensor) -> tuple[torch.Tensor, torc
 
 
 def all_ranks_gradients(
-    comm: Comm, ids: list[torch.Tensor], grads: list[torch.Tensor], dim: int, kind: str
+    comm: Comm,
+    ids: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    dim: int,
+    kind: str,
+    device: torch.device | str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every rank's coalesced (row, gradient) pairs of a replicated table, concatenated in rank order.
+    """Every rank's coalesced (row, gradient) pairs of a replicated table, concatenated in rank order, on
+    ``device`` (the table's: a rank with no lookups, an empty batch shard, still takes part from there).
 
     The ids travel bit for bit inside the float payload (an int64 is two float32 words; nothing adds them)."""
     if ids:
         uniq, summed = coalesce(torch.cat(ids), torch.cat(grads))
     else:
-        uniq, summed = torch.zeros(0, dtype=torch.int64), torch.zeros((0, dim), dtype=torch.float32)
+        uniq = torch.zeros(0, dtype=torch.int64, device=device)
+        summed = torch.zeros((0, dim), dtype=torch.float32, device=device)
     packed = torch.cat([uniq.contiguous().view(torch.float32).view(-1, 2), summed], dim=1)
     parts = comm.all_gather_varlen(packed, kind)
     allp = torch.cat(parts) if len(parts) > 1 else parts[0]

@@ -71,6 +71,10 @@ class PreparedStep:
     """The host staging buffers the rows came through (reused for the write-back)."""
     ready: object | None = None
     """A CUDA event recorded after the copies (None on CPU)."""
+    slot: int = 0
+    """The staging slot (and copy packs) the step uses."""
+    seq: int = 0
+    """The step's position among the mode's prepared steps (tags its device-clock phases)."""
     times: dict[str, float] = field(default_factory=dict)
     counters: dict[str, float] = field(default_factory=dict)
 
@@ -85,13 +89,13 @@ class PreparedStep:
         return self.fetch.stale
 
 
-def _positions(working_set: np.ndarray, rows: np.ndarray) -> torch.Tensor:
+def _positions(working_set: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """Where each of ``rows`` stands in ``working_set`` (every one is there: it is the step's own)."""
     order = np.argsort(working_set, kind="stable")
     pos = order[np.searchsorted(working_set[order], rows)]
     if not np.array_equal(working_set[pos], rows):
         raise RuntimeError("a stale row is missing from the working set of the step that last held it")
-    return torch.from_numpy(pos)
+    return pos
 
 
 def measured_figures(counters: dict, samples: int, steps: int) -> dict:
@@ -171,6 +175,9 @@ class TieredMode(TrainMode):
         self.pack_copies = self.device.type == "cuda"
         self.phases: StreamPhases | None = None  # set to time phases on the device's clock (gpu_bench)
         self._packs = [CopyPack(pin) for _ in self._staging]
+        # The stale-row refresh's own packs: the step's index pack may still be read by its copy when it runs.
+        self._refresh_packs = [CopyPack(pin) for _ in self._staging]
+        self._prepared = 0  # steps prepared so far (PreparedStep.seq)
         self._hot_scratch = sparse_update.new_scratch(self.hot_w.shape[0])
         # Off the CPU the sparse updates run as torch ops; their distinct hot rows are found on the host while
         # the batch is prepared, so the device never waits for a torch.unique (tests set it on CPU, too).
@@ -194,11 +201,11 @@ class TieredMode(TrainMode):
             self._next_staging = (slot + 1) % len(self._staging)
             fetch = self.cold.fetch(micro.working_set, stage_w.numpy(), stage_s.numpy(), step)
             t2 = time.perf_counter()
-        with record_function("## h2d ##"), _on_stream(copy_stream), self._phase("h2d", copy_stream):
+        with record_function("## h2d ##"):
+            # Host work first (distinct hot rows, packing), then only the copies inside the device-clock phase.
             nb = self.device.type == "cuda"
             n = micro.working_set.shape[0]
-            work = torch.from_numpy(fetch.values).to(self.device, non_blocking=nb)
-            work_state = torch.from_numpy(fetch.state).to(self.device, non_blocking=nb)
+            seq, self._prepared = self._prepared, self._prepared + 1
             arrays = {k: getattr(micro, k) for k in _INDEX_NAMES}
             if self.device_updates:
                 hot_ids = np.concatenate([micro.pop_ids, micro.hot_slot])
@@ -207,13 +214,20 @@ class TieredMode(TrainMode):
                 )
             arrays["dense"], arrays["labels"] = batch.dense, batch.labels
             if self.pack_copies:  # two copies (int64, float32) from pinned packs instead of one per array
-                index = self._packs[slot].copy(arrays, self.device, nb)
-            else:
-                index = {k: torch.from_numpy(a).to(self.device, non_blocking=nb) for k, a in arrays.items()}
-            ready = None
-            if copy_stream is not None:
-                ready = torch.cuda.Event()
-                ready.record(copy_stream)
+                self._packs[slot].load(arrays)
+            with _on_stream(copy_stream), self._phase("h2d", copy_stream, seq):
+                work = torch.from_numpy(fetch.values).to(self.device, non_blocking=nb)
+                work_state = torch.from_numpy(fetch.state).to(self.device, non_blocking=nb)
+                if self.pack_copies:
+                    index = self._packs[slot].send(self.device, nb)
+                else:
+                    index = {
+                        k: torch.from_numpy(a).to(self.device, non_blocking=nb) for k, a in arrays.items()
+                    }
+                ready = None
+                if copy_stream is not None:
+                    ready = torch.cuda.Event()
+                    ready.record(copy_stream)
             t3 = time.perf_counter()
         row_bytes = bytes_per_row(self.dim, self.optimizer.kind)
         return PreparedStep(
@@ -225,6 +239,8 @@ class TieredMode(TrainMode):
             index,
             (stage_w, stage_s),
             ready=ready,
+            slot=slot,
+            seq=seq,
             times={"dispatch": t1 - t0, "gather": t2 - t1, "h2d": t3 - t2, **fetch.times},
             counters={
                 "popular_samples": micro.popular_count,
@@ -240,16 +256,21 @@ class TieredMode(TrainMode):
         """Whether :meth:`refresh` must run before the step computes."""
         return self.cold.needs_refresh(prep.fetch)
 
-    def _phase(self, name: str, stream=None):
-        return self.phases.phase(name, stream) if self.phases is not None else contextlib.nullcontext()
+    def _phase(self, name: str, stream=None, step: int | None = None):
+        if self.phases is None:
+            return contextlib.nullcontext()
+        return self.phases.phase(name, stream, step)
 
-    @staticmethod
-    def _await_copies(prep: PreparedStep) -> None:
+    def _compute_stream(self):
+        """The compute stream: the current stream of the mode's device, named (not of the current device)."""
+        return torch.cuda.current_stream(self.device)
+
+    def _await_copies(self, prep: PreparedStep) -> None:
         """Makes the compute stream wait for the step's side-stream copies (once). Whatever writes the
         working buffer on the compute stream (a refresh, the step) must come after this: a copy landing
         later would overwrite fresh rows with stale ones."""
         if prep.ready is not None:
-            stream = torch.cuda.current_stream()
+            stream = self._compute_stream()
             stream.wait_event(prep.ready)
             for t in (prep.work, prep.work_state, *prep.index.values()):
                 t.record_stream(stream)
@@ -267,32 +288,43 @@ class TieredMode(TrainMode):
         self._await_copies(prep)
         fetch, forwarded = prep.fetch, 0
         slots = fetch.stale
+        arrays: dict[str, np.ndarray] = {}
+        holders: list[PreparedStep] = []
         if live and slots.size and self.cold.forwards_stale:
             owners = fetch.stale_owner
             from_live = np.isin(owners, np.fromiter(live, np.int64, len(live)))
             for o in np.unique(owners[from_live]):
                 mine = slots[from_live & (owners == o)]
                 src = live[int(o)]
-                theirs = _positions(src.fetch.rows, fetch.rows[mine])
-                self._copy_rows(
-                    prep, mine, src.work[theirs], src.work_state[theirs] if src.work_state.numel() else None
-                )
+                arrays[f"mine{len(holders)}"] = mine
+                arrays[f"theirs{len(holders)}"] = _positions(src.fetch.rows, fetch.rows[mine])
+                holders.append(src)
                 forwarded += int(mine.size)
             slots = slots[~from_live]
         slots, w, s = self.cold.refresh(fetch, slots)
         if slots.size:
-            self._copy_rows(
-                prep,
-                slots,
-                torch.from_numpy(w).to(self.device),
-                torch.from_numpy(s).to(self.device) if s.size else None,
-            )
+            arrays["slots"], arrays["w"] = slots, w
+            if s.size:
+                arrays["s"] = s
+        if not arrays:
+            return forwarded
+        # Every index and row goes to the device in one or two asynchronous copies from this slot's pinned
+        # refresh pack, queued on the compute stream (no pageable copy that would synchronise it).
+        if self.pack_copies:
+            dev = self._refresh_packs[prep.slot].copy(arrays, self.device, self.device.type == "cuda")
+        else:
+            dev = {k: torch.from_numpy(a).to(self.device) for k, a in arrays.items()}
+        with torch.no_grad():
+            for i, src in enumerate(holders):  # device to device: the holder computed before this step
+                theirs = dev[f"theirs{i}"]
+                state = src.work_state.index_select(0, theirs) if src.work_state.numel() else None
+                self._copy_rows(prep, dev[f"mine{i}"], src.work.index_select(0, theirs), state)
+            if "slots" in dev:
+                self._copy_rows(prep, dev["slots"], dev["w"], dev.get("s"))
         return forwarded
 
-    def _copy_rows(
-        self, prep: PreparedStep, slots: np.ndarray, w: torch.Tensor, s: torch.Tensor | None
-    ) -> None:
-        idx = torch.from_numpy(slots).to(self.device)
+    @staticmethod
+    def _copy_rows(prep: PreparedStep, idx: torch.Tensor, w: torch.Tensor, s: torch.Tensor | None) -> None:
         with torch.no_grad():
             prep.work.index_copy_(0, idx, w)
             if s is not None:
@@ -313,14 +345,20 @@ class TieredMode(TrainMode):
         grad_p = grad_n = None
         t0 = time.perf_counter()
         if micro.num_popular:
-            with record_function("## popular forward/backward ##"), self._phase("popular_compute"):
+            with (
+                record_function("## popular forward/backward ##"),
+                self._phase("popular_compute", step=prep.seq),
+            ):
                 rows = self.hot_w.index_select(0, ix["pop_ids"]).requires_grad_(True)
                 idx = ix["popular_samples"]
                 loss += loss_and_backward(model, dense[idx], sum_pool(rows, T, L), labels[idx], G)
                 grad_p = rows.grad
         t1 = time.perf_counter()
         if micro.num_non_popular:
-            with record_function("## non-popular forward/backward ##"), self._phase("non_popular_compute"):
+            with (
+                record_function("## non-popular forward/backward ##"),
+                self._phase("non_popular_compute", step=prep.seq),
+            ):
                 rows = torch.empty((micro.num_non_popular * C, D), dtype=torch.float32, device=self.device)
                 if host:
                     assemble_rows(rows.numpy(), self.hot_w.numpy(), micro.hot_pos, micro.hot_slot,
@@ -333,7 +371,7 @@ class TieredMode(TrainMode):
                 loss += loss_and_backward(model, dense[idx], sum_pool(rows, T, L), labels[idx], G)
                 grad_n = rows.grad
         t2 = time.perf_counter()
-        with record_function("## sparse optimizer ##"), self._phase("sparse_update"):
+        with record_function("## sparse optimizer ##"), self._phase("sparse_update", step=prep.seq):
             touched = self._hot_update(prep, grad_p, grad_n, host)
             empty = torch.zeros((0, D), dtype=torch.float32, device=self.device)
             touched += self.cold.update(
@@ -366,7 +404,9 @@ class TieredMode(TrainMode):
             if grad_n is not None:
                 ids.append(ix["hot_slot"])
                 grads.append(grad_n[ix["hot_pos"]])
-            all_ids, all_grads = all_ranks_gradients(self.comm, ids, grads, self.dim, "hot_allgather")
+            all_ids, all_grads = all_ranks_gradients(
+                self.comm, ids, grads, self.dim, "hot_allgather", self.device
+            )
             if not all_ids.shape[0]:
                 return 0
             return opt.step(self.hot_w, self.hot_s, all_ids, all_grads)
@@ -387,26 +427,36 @@ class TieredMode(TrainMode):
         return int(ix["hot_rows"].shape[0])
 
     def start_write_back(self, prep: PreparedStep):
-        """Starts copying the updated working rows to host staging; returns what ``finish_write_back`` needs."""
+        """Starts copying the updated working rows to host staging; returns what ``finish_write_back`` waits
+        for: on CUDA always an event after the step's work on the compute stream (also for a step with no
+        cold rows, and for a store that does not write back), so a step counts as written, and its staging
+        slot and copy packs are reused, only once the device is done reading them; None on the CPU."""
+        if self.device.type != "cuda":
+            return None
         n = prep.micro.working_set.shape[0]
         stage_w, stage_s = prep.staging
-        if self.cold.writes_back and self.device.type == "cuda" and n:
-            with self._phase("copy_back"):
+        stream = self._compute_stream()
+        if self.cold.writes_back and n:
+            with torch.cuda.stream(stream), self._phase("copy_back", stream, prep.seq):
                 stage_w[:n].copy_(prep.work, non_blocking=True)
                 if prep.work_state.numel():
                     stage_s[:n].copy_(prep.work_state, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record()
-            return done
-        return None
+        done = torch.cuda.Event()
+        done.record(stream)
+        return done
 
     def finish_write_back(self, prep: PreparedStep, copied=None) -> None:
-        """Stores the step's updated working rows (and state) in the cold store."""
+        """Stores the step's updated working rows (and state) in the cold store. A store that does not write
+        back (the sharded one: the rows' owners applied the update) is only told the step landed; the
+        working rows are never read on the host then (on a device they are not host memory)."""
         with record_function("## write-back ##"):
             if copied is not None:
                 copied.synchronize()
+            if not self.cold.writes_back:
+                self.cold.write_back(prep.fetch, np.zeros((0, self.dim), np.float32), np.zeros(0, np.float32))
+                return
             n = prep.micro.working_set.shape[0]
-            if self.device.type == "cuda" and self.cold.writes_back:
+            if self.device.type == "cuda":
                 w, s = prep.staging[0][:n].numpy(), prep.staging[1][: prep.work_state.numel()].numpy()
             else:
                 w, s = prep.work.detach().numpy(), prep.work_state.numpy()
@@ -474,22 +524,22 @@ class TieredMode(TrainMode):
 
     def shard_state(self) -> dict[str, torch.Tensor]:
         """This rank's checkpoint share: its cold rows (every rank) and the hot tier (rank 0 only)."""
-        host = self.cold.host
-        out = {"cold_w": host.weight.clone(), "cold_s": host.state.clone()}
+        w, s = self.cold.host.all()
+        out = {"cold_w": torch.from_numpy(w), "cold_s": torch.from_numpy(s)}
         if self.comm.rank == 0:
             out.update(hot_w=self.hot_w.detach().cpu().clone(), hot_s=self.hot_s.cpu().clone())
         return out
 
     def load_shard_state(self, own: dict, rank0: dict) -> None:
         host = self.cold.host
-        if own["cold_w"].shape != host.weight.shape or rank0["hot_w"].shape != self.hot_w.shape:
+        shape = (host.num_rows, self.dim)
+        if tuple(own["cold_w"].shape) != shape or rank0["hot_w"].shape != self.hot_w.shape:
             raise ValueError(
                 f"checkpoint shard has {tuple(own['cold_w'].shape)} cold and {tuple(rank0['hot_w'].shape)} hot "
-                f"rows, this rank expects {tuple(host.weight.shape)} and {tuple(self.hot_w.shape)} "
+                f"rows, this rank expects {shape} and {tuple(self.hot_w.shape)} "
                 f"(same placement and number of ranks?)"
             )
+        host.replace_all(own["cold_w"].numpy(), own["cold_s"].numpy())
         with torch.no_grad():
-            host.weight.copy_(own["cold_w"])
-            host.state.copy_(own["cold_s"])
             self.hot_w.copy_(rank0["hot_w"])
             self.hot_s.copy_(rank0["hot_s"])

@@ -55,6 +55,23 @@ class CollectionCore:
         self.slots = [
             (t, f, names[t][i]) for t, c in enumerate(self.configs) for i, f in enumerate(c.feature_names)
         ]
+        # slot j lives in group slot_group[j] at local position slot_local[j] (its group's slots in slot order)
+        self.slot_group = [self.where[t][0] for t, _, _ in self.slots]
+        counts = [0] * len(self.groups)
+        self.slot_local = []
+        for g in self.slot_group:
+            self.slot_local.append(counts[g])
+            counts[g] += 1
+        self.group_slots = counts
+        # runs of consecutive slots of one group: the output is one reshape per run (no per-slot slicing, whose
+        # backward would allocate a whole pooled tensor per slot)
+        self.runs: list[tuple[int, int, int]] = []
+        for j, g in enumerate(self.slot_group):
+            if self.runs and self.runs[-1][0] == g and self.runs[-1][2] == self.slot_local[j]:
+                self.runs[-1] = (g, self.runs[-1][1], self.slot_local[j] + 1)
+            else:
+                self.runs.append((g, self.slot_local[j], self.slot_local[j] + 1))
+        self.mean = np.array([self.configs[t].pooling == PoolingType.MEAN for t, _, _ in self.slots])
         self.pending: list[Lookup] | None = None
         self.last_stats: dict[str, int] = {}
 
@@ -62,7 +79,7 @@ class CollectionCore:
     def group_ids(
         self, features: KeyedJaggedTensor
     ) -> tuple[list[np.ndarray], list[np.ndarray], list, np.ndarray, int]:
-        """Per group: fused row ids and bag ids (slot * B + sample) of its lookups, their KJT weights; the length
+        """Per group: fused row ids and bag ids (group-local slot * B + sample) of its lookups, their KJT weights; the length
         of every bag [slots, B]; the batch size B."""
         if features.variable_stride_per_key():
             raise ValueError("KeyedJaggedTensor with a variable batch size per key is not supported")
@@ -94,7 +111,7 @@ class CollectionCore:
                 )
             g, i = self.where[t]
             ids[g].append(v + self.groups[g].layout.offsets[i])
-            bags[g].append(j * B + np.repeat(np.arange(B, dtype=np.int64), lengths[k]))
+            bags[g].append(self.slot_local[j] * B + np.repeat(np.arange(B, dtype=np.int64), lengths[k]))
             bag_len[j] = lengths[k]
             if w_all is not None:
                 ws[g].append(w_all[offsets[k] : offsets[k + 1]])
@@ -113,23 +130,24 @@ class CollectionCore:
         ids, bags, weights, bag_len, B = self.group_ids(features)
         dev = self.device
         looks = [grp.lookup(ids[g], training) for g, grp in enumerate(self.groups)]
-        pooled_by_slot: dict[int, torch.Tensor] = {}
+        outs = []
         stats = {"samples": B, "lookups": 0, "hot_lookups": 0, "working_set_rows": 0}
         cold_samples = []
         for g, (grp, look) in enumerate(zip(self.groups, looks)):
             contrib = look.rows
             if weights[g] is not None:
                 contrib = contrib * torch.from_numpy(weights[g]).to(dev, torch.float32)[:, None]
-            slots = sorted({j for j, (t, _, _) in enumerate(self.slots) if self.where[t][0] == g})
-            pooled = torch.zeros((len(self.slots) * B, grp.dim), dtype=torch.float32, device=dev)
-            pooled = pooled.index_add(0, torch.from_numpy(bags[g]).to(dev), contrib).view(
-                len(self.slots), B, grp.dim
-            )
-            for j in slots:
-                out = pooled[j]
-                if self.configs[self.slots[j][0]].pooling == PoolingType.MEAN:
-                    out = out / torch.from_numpy(np.maximum(bag_len[j], 1)).to(dev, torch.float32)[:, None]
-                pooled_by_slot[j] = out
+            S = self.group_slots[g]
+            mine = np.array(self.slot_group) == g
+            if bags[g].shape[0] == S * B and (bag_len[mine] == 1).all():  # one lookup per bag, in bag order
+                pooled = contrib.view(S, B, grp.dim)
+            else:
+                pooled = torch.zeros((S * B, grp.dim), dtype=torch.float32, device=dev)
+                pooled = pooled.index_add(0, torch.from_numpy(bags[g]).to(dev), contrib).view(S, B, grp.dim)
+            if self.mean[mine].any():  # mean bags divided by their length (an empty bag stays 0)
+                div = np.where(self.mean[mine][:, None], np.maximum(bag_len[mine], 1), 1).astype(np.float32)
+                pooled = pooled / torch.from_numpy(div).to(dev)[:, :, None]
+            outs.append(pooled)
             stats["lookups"] += int(ids[g].shape[0])
             stats["hot_lookups"] += int(look.hot_pos.numel())
             stats["working_set_rows"] += int(look.fetch.rows.shape[0])
@@ -137,7 +155,11 @@ class CollectionCore:
         stats["popular_samples"] = B - int(np.unique(np.concatenate(cold_samples)).shape[0]) if B else 0
         self.last_stats = stats
         self.pending = looks if training else self.pending
-        values = torch.cat([pooled_by_slot[j] for j in range(len(self.slots))], dim=1)
+        parts = []
+        for g, lo, hi in self.runs:
+            run = outs[g] if (lo, hi) == (0, self.group_slots[g]) else outs[g][lo:hi]
+            parts.append(run.transpose(0, 1).reshape(B, (hi - lo) * self.groups[g].dim))
+        values = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
         return KeyedTensor(keys=[s[2] for s in self.slots], length_per_key=[self.dims[s[0]] for s in self.slots],
                            values=values, key_dim=1)  # fmt: skip
 

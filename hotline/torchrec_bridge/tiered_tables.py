@@ -27,6 +27,8 @@ import torch
 
 from hotline.dispatch import Dispatcher
 from hotline.distributed.comm import Comm
+from hotline.kernels import sparse_update
+from hotline.kernels.gather import assemble_rows
 from hotline.placement import Placement
 from hotline.table_layout import TableLayout
 from hotline.tiers.cold_store import ColdFetch, LocalColdStore
@@ -51,6 +53,8 @@ class Lookup:
     """... and their slot in the working set."""
     fetch: ColdFetch
     """The working set as the cold store fetched it."""
+    hot_index: tuple[np.ndarray, np.ndarray] = (None, None)
+    """``(hot_pos, hot_slot)`` as numpy arrays (the CPU kernels read them)."""
     work: torch.Tensor | None = None
     """[U, D] working rows on the device (updated in place by the step)."""
     work_state: torch.Tensor | None = None
@@ -93,6 +97,7 @@ class TieredTables:
             self.store = ShardedColdStore(comm, shard, optimizer, self.num_rows)
         self.hot_weight = torch.from_numpy(weights[self.hot_rows]).to(self.device)
         self.hot_state = optimizer.new_state(self.hot_rows.shape[0], self.device)
+        self._hot_scratch = sparse_update.new_scratch(self.hot_rows.shape[0])
         self._placement = Placement.from_hot_ids([self.num_rows], [self.hot_rows], embedding_dim=self.dim)
         self._dispatcher = Dispatcher(self._placement, 1, self._capacity)
         self._prefetched: deque[Lookup] = deque()
@@ -173,9 +178,9 @@ class TieredTables:
             step,
         )
         dev = self.device
-        return Lookup(ids, torch.from_numpy(index(micro.popular_samples)).to(dev),
-                      torch.from_numpy(index(micro.pop_ids)).to(dev), index(micro.non_popular_samples),
-                      index(micro.cold_slot), fetch)  # fmt: skip
+        hot_pos, hot_slot = index(micro.popular_samples), index(micro.pop_ids)
+        return Lookup(ids, torch.from_numpy(hot_pos).to(dev), torch.from_numpy(hot_slot).to(dev),
+                      index(micro.non_popular_samples), index(micro.cold_slot), fetch, (hot_pos, hot_slot))  # fmt: skip
 
     def prefetch(self, ids: np.ndarray) -> None:
         """Dispatches and fetches a coming training batch's lookups now, under the claim rule (the next
@@ -221,9 +226,13 @@ class TieredTables:
         look.work = torch.from_numpy(look.fetch.values).to(dev)
         look.work_state = torch.from_numpy(look.fetch.state).to(dev)
         rows = torch.empty((ids.shape[0], self.dim), dtype=torch.float32, device=dev)
-        rows[look.hot_pos] = self.hot_weight.index_select(0, look.hot_slot)
-        cold_pos = torch.from_numpy(look.cold_pos).to(dev)
-        rows[cold_pos] = look.work.index_select(0, torch.from_numpy(look.cold_slot).to(dev))
+        if dev.type == "cpu":  # one parallel pass over both tiers
+            assemble_rows(rows.numpy(), self.hot_weight.numpy(), *look.hot_index, look.fetch.values,
+                          look.cold_pos, look.cold_slot)  # fmt: skip
+        else:
+            rows[look.hot_pos] = self.hot_weight.index_select(0, look.hot_slot)
+            cold_pos = torch.from_numpy(look.cold_pos).to(dev)
+            rows[cold_pos] = look.work.index_select(0, torch.from_numpy(look.cold_slot).to(dev))
         if training:
             rows.requires_grad_(True)
         look.rows = rows

@@ -10,16 +10,17 @@ import torch
 from hotline.models.dlrm import DLRMConfig
 from hotline.tiers.sparse_optim import SparseOptimizer
 
-MODES = ("device", "hybrid", "hotline")
+MODES = ("device", "hybrid", "hotline", "auto")
 
 
 def resolve_device(device: str) -> str:
-    """``auto`` -> ``cuda`` when torch sees a GPU (a local rank of several: ``cuda:LOCAL_RANK``, modulo the
-    GPUs), else ``cpu``; any other name as it is."""
-    if device != "auto":
+    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``; ``cuda`` (or ``auto``) on a local rank of
+    several -> ``cuda:LOCAL_RANK`` modulo the GPUs (each rank its own GPU; NCCL refuses two ranks on one);
+    any other name as it is."""
+    if device not in ("auto", "cuda"):
         return device
     if not torch.cuda.is_available():
-        return "cpu"
+        return "cpu" if device == "auto" else device
     local_rank = os.environ.get("LOCAL_RANK")
     if local_rank is None or int(os.environ.get("LOCAL_WORLD_SIZE", "1")) <= 1:
         return "cuda"
@@ -31,7 +32,8 @@ class TrainConfig:
     """Everything a training run needs besides the dataset (flags keep the reference DLRM's names)."""
 
     mode: str = "device"
-    """Where embedding rows live: ``device`` (all on the compute device), ``hybrid`` or ``hotline``."""
+    """Where embedding rows live: ``device`` (all on the compute device), ``hybrid`` or ``hotline``; ``auto``
+    (``hotline train``'s default) is resolved to one of them before training (:mod:`hotline.training.auto`)."""
     embedding_dim: int = 16
     """``--arch-sparse-feature-size``."""
     bottom_mlp: list[int] = field(default_factory=lambda: [13, 512, 256, 64, 16])
@@ -65,7 +67,8 @@ class TrainConfig:
     seed: int = 0
     """Seed of model and embedding initialisation."""
     device: str = "cpu"
-    """Compute device: cpu, cuda (cuda:N), or auto: cuda when torch sees a GPU, else cpu (resolved here)."""
+    """Compute device: cpu, cuda (cuda:N), or auto: cuda when torch sees a GPU, else cpu (resolved here; on
+    one of several local ranks cuda and auto mean the rank's own GPU, cuda:LOCAL_RANK)."""
     threads: int = 0
     """torch and numba threads (0: all cores)."""
     progress: bool = True
@@ -107,6 +110,17 @@ class TrainConfig:
     """``--resume``: continue from the newest complete checkpoint in ``checkpoint_dir`` (an error if none)."""
     resume_if_present: bool = False
     """``--resume-if-present``: resume if ``checkpoint_dir`` holds a checkpoint, else start (job schedulers)."""
+    cold_store: str = "memory"
+    """``--cold-store``: where hybrid/hotline keep the cold rows: ``memory`` (host memory) or ``disk`` (a file
+    in ``cold_dir``, read and written in place: tables beyond DRAM)."""
+    cold_dir: str | None = None
+    """``--cold-dir``: the directory of the disk store's file (``--cold-store disk``)."""
+    cold_io_depth: int = 32
+    """``--cold-io-depth``: I/O threads (reads in flight) of the disk store."""
+    cold_cache: int = 0
+    """``--cold-cache`` in bytes: the disk store's DRAM tier (its most popular rows kept in memory; 0: none)."""
+    cold_direct: bool = True
+    """``--no-cold-direct`` sets False: the disk store goes through the OS page cache instead of O_DIRECT."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -139,13 +153,29 @@ class TrainConfig:
                 f"--threads must be >= 0 (0: all cores) and --worker-threads >= 1, got {self.threads} "
                 f"and {self.worker_threads}"
             )
+        if self.cold_store not in ("memory", "disk"):
+            raise ValueError(f"--cold-store must be memory or disk, got {self.cold_store!r}")
+        if self.cold_store == "disk":
+            if self.mode in ("device", "auto"):  # auto's chooser does not price the disk store
+                raise ValueError(
+                    f"--cold-store disk keeps the cold rows of --mode hybrid or hotline (not --mode {self.mode})"
+                )
+            if not self.cold_dir:
+                raise ValueError("--cold-store disk needs --cold-dir DIR (where its file goes)")
+            if not os.path.isdir(self.cold_dir):
+                raise ValueError(f"--cold-dir {self.cold_dir} is not a directory")
+        elif self.cold_dir:
+            raise ValueError("--cold-dir is the directory of --cold-store disk")
+        if self.cold_io_depth < 1 or self.cold_cache < 0:
+            raise ValueError(
+                f"--cold-io-depth must be >= 1 and --cold-cache >= 0, got {self.cold_io_depth}, {self.cold_cache}"
+            )
         if self.dcn_num_layers < 1 or self.dcn_low_rank_dim < 1:
             raise ValueError(
                 f"--dcn-num-layers and --dcn-low-rank-dim must be >= 1, got {self.dcn_num_layers} and "
                 f"{self.dcn_low_rank_dim}"
             )
-        if self.device == "auto":
-            self.device = resolve_device("auto")
+        self.device = resolve_device(self.device)
         try:
             device = torch.device(self.device)
         except RuntimeError as e:

@@ -21,7 +21,7 @@ import os
 import sys
 import time
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 import numpy as np
@@ -31,9 +31,10 @@ from hotline import _io
 from hotline.datasets.format import Batch, Dataset, Split
 from hotline.distributed.comm import Comm, shard_bounds
 from hotline.models.dlrm import DLRM
-from hotline.tiers.base import StepStats, TrainMode
+from hotline.pipeline.threads import bind_device
+from hotline.tiers.base import DeferredLoss, StepStats, TrainMode, step_loss
 from hotline.tiers.sparse_optim import SparseOptimizer
-from hotline.training.config import TrainConfig
+from hotline.training.config import TrainConfig, resolve_device
 from hotline.training.logs import LogLines
 from hotline.training.metrics import accuracy, log_loss, roc_auc
 from hotline.training.preflight import check_finite, check_ids, check_memory, finite_json
@@ -45,10 +46,21 @@ SUMMED_COUNTERS = ("popular_samples", "working_set_rows", "stale_rows", "lookups
 class Trainer:
     """Trains a DLRM on a dataset directory with one of the training modes, as one rank of ``comm``."""
 
-    def __init__(self, config: TrainConfig, dataset: Dataset | str | os.PathLike, comm: Comm | None = None):
+    def __init__(
+        self,
+        config: TrainConfig,
+        dataset: Dataset | str | os.PathLike,
+        comm: Comm | None = None,
+        choose: Callable[[TrainConfig, Dataset], TrainConfig] | None = None,
+    ):
+        """``choose(config, dataset)``: resolves ``mode='auto'`` to a concrete config (``hotline train``
+        passes --mode auto's chooser); it runs after the cheap checks of the config against the dataset."""
         self.comm = comm if comm is not None else Comm()
         if self.comm.rank:  # one progress bar and one metrics file: rank 0's
             config = replace(config, progress=False, metrics_path=None)
+        if resolve_device(config.device) != config.device:  # made before this rank's LOCAL_RANK was known
+            config = replace(config, device=resolve_device(config.device))
+        bind_device(config.device)  # the process's CUDA device: nothing implicit lands on GPU 0
         self.config = config
         self.dataset = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
         if self.dataset.num_dense != config.bottom_mlp[0]:
@@ -56,6 +68,13 @@ class Trainer:
                 f"--arch-mlp-bot starts with {config.bottom_mlp[0]} but the dataset has "
                 f"{self.dataset.num_dense} dense features"
             )
+        if config.mode == "auto":
+            if choose is None:
+                raise ValueError(
+                    "mode 'auto' is chosen before training: pass choose= (as `hotline train` does, with "
+                    "hotline.training.auto.choose_for_run) or give device, hybrid or hotline"
+                )
+            config = self.config = choose(config, self.dataset)
         self.model = DLRM(config.model_config(self.dataset.table_sizes), seed=config.seed).to(config.device)
         self.sparse_opt = SparseOptimizer(config.optimizer, config.learning_rate)
         self.dense_opt = self.sparse_opt.dense_optimizer(self.model.parameters())
@@ -136,7 +155,8 @@ class Trainer:
             stats.samples = batch.loss_normaliser
         t1 = time.perf_counter()
         phases = getattr(self.mode, "phases", None)  # device-clock phase timing, when a benchmark asks for it
-        with phases.phase("dense_update") if phases is not None else contextlib.nullcontext():
+        timed = phases.phase("dense_update", step=self.step_count) if phases is not None else None
+        with timed or contextlib.nullcontext():
             self.dense_opt.step()
         stats.times["dense_update"] = stats.times.get("dense_update", 0.0) + time.perf_counter() - t1
         for k, v in self.comm.take_bytes().items():  # plus what the look-ahead thread sent for this step
@@ -145,22 +165,41 @@ class Trainer:
         return stats
 
     def _all_reduce_dense(self, stats: StepStats) -> None:
-        """Sums the dense gradients and the step's loss and counters over ranks in ONE all-reduce."""
+        """Sums the dense gradients and the step's loss and counters over ranks in ONE all-reduce (on host
+        memory over gloo). Over NCCL the gradients and the loss are summed on the device and the counters
+        (host numbers) apart on the host: reading them back from the device would wait for the step."""
         params = list(self.model.parameters())
         summed = [k for k in SUMMED_COUNTERS if k in stats.counters]
         dev = params[0].device
-        flat = torch.cat(
-            [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), device=dev) for p in params]
-            + [torch.tensor([float(stats.loss_sum), *(stats.counters[k] for k in summed)], device=dev)]
-        )
+        grads = [
+            p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), device=dev) for p in params
+        ]
+        counts = [stats.counters[k] for k in summed]
+        on_device = self.comm.on_device(grads[0])
+        if on_device:
+            loss = stats.loss_sum
+            loss = (
+                loss.device_value if isinstance(loss, DeferredLoss) else torch.tensor(float(loss), device=dev)
+            )
+            flat = torch.cat(grads + [loss.reshape(1).to(dev, torch.float32)])
+            if counts:  # the same counters on every rank (same mode): all skip it or none
+                host = torch.tensor(counts, dtype=torch.float64)
+                self.comm.all_reduce_(host, "control")
+                counts = host.tolist()
+        else:
+            flat = torch.cat(grads + [torch.tensor([float(stats.loss_sum), *counts], device=dev)])
         self.comm.all_reduce_(flat, "dense_allreduce")
         at = 0
         for p in params:
             p.grad = flat[at : at + p.numel()].view_as(p).clone()
             at += p.numel()
-        stats.loss_sum = float(flat[at])
-        for i, k in enumerate(summed):
-            stats.counters[k] = float(flat[at + 1 + i])
+        if on_device:
+            stats.loss_sum = step_loss(flat[at])  # read late, like a single rank's
+        else:
+            stats.loss_sum = float(flat[at])
+            counts = [float(flat[at + 1 + i]) for i in range(len(summed))]
+        for k, v in zip(summed, counts):
+            stats.counters[k] = float(v)
 
     def fit(self, outputs=None) -> dict:
         """Runs the whole training; returns the summary record (also the last line of ``--metrics``).

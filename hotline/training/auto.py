@@ -1,0 +1,329 @@
+"""``hotline train --mode auto``: the mode, hot budget and look-ahead the cost model predicts fastest here.
+
+:func:`choose` is the decision on figures alone (golden-tested): the tables' bytes, the device's memory, a
+hardware description (:mod:`hotline.profiling.costmodel`), the workload and the held-out figures of each
+candidate budget. Candidates: ``device`` when every table fits in the device memory the run may take
+(:data:`DEVICE_MEMORY_SHARE`), ``hybrid``, and ``hotline`` at look-ahead 0 and :data:`LOOKAHEAD` for every
+budget of the held-out coverage curve that fits. The fastest prediction wins; a tie goes to the simpler mode.
+
+:func:`choose_for_run` gathers those figures for a run: the device's memory, the tables' bytes, a profile of a
+sample with held-out figures (or a given profile), and the hardware (``--hardware``: a `hotline calibrate`
+JSON or a known GPU; default: the GPU torch names when the table knows it, or this CPU timed in a second).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hotline.profiling.costmodel import Prediction, Stats, Workload, load_hardware, predict
+from hotline.units import format_size
+
+DEVICE_MEMORY_SHARE = 0.8
+"""Share of the device's memory the embedding tables (device mode) or the hot tier may take: the rest holds
+the model, its activations and the staging buffers."""
+
+LOOKAHEAD = 2
+"""The look-ahead ``auto`` weighs against 0 (the cost model prices any K >= 1 alike)."""
+
+_SIMPLER = {"device": 0, "hybrid": 1, "hotline": 2}
+
+
+@dataclass
+class Candidate:
+    """One configuration the chooser priced."""
+
+    mode: str
+    """``device``, ``hybrid`` or ``hotline``."""
+    lookahead: int
+    """Steps gathered ahead (hotline; 0 otherwise)."""
+    hbm_budget: int | None
+    """Hot-tier bytes (hotline), else None."""
+    coverage: float | None
+    """Held-out share of lookups that hit hot rows at that budget (hotline), else None."""
+    prediction: Prediction
+    """The cost model's prediction."""
+
+    @property
+    def label(self) -> str:
+        if self.mode != "hotline":
+            return self.mode
+        return f"hotline K={self.lookahead} at {format_size(self.hbm_budget)} (coverage {self.coverage:.2f})"
+
+
+@dataclass
+class AutoChoice:
+    """What ``--mode auto`` chose, why, and what it predicted."""
+
+    mode: str
+    """The chosen mode."""
+    lookahead: int
+    """The chosen look-ahead (hotline; 0 otherwise)."""
+    hbm_budget: int | None
+    """The chosen hot-tier bytes (hotline), else None."""
+    predicted_samples_per_s: float
+    """The cost model's figure for the choice."""
+    reason: str
+    """One line: why this choice."""
+    candidates: list[Candidate] = field(default_factory=list)
+    """Everything priced, fastest first."""
+    table_bytes: int = 0
+    """Bytes of every embedding table (rows and optimizer state)."""
+    device_memory: int = 0
+    """Bytes of the device's memory."""
+    hardware: str = ""
+    """The hardware description's name."""
+
+    def line(self) -> str:
+        """The one or two lines ``hotline train`` prints."""
+        best = self.candidates[0]
+        return f"--mode auto: {best.label}, predicted {self.predicted_samples_per_s:,.0f} samples/s on " \
+            f"{self.hardware}\n  because {self.reason}"  # fmt: skip
+
+    def code(self) -> list[float]:
+        """The decision as numbers (mode, look-ahead, budget), for ranks to agree on one choice."""
+        return [float(_SIMPLER[self.mode]), float(self.lookahead), float(self.hbm_budget or 0)]
+
+    @classmethod
+    def from_code(cls, code: Sequence[float]) -> AutoChoice:
+        """The decision :meth:`code` made (no figures: another rank chose and printed them)."""
+        mode = next(m for m, i in _SIMPLER.items() if i == round(code[0]))
+        budget = int(round(code[2])) or None
+        return cls(mode, int(round(code[1])), budget, 0.0, "chosen by rank 0")
+
+    def record(self, measured_samples_per_s: float | None = None) -> dict:
+        """The choice as the run's summary keeps it: prediction beside the measured result."""
+        rec = {
+            "mode": self.mode,
+            "lookahead": self.lookahead,
+            "hbm_budget": self.hbm_budget,
+            "predicted_samples_per_s": self.predicted_samples_per_s,
+            "reason": self.reason,
+            "hardware": self.hardware,
+            "table_bytes": self.table_bytes,
+            "device_memory": self.device_memory,
+        }
+        if measured_samples_per_s is not None:
+            rec["measured_samples_per_s"] = measured_samples_per_s
+            rec["measured_over_predicted"] = measured_samples_per_s / max(self.predicted_samples_per_s, 1e-12)
+        return rec
+
+
+def choose(
+    table_bytes: int,
+    device_memory: int,
+    hw: dict,
+    workload: Workload,
+    stats_at: Callable[[int], Stats],
+    budgets: Sequence[int],
+    lookaheads: Sequence[int] = (0, LOOKAHEAD),
+) -> AutoChoice:
+    """The fastest predicted configuration that fits. ``stats_at(budget)``: held-out figures at a hot-tier
+    budget in bytes (0: nothing hot, what device and hybrid move); ``budgets``: the hot-tier budgets to try."""
+    if table_bytes <= 0 or device_memory <= 0:
+        raise ValueError(
+            f"table_bytes and device_memory must be positive, got {table_bytes}, {device_memory}"
+        )
+    room = int(DEVICE_MEMORY_SHARE * device_memory)
+    fits = table_bytes <= room
+    none_hot = stats_at(0)
+    cands: list[Candidate] = []
+    if fits:
+        cands.append(Candidate("device", 0, None, None, predict("device", workload, none_hot, hw)))
+    cands.append(Candidate("hybrid", 0, None, None, predict("hybrid", workload, none_hot, hw)))
+    for b in sorted({int(b) for b in budgets if 0 < int(b) <= room and int(b) < table_bytes}):
+        s = stats_at(b)
+        for k in lookaheads:
+            p = predict("hotline_k1" if k else "hotline_k0", workload, s, hw)
+            cands.append(Candidate("hotline", int(k), b, s.hot_lookup_share, p))
+    # fastest first; equal predictions: the simpler mode, the smaller budget, the shorter look-ahead
+    cands.sort(key=lambda c: (-c.prediction.samples_per_s, _SIMPLER[c.mode], c.hbm_budget or 0, c.lookahead))
+    best = cands[0]
+    sizes = f"the tables ({format_size(table_bytes)})"
+    memory = (
+        f"{format_size(room)} of device memory ({DEVICE_MEMORY_SHARE:.0%} of {format_size(device_memory)})"
+    )
+    runner = next((c for c in cands[1:] if c.mode != best.mode), None)
+    versus = (
+        f"; next best {runner.label}: {runner.prediction.samples_per_s:,.0f} samples/s"
+        if runner is not None
+        else ""
+    )
+    if best.mode == "device":
+        reason = f"all tables fit in device memory: {sizes} within {memory}{versus}"
+    elif best.mode == "hybrid":
+        where = "fit in" if fits else "exceed"
+        why = "no hot budget is predicted faster than hybrid"
+        if not any(c.mode == "hotline" for c in cands):
+            why = "no hot budget of the coverage curve fits"
+        reason = f"{sizes} {where} {memory} and {why}{versus}"
+    else:
+        where = "do not fit in" if not fits else "fit in"
+        hyb = next(c for c in cands if c.mode == "hybrid").prediction.samples_per_s
+        reason = (
+            f"{sizes} {where} {memory}; its bottleneck is {best.prediction.bottleneck}, "
+            f"{best.prediction.samples_per_s / hyb:.2f}x hybrid{versus}"
+        )
+    return AutoChoice(
+        best.mode,
+        best.lookahead,
+        best.hbm_budget,
+        best.prediction.samples_per_s,
+        reason,
+        cands,
+        int(table_bytes),
+        int(device_memory),
+        str(hw.get("name", "")),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- a run's figures
+def device_memory(device: str) -> int:
+    """Bytes of memory of ``device``: a GPU's total memory, or this machine's physical memory for the CPU."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return int(torch.cuda.get_device_properties(dev).total_memory)
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def hardware_for(device: str, spec: str | None = None) -> dict:
+    """The hardware description ``auto`` prices with: ``spec`` (a `hotline calibrate` JSON or a known GPU's
+    name) when given; else the GPU torch names, when the shipped table knows it; else this CPU, timed quickly
+    (:func:`quick_cpu_hardware`)."""
+    import torch
+
+    if spec:
+        return load_hardware(spec)
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        from hotline.profiling.costmodel import known_gpus
+
+        name = torch.cuda.get_device_name(dev)
+        match = next((k for k in known_gpus() if k.lower() in name.lower()), None)
+        if match is None:
+            raise ValueError(
+                f"--mode auto: no figures for the GPU {name!r} (known: {', '.join(known_gpus())}); pass "
+                "--hardware FILE (from `hotline calibrate`) or an explicit --mode"
+            )
+        return load_hardware(match)
+    return quick_cpu_hardware()
+
+
+def _best_s(fn: Callable[[], object], repeats: int = 3) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def quick_cpu_hardware(seed: int = 0) -> dict:
+    """This CPU as its own device, timed in about a second (`hotline calibrate` times it properly, in under a
+    minute: pass its JSON as --hardware for closer figures): a GEMM for the dense rate, a 64 MiB copy for the
+    memory bandwidth, the Numba row gather and a dispatcher split for the host work; per-pass and update
+    costs from those rates."""
+    import torch
+
+    from hotline.dispatch import Dispatcher
+    from hotline.kernels.gather import gather_rows
+    from hotline.placement import Placement
+
+    rng = np.random.default_rng(seed)
+    threads = torch.get_num_threads()
+    a, b = torch.randn(2048, 512), torch.randn(512, 512)
+    gflops = 2 * 2048 * 512 * 512 / _best_s(lambda: torch.mm(a, b)) / 1e9
+    src = np.ones(16 << 20, np.float32)
+    dst = np.empty_like(src)
+    mem_gbps = 2 * src.nbytes / _best_s(lambda: np.copyto(dst, src)) / 1e9
+    table = src.reshape(-1, 16)
+    rows = rng.integers(0, table.shape[0], 65536)
+    out = np.empty((rows.shape[0], 16), np.float32)
+    gather_gbps = out.nbytes / _best_s(lambda: gather_rows(table, rows, out)) / 1e9
+    sizes = [100_000] * 26
+    ids = rng.integers(0, 100_000, (4096, 26, 1)).astype(np.int32)
+    hot = [np.arange(50_000)] * 26
+    d = Dispatcher(Placement.from_hot_ids(sizes, hot), 1, 4096)
+    dispatch_ns = 1e9 * _best_s(lambda: d.split(ids)) / ids.size
+    per_float_ns = 8.0 / mem_gbps  # read and write one float
+    return {
+        "name": f"this CPU ({os.cpu_count()} cores, quick timing)",
+        "host": {
+            "dispatch_ns_per_lookup": dispatch_ns,
+            "dispatch_ns_per_cold_lookup": 0.5 * dispatch_ns,
+            "gather_gbps": gather_gbps,
+            "scatter_gbps": gather_gbps,
+            "memcpy_gbps": mem_gbps,
+            "threads": threads,
+            "cores": os.cpu_count() or 1,
+        },
+        "device": {
+            "kind": "cpu",
+            "dense_gflops": gflops,
+            "mem_gbps": mem_gbps,
+            "gather_gbps": gather_gbps,
+            "pass_overhead_us": 200.0,
+            "update_ns_per_lookup_float": per_float_ns,
+            "update_ns_per_row_float": 2 * per_float_ns,
+        },
+        "link": {"shared_memory": True},
+    }
+
+
+def table_bytes(table_sizes: Sequence[int], embedding_dim: int, optimizer: str) -> int:
+    """Bytes of every embedding row with its optimizer state."""
+    from hotline.table_layout import bytes_per_row
+
+    return int(sum(table_sizes)) * bytes_per_row(embedding_dim, optimizer)
+
+
+def choose_for_run(
+    config, dataset, hardware: str | None = None, prof=None, progress: bool = False
+) -> AutoChoice:
+    """:func:`choose` for a TrainConfig and its Dataset: profiles a sample with held-out figures unless
+    ``prof`` (a Profile of this dataset) is given."""
+    from hotline.datasets.format import Dataset
+    from hotline.profiling.costmodel import workload_for
+
+    dataset = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
+    # the checks training makes first, made before the profiling: bad input is named before any long work
+    from hotline.training.preflight import check_ids
+
+    check_ids(dataset)
+    if dataset.train.num_batches(config.mini_batch_size) == 0:
+        raise ValueError(f"the training split of {dataset.path} has no rows to train on")
+    if prof is None:
+        from hotline.profiling.profiler import profile
+
+        prof = profile(
+            dataset,
+            embedding_dim=config.embedding_dim,
+            optimizer=config.optimizer,
+            mini_batch_size=config.mini_batch_size,
+            seed=config.seed,
+            progress=progress,
+        )
+    hw = hardware_for(config.device, hardware)
+    w = workload_for(prof, bottom_mlp=config.bottom_mlp, top_mlp=config.top_mlp,
+                     worker_threads=config.worker_threads)  # fmt: skip
+    budgets = [int(b) for b in prof.curve().budget_bytes]
+    return choose(
+        table_bytes(dataset.table_sizes, config.embedding_dim, config.optimizer),
+        device_memory(config.device),
+        hw,
+        w,
+        lambda b: Stats.from_profile(prof, int(b), batch_size=config.mini_batch_size),
+        budgets,
+    )
+
+
+def choice_fields(choice: AutoChoice) -> dict:
+    """The TrainConfig fields a choice sets."""
+    return {"mode": choice.mode, "lookahead": choice.lookahead, "hbm_budget": choice.hbm_budget}

@@ -1,0 +1,141 @@
+"""``--mode auto``: the choice logic on fixed hardware figures (golden choices), and ``hotline train`` with no
+flags printing and recording its choice."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hotline.profiling import costmodel as cm
+from hotline.training.auto import DEVICE_MEMORY_SHARE, AutoChoice, choose
+
+GIB = 1 << 30
+
+# A GPU behind a PCIe-like link: device memory is fast, the link and the host are slow.
+GPU = {
+    "name": "test GPU",
+    "host": {
+        "dispatch_ns_per_lookup": {"1": 4.0, "n": 1.5},
+        "gather_gbps": {"1": 8.0, "n": 30.0},
+        "scatter_gbps": {"1": 6.0, "n": 20.0},
+        "memcpy_gbps": 20.0,
+        "handover_us": 20.0,
+        "threads": 8,
+        "cores": 16,
+    },
+    "device": {
+        "kind": "cuda",
+        "dense_gflops": 100_000.0,
+        "mem_gbps": 3000.0,
+        "pass_overhead_us": 100.0,
+        "update_ns_per_lookup_float": 0.001,
+        "update_ns_per_row_float": 0.001,
+    },
+    "link": {"h2d_gbps": 25.0, "d2h_gbps": 25.0, "latency_us": 10.0},
+}
+# This CPU as its own device (the cost model test's host).
+CPU = {
+    "name": "test CPU",
+    "host": {
+        "dispatch_ns_per_lookup": {"1": 10.0, "n": 5.0},
+        "gather_gbps": {"1": 2.0, "n": 4.0},
+        "scatter_gbps": {"1": 2.0, "n": 4.0},
+        "memcpy_gbps": 8.0,
+        "handover_us": 50.0,
+        "threads": 2,
+        "cores": 2,
+    },
+    "device": {
+        "kind": "cpu",
+        "dense_gflops": 50.0,
+        "mem_gbps": 5.0,
+        "pass_overhead_us": 200.0,
+        "update_ns_per_lookup_float": 1.0,
+        "update_ns_per_row_float": 0.5,
+    },
+    "link": {"shared_memory": True},
+}
+W = cm.Workload(4096, 26, 1, 64, (13, 64, 64), (64, 1))
+BUDGETS = [1 * GIB, 4 * GIB, 16 * GIB, 64 * GIB]
+
+
+def skewed(budget: int) -> cm.Stats:
+    """A Criteo-like coverage curve: most lookups hit the first GiBs, the working set shrinks with them."""
+    coverage = {0: 0.0, 1 * GIB: 0.80, 4 * GIB: 0.92, 16 * GIB: 0.97, 64 * GIB: 0.99}[budget]
+    return cm.Stats(coverage, coverage**26, 60_000 * (1 - coverage) + 50, 60_000)
+
+
+def flat(budget: int) -> cm.Stats:
+    """Uniform ids: a hot tier covers its share of the rows and almost no sample is popular."""
+    coverage = {0: 0.0, 1 * GIB: 0.01, 4 * GIB: 0.04, 16 * GIB: 0.16, 64 * GIB: 0.6}[budget]
+    return cm.Stats(coverage, 0.0, 100_000 * (1 - coverage), 100_000)
+
+
+def test_tables_that_fit_train_in_device_mode():
+    c = choose(40 * GIB, 80 * GIB, GPU, W, skewed, BUDGETS)
+    assert (c.mode, c.lookahead, c.hbm_budget) == ("device", 0, None)
+    assert c.reason.startswith("all tables fit in device memory")
+    assert c.predicted_samples_per_s == pytest.approx(cm.predict("device", W, skewed(0), GPU).samples_per_s)
+    assert (
+        c.candidates[0].mode == "device" and len(c.candidates) == 2 + 2 * 3
+    )  # no budget as big as the tables
+
+
+def test_tables_too_big_for_the_gpu_take_the_fastest_hot_budget():
+    c = choose(500 * GIB, 48 * GIB, GPU, W, skewed, BUDGETS)
+    assert (c.mode, c.lookahead, c.hbm_budget) == ("hotline", 2, 16 * GIB)  # golden: 64 GiB does not fit
+    assert all(x.mode != "device" for x in c.candidates)
+    assert all((x.hbm_budget or 0) <= DEVICE_MEMORY_SHARE * 48 * GIB for x in c.candidates)
+    assert "do not fit" in c.reason and "x hybrid" in c.reason
+    assert c.predicted_samples_per_s == max(x.prediction.samples_per_s for x in c.candidates)
+
+
+def test_uniform_ids_gain_from_look_ahead_not_from_the_hot_tier():
+    c = choose(500 * GIB, 8 * GIB, GPU, W, flat, BUDGETS)
+    assert (c.mode, c.lookahead, c.hbm_budget) == ("hotline", 2, 4 * GIB)  # golden: the link hidden by K=2
+    k0 = choose(500 * GIB, 8 * GIB, GPU, W, flat, BUDGETS, lookaheads=(0,))
+    assert (k0.mode, k0.lookahead) == ("hotline", 0)
+    assert k0.predicted_samples_per_s < 1.05 * cm.predict("hybrid", W, flat(0), GPU).samples_per_s  # ~ hybrid
+
+
+def test_no_budget_fits_hybrid():
+    c = choose(500 * GIB, GIB // 2, GPU, W, skewed, BUDGETS)
+    assert c.mode == "hybrid" and "no hot budget of the coverage curve fits" in c.reason
+
+
+def test_on_a_cpu_device_tables_in_memory_train_in_device_mode():
+    c = choose(2 * GIB, 16 * GIB, CPU, W, skewed, BUDGETS)
+    assert (c.mode, c.lookahead) == ("device", 0)
+    assert c.predicted_samples_per_s >= max(x.prediction.samples_per_s for x in c.candidates)
+
+
+def test_bad_figures_and_rank_agreement():
+    with pytest.raises(ValueError, match="must be positive"):
+        choose(0, 8 * GIB, GPU, W, skewed, BUDGETS)
+    c = choose(500 * GIB, 80 * GIB, GPU, W, skewed, BUDGETS)
+    back = AutoChoice.from_code(c.code())
+    assert (back.mode, back.lookahead, back.hbm_budget) == (c.mode, c.lookahead, c.hbm_budget)
+    rec = c.record(measured_samples_per_s=c.predicted_samples_per_s / 2)
+    assert rec["measured_over_predicted"] == pytest.approx(0.5) and rec["mode"] == "hotline"
+
+
+def test_train_without_flags_prints_and_records_its_choice(tmp_path, capsys):
+    from hotline.cli import main
+    from hotline.datasets.synthetic import generate
+
+    ds = generate(tmp_path / "ds", 600, seed=2, table_sizes=[40, 30, 500], zipf=1.2, progress=False)
+    arch = ["--arch-sparse-feature-size", "8", "--arch-mlp-bot", "13-16-8", "--arch-mlp-top", "16-1"]
+    assert main(["train", str(ds), *arch, "--num-batches", "3", "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    line = next(x for x in err.splitlines() if "--mode auto:" in x)
+    assert "predicted" in line and "samples/s" in line
+    assert "because all tables fit in device memory" in err
+    record = json.loads(out.strip().splitlines()[-1])
+    assert record["mode"] == record["auto"]["mode"] == "device"
+    assert record["auto"]["measured_samples_per_s"] == record["samples_per_s"]
+    # an explicit --mode wins, and says so in the record
+    assert main(["train", str(ds), *arch, "--num-batches", "3", "--no-progress", "--mode", "hybrid"]) == 0
+    out, err = capsys.readouterr()
+    record = json.loads(out.strip().splitlines()[-1])
+    assert record["mode"] == "hybrid" and "auto" not in record and "--mode auto" not in err
