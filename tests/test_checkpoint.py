@@ -272,7 +272,7 @@ def test_resume_across_short_batch_and_epoch_boundary(short, tmp_path, mode, loo
 # ------------------------------------------------------------------------------ trusted by content
 def _cli_run(data, ck, steps, *extra):
     ds, _ = data
-    argv = ["train", str(ds.path), *ARCH, "--mini-batch-size", "32", "--no-progress", "--eval-max-samples", "64",
+    argv = ["train", str(ds.path), *ARCH, "--mode", "device", "--mini-batch-size", "32", "--no-progress", "--eval-max-samples", "64",
             "--threads", "1", "--num-batches", str(steps), "--checkpoint-dir", str(ck), *extra]  # fmt: skip
     return main(argv)
 
