@@ -83,9 +83,13 @@ def _layers(params: dict[str, np.ndarray], prefix: str) -> list[tuple[torch.Tens
 class ReferenceDLRM:
     """DLRM with its own tables, MLPs and optimizers (see the module docstring)."""
 
-    def __init__(self, params: dict[str, np.ndarray], interaction: str, optimizer: str, lr: float):
+    def __init__(
+        self, params: dict[str, np.ndarray], interaction: str, optimizer: str, lr: float, bag_sizes=None
+    ):
         assert interaction in ("dot", "cat", "dcn") and optimizer in ("sgd", "rowwise-adagrad")
         self.interaction, self.optimizer, self.lr = interaction, optimizer, lr
+        # bag_sizes: ids come as [N, C], table t's bag in its own L_t columns, -1 an empty slot (no lookup)
+        self.bag_sizes = bag_sizes
         self.bottom = _layers(params, "dense_arch")
         self.top = _layers(params, "over_arch")
         self.cross = []  # (W, V, b) per cross layer
@@ -110,7 +114,9 @@ class ReferenceDLRM:
             x = torch.relu(x @ w.T + b)
         features = [x]
         for t, table in enumerate(tables):
-            bags = table[torch.from_numpy(np.asarray(sparse[:, t, :], np.int64))]  # [B, L, D]
+            ids = torch.from_numpy(self.bag(sparse, t))  # [B, L]
+            real = (ids >= 0).unsqueeze(2)
+            bags = torch.where(real, table[ids.clamp(min=0)], torch.zeros(()))  # [B, L, D], empty slots zero
             features.append(bags.sum(dim=1))
         if self.interaction == "cat":
             z = torch.cat(features, dim=1)
@@ -126,6 +132,13 @@ class ReferenceDLRM:
             if k < len(self.top) - 1:
                 z = torch.relu(z)
         return z[:, 0]
+
+    def bag(self, sparse: np.ndarray, t: int) -> np.ndarray:
+        """int64 [B, L] ids of table t's bags (-1: an empty slot)."""
+        if self.bag_sizes is None:
+            return np.asarray(sparse[:, t, :], np.int64)
+        start = sum(self.bag_sizes[:t])
+        return np.asarray(sparse[:, start : start + self.bag_sizes[t]], np.int64)
 
     @staticmethod
     def bce_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -152,7 +165,8 @@ class ReferenceDLRM:
                     p -= self.lr * g / (state.sqrt() + EPS)
                 p.grad = None
             for t, (table, copy) in enumerate(zip(self.tables, tables)):
-                rows = torch.from_numpy(np.unique(np.asarray(sparse[:, t, :], np.int64)))
+                ids = self.bag(sparse, t)
+                rows = torch.from_numpy(np.unique(ids[ids >= 0]))
                 g = copy.grad[rows]  # each looked-up row's gradient, summed over its lookups
                 if self.optimizer == "sgd":
                     table[rows] -= self.lr * g

@@ -29,7 +29,9 @@ from hotline.training.checkpoint import CheckpointManager, read_checkpoint
 
 TESTS = Path(__file__).resolve().parent
 ARCH = ["--arch-sparse-feature-size", "8", "--arch-mlp-bot", "13-16-8", "--arch-mlp-top", "16-1"]
+# --mode device: these tests read the run's error lines, which --mode auto's choice line would precede
 SMALL = [*ARCH, "--mini-batch-size", "32", "--no-progress", "--eval-max-samples", "64", "--threads", "1"]
+SMALL += ["--mode", "device"]
 SIZES = [40, 300, 25]
 
 # Bad inputs covered by tests in other files (the README table names them; this file checks they exist).

@@ -20,7 +20,9 @@ from hotline.datasets.synthetic import generate
 
 SIZES = [40, 300, 25]
 ARCH = ["--arch-sparse-feature-size", "8", "--arch-mlp-bot", "13-16-8", "--arch-mlp-top", "16-1"]
+# --mode device: these tests read the run's error lines, which --mode auto's choice line would precede
 SMALL = [*ARCH, "--mini-batch-size", "32", "--no-progress", "--eval-max-samples", "64", "--threads", "1"]
+SMALL += ["--mode", "device"]
 SYNTH = ["--rows", "300", "--table-sizes", "40,300,25", "--zipf", "1.2", "--no-progress"]
 
 

@@ -132,6 +132,7 @@ def _main(argv: list[str]) -> int:
     args = None
     try:
         args = build_parser().parse_args(argv)
+        args.command_line = argv  # which flags were given (a --preset yields to them)
         with _claim(args) as args.claim:
             return int(args.func(args) or 0)
     except KeyboardInterrupt:

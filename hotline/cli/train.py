@@ -69,6 +69,16 @@ def add_parser(subparsers: SubParsers) -> None:
     p.add_argument(
         "--optimizer", default="sgd", choices=["sgd", "rowwise-adagrad"], help="sparse (and dense) optimizer"
     )
+    p.add_argument("--lr-num-warmup-steps", type=int, default=0, metavar="W",
+                   help="dense and sparse learning rate ramps up linearly over the first W steps (dlrm's schedule)")  # fmt: skip
+    p.add_argument("--lr-decay-start-step", type=int, default=0, metavar="S",
+                   help="the learning rate's quadratic decay starts at step S")  # fmt: skip
+    p.add_argument("--lr-num-decay-steps", type=int, default=0, metavar="N",
+                   help="and decays over N steps (0: no decay)")  # fmt: skip
+    p.add_argument("--preset", choices=["mlperf-dcnv2"], default=None,
+                   help="mlperf-dcnv2: MLPerf DLRM-DCNv2 (dim 128, 13-512-256-128, 1024-1024-512-256-1, dcn 3 x "
+                        "512, row-wise Adagrad at 0.005, its LR schedule, batch 65536 scaled to the machine); "
+                        "an explicit flag overrides its part")  # fmt: skip
     p.add_argument("--nepochs", type=int, default=1, metavar="N", help="passes over the training split")
     p.add_argument("--num-batches", type=int, default=0, metavar="N", help="stop after N steps (0: all)")
     p.add_argument(
@@ -122,6 +132,12 @@ def add_parser(subparsers: SubParsers) -> None:
         default=1,
         metavar="N",
         help="hotline: numba threads of the look-ahead worker",
+    )
+    p.add_argument(
+        "--share-cores",
+        action="store_true",
+        help="hotline look-ahead: torch gives the producer the cores it is measured to keep busy (faster on "
+        "few cores; equal to device mode up to reassociation instead of bit-identical)",
     )
     p.add_argument(
         "--micro-batches",
@@ -178,6 +194,73 @@ def add_parser(subparsers: SubParsers) -> None:
     p.set_defaults(func=run, declare=declare, train_parser=p)
 
 
+# TrainConfig fields a preset may set -> the flag that overrides them (as argparse dests).
+PRESET_FLAGS = {
+    "embedding_dim": "arch_sparse_feature_size", "bottom_mlp": "arch_mlp_bot", "top_mlp": "arch_mlp_top",
+    "interaction": "arch_interaction_op", "dcn_num_layers": "dcn_num_layers", "dcn_low_rank_dim": "dcn_low_rank_dim",
+    "optimizer": "optimizer", "learning_rate": "learning_rate", "lr_warmup_steps": "lr_num_warmup_steps",
+    "lr_decay_start_step": "lr_decay_start_step", "lr_decay_steps": "lr_num_decay_steps",
+    "mini_batch_size": "mini_batch_size",
+}  # fmt: skip
+
+
+def _given(args: argparse.Namespace) -> set[str]:
+    """The dests of the options given on the command line."""
+    argv = getattr(args, "command_line", None) or []
+    return {
+        a.dest
+        for a in args.train_parser._actions
+        if any(tok == o or tok.startswith(o + "=") for o in a.option_strings for tok in argv)
+    }
+
+
+def apply_preset(args: argparse.Namespace) -> None:
+    """Writes ``--preset``'s values into ``args`` for every part no flag gave, then forgets the preset (so the
+    ranks of ``--nproc`` get the resolved flags). The preset's batch is scaled to the machine: see
+    :func:`hotline.training.presets.scaled_batch_size`."""
+    from dataclasses import fields
+
+    from hotline.training.config import TrainConfig
+    from hotline.training.presets import machine_memory, preset_values, scaled_batch_size
+
+    if not args.preset:
+        return
+    given = _given(args)
+    values = preset_values(args.preset, {f.name for f in fields(TrainConfig)})
+    for field_name, value in values.items():
+        dest = PRESET_FLAGS[field_name]
+        if dest in given or not hasattr(args, dest):
+            continue
+        if field_name == "mini_batch_size":
+            from hotline.training.config import resolve_device
+
+            lookups = _lookups_per_sample(args)
+            dim = (
+                args.arch_sparse_feature_size
+                if "arch_sparse_feature_size" in given
+                else values["embedding_dim"]
+            )
+            value = scaled_batch_size(value, lookups, dim, machine_memory(resolve_device(args.device)))
+            if os.environ.get("RANK", "0") == "0":
+                print(f"hotline train: --preset {args.preset}: mini-batch {value} (MLPerf's 65536 scaled to this "
+                      f"machine's memory; --mini-batch-size overrides)", file=sys.stderr)  # fmt: skip
+        elif isinstance(value, list):
+            value = "-".join(map(str, value))
+        setattr(args, dest, value)
+    args.preset = None
+
+
+def _lookups_per_sample(args: argparse.Namespace) -> int:
+    """Id columns per sample of the dataset to train on (MLPerf's 214 when it cannot be read yet)."""
+    from hotline.datasets.format import Dataset, DatasetError
+    from hotline.datasets.mlperf import MLPERF_BAG_SIZES
+
+    try:
+        return Dataset(args.dataset).lookups_per_sample if args.dataset else 26
+    except (DatasetError, OSError):
+        return sum(MLPERF_BAG_SIZES)
+
+
 def config_from_args(args: argparse.Namespace):
     """The TrainConfig of parsed ``hotline train`` flags (ValueError naming the flag if one is wrong); made
     once per parse (the output policy reads it first)."""
@@ -190,6 +273,7 @@ def _config_from_args(args: argparse.Namespace):
     from hotline.models.dlrm import parse_layers
     from hotline.training.config import TrainConfig
 
+    apply_preset(args)
     if args.mode == "auto" and (args.placement or args.hbm_budget):
         args.mode = "hotline"  # the hot rows are given: nothing left to choose but hotline
     if args.hardware and args.mode != "auto":
@@ -209,9 +293,11 @@ def _config_from_args(args: argparse.Namespace):
     if args.hbm_budget:
         hbm_budget = parse_size(args.hbm_budget)
     same = ("mode", "mini_batch_size", "learning_rate", "optimizer", "nepochs", "num_batches", "print_freq",
-            "test_freq", "eval_max_samples", "seed", "device", "lookahead", "worker_threads", "micro_batches",
+            "test_freq", "eval_max_samples", "seed", "device", "lookahead", "worker_threads", "share_cores",
+            "micro_batches",
             "checkpoint_dir", "checkpoint_every", "resume", "resume_if_present", "replace_every", "replace",
-            "replace_threshold", "count_decay", "cold_store", "cold_dir", "cold_io_depth")  # fmt: skip
+            "replace_threshold", "count_decay", "cold_store", "cold_dir", "cold_io_depth",
+            "lr_decay_start_step")  # fmt: skip
     return TrainConfig(
         **flags(args, *same),
         embedding_dim=args.arch_sparse_feature_size,
@@ -230,6 +316,8 @@ def _config_from_args(args: argparse.Namespace):
         hbm_budget=hbm_budget,
         cold_cache=parse_size(args.cold_cache),
         cold_direct=not args.no_cold_direct,
+        lr_warmup_steps=args.lr_num_warmup_steps,
+        lr_decay_steps=args.lr_num_decay_steps,
     )
 
 
@@ -238,6 +326,10 @@ def run(args: argparse.Namespace) -> int:
     under_torchrun = world > 1 and "RANK" in os.environ
     if under_torchrun and args.nproc and args.nproc != world:
         return error("train", f"--nproc {args.nproc} but torchrun started {world} ranks")
+    try:
+        apply_preset(args)
+    except ValueError as e:
+        return error("train", e)
     if (args.nproc or 1) > 1 and not under_torchrun:
         return _launch(args)
     return _train(args, distributed=under_torchrun)
@@ -303,12 +395,14 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
         chosen = []
 
         def choose(cfg, ds):
-            chosen.append(_choose(cfg, ds, args, comm))
+            chosen.append(_choose(cfg, ds, args, comm, announce=False))
             c = chosen[0]
             return replace(cfg, mode=c.mode, lookahead=c.lookahead, hbm_budget=c.hbm_budget)
 
         trainer = Trainer(config, dataset, comm, choose=choose)
         choice = chosen[0] if chosen else None
+        if choice is not None:  # printed when training starts, after every check of the run's inputs
+            trainer.announce = choice.line()
         try:
             if args.load:
                 step = load_checkpoint(trainer, args.load)
@@ -369,8 +463,9 @@ def _report_disk(trainer) -> None:
           f"on disk; peak RSS {format_size(rss)}", file=sys.stderr)  # fmt: skip
 
 
-def _choose(config, dataset, args: argparse.Namespace, comm=None):
-    """``--mode auto``'s choice for this run (rank 0 chooses and every rank takes its decision), printed."""
+def _choose(config, dataset, args: argparse.Namespace, comm=None, announce: bool = True):
+    """``--mode auto``'s choice for this run (rank 0 chooses and every rank takes its decision); printed by
+    rank 0 with ``announce`` (else the caller prints :meth:`AutoChoice.line` when training starts)."""
     from hotline.training.auto import AutoChoice, choose_for_run
 
     if comm is None or comm.world_size == 1:
@@ -386,7 +481,7 @@ def _choose(config, dataset, args: argparse.Namespace, comm=None):
         comm.all_reduce_(code, "auto")
         if choice is None:
             choice = AutoChoice.from_code(code.tolist())
-    if comm is None or comm.rank == 0:
+    if announce and (comm is None or comm.rank == 0):
         print(choice.line(), file=sys.stderr)
     return choice
 

@@ -5,7 +5,13 @@ Layout of a dataset directory::
     meta.json                 format tag, table sizes, pooling factor, rows per split, fingerprint, source
     {split}_dense.npy         float32 [N, num_dense]   dense features, already log(x+1)-transformed
     {split}_sparse.npy        int32   [N, T, L]        row ids per table (L = pooling factor, 1 = one-hot)
+                           or int32   [N, C]           multi-hot bags of per-table sizes (format 2, below)
     {split}_labels.npy        float32 [N]              click labels, 0.0 or 1.0
+
+Format 2 (``hotline-dataset/2``) adds ``bag_sizes`` (L_t per table) and ``padded`` to meta.json: table t's bag
+is columns ``sum(L_<t) : sum(L_<=t)`` of the ``[N, C]`` sparse array (C = sum L_t), and with ``padded`` a bag
+shorter than L_t fills its remaining columns with -1 (:data:`~hotline.table_layout.PAD_ID`), which every stage
+skips. Format 1 (one pooling factor for all tables) stays readable and written for uniform bags.
 
 for ``split`` in ``train``, ``val``, ``test`` (a split may have zero rows). Arrays load with
 ``allow_pickle=False`` and ``mmap_mode="r"``: a dataset never has to fit in memory.
@@ -29,8 +35,12 @@ from pathlib import Path
 import numpy as np
 
 from hotline._io import TMP_MARKER, write_json
+from hotline.table_layout import BagLayout, TableLayout
 
 FORMAT_TAG = "hotline-dataset/1"
+FORMAT_TAG_BAGS = "hotline-dataset/2"
+"""Datasets with per-table bag sizes (and padding): sparse ids [N, C]."""
+FORMAT_TAGS = (FORMAT_TAG, FORMAT_TAG_BAGS)
 SPLITS = ("train", "val", "test")
 NUM_DENSE = 13
 ID_DTYPE = np.int32
@@ -47,7 +57,7 @@ class Batch:
     dense: np.ndarray
     """float32 [B, num_dense] dense features."""
     sparse: np.ndarray
-    """int32 [B, T, L] row ids per table; L = 1 is the one-hot case."""
+    """int32 [B, T, L] row ids per table (L = 1 is the one-hot case), or [B, C] bags of per-table sizes."""
     labels: np.ndarray
     """float32 [B] labels in {0, 1}."""
     global_size: int = -1
@@ -118,12 +128,17 @@ class Dataset:
             meta = json.loads(meta_path.read_text())
         except json.JSONDecodeError as e:
             raise DatasetError(f"{meta_path} is not valid JSON: {e}") from e
-        if meta.get("format") != FORMAT_TAG:
-            raise DatasetError(f"{meta_path}: format is {meta.get('format')!r}, expected {FORMAT_TAG!r}")
+        if meta.get("format") not in FORMAT_TAGS:
+            raise DatasetError(
+                f"{meta_path}: format is {meta.get('format')!r}, expected {FORMAT_TAG!r} (or {FORMAT_TAG_BAGS!r})"
+            )
         self.meta = meta
         try:
             self.table_sizes: list[int] = [int(s) for s in meta["table_sizes"]]
-            self.pooling_factor: int = int(meta["pooling_factor"])
+            uniform = meta["format"] == FORMAT_TAG
+            pooling = int(meta["pooling_factor"]) if uniform else 0
+            bag_sizes = [pooling] * len(self.table_sizes) if uniform else [int(b) for b in meta["bag_sizes"]]
+            self.bags = BagLayout(TableLayout(self.table_sizes), bag_sizes, bool(meta.get("padded", False)))
             self.num_dense: int = int(meta["num_dense"])
             self.fingerprint: str = str(meta["fingerprint"])
             rows = {name: int(meta["splits"].get(name, 0)) for name in SPLITS}
@@ -131,6 +146,12 @@ class Dataset:
             raise DatasetError(f"{meta_path} lacks the field {e}: it was not written by DatasetWriter") from e
         except (TypeError, ValueError, AttributeError) as e:
             raise DatasetError(f"{meta_path} has a malformed field: {e}") from e
+        self.uniform = uniform
+        """Format 1: sparse ids [N, T, L] with one pooling factor."""
+        self.bag_sizes: list[int] = self.bags.bag_sizes
+        self.padded: bool = self.bags.padded
+        self.pooling_factor: float = pooling if uniform else self.bags.num_columns / len(self.table_sizes)
+        """Id columns per table and sample: L of a uniform dataset, the mean bag size of a multi-hot one."""
         self._splits: dict[str, Split] = {}
         for name in SPLITS:
             self._splits[name] = self._open_split(name, rows[name])
@@ -138,6 +159,11 @@ class Dataset:
     @property
     def num_tables(self) -> int:
         return len(self.table_sizes)
+
+    @property
+    def lookups_per_sample(self) -> int:
+        """Id columns per sample (C = T * L, or the sum of the bag sizes): real lookups plus padding."""
+        return self.bags.num_columns
 
     @property
     def total_rows(self) -> int:
@@ -164,7 +190,10 @@ class Dataset:
     def _open_split(self, name: str, n: int) -> Split:
         expect = {
             "dense": ((n, self.num_dense), np.float32),
-            "sparse": ((n, self.num_tables, self.pooling_factor), ID_DTYPE),
+            "sparse": (
+                (n, self.num_tables, self.pooling_factor) if self.uniform else (n, self.bags.num_columns),
+                ID_DTYPE,
+            ),  # fmt: skip
             "labels": ((n,), np.float32),
         }
         arrays = {}
@@ -191,6 +220,9 @@ class Dataset:
 def fingerprint_of(meta: dict) -> str:
     """A stable hash of what identifies a dataset: table sizes, split sizes, pooling and the source."""
     key = {k: meta[k] for k in ("table_sizes", "pooling_factor", "num_dense", "splits", "source")}
+    key.update(
+        {k: meta[k] for k in ("bag_sizes", "padded") if k in meta}
+    )  # format 2 only: old ones unchanged
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -198,7 +230,7 @@ def is_dataset_dir(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a directory that Hotline wrote as a dataset (its meta.json carries the format tag)."""
     meta = Path(path) / "meta.json"
     try:
-        return Path(path).is_dir() and json.loads(meta.read_text()).get("format") == FORMAT_TAG
+        return Path(path).is_dir() and json.loads(meta.read_text()).get("format") in FORMAT_TAGS
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -243,7 +275,7 @@ class DatasetWriter:
     directory, or a Hotline dataset with ``overwrite=True``, is ever replaced; ``inputs`` (raw files) must not
     lie inside ``out``::
 
-        with DatasetWriter(out, table_sizes, pooling_factor=1) as w:
+        with DatasetWriter(out, table_sizes, pooling_factor=1) as w:  # or bag_sizes=[...], padded=True
             dense, sparse, labels = w.create_split("train", n_rows)
             ...fill the memory maps...
             w.finish(source={"kind": "synthetic", "seed": 0})
@@ -258,6 +290,8 @@ class DatasetWriter:
         *,
         overwrite: bool = False,
         inputs=(),
+        bag_sizes: list[int] | None = None,
+        padded: bool = False,
     ):
         self.out = Path(out)
         self.overwrite = bool(overwrite)
@@ -268,6 +302,15 @@ class DatasetWriter:
         self.num_dense = int(num_dense)
         if self.pooling_factor < 1:
             raise ValueError(f"pooling_factor must be >= 1, got {pooling_factor}")
+        # Per-table bag sizes or padding need format 2; uniform bags keep format 1 (and their fingerprints).
+        if bag_sizes is not None and not padded and len(set(bag_sizes)) == 1:
+            self.pooling_factor, bag_sizes = int(bag_sizes[0]), None
+        self.bags = BagLayout(
+            TableLayout(self.table_sizes),
+            [self.pooling_factor] * len(self.table_sizes) if bag_sizes is None else bag_sizes,
+            padded,
+        )
+        self.uniform = bag_sizes is None and not padded
         self.tmp = self.out.parent / f".{self.out.name}{TMP_MARKER}{os.getpid()}-{secrets.token_hex(4)}"
         self._rows: dict[str, int] = {}
         self._finished = False
@@ -288,7 +331,8 @@ class DatasetWriter:
         self._rows[name] = int(n_rows)
         T, L = len(self.table_sizes), self.pooling_factor
         dense = self._allocate(f"{name}_dense.npy", np.float32, (n_rows, self.num_dense))
-        sparse = self._allocate(f"{name}_sparse.npy", ID_DTYPE, (n_rows, T, L))
+        shape = (n_rows, T, L) if self.uniform else (n_rows, self.bags.num_columns)
+        sparse = self._allocate(f"{name}_sparse.npy", ID_DTYPE, shape)
         labels = self._allocate(f"{name}_labels.npy", np.float32, (n_rows,))
         return dense, sparse, labels
 
@@ -322,9 +366,10 @@ class DatasetWriter:
             if name not in self._rows:
                 self.create_split(name, 0)
         meta = {
-            "format": FORMAT_TAG,
+            "format": FORMAT_TAG if self.uniform else FORMAT_TAG_BAGS,
             "table_sizes": self.table_sizes,
-            "pooling_factor": self.pooling_factor,
+            "pooling_factor": self.pooling_factor if self.uniform else max(self.bags.bag_sizes),
+            **({} if self.uniform else {"bag_sizes": self.bags.bag_sizes, "padded": self.bags.padded}),
             "num_dense": self.num_dense,
             "splits": dict(self._rows),
             "source": source,

@@ -48,8 +48,8 @@ class Workload:
     """Mini-batch size B."""
     num_tables: int
     """Embedding tables T."""
-    pooling_factor: int = 1
-    """Lookups per table per sample L."""
+    pooling_factor: float = 1
+    """Lookups per table per sample L (multi-hot bags of per-table sizes: the measured mean, padding not counted)."""
     embedding_dim: int = 16
     """Embedding dimension D."""
     bottom_mlp: tuple[int, ...] = (13, 512, 256, 64, 16)
@@ -419,7 +419,7 @@ def workload_for(prof, bottom_mlp=None, top_mlp=(512, 256, 1), worker_threads: i
     return Workload(
         batch_size=prof.mini_batch_size,
         num_tables=prof.num_tables,
-        pooling_factor=prof.pooling_factor,
+        pooling_factor=prof.total_lookups / max(1, prof.num_samples * prof.num_tables),
         embedding_dim=D,
         bottom_mlp=bottom,
         top_mlp=tuple(top_mlp),

@@ -103,17 +103,17 @@ def build_mode(
     opt = SparseOptimizer(config.optimizer, config.learning_rate)
     layout = TableLayout(dataset.table_sizes)
     if config.mode == "device":
-        return DeviceMode(layout, config.embedding_dim, opt, config.seed, config.device, comm)
+        return DeviceMode(layout, config.embedding_dim, opt, config.seed, config.device, comm, dataset.bags)
     if placement is None:
         raise ValueError(f"mode {config.mode!r} needs a placement")
     # A rank's share of a global batch; a batch larger than the data is clipped to it (as every mode does).
     max_batch = -(-max(1, min(config.mini_batch_size, len(dataset.train))) // comm.world_size)
-    max_rows = max_batch * layout.num_tables * dataset.pooling_factor
+    max_rows = max_batch * dataset.lookups_per_sample
     cold, hot_w = _stores(config, layout, placement, opt, comm, max_rows, dataset)
     return TieredMode(
         config.mode,
         layout,
-        dataset.pooling_factor,
+        dataset.bags,
         config.embedding_dim,
         opt,
         placement,

@@ -49,9 +49,9 @@ def swap_hot_set(mode, hot_rows: np.ndarray) -> dict[str, int]:
     )
     counts = mode.dispatcher.counts
     d = mode.dispatcher
-    mode.dispatcher = Dispatcher(mode.placement, mode.L, d.max_batch_size, in_flight=len(d._ring))
+    mode.dispatcher = Dispatcher(mode.placement, d.bags, d.max_batch_size, in_flight=len(d._ring))
     mode.dispatcher.counts = counts
-    mode.fused_remap = mode.dispatcher.remap
+    mode.fused_remap = mode.dispatcher.row_remap
     mode.hot_rows = mode.placement.fused_hot_ids()
     mode.hot_w = torch.from_numpy(w).to(mode.device)
     mode.hot_s = torch.from_numpy(s).to(mode.device)

@@ -32,6 +32,13 @@ class SparseOptimizer:
         if not self.lr > 0:
             raise ValueError(f"learning rate must be positive, got {self.lr}")
 
+    def set_lr(self, lr: float) -> None:
+        """Sets the learning rate of the next updates (the schedule's one change to this rule, between steps;
+        every tier that shares this rule sees it)."""
+        if not lr > 0:
+            raise ValueError(f"learning rate must be positive, got {lr}")
+        object.__setattr__(self, "lr", float(lr))
+
     @property
     def state_floats_per_row(self) -> int:
         """Optimizer state kept per embedding row (bytes per row = 4 * (dim + this))."""

@@ -49,7 +49,13 @@ class TrainConfig:
     mini_batch_size: int = 128
     """Samples per mini-batch (one optimizer step each)."""
     learning_rate: float = 0.1
-    """Learning rate of dense and sparse optimizers."""
+    """Learning rate of dense and sparse optimizers (the schedule's base rate)."""
+    lr_warmup_steps: int = 0
+    """``--lr-num-warmup-steps``: linear warm-up of both learning rates (hotline.training.schedule)."""
+    lr_decay_start_step: int = 0
+    """``--lr-decay-start-step``: first step of the quadratic decay."""
+    lr_decay_steps: int = 0
+    """``--lr-num-decay-steps``: steps the decay lasts (0: none)."""
     optimizer: str = "sgd"
     """``sgd`` or ``rowwise-adagrad`` (dense layers get plain Adagrad with it)."""
     nepochs: int = 1
@@ -89,6 +95,10 @@ class TrainConfig:
     """``--lookahead``: steps whose cold rows are gathered ahead of compute (hotline mode)."""
     worker_threads: int = 1
     """Numba threads of the look-ahead worker that dispatches and gathers (the rest compute)."""
+    share_cores: bool = False
+    """``--share-cores``: with look-ahead, torch's threads give up the cores the producer is measured to keep
+    busy (:class:`hotline.pipeline.threads.CoreShare`); faster where they share few cores, but torch's
+    reductions then run on fewer threads: equal to device mode up to reassociation, not bit-identical."""
     micro_batches: str = "auto"
     """hotline: ``split`` (popular then non-popular forward/backward), ``fused`` (one pass over the batch in
     order, hot rows and working rows together), or ``auto`` (split at look-ahead 0, where the popular
@@ -185,6 +195,16 @@ class TrainConfig:
                 f"--device {self.device}: CUDA is not available to this torch ({torch.__version__})"
             )
         SparseOptimizer(self.optimizer, self.learning_rate)  # validates optimizer and learning rate
+        _ = self.lr_schedule  # validates the schedule's steps
+
+    @property
+    def lr_schedule(self):
+        """The learning rate of every step (dense and sparse alike)."""
+        from hotline.training.schedule import LRSchedule
+
+        return LRSchedule(
+            self.learning_rate, self.lr_warmup_steps, self.lr_decay_start_step, self.lr_decay_steps
+        )
 
     @property
     def replaces(self) -> bool:

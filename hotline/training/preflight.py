@@ -89,21 +89,22 @@ _CHUNK_ROWS = 1 << 18
 def check_ids(dataset) -> None:
     """Raises IndexError naming the split's file, the sample, the table and the id if any id of any split is
     outside its table (read once, in chunks, before the first step: not found by a dispatch hours later)."""
-    sizes = np.asarray(dataset.table_sizes, dtype=np.int64)
+    bags = dataset.bags
     for name in ("train", "val", "test"):
         sparse = dataset.split(name).sparse
         for lo in range(0, sparse.shape[0], _CHUNK_ROWS):
-            chunk = np.asarray(sparse[lo : lo + _CHUNK_ROWS])
+            chunk = bags.flat(np.asarray(sparse[lo : lo + _CHUNK_ROWS]))
             if not chunk.size:
                 continue
-            if chunk.min() >= 0 and (chunk.max(axis=(0, 2)) < sizes).all():
+            low = -1 if bags.padded else 0  # padding (-1) is a valid slot of a padded dataset
+            if chunk.min() >= low and (chunk.max(axis=0) < bags.col_size).all():
                 continue
-            bad = (chunk < 0) | (chunk >= sizes[None, :, None])
-            b, t, l = (int(x[0]) for x in np.nonzero(bad))
-            raise IndexError(
-                f"{Path(dataset.path) / f'{name}_sparse.npy'}, sample {lo + b}, table {t}: id {int(chunk[b, t, l])} "
-                f"out of range [0, {int(sizes[t])})"
-            )
+            try:
+                bags.check(chunk)
+            except IndexError as e:
+                raise IndexError(
+                    f"{Path(dataset.path) / f'{name}_sparse.npy'}, chunk from sample {lo}: {e}"
+                ) from None
 
 
 def memory_needed(config, dataset, world_size: int = 1) -> int:
@@ -116,7 +117,7 @@ def memory_needed(config, dataset, world_size: int = 1) -> int:
     batch = max(1, min(config.mini_batch_size, len(dataset.train)))
     if config.mode == "device":
         return rows * row_bytes + rows * 4  # the table, its state, the update's scratch
-    lookups = -(-batch // world_size) * dataset.num_tables * dataset.pooling_factor
+    lookups = -(-batch // world_size) * dataset.lookups_per_sample
     ring = 1 if config.mode == "hybrid" else config.lookahead + 3
     tables = -(-rows // world_size) * row_bytes
     if (

@@ -78,6 +78,7 @@ class Trainer:
         self.model = DLRM(config.model_config(self.dataset.table_sizes), seed=config.seed).to(config.device)
         self.sparse_opt = SparseOptimizer(config.optimizer, config.learning_rate)
         self.dense_opt = self.sparse_opt.dense_optimizer(self.model.parameters())
+        self._lr_schedule = config.lr_schedule
         check_memory(config, self.dataset, self.comm.world_size)  # before the tables are allocated
         self.mode = self._build_mode()
         if config.init_params_path:
@@ -87,6 +88,8 @@ class Trainer:
 
             start_counting(self.mode, config)
         self.step_count = 0
+        self.announce: str | None = None
+        """A line :meth:`fit` prints once its checks pass, before step 1 (``--mode auto``'s choice)."""
         self._executor = None
         self.history: list[dict] = []
         self._metrics_file = None
@@ -136,13 +139,24 @@ class Trainer:
                 yield batch
             first = 0
 
+    def _schedule_lr(self) -> None:
+        """Sets the dense and sparse learning rates of the step about to run (``config.lr_schedule``)."""
+        if self._lr_schedule.constant:
+            return
+        lr = self._lr_schedule.lr(self.step_count)
+        for group in self.dense_opt.param_groups:
+            group["lr"] = lr
+        self.mode.optimizer.set_lr(lr)
+
     def step(self, batch: Batch) -> StepStats:
         """One exact mini-batch step: forward/backward through the mode, then one dense optimizer step."""
+        self._schedule_lr()
         self.dense_opt.zero_grad(set_to_none=True)
         return self._dense_step(self.mode.step(self.model, batch), batch)
 
     def _compute_prepared(self, prep) -> StepStats:
         """The compute of one prepared tiered step: both micro-batches, sparse and dense optimizer steps."""
+        self._schedule_lr()
         self.dense_opt.zero_grad(set_to_none=True)
         return self._dense_step(self.mode.compute(self.model, prep), prep.batch)
 
@@ -244,6 +258,8 @@ class Trainer:
         resumed = checkpoints.start(self, resume, cfg.resume_if_present) if checkpoints is not None else None
         if resumed is not None:
             print(f"resumed from {checkpoints.latest()} at step {self.step_count}", file=sys.stderr)
+        if self.announce and self.comm.rank == 0:  # every check passed: training starts now
+            print(self.announce, file=sys.stderr)
         if cfg.metrics_path:  # whole lines only; a resumed run replaces the records of the steps it replays
             keep = records_up_to(self.step_count) if resume else None
             self._metrics_file = LineFile(outputs.path("--metrics", cfg.metrics_path), keep)
@@ -345,6 +361,7 @@ class Trainer:
             self._compute_prepared,
             lookahead=self.config.lookahead,
             worker_threads=self.config.worker_threads,
+            share_cores=self.config.share_cores,
         )
         self._executor = executor
         try:
