@@ -18,7 +18,10 @@ installing (the checkout's root goes first on ``sys.path``; ``hotline`` binds ``
 A mode that raises is recorded with its error and the others still run; a stage that raises is recorded and
 the next stage still runs. ``--hardware-out`` calibrates once, in the last stage.
 
-``--smoke`` runs the smoke stage on the CPU (the tests do).
+``--smoke`` runs the smoke stage on the CPU (the tests do). ``--workload mlperf-dcnv2`` runs MLPerf
+DLRM-DCNv2 instead (benchmarks/mlperf.py: dim 128, its MLPs and DCN, its 26 tables with multi-hot bags, 214 ids
+a sample), tables capped at 10M rows (about 27 GiB of rows and state: device mode fits one H200, the host holds
+the cold copies) unless ``--max-rows-per-table`` says otherwise; no ``torch_embeddingbag`` run (it is one-hot).
 
 Extending it: a workload is one entry of ``WORKLOADS`` (its model and data flags), a baseline beside the
 Hotline modes one entry of ``EXTRA_MODES`` (a function returning a run's record), a stage one of ``STAGES``.
@@ -76,6 +79,7 @@ import bench_pipeline  # noqa: E402
 import common  # noqa: E402
 import gpu_extras  # noqa: E402
 import gpu_torchrec  # noqa: E402
+import mlperf  # noqa: E402
 
 GOALS = {"hotline/hybrid": 2.2, "hotline/device": 0.7}
 
@@ -91,7 +95,16 @@ def _kaggle(args) -> dict:
     return {"embedding_dim": args.dim, "bottom_mlp": [13, 512, 256, args.dim], "top_mlp": [512, 256, 1]}
 
 
-WORKLOADS = {"kaggle": _kaggle}
+def _mlperf(args) -> dict:
+    """MLPerf DLRM-DCNv2 on its multi-hot tables, capped at 10M rows unless --max-rows-per-table; no one-hot
+    baseline (torch_embeddingbag) beside it."""
+    args.config, args.dim = mlperf.NAME, 128
+    args.max_rows_per_table = args.max_rows_per_table or 10_000_000
+    args.modes = ",".join(m for m in args.modes.split(",") if m != "torch_embeddingbag")
+    return {k: v for k, v in mlperf.config().items() if k != "mini_batch_size"}
+
+
+WORKLOADS = {"kaggle": _kaggle, mlperf.NAME: _mlperf}
 """``--workload``: the model config of each (a function of the flags)."""
 EXTRA_MODES = {"torch_embeddingbag": gpu_extras.run_embedding_bag}
 """Baselines beside the Hotline modes: ``fn(dataset, args, cfg, device, probe) -> record`` (run after them)."""

@@ -9,10 +9,13 @@ leaves the previous version of the file intact and no temporary file behind.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import re
 import secrets
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -25,6 +28,41 @@ def temporary_name(path: Path) -> Path:
     return path.with_name(f".{path.name}{TMP_MARKER}{os.getpid()}-{secrets.token_hex(4)}")
 
 
+_TEMPORARY = re.compile(r"^\..+" + re.escape(TMP_MARKER) + r"(?:old-)?(?P<pid>\d+)-[0-9a-f]+$")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
+    """Removes the temporary files and folders that Hotline processes which no longer run left in
+    ``directory`` (``.NAME.hotline-tmp-PID-RANDOM``, PID gone: a ``kill -9`` during a write); returns them.
+    Names of any other form, and temporaries of live processes, are left alone."""
+    removed = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = _TEMPORARY.match(entry.name) if TMP_MARKER in entry.name else None
+        if m is None or int(m["pid"]) == os.getpid() or _alive(int(m["pid"])):
+            continue
+        path = Path(entry.path)
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
+
+
 def fsync_dir(directory: str | os.PathLike) -> None:
     """Makes a rename or a new file in ``directory`` durable."""
     fd = os.open(directory, os.O_RDONLY)
@@ -32,6 +70,20 @@ def fsync_dir(directory: str | os.PathLike) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class _Checked:
+    """A file as writers see it: every byte through Python's ``write``, which reports a failed write.
+
+    numpy's ``tofile`` (behind ``np.save``) writes a real file through C stdio, and a write cut short by a
+    full disk or a file-size limit can pass unreported; a file object that is not an ``io`` file makes numpy
+    (and every other writer) use ``write``."""
+
+    def __init__(self, f: BinaryIO):
+        self._f = f
+
+    def __getattr__(self, name: str):
+        return getattr(self._f, name)
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
@@ -42,11 +94,14 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
     that, too, becomes the OSError it is.
     """
     path = Path(path)
+    remove_stale_temporaries(path.parent)  # what a killed Hotline process left here
     tmp = temporary_name(path)
     try:
         with open(tmp, "wb") as f:
-            write(f)
+            write(_Checked(f))
             f.flush()
+            if os.fstat(f.fileno()).st_size < f.tell():  # a lost write no writer reported
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except (OSError, RuntimeError) as e:

@@ -271,12 +271,14 @@ def _add_counts(ids, col_offset, counts, weight):
     B, C = ids.shape
     for b in range(B):
         for c in range(C):
-            counts[ids[b, c] + col_offset[c]] += weight
+            v = ids[b, c]
+            if v >= 0:  # -1: an empty slot of a padded bag
+                counts[v + col_offset[c]] += weight
 
 
 def add_counts(ids: np.ndarray, col_offset: np.ndarray, counts: np.ndarray, weight: float) -> None:
-    """``counts[fused id] += weight`` for every lookup of a checked ``[B, T*L]`` id batch (column c of table
-    offset ``col_offset[c]``)."""
+    """``counts[fused id] += weight`` for every lookup of a checked ``[B, C]`` id batch (column c of table
+    offset ``col_offset[c]``); the padding id -1 of variable-length bags is no lookup and is skipped."""
     if ids.ndim != 2 or ids.shape[1] != col_offset.shape[0]:
         raise ValueError(f"ids must be [B, {col_offset.shape[0]}], got {ids.shape}")
     if counts.dtype != np.float64:

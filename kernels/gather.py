@@ -98,8 +98,9 @@ def _assemble_rows(out, hot, hot_pos, hot_slot, work, cold_pos, cold_slot):
 
 def assemble_rows(out, hot, hot_pos, hot_slot, work, cold_pos, cold_slot) -> np.ndarray:
     """``out[hot_pos] = hot[hot_slot]`` and ``out[cold_pos] = work[cold_slot]`` in one parallel pass: the rows
-    a micro-batch looks up, from the hot table and the working buffer (positions must cover ``out`` once)."""
-    if hot_pos.shape[0] + cold_pos.shape[0] != out.shape[0]:
+    a micro-batch looks up, from the hot table and the working buffer (positions cover ``out`` at most once;
+    rows of padding slots, which no position names, keep what ``out`` holds: zeros, for padded bags)."""
+    if hot_pos.shape[0] + cold_pos.shape[0] > out.shape[0]:
         raise ValueError(
             f"{hot_pos.shape[0]} hot + {cold_pos.shape[0]} cold positions for {out.shape[0]} rows"
         )

@@ -1,6 +1,8 @@
 """Profiling kernels: access counts per embedding row, and the largest popularity rank per sample.
 
-All tables share one *fused* id space: row ``r`` of table ``t`` has fused id ``table_offsets[t] + r``, so
+Ids come as ``[n, C]`` columns with ``bag_start`` [T+1] (table t's bag is columns ``bag_start[t]:bag_start[t+1]``:
+one-hot, a fixed pooling factor L and per-table bag sizes are the same loop); with ``padded`` the id -1 marks an
+empty slot of a shorter bag and is skipped. All tables share one *fused* id space: row ``r`` of table ``t`` has fused id ``table_offsets[t] + r``, so
 one count array covers every table and one sort ranks rows of all tables against each other.
 
 Counting is a scatter-add, which races when two threads increment the same row. Two race-free strategies,
@@ -30,10 +32,11 @@ PRIVATE_MAX_ROWS = 1 << 20
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def _count_lookups_private(sparse, table_sizes, table_offsets, private):
-    """Counts the lookups of ``sparse`` [n, T, L] into ``private`` [P, R], sample block p into row p.
-    Returns the first bad flat position of an out-of-range id, or -1."""
-    n, T, L = sparse.shape
+def _count_lookups_private(sparse, bag_start, padded, table_sizes, table_offsets, private):
+    """Counts the lookups of ``sparse`` [n, C] into ``private`` [P, R], sample block p into row p.
+    Returns the first bad flat position (sample * C + column) of an out-of-range id, or -1."""
+    n, C = sparse.shape
+    T = table_sizes.shape[0]
     P = private.shape[0]
     first_bad = np.full(P, -1, dtype=np.int64)
     for p in prange(P):
@@ -42,12 +45,14 @@ def _count_lookups_private(sparse, table_sizes, table_offsets, private):
             for t in range(T):
                 size = table_sizes[t]
                 base = table_offsets[t]
-                for j in range(L):
-                    row = sparse[i, t, j]
+                for c in range(bag_start[t], bag_start[t + 1]):
+                    row = sparse[i, c]
                     if row >= 0 and row < size:
                         counts[base + row] += 1
+                    elif padded and row == -1:
+                        continue
                     elif first_bad[p] < 0:
-                        first_bad[p] = (i * T + t) * L + j
+                        first_bad[p] = i * C + c
     bad = -1
     for p in range(P):
         if first_bad[p] >= 0 and (bad < 0 or first_bad[p] < bad):
@@ -67,12 +72,13 @@ def _add_private(private, counts):
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def _count_lookups(sparse, table_sizes, table_offsets, item_table, item_lo, item_hi, slot_ptr, counts, block):
-    """Adds the lookups of ``sparse`` [n, T, L] into ``counts`` [R]. Work slot p counts the row ranges
+def _count_lookups(sparse, bag_start, padded, table_sizes, table_offsets, item_table, item_lo, item_hi, slot_ptr,
+                   counts, block):  # fmt: skip
+    """Adds the lookups of ``sparse`` [n, C] into ``counts`` [R]. Work slot p counts the row ranges
     ``item_lo[a] <= row < item_hi[a]`` of tables ``item_table[a]`` for a in ``slot_ptr[p]:slot_ptr[p+1]``
     (the items must tile every table exactly once). Returns the first bad flat position
-    (sample * T * L + t * L + l) of an out-of-range id, or -1 when every id is valid."""
-    n, T, L = sparse.shape
+    (sample * C + column) of an out-of-range id, or -1 when every id is valid."""
+    n, C = sparse.shape
     P = slot_ptr.shape[0] - 1
     first_bad = np.full(P, -1, dtype=np.int64)
     for p in prange(P):
@@ -85,12 +91,14 @@ def _count_lookups(sparse, table_sizes, table_offsets, item_table, item_lo, item
                 size = table_sizes[t]
                 base = table_offsets[t]
                 for i in range(s0, s1):
-                    for j in range(L):
-                        row = sparse[i, t, j]
+                    for c in range(bag_start[t], bag_start[t + 1]):
+                        row = sparse[i, c]
                         if row >= lo and row < hi:
                             counts[base + row] += 1
-                        elif (row < 0 and lo == 0) or (row >= size and hi == size):
-                            bad = (i * T + t) * L + j
+                        elif (row < 0 and lo == 0 and not (padded and row == -1)) or (
+                            row >= size and hi == size
+                        ):
+                            bad = i * C + c
                             if first_bad[p] < 0 or bad < first_bad[p]:
                                 first_bad[p] = bad
     bad = -1
@@ -101,11 +109,12 @@ def _count_lookups(sparse, table_sizes, table_offsets, item_table, item_lo, item
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def _sample_max_rank(sparse, table_sizes, table_offsets, rank, out, block):
+def _sample_max_rank(sparse, bag_start, padded, table_sizes, table_offsets, rank, out, block):
     """Writes into ``out`` [n] the largest ``rank`` of the fused rows that sample i looks up (-1 if none);
     returns the first bad flat position of an out-of-range id, or -1. Blocks of samples run in parallel,
     table by table inside a block (for cache locality, as in _count_lookups)."""
-    n, T, L = sparse.shape
+    n, C = sparse.shape
+    T = table_sizes.shape[0]
     num_blocks = (n + block - 1) // block
     bad_at = np.full(num_blocks, -1, dtype=np.int64)
     for b in prange(num_blocks):
@@ -118,10 +127,12 @@ def _sample_max_rank(sparse, table_sizes, table_offsets, rank, out, block):
             base = table_offsets[t]
             for i in range(s0, s1):
                 m = out[i]
-                for j in range(L):
-                    row = sparse[i, t, j]
+                for c in range(bag_start[t], bag_start[t + 1]):
+                    row = sparse[i, c]
+                    if padded and row == -1:
+                        continue
                     if row < 0 or row >= size:
-                        bad = (i * T + t) * L + j
+                        bad = i * C + c
                         if bad_at[b] < 0 or bad < bad_at[b]:
                             bad_at[b] = bad
                     else:
@@ -152,17 +163,32 @@ def table_offsets(table_sizes) -> np.ndarray:
     return out
 
 
-def _as_sparse(sparse: np.ndarray, num_tables: int) -> np.ndarray:
+def _as_sparse(sparse: np.ndarray, num_tables: int, bag_sizes=None) -> tuple[np.ndarray, np.ndarray]:
+    """(ids [n, C] int32, bag_start int64 [T+1]) of ``sparse`` given as [n, T, L] or [n, T] (one bag size), or
+    as [n, C] with ``bag_sizes`` (one per table)."""
     sparse = np.asarray(sparse)
-    if sparse.ndim == 2:
-        sparse = sparse[:, :, None]
-    if sparse.ndim != 3 or sparse.shape[1] != num_tables:
-        raise ValueError(
-            f"sparse ids must have shape [n, {num_tables}, L] (or [n, {num_tables}]), got {sparse.shape}"
-        )
     if not np.issubdtype(sparse.dtype, np.integer):
         raise ValueError(f"sparse ids must be integers, got dtype {sparse.dtype}")
-    return np.ascontiguousarray(sparse, dtype=np.int32)
+    if bag_sizes is not None:
+        bags = np.asarray(bag_sizes, dtype=np.int64)
+        C = int(bags.sum())
+        if bags.shape != (num_tables,) or (bags < 1).any() or sparse.ndim != 2 or sparse.shape[1] != C:
+            raise ValueError(
+                f"sparse ids must have shape [n, {C}] for bag sizes {list(bag_sizes)} of {num_tables} tables, "
+                f"got {sparse.shape}"
+            )
+    else:
+        if sparse.ndim == 2:
+            sparse = sparse[:, :, None]
+        if sparse.ndim != 3 or sparse.shape[1] != num_tables:
+            raise ValueError(
+                f"sparse ids must have shape [n, {num_tables}, L] (or [n, {num_tables}]), got {sparse.shape}"
+            )
+        bags = np.full(num_tables, sparse.shape[2], dtype=np.int64)
+        sparse = sparse.reshape(sparse.shape[0], num_tables * sparse.shape[2])
+    start = np.zeros(num_tables + 1, dtype=np.int64)
+    np.cumsum(bags, out=start[1:])
+    return np.ascontiguousarray(sparse, dtype=np.int32), start
 
 
 class BadIdError(ValueError):
@@ -182,11 +208,12 @@ class BadIdError(ValueError):
         )
 
 
-def _bad_id_error(sparse: np.ndarray, table_sizes: np.ndarray, flat: int) -> BadIdError:
-    n, T, L = sparse.shape
-    i, rest = divmod(int(flat), T * L)
-    t, j = divmod(rest, L)
-    return BadIdError(i, t, j, int(sparse[i, t, j]), int(table_sizes[t]))
+def _bad_id_error(
+    sparse: np.ndarray, bag_start: np.ndarray, table_sizes: np.ndarray, flat: int
+) -> BadIdError:
+    i, c = divmod(int(flat), sparse.shape[1])
+    t = int(np.searchsorted(bag_start, c, side="right")) - 1
+    return BadIdError(i, t, c - int(bag_start[t]), int(sparse[i, c]), int(table_sizes[t]))
 
 
 def plan_count_work(table_sizes, num_slots: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -225,8 +252,11 @@ def count_lookups(
     counts: np.ndarray,
     num_slots: int | None = None,
     method: str | None = None,
+    bag_sizes=None,
+    padded: bool = False,
 ) -> None:
-    """Adds the lookups of ``sparse`` (int [n, T, L]) into ``counts`` (int64 [total rows], fused ids).
+    """Adds the lookups of ``sparse`` (int [n, T, L], or [n, C] with ``bag_sizes``) into ``counts`` (int64
+    [total rows], fused ids); with ``padded`` the id -1 (an empty bag slot) is skipped.
 
     Call it once per chunk of a dataset. ``num_slots`` (default: Numba's thread count) is how many parallel
     work slots share the work; ``method`` is "private" or "owned" (default: private up to PRIVATE_MAX_ROWS
@@ -236,7 +266,7 @@ def count_lookups(
     import numba
 
     sizes = np.asarray(table_sizes, dtype=np.int64)
-    sparse = _as_sparse(sparse, sizes.shape[0])
+    sparse, start = _as_sparse(sparse, sizes.shape[0], bag_sizes)
     offsets = table_offsets(sizes)
     total = int(offsets[-1])
     if counts.shape != (total,) or counts.dtype != np.int64 or not counts.flags.c_contiguous:
@@ -249,36 +279,40 @@ def count_lookups(
         method = "private" if small else "owned"
     if method == "private":
         private = np.zeros((max(1, slots), total), dtype=np.int64)
-        bad = _count_lookups_private(sparse, sizes, offsets[:-1], private)
+        bad = _count_lookups_private(sparse, start, bool(padded), sizes, offsets[:-1], private)
         if bad < 0:
             _add_private(private, counts)
     elif method == "owned":
         plan = plan_count_work(sizes, slots)
-        bad = _count_lookups(sparse, sizes, offsets[:-1], *plan, counts, BLOCK)
+        bad = _count_lookups(sparse, start, bool(padded), sizes, offsets[:-1], *plan, counts, BLOCK)
     else:
         raise ValueError(f"method must be 'private' or 'owned', got {method!r}")
     if bad >= 0:
-        raise _bad_id_error(sparse, sizes, bad)
+        raise _bad_id_error(sparse, start, sizes, bad)
 
 
 def lookup_counts(
-    sparse: np.ndarray, table_sizes, num_slots: int | None = None, method: str | None = None
-) -> np.ndarray:
+    sparse: np.ndarray, table_sizes, num_slots: int | None = None, method: str | None = None, bag_sizes=None,
+    padded: bool = False,
+) -> np.ndarray:  # fmt: skip
     """int64 [total rows]: how often each fused row (table offset + row id) is looked up in ``sparse``."""
     counts = np.zeros(int(table_offsets(table_sizes)[-1]), dtype=np.int64)
-    count_lookups(sparse, table_sizes, counts, num_slots, method)
+    count_lookups(sparse, table_sizes, counts, num_slots, method, bag_sizes, padded)
     return counts
 
 
-def sample_max_rank(sparse: np.ndarray, table_sizes, rank: np.ndarray) -> np.ndarray:
+def sample_max_rank(
+    sparse: np.ndarray, table_sizes, rank: np.ndarray, bag_sizes=None, padded: bool = False
+) -> np.ndarray:
     """int64 [n]: for each sample, the largest ``rank[fused row]`` over its lookups (-1 for no lookups).
 
     ``rank`` is int32 or int64 [total rows] (int32 halves the cache footprint of the random reads).
 
     A sample is *popular* under a placement of the ``k`` best-ranked rows iff its max rank is ``< k``.
+    ``bag_sizes`` / ``padded`` as in :func:`count_lookups`.
     """
     sizes = np.asarray(table_sizes, dtype=np.int64)
-    sparse = _as_sparse(sparse, sizes.shape[0])
+    sparse, start = _as_sparse(sparse, sizes.shape[0], bag_sizes)
     offsets = table_offsets(sizes)
     if rank.dtype not in (np.int32, np.int64):
         rank = rank.astype(np.int64)
@@ -286,9 +320,9 @@ def sample_max_rank(sparse: np.ndarray, table_sizes, rank: np.ndarray) -> np.nda
     if rank.shape != (int(offsets[-1]),):
         raise ValueError(f"rank must have shape [{int(offsets[-1])}] (one per fused row), got {rank.shape}")
     out = np.empty(sparse.shape[0], dtype=np.int64)
-    bad = _sample_max_rank(sparse, sizes, offsets[:-1], rank, out, BLOCK)
+    bad = _sample_max_rank(sparse, start, bool(padded), sizes, offsets[:-1], rank, out, BLOCK)
     if bad >= 0:
-        raise _bad_id_error(sparse, sizes, bad)
+        raise _bad_id_error(sparse, start, sizes, bad)
     return out
 
 

@@ -35,34 +35,82 @@ def sparse_rowwise_adagrad(table, state, ids, grads, lr, eps):
     return table, state
 
 
+def _summed(ids, grads, r, dim):
+    g = np.zeros(dim, dtype=np.float32)
+    for j, i in enumerate(ids):
+        if i == r:
+            g += grads[j]
+    return g
+
+
+def sparse_adagrad(table, state, ids, grads, lr, eps):
+    """Row by row, element by element: summed gradient g, state += g^2, w -= lr * g / (sqrt(state) + eps)."""
+    table, state = table.copy(), state.copy()
+    for r in sorted(set(int(i) for i in ids)):
+        g = _summed(ids, grads, r, table.shape[1])
+        state[r] += g * g
+        table[r] -= np.float32(lr) * g / (np.sqrt(state[r]) + np.float32(eps))
+    return table, state
+
+
+def sparse_adam(table, state, ids, grads, lr, beta1, beta2, eps):
+    """Row by row: summed gradient g; the row's counter t += 1 (last state column); m and v (the first D and
+    next D columns) move as Adam's moments; w -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)."""
+    table, state = table.copy(), state.copy()
+    D = table.shape[1]
+    f = np.float32
+    for r in sorted(set(int(i) for i in ids)):
+        g = _summed(ids, grads, r, D)
+        state[r, 2 * D] += f(1)
+        t = state[r, 2 * D]
+        m = f(beta1) * state[r, :D] + (f(1) - f(beta1)) * g
+        v = f(beta2) * state[r, D : 2 * D] + (f(1) - f(beta2)) * g * g
+        state[r, :D], state[r, D : 2 * D] = m, v
+        c1, c2 = f(1) - f(beta1) ** t, f(1) - f(beta2) ** t
+        table[r] -= f(lr) * (m / c1) / (np.sqrt(v / c2) + f(eps))
+    return table, state
+
+
 # ---------------------------------------------------------------- kernels/profile.py (popularity profiler)
 
 
-def profile_lookup_counts(sparse, table_sizes):
-    """Accesses per fused row (table offset + row id), one lookup at a time."""
+def _bags(sparse, num_tables, bag_sizes):
+    """Per sample, per table: the list of its real ids (padding -1 dropped), from [n, T, L], [n, T] or [n, C]."""
     sparse = np.asarray(sparse)
-    if sparse.ndim == 2:
-        sparse = sparse[:, :, None]
+    if bag_sizes is None:
+        sparse = sparse.reshape(
+            sparse.shape[0], num_tables, sparse.size // max(1, sparse.shape[0] * num_tables)
+        )
+        return [
+            [[int(v) for v in sparse[i, t] if v != -1] for t in range(num_tables)] for i in range(len(sparse))
+        ]
+    ends = np.cumsum(bag_sizes)
+    return [
+        [[int(v) for v in sparse[i, e - b : e] if v != -1] for b, e in zip(bag_sizes, ends)]
+        for i in range(len(sparse))
+    ]
+
+
+def profile_lookup_counts(sparse, table_sizes, bag_sizes=None):
+    """Accesses per fused row (table offset + row id), one lookup at a time (padding -1 skipped)."""
     offsets = np.concatenate([[0], np.cumsum(table_sizes)]).astype(np.int64)
     counts = np.zeros(int(offsets[-1]), dtype=np.int64)
-    for i in range(sparse.shape[0]):
-        for t in range(sparse.shape[1]):
-            for j in range(sparse.shape[2]):
-                counts[offsets[t] + int(sparse[i, t, j])] += 1
+    for sample in _bags(sparse, len(table_sizes), bag_sizes):
+        for t, bag in enumerate(sample):
+            for v in bag:
+                counts[offsets[t] + v] += 1
     return counts
 
 
-def profile_sample_max_rank(sparse, table_sizes, rank):
+def profile_sample_max_rank(sparse, table_sizes, rank, bag_sizes=None):
     """For each sample, the largest rank of the fused rows it looks up (-1 if it looks up nothing)."""
-    sparse = np.asarray(sparse)
-    if sparse.ndim == 2:
-        sparse = sparse[:, :, None]
     offsets = np.concatenate([[0], np.cumsum(table_sizes)]).astype(np.int64)
-    out = np.full(sparse.shape[0], -1, dtype=np.int64)
-    for i in range(sparse.shape[0]):
-        for t in range(sparse.shape[1]):
-            for j in range(sparse.shape[2]):
-                out[i] = max(out[i], int(rank[offsets[t] + int(sparse[i, t, j])]))
+    samples = _bags(sparse, len(table_sizes), bag_sizes)
+    out = np.full(len(samples), -1, dtype=np.int64)
+    for i, sample in enumerate(samples):
+        for t, bag in enumerate(sample):
+            for v in bag:
+                out[i] = max(out[i], int(rank[offsets[t] + v]))
     return out
 
 
@@ -87,14 +135,21 @@ def scatter_rows(table, rows, src):
 
 
 # ---- kernels/dispatch.py ---------------------------------------------------------------------------
-def split_batch(sparse, table_sizes, hot_ids):
+def split_batch(sparse, table_sizes, hot_ids, bag_sizes=None):
     """Sample by sample: popular iff every lookup is hot; non-popular lookups remapped to hot slots or to
-    working-buffer slots in first-occurrence order. Returns a dict of lists."""
+    working-buffer slots in first-occurrence order. Returns a dict of lists. With ``bag_sizes`` the ids are
+    [B, C] bags padded with -1: padding slots are skipped, and ``pop_pos`` lists the popular real slots."""
+    if bag_sizes is not None:
+        cols = [t for t, n in enumerate(bag_sizes) for _ in range(n)]
+        sparse = np.asarray(sparse)[:, :, None]  # column c as a "table" cols[c] of one id
+    else:
+        cols = None
     B, T, L = sparse.shape
+    table_of = (lambda t: t) if cols is None else (lambda c: cols[c])
     offsets = np.concatenate([[0], np.cumsum(table_sizes)[:-1]])
     hot_offsets = np.concatenate([[0], np.cumsum([len(h) for h in hot_ids])])
     slot = {}
-    for t in range(T):
+    for t in range(len(hot_ids)):
         for i, r in enumerate(hot_ids[t]):
             slot[(t, int(r))] = int(hot_offsets[t] + i)
     out = {
@@ -108,22 +163,30 @@ def split_batch(sparse, table_sizes, hot_ids):
             "cold_pos",
             "cold_slot",
             "working_set",
+            "pop_pos",
         )
     }
     for b in range(B):
-        keys = [(t, int(sparse[b, t, l])) for t in range(T) for l in range(L)]
+        keys = [
+            (table_of(t), int(sparse[b, t, l])) for t in range(T) for l in range(L) if sparse[b, t, l] != -1
+        ]
         (out["popular"] if all(k in slot for k in keys) else out["non_popular"]).append(b)
-    for b in out["popular"]:
-        out["pop_ids"] += [slot[(t, int(sparse[b, t, l]))] for t in range(T) for l in range(L)]
+    for i, b in enumerate(out["popular"]):
+        for c, (t, l) in enumerate((t, l) for t in range(T) for l in range(L)):
+            if sparse[b, t, l] != -1 or cols is None:
+                out["pop_ids"].append(slot[(table_of(t), int(sparse[b, t, l]))])
+                out["pop_pos"].append(i * T * L + c)
     for i, b in enumerate(out["non_popular"]):
         for c, (t, l) in enumerate((t, l) for t in range(T) for l in range(L)):
-            key = (t, int(sparse[b, t, l]))
+            if cols is not None and sparse[b, t, l] == -1:
+                continue
+            key = (table_of(t), int(sparse[b, t, l]))
             k = i * T * L + c
             if key in slot:
                 out["hot_pos"].append(k)
                 out["hot_slot"].append(slot[key])
             else:
-                fid = int(offsets[t] + key[1])
+                fid = int(offsets[key[0]] + key[1])
                 if fid not in out["working_set"]:
                     out["working_set"].append(fid)
                 out["cold_pos"].append(k)
@@ -440,5 +503,6 @@ def add_counts(ids, col_offset, counts, weight):
     out = counts.copy()
     for row in np.asarray(ids):
         for c, v in enumerate(row):
-            out[int(v) + int(col_offset[c])] += weight
+            if v != -1:  # padding
+                out[int(v) + int(col_offset[c])] += weight
     return out

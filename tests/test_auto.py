@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_costmodel import HW
 
 from hotline.profiling import costmodel as cm
 from hotline.training.auto import DEVICE_MEMORY_SHARE, AutoChoice, choose
@@ -35,27 +36,7 @@ GPU = {
     "link": {"h2d_gbps": 25.0, "d2h_gbps": 25.0, "latency_us": 10.0},
 }
 # This CPU as its own device (the cost model test's host).
-CPU = {
-    "name": "test CPU",
-    "host": {
-        "dispatch_ns_per_lookup": {"1": 10.0, "n": 5.0},
-        "gather_gbps": {"1": 2.0, "n": 4.0},
-        "scatter_gbps": {"1": 2.0, "n": 4.0},
-        "memcpy_gbps": 8.0,
-        "handover_us": 50.0,
-        "threads": 2,
-        "cores": 2,
-    },
-    "device": {
-        "kind": "cpu",
-        "dense_gflops": 50.0,
-        "mem_gbps": 5.0,
-        "pass_overhead_us": 200.0,
-        "update_ns_per_lookup_float": 1.0,
-        "update_ns_per_row_float": 0.5,
-    },
-    "link": {"shared_memory": True},
-}
+CPU = {**HW, "name": "test CPU", "link": {"shared_memory": True}}
 W = cm.Workload(4096, 26, 1, 64, (13, 64, 64), (64, 1))
 BUDGETS = [1 * GIB, 4 * GIB, 16 * GIB, 64 * GIB]
 

@@ -85,7 +85,7 @@ def dataset(tmp_path_factory):
     return Dataset(generate(root / "ds", 2000, seed=3, table_sizes=[40, 30, 500], zipf=1.2, progress=False))
 
 
-def _trainer(dataset, tmp_path, lookahead):
+def _trainer(dataset, tmp_path, lookahead, share_cores=False):
     from hotline import TrainConfig, Trainer
     from hotline.placement import Placement
 
@@ -96,13 +96,16 @@ def _trainer(dataset, tmp_path, lookahead):
     ).save(path)
     cfg = TrainConfig(mode="hotline", placement_path=str(path), lookahead=lookahead, embedding_dim=8,
                       bottom_mlp=[13, 16, 8], top_mlp=[16, 1], mini_batch_size=32, progress=False,
-                      num_batches=12)  # fmt: skip
+                      num_batches=12, share_cores=share_cores)  # fmt: skip
     return Trainer(cfg, dataset)
 
 
-def test_lookahead_run_reports_its_threads_and_restores_them(dataset, tmp_path):
+@pytest.mark.parametrize("share_cores", [False, True])
+def test_lookahead_run_reports_its_threads_and_restores_them(dataset, tmp_path, share_cores):
+    """With --share-cores the compute runs on the rule's threads (the first steps: the producer taken as
+    busy); without, on torch's own (bit-identical to device mode). Either way torch's count is restored."""
     before = torch.get_num_threads()
-    trainer = _trainer(dataset, tmp_path, lookahead=2)
+    trainer = _trainer(dataset, tmp_path, lookahead=2, share_cores=share_cores)
     try:
         stats = list(trainer.progress(trainer.batches()))
     finally:
@@ -111,6 +114,8 @@ def test_lookahead_run_reports_its_threads_and_restores_them(dataset, tmp_path):
     for s in stats:
         assert 1 <= s.counters["compute_threads"] <= before
         assert 0.0 <= s.counters["producer_busy_share"] <= 1.0
+    first = stats[0].counters["compute_threads"]
+    assert first == (compute_threads(before, 1, 1.0) if share_cores else before)
     assert torch.get_num_threads() == before
 
 

@@ -229,3 +229,18 @@ def test_fx_symbolic_trace_keeps_the_collection_as_a_leaf():
         assert torch.equal(
             traced(b.dense_features, b.sparse_features), model(b.dense_features, b.sparse_features)
         )
+
+
+def test_constructor_refuses_what_it_cannot_do_by_name():
+    from torchrec import EmbeddingBagConfig, PoolingType
+
+    bad_pool = [EmbeddingBagConfig(name="t", embedding_dim=4, num_embeddings=5, pooling=PoolingType.NONE)]
+    with pytest.raises(ValueError, match="table t: only sum and mean pooling"):
+        HotlineEmbeddingBagCollection(bad_pool)
+    twice = [EmbeddingBagConfig(name="t", embedding_dim=4, num_embeddings=5) for _ in range(2)]
+    with pytest.raises(ValueError, match="table names must be distinct"):
+        HotlineEmbeddingBagCollection(twice)
+    with pytest.raises(ValueError, match="placement has table sizes"):
+        HotlineEmbeddingBagCollection(w.configs(), Placement.all_cold([1, 2, 3], embedding_dim=w.D))
+    with pytest.raises(ValueError, match="optimizer_type .*Adam.* is not supported"):
+        HotlineEmbeddingBagCollection(w.configs(), optimizer_type=torch.optim.Adam)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import signal
@@ -101,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         argv = [a for a in argv if a != "--debug"]
         os.environ["HOTLINE_DEBUG"] = "1"  # for this call only; ranks started by --nproc inherit it
     try:
+        with contextlib.suppress(ValueError):  # not the main thread: Python's own Ctrl-C handling stays
+            signal.signal(signal.SIGINT, _first_interrupt)
         return _main(argv)
     finally:
         if saved is None:
@@ -111,11 +114,42 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGINT, sigint)  # a Ctrl-C ignored the rest; the caller keeps its own
 
 
+def _first_interrupt(signum, frame) -> None:
+    """Ctrl-C: further presses are ignored from this instant (before the KeyboardInterrupt unwinds), so two
+    quick presses cannot cut the clean-up short or print a traceback from inside the first one's handling."""
+    from hotline.cli.args import ignore_further_interrupts
+
+    ignore_further_interrupts()
+    raise KeyboardInterrupt
+
+
+def _claim(args: argparse.Namespace):
+    """The command's outputs, judged by the one output policy and locked while it runs (before any work).
+
+    Each command declares its outputs and inputs through ``declare(args)`` (set as a parser default); a rank
+    that Hotline's ``--nproc`` launcher started (or a torchrun rank other than 0) writes under the claim of
+    its launcher (of rank 0) and judges nothing again."""
+    from hotline import outputs
+
+    declare = getattr(args, "declare", None)
+    if declare is None:
+        return outputs.Claim({})
+    declared, inputs = declare(args)
+    if os.environ.get("HOTLINE_LAUNCHED") or os.environ.get("RANK", "0") != "0":
+        return outputs.unclaimed(declared)
+    return outputs.claim(declared, inputs, force=getattr(args, "force", False))
+
+
 def _main(argv: list[str]) -> int:
     args = None
     try:
         args = build_parser().parse_args(argv)
-        return int(args.func(args) or 0)
+        args.command_line = argv  # which flags were given (a --preset yields to them)
+        from hotline.cli.args import check_counts
+
+        check_counts(args)  # every command's thread and process counts, bounded the same way
+        with _claim(args) as args.claim:
+            return int(args.func(args) or 0)
     except KeyboardInterrupt:
         from hotline.cli.args import ignore_further_interrupts
 

@@ -13,6 +13,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from hotline.table_layout import OPTIMIZERS
 from hotline.units import size_arg
 
 SubParsers = argparse._SubParsersAction
@@ -58,14 +59,38 @@ def add_threads(parser: argparse.ArgumentParser, what: str = "torch and numba th
     parser.add_argument("--num-threads", dest="threads", type=int, help=argparse.SUPPRESS)
 
 
+# Flags of every command whose values are thread or process counts: (flag, destination, least value).
+COUNT_FLAGS = (
+    ("--threads", "threads", 0),
+    ("--worker-threads", "worker_threads", 1),
+    ("--nproc", "nproc", 1),
+)
+
+
+def check_counts(args: argparse.Namespace) -> None:
+    """Raises ValueError naming the flag when a thread or process count of any command is out of bounds
+    (at most a small multiple of this machine's cores: ``hotline.pipeline.threads.max_threads``)."""
+    from hotline.pipeline.threads import check_threads
+
+    for flag, dest, least in COUNT_FLAGS:
+        value = getattr(args, dest, None)
+        if value is not None:
+            check_threads(value, flag, least)
+
+
 def add_progress(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def check_new_output(path: str | Path, force: bool, flag: str) -> None:
-    """Refuses to replace an existing file at ``path`` unless ``--force`` (ValueError naming the flag)."""
-    if Path(path).exists() and not force:
-        raise ValueError(f"{flag} {path} exists: pass --force to replace it, or choose another name")
+def add_force(parser: argparse.ArgumentParser, *aliases: str) -> None:
+    """``--force``: the same flag and meaning in every command that writes (see :mod:`hotline.outputs`)."""
+    parser.add_argument(
+        "--force",
+        *aliases,
+        dest="force",
+        action="store_true",
+        help="replace outputs that exist (never one of this command's inputs, never a run's live output)",
+    )
 
 
 def add_seed(parser: argparse.ArgumentParser, what: str) -> None:
@@ -118,8 +143,9 @@ def add_embedding(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--optimizer",
         default="sgd",
-        choices=["sgd", "rowwise-adagrad"],
-        help="optimizer whose state is kept with hot rows (default sgd: none; rowwise-adagrad: 4 bytes per row)",
+        choices=list(OPTIMIZERS),
+        help="optimizer whose state is kept with hot rows (default sgd: none; rowwise-adagrad: 4 bytes per row; "
+        "adagrad: 4 D; adam: 8 D + 4)",
     )
 
 

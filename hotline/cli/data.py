@@ -7,7 +7,7 @@ import signal
 import sys
 import time
 
-from hotline.cli.args import SubParsers, add_progress, add_seed, error, flags
+from hotline.cli.args import SubParsers, add_force, add_progress, add_seed, error, flags
 
 
 def add_parser(subparsers: SubParsers) -> None:
@@ -25,13 +25,17 @@ def _add_out(parser: argparse.ArgumentParser) -> None:
         "--out",
         required=True,
         metavar="DIR",
-        help="dataset directory to write (new or empty; an existing Hotline dataset only with --overwrite)",
+        help="dataset directory to write (new or empty; an existing Hotline dataset only with --force)",
     )
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace the Hotline dataset at --out (atomically, once the new one is complete)",
-    )
+    add_force(parser, "--overwrite")  # --overwrite: its name before every command took --force
+
+
+def _declare(args: argparse.Namespace):
+    """Outputs and inputs for the output policy (:mod:`hotline.outputs`)."""
+    from hotline.outputs import Output
+
+    outputs = [Output("--out", args.out, kind="dataset"), Output("--raw-tsv", getattr(args, "raw_tsv", None))]
+    return outputs, [("RAW", raw) for raw in getattr(args, "raw", [])]
 
 
 def _build(command: str, errors: tuple, make):
@@ -41,9 +45,10 @@ def _build(command: str, errors: tuple, make):
     from hotline.datasets.format import Dataset
     from hotline.training.logs import note_first_compile
 
-    note_first_compile(
+    kernels = (
         ("hotline.kernels.criteo_parse",) if command == "data criteo" else ("hotline.kernels.synthetic",)
     )
+    note_first_compile(kernels, terminal_only=True)
     t0 = time.perf_counter()
     previous = signal.signal(
         signal.SIGTERM, _terminated
@@ -80,8 +85,20 @@ def _add_criteo(sub: SubParsers) -> None:
             "the reference DLRM: log(x+1) dense features, categories mapped to contiguous ids per table."
         ),
     )
-    parser.add_argument("raw", nargs="+", metavar="RAW", help="raw Criteo files (train.txt, or day_N files)")
+    parser.add_argument("raw", nargs="*", metavar="RAW", help="raw Criteo files (train.txt, or day_N files)")
     _add_out(parser)
+    days = parser.add_argument_group(
+        "Criteo 1TB day files (torchrec / MLPerf preprocessed form, instead of RAW)"
+    )
+    days.add_argument("--day-files", default=None, metavar="DIR",
+                      help="read day_N_dense.npy, day_N_labels.npy and day_N_sparse.npy (or the multi-hot "
+                           "day_N_sparse_multi_hot.npz) memory-mapped; days 0..D-2 train, day D-1 split val/test")  # fmt: skip
+    days.add_argument("--table-sizes", type=_int_list, default=None, metavar="N1,N2,...",
+                      help="rows per table, ids taken modulo them (default: MLPerf's 26, 40M at most)")  # fmt: skip
+    days.add_argument("--max-rows-per-table", type=int, default=None, metavar="N",
+                      help="cap every table at N rows (ids modulo the capped size)")  # fmt: skip
+    days.add_argument("--multi-hot", choices=("auto", "yes", "no"), default="auto",
+                      help="read the .npz multi-hot bags (auto: when day_0 has them)")  # fmt: skip
     parser.add_argument(
         "--layout",
         choices=LAYOUTS,
@@ -110,12 +127,17 @@ def _add_criteo(sub: SubParsers) -> None:
         help="error (default): stop at the first bad line; skip: drop bad lines and count them",
     )
     add_progress(parser)
-    parser.set_defaults(func=_run_criteo)
+    parser.set_defaults(func=_run_criteo, declare=_declare)
 
 
 def _run_criteo(args: argparse.Namespace) -> int:
     """Runs ``hotline data criteo`` and prints a summary; returns the exit status."""
     from hotline.datasets.criteo import CriteoFormatError, preprocess
+
+    if args.day_files is not None:
+        return _run_criteo_days(args)
+    if not args.raw:
+        return error("data criteo", "give raw Criteo files (RAW ...) or --day-files DIR")
 
     if args.max_ind_range is not None and not 1 <= args.max_ind_range < 2**63:
         return error("data criteo", f"--max-ind-range must be in [1, 2**63) (raw category values are taken "
@@ -124,8 +146,8 @@ def _run_criteo(args: argparse.Namespace) -> int:
         return error("data criteo", f"--min-count must be >= 1, got {args.min_count}")
 
     built = _build("data criteo", (CriteoFormatError, OSError, ValueError), lambda: preprocess(
-        args.raw, args.out, **flags(args, "layout", "max_ind_range", "min_count", "on_bad_line", "overwrite"),
-        progress=not args.no_progress))  # fmt: skip
+        args.raw, args.claim.path("--out"), **flags(args, "layout", "max_ind_range", "min_count", "on_bad_line"),
+        overwrite=args.force, progress=not args.no_progress))  # fmt: skip
     if isinstance(built, int):
         return built
     ds, seconds = built
@@ -137,6 +159,34 @@ def _run_criteo(args: argparse.Namespace) -> int:
     bad = ds.meta.get("bad_lines", {})
     print("  bad lines skipped: " + (", ".join(f"{k} {v:,}" for k, v in bad.items()) if bad else "none"))
     print(f"  {_rate(rows, seconds)}")
+    return 0
+
+
+def _run_criteo_days(args: argparse.Namespace) -> int:
+    """``hotline data criteo --day-files DIR``: the torchrec / MLPerf day files, not tokenised again."""
+    from hotline.datasets.criteo_days import DayFileError, convert_days
+    from hotline.datasets.mlperf import MLPERF_TABLE_SIZES
+
+    if args.raw:
+        return error("data criteo", "give either raw Criteo files or --day-files, not both")
+    sizes = list(args.table_sizes or MLPERF_TABLE_SIZES)
+    if args.max_rows_per_table is not None:
+        if not 1 <= args.max_rows_per_table < 2**31:
+            return error(
+                "data criteo", f"--max-rows-per-table must be in [1, 2**31), got {args.max_rows_per_table}"
+            )
+        sizes = [min(s, args.max_rows_per_table) for s in sizes]
+    built = _build("data criteo", (DayFileError, OSError, ValueError), lambda: convert_days(
+        args.day_files, args.out, sizes, multi_hot=args.multi_hot, overwrite=args.overwrite,
+        progress=not args.no_progress))  # fmt: skip
+    if isinstance(built, int):
+        return built
+    ds, seconds = built
+    print(f"wrote {ds.path} ({ds.meta['source']['days']} day files, "
+          f"{'multi-hot' if ds.meta['source']['multi_hot'] else 'one-hot'})")  # fmt: skip
+    print(f"  rows: train {len(ds.train):,}  val {len(ds.val):,}  test {len(ds.test):,}")
+    print(f"  bag sizes: {ds.bag_sizes}  table sizes: {ds.table_sizes}")
+    print(f"  {_rate(len(ds.train) + len(ds.val) + len(ds.test), seconds)}")
     return 0
 
 
@@ -191,6 +241,13 @@ def _add_synthetic(sub: SubParsers) -> None:
     )
     p.add_argument("--pooling-factor", type=int, default=1, metavar="L",
                    help="ids per bag, as dlrm's --num-indices-per-lookup (default 1: one-hot)")  # fmt: skip
+    p.add_argument("--preset", choices=("mlperf-dcnv2",), default=None,
+                   help="MLPerf DLRM-DCNv2's shape: its 26 table sizes (capped by --max-rows-per-table) and "
+                        "multi-hot bag sizes (214 ids per sample); --table-sizes / --bag-sizes override")  # fmt: skip
+    p.add_argument("--bag-sizes", type=_int_list, default=None, metavar="L1,L2,...",
+                   help="ids per bag of each table (multi-hot of per-table sizes)")  # fmt: skip
+    p.add_argument("--variable-bags", action="store_true",
+                   help="each bag holds a uniform 1..L_t of its L_t ids (per sample and table), padded with -1")  # fmt: skip
     p.add_argument("--drift-days", type=int, default=1, metavar="D",
                    help="cut the rows into D days; each day moves popular ranks to new rows (1: no drift)")  # fmt: skip
     p.add_argument("--drift-rate", type=float, default=0.0, metavar="R",
@@ -198,7 +255,7 @@ def _add_synthetic(sub: SubParsers) -> None:
     p.add_argument("--raw-tsv", default=None, metavar="FILE",
                    help="also write the rows as raw Criteo text: label, 13 ints, 26 hex (one-hot)")  # fmt: skip
     add_progress(p)
-    p.set_defaults(func=_run_synthetic)
+    p.set_defaults(func=_run_synthetic, declare=_declare)
 
 
 def _run_synthetic(args: argparse.Namespace) -> int:
@@ -212,18 +269,30 @@ def _run_synthetic(args: argparse.Namespace) -> int:
         )
     if not 0 <= args.seed < 2**32:
         return error("data synthetic", f"--seed must be in [0, 2**32), got {args.seed}")
-    names = ("seed", "table_sizes", "max_rows_per_table", "zipf", "pooling_factor", "raw_tsv", "overwrite", "drift_days",
-             "drift_rate")  # fmt: skip
+    if args.preset is not None:
+        from hotline.datasets.mlperf import MLPERF_BAG_SIZES, MLPERF_TABLE_SIZES
+
+        args.table_sizes = args.table_sizes or list(MLPERF_TABLE_SIZES)
+        args.bag_sizes = args.bag_sizes or list(MLPERF_BAG_SIZES)
+    names = ("seed", "table_sizes", "max_rows_per_table", "zipf", "pooling_factor", "drift_days", "drift_rate",
+             "bag_sizes", "variable_bags")  # fmt: skip
     built = _build("data synthetic", (ValueError, OSError), lambda: generate(
-        args.out, args.rows, **flags(args, *names), progress=not args.no_progress))  # fmt: skip
+        args.claim.path("--out"), args.rows, **flags(args, *names), raw_tsv=args.claim.path("--raw-tsv"),
+        overwrite=args.force, progress=not args.no_progress))  # fmt: skip
     if isinstance(built, int):
         return built
     ds, seconds = built
     path = ds.path
     info = ds.meta["synthetic"]
     splits = ", ".join(f"{name} {len(ds.split(name)):,}" for name in SPLITS)
-    print(f"wrote {path}: {splits} rows; {ds.num_tables} tables, {ds.total_rows:,} embedding rows, "
-          f"pooling factor {ds.pooling_factor}")  # fmt: skip
+    bags = (
+        f"pooling factor {ds.pooling_factor}"
+        if ds.uniform
+        else (
+            f"bag sizes {ds.bag_sizes} ({ds.lookups_per_sample} per sample{', variable, padded' if ds.padded else ''})"
+        )
+    )
+    print(f"wrote {path}: {splits} rows; {ds.num_tables} tables, {ds.total_rows:,} embedding rows, {bags}")
     print(
         f"click rate {info['click_rate']:.3f}; planted-model val AUC {info['planted_val_auc']} (the ceiling)"
     )

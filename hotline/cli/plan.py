@@ -8,6 +8,7 @@ from pathlib import Path
 from hotline.cli.args import (
     SubParsers,
     add_embedding,
+    add_force,
     add_output,
     add_progress,
     add_sampling,
@@ -15,6 +16,7 @@ from hotline.cli.args import (
     error,
     sample_fraction,
 )
+from hotline.table_layout import OPTIMIZERS, bytes_per_row
 from hotline.units import format_size, size_arg
 
 
@@ -46,9 +48,22 @@ def add_parser(subparsers: SubParsers) -> None:
     add_sampling(parser)
     add_embedding(parser)
     add_output(parser, "--out", "write plan.json and its side-car")
+    add_force(parser)
     add_threads(parser, "Numba threads")
     add_progress(parser)
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, declare=declare)
+
+
+def declare(args: argparse.Namespace):
+    """Outputs (the plan and its hot-rows side-car) and inputs for the output policy (:mod:`hotline.outputs`)."""
+    import os
+
+    from hotline.outputs import Output
+    from hotline.torchrec_bridge.plan_files import hot_rows_path
+
+    side = None if args.out is None else hot_rows_path(os.path.realpath(args.out))
+    outputs = [Output("--out", args.out), Output("--out (its hot-rows side-car)", side)]
+    return outputs, [("DATASET", args.dataset), ("--placement", args.placement)]
 
 
 def _table_text(summary) -> str:
@@ -104,12 +119,22 @@ def run(args: argparse.Namespace) -> int:
     from hotline import torchrec_bridge as bridge
 
     try:
+        config = bridge.PlanConfig(  # its bounds are checked before the dataset is read
+            world_size=args.world_size,
+            hbm_per_device=args.hbm_per_gpu,
+            compute_device=args.compute_device,
+            batch_size=args.batch_size,
+            algorithm=args.algorithm,
+            scaleup=not args.no_scaleup,
+        )
         dataset = Dataset(args.dataset)
         placement = Placement.load(args.placement, dataset=dataset) if args.placement else None
         dim = placement.embedding_dim if placement else args.embedding_dim
         optimizer = args.optimizer
         if placement is not None:
-            optimizer = "rowwise-adagrad" if placement.bytes_per_row == 4 * dim + 4 else "sgd"
+            optimizer = next(
+                (o for o in OPTIMIZERS if bytes_per_row(dim, o) == placement.bytes_per_row), "sgd"
+            )
         prof = profile(
             dataset,
             sample_fraction=sample_fraction(args),
@@ -119,14 +144,6 @@ def run(args: argparse.Namespace) -> int:
             embedding_dim=dim,
             optimizer=optimizer,
             progress=not args.no_progress,
-        )
-        config = bridge.PlanConfig(
-            world_size=args.world_size,
-            hbm_per_device=args.hbm_per_gpu,
-            compute_device=args.compute_device,
-            batch_size=args.batch_size,
-            algorithm=args.algorithm,
-            scaleup=not args.no_scaleup,
         )
         model = _dlrm_on_meta(bridge.embedding_bag_configs(prof.table_sizes, dim))
         sharding_plan, inputs = bridge.plan(model, prof, config, target=args.target, placement=placement)
@@ -147,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.out is not None:
         try:
-            plan_path, side = bridge.export_plan(args.out, sharding_plan, inputs, config)
+            plan_path, side = bridge.export_plan(args.claim.path("--out"), sharding_plan, inputs, config)
         except OSError as e:  # an unwritable or full output location: one line, no traceback
             return error("plan", e)
         print(f"plan written to {plan_path} ({len(inputs.choices)} tables), hot rows to {side}")

@@ -15,12 +15,14 @@ from hotline.cli.args import (
     SubParsers,
     add_arch,
     add_device,
+    add_force,
     add_threads,
     error,
     flags,
     ignore_further_interrupts,
     show_traceback,
 )
+from hotline.table_layout import OPTIMIZERS
 
 SUMMARY_KEYS = (
     "mode",
@@ -66,8 +68,22 @@ def add_parser(subparsers: SubParsers) -> None:
         "--learning-rate", type=float, default=0.1, metavar="LR", help="dense and sparse learning rate"
     )
     p.add_argument(
-        "--optimizer", default="sgd", choices=["sgd", "rowwise-adagrad"], help="sparse (and dense) optimizer"
+        "--optimizer",
+        default="sgd",
+        choices=list(OPTIMIZERS),
+        help="sparse optimizer (FBGEMM's: rowwise-adagrad = EXACT_ROWWISE_ADAGRAD, adagrad = ADAGRAD, adam = ADAM "
+        "with row-wise bias correction); dense layers get SGD, Adagrad (both Adagrads) or Adam to match",
     )
+    p.add_argument("--lr-num-warmup-steps", type=int, default=0, metavar="W",
+                   help="dense and sparse learning rate ramps up linearly over the first W steps (dlrm's schedule)")  # fmt: skip
+    p.add_argument("--lr-decay-start-step", type=int, default=0, metavar="S",
+                   help="the learning rate's quadratic decay starts at step S")  # fmt: skip
+    p.add_argument("--lr-num-decay-steps", type=int, default=0, metavar="N",
+                   help="and decays over N steps (0: no decay)")  # fmt: skip
+    p.add_argument("--preset", choices=["mlperf-dcnv2"], default=None,
+                   help="mlperf-dcnv2: MLPerf DLRM-DCNv2 (dim 128, 13-512-256-128, 1024-1024-512-256-1, dcn 3 x "
+                        "512, row-wise Adagrad at 0.005, its LR schedule, batch 65536 scaled to the machine); "
+                        "an explicit flag overrides its part")  # fmt: skip
     p.add_argument("--nepochs", type=int, default=1, metavar="N", help="passes over the training split")
     p.add_argument("--num-batches", type=int, default=0, metavar="N", help="stop after N steps (0: all)")
     p.add_argument(
@@ -112,32 +128,33 @@ def add_parser(subparsers: SubParsers) -> None:
         metavar="SIZE",
         help="--mode hotline without --placement: profile first, this budget (256MiB)",
     )
+    # --mode hotline's own flags: unset (None) unless given, so that one given for another mode is refused
+    # (MODE_FLAGS); an unset one takes TrainConfig's default, named in its help.
+    p.add_argument("--lookahead", type=int, metavar="K",
+                   help="hotline: steps gathered ahead (0: sequential; default 2)")  # fmt: skip
+    p.add_argument("--worker-threads", type=int, metavar="N",
+                   help="hotline: numba threads of the look-ahead worker (default 1)")  # fmt: skip
     p.add_argument(
-        "--lookahead", type=int, default=2, metavar="K", help="hotline: steps gathered ahead (0: sequential)"
-    )
-    p.add_argument(
-        "--worker-threads",
-        type=int,
-        default=1,
-        metavar="N",
-        help="hotline: numba threads of the look-ahead worker",
+        "--share-cores",
+        action="store_true",
+        help="hotline look-ahead: torch gives the producer the cores it is measured to keep busy (faster on "
+        "few cores; equal to device mode up to reassociation instead of bit-identical)",
     )
     p.add_argument(
         "--micro-batches",
-        default="auto",
         choices=["auto", "split", "fused"],
         help="hotline: popular and non-popular passes (split), one pass (fused), or auto: split at "
-        "--lookahead 0, fused when the cold rows were gathered ahead",
+        "--lookahead 0, fused when the cold rows were gathered ahead (default auto)",
     )
-    p.add_argument("--replace-every", type=int, default=0, metavar="N",
-                   help="hotline: re-choose the hot rows from online access counts every N steps (0: never)")  # fmt: skip
-    p.add_argument("--replace", default="off", choices=["off", "auto"],
+    p.add_argument("--replace-every", type=int, metavar="N",
+                   help="hotline: re-choose the hot rows from online access counts every N steps (default 0: never)")  # fmt: skip
+    p.add_argument("--replace", choices=["off", "auto"],
                    help="hotline: auto re-chooses when the hot-lookup share falls --replace-threshold below "
-                   "what the placement delivered")  # fmt: skip
-    p.add_argument("--replace-threshold", type=float, default=0.05, metavar="P",
-                   help="fall in hot-lookup share that triggers --replace auto (0.05: 5 points)")  # fmt: skip
-    p.add_argument("--count-decay", type=float, default=0.99, metavar="D",
-                   help="per-step decay of the online access counts")  # fmt: skip
+                   "what the placement delivered (default off)")  # fmt: skip
+    p.add_argument("--replace-threshold", type=float, metavar="P",
+                   help="hotline: fall in hot-lookup share that triggers --replace auto (default 0.05: 5 points)")  # fmt: skip
+    p.add_argument("--count-decay", type=float, metavar="D",
+                   help="hotline: per-step decay of the online access counts (default 0.99)")  # fmt: skip
     p.add_argument("--save-placement", metavar="FILE",
                    help="hotline: write the placement in force at the end (.npz, as `hotline profile --out`)")  # fmt: skip
     p.add_argument(
@@ -147,11 +164,21 @@ def add_parser(subparsers: SubParsers) -> None:
         "--checkpoint-every", type=int, default=0, metavar="N", help="steps between checkpoints (0: none)"
     )
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    add_force(p)
     p.add_argument(
         "--resume-if-present",
         action="store_true",
         help="resume if --checkpoint-dir holds a checkpoint of this run, else start (for job schedulers)",
     )
+    p.add_argument("--cold-store", choices=("memory", "disk"), default="memory",
+                   help="hybrid/hotline: cold rows in host memory, or in a file on local disk (tables beyond DRAM)")  # fmt: skip
+    p.add_argument("--cold-dir", metavar="DIR", help="--cold-store disk: the directory of its file")
+    p.add_argument("--cold-io-depth", type=int, default=32, metavar="N",
+                   help="--cold-store disk: reads in flight (I/O threads)")  # fmt: skip
+    p.add_argument("--cold-cache", default="0", metavar="SIZE",
+                   help="--cold-store disk: DRAM kept for its most popular rows (e.g. 2GiB; 0: none)")  # fmt: skip
+    p.add_argument("--no-cold-direct", action="store_true",
+                   help="--cold-store disk: through the OS page cache instead of O_DIRECT")  # fmt: skip
     p.add_argument(
         "--no-progress",
         action="store_true",
@@ -164,38 +191,146 @@ def add_parser(subparsers: SubParsers) -> None:
         metavar="N",
         help="train on N local ranks (data-parallel, through torch.distributed.run, as torchrun does; unset: one process)",
     )
-    p.set_defaults(func=run, train_parser=p)
+    p.set_defaults(func=run, declare=declare, train_parser=p)
+
+
+# The one table of which flags have an effect in which --mode: a flag given for a mode it has no effect in is
+# refused, every one the same way (unset, these flags are None).
+# --mode auto accepts the hotline flags: they apply when it chooses hotline (--placement and --hbm-budget
+# choose it).
+_HOTLINE = ("hotline", "auto")
+MODE_FLAGS = {
+    "--placement": ("placement", _HOTLINE),
+    "--hbm-budget": ("hbm_budget", _HOTLINE),
+    "--lookahead": ("lookahead", _HOTLINE),
+    "--worker-threads": ("worker_threads", _HOTLINE),
+    "--micro-batches": ("micro_batches", _HOTLINE),
+    "--replace-every": ("replace_every", _HOTLINE),
+    "--replace": ("replace", _HOTLINE),
+    "--replace-threshold": ("replace_threshold", _HOTLINE),
+    "--count-decay": ("count_decay", _HOTLINE),
+    "--save-placement": ("save_placement", _HOTLINE),
+    "--hardware": ("hardware", ("auto",)),
+}
+
+
+def check_mode_flags(args: argparse.Namespace) -> None:
+    """Raises ValueError for the first flag of :data:`MODE_FLAGS` given with a ``--mode`` it has no effect in,
+    and for ``--load`` with ``--resume`` (two starting points)."""
+    for flag, (dest, modes) in MODE_FLAGS.items():
+        if getattr(args, dest, None) is not None and args.mode not in modes:
+            raise ValueError(
+                f"{flag} has an effect with --mode {' or '.join(modes)} only; --mode {args.mode} would ignore it"
+            )
+    if args.load and (args.resume or args.resume_if_present):
+        flag = "--resume" if args.resume else "--resume-if-present"
+        raise ValueError(
+            f"--load {args.load} and {flag} are two starting points (a checkpoint file, or the newest checkpoint "
+            f"in --checkpoint-dir): give one of them"
+        )
+
+
+# TrainConfig fields a preset may set -> the flag that overrides them (as argparse dests).
+PRESET_FLAGS = {
+    "embedding_dim": "arch_sparse_feature_size", "bottom_mlp": "arch_mlp_bot", "top_mlp": "arch_mlp_top",
+    "interaction": "arch_interaction_op", "dcn_num_layers": "dcn_num_layers", "dcn_low_rank_dim": "dcn_low_rank_dim",
+    "optimizer": "optimizer", "learning_rate": "learning_rate", "lr_warmup_steps": "lr_num_warmup_steps",
+    "lr_decay_start_step": "lr_decay_start_step", "lr_decay_steps": "lr_num_decay_steps",
+    "mini_batch_size": "mini_batch_size",
+}  # fmt: skip
+
+
+def _given(args: argparse.Namespace) -> set[str]:
+    """The dests of the options given on the command line."""
+    argv = getattr(args, "command_line", None) or []
+    return {
+        a.dest
+        for a in args.train_parser._actions
+        if any(tok == o or tok.startswith(o + "=") for o in a.option_strings for tok in argv)
+    }
+
+
+def apply_preset(args: argparse.Namespace) -> None:
+    """Writes ``--preset``'s values into ``args`` for every part no flag gave, then forgets the preset (so the
+    ranks of ``--nproc`` get the resolved flags). The preset's batch is scaled to the machine: see
+    :func:`hotline.training.presets.scaled_batch_size`."""
+    from dataclasses import fields
+
+    from hotline.training.config import TrainConfig
+    from hotline.training.presets import machine_memory, preset_values, scaled_batch_size
+
+    if not args.preset:
+        return
+    given = _given(args)
+    values = preset_values(args.preset, {f.name for f in fields(TrainConfig)})
+    for field_name, value in values.items():
+        dest = PRESET_FLAGS[field_name]
+        if dest in given or not hasattr(args, dest):
+            continue
+        if field_name == "mini_batch_size":
+            from hotline.training.config import resolve_device
+
+            lookups = _lookups_per_sample(args)
+            dim = (
+                args.arch_sparse_feature_size
+                if "arch_sparse_feature_size" in given
+                else values["embedding_dim"]
+            )
+            value = scaled_batch_size(value, lookups, dim, machine_memory(resolve_device(args.device)))
+            if os.environ.get("RANK", "0") == "0":
+                print(f"hotline train: --preset {args.preset}: mini-batch {value} (MLPerf's 65536 scaled to this "
+                      f"machine's memory; --mini-batch-size overrides)", file=sys.stderr)  # fmt: skip
+        elif isinstance(value, list):
+            value = "-".join(map(str, value))
+        setattr(args, dest, value)
+    args.preset = None
+
+
+def _lookups_per_sample(args: argparse.Namespace) -> int:
+    """Id columns per sample of the dataset to train on (MLPerf's 214 when it cannot be read yet)."""
+    from hotline.datasets.format import Dataset, DatasetError
+    from hotline.datasets.mlperf import MLPERF_BAG_SIZES
+
+    try:
+        return Dataset(args.dataset).lookups_per_sample if args.dataset else 26
+    except (DatasetError, OSError):
+        return sum(MLPERF_BAG_SIZES)
 
 
 def config_from_args(args: argparse.Namespace):
-    """The TrainConfig of parsed ``hotline train`` flags (ValueError naming the flag if one is wrong)."""
+    """The TrainConfig of parsed ``hotline train`` flags (ValueError naming the flag if one is wrong); made
+    once per parse (the output policy reads it first)."""
+    if getattr(args, "train_config", None) is None:
+        args.train_config = _config_from_args(args)
+    return args.train_config
+
+
+def _config_from_args(args: argparse.Namespace):
     from hotline.models.dlrm import parse_layers
     from hotline.training.config import TrainConfig
 
+    apply_preset(args)
     if args.mode == "auto" and (args.placement or args.hbm_budget):
         args.mode = "hotline"  # the hot rows are given: nothing left to choose but hotline
-    if args.hardware and args.mode != "auto":
-        raise ValueError(f"--hardware prices the choice of --mode auto; --mode {args.mode} was given")
-    if args.mode not in ("auto", "hotline") and (args.placement or args.hbm_budget):
-        flag = "--placement" if args.placement else "--hbm-budget"
-        raise ValueError(f"{flag} places hot rows for --mode hotline; --mode {args.mode} would ignore it")
-    if args.nproc is not None and args.nproc < 1:
-        raise ValueError(f"--nproc must be >= 1, got {args.nproc}")
+    check_mode_flags(args)
     warn = not os.environ.get("HOTLINE_LAUNCHED") and os.environ.get("RANK", "0") == "0"  # once per run
     if warn and args.threads and args.threads > (os.cpu_count() or 1):
         print(f"hotline train: warning: --threads {args.threads} is more than the {os.cpu_count()} cores",
               file=sys.stderr)  # fmt: skip
+    from hotline.units import parse_size
+
     hbm_budget = None
     if args.hbm_budget:
-        from hotline.units import parse_size
-
         hbm_budget = parse_size(args.hbm_budget)
     same = ("mode", "mini_batch_size", "learning_rate", "optimizer", "nepochs", "num_batches", "print_freq",
-            "test_freq", "eval_max_samples", "seed", "device", "lookahead", "worker_threads", "micro_batches",
-            "checkpoint_dir", "checkpoint_every", "resume", "resume_if_present", "replace_every", "replace",
-            "replace_threshold", "count_decay")  # fmt: skip
+            "test_freq", "eval_max_samples", "seed", "device", "share_cores", "checkpoint_dir", "checkpoint_every",
+            "resume", "resume_if_present", "cold_store", "cold_dir", "cold_io_depth", "lr_decay_start_step")  # fmt: skip
+    hotline_only = ("lookahead", "worker_threads", "micro_batches", "replace_every", "replace",
+                    "replace_threshold", "count_decay")  # fmt: skip
+    given = {k: v for k, v in flags(args, *hotline_only).items() if v is not None}  # the rest: defaults
     return TrainConfig(
         **flags(args, *same),
+        **given,
         embedding_dim=args.arch_sparse_feature_size,
         bottom_mlp=parse_layers(args.arch_mlp_bot, "--arch-mlp-bot"),
         top_mlp=parse_layers(args.arch_mlp_top, "--arch-mlp-top"),
@@ -210,6 +345,10 @@ def config_from_args(args: argparse.Namespace):
         dump_init_path=args.dump_init,
         placement_path=args.placement,
         hbm_budget=hbm_budget,
+        cold_cache=parse_size(args.cold_cache),
+        cold_direct=not args.no_cold_direct,
+        lr_warmup_steps=args.lr_num_warmup_steps,
+        lr_decay_steps=args.lr_num_decay_steps,
     )
 
 
@@ -218,8 +357,16 @@ def run(args: argparse.Namespace) -> int:
     under_torchrun = world > 1 and "RANK" in os.environ
     if under_torchrun and args.nproc and args.nproc != world:
         return error("train", f"--nproc {args.nproc} but torchrun started {world} ranks")
+    try:
+        apply_preset(args)
+    except ValueError as e:
+        return error("train", e)
     if (args.nproc or 1) > 1 and not under_torchrun:
         return _launch(args)
+    if under_torchrun:
+        from hotline.distributed.launcher import die_with_launcher
+
+        die_with_launcher()  # a rank of --nproc N never outlives its launcher (kill -9 included)
     return _train(args, distributed=under_torchrun)
 
 
@@ -237,25 +384,37 @@ def _launch(args: argparse.Namespace) -> int:
             from hotline.datasets.format import Dataset
 
             choice = _choose(config, Dataset(args.dataset), args)
-            args.mode, args.lookahead, args.hardware = choice.mode, choice.lookahead, None
+            args.mode, args.hardware = choice.mode, None
+            args.lookahead = choice.lookahead if choice.mode == "hotline" else None  # MODE_FLAGS in the ranks
             args.hbm_budget = str(choice.hbm_budget) if choice.hbm_budget else None
     except ValueError as e:
         return error("train", e)
     return launch(args.nproc, ["train", *launcher_argv(args.train_parser, args, ("nproc", "train_parser"))])
 
 
+def declare(args: argparse.Namespace):
+    """The run's outputs and inputs, for the output policy (:mod:`hotline.outputs`): every rank's --save."""
+    from hotline.training.preflight import train_inputs, train_outputs
+
+    config = config_from_args(args)
+    world_size = args.nproc or int(os.environ.get("WORLD_SIZE", "1"))
+    outputs = train_outputs(config, args.save, args.save_placement, world_size)
+    return outputs, train_inputs(config, args.dataset, args.load)
+
+
 def _train(args: argparse.Namespace, distributed: bool) -> int:
     """One process's run: the whole training, or this rank's part of it."""
     from hotline.distributed.comm import Comm
+    from hotline.distributed.launcher import EXIT_TRANSIENT, StartError
     from hotline.pipeline.threads import configure_threads
     from hotline.training.checkpoint import load_checkpoint, save_checkpoint
-    from hotline.training.preflight import check_train_outputs, finite_json
+    from hotline.training.preflight import finite_json
     from hotline.training.trainer import Trainer
 
     comm = None
+    claim = args.claim  # the outputs, judged and locked before anything is loaded (hotline.cli.main)
     try:
         config = config_from_args(args)  # a bad flag value is a ValueError: one line like the rest
-        check_train_outputs(config, args.save)  # every output writable before anything is loaded
         if distributed:
             from hotline.distributed.launcher import init_from_env, worker_threads
 
@@ -266,37 +425,50 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
             configure_threads(config.threads)
         dataset = _dataset(args, comm)
         if args.load:  # a missing checkpoint is named before --mode auto profiles
+            from hotline._paths import check_file
             from hotline.training.checkpoint import CheckpointError
 
-            if not os.path.isfile(args.load):
-                raise CheckpointError(f"checkpoint {args.load} does not exist")
+            check_file(args.load, "checkpoint", CheckpointError)  # a directory, a FIFO, /dev/null: named
+        if args.init_params:  # named before --mode auto profiles, too
+            from hotline._paths import check_file
+
+            check_file(args.init_params, "--init-params")
         chosen = []
 
         def choose(cfg, ds):
-            chosen.append(_choose(cfg, ds, args, comm))
+            chosen.append(_choose(cfg, ds, args, comm, announce=False))
             c = chosen[0]
             return replace(cfg, mode=c.mode, lookahead=c.lookahead, hbm_budget=c.hbm_budget)
 
         trainer = Trainer(config, dataset, comm, choose=choose)
         choice = chosen[0] if chosen else None
+        if choice is not None:  # printed when training starts, after every check of the run's inputs
+            trainer.announce = choice.line()
         try:
             if args.load:
                 step = load_checkpoint(trainer, args.load)
                 if comm.rank == 0:
                     print(f"loaded {args.load} (step {step})", file=sys.stderr)
-            summary = trainer.fit()
+            summary = trainer.fit(claim)
+            if config.cold_store == "disk":
+                _report_disk(trainer)
             if args.save:
-                save_checkpoint(trainer, args.save)
+                save_checkpoint(trainer, claim.path("--save") if comm.world_size == 1 else args.save)
             if args.save_placement and comm.rank == 0:
-                placement = getattr(trainer.mode, "placement", None)
-                if placement is None:
-                    raise ValueError("--save-placement: --mode device has no placement")
-                placement.save(args.save_placement)
+                trainer.mode.placement.save(claim.path("--save-placement"))  # --mode hotline: MODE_FLAGS
         finally:
             trainer.close()
         # Every rank reaches this point before any tears gloo down: destroying the group while a peer's
         # connection is still live made that peer's gloo thread call std::terminate (seen in CI-like runs).
         comm.barrier()
+    except StartError as e:  # gloo could not connect the ranks: one line; --nproc tries a transient one again
+        rank, retried = os.environ.get("RANK", "?"), e.transient and os.environ.get("HOTLINE_LAUNCHED")
+        note = " (transient: the launcher starts the ranks again)" if retried else ""
+        print(
+            f"hotline train: {f'rank {rank}' if retried else f'error (rank {rank})'}: {e}{note}",
+            file=sys.stderr,
+        )
+        return EXIT_TRANSIENT if retried else 2
     except (ValueError, IndexError, FloatingPointError, OSError) as e:
         # User-caused problems (bad dataset, placement, checkpoint, flags, a diverging loss, a full disk):
         # one clear line, no traceback. DatasetError, PlacementError and CheckpointError are ValueErrors.
@@ -324,8 +496,22 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
     return 0
 
 
-def _choose(config, dataset, args: argparse.Namespace, comm=None):
-    """``--mode auto``'s choice for this run (rank 0 chooses and every rank takes its decision), printed."""
+def _report_disk(trainer) -> None:
+    """One line of a disk-backed run: its file, I/O mode, bytes of rows and state, and the peak resident
+    memory of this process (Linux ru_maxrss is in KiB)."""
+    import resource
+
+    from hotline.units import format_size
+
+    f = trainer.mode.cold.host.file
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(f"cold store {f.path} ({f.mode}): {format_size(f.num_rows * f.record)} of rows and optimizer state "
+          f"on disk; peak RSS {format_size(rss)}", file=sys.stderr)  # fmt: skip
+
+
+def _choose(config, dataset, args: argparse.Namespace, comm=None, announce: bool = True):
+    """``--mode auto``'s choice for this run (rank 0 chooses and every rank takes its decision); printed by
+    rank 0 with ``announce`` (else the caller prints :meth:`AutoChoice.line` when training starts)."""
     from hotline.training.auto import AutoChoice, choose_for_run
 
     if comm is None or comm.world_size == 1:
@@ -341,7 +527,7 @@ def _choose(config, dataset, args: argparse.Namespace, comm=None):
         comm.all_reduce_(code, "auto")
         if choice is None:
             choice = AutoChoice.from_code(code.tolist())
-    if comm is None or comm.rank == 0:
+    if announce and (comm is None or comm.rank == 0):
         print(choice.line(), file=sys.stderr)
     return choice
 

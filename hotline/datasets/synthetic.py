@@ -40,10 +40,12 @@ from pathlib import Path
 
 import numpy as np
 
+from hotline._io import temporary_name
 from hotline.datasets.drift import RankDrift
 from hotline.datasets.format import NUM_DENSE, SPLITS, DatasetWriter
 from hotline.datasets.zipf import sample_zipf, zipf_pmf, zipf_top_share  # noqa: F401 - re-exported
 from hotline.kernels.synthetic import bag_effects
+from hotline.table_layout import PAD_ID
 
 # Rows per table of the 26 categorical features of Criteo Kaggle (Display Advertising Challenge), as dlrm
 # reports them for the preprocessed Kaggle data.
@@ -100,6 +102,10 @@ class SyntheticConfig:
     """Zipf exponent s of every table, or one per table (0 = uniform)."""
     pooling_factor: int = 1
     """Ids per bag L (dlrm's --num-indices-per-lookup, fixed); 1 = one-hot."""
+    bag_sizes: tuple[int, ...] | None = None
+    """Ids per bag of each table (multi-hot of per-table sizes, e.g. MLPerf's); None: ``pooling_factor`` for all."""
+    variable_bags: bool = False
+    """Each bag holds a uniform 1..L_t of its L_t slots (per sample and table), the rest padded with -1."""
     drift_days: int = 1
     """Days the row stream is cut into (1: no drift); each day moves popular ranks to new rows."""
     drift_rate: float = 0.0
@@ -140,6 +146,15 @@ class SyntheticConfig:
                 raise ValueError(f"zipf exponent of table {t} must be in [0, 10], got {z}")
         if int(self.pooling_factor) != self.pooling_factor or self.pooling_factor < 1:
             raise ValueError(f"pooling_factor must be an integer >= 1, got {self.pooling_factor!r}")
+        if self.bag_sizes is not None:
+            bags = tuple(int(b) for b in self.bag_sizes)
+            if len(bags) != len(sizes) or any(b < 1 or b != g for b, g in zip(bags, self.bag_sizes)):
+                raise ValueError(
+                    f"bag_sizes must be {len(sizes)} integers >= 1 (one per table), got {self.bag_sizes!r}"
+                )
+            if self.pooling_factor != 1:
+                raise ValueError("give bag_sizes or pooling_factor, not both")
+            object.__setattr__(self, "bag_sizes", bags)
         if int(self.drift_days) != self.drift_days or self.drift_days < 1:
             raise ValueError(f"drift_days must be an integer >= 1, got {self.drift_days!r}")
         if not 0.0 <= self.drift_rate <= 1.0:
@@ -151,6 +166,16 @@ class SyntheticConfig:
     @property
     def num_tables(self) -> int:
         return len(self.sizes)
+
+    @property
+    def bags(self) -> tuple[int, ...]:
+        """Bag size L_t of every table."""
+        return self.bag_sizes if self.bag_sizes is not None else (int(self.pooling_factor),) * self.num_tables
+
+    @property
+    def uniform(self) -> bool:
+        """One bag size for all tables and no padding: the [N, T, L] dataset format."""
+        return len(set(self.bags)) == 1 and not self.variable_bags
 
     def source(self) -> dict:
         """Every parameter, as written to meta.json's ``source`` (and hashed into the fingerprint)."""
@@ -164,7 +189,12 @@ class SyntheticConfig:
             "max_rows_per_table": self.max_rows_per_table,
             "zipf": list(self.exponents),
             "pooling_factor": int(self.pooling_factor),
-            # only when on: datasets without drift keep their fingerprints
+            # only when on: one-hot / fixed-L datasets keep their fingerprints
+            **(
+                {"bag_sizes": list(self.bags), "variable_bags": self.variable_bags}
+                if not self.uniform
+                else {}
+            ),
             **(
                 {"drift_days": int(self.drift_days), "drift_rate": float(self.drift_rate)}
                 if self.drifts
@@ -259,15 +289,15 @@ class _PlantedModel:
         logit = self.logit(sample["dense"], sample["table_logit"], sample["interactions"])
         self.bias = _calibrate_bias(logit, TARGET_CTR)
 
-    def add_table_terms(self, t: int, ranks: np.ndarray, table_logit: np.ndarray, interactions: dict) -> None:
+    def add_table_terms(self, t: int, ranks: np.ndarray, table_logit: np.ndarray, interactions: dict,
+                        lengths: np.ndarray | None = None) -> None:  # fmt: skip
         """Adds table t's main effect (bags [m, L] averaged) to ``table_logit`` [m] and keeps its second effect
-        in ``interactions`` if an interaction pair uses it. Tables without either cost nothing."""
+        in ``interactions`` if an interaction pair uses it. Tables without either cost nothing. ``lengths``
+        [m]: the bags are variable, only their first ``lengths`` ids count."""
         if self.table_weight[t] != 0.0:
-            table_logit += self.table_weight[t] * bag_effects(
-                ranks, self.tables.effect_key[t], EFFECT_RANK_SCALE
-            )
+            table_logit += self.table_weight[t] * _effects(ranks, self.tables.effect_key[t], lengths)
         if t in self.interaction_tables:
-            interactions[t] = bag_effects(ranks, self.tables.interaction_key[t], EFFECT_RANK_SCALE)
+            interactions[t] = _effects(ranks, self.tables.interaction_key[t], lengths)
 
     def logit(self, dense: np.ndarray, table_logit: np.ndarray, interactions: dict) -> np.ndarray:
         """Planted logit of rows with log-count dense features [m, 13], the summed table effects [m] and the
@@ -277,6 +307,16 @@ class _PlantedModel:
         for a, b in self.pairs:
             out += INTERACTION_SCALE * interactions[a] * interactions[b]
         return out
+
+
+def _effects(ranks: np.ndarray, key: int, lengths: np.ndarray | None) -> np.ndarray:
+    """Mean per-rank effect of each bag [m] (of its first ``lengths`` ids when given)."""
+    if lengths is None:
+        return bag_effects(ranks, key, EFFECT_RANK_SCALE)
+    m, L = ranks.shape
+    each = bag_effects(ranks.reshape(-1, 1), key, EFFECT_RANK_SCALE).reshape(m, L)
+    each[np.arange(L)[None, :] >= lengths[:, None]] = 0.0
+    return each.sum(axis=1) / lengths
 
 
 def _calibrate_bias(logit: np.ndarray, ctr: float) -> float:
@@ -298,7 +338,10 @@ def _make_rows(cfg: SyntheticConfig, model: _PlantedModel, seq: np.random.SeedSe
     Every random array comes from its own stream in one call of ``m`` rows, so these rows are the first ``m``
     of any larger call: the data of row i does not depend on the number of rows made.
     """
-    normal_seq, missing_seq, label_seq, *table_seqs = seq.spawn(3 + cfg.num_tables)
+    T = cfg.num_tables
+    # The bag-length streams come after the first 3 + T children: fixed bags draw exactly what they always did.
+    normal_seq, missing_seq, label_seq, *table_seqs = seq.spawn(3 + T + (T if cfg.variable_bags else 0))
+    table_seqs, length_seqs = table_seqs[:T], table_seqs[T:]
     # float32 throughout: three times faster than float64, and exact for counts below 2**24.
     x = np.random.default_rng(normal_seq).standard_normal((m, NUM_DENSE), dtype=np.float32)
     x *= DENSE_LOG_SPREAD.astype(np.float32)
@@ -312,23 +355,37 @@ def _make_rows(cfg: SyntheticConfig, model: _PlantedModel, seq: np.random.SeedSe
     counts[missing] = -1
     x += 1.0
     dense = np.log(x, out=x)  # log(float32(x) + 1) in float32, exactly as dlrm's Criteo pipeline
-    T, L = cfg.num_tables, cfg.pooling_factor
-    rows = np.empty((m, T, L), np.int32)
+    bags = cfg.bags
+    starts = np.concatenate([[0], np.cumsum(bags)])
+    rows = np.empty((m, int(starts[-1])), np.int32)  # [m, C]: table t's bag is columns starts[t]:starts[t+1]
     table_logit = np.zeros(m)
     interactions: dict[int, np.ndarray] = {}
     top_hits = np.empty(T, np.int64)
+    lookups = np.empty(T, np.int64)
     for t, (n, s) in enumerate(zip(cfg.sizes, cfg.exponents, strict=True)):
+        L = bags[t]
         redraw_key = int(table_seqs[t].generate_state(1, np.uint64)[0])
         ranks = sample_zipf(np.random.default_rng(table_seqs[t]), n, s, (m, L), redraw_key)
         if drift is not None:  # the item at a rank depends on the day (effects follow the item)
             ranks = drift.apply(t, ranks, drift.day_of(start + np.arange(m), cfg.rows))
-        top_hits[t] = np.count_nonzero(ranks < top_rows(n))
-        rows[:, t, :] = model.tables.row_ids(t, ranks, n)
-        model.add_table_terms(t, ranks, table_logit, interactions)
+        lengths, pad = None, None
+        if cfg.variable_bags:
+            lengths = np.random.default_rng(length_seqs[t]).integers(1, L + 1, size=m)
+            pad = np.arange(L)[None, :] >= lengths[:, None]
+        top = ranks < top_rows(n)
+        top_hits[t] = np.count_nonzero(top if pad is None else top & ~pad)
+        lookups[t] = m * L if pad is None else int(lengths.sum())
+        bag = model.tables.row_ids(t, ranks, n)
+        if pad is not None:
+            bag[pad] = PAD_ID
+        rows[:, starts[t] : starts[t + 1]] = bag
+        model.add_table_terms(t, ranks, table_logit, interactions, lengths)
     logit = model.logit(dense, table_logit, interactions)
     labels = (np.random.default_rng(label_seq).random(m) < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
+    if cfg.uniform:
+        rows = rows.reshape(m, T, bags[0])
     return {"counts": counts, "dense": dense, "rows": rows, "table_logit": table_logit, "interactions": interactions,
-            "top_hits": top_hits, "logit": logit, "labels": labels}  # fmt: skip
+            "top_hits": top_hits, "lookups": lookups, "logit": logit, "labels": labels}  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------- generation
@@ -343,6 +400,8 @@ def generate(
     max_rows_per_table: int | None = None,
     zipf: float | Sequence[float] = DEFAULT_ZIPF,
     pooling_factor: int = 1,
+    bag_sizes: Sequence[int] | None = None,
+    variable_bags: bool = False,
     raw_tsv: str | os.PathLike | None = None,
     progress: bool = True,
     drift_days: int = 1,
@@ -362,6 +421,8 @@ def generate(
         max_rows_per_table=max_rows_per_table,
         zipf=float(zipf) if np.ndim(zipf) == 0 else tuple(float(z) for z in zipf),
         pooling_factor=pooling_factor,
+        bag_sizes=None if bag_sizes is None else tuple(bag_sizes),
+        variable_bags=variable_bags,
         drift_days=drift_days,
         drift_rate=drift_rate,
     )
@@ -373,18 +434,16 @@ def generate_config(
     progress: bool = True, overwrite: bool = True,
 ) -> Path:  # fmt: skip
     """Generates the dataset described by ``cfg`` at ``out``; see :func:`generate`."""
-    from tqdm.auto import tqdm
-
     from hotline.datasets.format import check_output_dir
 
     check_output_dir(out, overwrite, [raw_tsv] if raw_tsv is not None else [])  # before any TSV is written
-    if raw_tsv is not None and cfg.pooling_factor > 1:
+    if raw_tsv is not None and (max(cfg.bags) > 1 or cfg.variable_bags):
         raise ValueError(
-            f"raw_tsv: the raw Criteo format has one id per table, but pooling_factor is "
-            f"{cfg.pooling_factor}; write raw TSV only with pooling_factor 1"
+            f"raw_tsv: the raw Criteo format has one id per table, but pooling_factor is {cfg.pooling_factor} "
+            f"(bags of up to {max(cfg.bags)} ids); write raw TSV only with one-hot bags (pooling_factor 1)"
         )
     if raw_tsv is not None:
-        from hotline.datasets.criteo_raw import NUM_CATEGORICAL, write_raw_tsv
+        from hotline.datasets.criteo_raw import NUM_CATEGORICAL
 
         if cfg.num_tables != NUM_CATEGORICAL:
             raise ValueError(
@@ -393,6 +452,9 @@ def generate_config(
             )
 
         Path(raw_tsv).parent.mkdir(parents=True, exist_ok=True)
+        # Written beside it under a name only Hotline uses (same suffix: .gz compresses), renamed at the end:
+        # a failed run leaves no partial TSV and an existing file as it was.
+        tsv = Path(raw_tsv).with_name(temporary_name(Path(raw_tsv)).name + Path(raw_tsv).suffix)
     tables = _Tables(cfg)
     model = _PlantedModel(cfg, tables)
     drift = RankDrift(cfg.sizes, cfg.drift_days, cfg.drift_rate, cfg.seed) if cfg.drifts else None
@@ -401,12 +463,33 @@ def generate_config(
     for name in STREAM_ORDER:
         bounds[name] = (start, start + sizes[name])
         start += sizes[name]
-    top_hits = np.zeros(cfg.num_tables, np.int64)
-    val_logit, val_labels, clicks = [], [], 0
     writer = DatasetWriter(
         out, list(cfg.sizes), pooling_factor=cfg.pooling_factor, overwrite=overwrite,
         inputs=[raw_tsv] if raw_tsv is not None else [],
+        bag_sizes=None if cfg.uniform else list(cfg.bags), padded=cfg.variable_bags,
     )  # fmt: skip
+    try:
+        return _write(cfg, writer, tables, model, drift, sizes, bounds, raw_tsv and tsv, progress, raw_tsv)
+    finally:
+        if raw_tsv is not None:
+            tsv.unlink(missing_ok=True)
+
+
+def _write(cfg, writer, tables, model, drift, sizes, bounds, tsv, progress, raw_tsv) -> Path:
+    """Fills the dataset (and the raw TSV at temporary name ``tsv``, moved to ``raw_tsv`` last)."""
+    from tqdm.auto import tqdm
+
+    from hotline.datasets.criteo_raw import write_raw_tsv as write_rows
+
+    def write_raw_tsv(path, *arrays, append: bool) -> None:  # a failure names the file the user gave
+        try:
+            write_rows(path, *arrays, append=append)
+        except OSError as e:
+            raise OSError(e.errno, f"{e.strerror}: cannot write {raw_tsv} (no partial file was left)") from e
+
+    top_hits = np.zeros(cfg.num_tables, np.int64)
+    val_logit, val_labels, clicks = [], [], 0
+    lookups = np.zeros(cfg.num_tables, np.int64)
     with writer:
         arrays = {name: writer.create_split(name, sizes[name]) for name in SPLITS}
         bar = tqdm(total=cfg.rows, unit="rows", unit_scale=True, desc="synthetic", disable=not progress)
@@ -414,6 +497,7 @@ def generate_config(
             hi = min(lo + CHUNK_ROWS, cfg.rows)
             chunk = _make_rows(cfg, model, np.random.SeedSequence([cfg.seed, 0, c]), hi - lo, lo, drift)
             top_hits += chunk["top_hits"]
+            lookups += chunk["lookups"]
             clicks += int(chunk["labels"].sum())
             for name, (s0, s1) in bounds.items():
                 a, b = max(lo, s0), min(hi, s1)
@@ -426,31 +510,35 @@ def generate_config(
                 if name == "val":
                     val_logit.append(chunk["logit"][a - lo : b - lo])
                     val_labels.append(chunk["labels"][a - lo : b - lo])
-            if raw_tsv is not None:
+            if tsv:
                 cats = np.stack(
                     [tables.raw_values(t, chunk["rows"][:, t, 0]) for t in range(cfg.num_tables)], 1
                 )
-                write_raw_tsv(raw_tsv, chunk["labels"].astype(np.int64), chunk["counts"], cats, append=c > 0)
+                write_raw_tsv(tsv, chunk["labels"].astype(np.int64), chunk["counts"], cats, append=c > 0)
             bar.update(hi - lo)
         bar.close()
-        if raw_tsv is not None and cfg.rows == 0:
-            write_raw_tsv(raw_tsv, np.zeros(0, np.int64), np.zeros((0, NUM_DENSE), np.int64),
+        if tsv and cfg.rows == 0:
+            write_raw_tsv(tsv, np.zeros(0, np.int64), np.zeros((0, NUM_DENSE), np.int64),
                           np.zeros((0, cfg.num_tables), np.int64), append=False)  # fmt: skip
         for dense, sparse, labels in arrays.values():
             for a in (dense, sparse, labels):
                 a.flush()
         del arrays
-        extra = {"synthetic": _summary(cfg, model, top_hits, clicks, val_logit, val_labels)}
+        extra = {"synthetic": _summary(cfg, model, top_hits, clicks, val_logit, val_labels, lookups)}
         if drift is not None:
             extra["drift"] = drift.meta(cfg.rows)
-        return writer.finish(source=cfg.source(), extra=extra)
+        path = writer.finish(source=cfg.source(), extra=extra)
+        if tsv:
+            os.replace(tsv, raw_tsv)
+        return path
 
 
-def _summary(cfg, model, top_hits, clicks, val_logit, val_labels) -> dict:
-    """The ``synthetic`` entry of meta.json: planted AUC (the ceiling), click rate, measured skew."""
+def _summary(cfg, model, top_hits, clicks, val_logit, val_labels, lookups) -> dict:
+    """The ``synthetic`` entry of meta.json: planted AUC (the ceiling), click rate, measured skew (the share of
+    each table's lookups, padding not counted, that hit its top rows)."""
     from hotline.training.metrics import roc_auc
 
-    lookups = max(1, cfg.rows * cfg.pooling_factor)
+    lookups = np.maximum(lookups, 1)
     logit = np.concatenate(val_logit) if val_logit else np.zeros(0)
     labels = np.concatenate(val_labels) if val_labels else np.zeros(0)
     auc = roc_auc(labels, logit) if labels.size else float("nan")
@@ -459,7 +547,7 @@ def _summary(cfg, model, top_hits, clicks, val_logit, val_labels) -> dict:
         "click_rate": round(clicks / max(1, cfg.rows), 5),
         "top_share": TOP_SHARE,
         "top_rows": [top_rows(n) for n in cfg.sizes],
-        "top_hit_share_measured": [round(float(h) / lookups, 5) for h in top_hits],
+        "top_hit_share_measured": [round(float(h) / n, 5) for h, n in zip(top_hits, lookups)],
         "top_hit_share_expected": [
             round(zipf_top_share(n, s, top_rows(n)), 5) for n, s in zip(cfg.sizes, cfg.exponents, strict=True)
         ],

@@ -21,6 +21,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -47,6 +48,7 @@ class Executor:
         lookahead: int = 2,
         worker_threads: int = 1,
         forward_stale: bool = True,
+        share_cores: bool = False,
     ):
         if lookahead < 0:
             raise ValueError(f"lookahead must be >= 0, got {lookahead}")
@@ -54,6 +56,9 @@ class Executor:
         self.compute_step = compute_step
         self.lookahead = lookahead
         self.worker_threads = worker_threads
+        self.share_cores = (
+            share_cores  # apply CoreShare's thread rule to the compute (changes torch's threads)
+        )
         self.forward_stale = (
             forward_stale  # stale rows from a live earlier step's buffer, not after its write-back
         )
@@ -109,7 +114,9 @@ class Executor:
                             self._wait_written(step)
                             mode.refresh(item)
                         waited += time.perf_counter() - t1
-                    with share.lowered() as threads:  # the producer keeps its measured share of the cores
+                    # with share_cores, the producer keeps its measured share of the cores; without, torch
+                    # keeps its threads (its reductions then match device mode's bit for bit)
+                    with share.lowered() if self.share_cores else _unchanged() as threads:
                         stats = self.compute_step(item)
                     with self._cond:
                         self._live[step] = item
@@ -199,6 +206,11 @@ class Executor:
             written = self._written >= upto
         writer.raise_error()
         return written
+
+
+@contextmanager
+def _unchanged() -> Iterator[int]:
+    yield torch.get_num_threads()
 
 
 def overlap_ratio(times: dict[str, float]) -> float:

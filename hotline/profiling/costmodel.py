@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from hotline.table_layout import bytes_per_row
+
 MODES = ("device", "hybrid", "hotline_k0", "hotline_k1")
 """The modes predicted: ``hotline_k1`` stands for any look-ahead K >= 1 (the pipelined step)."""
 
@@ -48,8 +50,8 @@ class Workload:
     """Mini-batch size B."""
     num_tables: int
     """Embedding tables T."""
-    pooling_factor: int = 1
-    """Lookups per table per sample L."""
+    pooling_factor: float = 1
+    """Lookups per table per sample L (multi-hot bags of per-table sizes: the measured mean, padding not counted)."""
     embedding_dim: int = 16
     """Embedding dimension D."""
     bottom_mlp: tuple[int, ...] = (13, 512, 256, 64, 16)
@@ -57,15 +59,14 @@ class Workload:
     top_mlp: tuple[int, ...] = (512, 256, 1)
     """Top MLP widths after the interaction (DLRM's --arch-mlp-top; its input is the interaction's output)."""
     optimizer: str = "sgd"
-    """Sparse optimizer: 'sgd' or 'rowwise-adagrad' (one state float per row)."""
+    """Sparse optimizer (``hotline.table_layout.OPTIMIZERS``), which sets the state bytes a row carries."""
     worker_threads: int = 1
     """Numba threads of the look-ahead producer (host work of K >= 1 runs on them)."""
 
     def __post_init__(self) -> None:
         if self.batch_size <= 0 or self.num_tables <= 0 or self.embedding_dim <= 0:
             raise ValueError("batch_size, num_tables and embedding_dim must be positive")
-        if self.optimizer not in ("sgd", "rowwise-adagrad"):
-            raise ValueError(f"optimizer must be 'sgd' or 'rowwise-adagrad', got {self.optimizer!r}")
+        bytes_per_row(self.embedding_dim, self.optimizer)  # a known optimizer
 
     @property
     def lookups(self) -> int:
@@ -73,7 +74,7 @@ class Workload:
 
     @property
     def row_bytes(self) -> int:
-        return 4 * self.embedding_dim + (4 if self.optimizer == "rowwise-adagrad" else 0)
+        return bytes_per_row(self.embedding_dim, self.optimizer)
 
     def mlp_layers(self) -> list[tuple[int, int]]:
         """(in, out) of every dense layer, the top MLP's input being the dot interaction's output."""
@@ -122,6 +123,36 @@ class Stats:
 
 
 @dataclass
+class DiskTier:
+    """The disk cold store of a run (``--cold-store disk``): how a step's cold rows meet the disk. Its rates
+    come from the hardware description's ``disk`` section (``hotline calibrate --disk DIR``)."""
+
+    pages_per_cold_row: float = 1.0
+    """4 KiB pages read per cold row not in the DRAM tier (1: each row its own page; the popularity order
+    lets rows of a step share pages, below 1)."""
+    cached_share: float = 0.0
+    """Share of the cold rows served by the DRAM tier (``--cold-cache``)."""
+
+    def __post_init__(self) -> None:
+        if not self.pages_per_cold_row >= 0 or not 0 <= self.cached_share <= 1:
+            raise ValueError("pages_per_cold_row must be >= 0 and cached_share in [0, 1]")
+
+
+def _disk_phases(hw: dict, disk: DiskTier, cold_rows: float) -> dict[str, float]:
+    """Seconds per step of the disk store: reads at the calibrated depth's rate, page writes, and the CPU the
+    I/O threads spend issuing them (part of the reads' and writes' wall time, and a share of the cores)."""
+    d = hw.get("disk")
+    if d is None:
+        raise ValueError("the hardware description has no disk section: run `hotline calibrate --disk DIR`")
+    pages = cold_rows * (1.0 - disk.cached_share) * disk.pages_per_cold_row
+    return {
+        "disk_read": pages / d["read_iops"]["depth"],
+        "disk_write": pages / d["write_iops"],
+        "disk_cpu": pages * (d["cpu_us_per_read"] + d["cpu_us_per_write"]) * 1e-6,
+    }
+
+
+@dataclass
 class Prediction:
     """Predicted step time of one mode, by phase."""
 
@@ -147,10 +178,20 @@ def load_hardware(spec: str | os.PathLike | dict, host: str | os.PathLike | dict
     """A hardware description: a dict, a JSON file (from ``hotline calibrate``), or the name of a known GPU
     (``H100``, ``H200``, ...), whose host side comes from ``host`` (a calibration JSON; default: the typical
     host figures shipped with the GPU table)."""
+    from hotline._paths import file_problem
+    from hotline.profiling.hardware import check_hardware
+
+    source = str(spec)
     if isinstance(spec, dict):
-        hw = dict(spec)
-    elif Path(spec).is_file():
-        hw = json.loads(Path(spec).read_text())
+        hw, source = dict(spec), "(given as a dict)"
+    elif Path(spec).exists() or Path(spec).is_symlink() or str(spec).endswith(".json"):
+        problem = file_problem(spec)
+        if problem is not None:
+            raise ValueError(f"hardware file {spec} {problem}")
+        try:
+            hw = json.loads(Path(spec).read_text())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ValueError(f"hardware file {spec} is not valid JSON: {e}") from None
     else:
         gpus = known_gpus()
         name = str(spec)
@@ -167,10 +208,7 @@ def load_hardware(spec: str | os.PathLike | dict, host: str | os.PathLike | dict
         )
         hw = {**base, "name": f"{match} + {base.get('name', 'host')}", "device": gpu["device"],
               "link": gpu["link"], "sources": gpu.get("sources", [])}  # fmt: skip
-    for section in ("host", "device", "link"):
-        if section not in hw:
-            raise ValueError(f"hardware description has no {section!r} section")
-    return hw
+    return check_hardware(hw, source)
 
 
 # ---------------------------------------------------------------------------------------------- phases
@@ -248,8 +286,9 @@ def _host(hw: dict, key: str, threads: int | None, default: float | None = None)
     return v
 
 
-def phases(mode: str, w: Workload, s: Stats, hw: dict) -> dict[str, float]:
-    """Seconds per step of each phase of ``mode`` (one of :data:`MODES`)."""
+def phases(mode: str, w: Workload, s: Stats, hw: dict, disk: DiskTier | None = None) -> dict[str, float]:
+    """Seconds per step of each phase of ``mode`` (one of :data:`MODES`); ``disk``: the cold rows live in the
+    disk store (reads, page writes and the CPU issuing them: ``disk_read``, ``disk_write``, ``disk_cpu``)."""
     dev = hw["device"]
     B, N, R = w.batch_size, w.lookups, w.row_bytes
     index_bytes = 8.0 * N * 2 + 4.0 * B * 14  # lookup positions and slots; dense features and labels
@@ -285,6 +324,8 @@ def phases(mode: str, w: Workload, s: Stats, hw: dict) -> dict[str, float]:
         out["sparse_update"] = _update_s(w, dev, N, s.unique_rows_per_batch)
         out["d2h"] = _link_s(hw, cold * R, "d2h")
         out["write_back"] = cold * R / (_host(hw, "scatter_gbps", None) * 1e9)
+        if disk is not None:
+            out.update(_disk_phases(hw, disk, cold))
     out["dense_update"] = _dense_update_s(w, dev)
     return out
 
@@ -318,14 +359,16 @@ def shared_cores_lane(t_host: float, t_device: float, host: dict, worker_threads
     return n, step
 
 
-def predict(mode: str, w: Workload, s: Stats, hw: dict) -> Prediction:
-    """Predicted samples/s of ``mode`` (``hotline_k1``: any look-ahead K >= 1) and its bottleneck."""
+def predict(mode: str, w: Workload, s: Stats, hw: dict, disk: DiskTier | None = None) -> Prediction:
+    """Predicted samples/s of ``mode`` (``hotline_k1``: any look-ahead K >= 1) and its bottleneck; ``disk``:
+    with the cold rows in the disk store."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    ph = phases(mode, w, s, hw)
+    ph = phases(mode, w, s, hw, disk)
     if mode != "hotline_k1":
-        step = sum(ph.values())
-        bottleneck = max(ph, key=ph.get)
+        timed = {k: v for k, v in ph.items() if k != "disk_cpu"}  # inside the reads' and writes' wall time
+        step = sum(timed.values())
+        bottleneck = max(timed, key=timed.get)
         return Prediction(mode, w.batch_size / step, step, ph, bottleneck)
     lanes = {
         "host work (dispatch + gather)": ph["dispatch"] + ph["gather"],
@@ -334,17 +377,19 @@ def predict(mode: str, w: Workload, s: Stats, hw: dict) -> Prediction:
         + ph["compute"]
         + ph["sparse_update"]
         + ph["dense_update"],
-        "write-back": ph["write_back"],
+        "write-back": ph["write_back"] + ph.get("disk_write", 0.0),
     }
+    if disk is not None:  # one disk serves the producer's reads and the writer's page writes
+        lanes["disk (reads + writes)"] = ph["disk_read"] + ph["disk_write"]
+        lanes["host work (dispatch + gather)"] += ph["disk_read"]
     step = max(lanes.values())
     host = hw["host"]
     threads = 0
     if hw["link"].get("shared_memory"):  # every lane runs on this CPU's cores
+        # host work's CPU (the disk's reads and writes wait, their CPU is disk_cpu)
+        t_h = ph["dispatch"] + ph["gather"] + ph["write_back"] + ph.get("disk_cpu", 0.0)
         threads, lanes["shared cores"] = shared_cores_lane(
-            lanes["host work (dispatch + gather)"] + lanes["write-back"],
-            lanes["device (compute + updates)"],
-            host,
-            w.worker_threads,
+            t_h, lanes["device (compute + updates)"], host, w.worker_threads
         )
         step = max(step, lanes["shared cores"])
     handover = host.get("handover_us", 0.0) * 1e-6
@@ -357,9 +402,11 @@ def predict(mode: str, w: Workload, s: Stats, hw: dict) -> Prediction:
     )  # fmt: skip
 
 
-def predict_all(w: Workload, s: Stats, hw: dict, modes=MODES) -> dict[str, Prediction]:
+def predict_all(
+    w: Workload, s: Stats, hw: dict, modes=MODES, disk: DiskTier | None = None
+) -> dict[str, Prediction]:
     """:func:`predict` for each mode."""
-    return {m: predict(m, w, s, hw) for m in modes}
+    return {m: predict(m, w, s, hw, disk) for m in modes}
 
 
 def prediction_table(preds: dict[str, Prediction]) -> str:
@@ -380,7 +427,7 @@ def workload_for(prof, bottom_mlp=None, top_mlp=(512, 256, 1), worker_threads: i
     return Workload(
         batch_size=prof.mini_batch_size,
         num_tables=prof.num_tables,
-        pooling_factor=prof.pooling_factor,
+        pooling_factor=prof.total_lookups / max(1, prof.num_samples * prof.num_tables),
         embedding_dim=D,
         bottom_mlp=bottom,
         top_mlp=tuple(top_mlp),

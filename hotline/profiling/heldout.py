@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hotline.kernels import profile as kernels
+from hotline.table_layout import PAD_ID, BagLayout
 
 
 @dataclass
@@ -48,6 +49,8 @@ class HeldOut:
     indices: np.ndarray | None = None
     """Sorted indices of the held-out samples in ``split`` (None: the whole split)."""
     _chunks: Callable[[], Iterator[np.ndarray]] | None = None
+    bags: BagLayout | None = None
+    """Bag sizes and padding of the samples' ids (None: uniform [n, T, L] chunks)."""
 
     def figures(self, k) -> dict:
         """Held-out figures at ``k`` hot rows (an int or an int array): access_coverage, popular_sample_share,
@@ -62,7 +65,9 @@ class HeldOut:
     def evaluate(self, hot: np.ndarray, table_sizes) -> dict:
         """The same figures for any hot set (bool [total rows]), by scanning the held-out samples again."""
         cold_rank = (~hot).astype(np.int32)  # rank 0: hot, 1: cold
-        hits, popular, cold, _, _ = scan(self._chunks(), table_sizes, cold_rank, 1, self.batch_size)
+        hits, popular, cold, _, _ = scan(
+            self._chunks(), table_sizes, cold_rank, 1, self.batch_size, self.bags
+        )
         return {
             "access_coverage": hits[1] / max(1, self.total_lookups),
             "popular_sample_share": popular[1] / max(1, self.num_samples),
@@ -71,14 +76,16 @@ class HeldOut:
 
 
 def scan(
-    chunks: Iterator[np.ndarray], table_sizes, rank: np.ndarray, num_ranked: int, batch_size: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
+    chunks: Iterator[np.ndarray], table_sizes, rank: np.ndarray, num_ranked: int, batch_size: int,
+    bags: BagLayout | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:  # fmt: skip
     """One pass over sample chunks (each a whole number of mini-batches, except the last) under ``rank``
     (int32 [total rows], ranks ``0..num_ranked``, ``num_ranked`` meaning never hot).
 
     Returns ``(hits_cum, popular_cum, cold_suffix, num_batches, lookups)``, each array of length
     ``num_ranked + 1`` indexed by the number of hot rows ``k``. Per-batch figures count full mini-batches
-    only (the last, partial one too when there is no full one)."""
+    only (the last, partial one too when there is no full one). ``bags``: the chunks are [n, C] bags of these
+    sizes (padding skipped); None: [n, T, L]."""
     A = int(num_ranked)
     offsets = kernels.table_offsets(table_sizes)
     lookup_hist = np.zeros(A + 1, dtype=np.int64)
@@ -89,17 +96,23 @@ def scan(
     partial_hist, partial_batches = None, 0
     for c in chunks:
         n = c.shape[0]
-        fused = c.reshape(n, -1).astype(np.int64) + np.repeat(offsets[:-1], c.shape[2])[None, :]
-        ranks = rank[fused]
+        ids = c.reshape(n, int(np.prod(c.shape[1:])))
+        cols = np.repeat(offsets[:-1], c.shape[2]) if bags is None else bags.col_offset
+        fused = ids.astype(np.int64) + cols[None, :]
+        real = ids != PAD_ID if bags is not None and bags.padded else None
+        ranks = rank[fused] if real is None else rank[fused[real]]
         lookup_hist += np.bincount(ranks.ravel(), minlength=A + 1)
         lookups += ranks.size
-        kernels.add_histogram(kernels.sample_max_rank(c, table_sizes, rank) + 1, max_hist)
+        layout = {} if bags is None else {"bag_sizes": bags.bag_sizes, "padded": bags.padded}
+        kernels.add_histogram(kernels.sample_max_rank(c, table_sizes, rank, **layout) + 1, max_hist)
         full = (n // B) * B
         if full:
-            unique_hist += _unique_rank_hist(fused[:full], rank, B, A)
+            unique_hist += _unique_rank_hist(fused[:full], rank, B, A, None if real is None else real[:full])
             batches += full // B
         if full < n:
-            partial_hist = _unique_rank_hist(fused[full:], rank, n - full, A)
+            partial_hist = _unique_rank_hist(
+                fused[full:], rank, n - full, A, None if real is None else real[full:]
+            )
             partial_batches = 1
     if batches == 0 and partial_hist is not None:
         unique_hist, batches = partial_hist, partial_batches
@@ -109,10 +122,14 @@ def scan(
     return hits_cum, popular_cum, cold_suffix, batches, lookups
 
 
-def _unique_rank_hist(fused: np.ndarray, rank: np.ndarray, batch_size: int, num_ranked: int) -> np.ndarray:
-    """Histogram over ranks of the distinct (mini-batch, row) pairs of ``fused`` [n, C] (n a multiple of B)."""
+def _unique_rank_hist(
+    fused: np.ndarray, rank: np.ndarray, batch_size: int, num_ranked: int, real: np.ndarray | None = None
+) -> np.ndarray:
+    """Histogram over ranks of the distinct (mini-batch, row) pairs of ``fused`` [n, C] (n a multiple of B);
+    ``real`` [n, C]: which entries are lookups (not padding)."""
     n = fused.shape[0]
     batch = np.repeat(np.arange(n // batch_size, dtype=np.int64), batch_size * fused.shape[1])
     total = int(rank.shape[0])
-    keys = np.unique(batch * total + fused.ravel())
+    keys = batch * total + fused.ravel()
+    keys = np.unique(keys if real is None else keys[real.ravel()])
     return np.bincount(rank[keys % total], minlength=num_ranked + 1)

@@ -84,12 +84,23 @@ class Profile:
         return int(self.order.shape[0])
 
     @property
-    def lookups_per_table(self) -> int:
-        return self.num_samples * self.pooling_factor
+    def lookups_per_table(self) -> float:
+        """Lookups of one table in the sample, averaged over the tables (n * L for a pooling factor L)."""
+        return self.total_lookups / max(1, self.num_tables)
+
+    @property
+    def table_lookups(self) -> np.ndarray:
+        """int64 [T]: lookups of each table in the sample (n * L_t; fewer with padded bags)."""
+        if getattr(self, "_table_lookups", None) is None:
+            sums = np.cumsum(self.counts, dtype=np.int64)
+            ends = np.concatenate([[0], sums])[self.offsets]  # cumulative lookups at each table boundary
+            self._table_lookups = np.diff(ends)
+        return self._table_lookups
 
     @property
     def total_lookups(self) -> int:
-        return self.lookups_per_table * self.num_tables
+        """Lookups counted in the sample (padding of variable bags not counted)."""
+        return int(self.counts.sum())
 
     @property
     def bytes_per_row(self) -> int:
@@ -111,12 +122,13 @@ class Profile:
     # ------------------------------------------------------------------ curves
     def _row_probabilities(self) -> np.ndarray:
         """Per ranked row, the chance that one lookup of its table hits it (count / lookups of the table)."""
-        return self.counts[self.order] / float(self.lookups_per_table)
+        return self.counts[self.order] / self.table_lookups[self.table_of_order].astype(np.float64)
 
     def _expected_unique_suffix(self, batch_size: int) -> np.ndarray:
         """float64 [A+1]: expected unique rows of rank >= k among the lookups of one mini-batch, for each k."""
         p = self._row_probabilities()
-        draws = batch_size * self.pooling_factor
+        # lookups of the row's table in one batch (B * L_t): the draws its rows compete in
+        draws = batch_size * (self.table_lookups[self.table_of_order] / float(max(1, self.num_samples)))
         # 1 - (1 - p)^draws, computed without cancellation for tiny p.
         present = -np.expm1(draws * np.log1p(-np.minimum(p, 1.0)))
         suffix = np.zeros(present.shape[0] + 1)
@@ -211,9 +223,9 @@ class Profile:
         import pandas as pd
 
         ranked = self._ranked_by_table(self.order)
-        lookups = self.lookups_per_table
         rows = []
         for t, ids in enumerate(ranked):
+            lookups = int(self.table_lookups[t])
             c = self.table_counts(t)[ids]
             top = math.ceil(0.01 * self.table_sizes[t])
             rows.append(
@@ -297,10 +309,18 @@ class Profile:
         cold_rank = (~hot).astype(np.int32)  # a sample is popular iff its max over lookups is 0
         popular = 0
         for c in self._chunks("evaluating"):
-            popular += int(np.count_nonzero(kernels.sample_max_rank(c, self.table_sizes, cold_rank) < 1))
+            layout = (
+                {}
+                if self.dataset is None or self.dataset.uniform
+                else {"bag_sizes": self.dataset.bag_sizes, "padded": self.dataset.padded}
+            )
+            popular += int(
+                np.count_nonzero(kernels.sample_max_rank(c, self.table_sizes, cold_rank, **layout) < 1)
+            )
         B = int(batch_size or self.mini_batch_size)
-        p = self.counts[~hot] / float(self.lookups_per_table)
-        expected = float(-np.expm1(B * self.pooling_factor * np.log1p(-p)).sum())
+        per_row = np.repeat(self.table_lookups, np.diff(self.offsets)).astype(np.float64)[~hot]
+        p = self.counts[~hot] / per_row
+        expected = float(-np.expm1(B * (per_row / max(1, self.num_samples)) * np.log1p(-p)).sum())
         return {
             "hot_rows": placement.num_hot,
             "access_coverage": covered / max(1, self.total_lookups),

@@ -48,7 +48,8 @@ class Profiler:
     embedding_dim: int = 16
     """Embedding dimension (DLRM's --arch-sparse-feature-size): a hot row costs embedding_dim * 4 bytes..."""
     optimizer: str = "sgd"
-    """...plus its optimizer state: 'sgd' (none) or 'rowwise-adagrad' (one float32 per row)."""
+    """...plus its optimizer state: 'sgd' (none), 'rowwise-adagrad' (one float32 per row), 'adagrad' (D) or
+    'adam' (2 D + 1)."""
     split: str = "train"
     """Which split of the dataset to profile."""
     chunk_size: int = 65536
@@ -109,7 +110,8 @@ class Profiler:
             raise DatasetError(f"dataset {ds.path}: split {self.split!r} has no samples to profile")
         sizes = ds.table_sizes
         total_rows = sum(sizes)
-        sample_bytes = n * ds.num_tables * ds.pooling_factor * 4
+        sample_bytes = n * ds.lookups_per_sample * 4
+        layout = {} if ds.uniform else {"bag_sizes": ds.bag_sizes, "padded": ds.padded}
         keep = [] if sample_bytes <= _CACHE_SAMPLE_BYTES else None
 
         def chunks(desc: str) -> Iterator[np.ndarray]:
@@ -146,7 +148,7 @@ class Profiler:
         done = 0
         for c in chunks("counting"):
             try:
-                kernels.count_lookups(c, sizes, counts)
+                kernels.count_lookups(c, sizes, counts, **layout)
             except kernels.BadIdError as e:
                 raise bad_id(e, done) from e
             done += c.shape[0]
@@ -166,7 +168,7 @@ class Profiler:
         )
         hist = np.zeros(profile.num_accessed + 1, dtype=np.int64)
         for c in chunks("ranking"):
-            max_rank = kernels.sample_max_rank(c, sizes, profile.rank)
+            max_rank = kernels.sample_max_rank(c, sizes, profile.rank, **layout)
             kernels.add_histogram(max_rank + 1, hist)
         profile._popular_cum = np.cumsum(hist)
         t2 = time.perf_counter()
@@ -231,7 +233,8 @@ class Profiler:
             finally:
                 bar.close()
 
-        hits, popular, cold, batches, lookups = scan(chunks(), ds.table_sizes, rank, num_ranked, B)
+        bags = None if ds.uniform else ds.bags
+        hits, popular, cold, batches, lookups = scan(chunks(), ds.table_sizes, rank, num_ranked, B, bags)
         return HeldOut(
             source=f"{source} ({total:,} samples)",
             split=split_name,
@@ -244,6 +247,7 @@ class Profiler:
             cold_suffix=cold,
             indices=picked,
             _chunks=chunks,
+            bags=bags,
         )
 
 

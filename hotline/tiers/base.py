@@ -17,7 +17,7 @@ import torch
 
 from hotline.datasets.format import Batch
 from hotline.models.dlrm import DLRM, init_embedding_table
-from hotline.table_layout import TableLayout
+from hotline.table_layout import PAD_ID, BagLayout, TableLayout
 
 
 class DeferredLoss:
@@ -69,6 +69,39 @@ def sum_pool(rows: torch.Tensor, T: int, L: int) -> torch.Tensor:
     One-hot (L = 1) is a view, not a sum: no copy forward, no expand backward."""
     D = rows.shape[1]
     return rows.view(-1, T, D) if L == 1 else rows.view(-1, T, L, D).sum(dim=2)
+
+
+def bag_pool(rows: torch.Tensor, bags: BagLayout) -> torch.Tensor:
+    """Pooled embeddings [B, T, D] from looked-up rows [B*C, D] laid out as ``bags`` (sum over each table's
+    columns; a padding slot's row is zero, so only real ids count). Uniform bags take :func:`sum_pool`."""
+    L = bags.pooling_factor
+    if L:
+        return sum_pool(rows, bags.layout.num_tables, L)
+    x = rows.view(-1, bags.num_columns, rows.shape[1])
+    return torch.stack([part.sum(dim=1) for part in x.split(bags.bag_sizes, dim=1)], dim=1)
+
+
+def bags_of(bags: BagLayout | None, layout: TableLayout, sparse: np.ndarray) -> BagLayout:
+    """A mode's bag layout, or (a mode built without one) the uniform layout of a ``[B, T, L]`` batch."""
+    if bags is not None:
+        return bags
+    return BagLayout.uniform(layout, sparse.shape[2] if sparse.ndim == 3 else 1)
+
+
+def real_positions(fused: np.ndarray) -> np.ndarray | None:
+    """int64 positions of the lookups of fused ids that are not padding (None when none is padding)."""
+    pad = fused == PAD_ID
+    return np.flatnonzero(~pad) if pad.any() else None
+
+
+def padded_rows(table: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor | None, n: int) -> torch.Tensor:
+    """Rows [n, D] of ``table`` at ``ids`` placed at ``pos`` (every position when None), zero elsewhere (the
+    padding slots); a leaf that takes the lookups' gradients."""
+    if pos is None:
+        return table.index_select(0, ids).requires_grad_(True)
+    rows = torch.zeros((n, table.shape[1]), dtype=table.dtype, device=table.device)
+    rows.index_copy_(0, pos, table.index_select(0, ids))
+    return rows.requires_grad_(True)
 
 
 _shared_tables: dict | None = None  # while reusing_initial_tables() is active: (sizes, dim, seed) -> array

@@ -18,14 +18,42 @@ from hotline.tiers.sparse_optim import SparseOptimizer
 from hotline.tiers.tiered import TieredMode
 
 
-def _stores(layout: TableLayout, placement: Placement, dim: int, optimizer: SparseOptimizer, seed: int,
-            comm: Comm, pin: bool, max_rows: int) -> tuple[ColdStore, np.ndarray]:  # fmt: skip
+def _stores(config, layout: TableLayout, placement: Placement, optimizer: SparseOptimizer, comm: Comm,
+            max_rows: int, dataset: Dataset) -> tuple[ColdStore, np.ndarray]:  # fmt: skip
     """The cold store of this rank and the initial rows of the hot tier."""
-    N, r = comm.world_size, comm.rank
+    N, r, dim, seed = comm.world_size, comm.rank, config.embedding_dim, config.seed
+    pin = False  # nothing reads the cold tier in place (copies go through pinned staging): no registration
+    disk = config.cold_store == "disk"
+    if disk:  # refused before any long work (the profile of the file's order, the initial fill)
+        from hotline.tiers.disk_file import check_cold_path
+        from hotline.tiers.disk_store import cold_file
+
+        check_cold_path(cold_file(config.cold_dir, r, N))
+    if N == 1 and disk:
+        from hotline.tiers.disk_store import DiskColdStore, cold_file, popularity_order
+
+        hot = placement.fused_hot_ids()
+        order = popularity_order(_row_counts(config, dataset), layout.num_rows, hot)
+        cold = DiskColdStore(cold_file(config.cold_dir), layout, dim, optimizer, seed, order,
+                             config.cold_io_depth, config.cold_direct, config.cold_cache, max_rows)  # fmt: skip
+        return cold, _hot_rows(layout, placement, dim, seed)
     if N == 1:
         weights = initial_tables(layout, dim, seed)
         hot = placement.fused_hot_ids()
         return LocalColdStore(weights, optimizer, pin, max_rows), weights[hot]
+    if disk:
+        from hotline.tiers.disk_store import DiskRows, cold_file, popularity_order
+
+        local = ShardedColdStore.shard_rows(layout.num_rows, r, N)
+        counts = _row_counts(config, dataset)
+        hot = placement.fused_hot_ids()
+        order = popularity_order(counts[local], local.shape[0], hot[hot % N == r] // N)
+        rows = DiskRows(cold_file(config.cold_dir, r, N), local.shape[0], dim, optimizer, order,
+                        config.cold_io_depth, config.cold_direct, config.cold_cache)  # fmt: skip
+        rows.fill_initial(layout, seed, r, N)
+        return ShardedColdStore(comm, rows, optimizer, layout.num_rows), _hot_rows(
+            layout, placement, dim, seed
+        )
     # One table at a time: the initial rows of this rank's shard and of the (replicated) hot tier.
     shard = np.empty((len(range(r, layout.num_rows, N)), dim), np.float32)
     hot_w = np.empty((placement.num_hot, dim), np.float32)
@@ -42,35 +70,50 @@ def _stores(layout: TableLayout, placement: Placement, dim: int, optimizer: Spar
     return ShardedColdStore(comm, shard, optimizer, layout.num_rows), hot_w
 
 
+def _hot_rows(layout: TableLayout, placement: Placement, dim: int, seed: int) -> np.ndarray:
+    """The initial rows of the hot tier, table by table in chunks (no table is held whole)."""
+    from hotline.tiers.disk_store import table_chunks
+
+    hot_w = np.empty((placement.num_hot, dim), np.float32)
+    h = 0
+    for t, n in enumerate(layout.table_sizes):
+        ids = placement.hot_ids[t]
+        for lo, w in table_chunks(n, dim, seed, t):
+            mine = (ids >= lo) & (ids < lo + w.shape[0])
+            hot_w[h + np.flatnonzero(mine)] = w[ids[mine] - lo]
+        h += ids.shape[0]
+    return hot_w
+
+
+def _row_counts(config, dataset: Dataset) -> np.ndarray:
+    """Access counts of every fused row over a sample of the training split (the disk file's order)."""
+    from hotline.profiling.profiler import profile
+
+    prof = profile(dataset, embedding_dim=config.embedding_dim, optimizer=config.optimizer,
+                   mini_batch_size=config.mini_batch_size, seed=config.seed, progress=False)  # fmt: skip
+    return prof.counts
+
+
 def build_mode(
     config, dataset: Dataset, placement: Placement | None = None, comm: Comm | None = None
 ) -> TrainMode:
     """The TrainMode of ``config.mode`` for this rank (one rank when ``comm`` is None). ``hybrid`` and
     ``hotline`` need the ``placement`` (profiling for one happens above the tiers, in training)."""
     comm = comm if comm is not None else Comm()
-    opt = SparseOptimizer(config.optimizer, config.learning_rate)
+    opt = SparseOptimizer(config.optimizer, config.learning_rate, dim=config.embedding_dim)
     layout = TableLayout(dataset.table_sizes)
     if config.mode == "device":
-        return DeviceMode(layout, config.embedding_dim, opt, config.seed, config.device, comm)
+        return DeviceMode(layout, config.embedding_dim, opt, config.seed, config.device, comm, dataset.bags)
     if placement is None:
         raise ValueError(f"mode {config.mode!r} needs a placement")
     # A rank's share of a global batch; a batch larger than the data is clipped to it (as every mode does).
     max_batch = -(-max(1, min(config.mini_batch_size, len(dataset.train))) // comm.world_size)
-    max_rows = max_batch * layout.num_tables * dataset.pooling_factor
-    cold, hot_w = _stores(
-        layout,
-        placement,
-        config.embedding_dim,
-        opt,
-        config.seed,
-        comm,
-        False,  # nothing reads the cold tier in place (copies go through pinned staging): no registration
-        max_rows,
-    )
+    max_rows = max_batch * dataset.lookups_per_sample
+    cold, hot_w = _stores(config, layout, placement, opt, comm, max_rows, dataset)
     return TieredMode(
         config.mode,
         layout,
-        dataset.pooling_factor,
+        dataset.bags,
         config.embedding_dim,
         opt,
         placement,

@@ -11,10 +11,11 @@ verbs, whatever the store is:
   owners);
 - ``write_back(fetch, values, state)``: stores the updated working rows (where the copy was updated).
 
-:class:`LocalColdStore` keeps the rows in this process's host memory (pinned in place on CUDA), and is the
-store of one rank; ``hotline.tiers.sharded_store.ShardedColdStore`` spreads them over N ranks. A store for
-tables beyond DRAM (a memory-mapped file) is another LocalColdStore over ``np.memmap`` arrays: nothing in the
-tiered mode changes.
+:class:`LocalColdStore` keeps the rows in this process's host memory (pageable: copies go through pinned
+staging buffers, nothing reads the tier in place; ``pin=True`` registers it), and is the store of one rank;
+``hotline.tiers.sharded_store.ShardedColdStore`` spreads them over N ranks;
+``hotline.tiers.disk_store.DiskColdStore`` keeps them in a file on local disk, read
+and written in place (tables beyond DRAM).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class ColdFetch:
     values: np.ndarray
     """float32 [U, D] their weights."""
     state: np.ndarray
-    """float32 [U] their optimizer state ([0] for SGD)."""
+    """float32 their optimizer state: [U], [U, S] (per-element optimizers) or [0] (SGD)."""
     step: int = -1
     """The step it was fetched for under the claim rule (-1: fetched when due, nothing can be stale)."""
     stale: np.ndarray = field(default_factory=lambda: _EMPTY)
@@ -131,6 +132,19 @@ class ColdStore(ABC):
         raise NotImplementedError(f"{type(self).__name__} cannot move rows between tiers yet")
 
 
+def update_working_rows(optimizer: SparseOptimizer, scratch, work: torch.Tensor, work_state: torch.Tensor,
+                        slot: np.ndarray, grads: torch.Tensor, pos: np.ndarray, device_index=None) -> int:  # fmt: skip
+    """:meth:`ColdStore.update` of a store whose working copy is updated and written back."""
+    if not slot.shape[0]:
+        return 0
+    if device_index is None:  # CPU: the kernel reads the gradients in place
+        return optimizer.step_parts(work, work_state, [(slot, grads.numpy(), pos)], scratch)
+    slot_t, pos_t = device_index
+    n = work.shape[0]
+    optimizer.step_coalesced(work, work_state, None, slot_t, grads[pos_t], num_rows=n)
+    return n
+
+
 def staging_tensor(shape, pin: bool) -> torch.Tensor:
     """A float32 host buffer that copies go through (allocated pinned when ``pin``: small, reused)."""
     return torch.empty(shape, dtype=torch.float32, pin_memory=pin)
@@ -147,37 +161,13 @@ def with_hot_rows(
     return w, s
 
 
-class HostRows:
-    """Rows and their optimizer state in this process's host memory, with the claim rule's bookkeeping."""
+class ClaimBook:
+    """The claim rule's bookkeeping over ``num_rows`` rows (see :meth:`claim`), whatever holds the rows."""
 
-    def __init__(self, weights: np.ndarray, optimizer: SparseOptimizer, pin: bool = False):
-        self.weight = torch.from_numpy(weights)
-        self.state = optimizer.new_state(weights.shape[0])
-        self.w = self.weight.numpy()  # numpy views for the Numba kernels (same memory)
-        self.s = self.state.numpy()
-        # Pinned in place (cudaHostRegister), never copied: only the staging buffers are copied from, but a
-        # registered cold tier lets later versions read it from the device directly.
-        self._pinned = [pin_in_place(t) for t in (self.weight, self.state)] if pin else []
-
-    def close(self) -> None:
-        """Unregisters pinned memory."""
-        for region in self._pinned:
-            if region is not None:
-                region.close()
-        self._pinned = []
+    def __init__(self, num_rows: int):
+        self.num_rows = int(num_rows)
         self._last = None  # int64 [rows]: the last step whose working set held each row (look-ahead)
-        self.applied = 0  # steps < applied have their updates in these arrays
-
-    def gather(self, rows: np.ndarray, out_w: np.ndarray, out_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Copies rows and their state into buffers; returns the filled views."""
-        w = gather_rows(self.w, rows, out_w)
-        s = gather_rows(self.s, rows, out_s) if self.s.size else out_s[:0]
-        return w, s
-
-    def scatter(self, rows: np.ndarray, w: np.ndarray, s: np.ndarray) -> None:
-        scatter_rows(self.w, rows, w)
-        if self.s.size:
-            scatter_rows(self.s, rows, s)
+        self.applied = 0  # steps < applied have their updates where the rows live
 
     def claim_with_owners(self, rows: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`claim` of distinct ``rows``, also returning the step that last held each stale row."""
@@ -199,15 +189,116 @@ class HostRows:
         return stale
 
     def start_claims(self) -> None:
-        self._last = np.full(self.w.shape[0], -1, dtype=np.int64)
+        self._last = np.full(self.num_rows, -1, dtype=np.int64)
         self.applied = 0
 
     def end_claims(self) -> None:
         self._last = None
 
 
-class LocalColdStore(ColdStore):
-    """Every row in this process's host memory: the store of one rank (and a template for a file store)."""
+class HostRows(ClaimBook):
+    """Rows and their optimizer state in this process's host memory, with the claim rule's bookkeeping."""
+
+    def __init__(self, weights: np.ndarray, optimizer: SparseOptimizer, pin: bool = False):
+        super().__init__(weights.shape[0])
+        self.weight = torch.from_numpy(weights)
+        self.state = optimizer.new_state(weights.shape[0])
+        self.w = self.weight.numpy()  # numpy views for the Numba kernels (same memory)
+        self.s = self.state.numpy()
+        # Pinned in place (cudaHostRegister), never copied: only the staging buffers are copied from, but a
+        # registered cold tier lets later versions read it from the device directly.
+        self._pinned = [pin_in_place(t) for t in (self.weight, self.state)] if pin else []
+
+    def close(self) -> None:
+        """Unregisters pinned memory."""
+        for region in self._pinned:
+            if region is not None:
+                region.close()
+        self._pinned = []
+
+    def gather(self, rows: np.ndarray, out_w: np.ndarray, out_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Copies rows and their state into buffers; returns the filled views."""
+        w = gather_rows(self.w, rows, out_w)
+        s = gather_rows(self.s, rows, out_s) if self.s.size else out_s[:0]
+        return w, s
+
+    def scatter(self, rows: np.ndarray, w: np.ndarray, s: np.ndarray) -> None:
+        scatter_rows(self.w, rows, w)
+        if self.s.size:
+            scatter_rows(self.s, rows, s)
+
+    # The row holder's verbs that a store of a rank's shard uses (``hotline.tiers.disk_store.DiskRows`` has
+    # them too: a shard in a file).
+    def get(self, rows: np.ndarray, out_w=None, out_s=None):
+        """Weights and state of ``rows`` (may repeat), and None (no pages were read)."""
+        return self.w[rows], self.s[rows] if self.s.size else self.s[:0], None
+
+    def put(self, rows: np.ndarray, w: np.ndarray, s: np.ndarray, pages=None) -> None:
+        """Stores weights and state of the distinct ``rows``."""
+        self.scatter(rows, w, s)
+
+    def apply(self, optimizer: SparseOptimizer, rows: np.ndarray, grads: torch.Tensor) -> int:
+        """One sparse update of ``rows`` (may repeat: their gradients summed) in place."""
+        return optimizer.step(self.weight, self.state, torch.from_numpy(rows), grads)
+
+    def all(self) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of every row's weight and state."""
+        return self.w.copy(), self.s.copy()
+
+    def replace_all(self, weights: np.ndarray, state: np.ndarray) -> None:
+        self.w[:] = weights
+        if self.s.size:
+            self.s[:] = state
+
+
+class OneRankStore(ColdStore):
+    """A store of one rank whose working copy is updated and written back, over a row holder ``host`` with
+    the claim bookkeeping and the verbs get / put / all / replace_all (:class:`HostRows`, or the disk
+    store's ``DiskRows``)."""
+
+    forwards_stale = True
+    _scratch: np.ndarray
+
+    def needs_refresh(self, fetch: ColdFetch) -> bool:
+        return fetch.stale.size > 0
+
+    def update(self, fetch, optimizer, work, work_state, slot, grads, pos, device_index=None) -> int:
+        return update_working_rows(optimizer, self._scratch, work, work_state, slot, grads, pos, device_index)
+
+    def write_back(self, fetch: ColdFetch, values, state) -> None:
+        if fetch.rows.shape[0]:
+            self.host.put(fetch.rows, values, state, fetch.route)
+        if fetch.step >= 0:
+            self.host.applied = fetch.step + 1
+
+    @contextlib.contextmanager
+    def lookahead(self):
+        self.host.start_claims()
+        try:
+            yield self.comm
+        finally:
+            self.host.end_claims()
+
+    def read(self, rows: np.ndarray) -> np.ndarray:
+        return self.host.get(rows)[0]
+
+    def demote(self, rows, w, s) -> None:
+        if rows.size:
+            self.host.put(rows, w, s)
+
+    def promote(self, rows):
+        w, s, _ = self.host.get(rows)
+        return w, s
+
+    def export(self, hot_rows, hot_w, hot_s):
+        return with_hot_rows(*self.host.all(), hot_rows, hot_w, hot_s)
+
+    def load(self, weights: np.ndarray, state: np.ndarray) -> None:
+        self.host.replace_all(weights, state)
+
+
+class LocalColdStore(OneRankStore):
+    """Every row in this process's host memory: the store of one rank."""
 
     def __init__(self, weights: np.ndarray, optimizer: SparseOptimizer, pin: bool = False, max_rows: int = 0):
         self.comm = Comm()
@@ -222,59 +313,12 @@ class LocalColdStore(ColdStore):
     def s(self) -> np.ndarray:
         return self.host.s
 
-    forwards_stale = True
-
     def fetch(self, rows, out_values, out_state, step=-1) -> ColdFetch:
         stale, owner = self.host.claim_with_owners(rows, step) if step >= 0 else (_EMPTY, _EMPTY)
         w, s = self.host.gather(rows, out_values, out_state)
         return ColdFetch(rows, w, s, step=step, stale=stale, stale_owner=owner)
 
-    def needs_refresh(self, fetch: ColdFetch) -> bool:
-        return fetch.stale.size > 0
-
     def refresh(self, fetch: ColdFetch, slots=None):
         slots = fetch.stale if slots is None else slots
         rows = fetch.rows[slots]
         return slots, self.w[rows], self.s[rows] if self.s.size else self.s[:0]
-
-    def update(self, fetch, optimizer, work, work_state, slot, grads, pos, device_index=None) -> int:
-        if not slot.shape[0]:
-            return 0
-        if device_index is None:  # CPU: the kernel reads the gradients in place
-            return optimizer.step_parts(work, work_state, [(slot, grads.numpy(), pos)], self._scratch)
-        slot_t, pos_t = device_index
-        n = work.shape[0]
-        optimizer.step_coalesced(work, work_state, None, slot_t, grads[pos_t], num_rows=n)
-        return n
-
-    def write_back(self, fetch: ColdFetch, values, state) -> None:
-        if fetch.rows.shape[0]:
-            self.host.scatter(fetch.rows, values, state)
-        if fetch.step >= 0:
-            self.host.applied = fetch.step + 1
-
-    @contextlib.contextmanager
-    def lookahead(self):
-        self.host.start_claims()
-        try:
-            yield self.comm
-        finally:
-            self.host.end_claims()
-
-    def read(self, rows: np.ndarray) -> np.ndarray:
-        return self.w[rows]
-
-    def demote(self, rows, w, s) -> None:
-        if rows.size:
-            self.host.scatter(rows, w, s)
-
-    def promote(self, rows):
-        return self.w[rows], self.s[rows] if self.s.size else self.s[:0]
-
-    def export(self, hot_rows, hot_w, hot_s):
-        return with_hot_rows(self.w.copy(), self.s.copy(), hot_rows, hot_w, hot_s)
-
-    def load(self, weights: np.ndarray, state: np.ndarray) -> None:
-        self.w[:] = weights
-        if self.s.size:
-            self.s[:] = state

@@ -13,8 +13,18 @@ from hotline.datasets.format import Batch
 from hotline.distributed.comm import Comm
 from hotline.kernels import sparse_update
 from hotline.models.dlrm import DLRM
-from hotline.table_layout import TableLayout
-from hotline.tiers.base import StepStats, TrainMode, initial_tables, loss_and_backward, step_loss, sum_pool
+from hotline.table_layout import BagLayout, TableLayout
+from hotline.tiers.base import (
+    StepStats,
+    TrainMode,
+    bag_pool,
+    bags_of,
+    initial_tables,
+    loss_and_backward,
+    padded_rows,
+    real_positions,
+    step_loss,
+)
 from hotline.tiers.packing import PackRing
 from hotline.tiers.replicated import all_ranks_gradients
 from hotline.tiers.sparse_optim import SparseOptimizer
@@ -34,8 +44,10 @@ class DeviceMode(TrainMode):
         seed: int,
         device: torch.device | str = "cpu",
         comm: Comm | None = None,
+        bags: BagLayout | None = None,
     ):
         self.layout = layout
+        self.bags = bags  # None: uniform bags, read from each batch's [B, T, L] shape
         self.table_sizes = layout.table_sizes
         self.dim = dim
         self.optimizer = optimizer
@@ -61,9 +73,6 @@ class DeviceMode(TrainMode):
             self.phases.phase(name, step=self._steps) if self.phases is not None else contextlib.nullcontext()
         )
 
-    def _fused_ids(self, sparse: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(self.layout.fuse(sparse))
-
     def _distinct(self, fused: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The batch's distinct rows and each lookup's index into them, found on the host."""
         if self._host_scratch is None:
@@ -75,10 +84,21 @@ class DeviceMode(TrainMode):
             return self._packs.copy(arrays)
         return {k: torch.from_numpy(a).to(self.device) for k, a in arrays.items()}
 
+    def _lookups(self, sparse: np.ndarray) -> tuple[BagLayout, np.ndarray, np.ndarray | None]:
+        """(bags, fused ids of the real lookups, their positions among the batch's id slots or None when no slot
+        is padding)."""
+        bags = bags_of(self.bags, self.layout, sparse)
+        fused = bags.fuse(sparse)
+        real = real_positions(fused) if bags.padded else None
+        return bags, (fused if real is None else fused[real]), real
+
     def step(self, model: DLRM, batch: Batch) -> StepStats:
-        B, T, L = batch.sparse.shape
+        B = batch.sparse.shape[0]
         t0 = time.perf_counter()
-        arrays = {"ids": self.layout.fuse(batch.sparse), "dense": batch.dense, "labels": batch.labels}
+        bags, fused, pos = self._lookups(batch.sparse)
+        arrays = {"ids": fused, "dense": batch.dense, "labels": batch.labels}
+        if pos is not None:  # padded bags: where the real lookups stand among the batch's id slots
+            arrays["pos"] = pos
         distinct = self.device_updates and self.comm.world_size == 1
         if distinct:
             arrays["rows"], arrays["inverse"] = self._distinct(arrays["ids"])
@@ -87,23 +107,24 @@ class DeviceMode(TrainMode):
         t1 = time.perf_counter()
         loss = 0.0
         with self._phase("compute"):
-            rows = self.weight.index_select(0, ids).requires_grad_(True)
+            rows = padded_rows(self.weight, ids, ix.get("pos"), B * bags.num_columns)
             if B:  # a rank's shard of a global batch smaller than N may be empty: it still takes part below
-                pooled = sum_pool(rows, T, L)
+                pooled = bag_pool(rows, bags)
                 loss = loss_and_backward(model, ix["dense"], pooled, ix["labels"], batch.loss_normaliser)
         t2 = time.perf_counter()
         with self._phase("sparse_update"):
+            grad = rows.grad if "pos" not in ix or rows.grad is None else rows.grad.index_select(0, ix["pos"])
             if self.comm.world_size > 1:
                 ids, grads = all_ranks_gradients(
-                    self.comm, [ids] if B else [], [rows.grad] if B else [], self.dim, "sparse_allgather",
+                    self.comm, [ids] if B else [], [grad] if B else [], self.dim, "sparse_allgather",
                     self.device,
                 )  # fmt: skip
                 touched = self.optimizer.step(self.weight, self.state, ids, grads) if ids.shape[0] else 0
             elif distinct:
-                self.optimizer.step_coalesced(self.weight, self.state, ix["rows"], ix["inverse"], rows.grad)
+                self.optimizer.step_coalesced(self.weight, self.state, ix["rows"], ix["inverse"], grad)
                 touched = int(arrays["rows"].shape[0])
             else:
-                touched = self.optimizer.step(self.weight, self.state, ids, rows.grad, self.scratch)
+                touched = self.optimizer.step(self.weight, self.state, ids, grad, self.scratch)
         t3 = time.perf_counter()
         self._steps += 1
         return StepStats(
@@ -115,9 +136,12 @@ class DeviceMode(TrainMode):
 
     @torch.no_grad()
     def pooled_eval(self, sparse: np.ndarray) -> torch.Tensor:
-        B, T, L = sparse.shape
-        rows = self.weight.index_select(0, self._fused_ids(sparse).to(self.device))
-        return sum_pool(rows, T, L)
+        bags, ids, pos = self._lookups(sparse)
+        ids_d = torch.from_numpy(ids).to(self.device)
+        pos_d = None if pos is None else torch.from_numpy(pos).to(self.device)
+        return bag_pool(
+            padded_rows(self.weight, ids_d, pos_d, sparse.shape[0] * bags.num_columns).detach(), bags
+        )
 
     def export_tables(self) -> list[np.ndarray]:
         return [w.copy() for w in self.layout.split(self.weight.detach().cpu().numpy())]

@@ -55,11 +55,16 @@ class ShardedColdStore(ColdStore):
 
     writes_back = False
 
-    def __init__(self, comm: Comm, shard_weights: np.ndarray, optimizer: SparseOptimizer, num_rows: int):
+    def __init__(self, comm: Comm, shard_weights, optimizer: SparseOptimizer, num_rows: int):
+        """``shard_weights``: this rank's rows (local order) as an array (kept in host memory), or a row
+        holder with HostRows' verbs (``hotline.tiers.disk_store.DiskRows``: the shard in a file)."""
         self.comm = comm
         self.num_rows = int(num_rows)
-        self.host = HostRows(shard_weights, optimizer)
+        self.host = (
+            HostRows(shard_weights, optimizer) if isinstance(shard_weights, np.ndarray) else shard_weights
+        )
         self.S = optimizer.state_floats_per_row
+        self.state_shape = optimizer.state_shape  # rows -> the shape of their state (S columns travel with w)
         self._ahead: Comm | None = None  # the look-ahead thread's group, inside lookahead()
 
     @staticmethod
@@ -81,18 +86,19 @@ class ShardedColdStore(ColdStore):
         if step >= 0:  # the claim before the read (see HostRows.claim)
             stale = np.zeros(local.shape[0], bool)
             stale[self.host.claim(local, step, distinct=False)] = True
-        parts = [self.host.w[local]]
+        w, s, _ = self.host.get(local)
+        parts = [w]
         if self.S:
-            parts.append(self.host.s[local, None])
+            parts.append(s.reshape(local.shape[0], self.S))
         if step >= 0:
             parts.append(stale[:, None].astype(np.float32))
         payload = torch.from_numpy(np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0])
         got, _ = comm.all_to_all(payload, recv_counts, "cold_rows", send_counts)
-        D = self.host.w.shape[1]
+        D = w.shape[1]
         rows_back = torch.empty((got.shape[0], D + self.S), dtype=torch.float32)
         rows_back[torch.from_numpy(order)] = got[:, : D + self.S]
         values = np.ascontiguousarray(rows_back.numpy()[:, :D])
-        state = np.ascontiguousarray(rows_back.numpy()[:, D]) if self.S else np.zeros(0, np.float32)
+        state = np.ascontiguousarray(rows_back.numpy()[:, D:]).reshape(self.state_shape(rows.shape[0]))
         route = Route(order, send_counts, local, recv_counts)
         out = ColdFetch(rows, values, state, step=step, route=route)
         if step >= 0:
@@ -114,7 +120,7 @@ class ShardedColdStore(ColdStore):
 
     def refresh(self, fetch: ColdFetch, slots=None):
         r = fetch.route
-        send = torch.from_numpy(self.host.w[r.serve_stale])
+        send = torch.from_numpy(self.host.get(r.serve_stale)[0])
         got, _ = self.comm.all_to_all(send, r.serve_counts, "cold_refresh", r.stale_counts)
         return fetch.stale, got.numpy(), np.zeros(0, np.float32)  # the owners hold the state they update
 
@@ -129,7 +135,7 @@ class ShardedColdStore(ColdStore):
         got, _ = self.comm.all_to_all(send, r.send_counts, "cold_grads", r.recv_counts)
         touched = 0
         if r.owned.shape[0]:  # rows asked for by several ranks: the kernel sums their gradients first
-            touched = optimizer.step(self.host.weight, self.host.state, torch.from_numpy(r.owned), got)
+            touched = self.host.apply(optimizer, r.owned, got)
         if fetch.step >= 0:  # after the update: the look-ahead thread may read these rows as fresh now
             self.host.applied = fetch.step + 1
         return touched
@@ -162,7 +168,7 @@ class ShardedColdStore(ColdStore):
         send_counts = np.bincount(owner, minlength=N)
         asked, recv_counts = self.comm.all_to_all(torch.from_numpy(rows[order]), send_counts, "eval_ids")
         got, _ = self.comm.all_to_all(
-            torch.from_numpy(self.host.w[asked.numpy() // N]), recv_counts, "eval_rows", send_counts
+            torch.from_numpy(self.host.get(asked.numpy() // N)[0]), recv_counts, "eval_rows", send_counts
         )
         out = np.empty_like(got.numpy())
         out[order] = got.numpy()
@@ -172,27 +178,25 @@ class ShardedColdStore(ColdStore):
         """Each owner keeps the leaving rows it owns, from its own (identical) replica of the hot tier."""
         N, r = self.comm.world_size, self.comm.rank
         mine = rows % N == r
-        local = rows[mine] // N
-        self.host.w[local] = w[mine]
-        if self.S:
-            self.host.s[local] = s[mine]
+        self.host.put(rows[mine] // N, w[mine], s[mine] if self.S else s[:0])
 
     def promote(self, rows):
         """The entering rows from their owners to every rank (a collective: one all-gather)."""
         N, r = self.comm.world_size, self.comm.rank
         mine = np.flatnonzero(rows % N == r)
         local = rows[mine] // N
-        parts = [self.host.w[local]] + ([self.host.s[local, None]] if self.S else [])
-        payload = torch.from_numpy(np.concatenate(parts, axis=1) if self.S else parts[0])
+        own_w, own_s, _ = self.host.get(local)
+        own = [own_w, own_s.reshape(local.shape[0], self.S)] if self.S else [own_w]
+        payload = torch.from_numpy(np.concatenate(own, axis=1) if self.S else own_w)
         got = self.comm.all_gather_varlen(payload, "replace_rows")
         where = self.comm.all_gather_varlen(torch.from_numpy(mine), "replace_ids")
-        D = self.host.w.shape[1]
+        D = own_w.shape[1]
         w = np.empty((rows.shape[0], D), np.float32)
-        s = np.empty(rows.shape[0] if self.S else 0, np.float32)
+        s = np.empty(self.state_shape(rows.shape[0]), np.float32)
         for pos, vals in zip(where, got):
             w[pos.numpy()] = vals.numpy()[:, :D]
             if self.S:
-                s[pos.numpy()] = vals.numpy()[:, D]
+                s[pos.numpy()] = vals.numpy()[:, D:].reshape(-1, *s.shape[1:])
         return w, s
 
     def _assemble(self, shard: np.ndarray) -> np.ndarray:
@@ -204,12 +208,11 @@ class ShardedColdStore(ColdStore):
         return full
 
     def export(self, hot_rows, hot_w, hot_s):
-        w = self._assemble(self.host.w)
-        s = self._assemble(self.host.s) if self.S else self.host.s.copy()
+        own_w, own_s = self.host.all()
+        w = self._assemble(own_w)
+        s = self._assemble(own_s) if self.S else own_s
         return with_hot_rows(w, s, hot_rows, hot_w, hot_s)
 
     def load(self, weights: np.ndarray, state: np.ndarray) -> None:
         N, r = self.comm.world_size, self.comm.rank
-        self.host.w[:] = weights[r::N]
-        if self.S:
-            self.host.s[:] = state[r::N]
+        self.host.replace_all(weights[r::N], state[r::N] if self.S else state)

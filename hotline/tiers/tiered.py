@@ -36,8 +36,16 @@ from hotline.kernels.gather import assemble_rows
 from hotline.models.dlrm import DLRM
 from hotline.pipeline.gpu_timing import StreamPhases
 from hotline.placement import Placement
-from hotline.table_layout import TableLayout, bytes_per_row
-from hotline.tiers.base import StepStats, TrainMode, loss_and_backward, step_loss, sum_pool
+from hotline.table_layout import BagLayout, TableLayout, bytes_per_row
+from hotline.tiers.base import (
+    StepStats,
+    TrainMode,
+    bag_pool,
+    loss_and_backward,
+    padded_rows,
+    real_positions,
+    step_loss,
+)
 from hotline.tiers.cold_store import ColdFetch, ColdStore, staging_tensor
 from hotline.tiers.packing import CopyPack
 from hotline.tiers.replicated import all_ranks_gradients
@@ -133,7 +141,7 @@ class TieredMode(TrainMode):
         self,
         name: str,
         layout: TableLayout,
-        pooling_factor: int,
+        pooling_factor: int | BagLayout,
         dim: int,
         optimizer: SparseOptimizer,
         placement: Placement,
@@ -150,7 +158,11 @@ class TieredMode(TrainMode):
         self.fused = fused  # one forward/backward over the whole batch (its cold rows are already here)
         self.layout = layout
         self.table_sizes = layout.table_sizes
-        self.L = int(pooling_factor)
+        self.bags = (
+            pooling_factor
+            if isinstance(pooling_factor, BagLayout)
+            else BagLayout.uniform(layout, pooling_factor)
+        )
         self.dim = dim
         self.optimizer = optimizer
         self.device = torch.device(device)
@@ -160,13 +172,14 @@ class TieredMode(TrainMode):
         self.hot_rows = placement.fused_hot_ids()
         self.hot_w = torch.from_numpy(hot_weights).to(self.device)
         self.hot_s = optimizer.new_state(self.hot_rows.shape[0]).to(self.device)
-        self.dispatcher = Dispatcher(placement, self.L, max(1, max_batch_size), in_flight=max(1, in_flight))
-        self.fused_remap = self.dispatcher.remap
-        max_rows = max(1, max_batch_size) * len(self.table_sizes) * self.L
+        self.dispatcher = Dispatcher(
+            placement, self.bags, max(1, max_batch_size), in_flight=max(1, in_flight)
+        )
+        self.fused_remap = self.dispatcher.row_remap
+        max_rows = max(1, max_batch_size) * self.bags.num_columns
         pin = self.device.type == "cuda"
-        S = optimizer.state_floats_per_row
         self._staging = [
-            (staging_tensor((max_rows, dim), pin), staging_tensor((max_rows if S else 0,), pin))
+            (staging_tensor((max_rows, dim), pin), staging_tensor(optimizer.state_shape(max_rows), pin))
             for _ in range(max(1, in_flight))
         ]
         self._next_staging = 0
@@ -207,6 +220,8 @@ class TieredMode(TrainMode):
             n = micro.working_set.shape[0]
             seq, self._prepared = self._prepared, self._prepared + 1
             arrays = {k: getattr(micro, k) for k in _INDEX_NAMES}
+            if micro.pop_pos is not None:  # padded bags: where the popular lookups stand among the id slots
+                arrays["pop_pos"] = micro.pop_pos
             if self.device_updates:
                 hot_ids = np.concatenate([micro.pop_ids, micro.hot_slot])
                 arrays["hot_rows"], arrays["hot_inverse"] = sparse_update.distinct(
@@ -245,7 +260,7 @@ class TieredMode(TrainMode):
             counters={
                 "popular_samples": micro.popular_count,
                 "hot_lookups": int(micro.pop_ids.shape[0] + micro.hot_slot.shape[0]),
-                "lookups": int(batch.sparse.size),
+                "lookups": self.bags.lookups(batch.sparse),
                 "working_set_rows": n,
                 "bytes_gathered": n * row_bytes,
                 **fetch.counters,
@@ -334,9 +349,9 @@ class TieredMode(TrainMode):
         """Forward/backward of both micro-batches and one sparse update per tier (write-back is separate)."""
         self._await_copies(prep)
         batch, micro, ix = prep.batch, prep.micro, prep.index
-        B, T, L = batch.sparse.shape
+        B = batch.sparse.shape[0]
         G = batch.loss_normaliser
-        C, D = T * L, self.dim
+        C, D = self.bags.num_columns, self.dim
         dense, labels = ix["dense"], ix["labels"]
         loss = 0.0
         # On CPU, Numba assembles the looked-up rows and reads the gradients in place (no index_put, no gathers
@@ -349,17 +364,18 @@ class TieredMode(TrainMode):
                 record_function("## popular forward/backward ##"),
                 self._phase("popular_compute", step=prep.seq),
             ):
-                rows = self.hot_w.index_select(0, ix["pop_ids"]).requires_grad_(True)
+                rows = padded_rows(self.hot_w, ix["pop_ids"], ix.get("pop_pos"), micro.num_popular * C)
                 idx = ix["popular_samples"]
-                loss += loss_and_backward(model, dense[idx], sum_pool(rows, T, L), labels[idx], G)
-                grad_p = rows.grad
+                loss += loss_and_backward(model, dense[idx], bag_pool(rows, self.bags), labels[idx], G)
+                grad_p = rows.grad if "pop_pos" not in ix else rows.grad.index_select(0, ix["pop_pos"])
         t1 = time.perf_counter()
         if micro.num_non_popular:
             with (
                 record_function("## non-popular forward/backward ##"),
                 self._phase("non_popular_compute", step=prep.seq),
             ):
-                rows = torch.empty((micro.num_non_popular * C, D), dtype=torch.float32, device=self.device)
+                alloc = torch.zeros if self.bags.padded else torch.empty  # padding slots stay zero
+                rows = alloc((micro.num_non_popular * C, D), dtype=torch.float32, device=self.device)
                 if host:
                     assemble_rows(rows.numpy(), self.hot_w.numpy(), micro.hot_pos, micro.hot_slot,
                                   prep.work.numpy(), micro.cold_pos, micro.cold_slot)  # fmt: skip
@@ -368,7 +384,7 @@ class TieredMode(TrainMode):
                     rows[ix["cold_pos"]] = prep.work.index_select(0, ix["cold_slot"])
                 rows.requires_grad_(True)
                 idx = ix["non_popular_samples"]
-                loss += loss_and_backward(model, dense[idx], sum_pool(rows, T, L), labels[idx], G)
+                loss += loss_and_backward(model, dense[idx], bag_pool(rows, self.bags), labels[idx], G)
                 grad_n = rows.grad
         t2 = time.perf_counter()
         with record_function("## sparse optimizer ##"), self._phase("sparse_update", step=prep.seq):
@@ -457,7 +473,7 @@ class TieredMode(TrainMode):
                 return
             n = prep.micro.working_set.shape[0]
             if self.device.type == "cuda":
-                w, s = prep.staging[0][:n].numpy(), prep.staging[1][: prep.work_state.numel()].numpy()
+                w, s = prep.staging[0][:n].numpy(), prep.staging[1][: prep.work_state.shape[0]].numpy()
             else:
                 w, s = prep.work.detach().numpy(), prep.work_state.numpy()
             self.cold.write_back(prep.fetch, w, s)
@@ -473,8 +489,9 @@ class TieredMode(TrainMode):
     # -- evaluation, export, checkpoints -------------------------------------------------------------------
     @torch.no_grad()
     def pooled_eval(self, sparse: np.ndarray) -> torch.Tensor:
-        B, T, L = sparse.shape
-        fused = self.layout.fuse(sparse)
+        all_fused = self.bags.fuse(sparse)
+        real = real_positions(all_fused) if self.bags.padded else None
+        fused = all_fused if real is None else all_fused[real]
         slots = self.fused_remap[fused]
         cold = np.flatnonzero(slots < 0)
         uniq, inverse = np.unique(fused[cold], return_inverse=True)
@@ -489,7 +506,10 @@ class TieredMode(TrainMode):
             rows[torch.from_numpy(cold).to(self.device)] = fetched[torch.from_numpy(inverse.reshape(-1))].to(
                 self.device
             )
-        return sum_pool(rows, T, L)
+        if real is not None:  # the real lookups' rows into their slots, zero in the padding slots
+            full = torch.zeros((all_fused.shape[0], self.dim), dtype=torch.float32, device=self.device)
+            rows = full.index_copy_(0, torch.from_numpy(real).to(self.device), rows)
+        return bag_pool(rows, self.bags)
 
     def export_tables(self) -> list[np.ndarray]:
         return self.export_tables_and_state()[0]
@@ -524,22 +544,22 @@ class TieredMode(TrainMode):
 
     def shard_state(self) -> dict[str, torch.Tensor]:
         """This rank's checkpoint share: its cold rows (every rank) and the hot tier (rank 0 only)."""
-        host = self.cold.host
-        out = {"cold_w": host.weight.clone(), "cold_s": host.state.clone()}
+        w, s = self.cold.host.all()
+        out = {"cold_w": torch.from_numpy(w), "cold_s": torch.from_numpy(s)}
         if self.comm.rank == 0:
             out.update(hot_w=self.hot_w.detach().cpu().clone(), hot_s=self.hot_s.cpu().clone())
         return out
 
     def load_shard_state(self, own: dict, rank0: dict) -> None:
         host = self.cold.host
-        if own["cold_w"].shape != host.weight.shape or rank0["hot_w"].shape != self.hot_w.shape:
+        shape = (host.num_rows, self.dim)
+        if tuple(own["cold_w"].shape) != shape or rank0["hot_w"].shape != self.hot_w.shape:
             raise ValueError(
                 f"checkpoint shard has {tuple(own['cold_w'].shape)} cold and {tuple(rank0['hot_w'].shape)} hot "
-                f"rows, this rank expects {tuple(host.weight.shape)} and {tuple(self.hot_w.shape)} "
+                f"rows, this rank expects {shape} and {tuple(self.hot_w.shape)} "
                 f"(same placement and number of ranks?)"
             )
+        host.replace_all(own["cold_w"].numpy(), own["cold_s"].numpy())
         with torch.no_grad():
-            host.weight.copy_(own["cold_w"])
-            host.state.copy_(own["cold_s"])
             self.hot_w.copy_(rank0["hot_w"])
             self.hot_s.copy_(rank0["hot_s"])

@@ -103,17 +103,18 @@ def lfu_hit_curves(profile) -> list[tuple[np.ndarray, int]]:
     for t in range(profile.num_tables):
         counts = profile.table_counts(t)
         ranked = np.sort(counts[counts > 0])[::-1]
-        out.append((np.concatenate([[0], np.cumsum(ranked)]).astype(np.int64), profile.lookups_per_table))
+        out.append((np.concatenate([[0], np.cumsum(ranked)]).astype(np.int64), int(profile.table_lookups[t])))
     return out
 
 
 def expected_unique_lookups(profile, global_batch_size: int) -> np.ndarray:
     """float64 [T]: expected distinct rows per table in a batch of ``global_batch_size`` samples, each row
     drawn independently with its sampled frequency."""
-    draws = int(global_batch_size) * profile.pooling_factor
     out = np.zeros(profile.num_tables)
     for t in range(profile.num_tables):
-        p = profile.table_counts(t) / float(max(1, profile.lookups_per_table))
+        lookups = float(max(1, profile.table_lookups[t]))
+        draws = int(global_batch_size) * (lookups / max(1, profile.num_samples))  # B * L_t
+        p = profile.table_counts(t) / lookups
         p = p[p > 0]
         out[t] = float(-np.expm1(draws * np.log1p(-np.minimum(p, 1.0))).sum())
     return out

@@ -300,16 +300,9 @@ def choose_for_run(
     if dataset.train.num_batches(config.mini_batch_size) == 0:
         raise ValueError(f"the training split of {dataset.path} has no rows to train on")
     if prof is None:
-        from hotline.profiling.profiler import profile
+        from hotline.training.placing import profile_for
 
-        prof = profile(
-            dataset,
-            embedding_dim=config.embedding_dim,
-            optimizer=config.optimizer,
-            mini_batch_size=config.mini_batch_size,
-            seed=config.seed,
-            progress=progress,
-        )
+        prof = profile_for(config, dataset, progress)
     hw = hardware_for(config.device, hardware)
     w = workload_for(prof, bottom_mlp=config.bottom_mlp, top_mlp=config.top_mlp,
                      worker_threads=config.worker_threads)  # fmt: skip

@@ -49,7 +49,13 @@ class TrainConfig:
     mini_batch_size: int = 128
     """Samples per mini-batch (one optimizer step each)."""
     learning_rate: float = 0.1
-    """Learning rate of dense and sparse optimizers."""
+    """Learning rate of dense and sparse optimizers (the schedule's base rate)."""
+    lr_warmup_steps: int = 0
+    """``--lr-num-warmup-steps``: linear warm-up of both learning rates (hotline.training.schedule)."""
+    lr_decay_start_step: int = 0
+    """``--lr-decay-start-step``: first step of the quadratic decay."""
+    lr_decay_steps: int = 0
+    """``--lr-num-decay-steps``: steps the decay lasts (0: none)."""
     optimizer: str = "sgd"
     """``sgd`` or ``rowwise-adagrad`` (dense layers get plain Adagrad with it)."""
     nepochs: int = 1
@@ -91,6 +97,10 @@ class TrainConfig:
     """``--lookahead``: steps whose cold rows are gathered ahead of compute (hotline mode)."""
     worker_threads: int = 1
     """Numba threads of the look-ahead worker that dispatches and gathers (the rest compute)."""
+    share_cores: bool = False
+    """``--share-cores``: with look-ahead, torch's threads give up the cores the producer is measured to keep
+    busy (:class:`hotline.pipeline.threads.CoreShare`); faster where they share few cores, but torch's
+    reductions then run on fewer threads: equal to device mode up to reassociation, not bit-identical."""
     micro_batches: str = "auto"
     """hotline: ``split`` (popular then non-popular forward/backward), ``fused`` (one pass over the batch in
     order, hot rows and working rows together), or ``auto`` (split at look-ahead 0, where the popular
@@ -112,6 +122,17 @@ class TrainConfig:
     """``--resume``: continue from the newest complete checkpoint in ``checkpoint_dir`` (an error if none)."""
     resume_if_present: bool = False
     """``--resume-if-present``: resume if ``checkpoint_dir`` holds a checkpoint, else start (job schedulers)."""
+    cold_store: str = "memory"
+    """``--cold-store``: where hybrid/hotline keep the cold rows: ``memory`` (host memory) or ``disk`` (a file
+    in ``cold_dir``, read and written in place: tables beyond DRAM)."""
+    cold_dir: str | None = None
+    """``--cold-dir``: the directory of the disk store's file (``--cold-store disk``)."""
+    cold_io_depth: int = 32
+    """``--cold-io-depth``: I/O threads (reads in flight) of the disk store."""
+    cold_cache: int = 0
+    """``--cold-cache`` in bytes: the disk store's DRAM tier (its most popular rows kept in memory; 0: none)."""
+    cold_direct: bool = True
+    """``--no-cold-direct`` sets False: the disk store goes through the OS page cache instead of O_DIRECT."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -144,6 +165,28 @@ class TrainConfig:
                 f"--threads must be >= 0 (0: all cores) and --worker-threads >= 1, got {self.threads} "
                 f"and {self.worker_threads}"
             )
+        if self.cold_store not in ("memory", "disk"):
+            raise ValueError(f"--cold-store must be memory or disk, got {self.cold_store!r}")
+        if self.cold_store == "disk":
+            if self.mode in ("device", "auto"):  # auto's chooser does not price the disk store
+                raise ValueError(
+                    f"--cold-store disk keeps the cold rows of --mode hybrid or hotline (not --mode {self.mode})"
+                )
+            if self.optimizer in ("adagrad", "adam"):  # its row records hold at most one state float
+                raise ValueError(
+                    f"--cold-store disk keeps one state float per row: --optimizer sgd or rowwise-adagrad, "
+                    f"not {self.optimizer}"
+                )
+            if not self.cold_dir:
+                raise ValueError("--cold-store disk needs --cold-dir DIR (where its file goes)")
+            if not os.path.isdir(self.cold_dir):
+                raise ValueError(f"--cold-dir {self.cold_dir} is not a directory")
+        elif self.cold_dir:
+            raise ValueError("--cold-dir is the directory of --cold-store disk")
+        if self.cold_io_depth < 1 or self.cold_cache < 0:
+            raise ValueError(
+                f"--cold-io-depth must be >= 1 and --cold-cache >= 0, got {self.cold_io_depth}, {self.cold_cache}"
+            )
         if self.dcn_num_layers < 1 or self.dcn_low_rank_dim < 1:
             raise ValueError(
                 f"--dcn-num-layers and --dcn-low-rank-dim must be >= 1, got {self.dcn_num_layers} and "
@@ -158,7 +201,19 @@ class TrainConfig:
             raise ValueError(
                 f"--device {self.device}: CUDA is not available to this torch ({torch.__version__})"
             )
-        SparseOptimizer(self.optimizer, self.learning_rate)  # validates optimizer and learning rate
+        SparseOptimizer(
+            self.optimizer, self.learning_rate, dim=self.embedding_dim
+        )  # validates optimizer and lr
+        _ = self.lr_schedule  # validates the schedule's steps
+
+    @property
+    def lr_schedule(self):
+        """The learning rate of every step (dense and sparse alike)."""
+        from hotline.training.schedule import LRSchedule
+
+        return LRSchedule(
+            self.learning_rate, self.lr_warmup_steps, self.lr_decay_start_step, self.lr_decay_steps
+        )
 
     @property
     def replaces(self) -> bool:

@@ -188,11 +188,25 @@ def load_torchrec_dlrm(path: str | os.PathLike):
     return module.eval(), blob["config"]
 
 
-def keyed_jagged(sparse: np.ndarray, feature_names: list[str]):
-    """A KeyedJaggedTensor of a batch's ids ``[B, T, L]`` (feature-major, L ids per bag)."""
+def keyed_jagged(sparse: np.ndarray, feature_names: list[str], bag_sizes: list[int] | None = None):
+    """A KeyedJaggedTensor of a batch's ids ``[B, T, L]`` (feature-major, L ids per bag), or of ``[B, C]`` bags
+    of ``bag_sizes`` whose padding (-1) is dropped: variable-length bags are what a KJT's lengths are for."""
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    B, T, L = sparse.shape
-    values = torch.from_numpy(np.ascontiguousarray(sparse.transpose(1, 0, 2)).reshape(-1).astype(np.int64))
-    lengths = torch.full((T * B,), L, dtype=torch.int32)
-    return KeyedJaggedTensor.from_lengths_sync(keys=list(feature_names), values=values, lengths=lengths)
+    if bag_sizes is None:
+        B, T, L = sparse.shape
+        values = torch.from_numpy(
+            np.ascontiguousarray(sparse.transpose(1, 0, 2)).reshape(-1).astype(np.int64)
+        )
+        lengths = torch.full((T * B,), L, dtype=torch.int32)
+        return KeyedJaggedTensor.from_lengths_sync(keys=list(feature_names), values=values, lengths=lengths)
+    flat = sparse.reshape(sparse.shape[0], sum(bag_sizes))
+    ends = np.cumsum(bag_sizes)
+    bags = [flat[:, e - b : e] for b, e in zip(bag_sizes, ends)]  # per table [B, L_t]
+    values = np.concatenate([bag[bag != -1] for bag in bags])  # row-major: sample by sample, in table order
+    lengths = np.concatenate([(bag != -1).sum(axis=1) for bag in bags]).astype(np.int32)
+    return KeyedJaggedTensor.from_lengths_sync(
+        keys=list(feature_names),
+        values=torch.from_numpy(values.astype(np.int64)),
+        lengths=torch.from_numpy(lengths),
+    )

@@ -32,12 +32,17 @@ def kernels_need_compiling(modules: tuple[str, ...] = STEP_KERNELS) -> bool:
 COMPILE_NOTE = "compiling kernels, once (about 30 s on 2 cores; later runs reuse Numba's cache) ..."
 
 
-def note_first_compile(modules: tuple[str, ...], stream=None) -> bool:
+def note_first_compile(modules: tuple[str, ...], stream=None, terminal_only: bool = False) -> bool:
     """Prints :data:`COMPILE_NOTE` on ``stream`` (stderr) if a kernel module of ``modules`` will compile now;
-    returns whether it did. A first run otherwise sits silent (a progress bar at 0%) while Numba compiles."""
+    returns whether it did. A first run otherwise sits silent (a progress bar at 0%) while Numba compiles.
+    ``terminal_only``: only where a person watches (a command whose input checks come after this point must
+    keep its error a single line in logs and pipes)."""
+    stream = stream if stream is not None else sys.stderr
+    if terminal_only and not getattr(stream, "isatty", lambda: False)():
+        return False
     if not kernels_need_compiling(modules):
         return False
-    print(COMPILE_NOTE, file=stream if stream is not None else sys.stderr, flush=True)
+    print(COMPILE_NOTE, file=stream, flush=True)
     return True
 
 

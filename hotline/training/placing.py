@@ -6,6 +6,21 @@ from hotline.datasets.format import Dataset
 from hotline.placement import Placement
 
 
+def profile_for(config, dataset: Dataset, progress: bool = True):
+    """The profile a TrainConfig's hot rows are chosen from (and ``--mode auto`` prices budgets with): a
+    sample of the training split at the run's dim, optimizer, mini-batch size and seed."""
+    from hotline.profiling.profiler import profile
+
+    return profile(
+        dataset,
+        embedding_dim=config.embedding_dim,
+        optimizer=config.optimizer,
+        mini_batch_size=config.mini_batch_size,
+        seed=config.seed,
+        progress=progress,
+    )
+
+
 def placement_for(config, dataset: Dataset, progress: bool = True) -> Placement:
     """The placement a TrainConfig asks for: all-cold for ``hybrid``; for ``hotline`` loaded from
     ``--placement`` or profiled under ``--hbm-budget``. Checked against the dataset and the embedding dim."""
@@ -16,17 +31,7 @@ def placement_for(config, dataset: Dataset, progress: bool = True) -> Placement:
     if config.placement_path:
         placement = Placement.load(config.placement_path, dataset=dataset)
     elif config.hbm_budget is not None:
-        from hotline.profiling.profiler import profile
-
-        prof = profile(
-            dataset,
-            embedding_dim=config.embedding_dim,
-            optimizer=config.optimizer,
-            mini_batch_size=config.mini_batch_size,
-            seed=config.seed,
-            progress=progress,
-        )
-        placement = prof.placement(config.hbm_budget)
+        placement = profile_for(config, dataset, progress).placement(config.hbm_budget)
     else:
         raise ValueError(
             "--mode hotline needs --placement FILE (from `hotline profile`) or --hbm-budget SIZE"

@@ -1,76 +1,85 @@
-"""Checks before the first training step: every output can be written, the input data is finite.
+"""Checks before the first training step: the run's outputs (judged by :mod:`hotline.outputs`), the input
+data in range, the ids in their tables, the run within memory.
 
-A run that would fail after hours (an unwritable ``--dump-params``, a ``--checkpoint-dir`` below a file) fails
-here, before any step, with one clear line naming the flag. Every output is treated the same way: its
-directory is created if missing (as the writers do), and a real temporary file (a name only Hotline uses) is
-created and removed in it, so permissions, read-only mounts and full disks are all seen.
+A run that would fail after hours (an unwritable ``--dump-params``, a ``--checkpoint-dir`` below a file, an
+output that would replace a user's file) fails before any step, with one clear line naming the flag.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import numpy as np
 
-from hotline._io import temporary_name
+
+def train_outputs(config, save=None, save_placement=None, world_size: int = 1) -> list:
+    """The outputs of a training run, for :func:`hotline.outputs.claim`: ``--metrics`` (continued by a
+    resumed run), ``--dump-init``, ``--dump-params``, ``--save-placement``, ``--save`` (every rank's file and
+    its digest), ``--checkpoint-dir`` (a directory checkpoints are added to) and ``--cold-dir``."""
+    from hotline._io import digest_path
+    from hotline.outputs import Output
+    from hotline.training.checkpoint import rank_file
+
+    resumes = bool(config.resume or config.resume_if_present)
+    outs = [
+        Output("--metrics", config.metrics_path, continues="records" if resumes else None),
+        Output("--dump-init", config.dump_init_path),
+        Output("--dump-params", config.dump_params_path),
+        Output("--save-placement", save_placement),
+        Output("--checkpoint-dir", config.checkpoint_dir, kind="dir"),
+        Output(
+            "--cold-dir", config.cold_dir, kind="dir"
+        ),  # its file: the disk store judges it (disk_file.py)
+    ]
+    if save is not None:
+        for r in range(world_size):
+            label = "--save" if r == 0 else f"--save (rank {r})"
+            f = rank_file(save, r, world_size)
+            outs += [Output(label, f), Output(f"{label} (its digest)", digest_path(f))]
+    return outs
 
 
-def _probe(directory: Path, flag: str, path: str | os.PathLike) -> None:
-    """Creates the directory if missing and writes and removes a temporary file in it (ValueError if not)."""
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        probe = temporary_name(directory / "preflight")
-        with open(probe, "wb") as f:
-            f.write(b"\0")
-        probe.unlink()
-    except OSError as e:
-        blocker = next((a for a in (directory, *directory.parents) if a.exists() and not a.is_dir()), None)
-        why = f"{blocker} is a file, not a directory" if blocker is not None else (e.strerror or str(e))
-        raise ValueError(f"{flag} {path}: cannot write there ({why})") from None
+def train_inputs(config, dataset=None, load=None) -> list[tuple[str, object]]:
+    """The inputs of a training run: what no output may be or lie inside."""
+    return [
+        ("DATASET", dataset),
+        ("--load", load),
+        ("--init-params", config.init_params_path),
+        ("--placement", config.placement_path),
+    ]
 
 
-def check_outputs(outputs: dict[str, str | os.PathLike | None], directories: dict | None = None) -> None:
-    """Raises ValueError naming the flag unless every file in ``outputs`` (flag -> path) and every directory
-    in ``directories`` (flag -> path) can be written; None entries are skipped."""
-    for flag, path in outputs.items():
-        if path is None:
-            continue
-        p = Path(path)
-        if p.is_dir():
-            raise ValueError(f"{flag} {path} is a directory: give a file name")
-        _probe(p.parent, flag, path)
-    for flag, path in (directories or {}).items():
-        if path is None:
-            continue
-        p = Path(path)
-        if p.exists() and not p.is_dir():
-            raise ValueError(f"{flag} {path} exists and is not a directory")
-        _probe(p, flag, path)
+DENSE_LIMIT = 1e6
+"""The largest magnitude a dense feature may have. Hotline's readers write log(x+1) of the raw counts (at most
+about 44 for a 64-bit count); a value near float32's limit (3e38) overflows the first layer to infinity, and
+the run would end much later in a NaN loss blamed on the learning rate."""
 
 
-def check_train_outputs(config, save: str | os.PathLike | None = None) -> None:
-    """The outputs of a training run (``--metrics``, ``--dump-params``, ``--save``, ``--checkpoint-dir``)."""
-    files = {"--metrics": config.metrics_path, "--dump-params": config.dump_params_path, "--save": save}
-    check_outputs(files, {"--checkpoint-dir": config.checkpoint_dir})
-
-
-def check_finite(dataset_path, split, start: int, dense: np.ndarray, labels: np.ndarray) -> None:
-    """Raises DatasetError naming the file and row if a dense feature or label of rows ``start..`` of
-    ``split`` is NaN or infinite (it would turn the loss into NaN much later)."""
+def check_values(dataset_path, split, start: int, dense: np.ndarray, labels: np.ndarray) -> None:
+    """Raises DatasetError naming the file, row (and column) of the first bad value of rows ``start..`` of
+    ``split``: a dense feature or label that is NaN or infinite, a dense feature beyond +-:data:`DENSE_LIMIT`,
+    or a label outside [0, 1] (click labels are 0 or 1; soft labels between them are accepted)."""
     from hotline.datasets.format import DatasetError
 
-    for kind, a in (("dense", dense), ("labels", labels)):
-        bad = ~np.isfinite(a)
+    rules = (
+        ("dense", dense, ~np.isfinite(dense), "the input data must be finite (regenerate or clean the dataset)"),
+        ("labels", labels, ~np.isfinite(labels), "the input data must be finite (regenerate or clean the dataset)"),
+        ("dense", dense, np.abs(dense) > DENSE_LIMIT,
+         f"dense features must lie within [-{DENSE_LIMIT:g}, {DENSE_LIMIT:g}] (Hotline's readers write log(x+1) "
+         "of the raw values): rescale the data"),
+        ("labels", labels, (labels < 0) | (labels > 1),
+         "labels must lie in [0, 1] (click labels are 0 or 1; soft labels between them are accepted)"),
+    )  # fmt: skip
+    for kind, a, bad, expected in rules:
         if bad.any():
             where = np.argwhere(bad)[0]
             row = start + int(where[0])
             column = f", column {int(where[1])}" if a.ndim > 1 else ""
+            name = Path(dataset_path) / f"{split.name}_{kind}.npy"
             raise DatasetError(
-                f"{Path(dataset_path) / f'{split.name}_{kind}.npy'}, row {row}{column}: the value is {float(a[tuple(where)])}; "
-                f"the input data must be finite (regenerate or clean the dataset)"
+                f"{name}, row {row}{column}: the value is {float(a[tuple(where)])}; {expected}"
             )
 
 
@@ -92,24 +101,35 @@ def finite_json(record) -> str:
 _CHUNK_ROWS = 1 << 18
 
 
+def check_all_values(dataset) -> None:
+    """:func:`check_values` over every row of every split, in chunks, before the first step: a bad value in
+    the validation split is named now, not after hours of training."""
+    for name in ("train", "val", "test"):
+        split = dataset.split(name)
+        for lo in range(0, len(split), _CHUNK_ROWS):
+            hi = min(lo + _CHUNK_ROWS, len(split))
+            check_values(
+                dataset.path, split, lo, np.asarray(split.dense[lo:hi]), np.asarray(split.labels[lo:hi])
+            )
+
+
 def check_ids(dataset) -> None:
     """Raises IndexError naming the split's file, the sample, the table and the id if any id of any split is
     outside its table (read once, in chunks, before the first step: not found by a dispatch hours later)."""
-    sizes = np.asarray(dataset.table_sizes, dtype=np.int64)
+    bags = dataset.bags
     for name in ("train", "val", "test"):
         sparse = dataset.split(name).sparse
         for lo in range(0, sparse.shape[0], _CHUNK_ROWS):
-            chunk = np.asarray(sparse[lo : lo + _CHUNK_ROWS])
+            chunk = bags.flat(np.asarray(sparse[lo : lo + _CHUNK_ROWS]))
             if not chunk.size:
                 continue
-            if chunk.min() >= 0 and (chunk.max(axis=(0, 2)) < sizes).all():
+            low = -1 if bags.padded else 0  # padding (-1) is a valid slot of a padded dataset
+            if chunk.min() >= low and (chunk.max(axis=0) < bags.col_size).all():
                 continue
-            bad = (chunk < 0) | (chunk >= sizes[None, :, None])
-            b, t, l = (int(x[0]) for x in np.nonzero(bad))
-            raise IndexError(
-                f"{Path(dataset.path) / f'{name}_sparse.npy'}, sample {lo + b}, table {t}: id {int(chunk[b, t, l])} "
-                f"out of range [0, {int(sizes[t])})"
-            )
+            try:
+                bags.check(chunk, first_sample=lo)
+            except IndexError as e:
+                raise IndexError(f"{Path(dataset.path) / f'{name}_sparse.npy'}, {e}") from None
 
 
 def memory_needed(config, dataset, world_size: int = 1) -> int:
@@ -122,9 +142,13 @@ def memory_needed(config, dataset, world_size: int = 1) -> int:
     batch = max(1, min(config.mini_batch_size, len(dataset.train)))
     if config.mode == "device":
         return rows * row_bytes + rows * 4  # the table, its state, the update's scratch
-    lookups = -(-batch // world_size) * dataset.num_tables * dataset.pooling_factor
+    lookups = -(-batch // world_size) * dataset.lookups_per_sample
     ring = 1 if config.mode == "hybrid" else config.lookahead + 3
     tables = -(-rows // world_size) * row_bytes
+    if (
+        getattr(config, "cold_store", "memory") == "disk"
+    ):  # rows on disk: their index arrays and the DRAM tier
+        tables = -(-rows // world_size) * 8 * 4 + config.cold_cache + (config.hbm_budget or 0)
     buffers = ring * lookups * (row_bytes + 8 * 8)  # staging rows, dispatch index arrays (int64)
     return tables + buffers
 

@@ -23,12 +23,12 @@ import time
 import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from hotline import _io
+from hotline._paths import check_file
 from hotline.datasets.format import Batch, Dataset, Split
 from hotline.distributed.comm import Comm, shard_bounds
 from hotline.models.dlrm import DLRM
@@ -38,7 +38,13 @@ from hotline.tiers.sparse_optim import SparseOptimizer
 from hotline.training.config import TrainConfig, resolve_device
 from hotline.training.logs import LogLines
 from hotline.training.metrics import accuracy, log_loss, roc_auc
-from hotline.training.preflight import check_finite, check_ids, check_memory, check_train_outputs, finite_json
+from hotline.training.preflight import (
+    check_all_values,
+    check_ids,
+    check_memory,
+    check_values,
+    finite_json,
+)
 
 # Step counters that are summed over ranks (in the dense all-reduce); the rest are this rank's own.
 SUMMED_COUNTERS = ("popular_samples", "working_set_rows", "stale_rows", "lookups", "hot_lookups")
@@ -75,10 +81,12 @@ class Trainer:
                     "mode 'auto' is chosen before training: pass choose= (as `hotline train` does, with "
                     "hotline.training.auto.choose_for_run) or give device, hybrid or hotline"
                 )
+            self._check_data()  # before the choice profiles and times anything
             config = self.config = choose(config, self.dataset)
         self.model = DLRM(config.model_config(self.dataset.table_sizes), seed=config.seed).to(config.device)
-        self.sparse_opt = SparseOptimizer(config.optimizer, config.learning_rate)
+        self.sparse_opt = SparseOptimizer(config.optimizer, config.learning_rate, dim=config.embedding_dim)
         self.dense_opt = self.sparse_opt.dense_optimizer(self.model.parameters())
+        self._lr_schedule = config.lr_schedule
         check_memory(config, self.dataset, self.comm.world_size)  # before the tables are allocated
         self.mode = self._build_mode()
         if config.init_params_path:
@@ -88,6 +96,8 @@ class Trainer:
 
             start_counting(self.mode, config)
         self.step_count = 0
+        self.announce: str | None = None
+        """A line :meth:`fit` prints once its checks pass, before step 1 (``--mode auto``'s choice)."""
         self._executor = None
         self.history: list[dict] = []
         self._metrics_file = None
@@ -133,17 +143,28 @@ class Trainer:
                 start, stop = b * B, min((b + 1) * B, len(split))
                 lo, hi = shard_bounds(stop - start, r, N)
                 batch = split.batch(start + lo, start + hi, global_size=stop - start)
-                check_finite(self.dataset.path, split, start + lo, batch.dense, batch.labels)
+                check_values(self.dataset.path, split, start + lo, batch.dense, batch.labels)
                 yield batch
             first = 0
 
+    def _schedule_lr(self) -> None:
+        """Sets the dense and sparse learning rates of the step about to run (``config.lr_schedule``)."""
+        if self._lr_schedule.constant:
+            return
+        lr = self._lr_schedule.lr(self.step_count)
+        for group in self.dense_opt.param_groups:
+            group["lr"] = lr
+        self.mode.optimizer.set_lr(lr)
+
     def step(self, batch: Batch) -> StepStats:
         """One exact mini-batch step: forward/backward through the mode, then one dense optimizer step."""
+        self._schedule_lr()
         self.dense_opt.zero_grad(set_to_none=True)
         return self._dense_step(self.mode.step(self.model, batch), batch)
 
     def _compute_prepared(self, prep) -> StepStats:
         """The compute of one prepared tiered step: both micro-batches, sparse and dense optimizer steps."""
+        self._schedule_lr()
         self.dense_opt.zero_grad(set_to_none=True)
         return self._dense_step(self.mode.compute(self.model, prep), prep.batch)
 
@@ -202,30 +223,67 @@ class Trainer:
         for k, v in zip(summed, counts):
             stats.counters[k] = float(v)
 
-    def fit(self) -> dict:
-        """Runs the whole training; returns the summary record (also the last line of ``--metrics``)."""
+    def _check_data(self) -> None:
+        """Every split's ids, dense values and labels, read once (before the first step, or before --mode
+        auto's choice): a bad one is named with its file and row now, not at its step hours later."""
+        if getattr(self, "_data_checked", False):
+            return
+        check_ids(self.dataset)
+        check_all_values(self.dataset)  # a NaN, a 3e38 or a label 2.0, with its file, row and column
+        self._data_checked = True
+
+    def fit(self, outputs=None) -> dict:
+        """Runs the whole training; returns the summary record (also the last line of ``--metrics``).
+
+        ``outputs``: the run's outputs as :func:`hotline.outputs.claim` judged and locked them (the CLI claims
+        them before loading anything); None: claimed here, refusing to replace any existing file."""
+        own = None
+        if outputs is None:
+            outputs = own = self._claim_outputs()
+        try:
+            return self._fit(outputs)
+        finally:
+            if self._metrics_file is not None:  # a failed run: a file that never got a record stays as it was
+                self._metrics_file.abort()
+                self._metrics_file = None
+            if own is not None:
+                own.release()
+
+    def _claim_outputs(self):
+        """The config's outputs, judged and locked by rank 0 (a rank started by ``--nproc``: its launcher did)."""
+        from hotline import outputs
+        from hotline.training.preflight import train_inputs, train_outputs
+
+        declared = train_outputs(self.config, world_size=self.comm.world_size)
+        if self.comm.rank or os.environ.get("HOTLINE_LAUNCHED"):
+            return outputs.unclaimed(declared)
+        return outputs.claim(declared, train_inputs(self.config, self.dataset.path))
+
+    def _fit(self, outputs) -> dict:
         from tqdm import tqdm  # imported here: the GPU benchmark image has no tqdm and never calls fit()
 
+        from hotline.outputs import LineFile, records_up_to
         from hotline.tiers.tiered import measured_figures
 
         cfg = self.config
-        check_train_outputs(cfg)  # before step 1, not after the last one
-        check_ids(self.dataset)  # every split: a bad id names its file and sample now, not at its step
+        self._check_data()
         total = self.train_steps()
         if total == 0:
             raise ValueError(f"the training split of {self.dataset.path} has no rows to train on")
         checkpoints = self._checkpoints = self._checkpoint_manager()
         resume = cfg.resume or cfg.resume_if_present
-        if checkpoints is not None and checkpoints.start(self, resume, cfg.resume_if_present) is not None:
+        resumed = checkpoints.start(self, resume, cfg.resume_if_present) if checkpoints is not None else None
+        if resumed is not None:
             print(f"resumed from {checkpoints.latest()} at step {self.step_count}", file=sys.stderr)
-        if cfg.metrics_path:  # append-only: flushed after every record
-            Path(cfg.metrics_path).parent.mkdir(parents=True, exist_ok=True)
-            self._metrics_file = open(cfg.metrics_path, "a" if self.step_count else "w")
+        if self.announce and self.comm.rank == 0:  # every check passed: training starts now
+            print(self.announce, file=sys.stderr)
+        if cfg.metrics_path:  # whole lines only; a resumed run replaces the records of the steps it replays
+            keep = records_up_to(self.step_count) if resume else None
+            self._metrics_file = LineFile(outputs.path("--metrics", cfg.metrics_path), keep)
         if cfg.dump_init_path:  # the parameters this run's first step starts from (after --resume/--load)
-            self.dump_params(cfg.dump_init_path)
-        log = LogLines(
-            self.comm.rank == 0 and not cfg.quiet, bar=cfg.progress and not cfg.quiet
-        )  # no bar without a TTY: a line per report
+            self.dump_params(outputs.path("--dump-init", cfg.dump_init_path))
+        # no bar without a TTY: a line per report; nothing at all when quiet
+        log = LogLines(self.comm.rank == 0 and not cfg.quiet, bar=cfg.progress and not cfg.quiet)
         bar = tqdm(total=total, initial=self.step_count, disable=not log.bar, unit="step", dynamic_ncols=True)
         log.before_first_step()
         window = _Window()
@@ -285,11 +343,11 @@ class Trainer:
             **{f"test_{k}": v for k, v in test.items()},
         }
         self._emit(summary)
-        if self._metrics_file:
+        if self._metrics_file is not None:
             self._metrics_file.close()
             self._metrics_file = None
         if cfg.dump_params_path:
-            self.dump_params(cfg.dump_params_path)
+            self.dump_params(outputs.path("--dump-params", cfg.dump_params_path))
         return summary
 
     @staticmethod
@@ -321,6 +379,7 @@ class Trainer:
             self._compute_prepared,
             lookahead=self.config.lookahead,
             worker_threads=self.config.worker_threads,
+            share_cores=self.config.share_cores,
         )
         self._executor = executor
         try:
@@ -346,8 +405,7 @@ class Trainer:
     def _emit(self, record: dict) -> None:
         self.history.append(record)
         if self._metrics_file:
-            self._metrics_file.write(finite_json(record) + "\n")  # strict JSON: NaN is null
-            self._metrics_file.flush()
+            self._metrics_file.write_line(finite_json(record))  # strict JSON: NaN is null
 
     # -- evaluation and export ------------------------------------------------------------------------
     @torch.no_grad()
@@ -366,7 +424,7 @@ class Trainer:
             stop = min(start + self.config.eval_batch_size, n)
             lo, hi = shard_bounds(stop - start, r, N)
             b = split.batch(start + lo, start + hi)
-            check_finite(self.dataset.path, split, start + lo, b.dense, b.labels)
+            check_values(self.dataset.path, split, start + lo, b.dense, b.labels)
             pooled = self.mode.pooled_eval(b.sparse)
             if len(b):
                 dense = torch.from_numpy(b.dense).to(self.config.device)
@@ -442,8 +500,9 @@ class Trainer:
             np.ascontiguousarray(arrays[f"embedding.table_{t}"], np.float32)
             for t in range(len(self.dataset.table_sizes))
         ]
-        S = self.sparse_opt.state_floats_per_row
-        self.mode.load_tables(tables, [np.zeros(t.shape[0] * S, np.float32) for t in tables])
+        self.mode.load_tables(
+            tables, [np.zeros(self.sparse_opt.state_shape(t.shape[0]), np.float32) for t in tables]
+        )
 
     def close(self) -> None:
         if self._checkpoints is not None:
@@ -453,6 +512,7 @@ class Trainer:
 
 def read_params(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """The arrays of a parameter .npz (as ``--dump-params`` writes), no pickles; ValueError if unreadable."""
+    check_file(path, "--init-params")  # a FIFO would block np.load forever
     try:
         z = np.load(path, allow_pickle=False)
         if not isinstance(z, np.lib.npyio.NpzFile):

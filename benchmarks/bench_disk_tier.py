@@ -1,0 +1,338 @@
+"""Disk tier benchmark: cold rows on local disk, side by side with all-in-memory and a memory-mapped baseline.
+
+One run, the same data, model and batches for every row (each from the same initial weights):
+
+- ``device``: every row in memory (the upper bound);
+- ``mmap``: plain PyTorch ``nn.EmbeddingBag`` (sum, sparse gradients, SGD) over one memory-mapped file of all
+  tables, the file's pages dropped from the page cache just before the timed steps (``posix_fadvise
+  DONTNEED`` on the file, else ``/proc/sys/vm/drop_caches`` where permitted: the JSON says which worked);
+- ``hybrid_disk``: every row in the disk store (``--cold-store disk``), each step's rows read when due;
+- ``hotline_k0_disk`` and ``hotline_k2_disk`` (``--lookahead``): hot rows in memory, the rest in the disk
+  store, at hot budgets for ``--coverages`` (80/90/95% of the run's lookups).
+
+The disk store runs with O_DIRECT (the page cache bypassed; the JSON says which mode ran) and a DRAM tier of
+``--dram-budget`` bytes: the tables are many times what the run may cache. Every tiered row prints measured
+coverage, popular share, cold rows, disk bytes and reads per step beside samples/s, and the exposed read time
+per step (look-ahead: the main thread's wait for the producer; sequential: the reads and writes themselves).
+The cost model (``--hardware FILE`` from ``hotline calibrate --disk DIR``, or a calibration run here) predicts
+each disk row's samples/s from the run's measured figures; the ratio predicted/measured is printed.
+
+Targets, at the 90% budget: hotline K>=2 with the disk store >= 2x hybrid with it, >= 3x the mmap baseline,
+>= 0.6x all-in-memory. The benchmark prints whether each is met.
+
+Run: ``python benchmarks/bench_disk_tier.py --json disk.json`` (timings on a loaded machine are not the
+host's figures: the JSON records the load average).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402
+
+PHASES = ("dispatch", "gather", "disk_read", "write_back", "stall")
+TARGETS = {"hybrid_disk": 2.0, "mmap": 3.0, "device": 0.6}
+
+
+def make_data(args, root: Path):
+    from hotline.datasets.format import Dataset
+    from hotline.datasets.synthetic import generate
+
+    rows = int(args.batch * (args.steps + args.warmup_steps) * 7 / 6) + 1000
+    path = generate(root / "data", rows, seed=args.seed, max_rows_per_table=args.max_rows_per_table,
+                    zipf=args.zipf, progress=False)  # fmt: skip
+    return Dataset(path)
+
+
+def _config(args, **kw):
+    from hotline import TrainConfig
+
+    return TrainConfig(embedding_dim=args.dim, bottom_mlp=[13, 64, args.dim], top_mlp=[64, 1],
+                       mini_batch_size=args.batch, learning_rate=0.01, optimizer="sgd", progress=False,
+                       threads=args.threads, num_batches=args.steps + args.warmup_steps, **kw)  # fmt: skip
+
+
+def run_trainer(name: str, dataset, args, **kw) -> dict:
+    """One timed Hotline run (device, hybrid or hotline; the disk store where ``cold_store='disk'``)."""
+    from hotline import Trainer
+
+    trainer = Trainer(_config(args, **kw), dataset)
+    times: dict[str, float] = {}
+    counters: dict[str, float] = {}
+    io_mode = getattr(getattr(trainer.mode, "cold", None), "file", None)
+    try:
+        it = trainer.progress(trainer.batches())
+        for _ in range(args.warmup_steps):
+            next(it)
+        t0, samples = time.perf_counter(), 0
+        for s in it:
+            samples += s.samples
+            for k, v in s.counters.items():
+                counters[k] = counters.get(k, 0.0) + v
+            for k, v in s.times.items():
+                times[k] = times.get(k, 0.0) + v
+        elapsed = time.perf_counter() - t0
+    finally:
+        trainer.close()
+    steps = args.steps
+    rec = {"mode": name, "samples_per_s": samples / elapsed, "step_ms": 1e3 * elapsed / steps,
+           **common.measured(counters, samples, steps)}  # fmt: skip
+    rec.update({f"{k}_ms": 1e3 * times[k] / steps for k in PHASES if k in times})
+    if io_mode is not None:
+        disk_rows = counters.get("disk_rows", 0.0)
+        rec.update(
+            io_mode=io_mode.mode,
+            disk_bytes_per_step=counters.get("disk_bytes_read", 0.0) / steps,
+            disk_reads_per_step=counters.get("disk_reads", 0.0) / steps,
+            disk_rows_per_step=disk_rows / steps,
+            pages_per_disk_row=counters.get("disk_bytes_read", 0.0) / 4096 / max(1.0, disk_rows),
+            cached_share=1.0 - disk_rows / max(1.0, counters.get("working_set_rows", 0.0)),
+        )
+        lookahead = kw.get("lookahead", 0) if kw.get("mode") == "hotline" else 0
+        exposed = (
+            times.get("stall", 0.0)
+            if lookahead
+            else times.get("disk_read", 0.0) + times.get("write_back", 0.0)
+        )
+        rec["exposed_read_ms"] = 1e3 * exposed / steps
+    return rec
+
+
+def drop_page_cache(path: Path) -> list[str]:
+    """Drops ``path``'s pages from the page cache; returns the ways that worked."""
+    worked = []
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        worked.append("posix_fadvise(DONTNEED)")
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    if not worked:  # the whole machine's page cache: only where the file's own pages could not be dropped
+        with contextlib.suppress(OSError), open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1\n")
+            worked.append("/proc/sys/vm/drop_caches")
+    return worked
+
+
+def run_mmap(dataset, args, root: Path) -> dict:
+    """Plain PyTorch: nn.EmbeddingBag over a memory-mapped file of every table (sparse SGD), the DLRM's dense
+    part, the page cache dropped before the timed steps."""
+    import numpy as np
+    import torch
+
+    from hotline.models.dlrm import DLRM
+    from hotline.table_layout import TableLayout
+    from hotline.tiers.base import loss_and_backward
+    from hotline.tiers.disk_store import table_chunks
+
+    cfg = _config(args)
+    layout = TableLayout(dataset.table_sizes)
+    D, path = args.dim, root / "mmap-tables.f32"
+    mm = np.memmap(path, np.float32, "w+", shape=(layout.num_rows, D))
+    for t, n in enumerate(layout.table_sizes):
+        for lo, w in table_chunks(n, D, cfg.seed, t):
+            mm[layout.offsets[t] + lo : layout.offsets[t] + lo + w.shape[0]] = w
+    mm.flush()
+    del mm
+    mm = np.memmap(path, np.float32, "r+", shape=(layout.num_rows, D))
+    bag = torch.nn.EmbeddingBag(layout.num_rows, D, mode="sum", sparse=True,
+                                _weight=torch.from_numpy(mm))  # fmt: skip
+    model = DLRM(cfg.model_config(dataset.table_sizes), seed=cfg.seed)
+    dense_opt = torch.optim.SGD(model.parameters(), lr=cfg.learning_rate)
+    sparse_opt = torch.optim.SGD(bag.parameters(), lr=cfg.learning_rate)
+    split, B = dataset.train, args.batch
+    T, L = dataset.num_tables, dataset.pooling_factor
+
+    def step(b: int) -> None:
+        batch = split.batch(b * B, (b + 1) * B)
+        ids = torch.from_numpy(layout.fuse(batch.sparse)).view(-1, L)
+        pooled = bag(ids).view(-1, T, D)
+        dense_opt.zero_grad(set_to_none=True)
+        sparse_opt.zero_grad(set_to_none=True)
+        loss_and_backward(model, torch.from_numpy(batch.dense), pooled, torch.from_numpy(batch.labels), B)
+        dense_opt.step()
+        sparse_opt.step()
+
+    for b in range(args.warmup_steps):
+        step(b)
+    mm.flush()
+    dropped = drop_page_cache(path)
+    t0 = time.perf_counter()
+    for b in range(args.warmup_steps, args.warmup_steps + args.steps):
+        step(b)
+    elapsed = time.perf_counter() - t0
+    path.unlink()
+    return {"mode": "mmap", "samples_per_s": args.steps * B / elapsed, "step_ms": 1e3 * elapsed / args.steps,
+            "page_cache_dropped_by": dropped}  # fmt: skip
+
+
+def predict(rec: dict, hybrid: dict | None, dataset, args, hw: dict) -> float | None:
+    """The cost model's samples/s for a disk row, from the run's measured figures."""
+    from hotline.profiling.costmodel import DiskTier, Stats, Workload, predict
+
+    if rec.get("coverage") is None or hybrid is None:
+        return None
+    mode = {"hybrid_disk": "hybrid", "hotline_k0_disk": "hotline_k0"}.get(rec["mode"], "hotline_k1")
+    w = Workload(batch_size=args.batch, num_tables=dataset.num_tables, pooling_factor=dataset.pooling_factor,
+                 embedding_dim=args.dim, bottom_mlp=(13, 64, args.dim), top_mlp=(64, 1))  # fmt: skip
+    s = Stats(rec["coverage"], rec["popular_share"], rec["cold_rows_per_step"], hybrid["cold_rows_per_step"])
+    disk = DiskTier(
+        pages_per_cold_row=rec["pages_per_disk_row"], cached_share=min(1.0, max(0.0, rec["cached_share"]))
+    )
+    return predict(mode, w, s, hw, disk).samples_per_s
+
+
+def hardware(args, root: Path) -> dict | None:
+    import json
+
+    from hotline.profiling.disk_calibrate import calibrate_disk
+
+    if args.hardware:
+        hw = json.loads(Path(args.hardware).read_text())
+    elif args.smoke:
+        return None
+    else:
+        from hotline.profiling.calibrate import calibrate
+
+        print("calibrating the host (hotline calibrate) for the cost model ...", flush=True)
+        hw = calibrate(args.threads, args.seed)
+    if "disk" not in hw:
+        hw["disk"] = calibrate_disk(root, args.io_depth, seed=args.seed)
+    return hw
+
+
+COLUMNS = [
+    ("mode", "mode", ""),
+    ("target", "target", ".2f"),
+    ("coverage", "coverage", ".3f"),
+    ("popular_share", "popular", ".3f"),
+    ("cold_rows_per_step", "cold rows", ".0f"),
+    ("disk_bytes_per_step", "disk B/step", ".0f"),
+    ("disk_reads_per_step", "reads/step", ".0f"),
+    ("samples_per_s", "samples/s", ".0f"),
+    ("step_ms", "ms/step", ".1f"),
+    ("exposed_read_ms", "exposed read ms", ".1f"),
+    ("predicted_ratio", "pred/meas", ".2f"),
+]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = common.parser(__doc__)
+    p.add_argument("--steps", type=int, default=20, help="timed steps per run")
+    p.add_argument("--warmup-steps", type=int, default=3)
+    p.add_argument("--batch", type=int, default=2048)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--max-rows-per-table", type=int, default=400_000)
+    p.add_argument("--zipf", type=float, default=1.05)
+    p.add_argument("--coverages", type=float, nargs="+", default=[0.8, 0.9, 0.95])
+    p.add_argument("--lookahead", type=int, default=2, help="K of the look-ahead run (>= 2)")
+    p.add_argument("--io-depth", type=int, default=32)
+    p.add_argument("--dram-budget", default="16MiB", help="the disk store's DRAM tier (--cold-cache)")
+    p.add_argument("--cold-dir", default=None, help="where the disk store's files go (default: a temp dir)")
+    p.add_argument("--hardware", default=None, help="a hardware JSON (hotline calibrate --disk DIR)")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.steps, args.warmup_steps, args.batch, args.max_rows_per_table = 3, 1, 128, 2000
+        args.coverages, args.dram_budget = [0.9], "4KiB"
+    common.setup_threads(args.threads)
+    from hotline.table_layout import bytes_per_row
+    from hotline.units import parse_size
+
+    dram = parse_size(args.dram_budget)
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(dir=args.cold_dir) as tmp:
+        root = Path(tmp)
+        dataset = make_data(args, root)
+        table_bytes = dataset.total_rows * bytes_per_row(args.dim, "sgd")
+        print(f"tables: {dataset.total_rows:,} rows, {table_bytes / 2**20:,.0f} MiB; the disk store's DRAM tier "
+              f"{dram / 2**20:,.1f} MiB ({table_bytes / max(1, dram):,.0f}x smaller)", flush=True)  # fmt: skip
+        from common import budgets_for_coverage
+
+        from hotline.profiling.profiler import profile
+
+        prof = profile(dataset, embedding_dim=args.dim, mini_batch_size=args.batch, seed=args.seed,
+                       progress=False, sample_fraction=1.0)  # fmt: skip
+        placements = []
+        for b in budgets_for_coverage(prof, args.coverages):
+            path = root / f"placement-{b['hot_rows']}.npz"
+            prof.placement(b["budget_bytes"]).save(path)
+            placements.append({**b, "path": str(path)})
+
+        def disk(i: str) -> dict:
+            d = root / f"cold-{i}"
+            d.mkdir()
+            return {
+                "cold_store": "disk",
+                "cold_dir": str(d),
+                "cold_io_depth": args.io_depth,
+                "cold_cache": dram,
+            }
+
+        def log(rec):
+            rows.append(rec)
+            print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in rec.items()}, flush=True)
+
+        log(run_trainer("device", dataset, args, mode="device"))
+        log(run_mmap(dataset, args, root))
+        log(run_trainer("hybrid_disk", dataset, args, mode="hybrid", **disk("hybrid")))
+        for pl in placements:
+            for k in (0, args.lookahead):
+                name = f"hotline_k{k}_disk"
+                rec = run_trainer(name, dataset, args, mode="hotline", lookahead=k, placement_path=pl["path"],
+                                  **disk(f"{k}-{pl['hot_rows']}"))  # fmt: skip
+                rec.update(target=pl["target"], hot_rows=pl["hot_rows"], budget_bytes=pl["budget_bytes"])
+                log(rec)
+        hw = hardware(args, root)
+    by = {r["mode"]: r for r in rows if "target" not in r}
+    for r in rows:
+        if hw is not None and r.get("io_mode"):
+            pred = predict(r, by.get("hybrid_disk"), dataset, args, hw)
+            r["predicted_samples_per_s"] = pred
+            r["predicted_ratio"] = pred / r["samples_per_s"] if pred else None
+    common.print_table(rows, COLUMNS, title="disk tier (SGD; load average in the JSON: figures under load)")
+    target = min(args.coverages, key=lambda c: abs(c - 0.9))
+    k2 = next(
+        (r for r in rows if r["mode"] == f"hotline_k{args.lookahead}_disk" and r["target"] == target), None
+    )
+    verdict = {}
+    for base, need in TARGETS.items():
+        if k2 is not None and base in by:
+            ratio = k2["samples_per_s"] / by[base]["samples_per_s"]
+            verdict[f"hotline_k{args.lookahead}_disk/{base}"] = {
+                "ratio": ratio,
+                "target": need,
+                "met": ratio >= need,
+            }
+            print(f"hotline K={args.lookahead} disk at {target:.0%} / {base}: {ratio:.2f}x (target >= {need}x): "
+                  f"{'met' if ratio >= need else 'NOT met'}")  # fmt: skip
+    preds = [r["predicted_ratio"] for r in rows if r.get("predicted_ratio")]
+    if preds:
+        inside = all(0.8 <= x <= 1.25 for x in preds)
+        print(f"cost model predicted/measured: {min(preds):.2f}..{max(preds):.2f} "
+              f"({'all' if inside else 'NOT all'} within 0.8-1.25)")  # fmt: skip
+    report = {
+        "benchmark": "bench_disk_tier",
+        "table_bytes": table_bytes,
+        "dram_budget_bytes": dram,
+        "results": rows,
+        "targets": verdict,
+        "target_met": bool(verdict) and all(v["met"] for v in verdict.values()),
+        "cost_model_within_0.8_1.25": bool(preds) and all(0.8 <= x <= 1.25 for x in preds),
+        "hardware_disk": hw.get("disk") if hw else None,
+    }
+    common.write_json(args.json, report)
+    return report
+
+
+if __name__ == "__main__":
+    main()

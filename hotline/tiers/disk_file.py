@@ -1,0 +1,420 @@
+"""Embedding rows and their optimizer state in one file on local disk, read and written in place.
+
+A :class:`RowFile` stores ``num_rows`` records of ``dim`` weights and ``state`` optimizer floats (float32,
+``4 * (dim + state)`` bytes each, packed) in one file, in a popularity order: record ``i`` of the file holds
+row ``order[i]`` (rows counted most often first, so the popular-but-not-hot rows share pages), and
+``positions[row]`` is where a row stands. The order is kept beside the file (``FILE.order.npy``) with a
+manifest (``FILE.json``) that marks the file as Hotline's: a file at the path that Hotline did not make is
+refused, never overwritten.
+
+Reads and writes of a step's rows go through pages (4 KiB): the pages that hold the rows are read, rows of
+one step that share a page are fetched by one read, neighbouring pages form one read (up to ``MAX_RUN_PAGES``),
+and the reads are spread over ``io_depth`` I/O threads that call ``os.preadv`` (the GIL is released during
+the system call). The file is opened with ``O_DIRECT`` where the filesystem allows it, so the OS page cache is
+bypassed (``mode`` says which: ``direct`` or ``buffered`` with the reason); the buffers are aligned to 4096
+bytes for it. Writes rewrite whole pages (read-modify-write): a write reuses the pages its step's fetch read,
+re-reading those that a later write changed since (each page carries the number of the write that last
+changed it); writes come from one thread at a time.
+
+``cache_bytes`` keeps the head of the file (the most popular rows, by the order) in host memory: a DRAM tier
+between the hot rows and the disk, authoritative for its rows (written to the file by :meth:`flush`).
+
+An I/O error or a full disk raises ``OSError`` naming the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hotline import _io
+
+PAGE = 4096
+MAX_RUN_PAGES = 64
+"""The longest read or write one system call makes (256 KiB): longer runs are split across the I/O threads."""
+FORMAT = "hotline-cold-rows/1"
+_CHUNK_BYTES = 64 << 20  # bulk (sequential) reads and writes: export, load, initial fill
+
+
+def aligned_bytes(n: int) -> np.ndarray:
+    """A uint8 array of ``n`` bytes whose address is a multiple of 4096 (O_DIRECT's rule), from an
+    over-allocated buffer."""
+    raw = np.empty(n + PAGE, np.uint8)
+    off = (-raw.ctypes.data) % PAGE
+    return raw[off : off + n]
+
+
+def manifest_path(path: Path) -> Path:
+    return path.with_name(path.name + ".json")
+
+
+def order_path(path: Path) -> Path:
+    return path.with_name(path.name + ".order.npy")
+
+
+def made_by_hotline(path: Path) -> bool:
+    """Whether ``path`` is a cold-row file that Hotline made (its manifest beside it says so)."""
+    try:
+        return json.loads(manifest_path(path).read_text()).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def check_cold_path(path: str | os.PathLike) -> Path:
+    """``path`` as a cold-row file Hotline may (re)create: refuses, with one line, a directory or a file that
+    Hotline did not make (the file and its side files are the user's then)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"cold store file {path} is a directory")
+    owned = made_by_hotline(path)
+    for p in (path, manifest_path(path), order_path(path)):
+        if p.exists() and not owned:
+            raise ValueError(
+                f"refusing to overwrite {p}: it exists and Hotline did not make it (choose another --cold-dir)"
+            )
+    if not path.parent.is_dir():
+        raise ValueError(f"--cold-dir {path.parent} is not a directory")
+    return path
+
+
+def _named(e: OSError, path: Path, what: str) -> OSError:
+    """``e`` as one line naming the file and what was being done."""
+    return OSError(e.errno, f"{e.strerror or e}: cold store {path} ({what})")
+
+
+@dataclass
+class PageSet:
+    """The pages a set of rows lives in, read into one aligned buffer (a fetch's, reused by its write)."""
+
+    pages: np.ndarray
+    """int64 [P] sorted distinct page numbers."""
+    buffer: np.ndarray
+    """uint8 [P * 4096] their bytes, page i of ``pages`` at ``i * 4096``."""
+    offsets: np.ndarray
+    """int64 [U] where each row's record starts in ``buffer``."""
+    version: int
+    """Writes completed before the pages were read (a page a later write changed is read again)."""
+    reads: int = 0
+    """System calls the read took."""
+    disk_rows: int = 0
+    """Rows read from the file (the rest came from the DRAM tier)."""
+
+
+class RowFile:
+    """Records of rows in one file, in a popularity order, read and written in place (module docstring)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        num_rows: int,
+        dim: int,
+        state_floats: int,
+        order: np.ndarray | None = None,
+        io_depth: int = 32,
+        direct: bool = True,
+        cache_bytes: int = 0,
+    ):
+        if io_depth < 1:
+            raise ValueError(f"--cold-io-depth must be >= 1, got {io_depth}")
+        if cache_bytes < 0:
+            raise ValueError(f"--cold-cache must be >= 0, got {cache_bytes}")
+        self.path = check_cold_path(path)
+        self.num_rows, self.dim, self.S = int(num_rows), int(dim), int(state_floats)
+        self.floats = self.dim + self.S
+        self.record = 4 * self.floats
+        self.order = (
+            np.arange(self.num_rows, dtype=np.int64) if order is None else np.asarray(order, np.int64)
+        )
+        if self.order.shape != (self.num_rows,):
+            raise ValueError(f"the row order has {self.order.shape[0]} rows, the file {self.num_rows}")
+        self.positions = np.empty(self.num_rows, np.int64)
+        self.positions[self.order] = np.arange(self.num_rows, dtype=np.int64)
+        self.num_pages = -(-self.num_rows * self.record // PAGE)
+        self.size = self.num_pages * PAGE
+        self.io_depth = int(io_depth)
+        self._fd = self._bulk = -1
+        self._create(direct)
+        self._page_stamp = np.zeros(self.num_pages, np.int64)  # the write that last changed each page
+        self._writes = 0  # writes completed (they complete in order: one writer at a time)
+        self._write_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(self.io_depth, thread_name_prefix="hotline-disk-io")
+        self.cache_rows = min(self.num_rows, int(cache_bytes) // self.record)
+        self.cache = np.zeros((self.cache_rows, self.floats), np.float32)  # file positions [0, cache_rows)
+        self.bytes_read = self.bytes_written = 0
+
+    # -- the file ---------------------------------------------------------------------------------------
+    def _create(self, direct: bool) -> None:
+        """Creates (or re-creates, if Hotline made it) the file at its full size, locked against other runs."""
+        path = self.path
+        try:
+            self._bulk = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise _named(e, path, "create") from None
+        try:
+            fcntl.flock(self._bulk, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self._bulk)
+            raise ValueError(
+                f"cold store {path} is in use by another Hotline run (choose another --cold-dir)"
+            ) from None
+        _io.write_json(
+            manifest_path(path),
+            {"format": FORMAT, "rows": self.num_rows, "dim": self.dim, "state_floats": self.S,
+             "record_bytes": self.record, "order": order_path(path).name},
+        )  # fmt: skip
+        _io.atomic_write(order_path(path), lambda f: np.save(f, self.order))
+        try:
+            os.ftruncate(self._bulk, 0)
+            os.posix_fallocate(self._bulk, 0, self.size)  # a full disk is found now, not mid-run
+        except OSError as e:
+            os.close(self._bulk)
+            self._bulk = -1
+            raise _named(e, path, f"reserving {self.size} bytes") from None
+        self.mode = "buffered (O_DIRECT not asked for)"
+        self._fd = self._bulk
+        if direct:
+            try:
+                self._fd = os.open(path, os.O_RDWR | os.O_DIRECT)
+                self.mode = "direct"
+            except (OSError, AttributeError) as e:
+                self.mode = f"buffered (O_DIRECT refused by the filesystem: {getattr(e, 'strerror', e)})"
+
+    @property
+    def direct(self) -> bool:
+        return self.mode == "direct"
+
+    def close(self) -> None:
+        """Writes the DRAM cache to the file and closes it (the file and its side files stay)."""
+        if self._bulk < 0:
+            return
+        try:
+            if getattr(self, "cache_rows", 0):
+                self.flush()
+        finally:
+            if getattr(self, "_pool", None) is not None:
+                self._pool.shutdown()
+            if self._fd != self._bulk:
+                os.close(self._fd)
+            os.close(self._bulk)
+            self._fd = self._bulk = -1
+
+    def flush(self) -> None:
+        """Makes the file hold every row's current value (the DRAM cache's rows written to it) and durable."""
+        if self.cache_rows:
+            self._write_positions(0, self.cache)
+        try:
+            os.fsync(self._bulk)
+        except OSError as e:
+            raise _named(e, self.path, "fsync") from None
+
+    def drop_page_cache(self) -> None:
+        """Asks the kernel to drop the file's pages from the page cache (after bulk buffered I/O)."""
+        with contextlib.suppress(OSError):
+            os.fdatasync(self._bulk)
+            os.posix_fadvise(self._bulk, 0, 0, os.POSIX_FADV_DONTNEED)
+
+    # -- bulk, sequential (initial fill, export, load) --------------------------------------------------
+    def _write_positions(self, start: int, records: np.ndarray) -> None:
+        """Records for file positions ``start, start+1, ...`` (buffered, sequential)."""
+        data = np.ascontiguousarray(records, np.float32).reshape(-1)
+        view = memoryview(data.view(np.uint8))
+        at = start * self.record
+        while view.nbytes:
+            try:
+                n = os.pwrite(self._bulk, view[:_CHUNK_BYTES], at)
+            except OSError as e:
+                raise _named(e, self.path, f"write at byte {at}") from None
+            view, at = view[n:], at + n
+            self.bytes_written += n
+
+    def _read_positions(self, start: int, count: int) -> np.ndarray:
+        """Records [count, floats] at file positions ``start...`` (buffered, sequential)."""
+        out = np.empty((count, self.floats), np.float32)
+        view = memoryview(out.reshape(-1).view(np.uint8))
+        at = start * self.record
+        while view.nbytes:
+            try:
+                n = os.preadv(self._bulk, [view[:_CHUNK_BYTES]], at)
+            except OSError as e:
+                raise _named(e, self.path, f"read at byte {at}") from None
+            if n <= 0:
+                raise OSError(errno.EIO, f"short read: cold store {self.path} ends at byte {at}")
+            view, at = view[n:], at + n
+        return out
+
+    def put_rows(self, rows: np.ndarray, records: np.ndarray) -> None:
+        """Records [U, floats] of ``rows`` (bulk, buffered: a run of consecutive file positions is one write;
+        the initial fill, load)."""
+        pos = self.positions[rows]
+        order = np.argsort(pos, kind="stable")
+        pos, records = pos[order], records[order]
+        breaks = np.flatnonzero(np.diff(pos) != 1) + 1
+        for lo, hi in zip([0, *breaks.tolist()], [*breaks.tolist(), pos.shape[0]]):
+            if hi > lo:
+                self.put_positions(int(pos[lo]), records[lo:hi])
+
+    def put_positions(self, start: int, records: np.ndarray) -> None:
+        """Records at file positions ``start...`` (those in the DRAM cache go there)."""
+        n_cached = max(0, min(self.cache_rows - start, records.shape[0]))
+        if n_cached:
+            self.cache[start : start + n_cached] = records[:n_cached]
+        if n_cached < records.shape[0]:
+            self._write_positions(start + n_cached, records[n_cached:])
+
+    def read_all(self, chunk_rows: int | None = None):
+        """Yields ``(rows, records)`` over the whole file in order (the DRAM cache's rows from memory)."""
+        chunk = chunk_rows or max(1, _CHUNK_BYTES // self.record)
+        for lo in range(0, self.num_rows, chunk):
+            n = min(chunk, self.num_rows - lo)
+            recs = self._read_positions(lo, n)
+            c = max(0, min(self.cache_rows - lo, n))
+            if c:
+                recs[:c] = self.cache[lo : lo + c]
+            yield self.order[lo : lo + n], recs
+        self.drop_page_cache()
+
+    # -- a step's rows: coalesced page reads on the I/O threads ----------------------------------------
+    def _split(self, rows: np.ndarray):
+        """``rows`` split into those in the DRAM cache and those on disk (their indices and positions)."""
+        pos = self.positions[rows]
+        cached = pos < self.cache_rows
+        if not self.cache_rows:
+            return np.zeros(0, np.int64), pos[:0], np.arange(rows.shape[0]), pos
+        return np.flatnonzero(cached), pos[cached], np.flatnonzero(~cached), pos[~cached]
+
+    def _pages_of(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The sorted distinct pages that hold records ``pos``, and each record's offset in their buffer."""
+        start = pos * self.record
+        first, last = start // PAGE, (start + self.record - 1) // PAGE
+        spans = last - first + 1  # 1, or 2 when a record straddles a page boundary (more for huge rows)
+        if spans.max(initial=1) == 1:
+            pages = np.unique(first)
+        else:
+            pages = np.unique(np.repeat(first, spans) + _ranges(spans))
+        offsets = np.searchsorted(pages, first) * PAGE + start % PAGE
+        return pages, offsets
+
+    @staticmethod
+    def _runs(pages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Runs of consecutive pages (at most MAX_RUN_PAGES each): first index into ``pages`` and length."""
+        if not pages.shape[0]:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        breaks = np.flatnonzero(np.diff(pages) != 1) + 1
+        starts = np.concatenate([[0], breaks])
+        lengths = np.diff(np.concatenate([starts, [pages.shape[0]]]))
+        if lengths.max() > MAX_RUN_PAGES:
+            pieces = -(-lengths // MAX_RUN_PAGES)
+            sub = _ranges(pieces)
+            starts = np.repeat(starts, pieces) + sub * MAX_RUN_PAGES
+            lengths = np.minimum(np.repeat(lengths, pieces) - sub * MAX_RUN_PAGES, MAX_RUN_PAGES)
+        return starts, lengths
+
+    def _io(self, write: bool, pages: np.ndarray, buffer: np.ndarray, which: np.ndarray | None = None) -> int:
+        """Reads (or writes) ``pages`` into (from) ``buffer`` in runs, spread over the I/O threads; returns
+        the number of system calls. ``which``: only these indices of ``pages``."""
+        idx = np.arange(pages.shape[0]) if which is None else which
+        starts, lengths = self._runs(pages[idx])
+        if not starts.shape[0]:
+            return 0
+        mem = memoryview(buffer)
+        at = idx[starts] * PAGE  # buffer offsets (pages of a run are consecutive in the buffer too)
+        off = pages[idx[starts]] * PAGE
+        size = lengths * PAGE
+        call = os.pwritev if write else os.preadv
+        fd, path = self._fd, self.path
+
+        def run(lo: int, hi: int) -> None:
+            for a, o, n in zip(at[lo:hi].tolist(), off[lo:hi].tolist(), size[lo:hi].tolist()):
+                try:
+                    done = call(fd, [mem[a : a + n]], o)
+                except OSError as e:
+                    raise _named(
+                        e, path, f"{'write' if write else 'read'} of {n} bytes at byte {o}"
+                    ) from None
+                if done != n:
+                    raise OSError(
+                        errno.EIO, f"short {'write' if write else 'read'}: cold store {path} at byte {o}"
+                    )
+
+        n = starts.shape[0]
+        k = min(self.io_depth, n)
+        if k == 1:
+            run(0, n)
+        else:
+            bounds = np.linspace(0, n, k + 1).astype(np.int64)
+            futures = [
+                self._pool.submit(run, int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a
+            ]
+            for f in futures:
+                f.result()
+        moved = int(size.sum())
+        if write:
+            self.bytes_written += moved
+        else:
+            self.bytes_read += moved
+        return n
+
+    def read_rows(self, rows: np.ndarray, out: np.ndarray | None = None) -> tuple[np.ndarray, PageSet]:
+        """Records [U, floats] of the distinct ``rows`` (into ``out`` if given), and the pages read."""
+        out = np.empty((rows.shape[0], self.floats), np.float32) if out is None else out
+        ci, cpos, di, dpos = self._split(rows)
+        version = self._writes  # read before the pages: a write completing later re-stamps them
+        pages, offsets = self._pages_of(dpos)
+        buffer = aligned_bytes(pages.shape[0] * PAGE)
+        reads = self._io(False, pages, buffer)
+        if ci.shape[0]:
+            out[ci] = self.cache[cpos]
+        if di.shape[0]:
+            out[di] = _get(buffer, offsets, self.record).view(np.float32)
+        return out, PageSet(pages, buffer, offsets, version, reads, int(di.shape[0]))
+
+    def write_rows(self, rows: np.ndarray, records: np.ndarray, pages: PageSet | None = None) -> int:
+        """Stores records [U, floats] of the distinct ``rows`` in place. ``pages``: what the rows' fetch read
+        (its pages that a later write changed are read again first). Returns the system calls made."""
+        records = np.ascontiguousarray(records, np.float32)
+        ci, cpos, di, dpos = self._split(rows)
+        if ci.shape[0]:
+            self.cache[cpos] = records[ci]
+        if not di.shape[0]:
+            return 0
+        with self._write_lock:
+            if pages is None or pages.offsets.shape[0] != di.shape[0]:
+                page_ids, offsets = self._pages_of(dpos)
+                buffer = aligned_bytes(page_ids.shape[0] * PAGE)
+                calls = self._io(False, page_ids, buffer)
+            else:
+                page_ids, offsets, buffer = pages.pages, pages.offsets, pages.buffer
+                changed = np.flatnonzero(self._page_stamp[page_ids] > pages.version)
+                calls = self._io(False, page_ids, buffer, changed) if changed.shape[0] else 0
+            _put(buffer, offsets, records[di])
+            stamp = self._writes + 1
+            self._page_stamp[page_ids] = stamp
+            calls += self._io(True, page_ids, buffer)
+            self._writes = stamp
+        return calls
+
+
+def _ranges(counts: np.ndarray) -> np.ndarray:
+    """0..c-1 for each c of ``counts``, concatenated."""
+    ends = np.cumsum(counts)
+    return np.arange(int(ends[-1]) if ends.shape[0] else 0) - np.repeat(ends - counts, counts)
+
+
+def _get(buffer: np.ndarray, offsets: np.ndarray, record: int) -> np.ndarray:
+    """uint8 [U, record]: the records at byte ``offsets`` of ``buffer`` (a copy)."""
+    return buffer[offsets[:, None] + np.arange(record)]
+
+
+def _put(buffer: np.ndarray, offsets: np.ndarray, records: np.ndarray) -> None:
+    """Writes float32 records [U, floats] at byte ``offsets`` of ``buffer``."""
+    raw = np.ascontiguousarray(records).view(np.uint8).reshape(records.shape[0], -1)
+    buffer[offsets[:, None] + np.arange(raw.shape[1])] = raw

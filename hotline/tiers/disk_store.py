@@ -1,0 +1,196 @@
+"""The disk cold store: every cold row and its optimizer state in a file on local disk, read and written in place.
+
+:class:`DiskColdStore` is the :class:`~hotline.tiers.cold_store.ColdStore` of one rank whose rows live in a
+:class:`~hotline.tiers.disk_file.RowFile` (``--cold-store disk --cold-dir DIR``): a step's working set is read
+from the file (coalesced page reads on a pool of I/O threads, O_DIRECT where the filesystem allows), updated
+in the working buffer like the host-memory store's, and written back in place. The claim rule of the
+look-ahead is the same as the host store's (:class:`~hotline.tiers.cold_store.ClaimBook`), so a run is
+bit-identical to the host-memory store and to ``--mode device`` where that one is.
+
+:class:`DiskRows` is the same file as the row holder of one rank's shard on N ranks
+(:class:`~hotline.tiers.sharded_store.ShardedColdStore`): each rank keeps its own file.
+
+The file's row order follows the profile's counts (:func:`popularity_order`): rows counted most often first,
+never-counted rows after them in id order, so a step's popular-but-not-hot rows share pages; the order is
+kept beside the file. Re-placement moves rows between the hot tier and the file (``demote``/``promote``);
+rows keep their place in the file.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hotline.distributed.comm import Comm
+from hotline.kernels import sparse_update
+from hotline.table_layout import TableLayout
+from hotline.tiers.cold_store import _EMPTY, ClaimBook, ColdFetch, OneRankStore
+from hotline.tiers.disk_file import PAGE, RowFile
+from hotline.tiers.sparse_optim import SparseOptimizer
+
+_INIT_CHUNK_FLOATS = 16 << 20
+
+
+def cold_file(cold_dir: str | os.PathLike, rank: int = 0, world_size: int = 1) -> Path:
+    """The cold-row file of ``rank`` in ``cold_dir``."""
+    name = (
+        "hotline-cold-rows.bin"
+        if world_size == 1
+        else f"hotline-cold-rows.rank{rank:03d}-of-{world_size:03d}.bin"
+    )
+    return Path(cold_dir) / name
+
+
+def popularity_order(counts: np.ndarray | None, num_rows: int, last: np.ndarray | None = None) -> np.ndarray:
+    """Rows in file order: counted rows by count, most first (ties by id), then the never-counted rows in id
+    order, then ``last`` (the hot rows: their copies in the file are not read while they are hot)."""
+    counts = np.zeros(num_rows, np.int64) if counts is None else np.asarray(counts)
+    if counts.shape != (num_rows,):
+        raise ValueError(f"the profile counts {counts.shape[0]} rows, the store holds {num_rows}")
+    tail = np.zeros(num_rows, bool)
+    if last is not None:
+        tail[last] = True
+    seen = np.flatnonzero((counts > 0) & ~tail)
+    head = seen[np.argsort(-counts[seen], kind="stable")]
+    return np.concatenate([head, np.flatnonzero((counts == 0) & ~tail), np.flatnonzero(tail)]).astype(
+        np.int64
+    )
+
+
+def table_chunks(rows: int, dim: int, seed: int, table: int, chunk: int | None = None):
+    """The initial weights of one table (:func:`hotline.models.dlrm.init_embedding_table`) chunk by chunk:
+    ``(first_row, weights)``. One generator drawn in order, so the chunks are the same numbers as the
+    whole table (tested), without holding the table."""
+    chunk = chunk or max(1, _INIT_CHUNK_FLOATS // max(1, dim))  # the draws are float64: 128 MiB at a time
+    rng = np.random.default_rng([seed, 7919, table])
+    bound = 1.0 / math.sqrt(rows)
+    for lo in range(0, rows, chunk):
+        yield lo, rng.uniform(-bound, bound, size=(min(chunk, rows - lo), dim)).astype(np.float32)
+
+
+class DiskRows(ClaimBook):
+    """One process's rows (local ids) in a :class:`RowFile`, with the claim rule's bookkeeping: the row holder
+    of a one-rank disk store and of a rank's shard on N ranks."""
+
+    def __init__(self, path, num_rows: int, dim: int, optimizer: SparseOptimizer, order=None,
+                 io_depth: int = 32, direct: bool = True, cache_bytes: int = 0):  # fmt: skip
+        super().__init__(num_rows)
+        self.dim, self.S = int(dim), optimizer.state_floats_per_row
+        self.file = RowFile(path, num_rows, dim, self.S, order, io_depth, direct, cache_bytes)
+
+    def fill_initial(self, layout: TableLayout, seed: int, rank: int = 0, world_size: int = 1) -> None:
+        """Writes every row's initial weights (those every mode starts from) and zero state, table by table
+        in chunks: the tables are never whole in memory. This process holds fused rows ``rank::world_size``."""
+        N = world_size
+        for t, n in enumerate(layout.table_sizes):
+            lo_t = int(layout.offsets[t])
+            for lo, w in table_chunks(n, self.dim, seed, t):
+                fused = np.arange(lo_t + lo, lo_t + lo + w.shape[0], dtype=np.int64)
+                mine = fused % N == rank
+                if not mine.any():
+                    continue
+                rec = np.zeros((int(mine.sum()), self.dim + self.S), np.float32)
+                rec[:, : self.dim] = w[mine]
+                self.file.put_rows(fused[mine] // N, rec)
+        self.file.flush()
+        self.file.drop_page_cache()
+
+    # -- rows -----------------------------------------------------------------------------------------
+    def get(self, rows: np.ndarray, out_w: np.ndarray | None = None, out_s: np.ndarray | None = None):
+        """Weights [U, D] and state [U] ([0] for SGD) of ``rows`` (into ``out_*`` when given), and the pages
+        read."""
+        rec, pages = self.file.read_rows(rows)
+        U, D = rows.shape[0], self.dim
+        w = out_w[:U] if out_w is not None else np.empty((U, D), np.float32)
+        w[:] = rec[:, :D]
+        s = (
+            (out_s[:U] if out_s is not None else np.empty(U, np.float32))
+            if self.S
+            else np.zeros(0, np.float32)
+        )
+        if self.S:
+            s[:] = rec[:, D]
+        return w, s, pages
+
+    def put(self, rows: np.ndarray, w: np.ndarray, s: np.ndarray, pages=None) -> int:
+        """Stores weights and state of the distinct ``rows`` in place; returns the system calls made."""
+        rec = np.empty((rows.shape[0], self.dim + self.S), np.float32)
+        rec[:, : self.dim] = w
+        if self.S:
+            rec[:, self.dim] = s
+        return self.file.write_rows(rows, rec, pages)
+
+    def apply(self, optimizer: SparseOptimizer, rows: np.ndarray, grads: torch.Tensor) -> int:
+        """One sparse update of ``rows`` (local ids, may repeat: their gradients summed) in place: read,
+        update the copy with the same kernel, write back. Returns the rows updated."""
+        uniq, inverse = np.unique(rows, return_inverse=True)
+        w, s, pages = self.get(uniq)
+        wt, st = torch.from_numpy(w), torch.from_numpy(s)
+        touched = optimizer.step(wt, st, torch.from_numpy(inverse.reshape(-1).astype(np.int64)), grads)
+        self.put(uniq, w, s, pages)
+        return touched
+
+    def all(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every row's weight [rows, D] and state (local ids, read in file order)."""
+        w = np.empty((self.num_rows, self.dim), np.float32)
+        s = np.empty(self.num_rows if self.S else 0, np.float32)
+        for rows, rec in self.file.read_all():
+            w[rows] = rec[:, : self.dim]
+            if self.S:
+                s[rows] = rec[:, self.dim]
+        return w, s
+
+    def replace_all(self, weights: np.ndarray, state: np.ndarray) -> None:
+        """Every row's weight and state (local ids), written in file order."""
+        f = self.file
+        chunk = max(1, (64 << 20) // f.record)
+        for lo in range(0, self.num_rows, chunk):
+            rows = f.order[lo : lo + chunk]
+            rec = np.empty((rows.shape[0], self.dim + self.S), np.float32)
+            rec[:, : self.dim] = weights[rows]
+            if self.S:
+                rec[:, self.dim] = state[rows]
+            f.put_positions(lo, rec)
+        f.flush()
+        f.drop_page_cache()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class DiskColdStore(OneRankStore):
+    """Every row of one rank in a file on local disk (see the module docstring)."""
+
+    def __init__(self, path, layout: TableLayout, dim: int, optimizer: SparseOptimizer, seed: int,
+                 order: np.ndarray | None = None, io_depth: int = 32, direct: bool = True,
+                 cache_bytes: int = 0, max_rows: int = 0):  # fmt: skip
+        self.comm = Comm()
+        self.host = DiskRows(path, layout.num_rows, dim, optimizer, order, io_depth, direct, cache_bytes)
+        self.file = self.host.file
+        self.dim, self.S = int(dim), optimizer.state_floats_per_row
+        self._scratch = sparse_update.new_scratch(max_rows)
+        self.host.fill_initial(layout, seed)
+
+    def fetch(self, rows, out_values, out_state, step=-1) -> ColdFetch:
+        stale, owner = self.host.claim_with_owners(rows, step) if step >= 0 else (_EMPTY, _EMPTY)
+        t0 = time.perf_counter()
+        w, s, pages = self.host.get(rows, out_values, out_state)
+        return ColdFetch(
+            rows, w, s, step=step, stale=stale, stale_owner=owner, route=pages,
+            times={"disk_read": time.perf_counter() - t0},
+            counters={"disk_bytes_read": pages.pages.shape[0] * PAGE, "disk_reads": pages.reads,
+                      "disk_rows": pages.disk_rows},
+        )  # fmt: skip
+
+    def refresh(self, fetch: ColdFetch, slots=None):
+        slots = fetch.stale if slots is None else slots
+        w, s, _ = self.host.get(fetch.rows[slots])
+        return slots, w, s
+
+    def close(self) -> None:
+        self.host.close()

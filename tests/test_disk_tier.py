@@ -1,0 +1,456 @@
+"""The disk cold store (``--cold-store disk``): its file, exactness against device mode and the host-memory
+store, checkpoints and crashes, re-placement, N ranks, and the errors a user can cause."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from hotline import TrainConfig, Trainer
+from hotline.cli import main
+from hotline.datasets.format import Dataset
+from hotline.datasets.synthetic import generate
+from hotline.distributed.launcher import spawn, train_and_dump
+from hotline.models.dlrm import init_embedding_table
+from hotline.placement import Placement
+from hotline.tiers.disk_file import PAGE, RowFile, made_by_hotline, order_path
+from hotline.tiers.disk_store import cold_file, popularity_order, table_chunks
+from hotline.training.checkpoint import CheckpointManager
+
+TABLES = [30, 200, 12, 500, 60, 5, 90, 40]
+BATCH, STEPS = 64, 24
+ARCH = {"embedding_dim": 8, "bottom_mlp": [13, 32, 8], "top_mlp": [32, 1]}
+CLI_ARCH = ["--arch-sparse-feature-size", "8", "--arch-mlp-bot", "13-32-8", "--arch-mlp-top", "32-1"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("disk")
+    ds = Dataset(generate(root / "d", BATCH * STEPS * 7 // 6 + 200, seed=3, table_sizes=TABLES, zipf=1.3,
+                          progress=False))  # fmt: skip
+    sp = ds.train.sparse[: BATCH * 8]
+    hot = [
+        np.argsort(-np.bincount(sp[:, t].reshape(-1), minlength=n), kind="stable")[: max(1, int(n * 0.4))]
+        for t, n in enumerate(ds.table_sizes)
+    ]
+    placement = root / "p.npz"
+    Placement.from_hot_ids(ds.table_sizes, hot, dataset_fingerprint=ds.fingerprint, embedding_dim=8).save(
+        placement
+    )
+    return ds, str(placement)
+
+
+def _config(mode, placement, tmp, optimizer="sgd", disk=True, steps=STEPS, **kw):
+    cold = {"cold_store": "disk", "cold_dir": str(tmp)} if disk else {}
+    return TrainConfig(mode=mode, optimizer=optimizer, learning_rate=0.05, mini_batch_size=BATCH, num_batches=steps,
+                       progress=False, placement_path=placement if mode == "hotline" else None, print_freq=1,
+                       **ARCH, **cold, **kw)  # fmt: skip
+
+
+def _run(ds, cfg):
+    tr = Trainer(cfg, ds)
+    try:
+        stats = list(tr.progress(tr.batches()))
+        return tr.named_arrays(), stats
+    finally:
+        tr.close()
+
+
+def _equal(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert np.array_equal(a[k], b[k]), k
+
+
+_device: dict = {}
+
+
+def _device_run(ds, optimizer):
+    if optimizer not in _device:
+        _device[optimizer] = _run(ds, _config("device", None, None, optimizer, disk=False))[0]
+    return _device[optimizer]
+
+
+# -- the file ---------------------------------------------------------------------------------------------
+def test_table_chunks_are_the_initial_table():
+    for chunk in (1, 7, 100, 1000):
+        got = np.concatenate([w for _, w in table_chunks(333, 5, 11, 2, chunk)])
+        assert np.array_equal(got, init_embedding_table(333, 5, 11, 2))
+
+
+def test_popularity_order():
+    counts = np.array([0, 5, 1, 0, 5, 9, 0])
+    order = popularity_order(counts, 7, last=np.array([5]))
+    assert order.tolist() == [1, 4, 2, 0, 3, 6, 5]  # by count (ties by id), never counted, then the hot rows
+
+
+@pytest.mark.parametrize("dim,state,cache", [(16, 1, 0), (8, 0, 0), (16, 1, 3000), (1100, 1, 0)])
+def test_row_file_reads_and_writes_rows(tmp_path, dim, state, cache):
+    """Random rows (records straddling pages; duplicates in a read) read and written in place, through the
+    DRAM tier or not, equal a numpy model of the rows; rows that share a page are read by one call."""
+    n, rng = 3000, np.random.default_rng(0)
+    order = rng.permutation(n)
+    f = RowFile(tmp_path / "rows.bin", n, dim, state, order, io_depth=4, cache_bytes=cache)
+    try:
+        model = rng.standard_normal((n, dim + state)).astype(np.float32)
+        f.put_rows(np.arange(n), model)
+        f.flush()
+        for _ in range(20):
+            rows = rng.choice(n, size=rng.integers(1, 400), replace=False)
+            got, pages = f.read_rows(np.concatenate([rows, rows[:3]]))
+            assert np.array_equal(got[: rows.shape[0]], model[rows]) and np.array_equal(
+                got[-3:], model[rows[:3]]
+            )
+            new = rng.standard_normal((rows.shape[0], dim + state)).astype(np.float32)
+            f.write_rows(rows, new)
+            model[rows] = new
+        every = np.concatenate([recs for _, recs in f.read_all(chunk_rows=999)])
+        assert np.array_equal(every, model[f.order])
+        # One page's rows (the file is in ``order``): one read.
+        per_page = PAGE // f.record
+        if per_page >= 2:
+            rows = order[cache // f.record + per_page * 3 : cache // f.record + per_page * 3 + per_page // 2]
+            _, pages = f.read_rows(rows)
+            assert pages.reads == 1 and pages.pages.shape[0] <= 2
+    finally:
+        f.close()
+    assert made_by_hotline(tmp_path / "rows.bin") and order_path(tmp_path / "rows.bin").is_file()
+    assert np.array_equal(np.load(order_path(tmp_path / "rows.bin")), order)
+
+
+def test_direct_io_mode_is_reported(tmp_path):
+    f = RowFile(tmp_path / "r.bin", 10, 4, 0)
+    try:
+        assert f.mode == "direct" or f.mode.startswith("buffered (O_DIRECT refused")
+    finally:
+        f.close()
+    f = RowFile(tmp_path / "r.bin", 10, 4, 0, direct=False)  # Hotline's own file: made again
+    try:
+        assert f.mode.startswith("buffered")
+    finally:
+        f.close()
+
+
+def test_a_write_keeps_the_neighbours_another_write_changed(tmp_path):
+    """Step A's fetch reads a page; step B writes a row on that page; A's write-back (reusing A's pages)
+    must not put B's row back to its old value."""
+    f = RowFile(tmp_path / "rows.bin", 64, 4, 0)  # 16-byte records: 256 per page, all on page 0
+    try:
+        f.put_rows(np.arange(64), np.zeros((64, 4), np.float32))
+        f.flush()
+        a, b = np.array([1, 2]), np.array([3])
+        _, pages_a = f.read_rows(a)
+        _, pages_b = f.read_rows(b)
+        f.write_rows(b, np.full((1, 4), 7, np.float32), pages_b)
+        f.write_rows(a, np.full((2, 4), 5, np.float32), pages_a)
+        got, _ = f.read_rows(np.array([1, 2, 3, 4]))
+        assert got[:, 0].tolist() == [5, 5, 7, 0]
+    finally:
+        f.close()
+
+
+# -- exactness ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("optimizer", ["sgd", "rowwise-adagrad"])
+@pytest.mark.parametrize("mode,lookahead,micro", [("hybrid", 0, "auto"), ("hotline", 0, "fused"),
+                                                  ("hotline", 1, "auto"), ("hotline", 2, "auto"),
+                                                  ("hotline", 4, "auto")])  # fmt: skip
+def test_disk_store_is_bit_identical_to_device(data, tmp_path, optimizer, mode, lookahead, micro):
+    """hybrid and the fused hotline paths with the disk store: every parameter bit-identical to device mode
+    (as the host-memory store is)."""
+    ds, placement = data
+    got, stats = _run(
+        ds, _config(mode, placement, tmp_path, optimizer, lookahead=lookahead, micro_batches=micro)
+    )
+    _equal(_device_run(ds, optimizer), got)
+    assert sum(s.counters["disk_bytes_read"] for s in stats) > 0
+    if lookahead >= 2:
+        assert sum(s.counters["stale_rows"] for s in stats) > 0  # the claim rule had rows to re-read
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "rowwise-adagrad"])
+def test_split_path_equals_the_memory_store(data, tmp_path, optimizer):
+    """K = 0 with split micro-batches (equal to device mode up to reassociation): the same bits as the
+    host-memory store; also with a DRAM tier holding part of the rows."""
+    ds, placement = data
+    mem = _run(ds, _config("hotline", placement, tmp_path, optimizer, disk=False, lookahead=0))[0]
+    _equal(mem, _run(ds, _config("hotline", placement, tmp_path, optimizer, lookahead=0))[0])
+    _equal(mem, _run(ds, _config("hotline", placement, tmp_path, optimizer, lookahead=0, cold_cache=2000))[0])
+
+
+def test_dram_tier_with_lookahead_is_bit_identical(data, tmp_path):
+    ds, placement = data
+    got = _run(ds, _config("hotline", placement, tmp_path, "rowwise-adagrad", lookahead=2, cold_cache=4096))[
+        0
+    ]
+    _equal(_device_run(ds, "rowwise-adagrad"), got)
+
+
+def test_replacement_with_the_disk_store(data, tmp_path):
+    """Re-placement moves rows between the hot tier and the file: the same bits as with the memory store."""
+    ds, placement = data
+    kw = {"lookahead": 2, "replace_every": 6, "optimizer": "rowwise-adagrad"}
+    mem, mem_stats = _run(ds, _config("hotline", placement, tmp_path, disk=False, **kw))
+    got, _ = _run(ds, _config("hotline", placement, tmp_path, **kw))
+    _equal(mem, got)
+    _equal(_device_run(ds, "rowwise-adagrad"), got)
+
+
+def test_two_ranks_each_with_its_own_file(data, tmp_path):
+    """N = 2: each rank's shard in its own file; the same bits as the sharded host-memory store."""
+    ds, placement = data
+    cold = tmp_path / "cold"
+    cold.mkdir()
+    jobs = []
+    for name, disk, k, opt in [("mem", False, 2, "rowwise-adagrad"), ("disk", True, 2, "rowwise-adagrad"),
+                               ("hmem", False, 0, "sgd"), ("hdisk", True, 0, "sgd")]:  # fmt: skip
+        mode = "hotline" if name in ("mem", "disk") else "hybrid"
+        jobs.append((_config(mode, placement, cold, opt, disk=disk, steps=12, lookahead=k), str(ds.path),
+                     str(tmp_path / f"{name}.npz")))  # fmt: skip
+    spawn(2, train_and_dump, jobs)
+    out = {name: np.load(tmp_path / f"{name}.npz") for name in ("mem", "disk", "hmem", "hdisk")}
+    for a, b in (("mem", "disk"), ("hmem", "hdisk")):
+        assert out[a].files == out[b].files
+        for k in out[a].files:
+            if k not in ("step_end_s", "stale_rows", "bytes_sent"):  # timing: how far ahead it fetched
+                assert np.array_equal(out[a][k], out[b][k]), (a, k)
+    assert cold_file(cold, 0, 2).is_file() and cold_file(cold, 1, 2).is_file()
+
+
+# -- checkpoints, crashes -------------------------------------------------------------------------------
+@pytest.mark.parametrize("lookahead", [0, 2])
+def test_resume_from_a_disk_backed_checkpoint(data, tmp_path, lookahead):
+    """A checkpoint is taken between steps with every row back in the file (a consistent snapshot); the
+    file then moves on past it (a later step, or a crash, leaves it ahead of the checkpoint), and the resume
+    loads the checkpoint into the file: bit-identical to the straight run."""
+    ds, placement = data
+    kw = {"lookahead": lookahead, "optimizer": "rowwise-adagrad"}
+    straight = _run(ds, _config("hotline", placement, tmp_path / "a", disk=False, **kw))[0]
+    ck, cold = tmp_path / "ck", tmp_path / "cold"
+    cold.mkdir()
+    tr = Trainer(
+        _config("hotline", placement, cold, steps=15, checkpoint_dir=str(ck), checkpoint_every=8, **kw), ds
+    )
+    try:
+        tr.fit()
+    finally:
+        tr.close()
+    assert CheckpointManager(ck).latest().name == "step-000000008.pt"  # the file holds step 15
+    tr = Trainer(_config("hotline", placement, cold, checkpoint_dir=str(ck), resume=True, **kw), ds)
+    try:
+        tr.fit()
+        _equal(straight, tr.named_arrays())
+    finally:
+        tr.close()
+
+
+def test_sigkill_anywhere_then_resume(data, tmp_path):
+    """Killed at any moment (mid-step with reads and writes in flight, or mid-checkpoint): the last complete
+    checkpoint resumes into the same --cold-dir and the run ends bit-identical to a straight one."""
+    ds, placement = data
+    cold = tmp_path / "cold"
+    cold.mkdir()
+    common = [str(ds.path), *CLI_ARCH, "--mode", "hotline", "--placement", placement, "--mini-batch-size", "32",
+              "--num-batches", "80", "--no-progress", "--eval-max-samples", "64", "--lookahead", "2"]  # fmt: skip
+    assert main(["train", *common, "--dump-params", str(tmp_path / "straight.npz")]) == 0
+    ck = tmp_path / "ck"
+    disk = ["--cold-store", "disk", "--cold-dir", str(cold)]
+    cmd = [sys.executable, "-m", "hotline", "train", *common, *disk, "--checkpoint-dir", str(ck),
+           "--checkpoint-every", "2", "--threads", "1"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 180
+    while time.time() < deadline and len(CheckpointManager(ck).complete()) < 3 and proc.poll() is None:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert CheckpointManager(ck).latest() is not None
+    resumed = ["--checkpoint-dir", str(ck), "--resume", "--dump-params", str(tmp_path / "resumed.npz")]
+    assert main(["train", *common, *disk, *resumed]) == 0
+    a, b = np.load(tmp_path / "straight.npz"), np.load(tmp_path / "resumed.npz")
+    for k in a.files:
+        assert np.array_equal(a[k], b[k]), k
+
+
+# -- errors a user can cause ----------------------------------------------------------------------------
+def test_refuses_a_file_hotline_did_not_make(data, tmp_path, capsys):
+    ds, placement = data
+    mine = cold_file(tmp_path)
+    mine.write_bytes(b"my thesis")
+    args = ["train", str(ds.path), *CLI_ARCH, "--mode", "hybrid", "--num-batches", "2", "--no-progress",
+            "--cold-store", "disk", "--cold-dir", str(tmp_path)]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "refusing to overwrite" in err[0] and str(mine) in err[0]
+    assert mine.read_bytes() == b"my thesis"
+
+
+@pytest.mark.parametrize(
+    "flags,match",
+    [(["--cold-store", "disk"], "needs --cold-dir"),
+     (["--cold-store", "disk", "--cold-dir", "/nonexistent/x"], "not a directory"),
+     (["--cold-dir", "/tmp"], "directory of --cold-store disk"),
+     (["--cold-store", "disk", "--cold-dir", "/tmp", "--cold-io-depth", "0"], "--cold-io-depth"),
+     (["--cold-store", "disk", "--cold-dir", "/tmp", "--cold-cache", "lots"], "lots")],
+)  # fmt: skip
+def test_bad_flags_are_one_line(data, flags, match, capsys):
+    ds, _ = data
+    assert main(["train", str(ds.path), *CLI_ARCH, "--mode", "hybrid", "--no-progress", *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and match in err[0]
+
+
+def test_device_mode_has_no_cold_store(data, capsys):
+    ds, _ = data
+    assert main(["train", str(ds.path), *CLI_ARCH, "--cold-store", "disk", "--cold-dir", "/tmp"]) == 2
+    assert "--mode hybrid or hotline" in capsys.readouterr().err
+
+
+def test_disk_full_is_one_line_naming_the_file(data, tmp_path):
+    """A file-size limit below the store's size (as a full disk): refused up front, one line, exit 2."""
+    ds, _ = data
+    cmd = [sys.executable, "-m", "hotline", "train", str(ds.path), *CLI_ARCH, "--mode", "hybrid", "--num-batches",
+           "2", "--no-progress", "--cold-store", "disk", "--cold-dir", str(tmp_path)]  # fmt: skip
+
+    def limit():
+        import resource
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))
+
+    proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=limit, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and str(cold_file(tmp_path)) in err[0] and "reserving" in err[0], err
+
+
+def test_io_error_names_the_file(tmp_path):
+    """A read past a file cut short under the store (an I/O error) is one OSError naming the file."""
+    f = RowFile(tmp_path / "rows.bin", 5000, 16, 1)
+    try:
+        os.truncate(tmp_path / "rows.bin", PAGE)
+        with pytest.raises(OSError, match=str(tmp_path / "rows.bin")):
+            f.read_rows(np.array([4000]))
+    finally:
+        f.close()
+
+
+def test_a_second_run_on_the_same_file_is_refused(tmp_path):
+    f = RowFile(tmp_path / "rows.bin", 10, 4, 0)
+    try:
+        with pytest.raises(ValueError, match="in use by another Hotline run"):
+            RowFile(tmp_path / "rows.bin", 10, 4, 0)
+    finally:
+        f.close()
+
+
+def test_cli_trains_with_the_disk_store(data, tmp_path, capsys):
+    ds, placement = data
+    common = [str(ds.path), *CLI_ARCH, "--mode", "hotline", "--placement", placement, "--num-batches", "10",
+              "--no-progress", "--eval-max-samples", "64"]  # fmt: skip
+    assert main(["train", *common, "--dump-params", str(tmp_path / "m.npz")]) == 0
+    disk = [
+        "--cold-store",
+        "disk",
+        "--cold-dir",
+        str(tmp_path),
+        "--cold-io-depth",
+        "4",
+        "--cold-cache",
+        "1KiB",
+    ]
+    assert main(["train", *common, *disk, "--dump-params", str(tmp_path / "d.npz")]) == 0
+    a, b = np.load(tmp_path / "m.npz"), np.load(tmp_path / "d.npz")
+    for k in a.files:
+        assert np.array_equal(a[k], b[k]), k
+    assert made_by_hotline(cold_file(tmp_path)) and order_path(cold_file(tmp_path)).is_file()
+
+
+# -- calibration, cost model, benchmark -----------------------------------------------------------------
+DISK = {"read_iops": {"1": 20_000.0, "depth": 60_000.0}, "write_iops": 40_000.0, "cpu_us_per_read": 5.0,
+        "cpu_us_per_write": 5.0, "depth": 32, "seq_write_mbps": 900.0}  # fmt: skip
+
+
+def test_cost_model_prices_the_disk_tier():
+    from test_costmodel import HW, W, stats
+
+    from hotline.profiling import costmodel as cm
+
+    hw = {**HW, "disk": DISK}
+    s = stats(cold=20_000, unique=60_000)
+    for mode in ("hybrid", "hotline_k0", "hotline_k1"):
+        mem = cm.predict(mode, W, s, hw)
+        none = cm.predict(mode, W, s, hw, cm.DiskTier(pages_per_cold_row=0.0))  # no page read: as in memory
+        assert none.samples_per_s == pytest.approx(mem.samples_per_s)
+        disk = cm.predict(mode, W, s, hw, cm.DiskTier(pages_per_cold_row=1.0))
+        assert disk.samples_per_s < mem.samples_per_s
+        cold = 60_000 if mode == "hybrid" else 20_000
+        assert disk.phases_s["disk_read"] == pytest.approx(cold / 60_000)
+        assert disk.phases_s["disk_write"] == pytest.approx(cold / 40_000)
+        if mode != "hotline_k1":  # sequential: the reads and writes add up (their CPU is inside them)
+            assert disk.step_s == pytest.approx(mem.step_s + cold / 60_000 + cold / 40_000)
+    k1 = cm.predict("hotline_k1", W, s, hw, cm.DiskTier(1.0))
+    assert k1.phases_s["lane: disk (reads + writes)"] == pytest.approx(20_000 / 60_000 + 20_000 / 40_000)
+    assert k1.bottleneck == "disk (reads + writes)" and k1.step_s >= 20_000 / 60_000 + 20_000 / 40_000
+    half = cm.predict("hotline_k1", W, s, hw, cm.DiskTier(1.0, cached_share=0.5))  # the DRAM tier serves half
+    assert half.phases_s["disk_read"] == pytest.approx(10_000 / 60_000)
+    with pytest.raises(ValueError, match="calibrate --disk"):
+        cm.predict("hybrid", W, s, HW, cm.DiskTier())
+
+
+def test_calibrate_disk_cli(tmp_path, capsys):
+    out = tmp_path / "hw.json"
+    out.write_text('{"format": "hotline-hardware", "host": {"x": 1}}')
+    assert (
+        main(["calibrate", "--out", str(out), "--disk", str(tmp_path), "--disk-only", "--disk-depth", "4"])
+        == 0
+    )
+    import json
+
+    hw = json.loads(out.read_text())
+    d = hw["disk"]
+    assert hw["host"] == {"x": 1}  # what the file held stays
+    assert d["depth"] == 4 and d["io_mode"] in ("direct",) or d["io_mode"].startswith("buffered")
+    for v in (d["read_iops"]["1"], d["read_iops"]["depth"], d["write_iops"], d["seq_write_mbps"]):
+        assert v > 0
+    assert "random 4 KiB reads" in capsys.readouterr().out
+    assert not list(tmp_path.glob("hotline-disk-calibration*"))  # its scratch file is gone
+    assert main(["calibrate", "--out", str(out), "--disk-only"]) == 2
+
+
+def test_bench_disk_tier_smoke(tmp_path, monkeypatch):
+    import json
+
+    import numba
+
+    monkeypatch.syspath_prepend(
+        str(__import__("pathlib").Path(__file__).resolve().parent.parent / "benchmarks")
+    )
+    import bench_disk_tier
+
+    threads = (torch.get_num_threads(), numba.get_num_threads())
+    try:
+        report = bench_disk_tier.main(["--smoke", "--threads", "1", "--json", str(tmp_path / "r.json")])
+    finally:
+        torch.set_num_threads(threads[0])
+        numba.set_num_threads(threads[1])
+    written = json.loads((tmp_path / "r.json").read_text())
+    assert written["benchmark"] == report["benchmark"] == "bench_disk_tier"
+    modes = [r["mode"] for r in written["results"]]
+    assert modes == ["device", "mmap", "hybrid_disk", "hotline_k0_disk", "hotline_k2_disk"]
+    for r in written["results"]:
+        assert r["samples_per_s"] > 0
+        if r["mode"].endswith("_disk"):
+            assert r["io_mode"] == "direct" or r["io_mode"].startswith("buffered")
+            assert r["disk_bytes_per_step"] > 0 and r["cold_rows_per_step"] > 0 and r["exposed_read_ms"] >= 0
+            assert r["coverage"] is not None and r["popular_share"] is not None
+    assert written["results"][1]["page_cache_dropped_by"]
+    assert set(written["targets"]) == {
+        "hotline_k2_disk/hybrid_disk",
+        "hotline_k2_disk/mmap",
+        "hotline_k2_disk/device",
+    }
+    assert isinstance(written["target_met"], bool)
