@@ -133,7 +133,9 @@ def test_page_commands_print_what_the_page_shows(page: Path, tmp_path: Path):
                 command, shell=True, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 text=True, timeout=900,
             )  # fmt: skip
-            actual = proc.stdout.splitlines()
+            actual = proc.stdout.replace(
+                f"{tmp_path}/", ""
+            ).splitlines()  # the scratch folder is the page's "."
             wants_error = any("error:" in line for line in expected)
             assert (proc.returncode != 0) == wants_error, (
                 f"{page.name}: `{command}` exited {proc.returncode}:\n{proc.stdout[-3000:]}"
