@@ -186,3 +186,39 @@ def test_run_all_quotes_a_benchmark_with_its_machine(tmp_path):
     assert "cores" in dispatcher and "load average" in dispatcher
     assert "| method |" in dispatcher or "| " in dispatcher.split("load average", 1)[1]  # the results table
     assert "Not run yet." in text.split("## profile", 1)[1].split("\n## ", 1)[0]
+
+
+def test_readme_is_short():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.encode()) <= 16 * 1024, f"README.md is {len(text.encode())} bytes (at most 16 KiB)"
+
+
+def update_page(page: Path) -> None:
+    """Reruns a page's console blocks and writes what each command printed as its shown output (then trim by
+    hand with ``...`` lines where a command prints pages). ``python tests/test_docs.py PAGE``."""
+    import tempfile
+
+    text = page.read_text()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        (folder / "data").symlink_to(ROOT / "data")
+        env = _shims(folder)
+
+        def rerun(m: re.Match) -> str:
+            if m.group("skip") is not None:
+                return m.group(0)
+            out = []
+            for command, _ in parse_blocks(m.group(0))[0][1]:
+                proc = subprocess.run(command, shell=True, cwd=folder, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True)  # fmt: skip
+                shown = proc.stdout.replace(f"{folder}/", "")
+                lines = [x for x in shown.splitlines() if not x.startswith("compiling kernels, once")]
+                out += [f"$ {command}", *lines]
+            return "```console\n" + "\n".join(out) + "\n```"
+
+        page.write_text(_BLOCK.sub(rerun, text))
+
+
+if __name__ == "__main__":
+    for name in sys.argv[1:]:
+        update_page(Path(name).resolve())
