@@ -13,6 +13,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from hotline.table_layout import OPTIMIZERS
 from hotline.units import size_arg
 
 SubParsers = argparse._SubParsersAction
@@ -56,6 +57,25 @@ def add_threads(parser: argparse.ArgumentParser, what: str = "torch and numba th
     """``--threads N`` (0 or unset: all cores) and its hidden alias ``--num-threads``."""
     parser.add_argument("--threads", type=int, default=0, metavar="N", help=f"{what} (default 0: all cores)")
     parser.add_argument("--num-threads", dest="threads", type=int, help=argparse.SUPPRESS)
+
+
+# Flags of every command whose values are thread or process counts: (flag, destination, least value).
+COUNT_FLAGS = (
+    ("--threads", "threads", 0),
+    ("--worker-threads", "worker_threads", 1),
+    ("--nproc", "nproc", 1),
+)
+
+
+def check_counts(args: argparse.Namespace) -> None:
+    """Raises ValueError naming the flag when a thread or process count of any command is out of bounds
+    (at most a small multiple of this machine's cores: ``hotline.pipeline.threads.max_threads``)."""
+    from hotline.pipeline.threads import check_threads
+
+    for flag, dest, least in COUNT_FLAGS:
+        value = getattr(args, dest, None)
+        if value is not None:
+            check_threads(value, flag, least)
 
 
 def add_progress(parser: argparse.ArgumentParser) -> None:
@@ -118,8 +138,9 @@ def add_embedding(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--optimizer",
         default="sgd",
-        choices=["sgd", "rowwise-adagrad"],
-        help="optimizer whose state is kept with hot rows (default sgd: none; rowwise-adagrad: 4 bytes per row)",
+        choices=list(OPTIMIZERS),
+        help="optimizer whose state is kept with hot rows (default sgd: none; rowwise-adagrad: 4 bytes per row; "
+        "adagrad: 4 D; adam: 8 D + 4)",
     )
 
 

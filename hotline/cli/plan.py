@@ -15,6 +15,7 @@ from hotline.cli.args import (
     error,
     sample_fraction,
 )
+from hotline.table_layout import OPTIMIZERS, bytes_per_row
 from hotline.units import format_size, size_arg
 
 
@@ -104,12 +105,22 @@ def run(args: argparse.Namespace) -> int:
     from hotline import torchrec_bridge as bridge
 
     try:
+        config = bridge.PlanConfig(  # its bounds are checked before the dataset is read
+            world_size=args.world_size,
+            hbm_per_device=args.hbm_per_gpu,
+            compute_device=args.compute_device,
+            batch_size=args.batch_size,
+            algorithm=args.algorithm,
+            scaleup=not args.no_scaleup,
+        )
         dataset = Dataset(args.dataset)
         placement = Placement.load(args.placement, dataset=dataset) if args.placement else None
         dim = placement.embedding_dim if placement else args.embedding_dim
         optimizer = args.optimizer
         if placement is not None:
-            optimizer = "rowwise-adagrad" if placement.bytes_per_row == 4 * dim + 4 else "sgd"
+            optimizer = next(
+                (o for o in OPTIMIZERS if bytes_per_row(dim, o) == placement.bytes_per_row), "sgd"
+            )
         prof = profile(
             dataset,
             sample_fraction=sample_fraction(args),
@@ -119,14 +130,6 @@ def run(args: argparse.Namespace) -> int:
             embedding_dim=dim,
             optimizer=optimizer,
             progress=not args.no_progress,
-        )
-        config = bridge.PlanConfig(
-            world_size=args.world_size,
-            hbm_per_device=args.hbm_per_gpu,
-            compute_device=args.compute_device,
-            batch_size=args.batch_size,
-            algorithm=args.algorithm,
-            scaleup=not args.no_scaleup,
         )
         model = _dlrm_on_meta(bridge.embedding_bag_configs(prof.table_sizes, dim))
         sharding_plan, inputs = bridge.plan(model, prof, config, target=args.target, placement=placement)

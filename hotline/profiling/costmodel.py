@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from hotline.table_layout import bytes_per_row
+
 MODES = ("device", "hybrid", "hotline_k0", "hotline_k1")
 """The modes predicted: ``hotline_k1`` stands for any look-ahead K >= 1 (the pipelined step)."""
 
@@ -57,15 +59,14 @@ class Workload:
     top_mlp: tuple[int, ...] = (512, 256, 1)
     """Top MLP widths after the interaction (DLRM's --arch-mlp-top; its input is the interaction's output)."""
     optimizer: str = "sgd"
-    """Sparse optimizer: 'sgd' or 'rowwise-adagrad' (one state float per row)."""
+    """Sparse optimizer (``hotline.table_layout.OPTIMIZERS``), which sets the state bytes a row carries."""
     worker_threads: int = 1
     """Numba threads of the look-ahead producer (host work of K >= 1 runs on them)."""
 
     def __post_init__(self) -> None:
         if self.batch_size <= 0 or self.num_tables <= 0 or self.embedding_dim <= 0:
             raise ValueError("batch_size, num_tables and embedding_dim must be positive")
-        if self.optimizer not in ("sgd", "rowwise-adagrad"):
-            raise ValueError(f"optimizer must be 'sgd' or 'rowwise-adagrad', got {self.optimizer!r}")
+        bytes_per_row(self.embedding_dim, self.optimizer)  # a known optimizer
 
     @property
     def lookups(self) -> int:
@@ -73,7 +74,7 @@ class Workload:
 
     @property
     def row_bytes(self) -> int:
-        return 4 * self.embedding_dim + (4 if self.optimizer == "rowwise-adagrad" else 0)
+        return bytes_per_row(self.embedding_dim, self.optimizer)
 
     def mlp_layers(self) -> list[tuple[int, int]]:
         """(in, out) of every dense layer, the top MLP's input being the dot interaction's output."""
@@ -177,10 +178,20 @@ def load_hardware(spec: str | os.PathLike | dict, host: str | os.PathLike | dict
     """A hardware description: a dict, a JSON file (from ``hotline calibrate``), or the name of a known GPU
     (``H100``, ``H200``, ...), whose host side comes from ``host`` (a calibration JSON; default: the typical
     host figures shipped with the GPU table)."""
+    from hotline._paths import file_problem
+    from hotline.profiling.hardware import check_hardware
+
+    source = str(spec)
     if isinstance(spec, dict):
-        hw = dict(spec)
-    elif Path(spec).is_file():
-        hw = json.loads(Path(spec).read_text())
+        hw, source = dict(spec), "(given as a dict)"
+    elif Path(spec).exists() or Path(spec).is_symlink() or str(spec).endswith(".json"):
+        problem = file_problem(spec)
+        if problem is not None:
+            raise ValueError(f"hardware file {spec} {problem}")
+        try:
+            hw = json.loads(Path(spec).read_text())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ValueError(f"hardware file {spec} is not valid JSON: {e}") from None
     else:
         gpus = known_gpus()
         name = str(spec)
@@ -197,10 +208,7 @@ def load_hardware(spec: str | os.PathLike | dict, host: str | os.PathLike | dict
         )
         hw = {**base, "name": f"{match} + {base.get('name', 'host')}", "device": gpu["device"],
               "link": gpu["link"], "sources": gpu.get("sources", [])}  # fmt: skip
-    for section in ("host", "device", "link"):
-        if section not in hw:
-            raise ValueError(f"hardware description has no {section!r} section")
-    return hw
+    return check_hardware(hw, source)
 
 
 # ---------------------------------------------------------------------------------------------- phases

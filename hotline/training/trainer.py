@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from hotline import _io
+from hotline._paths import check_file
 from hotline.datasets.format import Batch, Dataset, Split
 from hotline.distributed.comm import Comm, shard_bounds
 from hotline.models.dlrm import DLRM
@@ -38,7 +39,14 @@ from hotline.tiers.sparse_optim import SparseOptimizer
 from hotline.training.config import TrainConfig, resolve_device
 from hotline.training.logs import LogLines
 from hotline.training.metrics import accuracy, log_loss, roc_auc
-from hotline.training.preflight import check_finite, check_ids, check_memory, check_train_outputs, finite_json
+from hotline.training.preflight import (
+    check_all_values,
+    check_ids,
+    check_memory,
+    check_train_outputs,
+    check_values,
+    finite_json,
+)
 
 # Step counters that are summed over ranks (in the dense all-reduce); the rest are this rank's own.
 SUMMED_COUNTERS = ("popular_samples", "working_set_rows", "stale_rows", "lookups", "hot_lookups")
@@ -75,9 +83,10 @@ class Trainer:
                     "mode 'auto' is chosen before training: pass choose= (as `hotline train` does, with "
                     "hotline.training.auto.choose_for_run) or give device, hybrid or hotline"
                 )
+            self._check_data()  # before the choice profiles and times anything
             config = self.config = choose(config, self.dataset)
         self.model = DLRM(config.model_config(self.dataset.table_sizes), seed=config.seed).to(config.device)
-        self.sparse_opt = SparseOptimizer(config.optimizer, config.learning_rate)
+        self.sparse_opt = SparseOptimizer(config.optimizer, config.learning_rate, dim=config.embedding_dim)
         self.dense_opt = self.sparse_opt.dense_optimizer(self.model.parameters())
         self._lr_schedule = config.lr_schedule
         check_memory(config, self.dataset, self.comm.world_size)  # before the tables are allocated
@@ -136,7 +145,7 @@ class Trainer:
                 start, stop = b * B, min((b + 1) * B, len(split))
                 lo, hi = shard_bounds(stop - start, r, N)
                 batch = split.batch(start + lo, start + hi, global_size=stop - start)
-                check_finite(self.dataset.path, split, start + lo, batch.dense, batch.labels)
+                check_values(self.dataset.path, split, start + lo, batch.dense, batch.labels)
                 yield batch
             first = 0
 
@@ -216,6 +225,15 @@ class Trainer:
         for k, v in zip(summed, counts):
             stats.counters[k] = float(v)
 
+    def _check_data(self) -> None:
+        """Every split's ids, dense values and labels, read once (before the first step, or before --mode
+        auto's choice): a bad one is named with its file and row now, not at its step hours later."""
+        if getattr(self, "_data_checked", False):
+            return
+        check_ids(self.dataset)
+        check_all_values(self.dataset)  # a NaN, a 3e38 or a label 2.0, with its file, row and column
+        self._data_checked = True
+
     def fit(self) -> dict:
         """Runs the whole training; returns the summary record (also the last line of ``--metrics``)."""
         from tqdm import tqdm  # imported here: the GPU benchmark image has no tqdm and never calls fit()
@@ -224,7 +242,7 @@ class Trainer:
 
         cfg = self.config
         check_train_outputs(cfg)  # before step 1, not after the last one
-        check_ids(self.dataset)  # every split: a bad id names its file and sample now, not at its step
+        self._check_data()
         total = self.train_steps()
         if total == 0:
             raise ValueError(f"the training split of {self.dataset.path} has no rows to train on")
@@ -381,7 +399,7 @@ class Trainer:
             stop = min(start + self.config.eval_batch_size, n)
             lo, hi = shard_bounds(stop - start, r, N)
             b = split.batch(start + lo, start + hi)
-            check_finite(self.dataset.path, split, start + lo, b.dense, b.labels)
+            check_values(self.dataset.path, split, start + lo, b.dense, b.labels)
             pooled = self.mode.pooled_eval(b.sparse)
             if len(b):
                 dense = torch.from_numpy(b.dense).to(self.config.device)
@@ -457,8 +475,9 @@ class Trainer:
             np.ascontiguousarray(arrays[f"embedding.table_{t}"], np.float32)
             for t in range(len(self.dataset.table_sizes))
         ]
-        S = self.sparse_opt.state_floats_per_row
-        self.mode.load_tables(tables, [np.zeros(t.shape[0] * S, np.float32) for t in tables])
+        self.mode.load_tables(
+            tables, [np.zeros(self.sparse_opt.state_shape(t.shape[0]), np.float32) for t in tables]
+        )
 
     def close(self) -> None:
         if self._checkpoints is not None:
@@ -468,6 +487,7 @@ class Trainer:
 
 def read_params(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """The arrays of a parameter .npz (as ``--dump-params`` writes), no pickles; ValueError if unreadable."""
+    check_file(path, "--init-params")  # a FIFO would block np.load forever
     try:
         z = np.load(path, allow_pickle=False)
         if not isinstance(z, np.lib.npyio.NpzFile):
