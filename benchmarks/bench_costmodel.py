@@ -78,6 +78,11 @@ def main(argv: list[str] | None = None) -> dict:
         )
         by_budget = {pl["budget_bytes"]: pl for pl in placements}
         for r in measured:
+            if "error" in r:  # a run that raised (recorded by the sweep): nothing measured to compare
+                rows.append(
+                    {"config": name, "mode": r["mode"], "target": r.get("target"), "error": r["error"]}
+                )
+                continue
             pl = by_budget.get(r.get("budget_bytes"), placements[len(placements) // 2])
             stats = costmodel.Stats.from_profile(prof, pl["budget_bytes"])
             pred = costmodel.predict(PREDICTED_AS[r["mode"]], work, stats, hw)
@@ -97,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
                 }
             )
     for r in rows:
-        r["in_target"] = TARGET[0] <= r["ratio"] <= TARGET[1]
+        r["in_target"] = "ratio" in r and TARGET[0] <= r["ratio"] <= TARGET[1]
     common.print_table(
         rows,
         [

@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the checkout's hotline, installed or not
 
 import common  # noqa: E402
 import mlperf  # noqa: E402

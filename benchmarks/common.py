@@ -18,10 +18,17 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+# A benchmark imports this checkout's hotline, installed or not (the GPU image runs a plain checkout): its root
+# goes on sys.path right after the benchmarks folder, before any installed copy.
+_ROOT = str(Path(__file__).resolve().parents[1])
+if _ROOT not in sys.path:
+    sys.path.insert(1, _ROOT)
 
 
 def parser(doc: str | None) -> argparse.ArgumentParser:

@@ -12,7 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import secrets
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -23,6 +25,41 @@ TMP_MARKER = ".hotline-tmp-"
 def temporary_name(path: Path) -> Path:
     """A temporary sibling of ``path`` that only this process of Hotline uses (pid and a random part)."""
     return path.with_name(f".{path.name}{TMP_MARKER}{os.getpid()}-{secrets.token_hex(4)}")
+
+
+_TEMPORARY = re.compile(r"^\..+" + re.escape(TMP_MARKER) + r"(?:old-)?(?P<pid>\d+)-[0-9a-f]+$")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
+    """Removes the temporary files and folders that Hotline processes which no longer run left in
+    ``directory`` (``.NAME.hotline-tmp-PID-RANDOM``, PID gone: a ``kill -9`` during a write); returns them.
+    Names of any other form, and temporaries of live processes, are left alone."""
+    removed = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = _TEMPORARY.match(entry.name) if TMP_MARKER in entry.name else None
+        if m is None or int(m["pid"]) == os.getpid() or _alive(int(m["pid"])):
+            continue
+        path = Path(entry.path)
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
 
 
 def fsync_dir(directory: str | os.PathLike) -> None:
@@ -42,6 +79,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
     that, too, becomes the OSError it is.
     """
     path = Path(path)
+    remove_stale_temporaries(path.parent)  # what a killed Hotline process left here
     tmp = temporary_name(path)
     try:
         with open(tmp, "wb") as f:

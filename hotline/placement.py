@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from hotline._io import atomic_write
+from hotline._paths import check_file
 from hotline.table_layout import TableLayout
 from hotline.table_layout import bytes_per_row as _bytes_per_row
 
@@ -229,8 +230,7 @@ class Placement:
     def load(cls, path: str | os.PathLike, dataset=None) -> Placement:
         """Reads a placement saved by :meth:`save`; with ``dataset`` also checks it belongs to that dataset."""
         path = Path(path)
-        if not path.is_file():
-            raise PlacementError(f"placement file {path} does not exist")
+        check_file(path, "placement file", PlacementError)  # missing, a directory, a FIFO, /dev/null: named
         try:
             with np.load(path, allow_pickle=False) as z:
                 tag = str(z["format"])

@@ -22,14 +22,16 @@ import numpy as np
 import pytest
 
 from hotline.cli import main
-from hotline.datasets.format import Dataset, DatasetError
+from hotline.datasets.format import Dataset, DatasetError, record_arrays
 from hotline.datasets.synthetic import generate
 from hotline.placement import Placement, PlacementError
 from hotline.training.checkpoint import CheckpointManager, read_checkpoint
 
 TESTS = Path(__file__).resolve().parent
 ARCH = ["--arch-sparse-feature-size", "8", "--arch-mlp-bot", "13-16-8", "--arch-mlp-top", "16-1"]
+# --mode device: these tests read the run's error lines, which --mode auto's choice line would precede
 SMALL = [*ARCH, "--mini-batch-size", "32", "--no-progress", "--eval-max-samples", "64", "--threads", "1"]
+SMALL += ["--mode", "device"]
 SIZES = [40, 300, 25]
 
 # Bad inputs covered by tests in other files (the README table names them; this file checks they exist).
@@ -246,6 +248,7 @@ def test_out_of_range_id_names_table_and_id(data, tmp_path, capsys, mode):
     sparse[100, 1, 0] = 300  # table 1 has 300 rows
     sparse.flush()
     del sparse
+    record_arrays(d)  # an edit on purpose: meta.json's digests follow it
     budget = ["--hbm-budget", "1KiB"] if mode == "hotline" else []  # the other modes refuse the flag
     argv = ["train", str(d), *SMALL, "--mode", mode, *budget, "--num-batches", "10"]
     assert main(argv) == 2

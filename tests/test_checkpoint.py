@@ -110,8 +110,7 @@ def test_sigkill_then_resume_equals_straight_run(data, tmp_path):
         "1",
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while time.time() < deadline and len(CheckpointManager(ck).complete()) < 2:
+    while proc.poll() is None and len(CheckpointManager(ck).complete()) < 2:  # no wall-clock bound
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)  # anywhere: between steps or in the middle of a checkpoint write
     proc.wait()

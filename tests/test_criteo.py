@@ -246,8 +246,11 @@ def test_layout_flag_overrides_detection(tmp_path):
     out = preprocess([a, b], tmp_path / "ds", layout="kaggle", progress=False)
     ref, sizes = naive.criteo_reference([a.read_bytes(), b.read_bytes()], "kaggle")
     _assert_dataset_equals_reference(out, ref, sizes)
-    one = preprocess([a], tmp_path / "ds1", layout="terabyte", progress=False)
-    assert (len(Dataset(one).train), len(Dataset(one).test), len(Dataset(one).val)) == (0, 15, 15)
+    with pytest.raises(ValueError, match="with one file .* there would be 0 training rows"):
+        preprocess(
+            [a], tmp_path / "ds1", layout="terabyte", progress=False
+        )  # (it used to write 0 train rows)
+    assert not (tmp_path / "ds1").exists()
 
 
 def test_split_sizes_follow_dlrm_array_split():

@@ -105,7 +105,8 @@ NCCL_CASES = [
 
 
 def _batch_leaving_one(n: int) -> int:
-    return next(b for b in range(BATCH, 4 * BATCH) if n % b == 1)
+    """A global batch size whose last batch of ``n`` samples has one sample (n - 1 always does)."""
+    return next((b for b in range(BATCH, 4 * BATCH) if n % b == 1), n - 1)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")

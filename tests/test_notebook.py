@@ -1,7 +1,13 @@
-"""The profiling notebook runs top to bottom on small data, and is committed without outputs."""
+"""The notebooks run top to bottom on small data, and are committed without outputs.
+
+Each kernel talks to its client over Unix sockets in a fresh folder of its own (``transport="ipc"``), not TCP
+ports: notebooks run in parallel (pytest-xdist, two checkouts at once) cannot take each other's ports, which
+ended a run in ``ZMQError: Address already in use`` (the ports were chosen free, then bound a moment later)."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,17 +18,32 @@ nbclient = pytest.importorskip("nbclient")
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "profile_dataset.ipynb"
 
 
+@pytest.fixture
+def sockets():
+    """A fresh folder with a short path (a Unix socket's path is at most 107 bytes), removed afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix="hk-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _client(nb, folder: Path, sockets: Path, timeout: int):
+    """A NotebookClient whose kernel runs in ``folder`` and is reached over Unix sockets in ``sockets``."""
+    from jupyter_client import KernelManager
+
+    km = KernelManager(kernel_name="python3", transport="ipc", ip=str(sockets / "k"))
+    km.connection_file = str(sockets / "connection.json")
+    return nbclient.NotebookClient(nb, km=km, timeout=timeout, resources={"metadata": {"path": str(folder)}})
+
+
 def test_notebook_is_committed_without_outputs():
     nb = nbformat.read(NOTEBOOK, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert code and all(not c.outputs and c.execution_count is None for c in code)
 
 
-def test_profile_notebook_runs(tmp_path):
+def test_profile_notebook_runs(tmp_path, sockets):
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    client = nbclient.NotebookClient(
-        nb, kernel_name="python3", timeout=120, resources={"metadata": {"path": str(tmp_path)}}
-    )
+    client = _client(nb, tmp_path, sockets, timeout=120)
     client.execute()  # raises CellExecutionError naming the failing cell
     assert (tmp_path / "placement.npz").is_file() and (tmp_path / "synthetic-small" / "meta.json").is_file()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
@@ -40,11 +61,9 @@ def test_training_notebook_is_committed_without_outputs():
     assert code and all(not c.outputs and c.execution_count is None for c in code)
 
 
-def test_training_notebook_runs(tmp_path):
+def test_training_notebook_runs(tmp_path, sockets):
     nb = nbformat.read(TRAINING_NOTEBOOK, as_version=4)
-    client = nbclient.NotebookClient(
-        nb, kernel_name="python3", timeout=180, resources={"metadata": {"path": str(tmp_path)}}
-    )
+    client = _client(nb, tmp_path, sockets, timeout=180)
     client.execute()
     for mode in ("hybrid", "hotline"):
         records = (tmp_path / f"{mode}.jsonl").read_text().splitlines()

@@ -1,14 +1,17 @@
 """The distribution as a user gets it: the wheel builds, installs into a fresh virtual environment under its
 own name (``hotline-dlrm``), imports ``hotline.kernels`` from outside the source tree and trains.
 
-torch and numba come from the system (``--system-site-packages``; the wheel goes in with ``--no-deps``), so
-nothing is downloaded. About 30-60 s on 2 busy cores (wheel build, venv, one Numba compile of the kernels)."""
+torch and numba come from the interpreter running the tests (the wheel goes in with ``--no-deps``), so nothing
+is downloaded: from the system (``--system-site-packages``) and, when the tests themselves run inside a virtual
+environment, from that environment's site-packages too (a new venv's "system" is the base interpreter, which
+lacks them). About 30-60 s on 2 busy cores (wheel build, venv, one Numba compile of the kernels)."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
 import venv
@@ -46,6 +49,22 @@ def _copy_source(dest: Path) -> None:
             shutil.copy2(path, dest / name)
 
 
+def _see_the_running_packages(py: Path) -> None:
+    """Lets the venv of ``py`` import what this interpreter imports (torch, numba), after its own packages.
+
+    Plain directory lines in a ``.pth`` file: the directories go on ``sys.path`` after the venv's own
+    site-packages, and the ``.pth`` files inside them are not run, so an editable install of this checkout in
+    the running environment cannot shadow the wheel."""
+    own = subprocess.run(
+        [str(py), "-c", "import site; print(site.getsitepackages()[0])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    running = [d for d in site.getsitepackages() if Path(d).is_dir()]
+    (Path(own) / "zz-running-interpreter.pth").write_text("".join(f"{d}\n" for d in running))
+
+
 def test_wheel_installs_and_trains_in_a_fresh_venv(tmp_path):
     pytest.importorskip("setuptools")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
@@ -66,6 +85,7 @@ def test_wheel_installs_and_trains_in_a_fresh_venv(tmp_path):
     env_dir = tmp_path / "venv"
     venv.create(env_dir, system_site_packages=True, with_pip=False)
     py = env_dir / "bin" / "python"
+    _see_the_running_packages(py)
     _run(
         [sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "-q", str(wheel)],
         tmp_path,

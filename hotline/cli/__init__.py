@@ -116,6 +116,9 @@ def _main(argv: list[str]) -> int:
     try:
         args = build_parser().parse_args(argv)
         args.command_line = argv  # which flags were given (a --preset yields to them)
+        from hotline.cli.args import check_counts
+
+        check_counts(args)  # every command's thread and process counts, bounded the same way
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         from hotline.cli.args import ignore_further_interrupts

@@ -58,6 +58,25 @@ def add_threads(parser: argparse.ArgumentParser, what: str = "torch and numba th
     parser.add_argument("--num-threads", dest="threads", type=int, help=argparse.SUPPRESS)
 
 
+# Flags of every command whose values are thread or process counts: (flag, destination, least value).
+COUNT_FLAGS = (
+    ("--threads", "threads", 0),
+    ("--worker-threads", "worker_threads", 1),
+    ("--nproc", "nproc", 1),
+)
+
+
+def check_counts(args: argparse.Namespace) -> None:
+    """Raises ValueError naming the flag when a thread or process count of any command is out of bounds
+    (at most a small multiple of this machine's cores: ``hotline.pipeline.threads.max_threads``)."""
+    from hotline.pipeline.threads import check_threads
+
+    for flag, dest, least in COUNT_FLAGS:
+        value = getattr(args, dest, None)
+        if value is not None:
+            check_threads(value, flag, least)
+
+
 def add_progress(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 

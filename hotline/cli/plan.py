@@ -104,6 +104,14 @@ def run(args: argparse.Namespace) -> int:
     from hotline import torchrec_bridge as bridge
 
     try:
+        config = bridge.PlanConfig(  # its bounds are checked before the dataset is read
+            world_size=args.world_size,
+            hbm_per_device=args.hbm_per_gpu,
+            compute_device=args.compute_device,
+            batch_size=args.batch_size,
+            algorithm=args.algorithm,
+            scaleup=not args.no_scaleup,
+        )
         dataset = Dataset(args.dataset)
         placement = Placement.load(args.placement, dataset=dataset) if args.placement else None
         dim = placement.embedding_dim if placement else args.embedding_dim
@@ -119,14 +127,6 @@ def run(args: argparse.Namespace) -> int:
             embedding_dim=dim,
             optimizer=optimizer,
             progress=not args.no_progress,
-        )
-        config = bridge.PlanConfig(
-            world_size=args.world_size,
-            hbm_per_device=args.hbm_per_gpu,
-            compute_device=args.compute_device,
-            batch_size=args.batch_size,
-            algorithm=args.algorithm,
-            scaleup=not args.no_scaleup,
         )
         model = _dlrm_on_meta(bridge.embedding_bag_configs(prof.table_sizes, dim))
         sharding_plan, inputs = bridge.plan(model, prof, config, target=args.target, placement=placement)

@@ -150,9 +150,17 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads:
         set_numba_threads(args.threads)
-    if (args.out is not None or args.always_hot or args.predict) and args.hbm_budget is None:
-        return error("profile", "--out, --always-hot and --predict need --hbm-budget")
+    if (
+        args.out is not None or args.json is not None or args.always_hot or args.predict
+    ) and args.hbm_budget is None:
+        return error(
+            "profile", "--out, --json, --always-hot and --predict need --hbm-budget"
+        )  # else: nothing written
     try:
+        if args.predict:  # a bad hardware description is named before the profile, not after it
+            from hotline.profiling import costmodel
+
+            costmodel.load_hardware(args.hardware, args.host_hardware)
         names = ("sample_batches", "mini_batch_size", "seed", "embedding_dim", "optimizer", "split", "heldout",
                  "heldout_fraction")  # fmt: skip
         profiler = Profiler(

@@ -122,16 +122,12 @@ def add_parser(subparsers: SubParsers) -> None:
         metavar="SIZE",
         help="--mode hotline without --placement: profile first, this budget (256MiB)",
     )
-    p.add_argument(
-        "--lookahead", type=int, default=2, metavar="K", help="hotline: steps gathered ahead (0: sequential)"
-    )
-    p.add_argument(
-        "--worker-threads",
-        type=int,
-        default=1,
-        metavar="N",
-        help="hotline: numba threads of the look-ahead worker",
-    )
+    # --mode hotline's own flags: unset (None) unless given, so that one given for another mode is refused
+    # (MODE_FLAGS); an unset one takes TrainConfig's default, named in its help.
+    p.add_argument("--lookahead", type=int, metavar="K",
+                   help="hotline: steps gathered ahead (0: sequential; default 2)")  # fmt: skip
+    p.add_argument("--worker-threads", type=int, metavar="N",
+                   help="hotline: numba threads of the look-ahead worker (default 1)")  # fmt: skip
     p.add_argument(
         "--share-cores",
         action="store_true",
@@ -140,20 +136,19 @@ def add_parser(subparsers: SubParsers) -> None:
     )
     p.add_argument(
         "--micro-batches",
-        default="auto",
         choices=["auto", "split", "fused"],
         help="hotline: popular and non-popular passes (split), one pass (fused), or auto: split at "
-        "--lookahead 0, fused when the cold rows were gathered ahead",
+        "--lookahead 0, fused when the cold rows were gathered ahead (default auto)",
     )
-    p.add_argument("--replace-every", type=int, default=0, metavar="N",
-                   help="hotline: re-choose the hot rows from online access counts every N steps (0: never)")  # fmt: skip
-    p.add_argument("--replace", default="off", choices=["off", "auto"],
+    p.add_argument("--replace-every", type=int, metavar="N",
+                   help="hotline: re-choose the hot rows from online access counts every N steps (default 0: never)")  # fmt: skip
+    p.add_argument("--replace", choices=["off", "auto"],
                    help="hotline: auto re-chooses when the hot-lookup share falls --replace-threshold below "
-                   "what the placement delivered")  # fmt: skip
-    p.add_argument("--replace-threshold", type=float, default=0.05, metavar="P",
-                   help="fall in hot-lookup share that triggers --replace auto (0.05: 5 points)")  # fmt: skip
-    p.add_argument("--count-decay", type=float, default=0.99, metavar="D",
-                   help="per-step decay of the online access counts")  # fmt: skip
+                   "what the placement delivered (default off)")  # fmt: skip
+    p.add_argument("--replace-threshold", type=float, metavar="P",
+                   help="hotline: fall in hot-lookup share that triggers --replace auto (default 0.05: 5 points)")  # fmt: skip
+    p.add_argument("--count-decay", type=float, metavar="D",
+                   help="hotline: per-step decay of the online access counts (default 0.99)")  # fmt: skip
     p.add_argument("--save-placement", metavar="FILE",
                    help="hotline: write the placement in force at the end (.npz, as `hotline profile --out`)")  # fmt: skip
     p.add_argument(
@@ -190,6 +185,42 @@ def add_parser(subparsers: SubParsers) -> None:
         help="train on N local ranks (data-parallel, through torch.distributed.run, as torchrun does; unset: one process)",
     )
     p.set_defaults(func=run, train_parser=p)
+
+
+# The one table of which flags have an effect in which --mode: a flag given for a mode it has no effect in is
+# refused, every one the same way (unset, these flags are None).
+# --mode auto accepts the hotline flags: they apply when it chooses hotline (--placement and --hbm-budget
+# choose it).
+_HOTLINE = ("hotline", "auto")
+MODE_FLAGS = {
+    "--placement": ("placement", _HOTLINE),
+    "--hbm-budget": ("hbm_budget", _HOTLINE),
+    "--lookahead": ("lookahead", _HOTLINE),
+    "--worker-threads": ("worker_threads", _HOTLINE),
+    "--micro-batches": ("micro_batches", _HOTLINE),
+    "--replace-every": ("replace_every", _HOTLINE),
+    "--replace": ("replace", _HOTLINE),
+    "--replace-threshold": ("replace_threshold", _HOTLINE),
+    "--count-decay": ("count_decay", _HOTLINE),
+    "--save-placement": ("save_placement", _HOTLINE),
+    "--hardware": ("hardware", ("auto",)),
+}
+
+
+def check_mode_flags(args: argparse.Namespace) -> None:
+    """Raises ValueError for the first flag of :data:`MODE_FLAGS` given with a ``--mode`` it has no effect in,
+    and for ``--load`` with ``--resume`` (two starting points)."""
+    for flag, (dest, modes) in MODE_FLAGS.items():
+        if getattr(args, dest, None) is not None and args.mode not in modes:
+            raise ValueError(
+                f"{flag} has an effect with --mode {' or '.join(modes)} only; --mode {args.mode} would ignore it"
+            )
+    if args.load and (args.resume or args.resume_if_present):
+        flag = "--resume" if args.resume else "--resume-if-present"
+        raise ValueError(
+            f"--load {args.load} and {flag} are two starting points (a checkpoint file, or the newest checkpoint "
+            f"in --checkpoint-dir): give one of them"
+        )
 
 
 # TrainConfig fields a preset may set -> the flag that overrides them (as argparse dests).
@@ -267,13 +298,7 @@ def config_from_args(args: argparse.Namespace):
     apply_preset(args)
     if args.mode == "auto" and (args.placement or args.hbm_budget):
         args.mode = "hotline"  # the hot rows are given: nothing left to choose but hotline
-    if args.hardware and args.mode != "auto":
-        raise ValueError(f"--hardware prices the choice of --mode auto; --mode {args.mode} was given")
-    if args.mode not in ("auto", "hotline") and (args.placement or args.hbm_budget):
-        flag = "--placement" if args.placement else "--hbm-budget"
-        raise ValueError(f"{flag} places hot rows for --mode hotline; --mode {args.mode} would ignore it")
-    if args.nproc is not None and args.nproc < 1:
-        raise ValueError(f"--nproc must be >= 1, got {args.nproc}")
+    check_mode_flags(args)
     warn = not os.environ.get("HOTLINE_LAUNCHED") and os.environ.get("RANK", "0") == "0"  # once per run
     if warn and args.threads and args.threads > (os.cpu_count() or 1):
         print(f"hotline train: warning: --threads {args.threads} is more than the {os.cpu_count()} cores",
@@ -284,13 +309,14 @@ def config_from_args(args: argparse.Namespace):
     if args.hbm_budget:
         hbm_budget = parse_size(args.hbm_budget)
     same = ("mode", "mini_batch_size", "learning_rate", "optimizer", "nepochs", "num_batches", "print_freq",
-            "test_freq", "eval_max_samples", "seed", "device", "lookahead", "worker_threads", "share_cores",
-            "micro_batches",
-            "checkpoint_dir", "checkpoint_every", "resume", "resume_if_present", "replace_every", "replace",
-            "replace_threshold", "count_decay", "cold_store", "cold_dir", "cold_io_depth",
-            "lr_decay_start_step")  # fmt: skip
+            "test_freq", "eval_max_samples", "seed", "device", "share_cores", "checkpoint_dir", "checkpoint_every",
+            "resume", "resume_if_present", "cold_store", "cold_dir", "cold_io_depth", "lr_decay_start_step")  # fmt: skip
+    hotline_only = ("lookahead", "worker_threads", "micro_batches", "replace_every", "replace",
+                    "replace_threshold", "count_decay")  # fmt: skip
+    given = {k: v for k, v in flags(args, *hotline_only).items() if v is not None}  # the rest: defaults
     return TrainConfig(
         **flags(args, *same),
+        **given,
         embedding_dim=args.arch_sparse_feature_size,
         bottom_mlp=parse_layers(args.arch_mlp_bot, "--arch-mlp-bot"),
         top_mlp=parse_layers(args.arch_mlp_top, "--arch-mlp-top"),
@@ -323,6 +349,10 @@ def run(args: argparse.Namespace) -> int:
         return error("train", e)
     if (args.nproc or 1) > 1 and not under_torchrun:
         return _launch(args)
+    if under_torchrun:
+        from hotline.distributed.launcher import die_with_launcher
+
+        die_with_launcher()  # a rank of --nproc N never outlives its launcher (kill -9 included)
     return _train(args, distributed=under_torchrun)
 
 
@@ -340,7 +370,8 @@ def _launch(args: argparse.Namespace) -> int:
             from hotline.datasets.format import Dataset
 
             choice = _choose(config, Dataset(args.dataset), args)
-            args.mode, args.lookahead, args.hardware = choice.mode, choice.lookahead, None
+            args.mode, args.hardware = choice.mode, None
+            args.lookahead = choice.lookahead if choice.mode == "hotline" else None  # MODE_FLAGS in the ranks
             args.hbm_budget = str(choice.hbm_budget) if choice.hbm_budget else None
     except ValueError as e:
         return error("train", e)
@@ -350,6 +381,7 @@ def _launch(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace, distributed: bool) -> int:
     """One process's run: the whole training, or this rank's part of it."""
     from hotline.distributed.comm import Comm
+    from hotline.distributed.launcher import EXIT_TRANSIENT, StartError
     from hotline.pipeline.threads import configure_threads
     from hotline.training.checkpoint import load_checkpoint, save_checkpoint
     from hotline.training.preflight import check_train_outputs, finite_json
@@ -369,19 +401,25 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
             configure_threads(config.threads)
         dataset = _dataset(args, comm)
         if args.load:  # a missing checkpoint is named before --mode auto profiles
+            from hotline._paths import check_file
             from hotline.training.checkpoint import CheckpointError
 
-            if not os.path.isfile(args.load):
-                raise CheckpointError(f"checkpoint {args.load} does not exist")
+            check_file(args.load, "checkpoint", CheckpointError)  # a directory, a FIFO, /dev/null: named
+        if args.init_params:  # named before --mode auto profiles, too
+            from hotline._paths import check_file
+
+            check_file(args.init_params, "--init-params")
         chosen = []
 
         def choose(cfg, ds):
-            chosen.append(_choose(cfg, ds, args, comm))
+            chosen.append(_choose(cfg, ds, args, comm, announce=False))
             c = chosen[0]
             return replace(cfg, mode=c.mode, lookahead=c.lookahead, hbm_budget=c.hbm_budget)
 
         trainer = Trainer(config, dataset, comm, choose=choose)
         choice = chosen[0] if chosen else None
+        if choice is not None:  # printed when training starts, after every check of the run's inputs
+            trainer.announce = choice.line()
         try:
             if args.load:
                 step = load_checkpoint(trainer, args.load)
@@ -393,15 +431,20 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
             if args.save:
                 save_checkpoint(trainer, args.save)
             if args.save_placement and comm.rank == 0:
-                placement = getattr(trainer.mode, "placement", None)
-                if placement is None:
-                    raise ValueError("--save-placement: --mode device has no placement")
-                placement.save(args.save_placement)
+                trainer.mode.placement.save(args.save_placement)  # --mode hotline: MODE_FLAGS
         finally:
             trainer.close()
         # Every rank reaches this point before any tears gloo down: destroying the group while a peer's
         # connection is still live made that peer's gloo thread call std::terminate (seen in CI-like runs).
         comm.barrier()
+    except StartError as e:  # gloo could not connect the ranks: one line; --nproc tries a transient one again
+        rank, retried = os.environ.get("RANK", "?"), e.transient and os.environ.get("HOTLINE_LAUNCHED")
+        note = " (transient: the launcher starts the ranks again)" if retried else ""
+        print(
+            f"hotline train: {f'rank {rank}' if retried else f'error (rank {rank})'}: {e}{note}",
+            file=sys.stderr,
+        )
+        return EXIT_TRANSIENT if retried else 2
     except (ValueError, IndexError, FloatingPointError, OSError) as e:
         # User-caused problems (bad dataset, placement, checkpoint, flags, a diverging loss, a full disk):
         # one clear line, no traceback. DatasetError, PlacementError and CheckpointError are ValueErrors.
@@ -442,8 +485,9 @@ def _report_disk(trainer) -> None:
           f"on disk; peak RSS {format_size(rss)}", file=sys.stderr)  # fmt: skip
 
 
-def _choose(config, dataset, args: argparse.Namespace, comm=None):
-    """``--mode auto``'s choice for this run (rank 0 chooses and every rank takes its decision), printed."""
+def _choose(config, dataset, args: argparse.Namespace, comm=None, announce: bool = True):
+    """``--mode auto``'s choice for this run (rank 0 chooses and every rank takes its decision); printed by
+    rank 0 with ``announce`` (else the caller prints :meth:`AutoChoice.line` when training starts)."""
     from hotline.training.auto import AutoChoice, choose_for_run
 
     if comm is None or comm.world_size == 1:
@@ -459,7 +503,7 @@ def _choose(config, dataset, args: argparse.Namespace, comm=None):
         comm.all_reduce_(code, "auto")
         if choice is None:
             choice = AutoChoice.from_code(code.tolist())
-    if comm is None or comm.rank == 0:
+    if announce and (comm is None or comm.rank == 0):
         print(choice.line(), file=sys.stderr)
     return choice
 

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hotline._paths import file_problem
 from hotline.datasets.criteo_raw import (
     BLOCK_BYTES,
     CHUNK_ROWS,
@@ -201,6 +202,12 @@ def detect_layout(paths: list[Path], layout: str = "auto") -> str:
     """The split layout: ``kaggle`` for one input file, ``terabyte`` for several, unless given explicitly."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if layout == "terabyte" and len(paths) < 2:
+        raise ValueError(
+            "--layout terabyte trains on every day file but the last (which becomes val and test): with one "
+            f"file ({paths[0] if paths else 'none'}) there would be 0 training rows; give several day_N files, "
+            "or use --layout kaggle"
+        )
     if layout != "auto":
         return layout
     return "kaggle" if len(paths) == 1 else "terabyte"
@@ -370,8 +377,11 @@ def preprocess(
     if not paths:
         raise ValueError("no raw Criteo files given")
     for p in paths:
-        if not p.is_file():
+        problem = file_problem(p)  # a directory, a FIFO, /dev/null or a symlink loop is named as what it is
+        if problem == "does not exist":
             raise FileNotFoundError(f"raw Criteo file {p} does not exist")
+        if problem is not None:
+            raise ValueError(f"raw Criteo file {p} {problem}")
     if len({p.resolve() for p in paths}) != len(paths):
         raise ValueError(f"a raw file is given twice: {[str(p) for p in paths]}")
     if on_bad_line not in ON_BAD_LINE:

@@ -14,7 +14,9 @@ shorter than L_t fills its remaining columns with -1 (:data:`~hotline.table_layo
 skips. Format 1 (one pooling factor for all tables) stays readable and written for uniform bags.
 
 for ``split`` in ``train``, ``val``, ``test`` (a split may have zero rows). Arrays load with
-``allow_pickle=False`` and ``mmap_mode="r"``: a dataset never has to fit in memory.
+``allow_pickle=False`` semantics (a pickled object array is refused, never run) and are read row range by row
+range (:class:`~hotline.datasets.files.ArrayFile`): a dataset never has to fit in memory. ``meta.json`` records
+every array's size and sampled content digest (``arrays``), checked at open.
 
 Writers go through :class:`DatasetWriter`, which builds the directory under a temporary name and renames it
 into place only when every array and ``meta.json`` are complete, so a failed run leaves nothing behind.
@@ -34,7 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
-from hotline._io import TMP_MARKER, write_json
+from hotline._io import TMP_MARKER, remove_stale_temporaries, write_json
+from hotline._paths import file_problem
+from hotline.datasets.files import ArrayFile, sampled_digest
 from hotline.table_layout import BagLayout, TableLayout
 
 FORMAT_TAG = "hotline-dataset/1"
@@ -73,9 +77,10 @@ class Batch:
 
 
 class Split:
-    """One split (train / val / test) of a dataset: three memory-mapped arrays."""
+    """One split (train / val / test) of a dataset: three array files (:class:`ArrayFile`: indexing one reads
+    rows into memory, and a file changed since it was opened is a DatasetError, never a bus error)."""
 
-    def __init__(self, name: str, dense: np.ndarray, sparse: np.ndarray, labels: np.ndarray):
+    def __init__(self, name: str, dense: ArrayFile, sparse: ArrayFile, labels: ArrayFile):
         self.name = name
         self.dense = dense
         self.sparse = sparse
@@ -88,9 +93,9 @@ class Split:
         """Rows ``start:stop`` as an in-memory :class:`Batch` (copied out of the memory map); ``global_size``:
         the samples of the global mini-batch it is a shard of."""
         return Batch(
-            dense=np.array(self.dense[start:stop]),
-            sparse=np.array(self.sparse[start:stop]),
-            labels=np.array(self.labels[start:stop]),
+            dense=self.dense[start:stop],
+            sparse=self.sparse[start:stop],
+            labels=self.labels[start:stop],
             global_size=global_size,
         )
 
@@ -121,13 +126,24 @@ class Dataset:
         self.path = Path(path)
         meta_path = self.path / "meta.json"
         if not self.path.is_dir():
-            raise DatasetError(f"dataset directory {self.path} does not exist")
-        if not meta_path.is_file():
+            problem = file_problem(self.path)
+            if problem is None or problem.startswith("is "):  # it is something, just not a directory
+                kind = "a regular file" if problem is None else problem[3:].removesuffix(", not a file")
+                problem = f"is not a directory ({kind})"
+            raise DatasetError(f"dataset directory {self.path} {problem}")
+        problem = file_problem(meta_path)
+        if problem == "does not exist":
             raise DatasetError(f"{meta_path} is missing: {self.path} is not a Hotline dataset directory")
+        if problem is not None:
+            raise DatasetError(f"{meta_path} {problem}: {self.path} is not a Hotline dataset directory")
         try:
             meta = json.loads(meta_path.read_text())
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise DatasetError(f"{meta_path} is not valid JSON: {e}") from e
+        if not isinstance(meta, dict):
+            raise DatasetError(
+                f"{meta_path} holds a JSON {type(meta).__name__}, not an object: it was not written by DatasetWriter"
+            )
         if meta.get("format") not in FORMAT_TAGS:
             raise DatasetError(
                 f"{meta_path}: format is {meta.get('format')!r}, expected {FORMAT_TAG!r} (or {FORMAT_TAG_BAGS!r})"
@@ -155,6 +171,44 @@ class Dataset:
         self._splits: dict[str, Split] = {}
         for name in SPLITS:
             self._splits[name] = self._open_split(name, rows[name])
+        self._check_digests(meta_path, meta.get("arrays"))
+
+    def arrays(self) -> dict[str, dict]:
+        """Every array file by name, with its size and sampled content digest (as meta.json records them)."""
+        return {
+            a.path.name: {"bytes": a.offset + a.nbytes, "sha256_sampled": a.digest}
+            for split in self._splits.values()
+            for a in (split.dense, split.sparse, split.labels)
+        }
+
+    @property
+    def content_fingerprint(self) -> str:
+        """A hash of :attr:`fingerprint` and every array's name, size and sampled content digest: what a run
+        read (a file swapped for another dataset's changes it, even where meta.json records no digests)."""
+        key = json.dumps([self.fingerprint, self.arrays()], sort_keys=True)
+        return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+    def _check_digests(self, meta_path: Path, recorded) -> None:
+        """Raises DatasetError for an array whose size or sampled digest differs from meta.json's record (a
+        dataset written before digests were recorded has none to check)."""
+        if recorded is None:
+            return
+        if not isinstance(recorded, dict):
+            raise DatasetError(f"{meta_path} has a malformed field: 'arrays' is not an object")
+        for name, now in self.arrays().items():
+            then = recorded.get(name)
+            if then != now:
+
+                def said(r):
+                    if not isinstance(r, dict):
+                        return "nothing"
+                    return f"{r.get('bytes')} bytes, sampled sha256 {str(r.get('sha256_sampled'))[:12]}"
+
+                raise DatasetError(
+                    f"{self.path / name} is not the file this dataset was written with (meta.json records "
+                    f"{said(then)}; the file has {said(now)}): swapped for, or linked to, another dataset's "
+                    "file? Restore it or regenerate the dataset"
+                )
 
     @property
     def num_tables(self) -> int:
@@ -199,17 +253,15 @@ class Dataset:
         arrays = {}
         for kind, (shape, dtype) in expect.items():
             f = self.path / f"{name}_{kind}.npy"
-            if not f.is_file():
+            problem = file_problem(f)
+            if problem == "does not exist":
                 raise DatasetError(f"{f} is missing (meta.json says split {name!r} has {n} rows)")
+            if problem is not None:
+                raise DatasetError(f"{f} {problem}")
             try:
-                a = np.load(f, mmap_mode="r", allow_pickle=False)
-            except (ValueError, OSError) as e:
+                arrays[kind] = ArrayFile(f, shape, dtype)  # header, dtype, shape and size checked here
+            except OSError as e:
                 raise DatasetError(f"{f} cannot be read as a .npy array: {e}") from e
-            if a.shape != shape or a.dtype != dtype:
-                raise DatasetError(
-                    f"{f} has shape {a.shape} and dtype {a.dtype}; meta.json expects {shape} {np.dtype(dtype)}"
-                )
-            arrays[kind] = a
         return Split(name, arrays["dense"], arrays["sparse"], arrays["labels"])
 
     def __repr__(self) -> str:
@@ -224,6 +276,19 @@ def fingerprint_of(meta: dict) -> str:
         {k: meta[k] for k in ("bag_sizes", "padded") if k in meta}
     )  # format 2 only: old ones unchanged
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def record_arrays(path: str | os.PathLike) -> dict:
+    """Records in ``path``'s meta.json the size and sampled digest of every array file as they are now, after
+    a deliberate edit of the data in place (cleaning values, say); returns the new record. Without it, the
+    edited dataset is refused at open as one whose files were swapped."""
+    path = Path(path)
+    meta = json.loads((path / "meta.json").read_text())
+    meta.pop("arrays", None)
+    write_json(path / "meta.json", meta)  # opened without a record: nothing to disagree with
+    meta["arrays"] = Dataset(path).arrays()
+    write_json(path / "meta.json", meta)
+    return meta["arrays"]
 
 
 def is_dataset_dir(path: str | os.PathLike) -> bool:
@@ -317,6 +382,7 @@ class DatasetWriter:
 
     def __enter__(self) -> DatasetWriter:
         self.out.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(self.out.parent)  # a killed writer's temporary dataset (its pid gone)
         self.tmp.mkdir()  # a fresh random name: never a directory someone else made
         return self
 
@@ -377,10 +443,13 @@ class DatasetWriter:
         meta["fingerprint"] = fingerprint_of(meta)
         if extra:
             meta.update(extra)
-        write_json(self.tmp / "meta.json", meta)
-        for f in self.tmp.iterdir():
+        meta["arrays"] = {}
+        for f in sorted(self.tmp.glob("*.npy")):
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
+                size = os.fstat(fh.fileno()).st_size
+                meta["arrays"][f.name] = {"bytes": size, "sha256_sampled": sampled_digest(fh.fileno(), size)}
+        write_json(self.tmp / "meta.json", meta)
         check_output_dir(self.out, self.overwrite, self.inputs)  # again: it may have changed meanwhile
         if self.out.exists() and any(self.out.iterdir()):
             old = self.out.parent / f".{self.out.name}{TMP_MARKER}old-{os.getpid()}-{secrets.token_hex(4)}"

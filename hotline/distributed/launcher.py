@@ -44,17 +44,66 @@ def _init_process_group(*args, **kwargs) -> None:
     dist.init_process_group(*args, **kwargs)
 
 
+# Start-up failures that a second try usually gets past: a busy machine's sockets (EAGAIN on gloo's connect,
+# a peer that reset or refused the connection), a port taken between being chosen and being bound.
+TRANSIENT = (
+    "Resource temporarily unavailable",
+    "Connection reset by peer",
+    "Connection refused",
+    "Address already in use",
+    "Broken pipe",
+)
+EXIT_TRANSIENT = 75
+"""A rank's exit status when it could not join the group for a transient reason (BSD's EX_TEMPFAIL): the
+``--nproc`` launcher starts every rank again, up to :data:`START_ATTEMPTS` times."""
+START_ATTEMPTS = 3
+LAUNCHER_PID = "HOTLINE_LAUNCHER_PID"
+"""Environment variable: the pid of the ``--nproc`` launcher, whose ranks die with it."""
+
+
+class StartError(RuntimeError):
+    """The ranks could not form their process group; ``transient`` when trying again may succeed."""
+
+    def __init__(self, message: str, transient: bool):
+        super().__init__(message)
+        self.transient = transient
+
+
 def init_from_env(device: str = "cpu") -> Comm:
     """Joins the process group torchrun described in the environment (RANK, WORLD_SIZE, MASTER_*), with the
-    backend of ``device`` (this rank's compute device, bound to the process first: NCCL needs it)."""
+    backend of ``device`` (this rank's compute device, bound to the process first: NCCL needs it). A failure
+    is a :class:`StartError` with the backend's first line (``transient`` for the errors of :data:`TRANSIENT`)."""
     import torch.distributed as dist
 
     from hotline.pipeline.threads import bind_device
 
     bind_device(device)
     if not dist.is_initialized():
-        _init_process_group(backend_for(device))
+        backend = backend_for(device)
+        try:
+            _init_process_group(backend)
+        except (RuntimeError, OSError) as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            transient = any(t in str(e) for t in TRANSIENT)
+            raise StartError(f"the ranks could not form their {backend} group: {first}", transient) from e
     return Comm.from_process_group()
+
+
+def die_with_launcher() -> None:
+    """Makes this rank die with the ``--nproc`` launcher that started it (Linux: the parent-death signal,
+    SIGKILL, through prctl); a rank whose launcher is already gone exits now. Elsewhere it does nothing: the
+    elastic agent stops its ranks whenever it ends normally."""
+    launcher = os.environ.get(LAUNCHER_PID)
+    if launcher is None or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return  # not allowed here (a seccomp sandbox): the elastic agent's own clean-up still applies
+    if os.getppid() != int(launcher):  # it died before the signal was armed
+        os._exit(128 + signal.SIGKILL)
 
 
 def worker_threads(threads: int) -> int:
@@ -151,7 +200,11 @@ def train_and_dump(comm: Comm, jobs: list[tuple[TrainConfig, str, str]]) -> None
 
 
 def launch(nproc: int, argv: list[str]) -> int:
-    """Starts ``python -m hotline <argv>`` on ``nproc`` local ranks through torch's elastic launcher (torchrun)."""
+    """Starts ``python -m hotline <argv>`` on ``nproc`` local ranks through torch's elastic launcher (torchrun).
+
+    The ranks die with this process (:func:`die_with_launcher`). A start-up that fails for a transient
+    reason (a rank exits :data:`EXIT_TRANSIENT`) is tried again with every rank, on a fresh port, up to
+    :data:`START_ATTEMPTS` times; then it is one line and exit 2."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
@@ -165,13 +218,26 @@ def launch(nproc: int, argv: list[str]) -> int:
     # the ranks see HOTLINE_LAUNCHED and leave the one "interrupted" line to this process.
     handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
     handlers = {s: signal.getsignal(s) for s in handled}
-    launched = os.environ.get("HOTLINE_LAUNCHED")
+    saved = {k: os.environ.get(k) for k in ("HOTLINE_LAUNCHED", LAUNCHER_PID)}
     os.environ["HOTLINE_LAUNCHED"] = "1"
+    os.environ[LAUNCHER_PID] = str(os.getpid())
     try:
-        run(launcher_args)
-    except ChildFailedError as e:
-        codes = [f.exitcode for f in e.failures.values()]
-        return next((c for c in codes if c and c > 0), 1)
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                run(launcher_args)
+                break
+            except ChildFailedError as e:
+                codes = [f.exitcode for f in e.failures.values()]
+                if EXIT_TRANSIENT not in codes:
+                    return next((c for c in codes if c and c > 0), 1)
+                if attempt == START_ATTEMPTS:
+                    print(
+                        f"hotline {argv[0]}: error: the ranks could not form their process group after "
+                        f"{START_ATTEMPTS} tries (a transient error each time; see the ranks' lines above): "
+                        "try again, or with fewer --nproc on a busy machine",
+                        file=sys.stderr,
+                    )
+                    return 2
     except SignalException as e:
         from hotline.cli.args import ignore_further_interrupts
 
@@ -185,8 +251,11 @@ def launch(nproc: int, argv: list[str]) -> int:
         for s, h in handlers.items():
             if h is not None and not (s == signal.SIGINT and signal.getsignal(s) == signal.SIG_IGN):
                 signal.signal(s, h)
-        if launched is None:
-            os.environ.pop("HOTLINE_LAUNCHED", None)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     return 0
 
 

@@ -39,6 +39,33 @@ class _Failure:
         self.exc = exc
 
 
+THREADS_PER_CORE = 4
+"""At most this many torch/numba threads per core (``--threads``, ``--worker-threads``, ``--nproc``): more only
+slows a run down, and tens of thousands crash the OpenMP runtime (a segfault, not an error)."""
+
+
+def max_threads() -> int:
+    """The most threads (or local ranks) a flag may ask for on this machine."""
+    import os
+
+    return THREADS_PER_CORE * (os.cpu_count() or 1)
+
+
+def check_threads(threads: int, flag: str = "--threads", least: int = 0) -> int:
+    """Returns ``threads`` if it is in [least, :func:`max_threads`], else raises ValueError naming ``flag``."""
+    import os
+
+    top = max_threads()
+    if threads < least:
+        raise ValueError(f"{flag} must be >= {least}{' (0: all cores)' if least == 0 else ''}, got {threads}")
+    if threads > top:
+        raise ValueError(
+            f"{flag} must be at most {top} ({THREADS_PER_CORE} x this machine's {os.cpu_count() or 1} cores), "
+            f"got {threads}"
+        )
+    return threads
+
+
 def set_numba_threads(threads: int | None) -> None:
     """Sets this thread's Numba thread count (clipped to what Numba was started with); None leaves it."""
     if threads is None:
@@ -95,7 +122,7 @@ def configure_threads(threads: int) -> int:
     import numba
     import torch
 
-    n = threads or os.cpu_count() or 1
+    n = check_threads(threads) or os.cpu_count() or 1
     torch.set_num_threads(n)
     numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
     return n

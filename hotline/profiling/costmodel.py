@@ -177,10 +177,20 @@ def load_hardware(spec: str | os.PathLike | dict, host: str | os.PathLike | dict
     """A hardware description: a dict, a JSON file (from ``hotline calibrate``), or the name of a known GPU
     (``H100``, ``H200``, ...), whose host side comes from ``host`` (a calibration JSON; default: the typical
     host figures shipped with the GPU table)."""
+    from hotline._paths import file_problem
+    from hotline.profiling.hardware import check_hardware
+
+    source = str(spec)
     if isinstance(spec, dict):
-        hw = dict(spec)
-    elif Path(spec).is_file():
-        hw = json.loads(Path(spec).read_text())
+        hw, source = dict(spec), "(given as a dict)"
+    elif Path(spec).exists() or Path(spec).is_symlink() or str(spec).endswith(".json"):
+        problem = file_problem(spec)
+        if problem is not None:
+            raise ValueError(f"hardware file {spec} {problem}")
+        try:
+            hw = json.loads(Path(spec).read_text())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ValueError(f"hardware file {spec} is not valid JSON: {e}") from None
     else:
         gpus = known_gpus()
         name = str(spec)
@@ -197,10 +207,7 @@ def load_hardware(spec: str | os.PathLike | dict, host: str | os.PathLike | dict
         )
         hw = {**base, "name": f"{match} + {base.get('name', 'host')}", "device": gpu["device"],
               "link": gpu["link"], "sources": gpu.get("sources", [])}  # fmt: skip
-    for section in ("host", "device", "link"):
-        if section not in hw:
-            raise ValueError(f"hardware description has no {section!r} section")
-    return hw
+    return check_hardware(hw, source)
 
 
 # ---------------------------------------------------------------------------------------------- phases

@@ -11,8 +11,9 @@ verbs, whatever the store is:
   owners);
 - ``write_back(fetch, values, state)``: stores the updated working rows (where the copy was updated).
 
-:class:`LocalColdStore` keeps the rows in this process's host memory (pinned in place on CUDA), and is the
-store of one rank; ``hotline.tiers.sharded_store.ShardedColdStore`` spreads them over N ranks;
+:class:`LocalColdStore` keeps the rows in this process's host memory (pageable: copies go through pinned
+staging buffers, nothing reads the tier in place; ``pin=True`` registers it), and is the store of one rank;
+``hotline.tiers.sharded_store.ShardedColdStore`` spreads them over N ranks;
 ``hotline.tiers.disk_store.DiskColdStore`` keeps them in a file on local disk, read
 and written in place (tables beyond DRAM).
 """

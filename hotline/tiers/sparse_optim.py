@@ -14,6 +14,11 @@ import torch
 from hotline.kernels import sparse_update
 from hotline.table_layout import OPTIMIZERS, state_floats_per_row
 
+MAX_LEARNING_RATE = float(np.finfo(np.float32).max)
+"""The largest learning rate accepted: float32's largest number (3.4e38), which the tables' updates take it
+as. A larger one is not a number there (a traceback inside torch); a merely huge one diverges, and the run
+stops at the first non-finite loss with its one line (exit 3)."""
+
 
 @dataclass(frozen=True)
 class SparseOptimizer:
@@ -29,8 +34,11 @@ class SparseOptimizer:
     def __post_init__(self) -> None:
         if self.kind not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.kind!r}")
-        if not self.lr > 0:
-            raise ValueError(f"learning rate must be positive, got {self.lr}")
+        if not 0 < self.lr <= MAX_LEARNING_RATE:  # NaN fails too
+            raise ValueError(
+                f"learning rate (--learning-rate) must be positive and at most {MAX_LEARNING_RATE:.4g} (float32's "
+                f"largest), got {self.lr}"
+            )
 
     def set_lr(self, lr: float) -> None:
         """Sets the learning rate of the next updates (the schedule's one change to this rule, between steps;

@@ -21,6 +21,7 @@ from torchrec.distributed.types import (
 )
 
 from hotline._io import atomic_write, write_json
+from hotline._paths import check_file
 from hotline.placement import Placement
 from hotline.torchrec_bridge.planning import (
     ALGORITHMS,
@@ -98,11 +99,9 @@ def _plain(v):
 def load_plan(path: str | os.PathLike) -> ShardingPlan:
     """Reads a ``plan.json`` written by :func:`export_plan` back into a torchrec ``ShardingPlan``, cache
     parameters (algorithm, load factor) included (the statistics are not stored)."""
-    path = Path(path)
+    path = check_file(path, "plan file", PlanError)
     try:
         doc = json.loads(path.read_text())
-    except FileNotFoundError as e:
-        raise PlanError(f"plan file {path} does not exist") from e
     except json.JSONDecodeError as e:
         raise PlanError(f"plan file {path} is not valid JSON: {e}") from e
     if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT:
@@ -194,8 +193,7 @@ def load_hot_rows(path: str | os.PathLike, dataset=None) -> HotRows:
     """Reads a side-car written by :func:`save_hot_rows` (or :func:`export_plan`); with ``dataset`` (a
     Dataset) also checks it was made from that dataset."""
     path = Path(path)
-    if not path.is_file():
-        raise PlanError(f"hot-rows file {path} does not exist")
+    check_file(path, "hot-rows file", PlanError)
     try:
         with np.load(path, allow_pickle=False) as z:
             if str(z["format"]) != HOT_ROWS_FORMAT:

@@ -69,6 +69,11 @@ def embedding_bag_configs(
     ]
 
 
+MAX_WORLD_SIZE = 1024
+"""The most devices one plan is made for: torchrec's planner time grows with the device count (over a minute for
+512 on two busy cores), and at a million it prints nothing for hours."""
+
+
 @dataclass
 class PlanConfig:
     """Where and how to plan: the devices, their memory, and how Hotline's hot share maps to torchrec."""
@@ -99,6 +104,11 @@ class PlanConfig:
     def __post_init__(self) -> None:
         if int(self.world_size) < 1:
             raise ValueError(f"world_size must be at least 1, got {self.world_size}")
+        if int(self.world_size) > MAX_WORLD_SIZE:
+            raise ValueError(
+                f"world_size (--world-size) must be at most {MAX_WORLD_SIZE}, got {self.world_size}: torchrec's "
+                "planner takes longer the more devices; plan one group of nodes and repeat its plan"
+            )
         self.hbm_per_device = parse_size(self.hbm_per_device)
         if self.hbm_per_device <= 0:
             raise ValueError("hbm_per_device must be positive")

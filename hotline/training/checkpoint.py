@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from hotline import _io
+from hotline._paths import check_file
 from hotline.distributed.comm import Comm
 
 CHECKPOINT_FORMAT = "hotline-checkpoint/1"
@@ -76,7 +77,7 @@ def run_fingerprint(trainer) -> dict:
             **dcn_arch(cfg),
         },
         "optimizer": cfg.optimizer,
-        "dataset": trainer.dataset.fingerprint,
+        "dataset": trainer.dataset.content_fingerprint,  # every array it reads: a swapped file differs
         "mini_batch_size": int(cfg.mini_batch_size),
         "world_size": int(N),
         "placement": hot,
@@ -167,8 +168,7 @@ def save_checkpoint(trainer, base: str | os.PathLike) -> Path:
 def read_checkpoint(path: str | os.PathLike) -> dict:
     """Loads and verifies one checkpoint file (digest, safe unpickling, format); touches no trainer."""
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist")
+    check_file(path, "checkpoint", CheckpointError)  # missing, a directory, a FIFO, /dev/null: named
     digest = _io.digest_path(path)
     if digest.is_file() and _io.sha256(path) != _io.read_digest(path):
         raise CheckpointError(

@@ -1,4 +1,4 @@
-"""Checks before the first training step: every output can be written, the input data is finite.
+"""Checks before the first training step: every output can be written, the input data is in range.
 
 A run that would fail after hours (an unwritable ``--dump-params``, a ``--checkpoint-dir`` below a file) fails
 here, before any step, with one clear line naming the flag. Every output is treated the same way: its
@@ -57,20 +57,35 @@ def check_train_outputs(config, save: str | os.PathLike | None = None) -> None:
     check_outputs(files, {"--checkpoint-dir": config.checkpoint_dir})
 
 
-def check_finite(dataset_path, split, start: int, dense: np.ndarray, labels: np.ndarray) -> None:
-    """Raises DatasetError naming the file and row if a dense feature or label of rows ``start..`` of
-    ``split`` is NaN or infinite (it would turn the loss into NaN much later)."""
+DENSE_LIMIT = 1e6
+"""The largest magnitude a dense feature may have. Hotline's readers write log(x+1) of the raw counts (at most
+about 44 for a 64-bit count); a value near float32's limit (3e38) overflows the first layer to infinity, and
+the run would end much later in a NaN loss blamed on the learning rate."""
+
+
+def check_values(dataset_path, split, start: int, dense: np.ndarray, labels: np.ndarray) -> None:
+    """Raises DatasetError naming the file, row (and column) of the first bad value of rows ``start..`` of
+    ``split``: a dense feature or label that is NaN or infinite, a dense feature beyond +-:data:`DENSE_LIMIT`,
+    or a label outside [0, 1] (click labels are 0 or 1; soft labels between them are accepted)."""
     from hotline.datasets.format import DatasetError
 
-    for kind, a in (("dense", dense), ("labels", labels)):
-        bad = ~np.isfinite(a)
+    rules = (
+        ("dense", dense, ~np.isfinite(dense), "the input data must be finite (regenerate or clean the dataset)"),
+        ("labels", labels, ~np.isfinite(labels), "the input data must be finite (regenerate or clean the dataset)"),
+        ("dense", dense, np.abs(dense) > DENSE_LIMIT,
+         f"dense features must lie within [-{DENSE_LIMIT:g}, {DENSE_LIMIT:g}] (Hotline's readers write log(x+1) "
+         "of the raw values): rescale the data"),
+        ("labels", labels, (labels < 0) | (labels > 1),
+         "labels must lie in [0, 1] (click labels are 0 or 1; soft labels between them are accepted)"),
+    )  # fmt: skip
+    for kind, a, bad, expected in rules:
         if bad.any():
             where = np.argwhere(bad)[0]
             row = start + int(where[0])
             column = f", column {int(where[1])}" if a.ndim > 1 else ""
+            name = Path(dataset_path) / f"{split.name}_{kind}.npy"
             raise DatasetError(
-                f"{Path(dataset_path) / f'{split.name}_{kind}.npy'}, row {row}{column}: the value is {float(a[tuple(where)])}; "
-                f"the input data must be finite (regenerate or clean the dataset)"
+                f"{name}, row {row}{column}: the value is {float(a[tuple(where)])}; {expected}"
             )
 
 
@@ -90,6 +105,18 @@ def finite_json(record) -> str:
 
 
 _CHUNK_ROWS = 1 << 18
+
+
+def check_all_values(dataset) -> None:
+    """:func:`check_values` over every row of every split, in chunks, before the first step: a bad value in
+    the validation split is named now, not after hours of training."""
+    for name in ("train", "val", "test"):
+        split = dataset.split(name)
+        for lo in range(0, len(split), _CHUNK_ROWS):
+            hi = min(lo + _CHUNK_ROWS, len(split))
+            check_values(
+                dataset.path, split, lo, np.asarray(split.dense[lo:hi]), np.asarray(split.labels[lo:hi])
+            )
 
 
 def check_ids(dataset) -> None:

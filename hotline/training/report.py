@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from hotline import _io
+from hotline._paths import check_file
 
 MOVEMENT = ("dispatch", "gather", "h2d", "write_back")
 RATE_SERIES = (  # record key, legend name, line style
@@ -30,8 +31,7 @@ PHASES = ("dispatch", "gather", "h2d", "popular_compute", "non_popular_compute",
 def read_metrics(path: str | os.PathLike) -> list[dict]:
     """The records of a ``--metrics`` .jsonl file (ValueError naming the file and line of a bad one)."""
     path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"metrics file {path} does not exist")
+    check_file(path, "metrics file")  # missing, a directory, a FIFO, /dev/null: named
     records = []
     with open(path) as f:
         for i, line in enumerate(f, 1):

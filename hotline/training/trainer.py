@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from hotline import _io
+from hotline._paths import check_file
 from hotline.datasets.format import Batch, Dataset, Split
 from hotline.distributed.comm import Comm, shard_bounds
 from hotline.models.dlrm import DLRM
@@ -38,7 +39,14 @@ from hotline.tiers.sparse_optim import SparseOptimizer
 from hotline.training.config import TrainConfig, resolve_device
 from hotline.training.logs import LogLines
 from hotline.training.metrics import accuracy, log_loss, roc_auc
-from hotline.training.preflight import check_finite, check_ids, check_memory, check_train_outputs, finite_json
+from hotline.training.preflight import (
+    check_all_values,
+    check_ids,
+    check_memory,
+    check_train_outputs,
+    check_values,
+    finite_json,
+)
 
 # Step counters that are summed over ranks (in the dense all-reduce); the rest are this rank's own.
 SUMMED_COUNTERS = ("popular_samples", "working_set_rows", "stale_rows", "lookups", "hot_lookups")
@@ -75,6 +83,7 @@ class Trainer:
                     "mode 'auto' is chosen before training: pass choose= (as `hotline train` does, with "
                     "hotline.training.auto.choose_for_run) or give device, hybrid or hotline"
                 )
+            self._check_data()  # before the choice profiles and times anything
             config = self.config = choose(config, self.dataset)
         self.model = DLRM(config.model_config(self.dataset.table_sizes), seed=config.seed).to(config.device)
         self.sparse_opt = SparseOptimizer(config.optimizer, config.learning_rate)
@@ -89,6 +98,8 @@ class Trainer:
 
             start_counting(self.mode, config)
         self.step_count = 0
+        self.announce: str | None = None
+        """A line :meth:`fit` prints once its checks pass, before step 1 (``--mode auto``'s choice)."""
         self._executor = None
         self.history: list[dict] = []
         self._metrics_file = None
@@ -134,7 +145,7 @@ class Trainer:
                 start, stop = b * B, min((b + 1) * B, len(split))
                 lo, hi = shard_bounds(stop - start, r, N)
                 batch = split.batch(start + lo, start + hi, global_size=stop - start)
-                check_finite(self.dataset.path, split, start + lo, batch.dense, batch.labels)
+                check_values(self.dataset.path, split, start + lo, batch.dense, batch.labels)
                 yield batch
             first = 0
 
@@ -214,6 +225,15 @@ class Trainer:
         for k, v in zip(summed, counts):
             stats.counters[k] = float(v)
 
+    def _check_data(self) -> None:
+        """Every split's ids, dense values and labels, read once (before the first step, or before --mode
+        auto's choice): a bad one is named with its file and row now, not at its step hours later."""
+        if getattr(self, "_data_checked", False):
+            return
+        check_ids(self.dataset)
+        check_all_values(self.dataset)  # a NaN, a 3e38 or a label 2.0, with its file, row and column
+        self._data_checked = True
+
     def fit(self) -> dict:
         """Runs the whole training; returns the summary record (also the last line of ``--metrics``)."""
         from tqdm import tqdm  # imported here: the GPU benchmark image has no tqdm and never calls fit()
@@ -222,7 +242,7 @@ class Trainer:
 
         cfg = self.config
         check_train_outputs(cfg)  # before step 1, not after the last one
-        check_ids(self.dataset)  # every split: a bad id names its file and sample now, not at its step
+        self._check_data()
         total = self.train_steps()
         if total == 0:
             raise ValueError(f"the training split of {self.dataset.path} has no rows to train on")
@@ -230,6 +250,8 @@ class Trainer:
         resume = cfg.resume or cfg.resume_if_present
         if checkpoints is not None and checkpoints.start(self, resume, cfg.resume_if_present) is not None:
             print(f"resumed from {checkpoints.latest()} at step {self.step_count}", file=sys.stderr)
+        if self.announce and self.comm.rank == 0:  # every check passed: training starts now
+            print(self.announce, file=sys.stderr)
         if cfg.metrics_path:  # append-only: flushed after every record
             Path(cfg.metrics_path).parent.mkdir(parents=True, exist_ok=True)
             self._metrics_file = open(cfg.metrics_path, "a" if self.step_count else "w")
@@ -377,7 +399,7 @@ class Trainer:
             stop = min(start + self.config.eval_batch_size, n)
             lo, hi = shard_bounds(stop - start, r, N)
             b = split.batch(start + lo, start + hi)
-            check_finite(self.dataset.path, split, start + lo, b.dense, b.labels)
+            check_values(self.dataset.path, split, start + lo, b.dense, b.labels)
             pooled = self.mode.pooled_eval(b.sparse)
             if len(b):
                 dense = torch.from_numpy(b.dense).to(self.config.device)
@@ -464,6 +486,7 @@ class Trainer:
 
 def read_params(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """The arrays of a parameter .npz (as ``--dump-params`` writes), no pickles; ValueError if unreadable."""
+    check_file(path, "--init-params")  # a FIFO would block np.load forever
     try:
         z = np.load(path, allow_pickle=False)
         if not isinstance(z, np.lib.npyio.NpzFile):
