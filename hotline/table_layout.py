@@ -17,22 +17,28 @@ import numpy as np
 
 PAD_ID = -1
 """The id that fills a bag shorter than its table's bag size: every kernel skips it, pooling ignores it."""
-OPTIMIZERS = ("sgd", "rowwise-adagrad")
-_STATE_FLOATS = {"sgd": 0, "rowwise-adagrad": 1}
+OPTIMIZERS = ("sgd", "rowwise-adagrad", "adagrad", "adam")
+# State floats of a row as (per row, per element): Adam keeps two moments per element and a step count per row.
+_STATE_FLOATS = {"sgd": (0, 0), "rowwise-adagrad": (1, 0), "adagrad": (0, 1), "adam": (1, 2)}
 
 
-def state_floats_per_row(optimizer: str) -> int:
-    """Optimizer state floats kept per embedding row: none for SGD, one for row-wise Adagrad."""
+def state_floats_per_row(optimizer: str, embedding_dim: int = 0) -> int:
+    """Optimizer state floats kept per embedding row of width ``embedding_dim``: none for SGD, one for row-wise
+    Adagrad, D for Adagrad (one accumulator per element), 2 D + 1 for Adam (two moments per element and the
+    row's step count)."""
     if optimizer not in _STATE_FLOATS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
-    return _STATE_FLOATS[optimizer]
+    per_row, per_element = _STATE_FLOATS[optimizer]
+    if per_element and embedding_dim <= 0:
+        raise ValueError(f"the state of optimizer {optimizer!r} depends on the embedding dim: give it (> 0)")
+    return per_row + per_element * embedding_dim
 
 
 def bytes_per_row(embedding_dim: int, optimizer: str) -> int:
     """Bytes one embedding row costs wherever it lives: float32 weights plus its optimizer state."""
     if embedding_dim <= 0:
         raise ValueError(f"embedding_dim must be positive, got {embedding_dim}")
-    return 4 * (embedding_dim + state_floats_per_row(optimizer))
+    return 4 * (embedding_dim + state_floats_per_row(optimizer, embedding_dim))
 
 
 class TableLayout:

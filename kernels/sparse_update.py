@@ -151,6 +151,93 @@ def sparse_rowwise_adagrad_(
     return int(rows.shape[0])
 
 
+# -- per-element Adagrad and Adam (FBGEMM's EmbOptimType.ADAGRAD and ADAM) --------------------------------
+# Their state is a [rows, S] float32 array: Adagrad S = D (one accumulator per element), Adam S = 2 D + 1 (the
+# first moments, the second moments, then the row's step counter).
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def _adagrad_apply(table, state, rows, gsum, lr, eps):
+    """FBGEMM's ADAGRAD: per element, ``state += g^2``; ``w -= lr * g / (sqrt(state) + eps)``."""
+    D = table.shape[1]
+    for s in prange(rows.shape[0]):
+        r = rows[s]
+        for d in range(D):
+            g = gsum[s, d]
+            state[r, d] += g * g
+            table[r, d] -= lr * g / (np.sqrt(state[r, d]) + eps)
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def _adam_apply(table, state, rows, gsum, lr, beta1, beta2, eps):
+    """FBGEMM's ADAM with row-wise bias correction: the row's counter t += 1, then per element
+    ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g^2``, ``w -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)``."""
+    D = table.shape[1]
+    one = np.float32(1.0)
+    for s in prange(rows.shape[0]):
+        r = rows[s]
+        t = state[r, 2 * D] + one
+        state[r, 2 * D] = t
+        c1 = one - beta1**t
+        c2 = one - beta2**t
+        for d in range(D):
+            g = gsum[s, d]
+            m = beta1 * state[r, d] + (one - beta1) * g
+            v = beta2 * state[r, D + d] + (one - beta2) * g * g
+            state[r, d] = m
+            state[r, D + d] = v
+            table[r, d] -= lr * (m / c1) / (np.sqrt(v / c2) + eps)
+
+
+def _check_state(table: np.ndarray, state: np.ndarray, width: int) -> None:
+    if state.dtype != np.float32 or state.shape != (table.shape[0], width) or not state.flags.c_contiguous:
+        raise ValueError(
+            f"state must be a C-contiguous float32 [{table.shape[0]}, {width}] array, got {state.dtype} {state.shape}"
+        )
+
+
+def sparse_adagrad_(
+    table: np.ndarray,
+    state: np.ndarray,
+    ids: np.ndarray,
+    grads: np.ndarray,
+    lr: float,
+    eps: float,
+    scratch: np.ndarray | None = None,
+) -> int:
+    """In place per-element Adagrad (FBGEMM's ADAGRAD): per touched row r with summed gradient g,
+    ``state[r] += g*g``; ``table[r] -= lr * g / (sqrt(state[r]) + eps)``. ``state`` [rows, D]. Returns the
+    rows touched."""
+    ids = _check(table, ids, grads)
+    _check_state(table, state, table.shape[1])
+    rows, gsum = coalesce(ids, grads, scratch, table.shape[0])
+    _adagrad_apply(table, state, rows, gsum, np.float32(lr), np.float32(eps))
+    return int(rows.shape[0])
+
+
+def sparse_adam_(
+    table: np.ndarray,
+    state: np.ndarray,
+    ids: np.ndarray,
+    grads: np.ndarray,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    scratch: np.ndarray | None = None,
+) -> int:
+    """In place Adam (FBGEMM's ADAM, row-wise bias correction) of every touched row: ``state`` [rows, 2 D + 1]
+    holds the first moments, the second moments and the row's step count (see ``_adam_apply``). Returns the
+    rows touched."""
+    ids = _check(table, ids, grads)
+    _check_state(table, state, 2 * table.shape[1] + 1)
+    rows, gsum = coalesce(ids, grads, scratch, table.shape[0])
+    _adam_apply(
+        table, state, rows, gsum, np.float32(lr), np.float32(beta1), np.float32(beta2), np.float32(eps)
+    )
+    return int(rows.shape[0])
+
+
 @njit(cache=True, parallel=True, nogil=True)
 def _accumulate_rows(grads, pos, inverse, u, n_threads, out):
     """``out[inverse[j]] += grads[pos[j]]`` in input order (thread c owns a range of output rows)."""
@@ -174,8 +261,11 @@ def sparse_update_parts_(
     lr: float,
     eps: float,
     scratch: np.ndarray,
+    beta1: float = 0.9,
+    beta2: float = 0.999,
 ) -> int:
-    """One sparse update (``kind`` ``sgd`` or ``rowwise-adagrad``) from gradients spread over several matrices.
+    """One sparse update (``kind`` ``sgd``, ``rowwise-adagrad``, ``adagrad`` or ``adam``; ``beta1``/``beta2``:
+    Adam's) from gradients spread over several matrices.
 
     Each part is ``(ids, grads, pos)``: lookup j of the part updates row ``ids[j]`` with ``grads[pos[j]]``
     (``pos=None``: ``grads[j]``). Duplicates across all parts are summed in part order, then input order,
@@ -210,6 +300,14 @@ def sparse_update_parts_(
     rows = uniq[:u]
     if kind == "sgd":
         _sgd_apply(table, rows, gsum, np.float32(lr))
+    elif kind == "adagrad":
+        _check_state(table, state, table.shape[1])
+        _adagrad_apply(table, state, rows, gsum, np.float32(lr), np.float32(eps))
+    elif kind == "adam":
+        _check_state(table, state, 2 * table.shape[1] + 1)
+        _adam_apply(
+            table, state, rows, gsum, np.float32(lr), np.float32(beta1), np.float32(beta2), np.float32(eps)
+        )
     else:
         _rowwise_adagrad_apply(table, state, rows, gsum, np.float32(lr), np.float32(eps))
     return int(u)

@@ -35,6 +35,42 @@ def sparse_rowwise_adagrad(table, state, ids, grads, lr, eps):
     return table, state
 
 
+def _summed(ids, grads, r, dim):
+    g = np.zeros(dim, dtype=np.float32)
+    for j, i in enumerate(ids):
+        if i == r:
+            g += grads[j]
+    return g
+
+
+def sparse_adagrad(table, state, ids, grads, lr, eps):
+    """Row by row, element by element: summed gradient g, state += g^2, w -= lr * g / (sqrt(state) + eps)."""
+    table, state = table.copy(), state.copy()
+    for r in sorted(set(int(i) for i in ids)):
+        g = _summed(ids, grads, r, table.shape[1])
+        state[r] += g * g
+        table[r] -= np.float32(lr) * g / (np.sqrt(state[r]) + np.float32(eps))
+    return table, state
+
+
+def sparse_adam(table, state, ids, grads, lr, beta1, beta2, eps):
+    """Row by row: summed gradient g; the row's counter t += 1 (last state column); m and v (the first D and
+    next D columns) move as Adam's moments; w -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)."""
+    table, state = table.copy(), state.copy()
+    D = table.shape[1]
+    f = np.float32
+    for r in sorted(set(int(i) for i in ids)):
+        g = _summed(ids, grads, r, D)
+        state[r, 2 * D] += f(1)
+        t = state[r, 2 * D]
+        m = f(beta1) * state[r, :D] + (f(1) - f(beta1)) * g
+        v = f(beta2) * state[r, D : 2 * D] + (f(1) - f(beta2)) * g * g
+        state[r, :D], state[r, D : 2 * D] = m, v
+        c1, c2 = f(1) - f(beta1) ** t, f(1) - f(beta2) ** t
+        table[r] -= f(lr) * (m / c1) / (np.sqrt(v / c2) + f(eps))
+    return table, state
+
+
 # ---------------------------------------------------------------- kernels/profile.py (popularity profiler)
 
 

@@ -16,7 +16,13 @@ It reads a dataset directory's ``.npy`` arrays directly (``{split}_dense/sparse/
 - SGD: ``p -= lr * g`` (dense parameters and every row a batch looked up);
 - row-wise Adagrad (FBGEMM's EXACT_ROWWISE_ADAGRAD) for embedding rows, per row looked up in the batch with its
   summed gradient g [D]: ``state += mean(g^2)``; ``row -= lr * g / (sqrt(state) + eps)``; dense parameters get
-  element-wise Adagrad: ``state += g^2``; ``p -= lr * g / (sqrt(state) + eps)``.
+  element-wise Adagrad: ``state += g^2``; ``p -= lr * g / (sqrt(state) + eps)``;
+- Adagrad (FBGEMM's ADAGRAD) for embedding rows: the same element-wise rule on each looked-up row's summed
+  gradient; dense parameters as with row-wise Adagrad;
+- Adam (FBGEMM's ADAM with row-wise bias correction) for embedding rows: each looked-up row counts its own
+  updates t, then per element (b1, b2 rounded to float32 as FBGEMM takes them) ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g^2``,
+  ``row -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)``; dense parameters: Adam with the global step t
+  as torch.optim.Adam writes it, ``p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)``.
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ import numpy as np
 import torch
 
 EPS = 1e-8
+BETA1, BETA2 = 0.9, 0.999  # dense Adam's (torch.optim.Adam takes them as Python floats)
+# FBGEMM takes the betas as float32: 1 - 0.999f = 0.00100005, not 0.001 (the rows' Adam uses these)
+ROW_BETA1, ROW_BETA2 = float(np.float32(BETA1)), float(np.float32(BETA2))
 
 
 def read_split(dataset_dir, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -86,7 +95,8 @@ class ReferenceDLRM:
     def __init__(
         self, params: dict[str, np.ndarray], interaction: str, optimizer: str, lr: float, bag_sizes=None
     ):
-        assert interaction in ("dot", "cat", "dcn") and optimizer in ("sgd", "rowwise-adagrad")
+        assert interaction in ("dot", "cat", "dcn")
+        assert optimizer in ("sgd", "rowwise-adagrad", "adagrad", "adam")
         self.interaction, self.optimizer, self.lr = interaction, optimizer, lr
         # bag_sizes: ids come as [N, C], table t's bag in its own L_t columns, -1 an empty slot (no lookup)
         self.bag_sizes = bag_sizes
@@ -105,7 +115,12 @@ class ReferenceDLRM:
         self.tables = [torch.tensor(params[f"embedding.table_{t}"]) for t in range(T)]
         self.dense_params = [p for layer in self.bottom + self.cross + self.top for p in layer]
         self.dense_state = [torch.zeros_like(p) for p in self.dense_params]
+        self.dense_m = [torch.zeros_like(p) for p in self.dense_params]  # Adam's first moments
+        self.steps = 0
         self.row_state = [torch.zeros(t.shape[0]) for t in self.tables]
+        self.elem_state = [torch.zeros_like(t) for t in self.tables]  # Adagrad's accumulators, Adam's v
+        self.row_m = [torch.zeros_like(t) for t in self.tables]  # Adam's m
+        self.row_t = [torch.zeros(t.shape[0]) for t in self.tables]  # Adam's per-row update count
 
     # -- the model ----------------------------------------------------------------------------------------
     def logits(self, dense: torch.Tensor, sparse: np.ndarray, tables: list[torch.Tensor]) -> torch.Tensor:
@@ -155,11 +170,17 @@ class ReferenceDLRM:
         y = torch.from_numpy(np.asarray(labels, np.float32))
         loss = self.bce_sum(self.logits(torch.from_numpy(np.asarray(dense, np.float32)), sparse, tables), y)
         (loss / len(labels)).backward()
+        self.steps += 1
         with torch.no_grad():
-            for p, state in zip(self.dense_params, self.dense_state):
+            for p, state, m in zip(self.dense_params, self.dense_state, self.dense_m):
                 g = p.grad
                 if self.optimizer == "sgd":
                     p -= self.lr * g
+                elif self.optimizer == "adam":
+                    m.mul_(BETA1).add_((1 - BETA1) * g)
+                    state.mul_(BETA2).add_((1 - BETA2) * g * g)
+                    c1, c2 = 1 - BETA1**self.steps, 1 - BETA2**self.steps
+                    p -= self.lr / c1 * m / (state.sqrt() / math.sqrt(c2) + EPS)
                 else:
                     state += g * g
                     p -= self.lr * g / (state.sqrt() + EPS)
@@ -170,6 +191,18 @@ class ReferenceDLRM:
                 g = copy.grad[rows]  # each looked-up row's gradient, summed over its lookups
                 if self.optimizer == "sgd":
                     table[rows] -= self.lr * g
+                elif self.optimizer == "adagrad":
+                    self.elem_state[t][rows] += g * g
+                    table[rows] -= self.lr * g / (self.elem_state[t][rows].sqrt() + EPS)
+                elif self.optimizer == "adam":
+                    self.row_t[t][rows] += 1
+                    step = self.row_t[t][rows][:, None]
+                    b1, b2 = ROW_BETA1, ROW_BETA2
+                    self.row_m[t][rows] = b1 * self.row_m[t][rows] + (1 - b1) * g
+                    self.elem_state[t][rows] = b2 * self.elem_state[t][rows] + (1 - b2) * g * g
+                    m_hat = self.row_m[t][rows] / (1 - b1**step)
+                    v_hat = self.elem_state[t][rows] / (1 - b2**step)
+                    table[rows] -= self.lr * m_hat / (v_hat.sqrt() + EPS)
                 else:
                     self.row_state[t][rows] += (g * g).mean(dim=1)
                     table[rows] -= self.lr * g / (self.row_state[t][rows].sqrt()[:, None] + EPS)

@@ -79,8 +79,9 @@ def test_from_hot_ids_rejects_bad_ids(sizes, ids, match):
 
 def test_bytes_per_row():
     assert bytes_per_row_for(16, "sgd") == 64 and bytes_per_row_for(16, "rowwise-adagrad") == 68
+    assert bytes_per_row_for(16, "adagrad") == 4 * 32 and bytes_per_row_for(16, "adam") == 4 * 49
     with pytest.raises(ValueError, match="optimizer"):
-        bytes_per_row_for(16, "adam")
+        bytes_per_row_for(16, "lamb")
 
 
 # ---------------------------------------------------------------- greedy placement

@@ -201,7 +201,7 @@ def test_batches_sample_is_the_first_mini_batches(small):
         dict(sample_fraction=1.5),
         dict(sample_batches=0),
         dict(mini_batch_size=0),
-        dict(optimizer="adam"),
+        dict(optimizer="lamb"),
         dict(embedding_dim=0),
     ],
 )

@@ -13,6 +13,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from hotline.table_layout import OPTIMIZERS
 from hotline.units import size_arg
 
 SubParsers = argparse._SubParsersAction
@@ -137,8 +138,9 @@ def add_embedding(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--optimizer",
         default="sgd",
-        choices=["sgd", "rowwise-adagrad"],
-        help="optimizer whose state is kept with hot rows (default sgd: none; rowwise-adagrad: 4 bytes per row)",
+        choices=list(OPTIMIZERS),
+        help="optimizer whose state is kept with hot rows (default sgd: none; rowwise-adagrad: 4 bytes per row; "
+        "adagrad: 4 D; adam: 8 D + 4)",
     )
 
 

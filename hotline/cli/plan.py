@@ -15,6 +15,7 @@ from hotline.cli.args import (
     error,
     sample_fraction,
 )
+from hotline.table_layout import OPTIMIZERS, bytes_per_row
 from hotline.units import format_size, size_arg
 
 
@@ -117,7 +118,9 @@ def run(args: argparse.Namespace) -> int:
         dim = placement.embedding_dim if placement else args.embedding_dim
         optimizer = args.optimizer
         if placement is not None:
-            optimizer = "rowwise-adagrad" if placement.bytes_per_row == 4 * dim + 4 else "sgd"
+            optimizer = next(
+                (o for o in OPTIMIZERS if bytes_per_row(dim, o) == placement.bytes_per_row), "sgd"
+            )
         prof = profile(
             dataset,
             sample_fraction=sample_fraction(args),

@@ -21,6 +21,7 @@ from hotline.cli.args import (
     ignore_further_interrupts,
     show_traceback,
 )
+from hotline.table_layout import OPTIMIZERS
 
 SUMMARY_KEYS = (
     "mode",
@@ -66,7 +67,11 @@ def add_parser(subparsers: SubParsers) -> None:
         "--learning-rate", type=float, default=0.1, metavar="LR", help="dense and sparse learning rate"
     )
     p.add_argument(
-        "--optimizer", default="sgd", choices=["sgd", "rowwise-adagrad"], help="sparse (and dense) optimizer"
+        "--optimizer",
+        default="sgd",
+        choices=list(OPTIMIZERS),
+        help="sparse optimizer (FBGEMM's: rowwise-adagrad = EXACT_ROWWISE_ADAGRAD, adagrad = ADAGRAD, adam = ADAM "
+        "with row-wise bias correction); dense layers get SGD, Adagrad (both Adagrads) or Adam to match",
     )
     p.add_argument("--lr-num-warmup-steps", type=int, default=0, metavar="W",
                    help="dense and sparse learning rate ramps up linearly over the first W steps (dlrm's schedule)")  # fmt: skip

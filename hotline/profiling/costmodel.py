@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from hotline.table_layout import bytes_per_row
+
 MODES = ("device", "hybrid", "hotline_k0", "hotline_k1")
 """The modes predicted: ``hotline_k1`` stands for any look-ahead K >= 1 (the pipelined step)."""
 
@@ -57,15 +59,14 @@ class Workload:
     top_mlp: tuple[int, ...] = (512, 256, 1)
     """Top MLP widths after the interaction (DLRM's --arch-mlp-top; its input is the interaction's output)."""
     optimizer: str = "sgd"
-    """Sparse optimizer: 'sgd' or 'rowwise-adagrad' (one state float per row)."""
+    """Sparse optimizer (``hotline.table_layout.OPTIMIZERS``), which sets the state bytes a row carries."""
     worker_threads: int = 1
     """Numba threads of the look-ahead producer (host work of K >= 1 runs on them)."""
 
     def __post_init__(self) -> None:
         if self.batch_size <= 0 or self.num_tables <= 0 or self.embedding_dim <= 0:
             raise ValueError("batch_size, num_tables and embedding_dim must be positive")
-        if self.optimizer not in ("sgd", "rowwise-adagrad"):
-            raise ValueError(f"optimizer must be 'sgd' or 'rowwise-adagrad', got {self.optimizer!r}")
+        bytes_per_row(self.embedding_dim, self.optimizer)  # a known optimizer
 
     @property
     def lookups(self) -> int:
@@ -73,7 +74,7 @@ class Workload:
 
     @property
     def row_bytes(self) -> int:
-        return 4 * self.embedding_dim + (4 if self.optimizer == "rowwise-adagrad" else 0)
+        return bytes_per_row(self.embedding_dim, self.optimizer)
 
     def mlp_layers(self) -> list[tuple[int, int]]:
         """(in, out) of every dense layer, the top MLP's input being the dot interaction's output."""

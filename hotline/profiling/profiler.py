@@ -48,7 +48,8 @@ class Profiler:
     embedding_dim: int = 16
     """Embedding dimension (DLRM's --arch-sparse-feature-size): a hot row costs embedding_dim * 4 bytes..."""
     optimizer: str = "sgd"
-    """...plus its optimizer state: 'sgd' (none) or 'rowwise-adagrad' (one float32 per row)."""
+    """...plus its optimizer state: 'sgd' (none), 'rowwise-adagrad' (one float32 per row), 'adagrad' (D) or
+    'adam' (2 D + 1)."""
     split: str = "train"
     """Which split of the dataset to profile."""
     chunk_size: int = 65536

@@ -100,7 +100,7 @@ def build_mode(
     """The TrainMode of ``config.mode`` for this rank (one rank when ``comm`` is None). ``hybrid`` and
     ``hotline`` need the ``placement`` (profiling for one happens above the tiers, in training)."""
     comm = comm if comm is not None else Comm()
-    opt = SparseOptimizer(config.optimizer, config.learning_rate)
+    opt = SparseOptimizer(config.optimizer, config.learning_rate, dim=config.embedding_dim)
     layout = TableLayout(dataset.table_sizes)
     if config.mode == "device":
         return DeviceMode(layout, config.embedding_dim, opt, config.seed, config.device, comm, dataset.bags)

@@ -46,7 +46,7 @@ class ColdFetch:
     values: np.ndarray
     """float32 [U, D] their weights."""
     state: np.ndarray
-    """float32 [U] their optimizer state ([0] for SGD)."""
+    """float32 their optimizer state: [U], [U, S] (per-element optimizers) or [0] (SGD)."""
     step: int = -1
     """The step it was fetched for under the claim rule (-1: fetched when due, nothing can be stale)."""
     stale: np.ndarray = field(default_factory=lambda: _EMPTY)

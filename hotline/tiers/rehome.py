@@ -29,7 +29,7 @@ def swap_hot_set(mode, hot_rows: np.ndarray) -> dict[str, int]:
     leave_slots = old_slot[leaves].astype(np.int64)
     mode.cold.demote(leaves, hot_w[leave_slots], hot_s[leave_slots] if S else hot_s[:0])
     w = np.empty((new.shape[0], mode.dim), np.float32)
-    s = np.zeros(new.shape[0] if S else 0, np.float32)
+    s = np.zeros(mode.optimizer.state_shape(new.shape[0]), np.float32)
     stay_slots = old_slot[new[stays]].astype(np.int64)
     w[stays] = hot_w[stay_slots]
     enter_w, enter_s = mode.cold.promote(new[~stays])

@@ -64,6 +64,7 @@ class ShardedColdStore(ColdStore):
             HostRows(shard_weights, optimizer) if isinstance(shard_weights, np.ndarray) else shard_weights
         )
         self.S = optimizer.state_floats_per_row
+        self.state_shape = optimizer.state_shape  # rows -> the shape of their state (S columns travel with w)
         self._ahead: Comm | None = None  # the look-ahead thread's group, inside lookahead()
 
     @staticmethod
@@ -88,7 +89,7 @@ class ShardedColdStore(ColdStore):
         w, s, _ = self.host.get(local)
         parts = [w]
         if self.S:
-            parts.append(s[:, None])
+            parts.append(s.reshape(local.shape[0], self.S))
         if step >= 0:
             parts.append(stale[:, None].astype(np.float32))
         payload = torch.from_numpy(np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0])
@@ -97,7 +98,7 @@ class ShardedColdStore(ColdStore):
         rows_back = torch.empty((got.shape[0], D + self.S), dtype=torch.float32)
         rows_back[torch.from_numpy(order)] = got[:, : D + self.S]
         values = np.ascontiguousarray(rows_back.numpy()[:, :D])
-        state = np.ascontiguousarray(rows_back.numpy()[:, D]) if self.S else np.zeros(0, np.float32)
+        state = np.ascontiguousarray(rows_back.numpy()[:, D:]).reshape(self.state_shape(rows.shape[0]))
         route = Route(order, send_counts, local, recv_counts)
         out = ColdFetch(rows, values, state, step=step, route=route)
         if step >= 0:
@@ -185,16 +186,17 @@ class ShardedColdStore(ColdStore):
         mine = np.flatnonzero(rows % N == r)
         local = rows[mine] // N
         own_w, own_s, _ = self.host.get(local)
-        payload = torch.from_numpy(np.concatenate([own_w, own_s[:, None]], axis=1) if self.S else own_w)
+        own = [own_w, own_s.reshape(local.shape[0], self.S)] if self.S else [own_w]
+        payload = torch.from_numpy(np.concatenate(own, axis=1) if self.S else own_w)
         got = self.comm.all_gather_varlen(payload, "replace_rows")
         where = self.comm.all_gather_varlen(torch.from_numpy(mine), "replace_ids")
         D = own_w.shape[1]
         w = np.empty((rows.shape[0], D), np.float32)
-        s = np.empty(rows.shape[0] if self.S else 0, np.float32)
+        s = np.empty(self.state_shape(rows.shape[0]), np.float32)
         for pos, vals in zip(where, got):
             w[pos.numpy()] = vals.numpy()[:, :D]
             if self.S:
-                s[pos.numpy()] = vals.numpy()[:, D]
+                s[pos.numpy()] = vals.numpy()[:, D:].reshape(-1, *s.shape[1:])
         return w, s
 
     def _assemble(self, shard: np.ndarray) -> np.ndarray:

@@ -25,11 +25,19 @@ class SparseOptimizer:
     """The update rule for embedding rows (and, by ``dense_optimizer``, the matching dense one)."""
 
     kind: str = "sgd"
-    """``sgd`` or ``rowwise-adagrad`` (FBGEMM's EXACT_ROWWISE_ADAGRAD: one state float per row)."""
+    """``sgd``, ``rowwise-adagrad`` (FBGEMM's EXACT_ROWWISE_ADAGRAD: one state float per row), ``adagrad``
+    (FBGEMM's ADAGRAD: one accumulator per element) or ``adam`` (FBGEMM's ADAM with row-wise bias correction:
+    two moments per element and a step count per row)."""
     lr: float = 0.1
     """Learning rate, shared with the dense layers."""
     eps: float = 1e-8
-    """Adagrad epsilon (dense and row-wise)."""
+    """Adagrad and Adam epsilon (dense and sparse)."""
+    dim: int = 0
+    """Embedding row width D (needed by the per-element optimizers, whose state is D or 2 D + 1 floats)."""
+    beta1: float = 0.9
+    """Adam's first-moment decay."""
+    beta2: float = 0.999
+    """Adam's second-moment decay."""
 
     def __post_init__(self) -> None:
         if self.kind not in OPTIMIZERS:
@@ -39,6 +47,9 @@ class SparseOptimizer:
                 f"learning rate (--learning-rate) must be positive and at most {MAX_LEARNING_RATE:.4g} (float32's "
                 f"largest), got {self.lr}"
             )
+        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
+            raise ValueError(f"Adam's betas must be in [0, 1), got {self.beta1} and {self.beta2}")
+        state_floats_per_row(self.kind, self.dim)  # a per-element optimizer needs the dim
 
     def set_lr(self, lr: float) -> None:
         """Sets the learning rate of the next updates (the schedule's one change to this rule, between steps;
@@ -50,20 +61,28 @@ class SparseOptimizer:
     @property
     def state_floats_per_row(self) -> int:
         """Optimizer state kept per embedding row (bytes per row = 4 * (dim + this))."""
-        return state_floats_per_row(self.kind)
+        return state_floats_per_row(self.kind, self.dim)
+
+    def state_shape(self, rows: int) -> tuple[int, ...]:
+        """The state array of ``rows`` rows: ``(0,)`` for SGD, ``(rows,)`` for one float per row, else
+        ``(rows, state_floats_per_row)`` (a row's state is then one row of the array, as its weights are)."""
+        S = self.state_floats_per_row
+        return (0,) if S == 0 else (rows,) if S == 1 else (rows, S)
 
     def new_scratch(self, rows: int, device: torch.device | str = "cpu") -> np.ndarray | None:
         """Reusable scratch for ``step`` on a table of ``rows`` rows (None where the device path needs none)."""
         return sparse_update.new_scratch(rows) if torch.device(device).type == "cpu" else None
 
     def new_state(self, rows: int, device: torch.device | str = "cpu") -> torch.Tensor:
-        """Zero optimizer state for ``rows`` rows (an empty tensor for SGD)."""
-        return torch.zeros(rows * self.state_floats_per_row, dtype=torch.float32, device=device)
+        """Zero optimizer state for ``rows`` rows (shape :meth:`state_shape`; empty for SGD)."""
+        return torch.zeros(self.state_shape(rows), dtype=torch.float32, device=device)
 
     def dense_optimizer(self, params) -> torch.optim.Optimizer:
-        """The dense-layer optimizer that matches this sparse rule."""
+        """The dense-layer optimizer that matches this sparse rule (Adagrad for both Adagrads, Adam for Adam)."""
         if self.kind == "sgd":
             return torch.optim.SGD(params, lr=self.lr)
+        if self.kind == "adam":
+            return torch.optim.Adam(params, lr=self.lr, betas=(self.beta1, self.beta2), eps=self.eps)
         return torch.optim.Adagrad(params, lr=self.lr, eps=self.eps)
 
     def step(
@@ -81,6 +100,12 @@ class SparseOptimizer:
             t, i, g = table.detach().numpy(), ids.numpy(), grads.detach().contiguous().numpy()
             if self.kind == "sgd":
                 return sparse_update.sparse_sgd_(t, i, g, self.lr, scratch)
+            if self.kind == "adagrad":
+                return sparse_update.sparse_adagrad_(t, state.numpy(), i, g, self.lr, self.eps, scratch)
+            if self.kind == "adam":
+                return sparse_update.sparse_adam_(
+                    t, state.numpy(), i, g, self.lr, self.beta1, self.beta2, self.eps, scratch
+                )
             return sparse_update.sparse_rowwise_adagrad_(t, state.numpy(), i, g, self.lr, self.eps, scratch)
         return self._step_torch(table, state, ids, grads)
 
@@ -88,8 +113,9 @@ class SparseOptimizer:
         """CPU: one update from gradients spread over several matrices, ``parts`` of ``(ids, grads, pos)`` numpy
         arrays (see ``sparse_update.sparse_update_parts_``), without concatenating them first."""
         return sparse_update.sparse_update_parts_(
-            self.kind, table.detach().numpy(), state.numpy(), parts, self.lr, self.eps, scratch
-        )
+            self.kind, table.detach().numpy(), state.numpy(), parts, self.lr, self.eps, scratch,
+            beta1=self.beta1, beta2=self.beta2,
+        )  # fmt: skip
 
     def _step_torch(self, table, state, ids, grads) -> int:
         rows, inverse = torch.unique(ids, return_inverse=True)  # synchronises on CUDA: see step_coalesced
@@ -116,7 +142,26 @@ class SparseOptimizer:
             rows = torch.arange(n, device=table.device)
         if self.kind == "sgd":
             table.index_add_(0, rows, gsum, alpha=-self.lr)
+        elif self.kind == "adagrad":
+            state.index_add_(0, rows, gsum * gsum)
+            table.index_add_(0, rows, -self.lr * gsum / (state.index_select(0, rows).sqrt() + self.eps))
+        elif self.kind == "adam":
+            self._adam_torch(table, state, rows, gsum)
         else:
             state.index_add_(0, rows, gsum.pow(2).mean(dim=1))
             scale = self.lr / (state.index_select(0, rows).sqrt() + self.eps)
             table.index_add_(0, rows, -gsum * scale[:, None])
+
+    def _adam_torch(self, table, state, rows, gsum) -> None:
+        """FBGEMM's ADAM (row-wise bias correction) on distinct ``rows``, as the kernel's ``_adam_apply``."""
+        D = table.shape[1]
+        # 1 - beta in float32, as the kernel (and FBGEMM, from a float beta) has it: 1 - 0.999f != 0.001f
+        a1, a2 = (float(np.float32(1) - np.float32(b)) for b in (self.beta1, self.beta2))
+        old = state.index_select(0, rows)
+        t = old[:, 2 * D] + 1
+        m = self.beta1 * old[:, :D] + a1 * gsum
+        v = self.beta2 * old[:, D : 2 * D] + a2 * gsum * gsum
+        state.index_copy_(0, rows, torch.cat([m, v, t[:, None]], dim=1))
+        betas = torch.tensor([self.beta1, self.beta2], dtype=torch.float32, device=t.device)
+        c1, c2 = (1 - betas[:, None] ** t).unbind(0)
+        table.index_add_(0, rows, -self.lr * (m / c1[:, None]) / ((v / c2[:, None]).sqrt() + self.eps))

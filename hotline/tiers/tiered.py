@@ -178,9 +178,8 @@ class TieredMode(TrainMode):
         self.fused_remap = self.dispatcher.row_remap
         max_rows = max(1, max_batch_size) * self.bags.num_columns
         pin = self.device.type == "cuda"
-        S = optimizer.state_floats_per_row
         self._staging = [
-            (staging_tensor((max_rows, dim), pin), staging_tensor((max_rows if S else 0,), pin))
+            (staging_tensor((max_rows, dim), pin), staging_tensor(optimizer.state_shape(max_rows), pin))
             for _ in range(max(1, in_flight))
         ]
         self._next_staging = 0
@@ -474,7 +473,7 @@ class TieredMode(TrainMode):
                 return
             n = prep.micro.working_set.shape[0]
             if self.device.type == "cuda":
-                w, s = prep.staging[0][:n].numpy(), prep.staging[1][: prep.work_state.numel()].numpy()
+                w, s = prep.staging[0][:n].numpy(), prep.staging[1][: prep.work_state.shape[0]].numpy()
             else:
                 w, s = prep.work.detach().numpy(), prep.work_state.numpy()
             self.cold.write_back(prep.fetch, w, s)

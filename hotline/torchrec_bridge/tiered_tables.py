@@ -174,7 +174,7 @@ class TieredTables:
         fetch = self.store.fetch(
             working_set,
             np.empty((U, D), np.float32),
-            np.empty(U if self.host_state.numel() else 0, np.float32),
+            np.empty(self.optimizer.state_shape(U), np.float32),
             step,
         )
         dev = self.device
@@ -257,7 +257,12 @@ class TieredTables:
                 )
         else:
             ids, grads = all_ranks_gradients(
-                self.comm, [look.hot_slot], [g.index_select(0, look.hot_pos)], self.dim, "hot_grads"
+                self.comm,
+                [look.hot_slot],
+                [g.index_select(0, look.hot_pos)],
+                self.dim,
+                "hot_grads",
+                self.device,
             )
             if ids.numel():
                 touched += optimizer.step(

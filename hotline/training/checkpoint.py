@@ -220,10 +220,10 @@ def _check(trainer, payload: dict, path: Path) -> None:
             raise CheckpointError(
                 f"{path}: table {t} has shape {tuple(w.shape)}, expected ({n}, {dim}) float32"
             )
-        want = n if trainer.sparse_opt.state_floats_per_row else 0
-        if tuple(s.shape) != (want,):
+        want = trainer.sparse_opt.state_shape(n)
+        if tuple(s.shape) != want:
             raise CheckpointError(
-                f"{path}: optimizer state of table {t} has shape {tuple(s.shape)}, expected ({want},) "
+                f"{path}: optimizer state of table {t} has shape {tuple(s.shape)}, expected {want} "
                 f"for --optimizer {trainer.config.optimizer}"
             )
 

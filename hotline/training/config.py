@@ -170,6 +170,11 @@ class TrainConfig:
                 raise ValueError(
                     f"--cold-store disk keeps the cold rows of --mode hybrid or hotline (not --mode {self.mode})"
                 )
+            if self.optimizer in ("adagrad", "adam"):  # its row records hold at most one state float
+                raise ValueError(
+                    f"--cold-store disk keeps one state float per row: --optimizer sgd or rowwise-adagrad, "
+                    f"not {self.optimizer}"
+                )
             if not self.cold_dir:
                 raise ValueError("--cold-store disk needs --cold-dir DIR (where its file goes)")
             if not os.path.isdir(self.cold_dir):
@@ -194,7 +199,9 @@ class TrainConfig:
             raise ValueError(
                 f"--device {self.device}: CUDA is not available to this torch ({torch.__version__})"
             )
-        SparseOptimizer(self.optimizer, self.learning_rate)  # validates optimizer and learning rate
+        SparseOptimizer(
+            self.optimizer, self.learning_rate, dim=self.embedding_dim
+        )  # validates optimizer and lr
         _ = self.lr_schedule  # validates the schedule's steps
 
     @property

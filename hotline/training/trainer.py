@@ -86,7 +86,7 @@ class Trainer:
             self._check_data()  # before the choice profiles and times anything
             config = self.config = choose(config, self.dataset)
         self.model = DLRM(config.model_config(self.dataset.table_sizes), seed=config.seed).to(config.device)
-        self.sparse_opt = SparseOptimizer(config.optimizer, config.learning_rate)
+        self.sparse_opt = SparseOptimizer(config.optimizer, config.learning_rate, dim=config.embedding_dim)
         self.dense_opt = self.sparse_opt.dense_optimizer(self.model.parameters())
         self._lr_schedule = config.lr_schedule
         check_memory(config, self.dataset, self.comm.world_size)  # before the tables are allocated
@@ -475,8 +475,9 @@ class Trainer:
             np.ascontiguousarray(arrays[f"embedding.table_{t}"], np.float32)
             for t in range(len(self.dataset.table_sizes))
         ]
-        S = self.sparse_opt.state_floats_per_row
-        self.mode.load_tables(tables, [np.zeros(t.shape[0] * S, np.float32) for t in tables])
+        self.mode.load_tables(
+            tables, [np.zeros(self.sparse_opt.state_shape(t.shape[0]), np.float32) for t in tables]
+        )
 
     def close(self) -> None:
         if self._checkpoints is not None:
