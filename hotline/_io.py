@@ -9,6 +9,7 @@ leaves the previous version of the file intact and no temporary file behind.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -71,6 +72,20 @@ def fsync_dir(directory: str | os.PathLike) -> None:
         os.close(fd)
 
 
+class _Checked:
+    """A file as writers see it: every byte through Python's ``write``, which reports a failed write.
+
+    numpy's ``tofile`` (behind ``np.save``) writes a real file through C stdio, and a write cut short by a
+    full disk or a file-size limit can pass unreported; a file object that is not an ``io`` file makes numpy
+    (and every other writer) use ``write``."""
+
+    def __init__(self, f: BinaryIO):
+        self._f = f
+
+    def __getattr__(self, name: str):
+        return getattr(self._f, name)
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
     """Writes ``path`` through ``write(file)`` atomically; returns the path.
 
@@ -83,8 +98,10 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
     tmp = temporary_name(path)
     try:
         with open(tmp, "wb") as f:
-            write(f)
+            write(_Checked(f))
             f.flush()
+            if os.fstat(f.fileno()).st_size < f.tell():  # a lost write no writer reported
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except (OSError, RuntimeError) as e:

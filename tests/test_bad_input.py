@@ -316,8 +316,8 @@ def test_budget_zero_places_nothing_and_hotline_still_trains_exactly(data, tmp_p
     assert placement.num_hot == 0 and summary["hot_rows"] == 0 and summary["access_coverage"] == 0.0
     hybrid = _dump(data, tmp_path, "hybrid", "--mode", "hybrid")
     device = _dump(data, tmp_path, "device", "--mode", "device")
-    for flags in (["--hbm-budget", "0"], ["--placement", str(tmp_path / "p0.npz")]):
-        hot = _dump(data, tmp_path, "hot0", "--mode", "hotline", *flags)
+    for i, flags in enumerate((["--hbm-budget", "0"], ["--placement", str(tmp_path / "p0.npz")])):
+        hot = _dump(data, tmp_path, f"hot0-{i}", "--mode", "hotline", *flags)  # an output name per run
         for k, v in hybrid.items():
             np.testing.assert_array_equal(hot[k], v, err_msg=k)  # all rows cold: the hybrid step exactly
             np.testing.assert_allclose(hot[k], device[k], rtol=1e-5, atol=1e-6, err_msg=k)

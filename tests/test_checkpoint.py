@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -265,3 +266,82 @@ def test_resume_across_short_batch_and_epoch_boundary(short, tmp_path, mode, loo
         tr.close()
     for name, a in straight.items():
         assert np.array_equal(a, resumed[name]), name
+
+
+# ------------------------------------------------------------------------------ trusted by content
+def _cli_run(data, ck, steps, *extra):
+    ds, _ = data
+    argv = ["train", str(ds.path), *ARCH, "--mode", "device", "--mini-batch-size", "32", "--no-progress", "--eval-max-samples", "64",
+            "--threads", "1", "--num-batches", str(steps), "--checkpoint-dir", str(ck), *extra]  # fmt: skip
+    return main(argv)
+
+
+def test_a_renamed_checkpoint_is_refused_and_rotates_nothing_away(data, tmp_path, capsys):
+    ck = tmp_path / "ck"
+    assert _cli_run(data, ck, 12, "--checkpoint-every", "4") == 0
+    for suffix in (".pt", ".pt.sha256"):  # step 8, copied under a higher step's name (digest and all)
+        (ck / f"step-000000900{suffix}").write_bytes((ck / f"step-000000008{suffix}").read_bytes())
+    before = {p.name: p.read_bytes() for p in ck.iterdir()}
+    capsys.readouterr()
+    assert _cli_run(data, ck, 16, "--checkpoint-every", "4", "--resume") == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "step-000000900.pt is named step 900 but holds step 8" in err[0], err
+    assert {p.name: p.read_bytes() for p in ck.iterdir()} == before  # the real 8 and 12 are still there
+    assert read_checkpoint(ck / "step-000000012.pt")["step"] == 12
+
+
+def test_rotation_removes_only_checkpoints_verified_as_this_runs(data, tmp_path):
+    ds, placement = data
+    ck = tmp_path / "ck"
+    cfg = _config("device", placement, 8, checkpoint_dir=str(ck), checkpoint_every=2)
+    tr = Trainer(cfg, ds)
+    tr.fit()
+    tr.close()
+    assert [p.name for p in CheckpointManager(ck).complete()] == ["step-000000006.pt", "step-000000008.pt"]
+    # Replaced under the run's name by another run's checkpoint: not provably ours, so never removed.
+    other_cfg = TrainConfig(embedding_dim=8, bottom_mlp=[13, 16, 8], top_mlp=[16, 1], mini_batch_size=16)
+    other = Trainer(replace(other_cfg, progress=False), ds)
+    other.step_count = 6  # its name tells the truth: only the run differs
+    save_checkpoint(other, ck / "step-000000006.pt")
+    other.close()
+    theirs = (ck / "step-000000006.pt").read_bytes()
+    manager = CheckpointManager(ck, keep=1)
+    resumed = Trainer(
+        _config("device", placement, 10, checkpoint_dir=str(ck), checkpoint_every=2, resume=True), ds
+    )
+    manager.start(resumed, resume=True)
+    resumed.step_count = 10
+    manager.save(resumed)
+    manager.close()
+    resumed.close()
+    assert (ck / "step-000000006.pt").read_bytes() == theirs  # another run's: left alone
+    assert not (ck / "step-000000008.pt").exists()  # this run's, older than the newest verified: removed
+    assert (ck / "step-000000010.pt").exists()
+
+
+def test_an_n_rank_checkpoint_is_complete_or_absent(data, tmp_path, capsys):
+    """A crash between the ranks' parts and the commit marker leaves an incomplete checkpoint: not resumed
+    from, and removed by the next run of the same fingerprint; another program's file is left alone."""
+    ck = tmp_path / "ck"
+    assert _cli_run(data, ck, 4, "--checkpoint-every", "2", "--nproc", "2") == 0
+    # The crash: rank 1's part of step 4 and the marker never written (one rank's half checkpoint).
+    for name in ("step-000000004.of-002.commit", "step-000000004.rank001-of-002.pt",
+                 "step-000000004.rank001-of-002.pt.sha256"):  # fmt: skip
+        (ck / name).unlink(missing_ok=True)
+    foreign = ck / "step-000000008.rank000-of-002.pt"
+    foreign.write_bytes(b"not a checkpoint of this run")
+    assert [p.name for p in CheckpointManager(ck, comm=_Ranks(2)).complete()] == ["step-000000002"]
+    capsys.readouterr()
+    assert _cli_run(data, ck, 3, "--checkpoint-every", "2", "--nproc", "2", "--resume") == 0
+    names = sorted(p.name for p in ck.iterdir())
+    assert not any(n.startswith("step-000000004") for n in names), names  # the half checkpoint is gone
+    assert foreign.read_bytes() == b"not a checkpoint of this run"
+    assert "step-000000002.rank001-of-002.pt" in names  # the complete one resumed from stays
+    assert "step-000000002.of-002.commit" in names  # with its commit marker
+
+
+class _Ranks:
+    """The rank and world size a CheckpointManager needs to name N-rank files (no process group)."""
+
+    def __init__(self, world_size: int):
+        self.rank, self.world_size = 0, world_size

@@ -129,7 +129,7 @@ def test_stats_come_from_heldout_figures(tmp_path):
     assert (curve.speedup_vs_hybrid > 0).all()
 
 
-def test_calibrate_cli_writes_and_refuses_foreign_files(tmp_path, monkeypatch, capsys):
+def test_calibrate_cli_writes_and_refuses_existing_files(tmp_path, monkeypatch, capsys):
     from hotline.cli import main
     from hotline.profiling import calibrate
 
@@ -140,12 +140,14 @@ def test_calibrate_cli_writes_and_refuses_foreign_files(tmp_path, monkeypatch, c
     out = tmp_path / "host.json"
     assert main(["calibrate", "--out", str(out)]) == 0
     assert json.loads(out.read_text())["host"]["cores"] == 2
-    assert main(["calibrate", "--out", str(out)]) == 0  # its own file: replaced
+    assert main(["calibrate", "--out", str(out)]) == 2  # an existing file: --force, as in every command
+    assert "exists: pass --force" in capsys.readouterr().err
+    assert main(["calibrate", "--out", str(out), "--force"]) == 0
     mine = tmp_path / "mine.json"
     mine.write_text('{"not": "hotline"}')
     assert main(["calibrate", "--out", str(mine)]) == 2
     assert mine.read_text() == '{"not": "hotline"}'
-    assert "not replaced" in capsys.readouterr().err
+    assert "exists: pass --force" in capsys.readouterr().err
 
 
 def test_calibrate_times_this_host():

@@ -87,7 +87,7 @@ def test_existing_dataset_needs_overwrite(tmp_path, capsys):
     assert main(["data", "synthetic", "--out", str(out), *SYNTH]) == 0
     before = _tree(out)
     assert main(["data", "synthetic", "--out", str(out), *SYNTH, "--seed", "7"]) == 2
-    assert "pass --overwrite" in _one_error(capsys, "data synthetic")
+    assert "pass --force" in _one_error(capsys, "data synthetic")
     assert _tree(out) == before
     assert main(["data", "synthetic", "--out", str(out), *SYNTH, "--seed", "7", "--overwrite"]) == 0
     assert _tree(out) != before and Dataset(out).meta["source"]["seed"] == 7
@@ -240,7 +240,7 @@ def test_dump_params_on_a_full_disk_keeps_the_previous_file(data, tmp_path, caps
     before = dump.read_bytes()
     assert set(np.load(dump).files) >= {"embedding.table_0"}
     r = subprocess.run(
-        [sys.executable, "-m", "hotline", *argv, "--seed", "5"],
+        [sys.executable, "-m", "hotline", *argv, "--seed", "5", "--force"],  # --force: allowed, then it fails
         preexec_fn=_limited(len(before) // 2),
         capture_output=True,
         text=True,

@@ -111,6 +111,23 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGINT, sigint)  # a Ctrl-C ignored the rest; the caller keeps its own
 
 
+def _claim(args: argparse.Namespace):
+    """The command's outputs, judged by the one output policy and locked while it runs (before any work).
+
+    Each command declares its outputs and inputs through ``declare(args)`` (set as a parser default); a rank
+    that Hotline's ``--nproc`` launcher started (or a torchrun rank other than 0) writes under the claim of
+    its launcher (of rank 0) and judges nothing again."""
+    from hotline import outputs
+
+    declare = getattr(args, "declare", None)
+    if declare is None:
+        return outputs.Claim({})
+    declared, inputs = declare(args)
+    if os.environ.get("HOTLINE_LAUNCHED") or os.environ.get("RANK", "0") != "0":
+        return outputs.unclaimed(declared)
+    return outputs.claim(declared, inputs, force=getattr(args, "force", False))
+
+
 def _main(argv: list[str]) -> int:
     args = None
     try:
@@ -119,7 +136,8 @@ def _main(argv: list[str]) -> int:
         from hotline.cli.args import check_counts
 
         check_counts(args)  # every command's thread and process counts, bounded the same way
-        return int(args.func(args) or 0)
+        with _claim(args) as args.claim:
+            return int(args.func(args) or 0)
     except KeyboardInterrupt:
         from hotline.cli.args import ignore_further_interrupts
 

@@ -82,10 +82,15 @@ def add_progress(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def check_new_output(path: str | Path, force: bool, flag: str) -> None:
-    """Refuses to replace an existing file at ``path`` unless ``--force`` (ValueError naming the flag)."""
-    if Path(path).exists() and not force:
-        raise ValueError(f"{flag} {path} exists: pass --force to replace it, or choose another name")
+def add_force(parser: argparse.ArgumentParser, *aliases: str) -> None:
+    """``--force``: the same flag and meaning in every command that writes (see :mod:`hotline.outputs`)."""
+    parser.add_argument(
+        "--force",
+        *aliases,
+        dest="force",
+        action="store_true",
+        help="replace outputs that exist (never one of this command's inputs, never a run's live output)",
+    )
 
 
 def add_seed(parser: argparse.ArgumentParser, what: str) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hotline.cli.args import SubParsers, add_output, add_seed, add_threads, error
+from hotline.cli.args import SubParsers, add_force, add_output, add_seed, add_threads, error
 
 
 def add_parser(subparsers: SubParsers) -> None:
@@ -26,26 +26,35 @@ def add_parser(subparsers: SubParsers) -> None:
                         help="measure only the disk (--disk), adding it to --out if that is a hardware description")  # fmt: skip
     add_threads(parser, "torch and numba threads the runs will use")
     add_seed(parser, "the timed inputs")
-    parser.set_defaults(func=run)
+    add_force(parser)
+    parser.set_defaults(func=run, declare=declare)
+
+
+def declare(args: argparse.Namespace):
+    """Outputs and inputs for the output policy (:mod:`hotline.outputs`)."""
+    from hotline.outputs import Output
+
+    # --disk-only adds the disk's figures to an existing hardware description: it continues that file.
+    return [
+        Output("--out", args.out, continues="document" if args.disk_only else None),
+        Output("--disk", args.disk, kind="dir"),
+    ], []
 
 
 def run(args: argparse.Namespace) -> int:
     from hotline._io import write_json
     from hotline.profiling.calibrate import calibrate
 
-    if args.out.exists() and not _is_hardware_file(args.out):
-        return error(
-            "calibrate", f"{args.out} exists and is not a Hotline hardware description: not replaced"
-        )
     if args.disk_only and not args.disk:
         return error("calibrate", "--disk-only needs --disk DIR")
     if args.disk_depth < 1:
         return error("calibrate", f"--disk-depth must be >= 1, got {args.disk_depth}")
+    out = args.claim.path("--out")
     try:
         if args.disk_only:
             import json
 
-            hw = json.loads(args.out.read_text()) if args.out.exists() else {"format": "hotline-hardware"}
+            hw = json.loads(out.read_text()) if out.exists() else {"format": "hotline-hardware"}
         else:
             hw = calibrate(
                 args.threads or None, args.seed, progress=lambda s: print(f"timing {s}", file=sys.stderr)
@@ -55,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
 
             print(f"timing the disk in {args.disk}", file=sys.stderr)
             hw["disk"] = calibrate_disk(args.disk, args.disk_depth, seed=args.seed)
-        write_json(args.out, hw)
+        write_json(out, hw)
     except (OSError, ValueError) as e:
         return error("calibrate", e)
     if "disk" in hw:
@@ -76,12 +85,3 @@ def run(args: argparse.Namespace) -> int:
         f"{d['dense_fit_max_rel_error']:.0%})\nwritten to {args.out}"
     )
     return 0
-
-
-def _is_hardware_file(path) -> bool:
-    import json
-
-    try:
-        return json.loads(path.read_text()).get("format") == "hotline-hardware"
-    except (OSError, ValueError, AttributeError):
-        return False

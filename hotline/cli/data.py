@@ -7,7 +7,7 @@ import signal
 import sys
 import time
 
-from hotline.cli.args import SubParsers, add_progress, add_seed, error, flags
+from hotline.cli.args import SubParsers, add_force, add_progress, add_seed, error, flags
 
 
 def add_parser(subparsers: SubParsers) -> None:
@@ -25,13 +25,17 @@ def _add_out(parser: argparse.ArgumentParser) -> None:
         "--out",
         required=True,
         metavar="DIR",
-        help="dataset directory to write (new or empty; an existing Hotline dataset only with --overwrite)",
+        help="dataset directory to write (new or empty; an existing Hotline dataset only with --force)",
     )
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace the Hotline dataset at --out (atomically, once the new one is complete)",
-    )
+    add_force(parser, "--overwrite")  # --overwrite: its name before every command took --force
+
+
+def _declare(args: argparse.Namespace):
+    """Outputs and inputs for the output policy (:mod:`hotline.outputs`)."""
+    from hotline.outputs import Output
+
+    outputs = [Output("--out", args.out, kind="dataset"), Output("--raw-tsv", getattr(args, "raw_tsv", None))]
+    return outputs, [("RAW", raw) for raw in getattr(args, "raw", [])]
 
 
 def _build(command: str, errors: tuple, make):
@@ -122,7 +126,7 @@ def _add_criteo(sub: SubParsers) -> None:
         help="error (default): stop at the first bad line; skip: drop bad lines and count them",
     )
     add_progress(parser)
-    parser.set_defaults(func=_run_criteo)
+    parser.set_defaults(func=_run_criteo, declare=_declare)
 
 
 def _run_criteo(args: argparse.Namespace) -> int:
@@ -141,8 +145,8 @@ def _run_criteo(args: argparse.Namespace) -> int:
         return error("data criteo", f"--min-count must be >= 1, got {args.min_count}")
 
     built = _build("data criteo", (CriteoFormatError, OSError, ValueError), lambda: preprocess(
-        args.raw, args.out, **flags(args, "layout", "max_ind_range", "min_count", "on_bad_line", "overwrite"),
-        progress=not args.no_progress))  # fmt: skip
+        args.raw, args.claim.path("--out"), **flags(args, "layout", "max_ind_range", "min_count", "on_bad_line"),
+        overwrite=args.force, progress=not args.no_progress))  # fmt: skip
     if isinstance(built, int):
         return built
     ds, seconds = built
@@ -250,7 +254,7 @@ def _add_synthetic(sub: SubParsers) -> None:
     p.add_argument("--raw-tsv", default=None, metavar="FILE",
                    help="also write the rows as raw Criteo text: label, 13 ints, 26 hex (one-hot)")  # fmt: skip
     add_progress(p)
-    p.set_defaults(func=_run_synthetic)
+    p.set_defaults(func=_run_synthetic, declare=_declare)
 
 
 def _run_synthetic(args: argparse.Namespace) -> int:
@@ -269,10 +273,11 @@ def _run_synthetic(args: argparse.Namespace) -> int:
 
         args.table_sizes = args.table_sizes or list(MLPERF_TABLE_SIZES)
         args.bag_sizes = args.bag_sizes or list(MLPERF_BAG_SIZES)
-    names = ("seed", "table_sizes", "max_rows_per_table", "zipf", "pooling_factor", "raw_tsv", "overwrite", "drift_days",
-             "drift_rate", "bag_sizes", "variable_bags")  # fmt: skip
+    names = ("seed", "table_sizes", "max_rows_per_table", "zipf", "pooling_factor", "drift_days", "drift_rate",
+             "bag_sizes", "variable_bags")  # fmt: skip
     built = _build("data synthetic", (ValueError, OSError), lambda: generate(
-        args.out, args.rows, **flags(args, *names), progress=not args.no_progress))  # fmt: skip
+        args.claim.path("--out"), args.rows, **flags(args, *names), raw_tsv=args.claim.path("--raw-tsv"),
+        overwrite=args.force, progress=not args.no_progress))  # fmt: skip
     if isinstance(built, int):
         return built
     ds, seconds = built

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hotline.cli.args import SubParsers, add_arch, check_new_output, error
+from hotline.cli.args import SubParsers, add_arch, add_force, error
 
 
 def add_parser(subparsers: SubParsers) -> None:
@@ -25,18 +25,24 @@ def add_parser(subparsers: SubParsers) -> None:
     for action in p._actions:
         if action.dest.startswith(("arch_", "dcn_")):
             action.help += " (default: the checkpoint's; older checkpoints: `hotline train`'s)"
-    p.add_argument("--force", action="store_true", help="replace OUT.pt if it exists")
-    p.set_defaults(func=run)
+    add_force(p)
+    p.set_defaults(func=run, declare=declare)
+
+
+def declare(args: argparse.Namespace):
+    """Outputs and inputs for the output policy (:mod:`hotline.outputs`)."""
+    from hotline.outputs import Output
+
+    return [Output("OUT", args.out)], [("--load", args.load)]
 
 
 def run(args: argparse.Namespace) -> int:
     from hotline.cli.evaluate import arch_flags
 
     try:
-        check_new_output(args.out, args.force, "OUT")
         from hotline.training.export import export_torchrec_dlrm
 
-        config = export_torchrec_dlrm(args.load, args.out, arch_flags(args))
+        config = export_torchrec_dlrm(args.load, args.claim.path("OUT"), arch_flags(args))
     except ImportError as e:
         return error(
             "export", f"torchrec is needed for --to torchrec-dlrm ({e}): see README, torchrec section"

@@ -8,6 +8,7 @@ from pathlib import Path
 from hotline.cli.args import (
     SubParsers,
     add_embedding,
+    add_force,
     add_output,
     add_progress,
     add_sampling,
@@ -47,9 +48,22 @@ def add_parser(subparsers: SubParsers) -> None:
     add_sampling(parser)
     add_embedding(parser)
     add_output(parser, "--out", "write plan.json and its side-car")
+    add_force(parser)
     add_threads(parser, "Numba threads")
     add_progress(parser)
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, declare=declare)
+
+
+def declare(args: argparse.Namespace):
+    """Outputs (the plan and its hot-rows side-car) and inputs for the output policy (:mod:`hotline.outputs`)."""
+    import os
+
+    from hotline.outputs import Output
+    from hotline.torchrec_bridge.plan_files import hot_rows_path
+
+    side = None if args.out is None else hot_rows_path(os.path.realpath(args.out))
+    outputs = [Output("--out", args.out), Output("--out (its hot-rows side-car)", side)]
+    return outputs, [("DATASET", args.dataset), ("--placement", args.placement)]
 
 
 def _table_text(summary) -> str:
@@ -150,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.out is not None:
         try:
-            plan_path, side = bridge.export_plan(args.out, sharding_plan, inputs, config)
+            plan_path, side = bridge.export_plan(args.claim.path("--out"), sharding_plan, inputs, config)
         except OSError as e:  # an unwritable or full output location: one line, no traceback
             return error("plan", e)
         print(f"plan written to {plan_path} ({len(inputs.choices)} tables), hot rows to {side}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hotline.cli.args import SubParsers, check_new_output, error
+from hotline.cli.args import SubParsers, add_force, error
 from hotline.cli.evaluate import add_scoring, scoring_trainer
 
 
@@ -18,15 +18,21 @@ def add_parser(subparsers: SubParsers) -> None:
     )
     add_scoring(p, "test")
     p.add_argument("--out", required=True, metavar="FILE", help="FILE.parquet or FILE.npy to write")
-    p.add_argument("--force", action="store_true", help="replace --out if it exists")
-    p.set_defaults(func=run)
+    add_force(p)
+    p.set_defaults(func=run, declare=declare)
+
+
+def declare(args: argparse.Namespace):
+    """Outputs and inputs for the output policy (:mod:`hotline.outputs`)."""
+    from hotline.outputs import Output
+
+    return [Output("--out", args.out)], [("DATASET", args.dataset), ("--load", args.load)]
 
 
 def run(args: argparse.Namespace) -> int:
     from hotline.training.inference import write_predictions
 
     try:
-        check_new_output(args.out, args.force, "--out")
         if not args.out.lower().endswith((".parquet", ".npy")):
             raise ValueError(f"--out {args.out}: expected a .parquet or .npy file name")
         trainer = scoring_trainer(args)
@@ -34,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
             probs, labels = trainer.predict(trainer.dataset.split(args.split), args.eval_max_samples)
         finally:
             trainer.close()
-        write_predictions(args.out, probs, labels)
+        write_predictions(args.claim.path("--out"), probs, labels)
     except (ValueError, OSError, IndexError) as e:
         return error("predict", e)
     print(f"wrote {args.out}: {len(probs):,} predictions of split '{args.split}'", file=sys.stderr)

@@ -8,6 +8,7 @@ from hotline.cli.args import (
     SubParsers,
     add_budget,
     add_embedding,
+    add_force,
     add_output,
     add_progress,
     add_sampling,
@@ -72,9 +73,26 @@ def add_parser(subparsers: SubParsers) -> None:
     add_output(parser, "--out", "write the placement (.npz)")
     add_output(parser, "--json", "write the summary as JSON")
     add_output(parser, "--curve-csv", "write the budget curve as CSV")
+    add_force(parser)
     add_threads(parser, "Numba threads")
     add_progress(parser)
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, declare=declare)
+
+
+def declare(args: argparse.Namespace):
+    """Outputs and inputs for the output policy (:mod:`hotline.outputs`)."""
+    from hotline.outputs import Output
+
+    outputs = [Output("--out", args.out), Output("--json", args.json), Output("--curve-csv", args.curve_csv)]
+    hardware = [("--hardware", args.hardware if args.predict and _is_file(args.hardware) else None),
+                ("--host-hardware", args.host_hardware)]  # fmt: skip
+    return outputs, [("DATASET", args.dataset), *hardware]
+
+
+def _is_file(spec: str) -> bool:
+    from pathlib import Path
+
+    return Path(spec).exists()
 
 
 def _table_text(stats) -> str:
@@ -206,13 +224,13 @@ def run(args: argparse.Namespace) -> int:
     print(_table_text(prof.table_stats(args.hbm_budget, args.always_hot)))
     try:  # an unwritable or full output location is the user's to fix: one line, no traceback
         if placement is not None and args.out is not None:
-            placement.save(args.out)
+            placement.save(args.claim.path("--out"))
             print(f"placement written to {args.out}")
         if summary is not None and args.json is not None:
-            write_json(args.json, summary)
+            write_json(args.claim.path("--json"), summary)
             print(f"summary written to {args.json}")
         if args.curve_csv is not None:
-            write_text(args.curve_csv, prof.curve().to_csv(index=False))
+            write_text(args.claim.path("--curve-csv"), prof.curve().to_csv(index=False))
             print(f"budget curve written to {args.curve_csv}")
     except OSError as e:
         return error("profile", e)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hotline.cli.args import SubParsers, check_new_output, error
+from hotline.cli.args import SubParsers, add_force, error
 
 
 def add_parser(subparsers: SubParsers) -> None:
@@ -18,18 +18,24 @@ def add_parser(subparsers: SubParsers) -> None:
     )
     p.add_argument("metrics", nargs="+", metavar="METRICS.jsonl", help="--metrics files of `hotline train`")
     p.add_argument("--out", required=True, metavar="FILE.png", help="image to write (.png, .svg or .pdf)")
-    p.add_argument("--force", action="store_true", help="replace --out if it exists")
-    p.set_defaults(func=run)
+    add_force(p)
+    p.set_defaults(func=run, declare=declare)
+
+
+def declare(args: argparse.Namespace):
+    """Outputs and inputs for the output policy (:mod:`hotline.outputs`)."""
+    from hotline.outputs import Output
+
+    return [Output("--out", args.out)], [("METRICS.jsonl", m) for m in args.metrics]
 
 
 def run(args: argparse.Namespace) -> int:
     from hotline.training.report import write_report
 
     try:
-        check_new_output(args.out, args.force, "--out")
         if not args.out.lower().endswith((".png", ".svg", ".pdf")):
             raise ValueError(f"--out {args.out}: expected a .png, .svg or .pdf file name")
-        write_report(args.metrics, args.out)
+        write_report(args.metrics, args.claim.path("--out"))
     except (ValueError, OSError) as e:
         return error("report", e)
     print(

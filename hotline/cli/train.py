@@ -15,6 +15,7 @@ from hotline.cli.args import (
     SubParsers,
     add_arch,
     add_device,
+    add_force,
     add_threads,
     error,
     flags,
@@ -163,6 +164,7 @@ def add_parser(subparsers: SubParsers) -> None:
         "--checkpoint-every", type=int, default=0, metavar="N", help="steps between checkpoints (0: none)"
     )
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    add_force(p)
     p.add_argument(
         "--resume-if-present",
         action="store_true",
@@ -189,7 +191,7 @@ def add_parser(subparsers: SubParsers) -> None:
         metavar="N",
         help="train on N local ranks (data-parallel, through torch.distributed.run, as torchrun does; unset: one process)",
     )
-    p.set_defaults(func=run, train_parser=p)
+    p.set_defaults(func=run, declare=declare, train_parser=p)
 
 
 # The one table of which flags have an effect in which --mode: a flag given for a mode it has no effect in is
@@ -296,7 +298,14 @@ def _lookups_per_sample(args: argparse.Namespace) -> int:
 
 
 def config_from_args(args: argparse.Namespace):
-    """The TrainConfig of parsed ``hotline train`` flags (ValueError naming the flag if one is wrong)."""
+    """The TrainConfig of parsed ``hotline train`` flags (ValueError naming the flag if one is wrong); made
+    once per parse (the output policy reads it first)."""
+    if getattr(args, "train_config", None) is None:
+        args.train_config = _config_from_args(args)
+    return args.train_config
+
+
+def _config_from_args(args: argparse.Namespace):
     from hotline.models.dlrm import parse_layers
     from hotline.training.config import TrainConfig
 
@@ -383,19 +392,29 @@ def _launch(args: argparse.Namespace) -> int:
     return launch(args.nproc, ["train", *launcher_argv(args.train_parser, args, ("nproc", "train_parser"))])
 
 
+def declare(args: argparse.Namespace):
+    """The run's outputs and inputs, for the output policy (:mod:`hotline.outputs`): every rank's --save."""
+    from hotline.training.preflight import train_inputs, train_outputs
+
+    config = config_from_args(args)
+    world_size = args.nproc or int(os.environ.get("WORLD_SIZE", "1"))
+    outputs = train_outputs(config, args.save, args.save_placement, world_size)
+    return outputs, train_inputs(config, args.dataset, args.load)
+
+
 def _train(args: argparse.Namespace, distributed: bool) -> int:
     """One process's run: the whole training, or this rank's part of it."""
     from hotline.distributed.comm import Comm
     from hotline.distributed.launcher import EXIT_TRANSIENT, StartError
     from hotline.pipeline.threads import configure_threads
     from hotline.training.checkpoint import load_checkpoint, save_checkpoint
-    from hotline.training.preflight import check_train_outputs, finite_json
+    from hotline.training.preflight import finite_json
     from hotline.training.trainer import Trainer
 
     comm = None
+    claim = args.claim  # the outputs, judged and locked before anything is loaded (hotline.cli.main)
     try:
         config = config_from_args(args)  # a bad flag value is a ValueError: one line like the rest
-        check_train_outputs(config, args.save)  # every output writable before anything is loaded
         if distributed:
             from hotline.distributed.launcher import init_from_env, worker_threads
 
@@ -430,13 +449,13 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
                 step = load_checkpoint(trainer, args.load)
                 if comm.rank == 0:
                     print(f"loaded {args.load} (step {step})", file=sys.stderr)
-            summary = trainer.fit()
+            summary = trainer.fit(claim)
             if config.cold_store == "disk":
                 _report_disk(trainer)
             if args.save:
-                save_checkpoint(trainer, args.save)
+                save_checkpoint(trainer, claim.path("--save") if comm.world_size == 1 else args.save)
             if args.save_placement and comm.rank == 0:
-                trainer.mode.placement.save(args.save_placement)  # --mode hotline: MODE_FLAGS
+                trainer.mode.placement.save(claim.path("--save-placement"))  # --mode hotline: MODE_FLAGS
         finally:
             trainer.close()
         # Every rank reaches this point before any tears gloo down: destroying the group while a peer's

@@ -28,6 +28,7 @@ maps the raw categories with :func:`~hotline.kernels.criteo_parse.map_categories
 
 from __future__ import annotations
 
+import errno
 import gzip
 import os
 import re
@@ -99,6 +100,14 @@ class _UniqueCounter:
         return self.values, self.counts
 
 
+def _over_size_limit(f) -> bool:
+    """Whether ``f`` reached this process's file-size limit (RLIMIT_FSIZE), rather than a full disk."""
+    import resource
+
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return limit != resource.RLIM_INFINITY and os.fstat(f.fileno()).st_size >= limit - (1 << 16)
+
+
 class _Pass1Sink:
     """Appends parsed rows to the temporary files and counts the categories in a background thread, so this
     serial numpy work overlaps with parsing the next block (the Numba kernels release the GIL)."""
@@ -111,7 +120,11 @@ class _Pass1Sink:
 
     def _store(self, labels: np.ndarray, dense: np.ndarray, cats: np.ndarray) -> None:
         for a, f in zip((labels, dense, cats), self.files):
-            a.tofile(f)
+            try:
+                a.tofile(f)
+            except OSError as e:  # numpy says only "N requested and M written": name the file, say why
+                errno_ = e.errno or (errno.EFBIG if _over_size_limit(f) else errno.ENOSPC)
+                raise OSError(errno_, f"{os.strerror(errno_)}: cannot write {Path(f.name).name}") from e
         # One contiguous row per table makes the per-table sort cache friendly.
         for t, column in enumerate(np.ascontiguousarray(cats.T)):
             self.counters[t].add(*np.unique(column, return_counts=True))
@@ -401,7 +414,17 @@ def preprocess(
     with writer:
         tmp = {k: writer.tmp / f"_pass1_{k}.bin" for k in ("labels", "dense", "cats")}
         try:
-            counters = _pass1(stats, tmp, max_ind_range, on_bad_line, block_bytes, progress)
+            try:
+                counters = _pass1(stats, tmp, max_ind_range, on_bad_line, block_bytes, progress)
+            except OSError as e:
+                if e.errno is None or e.filename is not None:
+                    raise
+                what = (
+                    e.strerror
+                    if "cannot write" in str(e.strerror)
+                    else f"{e.strerror}: cannot write the rows parsed in pass 1"
+                )
+                raise OSError(e.errno, f"{what} of dataset {out}; the partial output was removed") from e
             total = sum(s.rows for s in stats)
             if total == 0:
                 skipped = sum(sum(s.bad_lines.values()) for s in stats)

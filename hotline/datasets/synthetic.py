@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hotline._io import temporary_name
 from hotline.datasets.drift import RankDrift
 from hotline.datasets.format import NUM_DENSE, SPLITS, DatasetWriter
 from hotline.datasets.zipf import sample_zipf, zipf_pmf, zipf_top_share  # noqa: F401 - re-exported
@@ -433,8 +434,6 @@ def generate_config(
     progress: bool = True, overwrite: bool = True,
 ) -> Path:  # fmt: skip
     """Generates the dataset described by ``cfg`` at ``out``; see :func:`generate`."""
-    from tqdm.auto import tqdm
-
     from hotline.datasets.format import check_output_dir
 
     check_output_dir(out, overwrite, [raw_tsv] if raw_tsv is not None else [])  # before any TSV is written
@@ -444,7 +443,7 @@ def generate_config(
             f"(bags of up to {max(cfg.bags)} ids); write raw TSV only with one-hot bags (pooling_factor 1)"
         )
     if raw_tsv is not None:
-        from hotline.datasets.criteo_raw import NUM_CATEGORICAL, write_raw_tsv
+        from hotline.datasets.criteo_raw import NUM_CATEGORICAL
 
         if cfg.num_tables != NUM_CATEGORICAL:
             raise ValueError(
@@ -453,6 +452,9 @@ def generate_config(
             )
 
         Path(raw_tsv).parent.mkdir(parents=True, exist_ok=True)
+        # Written beside it under a name only Hotline uses (same suffix: .gz compresses), renamed at the end:
+        # a failed run leaves no partial TSV and an existing file as it was.
+        tsv = Path(raw_tsv).with_name(temporary_name(Path(raw_tsv)).name + Path(raw_tsv).suffix)
     tables = _Tables(cfg)
     model = _PlantedModel(cfg, tables)
     drift = RankDrift(cfg.sizes, cfg.drift_days, cfg.drift_rate, cfg.seed) if cfg.drifts else None
@@ -461,14 +463,33 @@ def generate_config(
     for name in STREAM_ORDER:
         bounds[name] = (start, start + sizes[name])
         start += sizes[name]
-    top_hits = np.zeros(cfg.num_tables, np.int64)
-    val_logit, val_labels, clicks = [], [], 0
-    lookups = np.zeros(cfg.num_tables, np.int64)
     writer = DatasetWriter(
         out, list(cfg.sizes), pooling_factor=cfg.pooling_factor, overwrite=overwrite,
         inputs=[raw_tsv] if raw_tsv is not None else [],
         bag_sizes=None if cfg.uniform else list(cfg.bags), padded=cfg.variable_bags,
     )  # fmt: skip
+    try:
+        return _write(cfg, writer, tables, model, drift, sizes, bounds, raw_tsv and tsv, progress, raw_tsv)
+    finally:
+        if raw_tsv is not None:
+            tsv.unlink(missing_ok=True)
+
+
+def _write(cfg, writer, tables, model, drift, sizes, bounds, tsv, progress, raw_tsv) -> Path:
+    """Fills the dataset (and the raw TSV at temporary name ``tsv``, moved to ``raw_tsv`` last)."""
+    from tqdm.auto import tqdm
+
+    from hotline.datasets.criteo_raw import write_raw_tsv as write_rows
+
+    def write_raw_tsv(path, *arrays, append: bool) -> None:  # a failure names the file the user gave
+        try:
+            write_rows(path, *arrays, append=append)
+        except OSError as e:
+            raise OSError(e.errno, f"{e.strerror}: cannot write {raw_tsv} (no partial file was left)") from e
+
+    top_hits = np.zeros(cfg.num_tables, np.int64)
+    val_logit, val_labels, clicks = [], [], 0
+    lookups = np.zeros(cfg.num_tables, np.int64)
     with writer:
         arrays = {name: writer.create_split(name, sizes[name]) for name in SPLITS}
         bar = tqdm(total=cfg.rows, unit="rows", unit_scale=True, desc="synthetic", disable=not progress)
@@ -489,15 +510,15 @@ def generate_config(
                 if name == "val":
                     val_logit.append(chunk["logit"][a - lo : b - lo])
                     val_labels.append(chunk["labels"][a - lo : b - lo])
-            if raw_tsv is not None:
+            if tsv:
                 cats = np.stack(
                     [tables.raw_values(t, chunk["rows"][:, t, 0]) for t in range(cfg.num_tables)], 1
                 )
-                write_raw_tsv(raw_tsv, chunk["labels"].astype(np.int64), chunk["counts"], cats, append=c > 0)
+                write_raw_tsv(tsv, chunk["labels"].astype(np.int64), chunk["counts"], cats, append=c > 0)
             bar.update(hi - lo)
         bar.close()
-        if raw_tsv is not None and cfg.rows == 0:
-            write_raw_tsv(raw_tsv, np.zeros(0, np.int64), np.zeros((0, NUM_DENSE), np.int64),
+        if tsv and cfg.rows == 0:
+            write_raw_tsv(tsv, np.zeros(0, np.int64), np.zeros((0, NUM_DENSE), np.int64),
                           np.zeros((0, cfg.num_tables), np.int64), append=False)  # fmt: skip
         for dense, sparse, labels in arrays.values():
             for a in (dense, sparse, labels):
@@ -506,7 +527,10 @@ def generate_config(
         extra = {"synthetic": _summary(cfg, model, top_hits, clicks, val_logit, val_labels, lookups)}
         if drift is not None:
             extra["drift"] = drift.meta(cfg.rows)
-        return writer.finish(source=cfg.source(), extra=extra)
+        path = writer.finish(source=cfg.source(), extra=extra)
+        if tsv:
+            os.replace(tsv, raw_tsv)
+        return path
 
 
 def _summary(cfg, model, top_hits, clicks, val_logit, val_labels, lookups) -> dict:

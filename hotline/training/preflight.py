@@ -1,60 +1,54 @@
-"""Checks before the first training step: every output can be written, the input data is in range.
+"""Checks before the first training step: the run's outputs (judged by :mod:`hotline.outputs`), the input
+data in range, the ids in their tables, the run within memory.
 
-A run that would fail after hours (an unwritable ``--dump-params``, a ``--checkpoint-dir`` below a file) fails
-here, before any step, with one clear line naming the flag. Every output is treated the same way: its
-directory is created if missing (as the writers do), and a real temporary file (a name only Hotline uses) is
-created and removed in it, so permissions, read-only mounts and full disks are all seen.
+A run that would fail after hours (an unwritable ``--dump-params``, a ``--checkpoint-dir`` below a file, an
+output that would replace a user's file) fails before any step, with one clear line naming the flag.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import numpy as np
 
-from hotline._io import temporary_name
+
+def train_outputs(config, save=None, save_placement=None, world_size: int = 1) -> list:
+    """The outputs of a training run, for :func:`hotline.outputs.claim`: ``--metrics`` (continued by a
+    resumed run), ``--dump-init``, ``--dump-params``, ``--save-placement``, ``--save`` (every rank's file and
+    its digest), ``--checkpoint-dir`` (a directory checkpoints are added to) and ``--cold-dir``."""
+    from hotline._io import digest_path
+    from hotline.outputs import Output
+    from hotline.training.checkpoint import rank_file
+
+    resumes = bool(config.resume or config.resume_if_present)
+    outs = [
+        Output("--metrics", config.metrics_path, continues="records" if resumes else None),
+        Output("--dump-init", config.dump_init_path),
+        Output("--dump-params", config.dump_params_path),
+        Output("--save-placement", save_placement),
+        Output("--checkpoint-dir", config.checkpoint_dir, kind="dir"),
+        Output(
+            "--cold-dir", config.cold_dir, kind="dir"
+        ),  # its file: the disk store judges it (disk_file.py)
+    ]
+    if save is not None:
+        for r in range(world_size):
+            label = "--save" if r == 0 else f"--save (rank {r})"
+            f = rank_file(save, r, world_size)
+            outs += [Output(label, f), Output(f"{label} (its digest)", digest_path(f))]
+    return outs
 
 
-def _probe(directory: Path, flag: str, path: str | os.PathLike) -> None:
-    """Creates the directory if missing and writes and removes a temporary file in it (ValueError if not)."""
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        probe = temporary_name(directory / "preflight")
-        with open(probe, "wb") as f:
-            f.write(b"\0")
-        probe.unlink()
-    except OSError as e:
-        blocker = next((a for a in (directory, *directory.parents) if a.exists() and not a.is_dir()), None)
-        why = f"{blocker} is a file, not a directory" if blocker is not None else (e.strerror or str(e))
-        raise ValueError(f"{flag} {path}: cannot write there ({why})") from None
-
-
-def check_outputs(outputs: dict[str, str | os.PathLike | None], directories: dict | None = None) -> None:
-    """Raises ValueError naming the flag unless every file in ``outputs`` (flag -> path) and every directory
-    in ``directories`` (flag -> path) can be written; None entries are skipped."""
-    for flag, path in outputs.items():
-        if path is None:
-            continue
-        p = Path(path)
-        if p.is_dir():
-            raise ValueError(f"{flag} {path} is a directory: give a file name")
-        _probe(p.parent, flag, path)
-    for flag, path in (directories or {}).items():
-        if path is None:
-            continue
-        p = Path(path)
-        if p.exists() and not p.is_dir():
-            raise ValueError(f"{flag} {path} exists and is not a directory")
-        _probe(p, flag, path)
-
-
-def check_train_outputs(config, save: str | os.PathLike | None = None) -> None:
-    """The outputs of a training run (``--metrics``, ``--dump-params``, ``--save``, ``--checkpoint-dir``)."""
-    files = {"--metrics": config.metrics_path, "--dump-params": config.dump_params_path, "--save": save}
-    check_outputs(files, {"--checkpoint-dir": config.checkpoint_dir})
+def train_inputs(config, dataset=None, load=None) -> list[tuple[str, object]]:
+    """The inputs of a training run: what no output may be or lie inside."""
+    return [
+        ("DATASET", dataset),
+        ("--load", load),
+        ("--init-params", config.init_params_path),
+        ("--placement", config.placement_path),
+    ]
 
 
 DENSE_LIMIT = 1e6

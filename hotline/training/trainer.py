@@ -23,7 +23,6 @@ import time
 import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -43,7 +42,6 @@ from hotline.training.preflight import (
     check_all_values,
     check_ids,
     check_memory,
-    check_train_outputs,
     check_values,
     finite_json,
 )
@@ -234,29 +232,56 @@ class Trainer:
         check_all_values(self.dataset)  # a NaN, a 3e38 or a label 2.0, with its file, row and column
         self._data_checked = True
 
-    def fit(self) -> dict:
-        """Runs the whole training; returns the summary record (also the last line of ``--metrics``)."""
+    def fit(self, outputs=None) -> dict:
+        """Runs the whole training; returns the summary record (also the last line of ``--metrics``).
+
+        ``outputs``: the run's outputs as :func:`hotline.outputs.claim` judged and locked them (the CLI claims
+        them before loading anything); None: claimed here, refusing to replace any existing file."""
+        own = None
+        if outputs is None:
+            outputs = own = self._claim_outputs()
+        try:
+            return self._fit(outputs)
+        finally:
+            if self._metrics_file is not None:  # a failed run: a file that never got a record stays as it was
+                self._metrics_file.abort()
+                self._metrics_file = None
+            if own is not None:
+                own.release()
+
+    def _claim_outputs(self):
+        """The config's outputs, judged and locked by rank 0 (a rank started by ``--nproc``: its launcher did)."""
+        from hotline import outputs
+        from hotline.training.preflight import train_inputs, train_outputs
+
+        declared = train_outputs(self.config, world_size=self.comm.world_size)
+        if self.comm.rank or os.environ.get("HOTLINE_LAUNCHED"):
+            return outputs.unclaimed(declared)
+        return outputs.claim(declared, train_inputs(self.config, self.dataset.path))
+
+    def _fit(self, outputs) -> dict:
         from tqdm import tqdm  # imported here: the GPU benchmark image has no tqdm and never calls fit()
 
+        from hotline.outputs import LineFile, records_up_to
         from hotline.tiers.tiered import measured_figures
 
         cfg = self.config
-        check_train_outputs(cfg)  # before step 1, not after the last one
         self._check_data()
         total = self.train_steps()
         if total == 0:
             raise ValueError(f"the training split of {self.dataset.path} has no rows to train on")
         checkpoints = self._checkpoints = self._checkpoint_manager()
         resume = cfg.resume or cfg.resume_if_present
-        if checkpoints is not None and checkpoints.start(self, resume, cfg.resume_if_present) is not None:
+        resumed = checkpoints.start(self, resume, cfg.resume_if_present) if checkpoints is not None else None
+        if resumed is not None:
             print(f"resumed from {checkpoints.latest()} at step {self.step_count}", file=sys.stderr)
         if self.announce and self.comm.rank == 0:  # every check passed: training starts now
             print(self.announce, file=sys.stderr)
-        if cfg.metrics_path:  # append-only: flushed after every record
-            Path(cfg.metrics_path).parent.mkdir(parents=True, exist_ok=True)
-            self._metrics_file = open(cfg.metrics_path, "a" if self.step_count else "w")
+        if cfg.metrics_path:  # whole lines only; a resumed run replaces the records of the steps it replays
+            keep = records_up_to(self.step_count) if resume else None
+            self._metrics_file = LineFile(outputs.path("--metrics", cfg.metrics_path), keep)
         if cfg.dump_init_path:  # the parameters this run's first step starts from (after --resume/--load)
-            self.dump_params(cfg.dump_init_path)
+            self.dump_params(outputs.path("--dump-init", cfg.dump_init_path))
         log = LogLines(self.comm.rank == 0, bar=cfg.progress)  # no bar without a TTY: a line per report
         bar = tqdm(total=total, initial=self.step_count, disable=not log.bar, unit="step", dynamic_ncols=True)
         log.before_first_step()
@@ -317,11 +342,11 @@ class Trainer:
             **{f"test_{k}": v for k, v in test.items()},
         }
         self._emit(summary)
-        if self._metrics_file:
+        if self._metrics_file is not None:
             self._metrics_file.close()
             self._metrics_file = None
         if cfg.dump_params_path:
-            self.dump_params(cfg.dump_params_path)
+            self.dump_params(outputs.path("--dump-params", cfg.dump_params_path))
         return summary
 
     @staticmethod
@@ -379,8 +404,7 @@ class Trainer:
     def _emit(self, record: dict) -> None:
         self.history.append(record)
         if self._metrics_file:
-            self._metrics_file.write(finite_json(record) + "\n")  # strict JSON: NaN is null
-            self._metrics_file.flush()
+            self._metrics_file.write_line(finite_json(record))  # strict JSON: NaN is null
 
     # -- evaluation and export ------------------------------------------------------------------------
     @torch.no_grad()
