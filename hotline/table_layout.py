@@ -166,9 +166,10 @@ class BagLayout:
             want += f" or [B, {self.layout.num_tables}, {self.pooling_factor}]"
         raise ValueError(f"sparse ids must be {want} (bag sizes {self.bag_sizes}), got shape {sparse.shape}")
 
-    def check(self, sparse: np.ndarray) -> np.ndarray:
+    def check(self, sparse: np.ndarray, first_sample: int | None = None) -> np.ndarray:
         """The ``[B, C]`` ids of ``sparse``; raises IndexError naming the table and id of the first one out of
-        range (PAD_ID is in range when the layout is padded)."""
+        range (PAD_ID is in range when the layout is padded), and its sample: counted from ``first_sample``
+        in the file when that is given, else within the batch."""
         ids = self.flat(sparse)
         bad = (ids < 0) | (ids >= self.col_size[None, :])
         if self.padded:
@@ -176,10 +177,11 @@ class BagLayout:
         if bad.any():
             b, c = (int(x[0]) for x in np.nonzero(bad))
             t = int(self.col_table[c])
-            raise IndexError(
-                f"table {t}: id {int(ids[b, c])} out of range [0, {self.layout.table_sizes[t]}) "
-                f"(sample {b} of the batch, bag position {c - int(self.bag_start[t])})"
-            )
+            what = f"table {t}: id {int(ids[b, c])} out of range [0, {self.layout.table_sizes[t]})"
+            position = c - int(self.bag_start[t])
+            if first_sample is not None:
+                raise IndexError(f"sample {first_sample + b}, {what} (bag position {position})")
+            raise IndexError(f"{what} (sample {b} of the batch, bag position {position})")
         return ids
 
     def fuse(self, sparse: np.ndarray) -> np.ndarray:

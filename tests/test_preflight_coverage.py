@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from hotline.cli import main
+from hotline.datasets.format import record_arrays
 from hotline.datasets.synthetic import generate
 
 SIZES = [40, 300, 25]
@@ -45,6 +46,7 @@ def _poisoned(clean, tmp_path, split: str, array: str, poison) -> tuple:
     where = poison(a)
     a.flush()
     del a
+    record_arrays(ds)  # an edit on purpose: re-recorded, so the dataset is not refused as a swapped file
     return ds, where
 
 
@@ -70,3 +72,16 @@ def test_a_bad_id_in_the_last_table_of_the_last_sample(clean, tmp_path, capsys, 
     ds, sample = _poisoned(clean, tmp_path, split, "sparse", poison)
     line = _refused_before_step_1(ds, tmp_path, capsys)
     assert f"{split}_sparse.npy, sample {sample}, table {last}: id" in line and f"[0, {SIZES[last]})" in line
+
+
+@pytest.mark.parametrize("split", ["train", "val", "test"])
+@pytest.mark.parametrize("value", [np.nan, 2.0, -1.0])
+def test_a_nan_or_out_of_range_label_in_any_split(clean, tmp_path, capsys, split, value):
+    def poison(labels):
+        row = labels.shape[0] - 2
+        labels[row] = value
+        return row
+
+    ds, row = _poisoned(clean, tmp_path, split, "labels", poison)
+    line = _refused_before_step_1(ds, tmp_path, capsys)
+    assert f"{split}_labels.npy, row {row}" in line

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import signal
@@ -101,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         argv = [a for a in argv if a != "--debug"]
         os.environ["HOTLINE_DEBUG"] = "1"  # for this call only; ranks started by --nproc inherit it
     try:
+        with contextlib.suppress(ValueError):  # not the main thread: Python's own Ctrl-C handling stays
+            signal.signal(signal.SIGINT, _first_interrupt)
         return _main(argv)
     finally:
         if saved is None:
@@ -109,6 +112,15 @@ def main(argv: list[str] | None = None) -> int:
             os.environ["HOTLINE_DEBUG"] = saved
         if in_process and sigint is not None and signal.getsignal(signal.SIGINT) is not sigint:
             signal.signal(signal.SIGINT, sigint)  # a Ctrl-C ignored the rest; the caller keeps its own
+
+
+def _first_interrupt(signum, frame) -> None:
+    """Ctrl-C: further presses are ignored from this instant (before the KeyboardInterrupt unwinds), so two
+    quick presses cannot cut the clean-up short or print a traceback from inside the first one's handling."""
+    from hotline.cli.args import ignore_further_interrupts
+
+    ignore_further_interrupts()
+    raise KeyboardInterrupt
 
 
 def _claim(args: argparse.Namespace):

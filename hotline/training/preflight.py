@@ -127,11 +127,9 @@ def check_ids(dataset) -> None:
             if chunk.min() >= low and (chunk.max(axis=0) < bags.col_size).all():
                 continue
             try:
-                bags.check(chunk)
+                bags.check(chunk, first_sample=lo)
             except IndexError as e:
-                raise IndexError(
-                    f"{Path(dataset.path) / f'{name}_sparse.npy'}, chunk from sample {lo}: {e}"
-                ) from None
+                raise IndexError(f"{Path(dataset.path) / f'{name}_sparse.npy'}, {e}") from None
 
 
 def memory_needed(config, dataset, world_size: int = 1) -> int:
