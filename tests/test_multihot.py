@@ -273,3 +273,16 @@ def test_two_ranks_on_variable_bags_equal_device(setup, tmp_path):
             got = {k: z[k] for k in dev}
         err, where = max_rel_diff(dev, got)
         assert err <= 1e-6, f"{out}: {where} differs from one process by {err:.2e}"
+
+
+def test_torchrec_plan_on_variable_bags(setup, tmp_path, capsys):
+    """`hotline plan` takes padded bags: LRU traces per table of the real ids, pooling factors L_t measured."""
+    pytest.importorskip("torchrec")
+    from hotline.cli import main
+
+    for algorithm in ("lru", "lfu"):
+        out = tmp_path / f"plan-{algorithm}.json"
+        rc = main(["plan", str(setup[0].path), "--algorithm", algorithm, "--compute-device", "cuda", "--no-progress",
+                   "--out", str(out)])  # fmt: skip
+        assert rc == 0, capsys.readouterr().err
+        assert out.is_file()

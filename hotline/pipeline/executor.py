@@ -49,6 +49,7 @@ class Executor:
         worker_threads: int = 1,
         forward_stale: bool = True,
         share_cores: bool = False,
+        hook: Callable[[str, int], None] | None = None,
     ):
         if lookahead < 0:
             raise ValueError(f"lookahead must be >= 0, got {lookahead}")
@@ -69,6 +70,10 @@ class Executor:
             )
         self._cond: threading.Condition | None = None
         self._computed = 0
+        # Tests only (None in production): called as hook(point, step) at "prepared" (producer, step j is in its
+        # staging slot), "submitted" (main, step i is live and queued for write-back), "write_back" and
+        # "written" (writer, before and after step i's rows are stored); it may block to widen a race window.
+        self._hook = hook or _no_hook
 
     # -- the pipeline ------------------------------------------------------------------------------------
     def progress(self, batches: Iterable[Batch]) -> Iterator[StepStats]:
@@ -121,6 +126,7 @@ class Executor:
                     with self._cond:
                         self._live[step] = item
                     writer.submit((item, mode.start_write_back(item)))
+                    self._hook("submitted", step)
                     with self._cond:
                         busy, self._busy = self._busy, 0.0
                     share.record(busy, time.perf_counter() - t0)
@@ -178,10 +184,12 @@ class Executor:
             prep = self.mode.prepare(batch, step=j, copy_stream=copy_stream)
             with self._cond:
                 self._busy += time.perf_counter() - t0
+            self._hook("prepared", j)
             yield prep
 
     def _write_back(self, item) -> None:
         prep, copied = item
+        self._hook("write_back", prep.step)
         t0 = time.perf_counter()
         self.mode.finish_write_back(prep, copied)
         elapsed = time.perf_counter() - t0
@@ -191,6 +199,7 @@ class Executor:
             self._write_time += elapsed
             self._busy += elapsed
             self._cond.notify_all()
+        self._hook("written", prep.step)
 
     def _wake(self, error: BaseException) -> None:
         with self._cond:
@@ -206,6 +215,10 @@ class Executor:
             written = self._written >= upto
         writer.raise_error()
         return written
+
+
+def _no_hook(point: str, step: int) -> None:
+    pass
 
 
 @contextmanager

@@ -11,6 +11,7 @@ from torchrec.distributed.types import (
 )
 
 from hotline.kernels.reuse import lru_hit_counts, stack_distances
+from hotline.table_layout import PAD_ID
 
 ALGORITHMS = {"lru": CacheAlgorithm.LRU, "lfu": CacheAlgorithm.LFU}
 
@@ -76,7 +77,8 @@ class HotlineCacheStats(CacheStatistics):
 
 
 def sampled_trace(profile, max_samples: int | None = None) -> np.ndarray:
-    """The ids the profile sampled, in trace order, as int32 [n, T, L] (at most ``max_samples`` samples)."""
+    """The ids the profile sampled, in trace order, as int32 [n, T, L] (or [n, C] for bags of per-table sizes;
+    at most ``max_samples`` samples)."""
     if profile.dataset is None:
         raise PlanError("the profile has no dataset attached: the LRU curve needs its sampled trace")
     split = profile.dataset.split(profile.profiler.split)
@@ -91,6 +93,14 @@ def lru_hit_curves(profile, max_samples: int | None = 1 << 20) -> list[tuple[np.
     :class:`HotlineCacheStats`). A uniform sample (FAE's default) shortens reuse distances compared with the
     full trace; a ``sample_batches`` profile (a contiguous prefix) gives that prefix's exact curve."""
     trace = sampled_trace(profile, max_samples)
+    if trace.ndim == 2:  # bags of per-table sizes [n, C]: one trace per table, its real ids in sample order
+        bags = profile.dataset.bags
+        out = []
+        for t in range(bags.layout.num_tables):
+            ids = trace[:, bags.bag_start[t] : bags.bag_start[t + 1]]
+            seq = np.ascontiguousarray(ids[ids != PAD_ID])
+            out.append((lru_hit_counts(stack_distances(seq)), int(seq.size)))
+        return out
     n, T, L = trace.shape
     per_table = np.ascontiguousarray(trace.transpose(1, 0, 2).reshape(T, n * L))
     distances = stack_distances(per_table)

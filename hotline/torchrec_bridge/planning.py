@@ -240,7 +240,7 @@ def constraints_from_profile(
         constraints[cfg.name] = ParameterConstraints(
             sharding_types=list(SHARDING_TYPES),
             compute_kernels=[kernel.value],
-            pooling_factors=[float(profile.pooling_factor)],
+            pooling_factors=[float(profile.table_lookups[t]) / max(1, profile.num_samples)],  # L_t (measured)
             cache_params=cache_params,
         )
         choices.append(
