@@ -177,7 +177,7 @@ def _run_criteo_days(args: argparse.Namespace) -> int:
             )
         sizes = [min(s, args.max_rows_per_table) for s in sizes]
     built = _build("data criteo", (DayFileError, OSError, ValueError), lambda: convert_days(
-        args.day_files, args.out, sizes, multi_hot=args.multi_hot, overwrite=args.overwrite,
+        args.day_files, args.out, sizes, multi_hot=args.multi_hot, overwrite=args.force,
         progress=not args.no_progress))  # fmt: skip
     if isinstance(built, int):
         return built
