@@ -150,7 +150,7 @@ def _run_criteo(args: argparse.Namespace) -> int:
     if isinstance(built, int):
         return built
     ds, seconds = built
-    out = ds.path
+    out = args.out  # as given (the dataset is written at its link target, if it is one)
     rows = sum(len(ds.split(s)) for s in ("train", "val", "test"))
     print(f"wrote {out} ({ds.meta['source']['layout']} layout)")
     print(f"  rows: train {len(ds.train):,}  val {len(ds.val):,}  test {len(ds.test):,}")
@@ -281,7 +281,7 @@ def _run_synthetic(args: argparse.Namespace) -> int:
     if isinstance(built, int):
         return built
     ds, seconds = built
-    path = ds.path
+    path = args.out  # as given
     info = ds.meta["synthetic"]
     splits = ", ".join(f"{name} {len(ds.split(name)):,}" for name in SPLITS)
     bags = (
