@@ -35,7 +35,8 @@ def _declare(args: argparse.Namespace):
     from hotline.outputs import Output
 
     outputs = [Output("--out", args.out, kind="dataset"), Output("--raw-tsv", getattr(args, "raw_tsv", None))]
-    return outputs, [("RAW", raw) for raw in getattr(args, "raw", [])]
+    day_files = [("--day-files", getattr(args, "day_files", None))]
+    return outputs, [*(("RAW", raw) for raw in getattr(args, "raw", None) or []), *day_files]
 
 
 def _build(command: str, errors: tuple, make):
@@ -176,12 +177,12 @@ def _run_criteo_days(args: argparse.Namespace) -> int:
             )
         sizes = [min(s, args.max_rows_per_table) for s in sizes]
     built = _build("data criteo", (DayFileError, OSError, ValueError), lambda: convert_days(
-        args.day_files, args.out, sizes, multi_hot=args.multi_hot, overwrite=args.overwrite,
+        args.day_files, args.claim.path("--out"), sizes, multi_hot=args.multi_hot, overwrite=args.force,
         progress=not args.no_progress))  # fmt: skip
     if isinstance(built, int):
         return built
     ds, seconds = built
-    print(f"wrote {ds.path} ({ds.meta['source']['days']} day files, "
+    print(f"wrote {args.out} ({ds.meta['source']['days']} day files, "
           f"{'multi-hot' if ds.meta['source']['multi_hot'] else 'one-hot'})")  # fmt: skip
     print(f"  rows: train {len(ds.train):,}  val {len(ds.val):,}  test {len(ds.test):,}")
     print(f"  bag sizes: {ds.bag_sizes}  table sizes: {ds.table_sizes}")
