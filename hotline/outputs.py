@@ -270,7 +270,13 @@ def claim(
     naming the flag and the path before anything is written. ``None`` paths are skipped."""
     outs = [o for o in outputs if o.path is not None]
     resolved = [(o, Path(o.path), _resolve(o.flag, Path(o.path))) for o in outs]
-    ins = [(flag, Path(p), _resolve(flag, Path(p))) for flag, p in inputs if p is not None]
+    ins = []
+    for flag, p in inputs:  # an input that cannot be resolved (a link loop) is the input checks' to name
+        if p is not None:
+            try:
+                ins.append((flag, Path(p), Path(os.path.abspath(p)).resolve(strict=False)))
+            except (RuntimeError, OSError):
+                continue
     for out, given, target in resolved:
         for flag, p, source in ins:
             if target == source or source in target.parents:

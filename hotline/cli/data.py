@@ -35,7 +35,8 @@ def _declare(args: argparse.Namespace):
     from hotline.outputs import Output
 
     outputs = [Output("--out", args.out, kind="dataset"), Output("--raw-tsv", getattr(args, "raw_tsv", None))]
-    return outputs, [("RAW", raw) for raw in getattr(args, "raw", [])]
+    day_files = [("--day-files", getattr(args, "day_files", None))]
+    return outputs, [*(("RAW", raw) for raw in getattr(args, "raw", None) or []), *day_files]
 
 
 def _build(command: str, errors: tuple, make):
@@ -151,7 +152,7 @@ def _run_criteo(args: argparse.Namespace) -> int:
     if isinstance(built, int):
         return built
     ds, seconds = built
-    out = ds.path
+    out = args.out  # as given (the dataset is written at its link target, if it is one)
     rows = sum(len(ds.split(s)) for s in ("train", "val", "test"))
     print(f"wrote {out} ({ds.meta['source']['layout']} layout)")
     print(f"  rows: train {len(ds.train):,}  val {len(ds.val):,}  test {len(ds.test):,}")
@@ -177,12 +178,12 @@ def _run_criteo_days(args: argparse.Namespace) -> int:
             )
         sizes = [min(s, args.max_rows_per_table) for s in sizes]
     built = _build("data criteo", (DayFileError, OSError, ValueError), lambda: convert_days(
-        args.day_files, args.out, sizes, multi_hot=args.multi_hot, overwrite=args.force,
+        args.day_files, args.claim.path("--out"), sizes, multi_hot=args.multi_hot, overwrite=args.force,
         progress=not args.no_progress))  # fmt: skip
     if isinstance(built, int):
         return built
     ds, seconds = built
-    print(f"wrote {ds.path} ({ds.meta['source']['days']} day files, "
+    print(f"wrote {args.out} ({ds.meta['source']['days']} day files, "
           f"{'multi-hot' if ds.meta['source']['multi_hot'] else 'one-hot'})")  # fmt: skip
     print(f"  rows: train {len(ds.train):,}  val {len(ds.val):,}  test {len(ds.test):,}")
     print(f"  bag sizes: {ds.bag_sizes}  table sizes: {ds.table_sizes}")
@@ -282,7 +283,7 @@ def _run_synthetic(args: argparse.Namespace) -> int:
     if isinstance(built, int):
         return built
     ds, seconds = built
-    path = ds.path
+    path = args.out  # as given
     info = ds.meta["synthetic"]
     splits = ", ".join(f"{name} {len(ds.split(name)):,}" for name in SPLITS)
     bags = (
