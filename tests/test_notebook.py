@@ -35,12 +35,6 @@ def _client(nb, folder: Path, sockets: Path, timeout: int):
     return nbclient.NotebookClient(nb, km=km, timeout=timeout, resources={"metadata": {"path": str(folder)}})
 
 
-def test_notebook_is_committed_without_outputs():
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    assert code and all(not c.outputs and c.execution_count is None for c in code)
-
-
 def test_profile_notebook_runs(tmp_path, sockets):
     nb = nbformat.read(NOTEBOOK, as_version=4)
     client = _client(nb, tmp_path, sockets, timeout=120)
@@ -53,12 +47,6 @@ def test_profile_notebook_runs(tmp_path, sockets):
 
 
 TRAINING_NOTEBOOK = NOTEBOOK.with_name("training_run.ipynb")
-
-
-def test_training_notebook_is_committed_without_outputs():
-    nb = nbformat.read(TRAINING_NOTEBOOK, as_version=4)
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    assert code and all(not c.outputs and c.execution_count is None for c in code)
 
 
 def test_training_notebook_runs(tmp_path, sockets):
@@ -88,12 +76,6 @@ def test_training_notebook_runs(tmp_path, sockets):
 TORCHREC_NOTEBOOK = NOTEBOOK.with_name("torchrec_path.ipynb")
 
 
-def test_torchrec_notebook_is_committed_without_outputs():
-    nb = nbformat.read(TORCHREC_NOTEBOOK, as_version=4)
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    assert code and all(not c.outputs and c.execution_count is None for c in code)
-
-
 def test_torchrec_notebook_runs(tmp_path, sockets):
     pytest.importorskip("torchrec")
     nb = nbformat.read(TORCHREC_NOTEBOOK, as_version=4)
@@ -106,3 +88,10 @@ def test_torchrec_notebook_runs(tmp_path, sockets):
     assert "largest difference of 1,024 predictions" in text
     stderr = [o.text for o in outputs if o.output_type == "stream" and o.name == "stderr"]
     assert not stderr, stderr
+
+
+@pytest.mark.parametrize("name", ["profile_dataset.ipynb", "training_run.ipynb", "torchrec_path.ipynb"])
+def test_notebook_is_committed_without_outputs(name):
+    nb = nbformat.read(NOTEBOOK.with_name(name), as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code and all(not c.outputs and c.execution_count is None for c in code)
