@@ -69,9 +69,7 @@ def parse_blocks(text: str) -> list[tuple[str | None, list[tuple[str, list[str]]
 def matches(expected: list[str], actual: list[str]) -> bool:
     """Whether ``actual`` equals ``expected`` line by line, a ``...`` line matching any run of lines."""
     exp = [_mask(e) for e in expected]
-    act = [
-        _mask(a) for a in actual if not a.startswith("compiling kernels, once")
-    ]  # only a cold cache prints it
+    act = [_mask(a) for a in actual]
     while exp and not exp[-1]:
         exp.pop()
     while act and not act[-1]:
@@ -85,6 +83,22 @@ def matches(expected: list[str], actual: list[str]) -> bool:
         return j < len(act) and exp[i] == act[j] and go(i + 1, j + 1)
 
     return go(0, 0)
+
+
+def _scratch(folder: Path) -> dict:
+    """Makes ``folder`` a page's working directory (``data/`` of this checkout beside it); returns the
+    environment its commands run in (:func:`_shims`)."""
+    (folder / "data").symlink_to(ROOT / "data")
+    return _shims(folder)
+
+
+def _run(command: str, folder: Path, env: dict) -> tuple[int, list[str]]:
+    """Runs a page's command in ``folder``: its exit status and output lines, the scratch folder's path shown
+    as the page's "." and the first-run compile note (only a cold Numba cache prints it) left out."""
+    proc = subprocess.run(command, shell=True, cwd=folder, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=900)  # fmt: skip
+    lines = proc.stdout.replace(f"{folder}/", "").splitlines()
+    return proc.returncode, [x for x in lines if not x.startswith("compiling kernels, once")]
 
 
 def _shims(folder: Path) -> dict:
@@ -125,20 +139,13 @@ def test_page_commands_print_what_the_page_shows(page: Path, tmp_path: Path):
         assert skip is None or skip, f"{page.name}: a skipped block must give its reason"
     if not runnable:
         pytest.skip(f"{page.name} shows no command with output")
-    (tmp_path / "data").symlink_to(ROOT / "data")
-    env = _shims(tmp_path)
+    env = _scratch(tmp_path)
     for _, steps in runnable:
         for command, expected in steps:
-            proc = subprocess.run(
-                command, shell=True, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                text=True, timeout=900,
-            )  # fmt: skip
-            actual = proc.stdout.replace(
-                f"{tmp_path}/", ""
-            ).splitlines()  # the scratch folder is the page's "."
+            code, actual = _run(command, tmp_path, env)
             wants_error = any("error:" in line for line in expected)
-            assert (proc.returncode != 0) == wants_error, (
-                f"{page.name}: `{command}` exited {proc.returncode}:\n{proc.stdout[-3000:]}"
+            assert (code != 0) == wants_error, f"{page.name}: `{command}` exited {code}:\n" + "\n".join(
+                actual[-40:]
             )
             assert matches(expected, actual), (
                 f"{page.name}: `{command}` printed\n"
@@ -201,19 +208,14 @@ def update_page(page: Path) -> None:
     text = page.read_text()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        (folder / "data").symlink_to(ROOT / "data")
-        env = _shims(folder)
+        env = _scratch(folder)
 
         def rerun(m: re.Match) -> str:
             if m.group("skip") is not None:
                 return m.group(0)
             out = []
             for command, _ in parse_blocks(m.group(0))[0][1]:
-                proc = subprocess.run(command, shell=True, cwd=folder, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True)  # fmt: skip
-                shown = proc.stdout.replace(f"{folder}/", "")
-                lines = [x for x in shown.splitlines() if not x.startswith("compiling kernels, once")]
-                out += [f"$ {command}", *lines]
+                out += [f"$ {command}", *_run(command, folder, env)[1]]
             return "```console\n" + "\n".join(out) + "\n```"
 
         page.write_text(_BLOCK.sub(rerun, text))
