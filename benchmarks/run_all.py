@@ -24,6 +24,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's hotline, installed or not
+from hotline._io import write_json, write_text  # noqa: E402 - every file through the one atomic writer
+
 ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
 
@@ -151,11 +154,11 @@ def run(bench: Bench, json_dir: Path, smoke: bool) -> dict:
         out.unlink()  # ours, from an earlier run: a failed run must not quote it
     print(f"== {bench.name}: {shown}", flush=True)
     proc = subprocess.run(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    (json_dir / f"{bench.name}.txt").write_text(proc.stdout)
+    write_text(json_dir / f"{bench.name}.txt", proc.stdout)
     record.update(load_after=list(os.getloadavg()), returncode=proc.returncode)
     if proc.returncode:
         record["error"] = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else "no output"
-    (json_dir / f"{bench.name}.run.json").write_text(json.dumps(record, indent=2) + "\n")
+    write_json(json_dir / f"{bench.name}.run.json", record)
     return record
 
 
@@ -258,8 +261,6 @@ def main(argv: list[str] | None = None) -> int:
         rec = json_dir / f"{bench.name}.run.json"
         if rec.exists():
             records[bench.name] = json.loads(rec.read_text())
-    from hotline._io import write_text
-
     write_text(args.out, page(records, json_dir))
     print(f"wrote {args.out} ({len(records)} of {len(BENCHES)} benchmarks quoted)")
     return 0
