@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import common  # noqa: F401 - puts this checkout's hotline first on sys.path
 import numpy as np
 
 from hotline.datasets.criteo import preprocess
