@@ -175,11 +175,6 @@ class TrainConfig:
                 raise ValueError(
                     f"--cold-store disk keeps the cold rows of --mode hybrid or hotline (not --mode {self.mode})"
                 )
-            if self.optimizer in ("adagrad", "adam"):  # its row records hold at most one state float
-                raise ValueError(
-                    f"--cold-store disk keeps one state float per row: --optimizer sgd or rowwise-adagrad, "
-                    f"not {self.optimizer}"
-                )
             if not self.cold_dir:
                 raise ValueError("--cold-store disk needs --cold-dir DIR (where its file goes)")
             if not os.path.isdir(self.cold_dir):
