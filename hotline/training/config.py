@@ -83,6 +83,9 @@ class TrainConfig:
     """Print nothing while training: no bar, no log lines (a notebook reads the metrics file instead)."""
     metrics_path: str | None = None
     """``--metrics``: write one JSON record per report to this .jsonl file."""
+    force: bool = False
+    """``--force``: a library caller of :meth:`Trainer.fit` may replace existing output files (the CLI judges
+    its outputs itself; never an input of the run, see :mod:`hotline.outputs`)."""
     dump_params_path: str | None = None
     """``--dump-params``: write every parameter by name to this .npz at the end."""
     init_params_path: str | None = None
