@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> dict:
         placements = []
         for b in budgets_for_coverage(prof, args.coverages):
             path = root / f"placement-{b['hot_rows']}.npz"
-            prof.placement(b["budget_bytes"]).save(path)
+            prof.placement(b["budget_bytes"]).save(path, force=True)  # the run's own scratch
             placements.append({**b, "path": str(path)})
 
         def disk(i: str) -> dict:

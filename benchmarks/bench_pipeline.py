@@ -115,7 +115,7 @@ def make_placements(dataset, args, cfg, root: Path, prof=None) -> list[dict]:
     out = []
     for b in common.budgets_for_coverage(prof, args.coverages):
         path = root / f"placement-{b['hot_rows']}.npz"
-        prof.placement(b["budget_bytes"]).save(path)
+        prof.placement(b["budget_bytes"]).save(path, force=True)  # the run's own scratch
         out.append({**b, "path": str(path), "summary": prof.summary(b["budget_bytes"])})
     return out
 

@@ -71,7 +71,7 @@ def generate(path: Path, rows: int, seed: int = 0, chunk: int = 500_000) -> None
         # A fixed odd multiplier spreads ranks over 32 bits like Criteo's hashed values.
         cats = (ranks * 2654435761 + np.arange(26) * 40503) % (1 << 32)
         cats[rng.random((n, 26)) < 0.05] = -1
-        write_raw_tsv(path, labels, dense, cats, append=a > 0)
+        write_raw_tsv(path, labels, dense, cats, append=a > 0, force=True)  # the benchmark's own file
 
 
 def pandas_baseline(path: Path, rows: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -96,7 +96,7 @@ def check_same_conversion(path: Path, out: Path) -> None:
     from hotline.datasets.format import Dataset
 
     labels, dense, sparse = pandas_baseline(path)
-    ds = Dataset(preprocess(path, out, progress=False))
+    ds = Dataset(preprocess(path, out, progress=False, overwrite=True))
     splits = [ds.train, ds.test, ds.val]  # file order (see hotline.datasets.criteo)
     np.testing.assert_array_equal(np.concatenate([s.labels for s in splits]), labels)
     np.testing.assert_allclose(np.concatenate([s.dense for s in splits]), dense, rtol=1e-6)
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         hotline_runs = []
         for _ in range(args.repeats):
             t0, c0 = time.perf_counter(), time.process_time()
-            preprocess(raw, work / "out", progress=False)
+            preprocess(raw, work / "out", progress=False, overwrite=True)  # every repeat replaces the last
             hotline_runs.append((time.perf_counter() - t0, time.process_time() - c0))
         wall, cpu = min(hotline_runs)
         load = os.getloadavg()[0]  # other processes on the machine slow the wall-clock figures down

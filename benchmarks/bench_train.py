@@ -63,8 +63,15 @@ def open_or_generate(path: Path, args) -> tuple[Dataset, float, bool]:
     from hotline.datasets.synthetic import generate
 
     t0 = time.perf_counter()
-    generate(path, args.rows, seed=args.seed, max_rows_per_table=args.max_rows_per_table, zipf=args.zipf,
-             progress=False)  # fmt: skip
+    generate(
+        path,
+        args.rows,
+        seed=args.seed,
+        max_rows_per_table=args.max_rows_per_table,
+        zipf=args.zipf,
+        progress=False,
+        overwrite=True,
+    )  # fmt: skip - the benchmark's own cache, unreadable: made again
     return Dataset(path), time.perf_counter() - t0, False
 
 

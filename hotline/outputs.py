@@ -15,6 +15,10 @@ judges them all before the command does any work, in this order:
 - every output is locked (``flock`` on a lock file beside it, ``.NAME.hotline-lock``) until the command ends:
   a second run writing the same output while the first is alive is refused with one line.
 
+The library functions that write a user's file (``Placement.save``, ``export_plan``, ``write_predictions``,
+``write_report``, ``export_torchrec_dlrm``, ``Trainer.dump_params``, ``write_raw_tsv``; the dataset writers
+through ``overwrite``) judge it by the same rules through :func:`guard`, with ``force=True`` for ``--force``.
+
 Every refusal is an :class:`OutputError` (a ValueError: one line ``hotline CMD: error: ...``, exit 2).
 :class:`LineFile` is the writer of streamed files (``--metrics``): whole lines only, continued from a step.
 """
@@ -112,8 +116,9 @@ def _is_records(path: Path) -> bool:
         return False
 
 
-def _judge_existing(out: Output, given: Path, target: Path, force: bool) -> None:
-    """Refuses what is at ``target`` if this output would destroy it."""
+def _judge_existing(out: Output, given: Path, target: Path, force: bool, force_name: str = "--force") -> None:
+    """Refuses what is at ``target`` if this output would destroy it (``force_name``: how the caller says
+    "replace it": the CLI's ``--force``, a library function's ``force=True``)."""
     try:
         st = os.stat(target)
     except (FileNotFoundError, NotADirectoryError):  # nothing there (a file in the way: _make_parents says)
@@ -131,7 +136,7 @@ def _judge_existing(out: Output, given: Path, target: Path, force: bool) -> None
         if not force:
             _refuse_if_held(out.flag, given, target)  # the more useful line: --force would not help
             raise OutputError(
-                f"{out.flag} {shown} exists: pass --force to replace it, or choose another name"
+                f"{out.flag} {shown} exists: pass {force_name} to replace it, or choose another name"
             )
         return
     if not stat.S_ISDIR(st.st_mode):
@@ -148,7 +153,7 @@ def _judge_existing(out: Output, given: Path, target: Path, force: bool) -> None
         )
     if not force:
         raise OutputError(
-            f"{out.flag} {shown}: output directory already holds a Hotline dataset: pass --force to replace it"
+            f"{out.flag} {shown}: output directory already holds a Hotline dataset: pass {force_name} to replace it"
         )
 
 
@@ -184,7 +189,8 @@ def _held_message(flag: str, given: Path, fd: int) -> str:
 
 
 def _refuse_if_held(flag: str, given: Path, target: Path) -> None:
-    """Raises OutputError if a live run holds ``target``'s lock (an existing lock file; none is made)."""
+    """Raises OutputError if a live run other than this process holds ``target``'s lock (an existing lock
+    file; none is made)."""
     try:
         fd = os.open(lock_path(target), os.O_RDONLY)
     except OSError:
@@ -192,6 +198,8 @@ def _refuse_if_held(flag: str, given: Path, target: Path) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
+        if os.pread(fd, 32, 0).decode(errors="replace").strip() in (str(os.getpid()), str(os.getppid())):
+            return  # this process claimed it, or the launcher of this rank did (a command calling a writer)
         raise OutputError(_held_message(flag, given, fd)) from None
     finally:
         os.close(fd)
@@ -268,6 +276,39 @@ def claim(
 ) -> Claim:
     """Judges every output against the policy (module docstring) and locks them all; raises OutputError
     naming the flag and the path before anything is written. ``None`` paths are skipped."""
+    resolved = _judge(outputs, inputs, force, "--force")
+    locks: list[_Lock] = []
+    try:
+        for out, given, target in resolved:
+            locks.append(_Lock(out.flag, given, target))
+    except BaseException:
+        for lock in locks:
+            lock.release()
+        raise
+    return Claim({o.flag: t for o, _, t in resolved}, locks)
+
+
+def guard(
+    outputs: Iterable[Output],
+    inputs: Iterable[tuple[str, str | os.PathLike | None]] = (),
+    force: bool = False,
+) -> dict[str, Path]:
+    """The policy for a library function that writes (``Placement.save``, ``export_plan``,
+    ``write_predictions`` ...): judges its outputs as :func:`claim` does, with ``force=True`` in place of
+    ``--force``, and refuses one that another live run holds; returns each output's target (a link's). Nothing
+    is locked: the function writes each file whole with one atomic rename. A command that claimed the path
+    first passes ``force=True`` (its own lock is not in the way)."""
+    resolved = _judge(outputs, inputs, force, "force=True")
+    for out, given, target in resolved:
+        _refuse_if_held(out.flag, given, target)
+    return {o.flag: t for o, _, t in resolved}
+
+
+def _judge(
+    outputs: Iterable[Output], inputs: Iterable[tuple[str, str | os.PathLike | None]], force: bool,
+    force_name: str,
+) -> list[tuple[Output, Path, Path]]:  # fmt: skip
+    """Every output judged (the module docstring's rules, parents made): (output, path given, target)."""
     outs = [o for o in outputs if o.path is not None]
     resolved = [(o, Path(o.path), _resolve(o.flag, Path(o.path))) for o in outs]
     ins = []
@@ -303,18 +344,10 @@ def claim(
                     f"writing the dataset there would delete it; choose another name"
                 )
     for out, given, target in resolved:
-        _judge_existing(out, given, target, force)
+        _judge_existing(out, given, target, force, force_name)
     for out, given, target in resolved:
         _make_parents(out.flag, given, target if out.kind == "dir" else target.parent)
-    locks: list[_Lock] = []
-    try:
-        for out, given, target in resolved:
-            locks.append(_Lock(out.flag, given, target))
-    except BaseException:
-        for lock in locks:
-            lock.release()
-        raise
-    return Claim({o.flag: t for o, _, t in resolved}, locks)
+    return resolved
 
 
 # ------------------------------------------------------------------------------------------ streamed files

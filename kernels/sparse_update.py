@@ -169,15 +169,19 @@ def _adagrad_apply(table, state, rows, gsum, lr, eps):
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def _adam_apply(table, state, rows, gsum, lr, beta1, beta2, eps):
-    """FBGEMM's ADAM with row-wise bias correction: the row's counter t += 1, then per element
-    ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g^2``, ``w -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)``."""
+def _adam_apply(table, state, rows, gsum, lr, beta1, beta2, eps, iteration):
+    """FBGEMM's ADAM: the row's counter += 1, then per element ``m = b1 m + (1 - b1) g``,
+    ``v = b2 v + (1 - b2) g^2``, ``w -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)``, where the bias
+    correction's t is the row's counter (row-wise bias correction, ``iteration`` 0) or ``iteration`` for every
+    row (FBGEMM's default: its module's iteration)."""
     D = table.shape[1]
     one = np.float32(1.0)
     for s in prange(rows.shape[0]):
         r = rows[s]
         t = state[r, 2 * D] + one
         state[r, 2 * D] = t
+        if iteration > 0:
+            t = iteration
         c1 = one - beta1**t
         c2 = one - beta2**t
         for d in range(D):
@@ -225,16 +229,19 @@ def sparse_adam_(
     beta2: float,
     eps: float,
     scratch: np.ndarray | None = None,
+    iteration: int = 0,
 ) -> int:
-    """In place Adam (FBGEMM's ADAM, row-wise bias correction) of every touched row: ``state`` [rows, 2 D + 1]
-    holds the first moments, the second moments and the row's step count (see ``_adam_apply``). Returns the
+    """In place Adam (FBGEMM's ADAM) of every touched row: ``state`` [rows, 2 D + 1] holds the first moments,
+    the second moments and the row's step count (see ``_adam_apply``). ``iteration``: 0 corrects the bias by
+    each row's step count (row-wise), n > 0 by step n for every row (FBGEMM's module iteration). Returns the
     rows touched."""
     ids = _check(table, ids, grads)
     _check_state(table, state, 2 * table.shape[1] + 1)
+    if iteration < 0:
+        raise ValueError(f"iteration must be >= 0 (0: each row's own step count), got {iteration}")
     rows, gsum = coalesce(ids, grads, scratch, table.shape[0])
-    _adam_apply(
-        table, state, rows, gsum, np.float32(lr), np.float32(beta1), np.float32(beta2), np.float32(eps)
-    )
+    _adam_apply(table, state, rows, gsum, np.float32(lr), np.float32(beta1), np.float32(beta2), np.float32(eps),
+                np.float32(iteration))  # fmt: skip
     return int(rows.shape[0])
 
 
@@ -263,9 +270,10 @@ def sparse_update_parts_(
     scratch: np.ndarray,
     beta1: float = 0.9,
     beta2: float = 0.999,
+    iteration: int = 0,
 ) -> int:
-    """One sparse update (``kind`` ``sgd``, ``rowwise-adagrad``, ``adagrad`` or ``adam``; ``beta1``/``beta2``:
-    Adam's) from gradients spread over several matrices.
+    """One sparse update (``kind`` ``sgd``, ``rowwise-adagrad``, ``adagrad`` or ``adam``; ``beta1``/``beta2``/
+    ``iteration``: Adam's, see :func:`sparse_adam_`) from gradients spread over several matrices.
 
     Each part is ``(ids, grads, pos)``: lookup j of the part updates row ``ids[j]`` with ``grads[pos[j]]``
     (``pos=None``: ``grads[j]``). Duplicates across all parts are summed in part order, then input order,
@@ -305,9 +313,8 @@ def sparse_update_parts_(
         _adagrad_apply(table, state, rows, gsum, np.float32(lr), np.float32(eps))
     elif kind == "adam":
         _check_state(table, state, 2 * table.shape[1] + 1)
-        _adam_apply(
-            table, state, rows, gsum, np.float32(lr), np.float32(beta1), np.float32(beta2), np.float32(eps)
-        )
+        _adam_apply(table, state, rows, gsum, np.float32(lr), np.float32(beta1), np.float32(beta2),
+                    np.float32(eps), np.float32(iteration))  # fmt: skip
     else:
         _rowwise_adagrad_apply(table, state, rows, gsum, np.float32(lr), np.float32(eps))
     return int(u)

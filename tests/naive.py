@@ -53,16 +53,17 @@ def sparse_adagrad(table, state, ids, grads, lr, eps):
     return table, state
 
 
-def sparse_adam(table, state, ids, grads, lr, beta1, beta2, eps):
+def sparse_adam(table, state, ids, grads, lr, beta1, beta2, eps, iteration=0):
     """Row by row: summed gradient g; the row's counter t += 1 (last state column); m and v (the first D and
-    next D columns) move as Adam's moments; w -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)."""
+    next D columns) move as Adam's moments; w -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps), with
+    t the row's counter, or ``iteration`` for every row when it is > 0."""
     table, state = table.copy(), state.copy()
     D = table.shape[1]
     f = np.float32
     for r in sorted(set(int(i) for i in ids)):
         g = _summed(ids, grads, r, D)
         state[r, 2 * D] += f(1)
-        t = state[r, 2 * D]
+        t = state[r, 2 * D] if iteration == 0 else f(iteration)
         m = f(beta1) * state[r, :D] + (f(1) - f(beta1)) * g
         v = f(beta2) * state[r, D : 2 * D] + (f(1) - f(beta2)) * g * g
         state[r, :D], state[r, D : 2 * D] = m, v

@@ -396,7 +396,7 @@ def test_failed_rewrite_keeps_existing_dataset(tmp_path):
     bad = tmp_path / "bad.txt"
     bad.write_bytes(good.read_bytes() + b"oops\n")
     with pytest.raises(CriteoFormatError, match="line 31"):
-        preprocess(bad, out, progress=False)
+        preprocess(bad, out, progress=False, overwrite=True)
     assert (out / "meta.json").read_text() == before
     assert len(Dataset(out).train) > 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.txt", "ds", "train.txt"]

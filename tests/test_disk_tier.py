@@ -1,5 +1,6 @@
 """The disk cold store (``--cold-store disk``): its file, exactness against device mode and the host-memory
-store, checkpoints and crashes, re-placement, N ranks, and the errors a user can cause."""
+store for every optimizer (records of the row and its whole optimizer state), checkpoints and crashes,
+re-placement, N ranks, and the errors a user can cause."""
 
 import os
 import signal
@@ -18,7 +19,15 @@ from hotline.datasets.synthetic import generate
 from hotline.distributed.launcher import spawn, train_and_dump
 from hotline.models.dlrm import init_embedding_table
 from hotline.placement import Placement
-from hotline.tiers.disk_file import PAGE, RowFile, made_by_hotline, order_path
+from hotline.table_layout import OPTIMIZERS, bytes_per_row, state_floats_per_row
+from hotline.tiers.disk_file import (
+    PAGE,
+    RowFile,
+    made_by_hotline,
+    manifest_path,
+    order_path,
+    pages_per_record,
+)
 from hotline.tiers.disk_store import cold_file, popularity_order, table_chunks
 from hotline.training.checkpoint import CheckpointManager
 
@@ -89,7 +98,10 @@ def test_popularity_order():
     assert order.tolist() == [1, 4, 2, 0, 3, 6, 5]  # by count (ties by id), never counted, then the hot rows
 
 
-@pytest.mark.parametrize("dim,state,cache", [(16, 1, 0), (8, 0, 0), (16, 1, 3000), (1100, 1, 0)])
+@pytest.mark.parametrize(
+    "dim,state,cache",
+    [(16, 1, 0), (8, 0, 0), (16, 1, 3000), (1100, 1, 0), (8, 17, 0), (16, 16, 3000), (600, 1201, 0)],
+)  # (8, 17): Adam at dim 8, 100-byte records across page boundaries; (600, 1201): Adam records of 3 pages
 def test_row_file_reads_and_writes_rows(tmp_path, dim, state, cache):
     """Random rows (records straddling pages; duplicates in a read) read and written in place, through the
     DRAM tier or not, equal a numpy model of the rows; rows that share a page are read by one call."""
@@ -104,8 +116,8 @@ def test_row_file_reads_and_writes_rows(tmp_path, dim, state, cache):
             rows = rng.choice(n, size=rng.integers(1, 400), replace=False)
             got, pages = f.read_rows(np.concatenate([rows, rows[:3]]))
             assert np.array_equal(got[: rows.shape[0]], model[rows]) and np.array_equal(
-                got[-3:], model[rows[:3]]
-            )
+                got[rows.shape[0] :], model[rows[:3]]
+            )  # the repeated rows (fewer than 3 when rows has fewer)
             new = rng.standard_normal((rows.shape[0], dim + state)).astype(np.float32)
             f.write_rows(rows, new)
             model[rows] = new
@@ -121,6 +133,62 @@ def test_row_file_reads_and_writes_rows(tmp_path, dim, state, cache):
         f.close()
     assert made_by_hotline(tmp_path / "rows.bin") and order_path(tmp_path / "rows.bin").is_file()
     assert np.array_equal(np.load(order_path(tmp_path / "rows.bin")), order)
+
+
+def test_the_header_records_the_optimizer_and_refuses_a_file_made_for_another(tmp_path):
+    """The manifest (the file's header) records the record: rows, dim, the optimizer and its state floats,
+    the record's bytes. RowFile.open takes the file as it stands (its rows, its order, its DRAM tier's rows
+    read back) and refuses, with one line, a file made for another optimizer or dim, or cut short."""
+    import json
+
+    path, dim, n = tmp_path / "rows.bin", 8, 700
+    S = state_floats_per_row("adam", dim)
+    rng = np.random.default_rng(1)
+    order, model = rng.permutation(n), rng.standard_normal((n, dim + S)).astype(np.float32)
+    f = RowFile(path, n, dim, S, order, optimizer="adam")
+    try:
+        f.put_rows(np.arange(n), model)
+    finally:
+        f.close()
+    header = json.loads(manifest_path(path).read_text())
+    assert (header["rows"], header["dim"], header["optimizer"], header["state_floats"]) == (n, dim, "adam", S)
+    assert header["record_bytes"] == bytes_per_row(dim, "adam") == 4 * (dim + 2 * dim + 1)
+    g = RowFile.open(path, dim, S, "adam", io_depth=2, cache_bytes=5000)
+    try:
+        assert np.array_equal(g.order, order) and g.cache_rows > 0
+        rows = rng.choice(n, 300, replace=False)
+        assert np.array_equal(g.read_rows(rows)[0], model[rows])
+    finally:
+        g.close()
+    for d, s, opt, what in [(dim, dim, "adagrad", "optimizer adam, dim 8, 17 state floats per row"),
+                            (dim, 1, "rowwise-adagrad", "17 state floats"), (4, 9, "adam", "dim 8")]:  # fmt: skip
+        with pytest.raises(ValueError, match="was made for") as e:
+            RowFile.open(path, d, s, opt)
+        assert what in str(e.value) and str(path) in str(e.value) and "\n" not in str(e.value)
+    os.truncate(path, PAGE)
+    with pytest.raises(ValueError, match="truncated"):
+        RowFile.open(path, dim, S, "adam")
+    (tmp_path / "mine.bin").write_bytes(b"x")
+    with pytest.raises(ValueError, match="not a cold-row file Hotline made"):
+        RowFile.open(tmp_path / "mine.bin", dim, S, "adam")
+
+
+def test_pages_per_record_and_the_cost_models_default_disk_tier():
+    """A row read alone costs the pages its record spans: the mean over the file's packed records (counted
+    here record by record), which the cost model's DiskTier.of_records takes from the optimizer's record."""
+    from hotline.profiling.costmodel import DiskTier
+
+    for record in (16, 100, 1540, PAGE, PAGE + 4, 3 * PAGE - 8):
+        start = np.arange(PAGE, dtype=np.int64) * record  # a whole period of offsets within a page
+        spans = (start + record - 1) // PAGE - start // PAGE + 1
+        assert pages_per_record(record) == pytest.approx(spans.mean())
+    assert pages_per_record(PAGE) == 1.0 and pages_per_record(64) == 1.0
+    for opt in OPTIMIZERS:
+        tier = DiskTier.of_records(128, opt, cached_share=0.25)
+        assert tier.pages_per_cold_row == pytest.approx(pages_per_record(bytes_per_row(128, opt)))
+        assert tier.cached_share == 0.25
+    # Adam at dim 128: 1540-byte records at offsets 4 bytes apart, 384 of each 1024 across a page boundary
+    assert DiskTier.of_records(128, "adam").pages_per_cold_row == 1.375
 
 
 def test_direct_io_mode_is_reported(tmp_path):
@@ -155,13 +223,14 @@ def test_a_write_keeps_the_neighbours_another_write_changed(tmp_path):
 
 
 # -- exactness ------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("optimizer", ["sgd", "rowwise-adagrad"])
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
 @pytest.mark.parametrize("mode,lookahead,micro", [("hybrid", 0, "auto"), ("hotline", 0, "fused"),
                                                   ("hotline", 1, "auto"), ("hotline", 2, "auto"),
                                                   ("hotline", 4, "auto")])  # fmt: skip
 def test_disk_store_is_bit_identical_to_device(data, tmp_path, optimizer, mode, lookahead, micro):
     """hybrid and the fused hotline paths with the disk store: every parameter bit-identical to device mode
-    (as the host-memory store is)."""
+    (as the host-memory store is), for every optimizer (Adagrad's D and Adam's 2 D + 1 state floats per row
+    in each record)."""
     ds, placement = data
     got, stats = _run(
         ds, _config(mode, placement, tmp_path, optimizer, lookahead=lookahead, micro_batches=micro)
@@ -172,7 +241,7 @@ def test_disk_store_is_bit_identical_to_device(data, tmp_path, optimizer, mode, 
         assert sum(s.counters["stale_rows"] for s in stats) > 0  # the claim rule had rows to re-read
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "rowwise-adagrad"])
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_split_path_equals_the_memory_store(data, tmp_path, optimizer):
     """K = 0 with split micro-batches (equal to device mode up to reassociation): the same bits as the
     host-memory store; also with a DRAM tier holding part of the rows."""
@@ -182,22 +251,23 @@ def test_split_path_equals_the_memory_store(data, tmp_path, optimizer):
     _equal(mem, _run(ds, _config("hotline", placement, tmp_path, optimizer, lookahead=0, cold_cache=2000))[0])
 
 
-def test_dram_tier_with_lookahead_is_bit_identical(data, tmp_path):
+@pytest.mark.parametrize("optimizer", ["rowwise-adagrad", "adam"])
+def test_dram_tier_with_lookahead_is_bit_identical(data, tmp_path, optimizer):
     ds, placement = data
-    got = _run(ds, _config("hotline", placement, tmp_path, "rowwise-adagrad", lookahead=2, cold_cache=4096))[
-        0
-    ]
-    _equal(_device_run(ds, "rowwise-adagrad"), got)
+    got = _run(ds, _config("hotline", placement, tmp_path, optimizer, lookahead=2, cold_cache=4096))[0]
+    _equal(_device_run(ds, optimizer), got)
 
 
-def test_replacement_with_the_disk_store(data, tmp_path):
-    """Re-placement moves rows between the hot tier and the file: the same bits as with the memory store."""
+@pytest.mark.parametrize("optimizer", ["rowwise-adagrad", "adagrad", "adam"])
+def test_replacement_with_the_disk_store(data, tmp_path, optimizer):
+    """Re-placement moves rows and their whole state between the hot tier and the file: the same bits as
+    with the memory store."""
     ds, placement = data
-    kw = {"lookahead": 2, "replace_every": 6, "optimizer": "rowwise-adagrad"}
+    kw = {"lookahead": 2, "replace_every": 6, "optimizer": optimizer}
     mem, mem_stats = _run(ds, _config("hotline", placement, tmp_path, disk=False, **kw))
     got, _ = _run(ds, _config("hotline", placement, tmp_path, **kw))
     _equal(mem, got)
-    _equal(_device_run(ds, "rowwise-adagrad"), got)
+    _equal(_device_run(ds, optimizer), got)
 
 
 def test_two_ranks_each_with_its_own_file(data, tmp_path):
@@ -206,14 +276,15 @@ def test_two_ranks_each_with_its_own_file(data, tmp_path):
     cold = tmp_path / "cold"
     cold.mkdir()
     jobs = []
-    for name, disk, k, opt in [("mem", False, 2, "rowwise-adagrad"), ("disk", True, 2, "rowwise-adagrad"),
-                               ("hmem", False, 0, "sgd"), ("hdisk", True, 0, "sgd")]:  # fmt: skip
-        mode = "hotline" if name in ("mem", "disk") else "hybrid"
+    runs = [("mem", False, 2, "rowwise-adagrad"), ("disk", True, 2, "rowwise-adagrad"),
+            ("hmem", False, 0, "sgd"), ("hdisk", True, 0, "sgd"), ("amem", False, 2, "adam"), ("adisk", True, 2, "adam")]  # fmt: skip
+    for name, disk, k, opt in runs:
+        mode = "hybrid" if name.startswith("h") else "hotline"
         jobs.append((_config(mode, placement, cold, opt, disk=disk, steps=12, lookahead=k), str(ds.path),
                      str(tmp_path / f"{name}.npz")))  # fmt: skip
     spawn(2, train_and_dump, jobs)
-    out = {name: np.load(tmp_path / f"{name}.npz") for name in ("mem", "disk", "hmem", "hdisk")}
-    for a, b in (("mem", "disk"), ("hmem", "hdisk")):
+    out = {name: np.load(tmp_path / f"{name}.npz") for name, *_ in runs}
+    for a, b in (("mem", "disk"), ("hmem", "hdisk"), ("amem", "adisk")):
         assert out[a].files == out[b].files
         for k in out[a].files:
             if k not in ("step_end_s", "stale_rows", "bytes_sent"):  # timing: how far ahead it fetched
@@ -222,13 +293,14 @@ def test_two_ranks_each_with_its_own_file(data, tmp_path):
 
 
 # -- checkpoints, crashes -------------------------------------------------------------------------------
-@pytest.mark.parametrize("lookahead", [0, 2])
-def test_resume_from_a_disk_backed_checkpoint(data, tmp_path, lookahead):
-    """A checkpoint is taken between steps with every row back in the file (a consistent snapshot); the
-    file then moves on past it (a later step, or a crash, leaves it ahead of the checkpoint), and the resume
-    loads the checkpoint into the file: bit-identical to the straight run."""
+@pytest.mark.parametrize("lookahead,optimizer", [(0, "rowwise-adagrad"), (2, "rowwise-adagrad"), (2, "adam")])
+def test_resume_from_a_disk_backed_checkpoint(data, tmp_path, lookahead, optimizer):
+    """A checkpoint is taken between steps with every row and its state back in the file (a consistent
+    snapshot); the file then moves on past it (a later step, or a crash, leaves it ahead of the checkpoint),
+    and the resume loads the checkpoint into the file: bit-identical to the straight run (Adam: its moments
+    and per-row step counts carried through the checkpoint into the file)."""
     ds, placement = data
-    kw = {"lookahead": lookahead, "optimizer": "rowwise-adagrad"}
+    kw = {"lookahead": lookahead, "optimizer": optimizer}
     straight = _run(ds, _config("hotline", placement, tmp_path / "a", disk=False, **kw))[0]
     ck, cold = tmp_path / "ck", tmp_path / "cold"
     cold.mkdir()

@@ -44,6 +44,9 @@ def test_profile_notebook_runs(tmp_path, sockets):
     assert sum(o.output_type == "display_data" and "image/png" in o.get("data", {}) for o in outputs) == 3
     assert not [o for o in outputs if o.output_type == "error"]
     assert not [o.text for o in outputs if o.output_type == "stream" and o.name == "stderr"]  # no warnings
+    # Run again in the same folder, as a user does: it replaces what it wrote (it says force / overwrite).
+    again = nbformat.read(NOTEBOOK, as_version=4)
+    _client(again, tmp_path, sockets, timeout=120).execute()
 
 
 TRAINING_NOTEBOOK = NOTEBOOK.with_name("training_run.ipynb")

@@ -49,22 +49,25 @@ def _case(seed, rows, n, dim, kind):
     return table, state, ids, grads
 
 
-def _twin(kind, table, state, ids, grads, lr=0.05, eps=1e-8):
+def _twin(kind, table, state, ids, grads, lr=0.05, eps=1e-8, iteration=0):
     if kind == "adagrad":
         return naive.sparse_adagrad(table, state, ids, grads, lr, eps)
-    return naive.sparse_adam(table, state, ids, grads, lr, 0.9, 0.999, eps)
+    return naive.sparse_adam(table, state, ids, grads, lr, 0.9, 0.999, eps, iteration)
 
 
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**31), rows=st.integers(1, 40), n=st.integers(0, 100), dim=st.integers(1, 9),
-       kind=st.sampled_from(NEW))  # fmt: skip
-def test_kernels_equal_twins(seed, rows, n, dim, kind):
+       kind=st.sampled_from(NEW), iteration=st.sampled_from([0, 1, 7]))  # fmt: skip
+def test_kernels_equal_twins(seed, rows, n, dim, kind, iteration):
+    """iteration (Adam): 0 corrects the bias by each row's step count, n > 0 by step n for every row."""
     table, state, ids, grads = _case(seed, rows, n, dim, kind)
-    exp_t, exp_s = _twin(kind, table, state, ids, grads)
+    exp_t, exp_s = _twin(kind, table, state, ids, grads, iteration=iteration)
     if kind == "adagrad":
         touched = sparse_update.sparse_adagrad_(table, state, ids, grads, 0.05, 1e-8)
     else:
-        touched = sparse_update.sparse_adam_(table, state, ids, grads, 0.05, 0.9, 0.999, 1e-8)
+        touched = sparse_update.sparse_adam_(
+            table, state, ids, grads, 0.05, 0.9, 0.999, 1e-8, iteration=iteration
+        )
     assert touched == len(set(ids.tolist()))
     np.testing.assert_allclose(state, exp_s, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(table, exp_t, rtol=1e-5, atol=1e-6)
@@ -115,10 +118,10 @@ def test_state_shapes_are_checked():
     assert bytes_per_row(16, "adagrad") == 4 * 32 and bytes_per_row(16, "adam") == 4 * (16 + 33)
 
 
-@pytest.mark.parametrize("kind", NEW)
-def test_torch_path_equals_numba_path(kind):
+@pytest.mark.parametrize("kind,iteration", [("adagrad", 0), ("adam", 0), ("adam", 5)])
+def test_torch_path_equals_numba_path(kind, iteration):
     table, _, ids, grads = _case(3, 40, 300, 8, kind)
-    opt = SparseOptimizer(kind, 0.1, dim=8)
+    opt = SparseOptimizer(kind, 0.1, dim=8, iteration=iteration)
     t1, s1 = torch.from_numpy(table.copy()), opt.new_state(40)
     t2, s2 = torch.from_numpy(table.copy()), opt.new_state(40)
     for _ in range(3):

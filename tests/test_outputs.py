@@ -428,6 +428,158 @@ def test_the_policy_names_every_refusal(tmp_path):
     shutil.rmtree(tmp_path / "a")
 
 
+# ------------------------------------------------------------------------------------------ library writers
+def _library_writers(env):
+    """Every library function that writes a user-named file: name -> (write(out, force), suffix, own input).
+    ``own input``: an input of the call given as its output (refused even with force=True), or None."""
+    import numpy as np
+
+    from hotline.datasets.criteo_raw import write_raw_tsv
+    from hotline.datasets.format import Dataset
+    from hotline.placement import Placement
+    from hotline.torchrec_bridge.plan_files import save_hot_rows
+    from hotline.training.export import export_torchrec_dlrm
+    from hotline.training.inference import trainer_from_checkpoint, write_predictions
+    from hotline.training.report import write_report
+
+    placement = Placement.load(env["placement"])
+    names = [f"t{t}" for t in range(placement.num_tables)]
+    trainer = trainer_from_checkpoint(Dataset(env["ds"]), env["ckpt"], progress=False)
+    zeros = np.zeros
+    return {
+        "Placement.save": (lambda out, force: placement.save(out, force=force), ".npz", None),
+        "save_hot_rows": (lambda out, force: save_hot_rows(out, placement, names, force=force), ".npz", None),
+        "write_predictions": (
+            lambda out, force: write_predictions(out, zeros(4), zeros(4), force=force),
+            ".npy",
+            None,
+        ),
+        "write_report": (
+            lambda out, force: write_report([env["metrics"]], out, force=force),
+            ".png",
+            "metrics",
+        ),
+        "export_torchrec_dlrm": (
+            lambda out, force: export_torchrec_dlrm(env["ckpt"], out, force=force),
+            ".pt",
+            "ckpt",
+        ),
+        "dump_params": (lambda out, force: trainer.dump_params(out, force=force), ".npz", "ds_labels"),
+        "write_raw_tsv": (
+            lambda out, force: write_raw_tsv(
+                out, zeros(1, int), zeros((1, 13), int), zeros((1, 26), int), force=force
+            ),  # fmt: skip
+            ".tsv",
+            None,
+        ),
+    }
+
+
+LIBRARY_WRITERS = ["Placement.save", "save_hot_rows", "write_predictions", "write_report",
+                   "export_torchrec_dlrm", "dump_params", "write_raw_tsv"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def writers(env):
+    return _library_writers(env)
+
+
+@pytest.mark.parametrize("name", LIBRARY_WRITERS)
+def test_library_writers_refuse_a_user_file_unless_forced(env, writers, tmp_path, name):
+    """The functions a notebook calls judge their output as the commands do: an existing file or a link to
+    one is refused (bytes unchanged, nothing else made) unless force=True, which then replaces it."""
+    write, suffix, _ = writers[name]
+    out = tmp_path / f"mine{suffix}"
+    out.write_bytes(USER)
+    target = tmp_path / "notes.txt"
+    target.write_bytes(USER)
+    link = tmp_path / f"link{suffix}"
+    link.symlink_to(target)
+    before = _tree(tmp_path)
+    with pytest.raises(OutputError, match=f"{name}.* exists: pass force=True to replace it"):
+        write(out, False)
+    with pytest.raises(OutputError, match="a link to"):
+        write(link, False)
+    assert _tree(tmp_path) == before
+    write(out, True)
+    write(link, True)
+    assert out.read_bytes() != USER and target.read_bytes() != USER  # replaced: the link's target written
+    assert link.is_symlink()
+    fresh = tmp_path / "new" / f"made{suffix}"
+    write(fresh, False)  # a new path: written, parents made
+    assert fresh.stat().st_size > 0
+
+
+@pytest.mark.parametrize("name", [n for n in LIBRARY_WRITERS if n in ("write_report", "export_torchrec_dlrm",
+                                                                      "dump_params")])  # fmt: skip
+def test_library_writers_never_write_onto_their_own_input(env, writers, name, tmp_path):
+    write, _, own = writers[name]
+    sources = {"metrics": env["metrics"], "ckpt": env["ckpt"], "ds_labels": env["ds"] / "train_labels.npy"}
+    source = sources[own]
+    if name == "write_report":  # a metrics file with an image's name, read and given as the image
+        from hotline.training.report import write_report
+
+        source = shutil.copy(source, tmp_path / "run.png")
+        write = lambda out, force: write_report([out], out, force=force)  # noqa: E731
+    before = _sha(source)
+    with pytest.raises(OutputError, match="refused even with --force|would delete it"):
+        write(source, True)
+    assert _sha(source) == before
+
+
+def test_library_writers_refuse_a_path_another_run_holds(env, writers, tmp_path):
+    """A file that a live command (another process) has claimed is refused even with force=True."""
+    out = tmp_path / "held.npz"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom pathlib import Path\nfrom hotline.outputs import Output, "
+         "claim\nc = claim([Output('--out', Path(sys.argv[1]))])\nprint('held', flush=True)\ntime.sleep(600)",
+         str(out)], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(OutputError, match="being written by another Hotline run"):
+            writers["Placement.save"][0](out, True)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not out.exists()
+
+
+def test_export_plan_refuses_its_file_and_its_side_car_before_any_work(tmp_path):
+    """export_plan judges plan.json and its hot-rows side-car before it reads its arguments (none given here)."""
+    from hotline.torchrec_bridge.plan_files import export_plan, hot_rows_path
+
+    plan = tmp_path / "plan.json"
+    plan.write_bytes(USER)
+    with pytest.raises(OutputError, match="export_plan path .* exists: pass force=True"):
+        export_plan(plan, None, None, None)
+    plan.unlink()
+    hot_rows_path(plan).write_bytes(USER)
+    with pytest.raises(OutputError, match="hot-rows file .* exists: pass force=True"):
+        export_plan(plan, None, None, None)
+    assert hot_rows_path(plan).read_bytes() == USER and not plan.exists()
+
+
+def test_dataset_writers_keep_an_existing_dataset_unless_overwrite(env, tmp_path):
+    """generate / preprocess replace an existing dataset only with overwrite=True (the CLI's --force), and
+    generate's raw_tsv is a user's file like any other."""
+    from hotline.datasets.criteo import preprocess
+
+    ds = generate(tmp_path / "ds", 300, seed=5, table_sizes=[20] * 26, progress=False)
+    before = _tree(ds)
+    with pytest.raises(ValueError, match="pass --force|already holds a Hotline dataset"):
+        generate(ds, 300, seed=6, table_sizes=[20] * 26, progress=False)
+    with pytest.raises(ValueError, match="already holds a Hotline dataset|pass --force"):
+        preprocess(env["raw"], ds, progress=False)
+    assert _tree(ds) == before
+    raw = tmp_path / "mine.tsv"
+    raw.write_bytes(USER)
+    with pytest.raises(OutputError, match="raw_tsv .* exists: pass force=True"):
+        generate(tmp_path / "new", 300, seed=6, table_sizes=[20] * 26, raw_tsv=raw, progress=False)
+    assert raw.read_bytes() == USER and not (tmp_path / "new").exists()
+    generate(ds, 300, seed=6, table_sizes=[20] * 26, progress=False, overwrite=True)
+    assert _tree(ds) != before
+
+
 def test_every_test_the_data_safety_page_names_exists():
     import ast
     import re

@@ -10,7 +10,11 @@ difference is floating-point reassociation, bounded here by 1e-6 relative:
 - two ranks: every gradient is a sum of two per-rank sums (DDP's all-reduce, the owners' sums) where the
   reference sums the global batch in one pass;
 - row-wise Adagrad: Hotline computes ``w - g * (lr / (sqrt(s) + eps))``, torchrec's RowWiseAdagrad
-  ``w - lr * g / (sqrt(s) + eps)``.
+  ``w - lr * g / (sqrt(s) + eps)``;
+- Adagrad (FBGEMM's EXACT_ADAGRAD): the reference is fbgemm's own CPU update, torchrec's
+  FusedEmbeddingBagCollection trained with the same fused optimizer; Adam (FBGEMM's ADAM, which fbgemm's CPU
+  TBE does not have): FBGEMM's formula in plain PyTorch (``torchrec_workers.FbgemmAdam``). Each rounds the
+  same formulas in its own order.
 Through torchrec's TrainPipelineSparseDist and the prefetch pipeline (whose prefetch hook fetches the next
 batch's cold rows early, under the claim rule) training is bit-identical to the plain loop.
 """
@@ -28,7 +32,8 @@ from hotline.distributed.launcher import spawn  # noqa: E402
 
 STEPS, BATCH = 20, 16
 JOBS = [("sgd", "plain"), ("rowwise-adagrad", "plain"), ("sgd", "sparse_dist"), ("sgd", "prefetch"),
-        ("rowwise-adagrad", "prefetch")]  # fmt: skip
+        ("rowwise-adagrad", "prefetch"), ("adagrad", "plain"), ("adam", "plain"), ("adam", "prefetch")]  # fmt: skip
+KINDS = ("sgd", "rowwise-adagrad", "adagrad", "adam")
 
 
 def run(world: int, tmp_path) -> dict:
@@ -40,12 +45,12 @@ def run(world: int, tmp_path) -> dict:
 @pytest.fixture(scope="module")
 def references() -> dict:
     out = {}
-    for kind in ("sgd", "rowwise-adagrad"):
-        model = w.train_reference(kind, STEPS, BATCH)
+    for kind in KINDS:
+        model, optim = w.train_reference(kind, STEPS, BATCH)  # optim: fbgemm's (or FbgemmAdam's) state
         model.eval()
         with torch.no_grad():
             _, (_, logits, _) = model(w.batch(999, BATCH))
-        out[kind] = (model.state_dict(), logits.reshape(-1))
+        out[kind] = (model.state_dict(), logits.reshape(-1), optim)
     return out
 
 
@@ -74,7 +79,11 @@ def assert_pipelines_equal_plain(results: dict) -> None:
         for key, state in plain["optim"]["state"].items():
             for name, t in state.items():
                 assert torch.equal(got["optim"]["state"][key][name], t), (kind, pipe, name)
-    for kind in ("sgd", "rowwise-adagrad"):  # the look-ahead really read rows an earlier step was to update
+    for kind in (
+        "sgd",
+        "rowwise-adagrad",
+        "adam",
+    ):  # the look-ahead really read rows an earlier step was to update
         assert results[(kind, "prefetch")]["refreshed"] > 0
         assert results[(kind, "plain")]["refreshed"] == 0
 
@@ -82,8 +91,8 @@ def assert_pipelines_equal_plain(results: dict) -> None:
 @pytest.mark.parametrize("world", [1, 2])
 def test_dmp_with_hotline_sharder_trains_like_torchrec(world, references, tmp_path):
     results = run(world, tmp_path)
-    for kind in ("sgd", "rowwise-adagrad"):
-        drift = assert_matches_reference(results[(kind, "plain")], *references[kind])
+    for kind in KINDS:
+        drift = assert_matches_reference(results[(kind, "plain")], *references[kind][:2])
         if world == 1 and kind == "sgd":  # one rank, SGD: every dense layer is bit-identical
             assert all(v == 0.0 for k, v in drift.items() if "embedding_bags" not in k), drift
     # row-wise Adagrad's accumulators, in torchrec's FusedEmbeddingBagCollection convention
@@ -92,4 +101,19 @@ def test_dmp_with_hotline_sharder_trains_like_torchrec(world, references, tmp_pa
     rows = len(range(w.SIZES[0], w.SIZES[0] + w.SIZES[1], world))  # rank 0's rows of t_1 (all on one rank)
     assert optim[key]["t_1.weight.momentum_1"].shape == (rows,)
     assert results[("sgd", "plain")]["optim"]["state"] == {}
+    # Adagrad's accumulators and Adam's moments: [rows, D] each, named as torchrec's fused collection names
+    # them, and (one rank: every row here) equal to fbgemm's
+    for kind, names in (("adagrad", ["momentum_1"]), ("adam", ["momentum_1", "momentum_2"])):
+        optim, fbgemm = results[(kind, "plain")]["optim"]["state"], references[kind][2]["state"]
+        for t in range(len(w.SIZES)):
+            ours = optim[f"model.sparse_arch.embedding_bag_collection.t_{t}.weight"]
+            assert sorted(ours) == sorted(fbgemm[f"t_{t}.weight"]) == [f"t_{t}.weight.{n}" for n in names]
+            for name, have in ours.items():
+                rows = len(
+                    range(-sum(w.SIZES[:t]) % world, w.SIZES[t], world)
+                )  # rank 0 holds fused rows 0 mod N
+                assert have.shape == (rows, w.D), (kind, name)
+                if world == 1:
+                    want = fbgemm[f"t_{t}.weight"][name]
+                    assert float((have - want).abs().max()) <= 1e-6 * float(want.abs().max()), (kind, name)
     assert_pipelines_equal_plain(results)

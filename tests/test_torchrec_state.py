@@ -23,8 +23,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::U
 
 
 def hotline(kind: str = "rowwise-adagrad", placement: Placement | None = None, **kwargs):
-    opt = torch.optim.SGD if kind == "sgd" else RowWiseAdagrad
-    ebc = HotlineEmbeddingBagCollection(w.configs(), placement or w.placement(), optimizer_type=opt,
+    ebc = HotlineEmbeddingBagCollection(w.configs(), placement or w.placement(), optimizer_type=w.optimizer_type(kind),
                                         optimizer_kwargs={"lr": w.LR}, **kwargs)  # fmt: skip
     model = w.dlrm(ebc)
     model.load_state_dict(w.reference_model().state_dict())  # one initial state for every model of a test
@@ -141,8 +140,10 @@ def test_round_trips_hotline_torchrec_fused_are_bit_identical():
             assert torch.equal(again["state"][k][n], t)
 
 
-@pytest.mark.parametrize("kind", ["sgd", "rowwise-adagrad"])
+@pytest.mark.parametrize("kind", ["sgd", "rowwise-adagrad", "adagrad", "adam"])
 def test_hotline_to_hotline_resume_mid_training_is_bit_identical(kind):
+    """Adam's bias correction counts the collection's forwards (fbgemm's iteration): the resumed run sets
+    the step it resumes at, as torchrec users do with fbgemm (``set_optimizer_step``)."""
     a = hotline(kind)
     opt_a = w.combined_optimizer(a)
     train(a, range(5), opt_a)
@@ -154,6 +155,7 @@ def test_hotline_to_hotline_resume_mid_training_is_bit_identical(kind):
     b.load_state_dict(saved)
     opt_b = w.combined_optimizer(b)
     opt_b.load_state_dict(saved_optim)
+    opt_b.set_optimizer_step(5)
     train(b, range(5, 10), opt_b)
     assert_states_equal(b.state_dict(), a.state_dict())
     sa, sb = opt_a.state_dict()["state"], opt_b.state_dict()["state"]
@@ -192,10 +194,17 @@ def test_apply_optimizer_in_backward_is_honoured_and_refused_clearly():
     train(in_bwd, range(4), dense)  # no fused step: the tables are updated inside backward()
     assert_states_equal(in_bwd.state_dict(), fused.state_dict())
 
-    adam = hotline("sgd")
-    apply_optimizer_in_backward(torch.optim.Adam, ebc_of(adam).parameters(), {"lr": w.LR})
-    with pytest.raises(ValueError, match="Adam.* not supported by Hotline's collection"):
-        adam(w.batch(0, 16))
+    adam = hotline("adam")  # Adam's moments: the tables are rebuilt with [rows, 2 D + 1] state
+    train(adam, range(4))
+    in_bwd = hotline("sgd")
+    apply_optimizer_in_backward(torch.optim.Adam, ebc_of(in_bwd).parameters(), {"lr": w.LR})
+    dense = torch.optim.SGD([p for n, p in in_bwd.named_parameters() if "embedding_bags" not in n], lr=w.LR)
+    train(in_bwd, range(4), dense)
+    assert_states_equal(in_bwd.state_dict(), adam.state_dict())
+    rms = hotline("sgd")
+    apply_optimizer_in_backward(torch.optim.RMSprop, ebc_of(rms).parameters(), {"lr": w.LR})
+    with pytest.raises(ValueError, match="RMSprop.* not supported by Hotline's collection"):
+        rms(w.batch(0, 16))
     with pytest.raises(ValueError, match="momentum"):
         HotlineEmbeddingBagCollection(
             w.configs(), optimizer_type=torch.optim.SGD, optimizer_kwargs={"momentum": 0.9}
@@ -242,5 +251,85 @@ def test_constructor_refuses_what_it_cannot_do_by_name():
         HotlineEmbeddingBagCollection(twice)
     with pytest.raises(ValueError, match="placement has table sizes"):
         HotlineEmbeddingBagCollection(w.configs(), Placement.all_cold([1, 2, 3], embedding_dim=w.D))
-    with pytest.raises(ValueError, match="optimizer_type .*Adam.* is not supported"):
-        HotlineEmbeddingBagCollection(w.configs(), optimizer_type=torch.optim.Adam)
+    with pytest.raises(ValueError, match="optimizer_type .*RMSprop.* is not supported") as e:
+        HotlineEmbeddingBagCollection(w.configs(), optimizer_type=torch.optim.RMSprop)
+    assert "torch.optim.Adagrad or torch.optim.Adam" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="weight_decay"):
+        HotlineEmbeddingBagCollection(
+            w.configs(), optimizer_type=torch.optim.Adam, optimizer_kwargs={"weight_decay": 0.1}
+        )
+    with pytest.raises(ValueError, match="Adam's"):
+        HotlineEmbeddingBagCollection(
+            w.configs(), optimizer_type=torch.optim.Adagrad, optimizer_kwargs={"betas": (0.8, 0.9)}
+        )
+
+
+@pytest.mark.parametrize("kind", ["adagrad", "adam"])
+def test_adagrad_and_adam_train_like_fbgemm_and_move_their_state(kind):
+    """Adagrad and Adam with FBGEMM's semantics (EXACT_ADAGRAD, ADAM) against their references from one
+    initial state on the same batches: Adagrad against fbgemm's own CPU update (torchrec's
+    FusedEmbeddingBagCollection with the same fused optimizer), Adam against FBGEMM's ADAM in plain PyTorch
+    (fbgemm's CPU TBE has no ADAM). The tables and every optimizer state tensor agree to 1e-6 relative (the
+    same formulas, rounded in each one's order); the state has torchrec's names and fbgemm's shapes ([rows, D]
+    per moment) and moves into Hotline's collection and back bit for bit."""
+    ref, ref_optim = w.train_reference(kind, 8, 16)
+    ours = hotline(kind)
+    train(ours, range(8))
+    theirs, mine = ref.state_dict(), ours.state_dict()
+    assert sorted(theirs) == sorted(mine)
+    for k, want in theirs.items():
+        assert float((mine[k] - want).abs().max()) <= 1e-6 * float(want.abs().max()), k
+    names = ["momentum_1"] if kind == "adagrad" else ["momentum_1", "momentum_2"]
+    fb = ref_optim["state"]
+    got = ebc_of(ours).fused_optimizer.state_dict()["state"]
+    assert sorted(got) == sorted(fb) == [f"t_{t}.weight" for t in range(len(w.SIZES))]
+    for key in fb:
+        assert sorted(got[key]) == sorted(fb[key]) == [f"{key}.{n}" for n in names]
+        for name, want in fb[key].items():
+            assert got[key][name].shape == want.shape == (w.SIZES[int(key[2])], w.D)
+            assert float((got[key][name] - want).abs().max()) <= 1e-6 * float(want.abs().max()), name
+            assert float(want.abs().max()) > 0  # trained: the state moved
+    # the reference's state into Hotline's collection (hot rows too) and back, bit for bit
+    moved = hotline(kind)
+    moved.load_state_dict(theirs)
+    ebc_of(moved).fused_optimizer.load_state_dict(copy.deepcopy(ref_optim))
+    assert_states_equal(moved.state_dict(), theirs)
+    again = ebc_of(moved).fused_optimizer.state_dict()["state"]
+    for key in fb:
+        for name, want in fb[key].items():
+            assert torch.equal(again[key][name], want), name
+
+
+def test_adam_with_rowwise_bias_correction_keeps_and_saves_each_rows_count():
+    """``use_rowwise_bias_correction=True``: each row's own step count corrects its bias (Hotline's training
+    rule); the counts are saved as ``row_counter`` and a resume needs no ``set_optimizer_step``."""
+    kw = {"lr": w.LR, "use_rowwise_bias_correction": True}
+
+    def model():
+        ebc = HotlineEmbeddingBagCollection(w.configs(), w.placement(), optimizer_type=torch.optim.Adam,
+                                            optimizer_kwargs=kw)  # fmt: skip
+        m = w.dlrm(ebc)
+        m.load_state_dict(w.reference_model().state_dict())
+        return m
+
+    a = model()
+    opt_a = w.combined_optimizer(a)
+    train(a, range(3), opt_a)
+    state = ebc_of(a).fused_optimizer.state_dict()["state"]["t_1.weight"]
+    assert sorted(state) == ["t_1.weight.momentum_1", "t_1.weight.momentum_2", "t_1.weight.row_counter"]
+    counts = state["t_1.weight.row_counter"]
+    looked_up = [
+        set(w.batch(s, 16).sparse_features.to_dict()[f].values().tolist())
+        for s in range(3)
+        for f in ("f1", "f2")
+    ]
+    want = [sum(r in looked_up[2 * s] | looked_up[2 * s + 1] for s in range(3)) for r in range(w.SIZES[1])]
+    assert counts.tolist() == want and max(want) > 1
+    saved, saved_optim = copy.deepcopy(a.state_dict()), copy.deepcopy(opt_a.state_dict())
+    train(a, range(3, 6), opt_a)
+    b = model()
+    b.load_state_dict(saved)
+    opt_b = w.combined_optimizer(b)
+    opt_b.load_state_dict(saved_optim)
+    train(b, range(3, 6), opt_b)
+    assert_states_equal(b.state_dict(), a.state_dict())

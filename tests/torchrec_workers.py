@@ -81,38 +81,118 @@ def reference_model(seed: int = 0) -> DLRMTrain:
     return dlrm(EmbeddingBagCollection(tables=configs(), device=torch.device("cpu")))
 
 
+def optimizer_type(kind: str):
+    """The optimizer class torchrec users name Hotline's sparse ``kind`` by."""
+    from torchrec.optim import RowWiseAdagrad
+
+    return {"sgd": torch.optim.SGD, "rowwise-adagrad": RowWiseAdagrad, "adagrad": torch.optim.Adagrad,
+            "adam": torch.optim.Adam}[kind]  # fmt: skip
+
+
+FBGEMM_KINDS = ("adagrad",)
+"""Optimizers whose reference is fbgemm's own update: torchrec's FusedEmbeddingBagCollection (CPU kernels).
+fbgemm's CPU TBE has no ADAM ("Optimizer adam is not supported in CPU mode"): Adam's reference is
+:class:`FbgemmAdam`, FBGEMM's ADAM written out in plain PyTorch."""
+
+
+class FbgemmAdam:
+    """FBGEMM's ADAM as its kernels compute it (fbgemm_gpu's ``codegen/genscript/optimizers.py``, ``adam``), in
+    plain PyTorch over the dense gradients of torchrec's EmbeddingBagCollection: on the rows a batch looks up,
+    ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g^2``,
+    ``w -= lr * (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps))`` with ``t`` the module's iteration (1 at the
+    first step, the same for every row; ``b^t`` a float power, fbgemm's ``powf``, whose rounding matters where
+    ``1 - b2^t`` is small); rows the batch does not look up keep their weights and moments."""
+
+    def __init__(self, model: torch.nn.Module, lr: float = LR, eps: float = 1e-8, beta1: float = 0.9,
+                 beta2: float = 0.999):  # fmt: skip
+        self.tables = {n.split(".")[-2]: p for n, p in model.named_parameters() if "embedding_bags" in n}
+        # fbgemm keeps its hyper-parameters as C++ floats: 1 - beta of a float beta (1 - 0.999f is not 0.001f)
+        self.lr, self.eps, self.beta1, self.beta2 = (float(np.float32(x)) for x in (lr, eps, beta1, beta2))
+        self.m = {k: torch.zeros_like(p) for k, p in self.tables.items()}
+        self.v = {k: torch.zeros_like(p) for k, p in self.tables.items()}
+        self.iteration = 0
+
+    @torch.no_grad()
+    def step(self, b: Batch) -> None:
+        self.iteration += 1
+        t = self.iteration
+        ids = b.sparse_features.to_dict()
+        for k, p in self.tables.items():
+            feats = [f for f, table in FEATURES.items() if f"t_{table}" == k]
+            rows = torch.unique(torch.cat([ids[f].values() for f in feats]))
+            g = p.grad[rows]
+            m = self.beta1 * self.m[k][rows] + (1 - self.beta1) * g
+            v = self.beta2 * self.v[k][rows] + (1 - self.beta2) * g * g
+            self.m[k][rows], self.v[k][rows] = m, v
+            c1, c2 = (1.0 - float(np.float32(b) ** np.float32(t)) for b in (self.beta1, self.beta2))  # powf
+            p[rows] -= self.lr * (m / c1 / (torch.sqrt(v / c2) + self.eps))
+
+    def zero_grad(self) -> None:
+        for p in self.tables.values():
+            p.grad = None
+
+    def state_dict(self) -> dict:
+        """The moments as torchrec's fused collection names them (fbgemm's ADAM: momentum1, momentum2)."""
+        return {"state": {f"{k}.weight": {f"{k}.weight.momentum_1": self.m[k].clone(),
+                                          f"{k}.weight.momentum_2": self.v[k].clone()} for k in self.tables}}  # fmt: skip
+
+
+def fused_reference_model(kind: str, seed: int = 0) -> DLRMTrain:
+    """torchrec's DLRM over its FusedEmbeddingBagCollection (fbgemm's CPU TBE applies ``kind`` in backward),
+    from the reference's initial state."""
+    from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
+
+    ebc = FusedEmbeddingBagCollection(
+        configs(), optimizer_type=optimizer_type(kind), optimizer_kwargs={"lr": LR}
+    )
+    model = dlrm(ebc)
+    model.load_state_dict(copy.deepcopy(reference_model(seed).state_dict()))
+    return model
+
+
 def reference_optimizer(model: DLRMTrain, kind: str) -> list[torch.optim.Optimizer]:
-    """Plain torch SGD over every parameter; for ``rowwise-adagrad`` torchrec's RowWiseAdagrad on the tables."""
+    """Plain torch SGD over every parameter; for ``rowwise-adagrad`` torchrec's RowWiseAdagrad on the tables;
+    for the fbgemm kinds SGD on the dense layers only (the fused collection updates its tables itself); for
+    ``adam`` :class:`FbgemmAdam` on the tables."""
     from torchrec.optim import RowWiseAdagrad
 
     tables = [p for n, p in model.named_parameters() if "embedding_bags" in n]
     dense = [p for n, p in model.named_parameters() if "embedding_bags" not in n]
     if kind == "sgd":
         return [torch.optim.SGD(dense + tables, lr=LR)]
+    if kind in FBGEMM_KINDS:
+        return [torch.optim.SGD(dense, lr=LR)]
+    if kind == "adam":
+        return [torch.optim.SGD(dense, lr=LR), FbgemmAdam(model)]
     return [torch.optim.SGD(dense, lr=LR), RowWiseAdagrad(tables, lr=LR)]
 
 
-def train_reference(kind: str, steps: int, size: int, seed: int = 0) -> DLRMTrain:
-    model = reference_model(seed)
+def train_reference(kind: str, steps: int, size: int, seed: int = 0) -> tuple[DLRMTrain, dict | None]:
+    """The reference trained ``steps`` steps, and its tables' optimizer state as torchrec's fused collection
+    names it (None for SGD and row-wise Adagrad)."""
+    model = fused_reference_model(kind, seed) if kind in FBGEMM_KINDS else reference_model(seed)
     opts = reference_optimizer(model, kind)
     for s in range(steps):
-        loss, _ = model(batch(s, size))
+        b = batch(s, size)
+        loss, _ = model(b)
         loss.backward()
         for o in opts:
-            o.step()
+            if isinstance(o, FbgemmAdam):
+                o.step(b)  # it updates the rows b looked up
+            else:
+                o.step()
             o.zero_grad()
-    return model
+    if kind in FBGEMM_KINDS:
+        return model, model.model.sparse_arch.embedding_bag_collection.fused_optimizer().state_dict()
+    return model, (opts[-1].state_dict() if kind == "adam" else None)
 
 
 def hotline_model(kind: str, seed: int = 0, **kwargs) -> DLRMTrain:
     """torchrec's DLRM over Hotline's collection, from the reference's initial state (strict load)."""
-    from torchrec.optim import RowWiseAdagrad
-
     from hotline.torchrec_bridge.module import HotlineEmbeddingBagCollection
 
     ref = reference_model(seed)
-    opt_type = torch.optim.SGD if kind == "sgd" else RowWiseAdagrad
-    ebc = HotlineEmbeddingBagCollection(configs(), placement(), optimizer_type=opt_type,
+    ebc = HotlineEmbeddingBagCollection(configs(), placement(), optimizer_type=optimizer_type(kind),
                                         optimizer_kwargs={"lr": LR}, **kwargs)  # fmt: skip
     model = dlrm(ebc)
     model.load_state_dict(copy.deepcopy(ref.state_dict()))

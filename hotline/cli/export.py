@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         from hotline.training.export import export_torchrec_dlrm
 
-        config = export_torchrec_dlrm(args.load, args.claim.path("OUT"), arch_flags(args))
+        config = export_torchrec_dlrm(args.load, args.claim.path("OUT"), arch_flags(args), force=True)
     except ImportError as e:
         return error(
             "export", f"torchrec is needed for --to torchrec-dlrm ({e}): see README, torchrec section"

@@ -164,7 +164,9 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.out is not None:
         try:
-            plan_path, side = bridge.export_plan(args.claim.path("--out"), sharding_plan, inputs, config)
+            plan_path, side = bridge.export_plan(
+                args.claim.path("--out"), sharding_plan, inputs, config, force=True
+            )
         except OSError as e:  # an unwritable or full output location: one line, no traceback
             return error("plan", e)
         print(f"plan written to {plan_path} ({len(inputs.choices)} tables), hot rows to {side}")

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
             probs, labels = trainer.predict(trainer.dataset.split(args.split), args.eval_max_samples)
         finally:
             trainer.close()
-        write_predictions(args.claim.path("--out"), probs, labels)
+        write_predictions(args.claim.path("--out"), probs, labels, force=True)  # claimed
     except (ValueError, OSError, IndexError) as e:
         return error("predict", e)
     print(f"wrote {args.out}: {len(probs):,} predictions of split '{args.split}'", file=sys.stderr)

@@ -265,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
     print(_table_text(prof.table_stats(args.hbm_budget, args.always_hot)))
     try:  # an unwritable or full output location is the user's to fix: one line, no traceback
         if placement is not None and args.out is not None:
-            placement.save(args.claim.path("--out"))
+            placement.save(args.claim.path("--out"), force=True)  # claimed
             print(f"placement written to {args.out}")
         if summary is not None and args.json is not None:
             write_json(args.claim.path("--json"), summary)

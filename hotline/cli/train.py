@@ -461,7 +461,8 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
             if args.save:
                 save_checkpoint(trainer, claim.path("--save") if comm.world_size == 1 else args.save)
             if args.save_placement and comm.rank == 0:
-                trainer.mode.placement.save(claim.path("--save-placement"))  # --mode hotline: MODE_FLAGS
+                # --mode hotline (MODE_FLAGS); claimed before the run
+                trainer.mode.placement.save(claim.path("--save-placement"), force=True)
         finally:
             trainer.close()
         # Every rank reaches this point before any tears gloo down: destroying the group while a peer's

@@ -376,14 +376,14 @@ def preprocess(
     on_bad_line: str = "error",
     progress: bool = True,
     block_bytes: int = BLOCK_BYTES,
-    overwrite: bool = True,
+    overwrite: bool = False,
 ) -> Path:
     """Converts raw Criteo files (Kaggle ``train.txt`` or Terabyte ``day_N``, plain or gzip) into a dataset
     directory at ``out`` (see the module docstring for the conversion and the splits); returns ``out``.
 
     Raises :class:`CriteoFormatError` for a bad line (``on_bad_line="error"``), a truncated gzip file, or
     input without rows; nothing is left at ``out`` then (an existing dataset there is kept). An existing
-    ``out`` is replaced only if it is a Hotline dataset and ``overwrite`` (the CLI's ``--overwrite``), and
+    ``out`` is replaced only if it is a Hotline dataset and ``overwrite`` (the CLI's ``--force``), and
     never when it holds one of the raw files; anything else there is a DatasetError before any read.
     """
     paths = [Path(raw_paths)] if isinstance(raw_paths, (str, os.PathLike)) else [Path(p) for p in raw_paths]

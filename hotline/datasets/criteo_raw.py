@@ -81,13 +81,15 @@ def write_raw_tsv(
     dense: np.ndarray,
     cats: np.ndarray,
     append: bool = False,
+    force: bool = False,
 ) -> Path:
     """Writes rows as raw Criteo text lines (``label \\t I1..I13 \\t C1..C26``), gzip-compressed if ``.gz``.
 
     ``labels``: int [N] in {0, 1}. ``dense``: int64 [N, 13], a negative value means missing (empty field;
     real Criteo files do hold negative integers, which this writer cannot express). ``cats``: uint32 or int64
     [N, 26] category values written as lowercase hex with at least 8 digits; a negative value means missing
-    (empty field). ``append`` adds to an existing file instead of replacing it.
+    (empty field). ``append`` adds to an existing file instead of replacing it; an existing file is replaced
+    only with ``force`` (:func:`hotline.outputs.guard`).
     """
     path = Path(path)
     labels = np.asarray(labels)
@@ -104,6 +106,10 @@ def write_raw_tsv(
             raise TypeError(f"{name} must be an integer array, got {a.dtype}")
     if cats.dtype == np.uint64 and cats.size and int(cats.max()) > np.iinfo(np.int64).max:
         raise ValueError("cats values must fit in int64")
+    if not append:
+        from hotline.outputs import Output, guard
+
+        path = guard([Output("write_raw_tsv path", path)], force=force)["write_raw_tsv path"]
     mode = "ab" if append else "wb"
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, mode) as f:

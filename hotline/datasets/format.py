@@ -326,7 +326,7 @@ def check_output_dir(out: str | os.PathLike, overwrite: bool = False, inputs=())
         )
     if not overwrite:
         raise DatasetError(
-            f"output directory {out} already holds a Hotline dataset: pass --overwrite (overwrite=True) to replace it"
+            f"output directory {out} already holds a Hotline dataset: pass overwrite=True to replace it"
         )
 
 

@@ -406,13 +406,13 @@ def generate(
     progress: bool = True,
     drift_days: int = 1,
     drift_rate: float = 0.0,
-    overwrite: bool = True,
+    overwrite: bool = False,
 ) -> Path:
     """Generates a synthetic dataset directory at ``out`` (and optionally the same rows as raw Criteo TSV).
 
     ``table_sizes`` defaults to :data:`KAGGLE_TABLE_SIZES`; ``zipf`` is one exponent or one per table.
     An existing ``out`` is replaced only if it is a Hotline dataset and ``overwrite`` (the CLI's
-    ``--overwrite``); anything else there is refused (see :func:`~hotline.datasets.format.check_output_dir`). Returns the dataset path. See the module docstring for the data, the planted model and determinism.
+    ``--force``), an existing ``raw_tsv`` only with ``overwrite``; anything else there is refused (see :func:`~hotline.datasets.format.check_output_dir`). Returns the dataset path. See the module docstring for the data, the planted model and determinism.
     """
     cfg = SyntheticConfig(
         rows=rows,
@@ -431,12 +431,14 @@ def generate(
 
 def generate_config(
     cfg: SyntheticConfig, out: str | os.PathLike, *, raw_tsv: str | os.PathLike | None = None,
-    progress: bool = True, overwrite: bool = True,
+    progress: bool = True, overwrite: bool = False,
 ) -> Path:  # fmt: skip
     """Generates the dataset described by ``cfg`` at ``out``; see :func:`generate`."""
     from hotline.datasets.format import check_output_dir
+    from hotline.outputs import Output, guard
 
     check_output_dir(out, overwrite, [raw_tsv] if raw_tsv is not None else [])  # before any TSV is written
+    guard([Output("raw_tsv", raw_tsv)], force=overwrite)  # an existing file: replaced only with overwrite
     if raw_tsv is not None and (max(cfg.bags) > 1 or cfg.variable_bags):
         raise ValueError(
             f"raw_tsv: the raw Criteo format has one id per table, but pooling_factor is {cfg.pooling_factor} "

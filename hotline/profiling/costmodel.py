@@ -195,6 +195,16 @@ class DiskTier:
         if not self.pages_per_cold_row >= 0 or not 0 <= self.cached_share <= 1:
             raise ValueError("pages_per_cold_row must be >= 0 and cached_share in [0, 1]")
 
+    @classmethod
+    def of_records(cls, embedding_dim: int, optimizer: str, cached_share: float = 0.0) -> DiskTier:
+        """The tier before any run measured it: each cold row reads the pages its record spans in the file (a
+        record is the row and its optimizer's whole state, ``bytes_per_row(embedding_dim, optimizer)`` bytes;
+        Adam's at dim 128, 1540 bytes, spans 1.375 pages on average), none shared with another row of the step (the
+        popularity order only lowers it)."""
+        from hotline.tiers.disk_file import pages_per_record
+
+        return cls(pages_per_record(bytes_per_row(embedding_dim, optimizer)), cached_share)
+
 
 def _disk_phases(hw: dict, disk: DiskTier, cold_rows: float) -> dict[str, float]:
     """Seconds per step of the disk store: reads at the calibrated depth's rate, page writes, and the CPU the

@@ -1,11 +1,15 @@
 """Embedding rows and their optimizer state in one file on local disk, read and written in place.
 
 A :class:`RowFile` stores ``num_rows`` records of ``dim`` weights and ``state`` optimizer floats (float32,
-``4 * (dim + state)`` bytes each, packed) in one file, in a popularity order: record ``i`` of the file holds
-row ``order[i]`` (rows counted most often first, so the popular-but-not-hot rows share pages), and
-``positions[row]`` is where a row stands. The order is kept beside the file (``FILE.order.npy``) with a
-manifest (``FILE.json``) that marks the file as Hotline's: a file at the path that Hotline did not make is
-refused, never overwritten.
+``4 * (dim + state)`` bytes each, packed; a record may straddle pages) in one file, in a popularity order:
+record ``i`` of the file holds row ``order[i]`` (rows counted most often first, so the popular-but-not-hot
+rows share pages), and ``positions[row]`` is where a row stands. A record is the row's weights followed by its
+whole optimizer state as the optimizer lays it out (row-wise Adagrad: one float; Adagrad: D accumulators;
+Adam: D first moments, D second moments, the row's step count). The order is kept beside the file
+(``FILE.order.npy``) with a manifest (``FILE.json``, the file's header) that marks the file as Hotline's and
+records its record: rows, dim, the optimizer and its state floats, the record's bytes. A file at the path
+that Hotline did not make is refused, never overwritten; :meth:`RowFile.open` takes an existing file as it
+stands and refuses, with one line, one made for another record (another optimizer's state, another dim).
 
 Reads and writes of a step's rows go through pages (4 KiB): the pages that hold the rows are read, rows of
 one step that share a page are fetched by one read, neighbouring pages form one read (up to ``MAX_RUN_PAGES``),
@@ -28,6 +32,7 @@ import contextlib
 import errno
 import fcntl
 import json
+import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +48,16 @@ MAX_RUN_PAGES = 64
 """The longest read or write one system call makes (256 KiB): longer runs are split across the I/O threads."""
 FORMAT = "hotline-cold-rows/1"
 _CHUNK_BYTES = 64 << 20  # bulk (sequential) reads and writes: export, load, initial fill
+
+
+def pages_per_record(record_bytes: int) -> float:
+    """4 KiB pages one record of ``record_bytes`` spans, on average over the file's packed records (a record
+    straddles a page boundary where it falls across one): the pages a row read alone costs."""
+    if record_bytes <= 0:
+        raise ValueError(f"record_bytes must be positive, got {record_bytes}")
+    n = PAGE // math.gcd(int(record_bytes), PAGE)  # records until their offsets in a page repeat
+    start = np.arange(n, dtype=np.int64) * int(record_bytes)
+    return float(np.mean((start + record_bytes - 1) // PAGE - start // PAGE + 1))
 
 
 def aligned_bytes(n: int) -> np.ndarray:
@@ -61,12 +76,30 @@ def order_path(path: Path) -> Path:
     return path.with_name(path.name + ".order.npy")
 
 
+def read_manifest(path: Path) -> dict | None:
+    """The manifest (header) of the cold-row file ``path`` if Hotline made it, else None."""
+    try:
+        manifest = json.loads(manifest_path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) and manifest.get("format") == FORMAT else None
+
+
 def made_by_hotline(path: Path) -> bool:
     """Whether ``path`` is a cold-row file that Hotline made (its manifest beside it says so)."""
-    try:
-        return json.loads(manifest_path(path).read_text()).get("format") == FORMAT
-    except (OSError, ValueError, AttributeError):
-        return False
+    return read_manifest(path) is not None
+
+
+def check_record(path: Path, manifest: dict, dim: int, state_floats: int, optimizer: str = "") -> None:
+    """Refuses, with one line, a file whose header says its records are not ``dim`` weights and
+    ``state_floats`` state floats of ``optimizer`` (a file made for another optimizer or dim)."""
+    theirs = (manifest.get("dim"), manifest.get("state_floats"), manifest.get("optimizer", ""))
+    if theirs[:2] != (dim, state_floats) or (optimizer and theirs[2] and theirs[2] != optimizer):
+        made = f"optimizer {theirs[2] or '(not recorded)'}, dim {theirs[0]}, {theirs[1]} state floats per row"
+        want = f"optimizer {optimizer or '(any)'}, dim {dim}, {state_floats} state floats per row"
+        raise ValueError(
+            f"cold store {path} was made for {made}; this run needs {want} (choose another --cold-dir)"
+        )
 
 
 def check_cold_path(path: str | os.PathLike) -> Path:
@@ -122,13 +155,18 @@ class RowFile:
         io_depth: int = 32,
         direct: bool = True,
         cache_bytes: int = 0,
+        optimizer: str = "",
+        create: bool = True,
     ):
+        """``optimizer`` names the state's layout in the header; ``create=False`` (:meth:`open`) keeps the file
+        as it stands instead of making it again."""
         if io_depth < 1:
             raise ValueError(f"--cold-io-depth must be >= 1, got {io_depth}")
         if cache_bytes < 0:
             raise ValueError(f"--cold-cache must be >= 0, got {cache_bytes}")
-        self.path = check_cold_path(path)
+        self.path = check_cold_path(path) if create else Path(path)
         self.num_rows, self.dim, self.S = int(num_rows), int(dim), int(state_floats)
+        self.optimizer = optimizer
         self.floats = self.dim + self.S
         self.record = 4 * self.floats
         self.order = (
@@ -142,7 +180,10 @@ class RowFile:
         self.size = self.num_pages * PAGE
         self.io_depth = int(io_depth)
         self._fd = self._bulk = -1
-        self._create(direct)
+        if create:
+            self._create(direct)
+        else:
+            self._attach(direct)
         self._page_stamp = np.zeros(self.num_pages, np.int64)  # the write that last changed each page
         self._writes = 0  # writes completed (they complete in order: one writer at a time)
         self._write_lock = threading.Lock()
@@ -150,26 +191,59 @@ class RowFile:
         self.cache_rows = min(self.num_rows, int(cache_bytes) // self.record)
         self.cache = np.zeros((self.cache_rows, self.floats), np.float32)  # file positions [0, cache_rows)
         self.bytes_read = self.bytes_written = 0
+        if not create and self.cache_rows:
+            self.cache[:] = self._read_positions(0, self.cache_rows)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, dim: int, state_floats: int, optimizer: str = "",
+             io_depth: int = 32, direct: bool = True, cache_bytes: int = 0) -> RowFile:  # fmt: skip
+        """The existing file Hotline made at ``path``, its rows and order as they stand (nothing re-made);
+        refused with one line when its header records another record (another optimizer's state, another
+        dim) or the file is not the size its header says."""
+        path = Path(path)
+        manifest = read_manifest(path)
+        if manifest is None or not path.is_file():
+            raise ValueError(
+                f"cold store {path} is not a cold-row file Hotline made (no manifest of its own)"
+            )
+        check_record(path, manifest, int(dim), int(state_floats), optimizer)
+        rows = manifest.get("rows")
+        if not isinstance(rows, int) or rows < 0:
+            raise ValueError(f"cold store {path}: its manifest gives no row count ({rows!r})")
+        try:
+            order = np.load(order_path(path))
+        except (OSError, ValueError) as e:
+            raise ValueError(
+                f"cold store {path}: its row order {order_path(path).name} cannot be read: {e}"
+            ) from None
+        return cls(path, rows, dim, state_floats, order, io_depth, direct, cache_bytes,
+                   optimizer, create=False)  # fmt: skip
 
     # -- the file ---------------------------------------------------------------------------------------
-    def _create(self, direct: bool) -> None:
-        """Creates (or re-creates, if Hotline made it) the file at its full size, locked against other runs."""
+    def _lock(self, flags: int, what: str) -> None:
+        """Opens the file (the bulk, buffered descriptor), locked against other runs."""
         path = self.path
         try:
-            self._bulk = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            self._bulk = os.open(path, flags, 0o644)
         except OSError as e:
-            raise _named(e, path, "create") from None
+            raise _named(e, path, what) from None
         try:
             fcntl.flock(self._bulk, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(self._bulk)
+            self._bulk = -1
             raise ValueError(
                 f"cold store {path} is in use by another Hotline run (choose another --cold-dir)"
             ) from None
+
+    def _create(self, direct: bool) -> None:
+        """Creates (or re-creates, if Hotline made it) the file at its full size, locked against other runs."""
+        path = self.path
+        self._lock(os.O_RDWR | os.O_CREAT, "create")
         _io.write_json(
             manifest_path(path),
-            {"format": FORMAT, "rows": self.num_rows, "dim": self.dim, "state_floats": self.S,
-             "record_bytes": self.record, "order": order_path(path).name},
+            {"format": FORMAT, "rows": self.num_rows, "dim": self.dim, "optimizer": self.optimizer,
+             "state_floats": self.S, "record_bytes": self.record, "order": order_path(path).name},
         )  # fmt: skip
         _io.atomic_write(order_path(path), lambda f: np.save(f, self.order))
         try:
@@ -179,6 +253,24 @@ class RowFile:
             os.close(self._bulk)
             self._bulk = -1
             raise _named(e, path, f"reserving {self.size} bytes") from None
+        self._open_direct(direct)
+
+    def _attach(self, direct: bool) -> None:
+        """Opens the existing file as it stands (:meth:`open`), locked against other runs."""
+        self._lock(os.O_RDWR, "open")
+        size = os.fstat(self._bulk).st_size
+        if size != self.size:
+            os.close(self._bulk)
+            self._bulk = -1
+            raise ValueError(
+                f"cold store {self.path} is {size} bytes, its header says {self.size} ({self.num_rows} records "
+                f"of {self.record} bytes in 4 KiB pages): truncated or not this store's file"
+            )
+        self._open_direct(direct)
+
+    def _open_direct(self, direct: bool) -> None:
+        """The descriptor of a step's page reads and writes: O_DIRECT where asked and allowed."""
+        path = self.path
         self.mode = "buffered (O_DIRECT not asked for)"
         self._fd = self._bulk
         if direct:

@@ -81,7 +81,14 @@ class DiskRows(ClaimBook):
                  io_depth: int = 32, direct: bool = True, cache_bytes: int = 0):  # fmt: skip
         super().__init__(num_rows)
         self.dim, self.S = int(dim), optimizer.state_floats_per_row
-        self.file = RowFile(path, num_rows, dim, self.S, order, io_depth, direct, cache_bytes)
+        self.state_shape = optimizer.state_shape  # rows -> their state's shape ([U], [U, S] or [0])
+        self.file = RowFile(path, num_rows, dim, self.S, order, io_depth, direct, cache_bytes, optimizer.kind)
+
+    def _state(self, rows: int, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """A state array of ``rows`` rows (``out[:rows]`` when given) and its [rows, S] view (the records'
+        state columns)."""
+        s = out[:rows] if out is not None and self.S else np.empty(self.state_shape(rows), np.float32)
+        return s, s.reshape(rows, self.S)
 
     def fill_initial(self, layout: TableLayout, seed: int, rank: int = 0, world_size: int = 1) -> None:
         """Writes every row's initial weights (those every mode starts from) and zero state, table by table
@@ -102,27 +109,22 @@ class DiskRows(ClaimBook):
 
     # -- rows -----------------------------------------------------------------------------------------
     def get(self, rows: np.ndarray, out_w: np.ndarray | None = None, out_s: np.ndarray | None = None):
-        """Weights [U, D] and state [U] ([0] for SGD) of ``rows`` (into ``out_*`` when given), and the pages
-        read."""
+        """Weights [U, D] and state (the optimizer's :meth:`~SparseOptimizer.state_shape`: [U], [U, S], or [0]
+        for SGD) of ``rows`` (into ``out_*`` when given), and the pages read."""
         rec, pages = self.file.read_rows(rows)
         U, D = rows.shape[0], self.dim
         w = out_w[:U] if out_w is not None else np.empty((U, D), np.float32)
         w[:] = rec[:, :D]
-        s = (
-            (out_s[:U] if out_s is not None else np.empty(U, np.float32))
-            if self.S
-            else np.zeros(0, np.float32)
-        )
-        if self.S:
-            s[:] = rec[:, D]
+        s, cols = self._state(U, out_s)
+        cols[:] = rec[:, D:]
         return w, s, pages
 
     def put(self, rows: np.ndarray, w: np.ndarray, s: np.ndarray, pages=None) -> int:
         """Stores weights and state of the distinct ``rows`` in place; returns the system calls made."""
-        rec = np.empty((rows.shape[0], self.dim + self.S), np.float32)
+        U = rows.shape[0]
+        rec = np.empty((U, self.dim + self.S), np.float32)
         rec[:, : self.dim] = w
-        if self.S:
-            rec[:, self.dim] = s
+        rec[:, self.dim :] = s.reshape(U, self.S)
         return self.file.write_rows(rows, rec, pages)
 
     def apply(self, optimizer: SparseOptimizer, rows: np.ndarray, grads: torch.Tensor) -> int:
@@ -138,23 +140,22 @@ class DiskRows(ClaimBook):
     def all(self) -> tuple[np.ndarray, np.ndarray]:
         """Every row's weight [rows, D] and state (local ids, read in file order)."""
         w = np.empty((self.num_rows, self.dim), np.float32)
-        s = np.empty(self.num_rows if self.S else 0, np.float32)
+        s, cols = self._state(self.num_rows)
         for rows, rec in self.file.read_all():
             w[rows] = rec[:, : self.dim]
-            if self.S:
-                s[rows] = rec[:, self.dim]
+            cols[rows] = rec[:, self.dim :]
         return w, s
 
     def replace_all(self, weights: np.ndarray, state: np.ndarray) -> None:
         """Every row's weight and state (local ids), written in file order."""
         f = self.file
+        cols = state.reshape(self.num_rows, self.S)
         chunk = max(1, (64 << 20) // f.record)
         for lo in range(0, self.num_rows, chunk):
             rows = f.order[lo : lo + chunk]
             rec = np.empty((rows.shape[0], self.dim + self.S), np.float32)
             rec[:, : self.dim] = weights[rows]
-            if self.S:
-                rec[:, self.dim] = state[rows]
+            rec[:, self.dim :] = cols[rows]
             f.put_positions(lo, rec)
         f.flush()
         f.drop_page_cache()

@@ -38,6 +38,10 @@ class SparseOptimizer:
     """Adam's first-moment decay."""
     beta2: float = 0.999
     """Adam's second-moment decay."""
+    iteration: int = 0
+    """Adam's bias correction: 0 corrects each row by its own step count (row-wise, the training modes' rule);
+    n > 0 corrects every row by step n (FBGEMM's ADAM, whose correction is its module's iteration: the torchrec
+    collection sets it at every update)."""
 
     def __post_init__(self) -> None:
         if self.kind not in OPTIMIZERS:
@@ -49,6 +53,10 @@ class SparseOptimizer:
             )
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
             raise ValueError(f"Adam's betas must be in [0, 1), got {self.beta1} and {self.beta2}")
+        if not isinstance(self.iteration, int) or self.iteration < 0:
+            raise ValueError(
+                f"Adam's iteration must be an int >= 0 (0: each row's own step count), got {self.iteration}"
+            )
         state_floats_per_row(self.kind, self.dim)  # a per-element optimizer needs the dim
 
     def set_lr(self, lr: float) -> None:
@@ -104,7 +112,7 @@ class SparseOptimizer:
                 return sparse_update.sparse_adagrad_(t, state.numpy(), i, g, self.lr, self.eps, scratch)
             if self.kind == "adam":
                 return sparse_update.sparse_adam_(
-                    t, state.numpy(), i, g, self.lr, self.beta1, self.beta2, self.eps, scratch
+                    t, state.numpy(), i, g, self.lr, self.beta1, self.beta2, self.eps, scratch, self.iteration
                 )
             return sparse_update.sparse_rowwise_adagrad_(t, state.numpy(), i, g, self.lr, self.eps, scratch)
         return self._step_torch(table, state, ids, grads)
@@ -114,7 +122,7 @@ class SparseOptimizer:
         arrays (see ``sparse_update.sparse_update_parts_``), without concatenating them first."""
         return sparse_update.sparse_update_parts_(
             self.kind, table.detach().numpy(), state.numpy(), parts, self.lr, self.eps, scratch,
-            beta1=self.beta1, beta2=self.beta2,
+            beta1=self.beta1, beta2=self.beta2, iteration=self.iteration,
         )  # fmt: skip
 
     def _step_torch(self, table, state, ids, grads) -> int:
@@ -158,10 +166,11 @@ class SparseOptimizer:
         # 1 - beta in float32, as the kernel (and FBGEMM, from a float beta) has it: 1 - 0.999f != 0.001f
         a1, a2 = (float(np.float32(1) - np.float32(b)) for b in (self.beta1, self.beta2))
         old = state.index_select(0, rows)
-        t = old[:, 2 * D] + 1
+        t = old[:, 2 * D] + 1  # the row's count (kept), and its bias correction unless an iteration is given
+        tc = t if self.iteration == 0 else torch.full_like(t, float(self.iteration))
         m = self.beta1 * old[:, :D] + a1 * gsum
         v = self.beta2 * old[:, D : 2 * D] + a2 * gsum * gsum
         state.index_copy_(0, rows, torch.cat([m, v, t[:, None]], dim=1))
         betas = torch.tensor([self.beta1, self.beta2], dtype=torch.float32, device=t.device)
-        c1, c2 = (1 - betas[:, None] ** t).unbind(0)
+        c1, c2 = (1 - betas[:, None] ** tc).unbind(0)
         table.index_add_(0, rows, -self.lr * (m / c1[:, None]) / ((v / c2[:, None]).sqrt() + self.eps))

@@ -10,6 +10,7 @@ through :class:`TieredCollectionMixin`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -20,7 +21,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from hotline.distributed.comm import Comm
 from hotline.tiers.sparse_optim import SparseOptimizer
-from hotline.torchrec_bridge.fused_optim import HotlineFusedOptimizer
+from hotline.torchrec_bridge.fused_optim import HotlineFusedOptimizer, state_names, state_views
 from hotline.torchrec_bridge.tiered_tables import Lookup, TieredTables
 
 _POOLINGS = (PoolingType.SUM, PoolingType.MEAN)
@@ -48,8 +49,9 @@ class CollectionCore:
         self.groups = []
         for ts in self.group_tables:
             fused = np.concatenate([np.asarray(weights[t], dtype=np.float32) for t in ts])
+            rule = replace(optimizer, dim=self.dims[ts[0]])  # per-element state is sized by the group's dim
             self.groups.append(TieredTables([self.sizes[t] for t in ts], self.dims[ts[0]], [hot_ids[t] for t in ts],
-                                            np.ascontiguousarray(fused), optimizer, comm, self.device, max_lookups))  # fmt: skip
+                                            np.ascontiguousarray(fused), rule, comm, self.device, max_lookups))  # fmt: skip
         names = get_embedding_names_by_table(self.configs)
         # (table, feature, output name) per output slot, in torchrec's order
         self.slots = [
@@ -179,7 +181,8 @@ class CollectionCore:
 
     # -- tables -------------------------------------------------------------------------------------------------
     def table_views(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """Each table's rows (this rank's) and row-wise state in host memory, as views, by table name."""
+        """Each table's rows (this rank's) and optimizer state ([rows], or [rows, S] for the per-element
+        optimizers) in host memory, as views, by table name."""
         weights, states = {}, {}
         for t, c in enumerate(self.configs):
             g, i = self.where[t]
@@ -252,7 +255,10 @@ class TieredCollectionMixin:
         bags = nn.ModuleDict({name: _TableView(w) for name, w in weights.items()})
         self.embedding_bags = bags
         params = {f"{name}.weight": view.weight for name, view in bags.items()}
-        momentum = {f"{name}.weight": s for name, s in states.items()}
+        dims = {c.name: int(c.embedding_dim) for c in core.configs}
+        momentum = {
+            f"{name}.weight": state_views(core.optimizer, s, dims[name]) for name, s in states.items()
+        }
         self._fused_optimizer = HotlineFusedOptimizer(
             params,
             momentum,
@@ -262,6 +268,7 @@ class TieredCollectionMixin:
             self._after_optimizer_load,
         )
         self._in_backward_checked = False
+        self._update_iteration = 0  # the iteration of the last training forward (its update's, for Adam)
 
     # -- torchrec's view of the collection ---------------------------------------------------------------------
     @property
@@ -296,6 +303,8 @@ class TieredCollectionMixin:
         return 1.0
 
     def _apply_update(self, rule: SparseOptimizer) -> int:
+        if rule.kind == "adam" and rule.iteration > 0:  # FBGEMM's bias correction: the forward's iteration
+            rule = replace(rule, iteration=max(1, self._update_iteration))
         return self._core.step(rule, self._grad_scale())
 
     @torch.no_grad()
@@ -322,9 +331,10 @@ class TieredCollectionMixin:
                 "apply_optimizer_in_backward: Hotline's collection needs one optimizer for all tables"
             )
         cls, kw = found.pop()
-        rule = sparse_optimizer(cls, dict(kw))
-        if rule.state_floats_per_row != self._core.optimizer.state_floats_per_row:
-            self._rebuild(rule, cls, dict(kw))  # the tables need (or drop) the rule's row-wise state
+        rule = sparse_optimizer(cls, dict(kw), self._core.dims[0])
+        old = self._core.optimizer
+        if (rule.kind, state_names(rule)) != (old.kind, state_names(old)):
+            self._rebuild(rule, cls, dict(kw))  # the tables need (or drop) the rule's state
         self._core.optimizer = rule
         self._fused_optimizer.rule = rule
         for group in self._fused_optimizer.param_groups:
@@ -351,6 +361,11 @@ class TieredCollectionMixin:
     def _tiered_forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         self._check_in_backward()
         training = self.training and torch.is_grad_enabled()
+        self._fused_optimizer.iteration += (
+            1  # every forward counts, as fbgemm's iter (Adam's bias correction)
+        )
+        if training:
+            self._update_iteration = self._fused_optimizer.iteration
         kt = self._core.forward(features, training)
         if training and self.update_in_backward:
             for look in self._core.pending:

@@ -15,7 +15,8 @@ in host memory (``hotline.tiers``' ColdStore; see ``collection_core`` and ``tier
 also torchrec's: ``state_dict()`` holds ``embedding_bags.<table>.weight`` (full tables, hot rows merged in),
 ``load_state_dict`` takes them (from torchrec's collections too), ``parameters()`` are the host rows (for state
 and inspection; no ``.grad``: the fused optimizer updates them), and ``fused_optimizer`` (a KeyedOptimizer)
-saves row-wise Adagrad's accumulators as ``<table>.weight.momentum_1``. ``fused_optimizer.step()`` applies the
+saves the optimizer state as torchrec's fused collection names it: the Adagrads' accumulators as
+``<table>.weight.momentum_1``, Adam's moments as ``momentum_1`` and ``momentum_2``. ``fused_optimizer.step()`` applies the
 update; ``torchrec.optim.apply_optimizer_in_backward`` (or ``update_in_backward=True``) applies it inside
 ``backward()``. A training forward keeps its lookups until the update; another training forward whose
 predecessor has gradients but was never updated raises, so a forgotten update cannot pass silently.
@@ -97,8 +98,10 @@ class HotlineEmbeddingBagCollection(
         placement: hot rows per table (``table_sizes`` must equal the tables' ``num_embeddings``); None: all
             rows cold.
         optimizer_type: the fused optimizer, as torchrec's FusedEmbeddingBagCollection names it:
-            ``torch.optim.SGD``, ``torchrec.optim.RowWiseAdagrad`` (or fbgemm's ``EmbOptimType``).
-        optimizer_kwargs: its ``lr`` (and ``eps`` for Adagrad).
+            ``torch.optim.SGD``, ``torchrec.optim.RowWiseAdagrad``, ``torch.optim.Adagrad`` or ``torch.optim.Adam``
+            (or torchrec.optim's, or fbgemm's ``EmbOptimType``), with FBGEMM's semantics.
+        optimizer_kwargs: its ``lr``, ``eps``, and Adam's ``beta1``/``beta2`` (or ``betas``) and
+            ``use_rowwise_bias_correction``.
         is_weighted: multiply each looked-up row by the KJT's per-value weight before pooling.
         device: where the hot rows and the computation live (default cpu).
         optimizer: Hotline's :class:`SparseOptimizer` instead of ``optimizer_type``/``optimizer_kwargs``.
@@ -126,7 +129,8 @@ class HotlineEmbeddingBagCollection(
         super().__init__()
         tables = list(tables)
         self.placement = check_tables(tables, placement)
-        rule = optimizer if optimizer is not None else sparse_optimizer(optimizer_type, optimizer_kwargs)
+        dim = int(tables[0].embedding_dim) if tables else 1
+        rule = optimizer if optimizer is not None else sparse_optimizer(optimizer_type, optimizer_kwargs, dim)
         sizes = [int(t.num_embeddings) for t in tables]
         if weights is None:
             weights = [

@@ -42,11 +42,16 @@ def hot_rows_path(plan_path: str | os.PathLike) -> Path:
 
 
 def export_plan(
-    path: str | os.PathLike, sharding_plan: ShardingPlan, inputs: PlanInputs, config: PlanConfig
-) -> tuple[Path, Path]:
+    path: str | os.PathLike, sharding_plan: ShardingPlan, inputs: PlanInputs, config: PlanConfig,
+    force: bool = False,
+) -> tuple[Path, Path]:  # fmt: skip
     """Writes ``plan.json`` (every table under ``tables``, with cache parameters, shards and figures) and the
-    side-car of hot row ids next to it; returns both paths."""
-    path = Path(path)
+    side-car of hot row ids next to it; returns both paths. Existing files are replaced only with ``force``
+    (:func:`hotline.outputs.guard`)."""
+    from hotline.outputs import Output, guard
+
+    path = guard([Output("export_plan path", path)], force=force)["export_plan path"]  # a link's target
+    guard([Output("its hot-rows file", hot_rows_path(path))], force=force)  # beside what is written
     summary = plan_summary(sharding_plan, inputs, config)
     by_name = parameter_shardings(sharding_plan)
     tables = []
@@ -84,7 +89,7 @@ def export_plan(
         "tables": tables,
     }
     write_json(path, doc)
-    side = save_hot_rows(hot_rows_path(path), inputs.placement, [c.name for c in inputs.choices])
+    side = save_hot_rows(hot_rows_path(path), inputs.placement, [c.name for c in inputs.choices], force=True)
     return path, side
 
 
@@ -170,9 +175,15 @@ class HotRows:
         )
 
 
-def save_hot_rows(path: str | os.PathLike, placement: Placement, table_names: Sequence[str]) -> Path:
-    """Writes the hot row ids of ``placement`` per table (named ``table_names``) as .npz (no pickle)."""
+def save_hot_rows(
+    path: str | os.PathLike, placement: Placement, table_names: Sequence[str], force: bool = False
+) -> Path:
+    """Writes the hot row ids of ``placement`` per table (named ``table_names``) as .npz (no pickle); an
+    existing file is replaced only with ``force`` (:func:`hotline.outputs.guard`)."""
+    from hotline.outputs import Output, guard
+
     path = Path(path)
+    path = guard([Output("save_hot_rows path", path)], force=force)["save_hot_rows path"]
     if len(table_names) != placement.num_tables:
         raise ValueError(f"{len(table_names)} table names for {placement.num_tables} tables")
     arrays = {

@@ -80,6 +80,7 @@ class ShardedHotlineEmbeddingBagCollection(
         self.placement = module.placement
         self._init_tables(core, module.update_in_backward)
         self._in_backward_checked = module._in_backward_checked
+        self._fused_optimizer.iteration = module.fused_optimizer.iteration  # Adam's bias correction goes on
 
     @property
     def device(self) -> torch.device:

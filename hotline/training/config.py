@@ -83,6 +83,9 @@ class TrainConfig:
     """Print nothing while training: no bar, no log lines (a notebook reads the metrics file instead)."""
     metrics_path: str | None = None
     """``--metrics``: write one JSON record per report to this .jsonl file."""
+    force: bool = False
+    """``--force``: a library caller of :meth:`Trainer.fit` may replace existing output files (the CLI judges
+    its outputs itself; never an input of the run, see :mod:`hotline.outputs`)."""
     dump_params_path: str | None = None
     """``--dump-params``: write every parameter by name to this .npz at the end."""
     init_params_path: str | None = None
@@ -171,11 +174,6 @@ class TrainConfig:
             if self.mode in ("device", "auto"):  # auto's chooser does not price the disk store
                 raise ValueError(
                     f"--cold-store disk keeps the cold rows of --mode hybrid or hotline (not --mode {self.mode})"
-                )
-            if self.optimizer in ("adagrad", "adam"):  # its row records hold at most one state float
-                raise ValueError(
-                    f"--cold-store disk keeps one state float per row: --optimizer sgd or rowwise-adagrad, "
-                    f"not {self.optimizer}"
                 )
             if not self.cold_dir:
                 raise ValueError("--cold-store disk needs --cold-dir DIR (where its file goes)")

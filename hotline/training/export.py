@@ -17,7 +17,6 @@ only: it loads with ``weights_only=True``); :func:`load_torchrec_dlrm` rebuilds 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -152,9 +151,15 @@ def hotline_model(payload: dict, path: str | os.PathLike, flags: dict | None = N
 
 
 def export_torchrec_dlrm(
-    checkpoint: str | os.PathLike, out: str | os.PathLike, flags: dict | None = None
+    checkpoint: str | os.PathLike, out: str | os.PathLike, flags: dict | None = None, force: bool = False
 ) -> dict:
-    """Writes checkpoint ``checkpoint`` as torchrec's DLRM to ``out`` (atomically); returns its config."""
+    """Writes checkpoint ``checkpoint`` as torchrec's DLRM to ``out`` (atomically); returns its config. An
+    existing ``out`` is replaced only with ``force``; the checkpoint itself never (:func:`hotline.outputs.guard`)."""
+    from hotline.outputs import Output, guard
+
+    out = guard([Output("export_torchrec_dlrm out", out)], [("checkpoint", checkpoint)], force=force)[
+        "export_torchrec_dlrm out"
+    ]
     payload = checkpoint_payload(checkpoint)
     model = hotline_model(payload, checkpoint, flags)
     tables = [t.numpy() for t in payload["tables"]]
@@ -170,7 +175,6 @@ def export_torchrec_dlrm(
         "step": int(payload["step"]),
     }
     blob = {"format": EXPORT_FORMAT, "config": config, "state_dict": module.state_dict()}
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
     _io.atomic_write(out, lambda f: torch.save(blob, f))
     return config
 

@@ -133,15 +133,21 @@ def trainer_from_checkpoint(
     return trainer
 
 
-def write_predictions(path: str | os.PathLike, probabilities: np.ndarray, labels: np.ndarray) -> Path:
+def write_predictions(
+    path: str | os.PathLike, probabilities: np.ndarray, labels: np.ndarray, force: bool = False
+) -> Path:
     """Per-sample ``row`` (index in the split), ``probability`` and ``label`` to ``path``, atomically:
-    Parquet (``.parquet``) or a structured numpy array (``.npy``, loads with ``allow_pickle=False``)."""
+    Parquet (``.parquet``) or a structured numpy array (``.npy``, loads with ``allow_pickle=False``). An
+    existing file is replaced only with ``force`` (:func:`hotline.outputs.guard`)."""
+    from hotline.outputs import Output, guard
+
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in PREDICTION_FORMATS:
         raise ValueError(
             f"--out {path}: expected a .parquet or .npy file name, got {suffix or 'no suffix'!r}"
         )
+    path = guard([Output("write_predictions path", path)], force=force)["write_predictions path"]
     probabilities = np.asarray(probabilities, np.float32)
     labels = np.asarray(labels, np.float32)
     rows = np.arange(len(probabilities), dtype=np.int64)

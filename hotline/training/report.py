@@ -176,8 +176,20 @@ def _phase_panel(ax, label: str, records: list[dict]) -> float:
     return max(later, default=0.0)
 
 
-def write_report(paths: list[str | os.PathLike], out: str | os.PathLike, dpi: int = 110) -> Path:
-    """Reads every metrics file, draws :func:`report_figure` and writes it to ``out`` (PNG, atomically)."""
+def write_report(
+    paths: list[str | os.PathLike], out: str | os.PathLike, dpi: int = 110, force: bool = False
+) -> Path:
+    """Reads every metrics file, draws :func:`report_figure` and writes it to ``out`` (.png, .svg or .pdf, by
+    the name given: a link's target gets that format; atomically). An existing ``out`` is replaced only with
+    ``force``; a metrics file never (:func:`hotline.outputs.guard`)."""
+    from hotline.outputs import Output, guard
+
+    fmt = Path(out).suffix.lstrip(".").lower()
+    if fmt not in ("png", "svg", "pdf"):
+        raise ValueError(f"--out {out}: expected a .png, .svg or .pdf file name")
+    out = guard([Output("write_report out", out)], [("metrics file", p) for p in paths], force=force)[
+        "write_report out"
+    ]
     runs = []
     for p in paths:
         records = read_metrics(p)
@@ -187,6 +199,4 @@ def write_report(paths: list[str | os.PathLike], out: str | os.PathLike, dpi: in
         if labels.count(label) > 1:
             runs[i] = (f"{Path(paths[i]).parent.name}/{label}", records)
     fig = report_figure(runs)
-    out = Path(out)
-    fmt = out.suffix.lstrip(".").lower() or "png"
     return _io.atomic_write(out, lambda f: fig.savefig(f, format=fmt, dpi=dpi))

@@ -236,7 +236,8 @@ class Trainer:
         """Runs the whole training; returns the summary record (also the last line of ``--metrics``).
 
         ``outputs``: the run's outputs as :func:`hotline.outputs.claim` judged and locked them (the CLI claims
-        them before loading anything); None: claimed here, refusing to replace any existing file."""
+        them before loading anything); None: claimed here, refusing to replace an existing file unless the
+        config's ``force``."""
         own = None
         if outputs is None:
             outputs = own = self._claim_outputs()
@@ -257,7 +258,7 @@ class Trainer:
         declared = train_outputs(self.config, world_size=self.comm.world_size)
         if self.comm.rank or os.environ.get("HOTLINE_LAUNCHED"):
             return outputs.unclaimed(declared)
-        return outputs.claim(declared, train_inputs(self.config, self.dataset.path))
+        return outputs.claim(declared, train_inputs(self.config, self.dataset.path), force=self.config.force)
 
     def _fit(self, outputs) -> dict:
         from tqdm import tqdm  # imported here: the GPU benchmark image has no tqdm and never calls fit()
@@ -281,7 +282,7 @@ class Trainer:
             keep = records_up_to(self.step_count) if resume else None
             self._metrics_file = LineFile(outputs.path("--metrics", cfg.metrics_path), keep)
         if cfg.dump_init_path:  # the parameters this run's first step starts from (after --resume/--load)
-            self.dump_params(outputs.path("--dump-init", cfg.dump_init_path))
+            self.dump_params(outputs.path("--dump-init", cfg.dump_init_path), force=True)  # claimed above
         # no bar without a TTY: a line per report; nothing at all when quiet
         log = LogLines(self.comm.rank == 0 and not cfg.quiet, bar=cfg.progress and not cfg.quiet)
         bar = tqdm(total=total, initial=self.step_count, disable=not log.bar, unit="step", dynamic_ncols=True)
@@ -347,7 +348,7 @@ class Trainer:
             self._metrics_file.close()
             self._metrics_file = None
         if cfg.dump_params_path:
-            self.dump_params(outputs.path("--dump-params", cfg.dump_params_path))
+            self.dump_params(outputs.path("--dump-params", cfg.dump_params_path), force=True)
         return summary
 
     @staticmethod
@@ -460,8 +461,15 @@ class Trainer:
             out[f"embedding.table_{t}"] = w
         return out
 
-    def dump_params(self, path: str | os.PathLike) -> None:
-        """Every parameter by name (gathered from all ranks) to ``path`` (.npz), written atomically by rank 0."""
+    def dump_params(self, path: str | os.PathLike, force: bool = False) -> None:
+        """Every parameter by name (gathered from all ranks) to ``path`` (.npz), written atomically by rank 0.
+        An existing file is replaced only with ``force``; a dataset file never (:func:`hotline.outputs.guard`)."""
+        if self.comm.rank == 0:
+            from hotline.outputs import Output, guard
+
+            path = guard([Output("dump_params path", path)], [("dataset", self.dataset.path)], force=force)[
+                "dump_params path"
+            ]
         arrays = self.named_arrays()
         if self.comm.rank == 0:
             _io.atomic_write(path, lambda f: np.savez(f, **arrays))
