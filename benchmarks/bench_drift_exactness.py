@@ -13,6 +13,12 @@ same order, in lockstep; every ``--every`` steps each run's parameters are compa
 - ``independent_t1``: tests/reference.py, the plain-PyTorch DLRM the tests use (no Hotline code), 1 thread: the
   spread between two correct float32 implementations of the same training (``--no-independent``: skipped).
 
+``--ranks N`` (N > 1) adds ``device_rN``: device mode on N gloo ranks (one thread each, the global batch
+split over them, dense gradients summed by an all-reduce) against one process (``device`` at 1 thread, run
+beside it on every rank from the same initial parameters): its max rel diff of the parameters at EVERY step,
+and the steps where a ReLU input (the pre-activation of a hidden unit, for one sample) has another sign on the
+ranks than in one process, with the first such flip's layer, unit, sample and both values.
+
 Placement: per table, the rows most accessed in the last ``--profile-batches`` batches of the training split
 (not the batches measured, so the popular share is steady from the first step), at most
 ``--hot-share`` of the table's rows (by default every row seen there: with 26 tables a sample is popular only
@@ -23,15 +29,19 @@ of one size, the split path is no less exact than rerunning device mode with ano
 
 from __future__ import annotations
 
+import json
 import sys
 import tempfile
 from pathlib import Path
 
 import common
 import numpy as np
+import torch
 
 from hotline import _io
 from hotline.datasets.format import Dataset
+from hotline.distributed.comm import shard_bounds
+from hotline.distributed.launcher import spawn
 from hotline.placement import Placement
 from hotline.training.config import TrainConfig
 from hotline.training.trainer import Trainer
@@ -53,6 +63,99 @@ def max_rel_diff(ref: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> tupl
         if d > worst:
             worst, name = d, k
     return worst, name
+
+
+def relu_inputs(model) -> dict:
+    """Records the input of every ReLU of ``model`` at each forward: {module name: last input [B, units]}."""
+    seen: dict = {}
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ReLU):
+            module.register_forward_hook(
+                lambda m, inp, out, name=name: seen.__setitem__(name, inp[0].detach().clone())
+            )
+    return seen
+
+
+def sign_flips(ref: dict, got: dict, lo: int) -> tuple[int, dict | None]:
+    """ReLU inputs ``got`` (samples ``lo..`` of the batch) whose sign (> 0: the unit passes a gradient) differs
+    from the same samples' in ``ref`` (the whole batch): their number and the first one (layer, global sample,
+    unit, both values, the unit's scale max|ref| over the batch), or None."""
+    count, first = 0, None
+    for name, z_ref in ref.items():
+        a, b = z_ref[lo : lo + got[name].shape[0]], got[name]
+        flips = torch.nonzero((a > 0) != (b > 0))
+        count += int(flips.shape[0])
+        if first is None and flips.shape[0]:
+            i, u = (int(x) for x in flips[0])
+            first = {"layer": name, "sample": lo + i, "unit": u, "one_process": float(a[i, u]),
+                     "ranks": float(b[i, u]), "unit_scale": float(z_ref[:, u].abs().max())}  # fmt: skip
+    return count, first
+
+
+def _ranks_worker(comm, config: TrainConfig, dataset: str, out: str) -> None:
+    """Spawn target of ``--ranks``: trains ``config`` on the ranks and, beside it, in one process (every rank
+    runs its own: the same run), step by step; writes this rank's ReLU sign flips per step (and on rank 0 the
+    max rel diff of the parameters per step) to ``out`` with the rank's number in it."""
+    ds = Dataset(dataset)
+    ranks, one = Trainer(config, ds, comm), Trainer(config, ds)
+    z_ranks, z_one = relu_inputs(ranks.model), relu_inputs(one.model)
+    record: dict = {"flips": [], "first_flip": None, "max_rel_diff": [], "tensor": []}
+    try:
+        streams = ranks.progress(ranks.batches()), one.progress(one.batches())
+        for step, (_, whole) in enumerate(zip(*streams), start=1):
+            lo, _ = shard_bounds(whole.samples, comm.rank, comm.world_size)
+            n, first = sign_flips(z_one, z_ranks, lo)
+            record["flips"].append(n)
+            if first is not None and record["first_flip"] is None:
+                record["first_flip"] = {"step": step, **first}
+            got = ranks.named_arrays()  # on every rank (in another mode it could be a collective)
+            if comm.rank == 0:
+                d, where = max_rel_diff(one.named_arrays(), got)
+                record["max_rel_diff"].append(d)
+                record["tensor"].append(where)
+    finally:
+        ranks.close()
+        one.close()
+    Path(out.format(rank=comm.rank)).write_text(json.dumps(record))
+
+
+def ranks_drift(ds: Dataset, optimizer: str, args, arch: dict, init: Path, workdir: Path) -> dict:
+    """``--ranks``: device mode on ``args.ranks`` gloo ranks against one process, step by step (see above)."""
+    cfg = TrainConfig(
+        mode="device", optimizer=optimizer, learning_rate=args.lr, mini_batch_size=args.batch,
+        num_batches=args.steps, progress=False, seed=args.seed, init_params_path=str(init), threads=1, **arch,
+    )  # fmt: skip
+    out = str(workdir / f"ranks-{optimizer}-{{rank}}.json")
+    spawn(args.ranks, _ranks_worker, cfg, str(ds.path), out, threads=1)
+    parts = [json.loads(Path(out.format(rank=r)).read_text()) for r in range(args.ranks)]
+    flips = [sum(p["flips"][i] for p in parts) for i in range(len(parts[0]["flips"]))]
+    firsts = [p["first_flip"] for p in parts if p["first_flip"] is not None]
+    return {
+        "ranks": args.ranks,
+        "max_rel_diff": parts[0]["max_rel_diff"],
+        "tensor": parts[0]["tensor"],
+        "relu_flips": flips,
+        "first_flip": min(firsts, key=lambda f: (f["step"], f["sample"])) if firsts else None,
+    }
+
+
+def ranks_summary(r: dict) -> str:
+    """The lines ``--ranks`` prints: the first ReLU sign flip and the drift before it, at it and at the end."""
+    d, n = r["max_rel_diff"], r["ranks"]
+    lines = [f"device mode on {n} ranks vs one process, {len(d)} steps: {sum(x > 0 for x in r['relu_flips'])} "
+             f"steps with a ReLU input of another sign; final max rel diff {d[-1]:.2e} ({r['tensor'][-1]})"]  # fmt: skip
+    f = r["first_flip"]
+    if f is None:
+        lines.append(f"  no ReLU input changed sign; max rel diff at most {max(d):.2e}")
+        return "\n".join(lines)
+    s = f["step"]
+    before = max(d[: s - 1], default=0.0)
+    lines.append(
+        f"  first flip at step {s}: {f['layer']} unit {f['unit']}, sample {f['sample']}: "
+        f"{f['one_process']:.3e} in one process, {f['ranks']:.3e} on the ranks (the unit's scale "
+        f"{f['unit_scale']:.3e}); max rel diff up to step {s - 1}: {before:.2e}, at step {s}: {d[s - 1]:.2e}"
+    )
+    return "\n".join(lines)
 
 
 def placement(
@@ -129,11 +232,20 @@ def drift(ds: Dataset, optimizer: str, args, arch: dict, workdir: Path) -> dict:
                     curves["independent_t1"].append({"step": step, "max_rel_diff": d, "tensor": where})
         for s in streams.values():
             s.close()
+        ranks = ranks_drift(ds, optimizer, args, arch, init, workdir) if args.ranks > 1 else None
     finally:
         for tr in trainers.values():
             tr.close()
         init.unlink(missing_ok=True)
-    return {"popular_share": popular / max(samples, 1), "curves": curves}
+    result = {"popular_share": popular / max(samples, 1), "curves": curves}
+    if ranks is not None:  # its curve beside the others, at the same steps; every step in "ranks"
+        steps = [c["step"] for c in next(iter(curves.values()))]
+        curves[f"device_r{args.ranks}"] = [
+            {"step": s, "max_rel_diff": ranks["max_rel_diff"][s - 1], "tensor": ranks["tensor"][s - 1]}
+            for s in steps
+        ]
+        result["ranks"] = ranks
+    return result
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -151,7 +263,15 @@ def main(argv: list[str] | None = None) -> dict:
         "--profile-batches", type=int, default=128, help="hot rows: those seen in the last N batches"
     )
     p.add_argument("--hot-share", type=float, default=1.0, help="at most this share of each table's rows hot")
+    p.add_argument(
+        "--ranks",
+        type=int,
+        default=1,
+        help="N > 1: also device mode on N gloo ranks vs one process (device_rN)",
+    )
     args = p.parse_args(argv)
+    if args.ranks < 1:
+        p.error(f"--ranks must be >= 1, got {args.ranks}")
     arch = {"embedding_dim": 16, "bottom_mlp": [13, 512, 256, 64, 16], "top_mlp": [512, 256, 1]}
     with tempfile.TemporaryDirectory(prefix="hotline-drift-") as tmp:
         tmp = Path(tmp)
@@ -164,7 +284,7 @@ def main(argv: list[str] | None = None) -> dict:
                 tmp / "ds", 2000, seed=1, table_sizes=[50, 400, 20, 300], zipf=1.2, progress=False
             )
         elif args.data is None:
-            from hotline.datasets.synthetic import default_dataset
+            from hotline.datasets.default import default_dataset
 
             data = default_dataset(progress=True)
         else:
@@ -181,11 +301,14 @@ def main(argv: list[str] | None = None) -> dict:
             title=f"{opt}: max rel diff of the parameters vs {REFERENCE} "
             f"({result['popular_share']:.0%} of the samples popular)",
         )
+        if "ranks" in result:
+            print(ranks_summary(result["ranks"]))
+    run = {"steps": args.steps, "every": args.every, "batch": args.batch, "lr": args.lr, "ranks": args.ranks}
     report = {
         "benchmark": "drift_exactness",
         "reference": REFERENCE,
         "runs": {n: {**fields, "threads": t} for n, (fields, t) in RUNS.items()},
-        "config": {"steps": args.steps, "every": args.every, "batch": args.batch, "lr": args.lr, **arch},
+        "config": {**run, **arch},
         "dataset": str(ds.path),
         "results": results,
         "machine": common.machine_info(args.threads),
