@@ -169,11 +169,12 @@ def _adagrad_apply(table, state, rows, gsum, lr, eps):
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def _adam_apply(table, state, rows, gsum, lr, beta1, beta2, eps, iteration):
+def _adam_apply(table, state, rows, gsum, lr, beta1, beta2, eps, iteration, weight_decay):
     """FBGEMM's ADAM: the row's counter += 1, then per element ``m = b1 m + (1 - b1) g``,
     ``v = b2 v + (1 - b2) g^2``, ``w -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)``, where the bias
     correction's t is the row's counter (row-wise bias correction, ``iteration`` 0) or ``iteration`` for every
-    row (FBGEMM's default: its module's iteration)."""
+    row (FBGEMM's default: its module's iteration); ``weight_decay`` adds FBGEMM's L2 term inside the step,
+    ``w -= lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * w)``."""
     D = table.shape[1]
     one = np.float32(1.0)
     for s in prange(rows.shape[0]):
@@ -190,7 +191,10 @@ def _adam_apply(table, state, rows, gsum, lr, beta1, beta2, eps, iteration):
             v = beta2 * state[r, D + d] + (one - beta2) * g * g
             state[r, d] = m
             state[r, D + d] = v
-            table[r, d] -= lr * (m / c1) / (np.sqrt(v / c2) + eps)
+            if weight_decay != 0:
+                table[r, d] -= lr * ((m / c1) / (np.sqrt(v / c2) + eps) + weight_decay * table[r, d])
+            else:
+                table[r, d] -= lr * (m / c1) / (np.sqrt(v / c2) + eps)
 
 
 def _check_state(table: np.ndarray, state: np.ndarray, width: int) -> None:
@@ -230,18 +234,19 @@ def sparse_adam_(
     eps: float,
     scratch: np.ndarray | None = None,
     iteration: int = 0,
+    weight_decay: float = 0.0,
 ) -> int:
     """In place Adam (FBGEMM's ADAM) of every touched row: ``state`` [rows, 2 D + 1] holds the first moments,
     the second moments and the row's step count (see ``_adam_apply``). ``iteration``: 0 corrects the bias by
-    each row's step count (row-wise), n > 0 by step n for every row (FBGEMM's module iteration). Returns the
-    rows touched."""
+    each row's step count (row-wise), n > 0 by step n for every row (FBGEMM's module iteration);
+    ``weight_decay``: FBGEMM's L2 term. Returns the rows touched."""
     ids = _check(table, ids, grads)
     _check_state(table, state, 2 * table.shape[1] + 1)
     if iteration < 0:
         raise ValueError(f"iteration must be >= 0 (0: each row's own step count), got {iteration}")
     rows, gsum = coalesce(ids, grads, scratch, table.shape[0])
     _adam_apply(table, state, rows, gsum, np.float32(lr), np.float32(beta1), np.float32(beta2), np.float32(eps),
-                np.float32(iteration))  # fmt: skip
+                np.float32(iteration), np.float32(weight_decay))  # fmt: skip
     return int(rows.shape[0])
 
 
@@ -271,9 +276,10 @@ def sparse_update_parts_(
     beta1: float = 0.9,
     beta2: float = 0.999,
     iteration: int = 0,
+    weight_decay: float = 0.0,
 ) -> int:
     """One sparse update (``kind`` ``sgd``, ``rowwise-adagrad``, ``adagrad`` or ``adam``; ``beta1``/``beta2``/
-    ``iteration``: Adam's, see :func:`sparse_adam_`) from gradients spread over several matrices.
+    ``iteration``/``weight_decay``: Adam's, see :func:`sparse_adam_`) from gradients spread over several matrices.
 
     Each part is ``(ids, grads, pos)``: lookup j of the part updates row ``ids[j]`` with ``grads[pos[j]]``
     (``pos=None``: ``grads[j]``). Duplicates across all parts are summed in part order, then input order,
@@ -314,7 +320,7 @@ def sparse_update_parts_(
     elif kind == "adam":
         _check_state(table, state, 2 * table.shape[1] + 1)
         _adam_apply(table, state, rows, gsum, np.float32(lr), np.float32(beta1), np.float32(beta2),
-                    np.float32(eps), np.float32(iteration))  # fmt: skip
+                    np.float32(eps), np.float32(iteration), np.float32(weight_decay))  # fmt: skip
     else:
         _rowwise_adagrad_apply(table, state, rows, gsum, np.float32(lr), np.float32(eps))
     return int(u)

@@ -53,10 +53,11 @@ def sparse_adagrad(table, state, ids, grads, lr, eps):
     return table, state
 
 
-def sparse_adam(table, state, ids, grads, lr, beta1, beta2, eps, iteration=0):
+def sparse_adam(table, state, ids, grads, lr, beta1, beta2, eps, iteration=0, weight_decay=0.0):
     """Row by row: summed gradient g; the row's counter t += 1 (last state column); m and v (the first D and
     next D columns) move as Adam's moments; w -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps), with
-    t the row's counter, or ``iteration`` for every row when it is > 0."""
+    t the row's counter, or ``iteration`` for every row when it is > 0; with ``weight_decay`` the step is
+    lr * (that ratio + weight_decay * w)."""
     table, state = table.copy(), state.copy()
     D = table.shape[1]
     f = np.float32
@@ -68,7 +69,10 @@ def sparse_adam(table, state, ids, grads, lr, beta1, beta2, eps, iteration=0):
         v = f(beta2) * state[r, D : 2 * D] + (f(1) - f(beta2)) * g * g
         state[r, :D], state[r, D : 2 * D] = m, v
         c1, c2 = f(1) - f(beta1) ** t, f(1) - f(beta2) ** t
-        table[r] -= f(lr) * (m / c1) / (np.sqrt(v / c2) + f(eps))
+        if weight_decay:
+            table[r] -= f(lr) * ((m / c1) / (np.sqrt(v / c2) + f(eps)) + f(weight_decay) * table[r])
+        else:
+            table[r] -= f(lr) * (m / c1) / (np.sqrt(v / c2) + f(eps))
     return table, state
 
 

@@ -49,24 +49,26 @@ def _case(seed, rows, n, dim, kind):
     return table, state, ids, grads
 
 
-def _twin(kind, table, state, ids, grads, lr=0.05, eps=1e-8, iteration=0):
+def _twin(kind, table, state, ids, grads, lr=0.05, eps=1e-8, iteration=0, weight_decay=0.0):
     if kind == "adagrad":
         return naive.sparse_adagrad(table, state, ids, grads, lr, eps)
-    return naive.sparse_adam(table, state, ids, grads, lr, 0.9, 0.999, eps, iteration)
+    return naive.sparse_adam(table, state, ids, grads, lr, 0.9, 0.999, eps, iteration, weight_decay)
 
 
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**31), rows=st.integers(1, 40), n=st.integers(0, 100), dim=st.integers(1, 9),
-       kind=st.sampled_from(NEW), iteration=st.sampled_from([0, 1, 7]))  # fmt: skip
-def test_kernels_equal_twins(seed, rows, n, dim, kind, iteration):
-    """iteration (Adam): 0 corrects the bias by each row's step count, n > 0 by step n for every row."""
+       kind=st.sampled_from(NEW), iteration=st.sampled_from([0, 1, 7]), weight_decay=st.sampled_from([0.0, 0.01]))  # fmt: skip
+def test_kernels_equal_twins(seed, rows, n, dim, kind, iteration, weight_decay):
+    """iteration (Adam): 0 corrects the bias by each row's step count, n > 0 by step n for every row;
+    weight_decay: FBGEMM's ADAM's L2 term."""
+    weight_decay = weight_decay if kind == "adam" else 0.0
     table, state, ids, grads = _case(seed, rows, n, dim, kind)
-    exp_t, exp_s = _twin(kind, table, state, ids, grads, iteration=iteration)
+    exp_t, exp_s = _twin(kind, table, state, ids, grads, iteration=iteration, weight_decay=weight_decay)
     if kind == "adagrad":
         touched = sparse_update.sparse_adagrad_(table, state, ids, grads, 0.05, 1e-8)
     else:
         touched = sparse_update.sparse_adam_(
-            table, state, ids, grads, 0.05, 0.9, 0.999, 1e-8, iteration=iteration
+            table, state, ids, grads, 0.05, 0.9, 0.999, 1e-8, iteration=iteration, weight_decay=weight_decay
         )
     assert touched == len(set(ids.tolist()))
     np.testing.assert_allclose(state, exp_s, rtol=1e-6, atol=1e-7)
@@ -118,10 +120,12 @@ def test_state_shapes_are_checked():
     assert bytes_per_row(16, "adagrad") == 4 * 32 and bytes_per_row(16, "adam") == 4 * (16 + 33)
 
 
-@pytest.mark.parametrize("kind,iteration", [("adagrad", 0), ("adam", 0), ("adam", 5)])
-def test_torch_path_equals_numba_path(kind, iteration):
+@pytest.mark.parametrize(
+    "kind,iteration,wd", [("adagrad", 0, 0.0), ("adam", 0, 0.0), ("adam", 5, 0.0), ("adam", 5, 0.01)]
+)
+def test_torch_path_equals_numba_path(kind, iteration, wd):
     table, _, ids, grads = _case(3, 40, 300, 8, kind)
-    opt = SparseOptimizer(kind, 0.1, dim=8, iteration=iteration)
+    opt = SparseOptimizer(kind, 0.1, dim=8, iteration=iteration, weight_decay=wd)
     t1, s1 = torch.from_numpy(table.copy()), opt.new_state(40)
     t2, s2 = torch.from_numpy(table.copy()), opt.new_state(40)
     for _ in range(3):

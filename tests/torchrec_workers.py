@@ -89,6 +89,11 @@ def optimizer_type(kind: str):
             "adam": torch.optim.Adam}[kind]  # fmt: skip
 
 
+TOLERANCE = {"sgd": 1e-6, "rowwise-adagrad": 1e-6, "adagrad": 1e-6, "adam": 1e-5}
+"""Relative bound of Hotline against the reference per optimizer. Adam's is wider: where a row's gradient is a
+near-cancelling sum of lookups (-8e-8 from terms of 1e-4, measured) the two sides' summation orders differ in
+its 4th digit, and where sqrt(v_hat) is as small as eps Adam's step follows that digit (4.6e-6 measured in
+test_adam_weight_decay_is_fbgemms; 2.5e-7 in the other Adam runs)."""
 FBGEMM_KINDS = ("adagrad",)
 """Optimizers whose reference is fbgemm's own update: torchrec's FusedEmbeddingBagCollection (CPU kernels).
 fbgemm's CPU TBE has no ADAM ("Optimizer adam is not supported in CPU mode"): Adam's reference is
@@ -99,15 +104,17 @@ class FbgemmAdam:
     """FBGEMM's ADAM as its kernels compute it (fbgemm_gpu's ``codegen/genscript/optimizers.py``, ``adam``), in
     plain PyTorch over the dense gradients of torchrec's EmbeddingBagCollection: on the rows a batch looks up,
     ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g^2``,
-    ``w -= lr * (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps))`` with ``t`` the module's iteration (1 at the
+    ``w -= lr * (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + weight_decay * w)`` with ``t`` the module's iteration (1 at the
     first step, the same for every row; ``b^t`` a float power, fbgemm's ``powf``, whose rounding matters where
     ``1 - b2^t`` is small); rows the batch does not look up keep their weights and moments."""
 
     def __init__(self, model: torch.nn.Module, lr: float = LR, eps: float = 1e-8, beta1: float = 0.9,
-                 beta2: float = 0.999):  # fmt: skip
+                 beta2: float = 0.999, weight_decay: float = 0.0):  # fmt: skip
         self.tables = {n.split(".")[-2]: p for n, p in model.named_parameters() if "embedding_bags" in n}
         # fbgemm keeps its hyper-parameters as C++ floats: 1 - beta of a float beta (1 - 0.999f is not 0.001f)
-        self.lr, self.eps, self.beta1, self.beta2 = (float(np.float32(x)) for x in (lr, eps, beta1, beta2))
+        self.lr, self.eps, self.beta1, self.beta2, self.wd = (
+            float(np.float32(x)) for x in (lr, eps, beta1, beta2, weight_decay)
+        )
         self.m = {k: torch.zeros_like(p) for k, p in self.tables.items()}
         self.v = {k: torch.zeros_like(p) for k, p in self.tables.items()}
         self.iteration = 0
@@ -125,7 +132,7 @@ class FbgemmAdam:
             v = self.beta2 * self.v[k][rows] + (1 - self.beta2) * g * g
             self.m[k][rows], self.v[k][rows] = m, v
             c1, c2 = (1.0 - float(np.float32(b) ** np.float32(t)) for b in (self.beta1, self.beta2))  # powf
-            p[rows] -= self.lr * (m / c1 / (torch.sqrt(v / c2) + self.eps))
+            p[rows] -= self.lr * (m / c1 / (torch.sqrt(v / c2) + self.eps) + self.wd * p[rows])
 
     def zero_grad(self) -> None:
         for p in self.tables.values():

@@ -42,6 +42,9 @@ class SparseOptimizer:
     """Adam's bias correction: 0 corrects each row by its own step count (row-wise, the training modes' rule);
     n > 0 corrects every row by step n (FBGEMM's ADAM, whose correction is its module's iteration: the torchrec
     collection sets it at every update)."""
+    weight_decay: float = 0.0
+    """Adam's L2 weight decay as FBGEMM's ADAM applies it, ``w -= lr * (m_hat / (sqrt(v_hat) + eps) +
+    weight_decay * w)`` (the other optimizers have none: 0)."""
 
     def __post_init__(self) -> None:
         if self.kind not in OPTIMIZERS:
@@ -57,6 +60,8 @@ class SparseOptimizer:
             raise ValueError(
                 f"Adam's iteration must be an int >= 0 (0: each row's own step count), got {self.iteration}"
             )
+        if not 0 <= self.weight_decay < float("inf") or (self.weight_decay and self.kind != "adam"):
+            raise ValueError(f"weight decay is Adam's (>= 0), got {self.weight_decay} for {self.kind}")
         state_floats_per_row(self.kind, self.dim)  # a per-element optimizer needs the dim
 
     def set_lr(self, lr: float) -> None:
@@ -112,7 +117,17 @@ class SparseOptimizer:
                 return sparse_update.sparse_adagrad_(t, state.numpy(), i, g, self.lr, self.eps, scratch)
             if self.kind == "adam":
                 return sparse_update.sparse_adam_(
-                    t, state.numpy(), i, g, self.lr, self.beta1, self.beta2, self.eps, scratch, self.iteration
+                    t,
+                    state.numpy(),
+                    i,
+                    g,
+                    self.lr,
+                    self.beta1,
+                    self.beta2,
+                    self.eps,
+                    scratch,
+                    self.iteration,
+                    self.weight_decay,
                 )
             return sparse_update.sparse_rowwise_adagrad_(t, state.numpy(), i, g, self.lr, self.eps, scratch)
         return self._step_torch(table, state, ids, grads)
@@ -122,7 +137,7 @@ class SparseOptimizer:
         arrays (see ``sparse_update.sparse_update_parts_``), without concatenating them first."""
         return sparse_update.sparse_update_parts_(
             self.kind, table.detach().numpy(), state.numpy(), parts, self.lr, self.eps, scratch,
-            beta1=self.beta1, beta2=self.beta2, iteration=self.iteration,
+            beta1=self.beta1, beta2=self.beta2, iteration=self.iteration, weight_decay=self.weight_decay,
         )  # fmt: skip
 
     def _step_torch(self, table, state, ids, grads) -> int:
@@ -173,4 +188,8 @@ class SparseOptimizer:
         state.index_copy_(0, rows, torch.cat([m, v, t[:, None]], dim=1))
         betas = torch.tensor([self.beta1, self.beta2], dtype=torch.float32, device=t.device)
         c1, c2 = (1 - betas[:, None] ** tc).unbind(0)
-        table.index_add_(0, rows, -self.lr * (m / c1[:, None]) / ((v / c2[:, None]).sqrt() + self.eps))
+        if self.weight_decay:
+            step = (m / c1[:, None]) / ((v / c2[:, None]).sqrt() + self.eps)
+            table.index_add_(0, rows, -self.lr * (step + self.weight_decay * table.index_select(0, rows)))
+        else:
+            table.index_add_(0, rows, -self.lr * (m / c1[:, None]) / ((v / c2[:, None]).sqrt() + self.eps))

@@ -65,8 +65,9 @@ def sparse_optimizer(
     optimizer_type: Any, optimizer_kwargs: Mapping[str, Any] | None = None, dim: int = 1
 ) -> SparseOptimizer:
     """Hotline's sparse rule for a torchrec-style ``(optimizer_type, optimizer_kwargs)``: ``lr``, ``eps``, and
-    Adam's ``beta1``/``beta2`` (or torch's ``betas``) and ``use_rowwise_bias_correction``; a clear error for
-    anything it cannot apply exactly (momentum, weight decay, an unknown type or keyword). ``dim``: the width
+    Adam's ``beta1``/``beta2`` (or torch's ``betas``), ``weight_decay`` and ``use_rowwise_bias_correction``; a
+    clear error for anything it cannot apply exactly (momentum, another optimizer's weight decay, an unknown
+    type or keyword). ``dim``: the width
     the per-element optimizers size their state by (the collection gives each dim group its own).
 
     Adam's rule comes with ``iteration`` 1 when it corrects the bias by the module's iteration (FBGEMM's
@@ -78,6 +79,9 @@ def sparse_optimizer(
     betas = kwargs.pop("betas", None)
     beta1, beta2 = betas if betas is not None else (kwargs.pop("beta1", 0.9), kwargs.pop("beta2", 0.999))
     rowwise_bias = bool(kwargs.pop("use_rowwise_bias_correction", False))
+    weight_decay = (
+        float(kwargs.pop("weight_decay", 0.0) or 0.0) if kind == "adam" else 0.0
+    )  # FBGEMM's ADAM has it
     for name in _ZERO_ONLY:
         if kwargs.pop(name, 0) not in (0, 0.0, None):
             raise ValueError(f"optimizer_kwargs[{name!r}] is not supported by Hotline's collection (only 0)")
@@ -90,7 +94,7 @@ def sparse_optimizer(
         raise ValueError(f"optimizer_kwargs betas / use_rowwise_bias_correction are Adam's, not {kind}'s")
     iteration = 1 if kind == "adam" and not rowwise_bias else 0
     return SparseOptimizer(kind, float(lr), float(eps), dim=int(dim), beta1=float(beta1), beta2=float(beta2),
-                           iteration=iteration)  # fmt: skip
+                           iteration=iteration, weight_decay=weight_decay)  # fmt: skip
 
 
 def state_names(rule: SparseOptimizer) -> tuple[str, ...]:

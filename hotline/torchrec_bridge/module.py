@@ -100,8 +100,8 @@ class HotlineEmbeddingBagCollection(
         optimizer_type: the fused optimizer, as torchrec's FusedEmbeddingBagCollection names it:
             ``torch.optim.SGD``, ``torchrec.optim.RowWiseAdagrad``, ``torch.optim.Adagrad`` or ``torch.optim.Adam``
             (or torchrec.optim's, or fbgemm's ``EmbOptimType``), with FBGEMM's semantics.
-        optimizer_kwargs: its ``lr``, ``eps``, and Adam's ``beta1``/``beta2`` (or ``betas``) and
-            ``use_rowwise_bias_correction``.
+        optimizer_kwargs: its ``lr``, ``eps``, and Adam's ``beta1``/``beta2`` (or ``betas``), ``weight_decay``
+            and ``use_rowwise_bias_correction``.
         is_weighted: multiply each looked-up row by the KJT's per-value weight before pooling.
         device: where the hot rows and the computation live (default cpu).
         optimizer: Hotline's :class:`SparseOptimizer` instead of ``optimizer_type``/``optimizer_kwargs``.
