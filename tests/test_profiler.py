@@ -443,3 +443,20 @@ def test_cli_batches_mode_and_errors(small, tmp_path, capsys):
     assert main(["profile", str(tmp_path / "missing"), "--no-progress"]) == 2
     with pytest.raises(SystemExit):
         main(["profile", str(small.path), "--hbm-budget", "12 parsecs"])
+
+
+def test_table_coverage_is_over_each_tables_own_lookups(tmp_path):
+    """Bags of different sizes per table (MLPerf's): a table's coverage is its hot rows' lookups over ITS
+    lookups (it divided by the last table's, printing 300% and more on the MLPerf preset)."""
+    from hotline.datasets.synthetic import generate
+
+    path = generate(
+        tmp_path / "bags", 1500, seed=1, table_sizes=[300, 200, 100], bag_sizes=[1, 7, 3], progress=False
+    )
+    prof = hotline.profile(path, sample_fraction=0.5, progress=False)
+    stats = prof.table_stats("2KiB").set_index("table")
+    placement = prof.placement("2KiB")
+    for t in range(3):
+        counts = prof.table_counts(t)
+        assert stats.loc[t, "coverage"] == pytest.approx(counts[placement.hot_ids[t]].sum() / counts.sum())
+    assert (stats["coverage"] <= 1).all() and (stats["coverage"] > 0).all()

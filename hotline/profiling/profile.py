@@ -254,7 +254,8 @@ class Profile:
         if budget is not None:
             df.insert(3, "hot_rows", hot_per_table)
             df.insert(4, "hot_pct", 100.0 * hot_per_table / np.maximum(1, df["rows"].to_numpy()))
-            df.insert(5, "coverage", hot_lookups / max(1, lookups))
+            # each table's hot lookups over its own lookups (bag sizes differ by table)
+            df.insert(5, "coverage", hot_lookups / np.maximum(1, df["lookups"].to_numpy()))
         return df
 
     # ------------------------------------------------------------------ placement
