@@ -5,7 +5,9 @@ for each CPU config of ``bench_pipeline.py`` (emb-heavy, kaggle) generates its d
 own batches pick three budgets from ``--coverages``; the figures the model is given are the held-out ones, on
 the validation split the run never trains on), runs the modes at each budget as ``bench_pipeline`` does, and
 prints predicted and measured samples/s with their ratio and the predicted bottleneck. Target: every ratio in
-0.8-1.25 on an idle machine (a loaded machine's timings mean nothing).
+0.8-1.25 on an idle machine (a loaded machine's timings mean nothing). Each config is priced as the model it
+trains (``--configs mlperf-dcnv2``: DCN-v2's cross layers on MLPerf's multi-hot bags, its tables capped by
+``--max-rows-per-table``).
 
 Run: ``python benchmarks/bench_costmodel.py --json costmodel.json`` (about 80 s on an idle 2-core host).
 """
@@ -35,7 +37,11 @@ def main(argv: list[str] | None = None) -> dict:
     from hotline.profiling.calibrate import calibrate
 
     p = common.parser(__doc__)
-    p.add_argument("--configs", default="emb-heavy,kaggle", help="comma list of bench_pipeline configs")
+    p.add_argument(
+        "--configs",
+        default="emb-heavy,kaggle",
+        help="comma list of bench_pipeline configs (mlperf-dcnv2 too: the DCN-v2 model on multi-hot bags)",
+    )
     p.add_argument("--steps", type=int, default=40, help="timed steps per mode and budget")
     p.add_argument("--warmup-steps", type=int, default=5)
     p.add_argument("--max-rows-per-table", type=int, default=1_000_000)
@@ -58,7 +64,7 @@ def main(argv: list[str] | None = None) -> dict:
     common.setup_threads(args.threads)
     rows = []
     for name in args.configs.split(","):
-        cfg = dict(bench_pipeline.CONFIGS[name])
+        cfg, args.config = bench_pipeline.config(name), name  # make_data reads args.config (mlperf's bags)
         args.batch = 128 if args.smoke else cfg["mini_batch_size"]
         with tempfile.TemporaryDirectory(prefix="bench_costmodel_") as tmp:
             root = Path(tmp)
@@ -71,10 +77,9 @@ def main(argv: list[str] | None = None) -> dict:
             num_tables=dataset.num_tables,
             pooling_factor=dataset.pooling_factor,
             embedding_dim=cfg["embedding_dim"],
-            bottom_mlp=tuple(cfg["bottom_mlp"]),
-            top_mlp=tuple(cfg["top_mlp"]),
             optimizer=args.optimizer,
             worker_threads=args.worker_threads,
+            **costmodel.arch_of(cfg),  # the model the sweep trained: MLPs, interaction, cross layers
         )
         by_budget = {pl["budget_bytes"]: pl for pl in placements}
         for r in measured:

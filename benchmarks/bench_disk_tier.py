@@ -178,13 +178,13 @@ def run_mmap(dataset, args, root: Path) -> dict:
 
 def predict(rec: dict, hybrid: dict | None, dataset, args, hw: dict) -> float | None:
     """The cost model's samples/s for a disk row, from the run's measured figures."""
-    from hotline.profiling.costmodel import DiskTier, Stats, Workload, predict
+    from hotline.profiling.costmodel import DiskTier, Stats, Workload, arch_of, predict
 
     if rec.get("coverage") is None or hybrid is None:
         return None
     mode = {"hybrid_disk": "hybrid", "hotline_k0_disk": "hotline_k0"}.get(rec["mode"], "hotline_k1")
     w = Workload(batch_size=args.batch, num_tables=dataset.num_tables, pooling_factor=dataset.pooling_factor,
-                 embedding_dim=args.dim, bottom_mlp=(13, 64, args.dim), top_mlp=(64, 1))  # fmt: skip
+                 embedding_dim=args.dim, **arch_of(_config(args)))  # the model the runs train  # fmt: skip
     s = Stats(rec["coverage"], rec["popular_share"], rec["cold_rows_per_step"], hybrid["cold_rows_per_step"])
     disk = DiskTier(
         pages_per_cold_row=rec["pages_per_disk_row"], cached_share=min(1.0, max(0.0, rec["cached_share"]))

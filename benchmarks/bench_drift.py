@@ -24,12 +24,22 @@ import common  # noqa: E402
 import numpy as np  # noqa: E402
 
 
+def _model(args) -> dict:
+    """The model every run trains and the cost model prices (TrainConfig fields)."""
+    return {
+        "embedding_dim": args.dim,
+        "bottom_mlp": [13, 64, args.dim],
+        "top_mlp": [64, 1],
+        "interaction": "dot",
+    }
+
+
 def _run(ds, placement: str, args, **kw):
     from hotline import TrainConfig, Trainer
 
-    cfg = TrainConfig(mode="hotline", placement_path=placement, embedding_dim=args.dim, bottom_mlp=[13, 64, args.dim],
-                      top_mlp=[64, 1], mini_batch_size=args.batch, num_batches=args.steps, progress=False,
-                      lookahead=args.lookahead, print_freq=10**9, **kw)  # fmt: skip
+    cfg = TrainConfig(mode="hotline", placement_path=placement, **_model(args), mini_batch_size=args.batch,
+                      num_batches=args.steps, progress=False, lookahead=args.lookahead, print_freq=10**9,
+                      **kw)  # fmt: skip
     tr = Trainer(cfg, ds)
     try:
         steps, t0 = [], None
@@ -99,8 +109,8 @@ def _predicted(ds, args, run: dict, unique: float) -> dict:
     rows per step), hotline K=0 and K>=1."""
     from hotline.profiling import costmodel
 
-    work = costmodel.Workload(args.batch, ds.num_tables, ds.pooling_factor, args.dim, (13, 64, args.dim), (64, 1),
-                              worker_threads=4)  # fmt: skip
+    work = costmodel.Workload(args.batch, ds.num_tables, ds.pooling_factor, args.dim, worker_threads=4,
+                              **costmodel.arch_of(_model(args)))  # fmt: skip
     stats = costmodel.Stats(
         run["hot_lookup_share"], run["popular_sample_share"], run["cold_rows_per_step"], unique
     )

@@ -68,6 +68,11 @@ PHASES = (
 )
 
 
+def config(name: str) -> dict:
+    """The TrainConfig fields of config ``name`` (one of :data:`CONFIGS` or ``mlperf-dcnv2``)."""
+    return mlperf.config() if name == mlperf.NAME else dict(CONFIGS[name])
+
+
 def make_data(args, root: Path):
     from hotline.datasets.format import Dataset
     from hotline.datasets.synthetic import generate
@@ -316,13 +321,11 @@ def targets_met(ratios: list[dict]) -> dict:
 
 def auto_choice(dataset, args, cfg, prof, placements: list[dict]):
     """What ``hotline train --mode auto`` chooses for this data on this machine, among the sweep's budgets."""
-    from hotline.profiling.costmodel import Stats, workload_for
+    from hotline.profiling.costmodel import Stats, arch_of, workload_for
     from hotline.training.auto import choose, device_memory, hardware_for, table_bytes
 
     hw = hardware_for("cpu", args.hardware)
-    w = workload_for(
-        prof, bottom_mlp=cfg["bottom_mlp"], top_mlp=cfg["top_mlp"], worker_threads=args.worker_threads
-    )
+    w = workload_for(prof, worker_threads=args.worker_threads, **arch_of(cfg))  # the model the sweep trains
     return choose(
         table_bytes(dataset.table_sizes, cfg["embedding_dim"], args.optimizer),
         device_memory("cpu"),
@@ -395,7 +398,7 @@ def main(argv: list[str] | None = None) -> dict:
         "--hardware", help="--mode auto's pricing: a `hotline calibrate` JSON (default: quick timing)"
     )
     args = p.parse_args(argv)
-    cfg = mlperf.config() if args.config == mlperf.NAME else dict(CONFIGS[args.config])
+    cfg = config(args.config)
     args.max_rows_per_table = args.max_rows_per_table or (
         100_000 if args.config == mlperf.NAME else 1_000_000
     )

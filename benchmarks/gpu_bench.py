@@ -340,7 +340,7 @@ def _gpu_name(args, device: str) -> str | None:
 def _workload(cfg, args, prof):
     from hotline.profiling import costmodel
 
-    return costmodel.workload_for(prof, cfg["bottom_mlp"], cfg["top_mlp"], args.worker_threads)
+    return costmodel.workload_for(prof, worker_threads=args.worker_threads, **costmodel.arch_of(cfg))
 
 
 def _link_gbps(device: str) -> dict:

@@ -1,5 +1,9 @@
 """The cost model's prediction for one GPU (default H200) with Kaggle-sized tables: the figures a GPU run checks.
 
+``--workload mlperf-dcnv2`` predicts MLPerf DLRM-DCNv2 instead, as ``gpu_bench.py --workload mlperf-dcnv2`` runs it
+(dim 128, bottom 13-512-256-128, DCN-v2 3 x rank 512, top 1024-1024-512-256-1, its 26 tables capped at 10M rows
+with its multi-hot bags, 500k samples): the cross layers priced as GEMMs at the dense rate.
+
 Data: synthetic, the 26 Criteo Kaggle tables at full size (33.8 M rows), Zipf ``--zipf`` ids, ``--rows``
 samples. Half the training split is profiled, the other half held out; the model is given the held-out
 figures at HBM budgets of ``--budgets`` (shares of the embedding bytes: dim 64, SGD), batch 4096, the
@@ -18,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
+import mlperf  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -28,7 +33,15 @@ def main(argv: list[str] | None = None) -> dict:
     p = common.parser(__doc__)
     p.add_argument("--gpu", default="H200")
     p.add_argument("--host", default=None, help="the GPU host's `hotline calibrate` JSON")
-    p.add_argument("--rows", type=int, default=4_000_000, help="synthetic samples generated")
+    p.add_argument("--workload", choices=["kaggle", mlperf.NAME], default="kaggle",
+                   help="kaggle: the gpu_bench model on Kaggle-sized tables; mlperf-dcnv2: MLPerf DLRM-DCNv2 (dim 128, "
+                        "its MLPs and DCN-v2 cross layers) on its 26 tables with multi-hot bags, as gpu_bench "
+                        "--workload mlperf-dcnv2 runs it")  # fmt: skip
+    p.add_argument(
+        "--rows", type=int, default=0, help="synthetic samples generated (0: 4M; 500k for mlperf-dcnv2)"
+    )
+    p.add_argument("--max-rows-per-table", type=int, default=0,
+                   help="cap table sizes (0: none for kaggle; 10M for mlperf-dcnv2, as gpu_bench)")  # fmt: skip
     p.add_argument("--zipf", type=float, default=1.05)
     p.add_argument("--batch", type=int, default=4096)
     p.add_argument("--dim", type=int, default=64)
@@ -36,18 +49,27 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--worker-threads", type=int, default=4)
     p.add_argument("--data", default=None, help="an existing dataset directory instead")
     args = p.parse_args(argv)
+    shape: dict = {}
+    if args.workload == mlperf.NAME:  # the model and tables gpu_bench --workload mlperf-dcnv2 runs
+        model = {k: v for k, v in mlperf.config().items() if k != "mini_batch_size"}
+        args.dim, shape = model["embedding_dim"], mlperf.data_options()
+        args.rows = args.rows or 500_000
+        args.max_rows_per_table = args.max_rows_per_table or 10_000_000
+    else:
+        model = {"embedding_dim": args.dim, "bottom_mlp": [13, 512, 256, args.dim], "top_mlp": [512, 256, 1]}
+        args.rows = args.rows or 4_000_000
     if args.smoke:
-        args.rows = 20_000
+        args.rows, args.max_rows_per_table = 20_000, 2000
     common.setup_threads(args.threads)
     hw = costmodel.load_hardware(args.gpu, args.host)
     with tempfile.TemporaryDirectory(prefix="predict_gpu_") as tmp:
         path = args.data or generate(
-            Path(tmp) / "kaggle-sized", args.rows, seed=args.seed, zipf=args.zipf,
-            max_rows_per_table=2000 if args.smoke else None, progress=False,
+            Path(tmp) / args.workload, args.rows, seed=args.seed, zipf=args.zipf,
+            max_rows_per_table=args.max_rows_per_table or None, progress=False, **shape,
         )  # fmt: skip
         prof = hotline.profile(path, sample_fraction=0.5, mini_batch_size=args.batch, embedding_dim=args.dim,
                                seed=args.seed, progress=False)  # fmt: skip
-        w = costmodel.workload_for(prof, (13, 512, 256, args.dim), (512, 256, 1), args.worker_threads)
+        w = costmodel.workload_for(prof, worker_threads=args.worker_threads, **costmodel.arch_of(model))
         table_bytes = sum(prof.table_sizes) * prof.bytes_per_row
         rows = []
         for share in args.budgets:
@@ -83,12 +105,14 @@ def main(argv: list[str] | None = None) -> dict:
             ("vs_hybrid", "vs hybrid", ".2f"),
             ("bottleneck", "bottleneck", ""),
         ],
-        title=f"predicted on {hw['name']}: {sum(prof.table_sizes):,} rows, dim {args.dim}, batch {args.batch}, "
+        title=f"predicted on {hw['name']}: {args.workload} ({w.interaction} interaction), "
+        f"{sum(prof.table_sizes):,} rows, dim {args.dim}, batch {args.batch}, "
         f"{prof.num_samples:,} samples profiled ({prof.num_accessed:,} rows seen: the most a budget makes hot), "
         f"{prof.heldout.num_samples:,} held out (zipf {args.zipf})",
     )
     payload = {
         "benchmark": "predict_h200",
+        "workload": args.workload,
         "hardware": hw,
         "results": rows,
         "machine": common.machine_info(args.threads),

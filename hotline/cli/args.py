@@ -170,25 +170,32 @@ def add_arch(parser: argparse.ArgumentParser, default=True) -> None:
         metavar="SIZES",
         help="top MLP sizes after the interaction (... 1)",
     )
+    add_interaction(parser, default)
+
+
+def add_interaction(parser: argparse.ArgumentParser, default=True, what: str = "") -> None:
+    """``--arch-interaction-op``, ``--dcn-num-layers`` and ``--dcn-low-rank-dim`` (``default=False``: unset;
+    ``what``: a prefix of their help, e.g. "for --predict: ")."""
     parser.add_argument(
         "--arch-interaction-op",
-        default=d("dot"),
+        default="dot" if default else None,
         choices=["dot", "cat", "dcn"],
-        help="feature interaction: dot (DLRM), cat, or dcn (DCN-v2 low-rank cross net, torchrec's DLRM_DCN)",
+        help=what
+        + "feature interaction: dot (DLRM), cat, or dcn (DCN-v2 low-rank cross net, torchrec's DLRM_DCN)",
     )
     parser.add_argument(
         "--dcn-num-layers",
         type=int,
-        default=d(3),
+        default=3 if default else None,
         metavar="N",
-        help="cross layers of --arch-interaction-op dcn",
+        help=what + "cross layers of --arch-interaction-op dcn",
     )
     parser.add_argument(
         "--dcn-low-rank-dim",
         type=int,
-        default=d(512),
+        default=512 if default else None,
         metavar="R",
-        help="rank of each cross layer of --arch-interaction-op dcn",
+        help=what + "rank of each cross layer of --arch-interaction-op dcn",
     )
 
 

@@ -9,6 +9,7 @@ from hotline.cli.args import (
     add_budget,
     add_embedding,
     add_force,
+    add_interaction,
     add_output,
     add_progress,
     add_sampling,
@@ -17,7 +18,11 @@ from hotline.cli.args import (
     flags,
     sample_fraction,
 )
+from hotline.cli.train import PRESET_FLAGS, apply_preset
 from hotline.units import format_size
+
+PRESET_DESTS = {**PRESET_FLAGS, "embedding_dim": "embedding_dim"}
+"""TrainConfig fields a ``--preset`` sets -> profile's flags (the training-only ones it lacks are left out)."""
 
 
 def add_parser(subparsers: SubParsers) -> None:
@@ -63,6 +68,15 @@ def add_parser(subparsers: SubParsers) -> None:
     )
     parser.add_argument("--arch-mlp-bot", default=None, metavar="A-B-C", help="for --predict: bottom MLP")
     parser.add_argument("--arch-mlp-top", default="512-256-1", metavar="A-B-C", help="for --predict: top MLP")
+    add_interaction(parser, what="for --predict: ")
+    parser.add_argument(
+        "--preset",
+        choices=["mlperf-dcnv2"],
+        default=None,
+        help="the model of `hotline train --preset`: mlperf-dcnv2 sets dim 128, row-wise Adagrad rows, its MLPs "
+        "and dcn 3 x 512 for --predict, and the batch 65536 scaled to this machine as train does; an explicit "
+        "flag overrides its part",
+    )
     parser.add_argument(
         "--worker-threads",
         type=int,
@@ -76,7 +90,7 @@ def add_parser(subparsers: SubParsers) -> None:
     add_force(parser)
     add_threads(parser, "Numba threads")
     add_progress(parser)
-    parser.set_defaults(func=run, declare=declare)
+    parser.set_defaults(func=run, declare=declare, profile_parser=parser)
 
 
 def declare(args: argparse.Namespace):
@@ -118,22 +132,43 @@ def _table_text(stats) -> str:
     return df.drop(columns=["lookups"]).to_string(index=False)
 
 
-def _prediction_text(prof, args) -> str:
+def _arch(args) -> dict:
+    """The model --predict prices (:data:`hotline.profiling.costmodel.ARCH_FIELDS`), its flags checked before
+    the profile runs: a wrong one is named before the long work."""
+    from hotline.models.dlrm import parse_layers
+
+    bottom = parse_layers(args.arch_mlp_bot, "--arch-mlp-bot") if args.arch_mlp_bot else None
+    if bottom is not None and bottom[-1] != args.embedding_dim:
+        raise ValueError(f"--arch-mlp-bot {args.arch_mlp_bot} must end with the embedding dim "
+                         f"{args.embedding_dim} (--embedding-dim)")  # fmt: skip
+    if args.dcn_num_layers < 1 or args.dcn_low_rank_dim < 1:
+        raise ValueError(f"--dcn-num-layers and --dcn-low-rank-dim must be >= 1, got {args.dcn_num_layers} and "
+                         f"{args.dcn_low_rank_dim}")  # fmt: skip
+    return {"bottom_mlp": bottom, "top_mlp": parse_layers(args.arch_mlp_top, "--arch-mlp-top"),
+            "interaction": args.arch_interaction_op, "dcn_num_layers": args.dcn_num_layers,
+            "dcn_low_rank_dim": args.dcn_low_rank_dim}  # fmt: skip
+
+
+def _model_text(w) -> str:
+    """The priced model in one phrase: its MLPs and interaction."""
+    inter = w.interaction
+    if inter == "dcn":
+        inter = f"dcn ({w.dcn_num_layers} cross layers of rank {w.dcn_low_rank_dim})"
+    bottom, top = ("-".join(map(str, m)) for m in (w.bottom_mlp, w.top_mlp))
+    return f"bottom MLP {bottom}, {inter} interaction, top {top}"
+
+
+def _prediction_text(prof, args, arch: dict) -> str:
     from hotline.profiling import costmodel
 
-    def widths(v):
-        return [int(x) for x in v.split("-")] if v else None
-
     hw = costmodel.load_hardware(args.hardware, args.host_hardware)
-    w = costmodel.workload_for(
-        prof, widths(args.arch_mlp_bot), widths(args.arch_mlp_top), args.worker_threads
-    )
+    w = costmodel.workload_for(prof, worker_threads=args.worker_threads, **arch)
     stats = costmodel.Stats.from_profile(prof, args.hbm_budget)
     figures = "held-out" if prof.heldout is not None else "IN-SAMPLE (nothing held out: optimistic)"
     return (
         f"predicted on {hw['name']} ({figures} figures: coverage {stats.hot_lookup_share:.1%}, popular "
         f"{stats.popular_sample_share:.1%}, {stats.cold_rows_per_batch:,.0f} cold rows per mini-batch of "
-        f"{w.batch_size}); bottom MLP {'-'.join(map(str, w.bottom_mlp))}, top {'-'.join(map(str, w.top_mlp))}\n"
+        f"{w.batch_size}); {_model_text(w)}\n"
         + costmodel.prediction_table(costmodel.predict_all(w, stats, hw))
         + "\n"
     )
@@ -168,6 +203,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads:
         set_numba_threads(args.threads)
+    try:
+        apply_preset(args, args.profile_parser, PRESET_DESTS, "hotline profile")
+    except ValueError as e:
+        return error("profile", e)
     if (
         args.out is not None or args.json is not None or args.always_hot or args.predict
     ) and args.hbm_budget is None:
@@ -175,10 +214,12 @@ def run(args: argparse.Namespace) -> int:
             "profile", "--out, --json, --always-hot and --predict need --hbm-budget"
         )  # else: nothing written
     try:
-        if args.predict:  # a bad hardware description is named before the profile, not after it
+        arch = None
+        if args.predict:  # a bad hardware description or model is named before the profile, not after it
             from hotline.profiling import costmodel
 
             costmodel.load_hardware(args.hardware, args.host_hardware)
+            arch = _arch(args)
         names = ("sample_batches", "mini_batch_size", "seed", "embedding_dim", "optimizer", "split", "heldout",
                  "heldout_fraction")  # fmt: skip
         profiler = Profiler(
@@ -216,7 +257,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.predict:
         try:
-            text = _prediction_text(prof, args)
+            text = _prediction_text(prof, args, arch)
         except (ValueError, OSError, KeyError) as e:
             return error("profile", e)
         print(text)

@@ -240,20 +240,26 @@ PRESET_FLAGS = {
 }  # fmt: skip
 
 
-def _given(args: argparse.Namespace) -> set[str]:
-    """The dests of the options given on the command line."""
+def _given(args: argparse.Namespace, parser: argparse.ArgumentParser) -> set[str]:
+    """The dests of ``parser``'s options given on the command line."""
     argv = getattr(args, "command_line", None) or []
     return {
         a.dest
-        for a in args.train_parser._actions
+        for a in parser._actions
         if any(tok == o or tok.startswith(o + "=") for o in a.option_strings for tok in argv)
     }
 
 
-def apply_preset(args: argparse.Namespace) -> None:
+def apply_preset(
+    args: argparse.Namespace,
+    parser: argparse.ArgumentParser | None = None,
+    dests: dict | None = None,
+    command: str = "hotline train",
+) -> None:
     """Writes ``--preset``'s values into ``args`` for every part no flag gave, then forgets the preset (so the
     ranks of ``--nproc`` get the resolved flags). The preset's batch is scaled to the machine: see
-    :func:`hotline.training.presets.scaled_batch_size`."""
+    :func:`hotline.training.presets.scaled_batch_size`. ``parser`` and ``dests`` (field -> argparse dest; a
+    field whose dest ``args`` lacks is not set): another command's (``hotline profile``), default train's."""
     from dataclasses import fields
 
     from hotline.training.config import TrainConfig
@@ -261,24 +267,24 @@ def apply_preset(args: argparse.Namespace) -> None:
 
     if not args.preset:
         return
-    given = _given(args)
+    parser = parser if parser is not None else args.train_parser
+    dests = PRESET_FLAGS if dests is None else dests
+    given = _given(args, parser)
     values = preset_values(args.preset, {f.name for f in fields(TrainConfig)})
     for field_name, value in values.items():
-        dest = PRESET_FLAGS[field_name]
+        dest = dests[field_name]
         if dest in given or not hasattr(args, dest):
             continue
         if field_name == "mini_batch_size":
             from hotline.training.config import resolve_device
 
             lookups = _lookups_per_sample(args)
-            dim = (
-                args.arch_sparse_feature_size
-                if "arch_sparse_feature_size" in given
-                else values["embedding_dim"]
-            )
-            value = scaled_batch_size(value, lookups, dim, machine_memory(resolve_device(args.device)))
+            dim_dest = dests["embedding_dim"]
+            dim = getattr(args, dim_dest) if dim_dest in given else values["embedding_dim"]
+            device = resolve_device(getattr(args, "device", "auto"))
+            value = scaled_batch_size(value, lookups, dim, machine_memory(device))
             if os.environ.get("RANK", "0") == "0":
-                print(f"hotline train: --preset {args.preset}: mini-batch {value} (MLPerf's 65536 scaled to this "
+                print(f"{command}: --preset {args.preset}: mini-batch {value} (MLPerf's 65536 scaled to this "
                       f"machine's memory; --mini-batch-size overrides)", file=sys.stderr)  # fmt: skip
         elif isinstance(value, list):
             value = "-".join(map(str, value))

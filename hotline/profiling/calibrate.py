@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from hotline.profiling.costmodel import Workload, compute_terms
+from hotline.profiling.costmodel import Workload, arch_of, compute_terms
 
 VERSION = 1
 
@@ -187,11 +187,12 @@ def _handover_us(rounds: int = 2000) -> float:
 
 
 def _pass(
-    rng: np.random.Generator, B: int, T: int, D: int, bot, top
+    rng: np.random.Generator, B: int, T: int, D: int, bot, top, arch: dict | None = None
 ) -> tuple[Callable, Callable, Workload, object]:
     """A non-popular micro-batch's forward and backward as the tiered step runs it on a CPU (its rows put
     together by the Numba kernel from a hot table and a working buffer, then DLRM's forward and backward), and
-    the row assembly alone; with the matching workload and the model."""
+    the row assembly alone; with the matching workload and the model. ``arch``: the interaction's TrainConfig
+    fields (default: dot)."""
     import torch
 
     from hotline.kernels.gather import assemble_rows
@@ -199,7 +200,9 @@ def _pass(
     from hotline.tiers.base import loss_and_backward, sum_pool
     from hotline.training.config import TrainConfig
 
-    cfg = TrainConfig(embedding_dim=D, bottom_mlp=list(bot), top_mlp=list(top), mini_batch_size=B)
+    cfg = TrainConfig(
+        embedding_dim=D, bottom_mlp=list(bot), top_mlp=list(top), mini_batch_size=B, **(arch or {})
+    )
     model = DLRM(cfg.model_config([1000] * T), seed=0)
     dense = torch.randn(B, 13)
     labels = torch.from_numpy((rng.random(B) < 0.25).astype(np.float32))
@@ -221,7 +224,7 @@ def _pass(
         loss_and_backward(model, dense, sum_pool(rows, T, 1), labels, B)
         model.zero_grad(set_to_none=True)
 
-    return one, assemble, Workload(B, T, 1, D, tuple(bot), tuple(top)), model
+    return one, assemble, Workload(B, T, 1, D, **arch_of(cfg)), model
 
 
 def _overlap_penalty(rng: np.random.Generator, big: np.ndarray) -> float:
@@ -281,7 +284,8 @@ def _overlap_penalty(rng: np.random.Generator, big: np.ndarray) -> float:
     return float(min(3.0, max(0.0, (t_both - max(t_d, t_h)) / min(t_d, t_h))))
 
 
-# Model shapes the dense compute is fitted over: (batch, tables, dim, bottom MLP, top MLP).
+# Model shapes the dense compute is fitted over: (batch, tables, dim, bottom MLP, top MLP[, interaction]); the
+# dot interaction unless a shape names another, so the fit sees every model the cost model prices.
 _SHAPES = (
     (4096, 26, 64, (13, 64, 64), (64, 1)),
     (2048, 26, 64, (13, 64, 64), (64, 1)),
@@ -293,7 +297,10 @@ _SHAPES = (
     (64, 26, 16, (13, 64, 16), (64, 1)),
     (4096, 8, 32, (13, 256, 32), (256, 1)),
     (8, 4, 8, (13, 8), (8, 1)),
-)
+    (2048, 26, 16, (13, 64, 16), (64, 1), {"interaction": "cat"}),
+    (1024, 26, 16, (13, 64, 16), (64, 1), {"interaction": "dcn", "dcn_num_layers": 2, "dcn_low_rank_dim": 64}),
+    (2048, 8, 32, (13, 64, 32), (256, 1), {"interaction": "dcn", "dcn_num_layers": 3, "dcn_low_rank_dim": 128}),
+)  # fmt: skip
 
 
 def _dense_fit(rng: np.random.Generator) -> dict:
@@ -303,8 +310,8 @@ def _dense_fit(rng: np.random.Generator) -> dict:
     from hotline.tiers.sparse_optim import SparseOptimizer
 
     feats, secs, assembled, dense_upd = [], [], [], []
-    for B, T, D, bot, top in _SHAPES:
-        one, assemble, w, model = _pass(rng, B, T, D, bot, top)
+    for B, T, D, bot, top, *arch in _SHAPES:
+        one, assemble, w, model = _pass(rng, B, T, D, bot, top, *arch)
         total = _mean_s(one, repeats=16, warmup=3)
         t_asm = _mean_s(assemble, repeats=16, warmup=2)
         assembled.append((B * T * D * 4, t_asm))
@@ -322,7 +329,7 @@ def _dense_fit(rng: np.random.Generator) -> dict:
     predicted = np.asarray(feats) @ np.array([inv_mlp, inv_inter, inv_bw, overhead])
     mem_gbps = 1e-9 / max(inv_bw, 1e-18)
     # the dense step: what streaming its parameters (the cost model's 12 bytes each) does not explain, per tensor
-    per_tensor = [max(0.0, t - 12.0 * w.dense_params() / (mem_gbps * 1e9)) / (2 * len(w.mlp_layers()))
+    per_tensor = [max(0.0, t - 12.0 * w.dense_params() / (mem_gbps * 1e9)) / len(w.param_tensors())
                   for w, t in dense_upd]  # fmt: skip
     return {
         "dense_gflops": 1e-9 / max(inv_mlp, 1e-18),

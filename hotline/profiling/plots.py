@@ -17,8 +17,10 @@ def profile_figures(
     batch_sizes: Sequence[int] | None = None,
     hardware: dict | str | None = None,
     label_tables: int = 5,
+    workload=None,
 ) -> dict:
-    """The figures of :meth:`hotline.profiling.profile.Profile.plot` for ``prof``."""
+    """The figures of :meth:`hotline.profiling.profile.Profile.plot` for ``prof`` (``workload``: the model the
+    speed-up panel prices)."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter, LogLocator
 
@@ -80,7 +82,7 @@ def profile_figures(
         from hotline.profiling import costmodel
 
         hw = costmodel.load_hardware(hardware) if not isinstance(hardware, dict) else hardware
-        sp = costmodel.speedup_curve(prof, hw, budgets=list(curve.budget_bytes))
+        sp = costmodel.speedup_curve(prof, hw, workload, budgets=list(curve.budget_bytes))
         ax2 = fig.add_subplot(2, 1, 2)
         ax2.semilogx(sp.budget_bytes, sp.k1_vs_hybrid, color="C2", label="hotline K>=1 / hybrid")
         ax2.semilogx(sp.budget_bytes, sp.k0_vs_hybrid, color="C4", label="hotline K=0 / hybrid")

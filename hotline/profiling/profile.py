@@ -414,15 +414,18 @@ class Profile:
         batch_sizes: Sequence[int] | None = None,
         hardware: dict | str | None = None,
         label_tables: int = 5,
+        workload=None,
     ) -> dict:
         """Matplotlib figures: ``rank_frequency`` (per table, log-log: the ``label_tables`` largest tables
         labelled, the rest grouped), ``budget`` (coverage and popular-sample share against the HBM budget,
         held-out solid and in-sample dashed, ``budget`` marked; with ``hardware`` a second panel: the cost
-        model's predicted speed-up of hotline over hybrid) and ``working_set`` (unique rows per mini-batch
+        model's predicted speed-up of hotline over hybrid for ``workload``, a
+        :class:`hotline.profiling.costmodel.Workload`, default the Kaggle DLRM: ``costmodel.workload_for(prof,
+        **costmodel.arch_of(config))`` prices a run's own model) and ``working_set`` (unique rows per mini-batch
         against its size, at ``budget``, default: no hot rows)."""
         from hotline.profiling.plots import profile_figures
 
-        return profile_figures(self, budget, batch_sizes, hardware, label_tables)
+        return profile_figures(self, budget, batch_sizes, hardware, label_tables, workload)
 
 
 def _zipf_exponent(ranked_counts: np.ndarray) -> float:

@@ -290,7 +290,7 @@ def choose_for_run(
     """:func:`choose` for a TrainConfig and its Dataset: profiles a sample with held-out figures unless
     ``prof`` (a Profile of this dataset) is given."""
     from hotline.datasets.format import Dataset
-    from hotline.profiling.costmodel import workload_for
+    from hotline.profiling.costmodel import arch_of, workload_for
 
     dataset = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
     # the checks training makes first, made before the profiling: bad input is named before any long work
@@ -304,8 +304,8 @@ def choose_for_run(
 
         prof = profile_for(config, dataset, progress)
     hw = hardware_for(config.device, hardware)
-    w = workload_for(prof, bottom_mlp=config.bottom_mlp, top_mlp=config.top_mlp,
-                     worker_threads=config.worker_threads)  # fmt: skip
+    # the model the run trains: its MLPs, interaction and cross layers
+    w = workload_for(prof, worker_threads=config.worker_threads, **arch_of(config))
     budgets = [int(b) for b in prof.curve().budget_bytes]
     return choose(
         table_bytes(dataset.table_sizes, config.embedding_dim, config.optimizer),
