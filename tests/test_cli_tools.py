@@ -224,6 +224,28 @@ def test_torchrec_dlrm_predicts_what_hotline_predicts(runs, tmp_path, capsys, po
     )  # the model is not constant: the comparison means something
 
 
+def test_an_export_whose_config_and_weights_disagree_is_one_error(runs, tmp_path, capsys):
+    """An export edited or mixed up by hand (its config says dim 4, its weights are dim 8; or a weight is
+    missing) is refused with an ExportError naming the file, not a RuntimeError from load_state_dict."""
+    pytest.importorskip("torchrec")
+    from hotline.training.export import ExportError, load_torchrec_dlrm
+
+    out = tmp_path / "dlrm.pt"
+    assert main(["export", str(out), "--load", str(runs["ckpt"])]) == 0
+    capsys.readouterr()
+    blob = torch.load(out, weights_only=True)
+    wrong_dim = {**blob, "config": {**blob["config"], "embedding_dim": blob["config"]["embedding_dim"] * 2}}
+    torch.save(wrong_dim, tmp_path / "dim.pt")
+    state = dict(blob["state_dict"])
+    state.pop(next(iter(state)))
+    torch.save({**blob, "state_dict": state}, tmp_path / "missing.pt")
+    for name in ("dim.pt", "missing.pt"):
+        with pytest.raises(
+            ExportError, match=f"{name}: its config and weights do not make one torchrec DLRM"
+        ):
+            load_torchrec_dlrm(tmp_path / name)
+
+
 def test_export_refuses_what_torchrec_cannot_express(runs, tmp_path, capsys):
     pytest.importorskip("torchrec")
     ckpt = tmp_path / "cat.pt"

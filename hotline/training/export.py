@@ -187,8 +187,12 @@ def load_torchrec_dlrm(path: str | os.PathLike):
         raise ExportError(f"{path} cannot be loaded as an exported model: {e}") from e
     if not isinstance(blob, dict) or blob.get("format") != EXPORT_FORMAT:
         raise ExportError(f"{path} is not a Hotline torchrec-DLRM export (format {EXPORT_FORMAT})")
-    module = _build(blob["config"])
-    module.load_state_dict(blob["state_dict"])
+    try:
+        module = _build(blob["config"])
+        module.load_state_dict(blob["state_dict"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:  # an edited or mixed-up export: one line
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ExportError(f"{path}: its config and weights do not make one torchrec DLRM ({first})") from None
     return module.eval(), blob["config"]
 
 
