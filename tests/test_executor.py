@@ -24,9 +24,10 @@ def trainer_factory(tmp_path_factory):
 
         d = Dataset(ds)
         hot = [np.arange(n // 3) for n in d.table_sizes]
-        Placement.from_hot_ids(d.table_sizes, hot, dataset_fingerprint=d.fingerprint, embedding_dim=8).save(
-            root / "p.npz"
+        placement = Placement.from_hot_ids(
+            d.table_sizes, hot, dataset_fingerprint=d.fingerprint, embedding_dim=8
         )
+        placement.save(root / "p.npz", force=True)  # every trainer this factory makes writes it again
         cfg = TrainConfig(
             mode="hotline",
             placement_path=str(root / "p.npz"),
