@@ -289,19 +289,19 @@ def claim(
 
 
 def guard(
-    outputs: Iterable[Output],
+    what: str,
+    path: str | os.PathLike,
     inputs: Iterable[tuple[str, str | os.PathLike | None]] = (),
     force: bool = False,
-) -> dict[str, Path]:
-    """The policy for a library function that writes (``Placement.save``, ``export_plan``,
-    ``write_predictions`` ...): judges its outputs as :func:`claim` does, with ``force=True`` in place of
-    ``--force``, and refuses one that another live run holds; returns each output's target (a link's). Nothing
-    is locked: the function writes each file whole with one atomic rename. A command that claimed the path
-    first passes ``force=True`` (its own lock is not in the way)."""
-    resolved = _judge(outputs, inputs, force, "force=True")
-    for out, given, target in resolved:
-        _refuse_if_held(out.flag, given, target)
-    return {o.flag: t for o, _, t in resolved}
+) -> Path:
+    """The policy for a library function that writes one file (``what``: the function and argument, as the
+    error names it, e.g. ``"Placement.save path"``): judges ``path`` as :func:`claim` judges an output, with
+    ``force=True`` in place of ``--force``, refuses it if another live run holds it, and returns where to
+    write (a link's target). Nothing is locked: the function writes the file whole with one atomic rename. A
+    command that claimed the path first passes ``force=True`` (its own lock is not in the way)."""
+    ((out, given, target),) = _judge([Output(what, path)], inputs, force, "force=True")
+    _refuse_if_held(out.flag, given, target)
+    return target
 
 
 def _judge(

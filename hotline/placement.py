@@ -211,12 +211,9 @@ class Placement:
     def save(self, path: str | os.PathLike, force: bool = False) -> Path:
         """Writes the placement to ``path`` (.npz, no pickle), atomically; returns the path. An existing file
         is replaced only with ``force`` (:func:`hotline.outputs.guard`)."""
-        from hotline.outputs import Output, guard
+        from hotline.outputs import guard
 
-        path = Path(path)
-        path = guard([Output("Placement.save path", path)], force=force)[
-            "Placement.save path"
-        ]  # a link's target
+        path = guard("Placement.save path", path, force=force)  # a link's target
         arrays: dict[str, np.ndarray] = {
             "format": np.array(FORMAT_TAG),
             "table_sizes": np.array(self.table_sizes, dtype=np.int64),

@@ -107,9 +107,9 @@ def write_raw_tsv(
     if cats.dtype == np.uint64 and cats.size and int(cats.max()) > np.iinfo(np.int64).max:
         raise ValueError("cats values must fit in int64")
     if not append:
-        from hotline.outputs import Output, guard
+        from hotline.outputs import guard
 
-        path = guard([Output("write_raw_tsv path", path)], force=force)["write_raw_tsv path"]
+        path = guard("write_raw_tsv path", path, force=force)
     mode = "ab" if append else "wb"
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, mode) as f:

@@ -435,10 +435,11 @@ def generate_config(
 ) -> Path:  # fmt: skip
     """Generates the dataset described by ``cfg`` at ``out``; see :func:`generate`."""
     from hotline.datasets.format import check_output_dir
-    from hotline.outputs import Output, guard
+    from hotline.outputs import guard
 
     check_output_dir(out, overwrite, [raw_tsv] if raw_tsv is not None else [])  # before any TSV is written
-    guard([Output("raw_tsv", raw_tsv)], force=overwrite)  # an existing file: replaced only with overwrite
+    if raw_tsv is not None:
+        guard("raw_tsv", raw_tsv, force=overwrite)  # an existing file: replaced only with overwrite
     if raw_tsv is not None and (max(cfg.bags) > 1 or cfg.variable_bags):
         raise ValueError(
             f"raw_tsv: the raw Criteo format has one id per table, but pooling_factor is {cfg.pooling_factor} "

@@ -48,10 +48,10 @@ def export_plan(
     """Writes ``plan.json`` (every table under ``tables``, with cache parameters, shards and figures) and the
     side-car of hot row ids next to it; returns both paths. Existing files are replaced only with ``force``
     (:func:`hotline.outputs.guard`)."""
-    from hotline.outputs import Output, guard
+    from hotline.outputs import guard
 
-    path = guard([Output("export_plan path", path)], force=force)["export_plan path"]  # a link's target
-    guard([Output("its hot-rows file", hot_rows_path(path))], force=force)  # beside what is written
+    path = guard("export_plan path", path, force=force)  # a link's target
+    guard("its hot-rows file", hot_rows_path(path), force=force)  # beside what is written
     summary = plan_summary(sharding_plan, inputs, config)
     by_name = parameter_shardings(sharding_plan)
     tables = []
@@ -180,10 +180,9 @@ def save_hot_rows(
 ) -> Path:
     """Writes the hot row ids of ``placement`` per table (named ``table_names``) as .npz (no pickle); an
     existing file is replaced only with ``force`` (:func:`hotline.outputs.guard`)."""
-    from hotline.outputs import Output, guard
+    from hotline.outputs import guard
 
-    path = Path(path)
-    path = guard([Output("save_hot_rows path", path)], force=force)["save_hot_rows path"]
+    path = guard("save_hot_rows path", path, force=force)
     if len(table_names) != placement.num_tables:
         raise ValueError(f"{len(table_names)} table names for {placement.num_tables} tables")
     arrays = {

@@ -155,11 +155,9 @@ def export_torchrec_dlrm(
 ) -> dict:
     """Writes checkpoint ``checkpoint`` as torchrec's DLRM to ``out`` (atomically); returns its config. An
     existing ``out`` is replaced only with ``force``; the checkpoint itself never (:func:`hotline.outputs.guard`)."""
-    from hotline.outputs import Output, guard
+    from hotline.outputs import guard
 
-    out = guard([Output("export_torchrec_dlrm out", out)], [("checkpoint", checkpoint)], force=force)[
-        "export_torchrec_dlrm out"
-    ]
+    out = guard("export_torchrec_dlrm out", out, [("checkpoint", checkpoint)], force=force)
     payload = checkpoint_payload(checkpoint)
     model = hotline_model(payload, checkpoint, flags)
     tables = [t.numpy() for t in payload["tables"]]

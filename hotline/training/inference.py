@@ -139,7 +139,7 @@ def write_predictions(
     """Per-sample ``row`` (index in the split), ``probability`` and ``label`` to ``path``, atomically:
     Parquet (``.parquet``) or a structured numpy array (``.npy``, loads with ``allow_pickle=False``). An
     existing file is replaced only with ``force`` (:func:`hotline.outputs.guard`)."""
-    from hotline.outputs import Output, guard
+    from hotline.outputs import guard
 
     path = Path(path)
     suffix = path.suffix.lower()
@@ -147,7 +147,7 @@ def write_predictions(
         raise ValueError(
             f"--out {path}: expected a .parquet or .npy file name, got {suffix or 'no suffix'!r}"
         )
-    path = guard([Output("write_predictions path", path)], force=force)["write_predictions path"]
+    path = guard("write_predictions path", path, force=force)
     probabilities = np.asarray(probabilities, np.float32)
     labels = np.asarray(labels, np.float32)
     rows = np.arange(len(probabilities), dtype=np.int64)

@@ -182,14 +182,12 @@ def write_report(
     """Reads every metrics file, draws :func:`report_figure` and writes it to ``out`` (.png, .svg or .pdf, by
     the name given: a link's target gets that format; atomically). An existing ``out`` is replaced only with
     ``force``; a metrics file never (:func:`hotline.outputs.guard`)."""
-    from hotline.outputs import Output, guard
+    from hotline.outputs import guard
 
     fmt = Path(out).suffix.lstrip(".").lower()
     if fmt not in ("png", "svg", "pdf"):
         raise ValueError(f"--out {out}: expected a .png, .svg or .pdf file name")
-    out = guard([Output("write_report out", out)], [("metrics file", p) for p in paths], force=force)[
-        "write_report out"
-    ]
+    out = guard("write_report out", out, [("metrics file", p) for p in paths], force=force)
     runs = []
     for p in paths:
         records = read_metrics(p)

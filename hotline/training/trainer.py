@@ -465,11 +465,9 @@ class Trainer:
         """Every parameter by name (gathered from all ranks) to ``path`` (.npz), written atomically by rank 0.
         An existing file is replaced only with ``force``; a dataset file never (:func:`hotline.outputs.guard`)."""
         if self.comm.rank == 0:
-            from hotline.outputs import Output, guard
+            from hotline.outputs import guard
 
-            path = guard([Output("dump_params path", path)], [("dataset", self.dataset.path)], force=force)[
-                "dump_params path"
-            ]
+            path = guard("dump_params path", path, [("dataset", self.dataset.path)], force=force)
         arrays = self.named_arrays()
         if self.comm.rank == 0:
             _io.atomic_write(path, lambda f: np.savez(f, **arrays))
