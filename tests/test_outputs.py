@@ -576,6 +576,12 @@ def test_dataset_writers_keep_an_existing_dataset_unless_overwrite(env, tmp_path
     with pytest.raises(OutputError, match="raw_tsv .* exists: pass force=True"):
         generate(tmp_path / "new", 300, seed=6, table_sizes=[20] * 26, raw_tsv=raw, progress=False)
     assert raw.read_bytes() == USER and not (tmp_path / "new").exists()
+    link = tmp_path / "link.tsv"
+    link.symlink_to(raw)
+    generate(
+        tmp_path / "new", 300, seed=6, table_sizes=[20] * 26, raw_tsv=link, progress=False, overwrite=True
+    )
+    assert link.is_symlink() and raw.read_bytes() != USER  # the link's target written, as every writer does
     generate(ds, 300, seed=6, table_sizes=[20] * 26, progress=False, overwrite=True)
     assert _tree(ds) != before
 

@@ -439,7 +439,7 @@ def generate_config(
 
     check_output_dir(out, overwrite, [raw_tsv] if raw_tsv is not None else [])  # before any TSV is written
     if raw_tsv is not None:
-        guard("raw_tsv", raw_tsv, force=overwrite)  # an existing file: replaced only with overwrite
+        raw_tsv = guard("raw_tsv", raw_tsv, force=overwrite)  # replaced only with overwrite; a link's target
     if raw_tsv is not None and (max(cfg.bags) > 1 or cfg.variable_bags):
         raise ValueError(
             f"raw_tsv: the raw Criteo format has one id per table, but pooling_factor is {cfg.pooling_factor} "
