@@ -105,6 +105,8 @@ def run_trainer(name: str, dataset, args, **kw) -> dict:
             cached_share=1.0 - disk_rows / max(1.0, counters.get("working_set_rows", 0.0)),
         )
         lookahead = kw.get("lookahead", 0) if kw.get("mode") == "hotline" else 0
+        os_read = rec["os_read_bytes_per_step"]  # the kernel's count: the fetch's pages and those read again
+        rec["reread_share"] = None if os_read is None else os_read / max(1.0, rec["disk_bytes_per_step"]) - 1
         exposed = (
             times.get("stall", 0.0)
             if lookahead
@@ -253,9 +255,9 @@ def predict(rec: dict, hybrid: dict | None, dataset, args, hw: dict):
     w = Workload(batch_size=args.batch, num_tables=dataset.num_tables, pooling_factor=dataset.pooling_factor,
                  embedding_dim=args.dim, **arch_of(_config(args)))  # the model the runs train  # fmt: skip
     s = Stats(rec["coverage"], rec["popular_share"], rec["cold_rows_per_step"], hybrid["cold_rows_per_step"])
-    disk = DiskTier(
-        pages_per_cold_row=rec["pages_per_disk_row"], cached_share=min(1.0, max(0.0, rec["cached_share"]))
-    )
+    reread = rec.get("reread_share") if mode == "hotline_k1" else 0.0
+    disk = DiskTier(pages_per_cold_row=rec["pages_per_disk_row"], reread_share=max(0.0, reread or 0.0),
+                    cached_share=min(1.0, max(0.0, rec["cached_share"])))  # fmt: skip
     return predict(mode, w, s, hw, disk)
 
 

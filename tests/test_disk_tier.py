@@ -480,6 +480,13 @@ def test_cost_model_prices_the_disk_tier():
     assert k1.phases_s["lane: disk beside compute"] == pytest.approx(0.7010 + 0.25 * shared)
     assert k1.bottleneck == "disk beside compute"
     assert k1.step_s == pytest.approx(0.7010 + 0.25 * shared + HW["host"].get("handover_us", 0.0) * 1e-6)
+    # half of the fetched pages read again (write-backs' read-modify-write, stale rows): 10,000 pages at the
+    # reads' 20 us/page = 200 ms more on the writer's side; a sequential step reads none again
+    again = cm.predict("hotline_k1", W, s, hw, cm.DiskTier(1.0, reread_share=0.5))
+    assert again.phases_s["disk_reread"] == pytest.approx(0.2)
+    assert again.phases_s["lane: disk (reads beside writes)"] == pytest.approx(0.7005 + 0.5 * 0.401)
+    seq = cm.predict("hotline_k0", W, s, hw, cm.DiskTier(1.0, reread_share=0.5))
+    assert seq.step_s == pytest.approx(cm.predict("hotline_k0", W, s, hw, cm.DiskTier(1.0)).step_s)
     half = cm.predict("hotline_k1", W, s, hw, cm.DiskTier(1.0, cached_share=0.5))  # the DRAM tier serves half
     assert half.phases_s["disk_read"] == pytest.approx(1e-3 + 20e-6 * 10_000)
     gpu = {**hw, "link": {"h2d_gbps": 8.0, "d2h_gbps": 8.0}}  # a device of its own: no shared cores

@@ -190,10 +190,14 @@ class DiskTier:
     lets rows of a step share pages, below 1)."""
     cached_share: float = 0.0
     """Share of the cold rows served by the DRAM tier (``--cold-cache``)."""
+    reread_share: float = 0.0
+    """Pages read again per page fetched, under look-ahead: a write-back reads again the pages another step
+    wrote since its fetch (read-modify-write), and stale rows are read again before their step (0 before a run
+    measured it; sequential steps read none again)."""
 
     def __post_init__(self) -> None:
-        if not self.pages_per_cold_row >= 0 or not 0 <= self.cached_share <= 1:
-            raise ValueError("pages_per_cold_row must be >= 0 and cached_share in [0, 1]")
+        if not self.pages_per_cold_row >= 0 or not 0 <= self.cached_share <= 1 or not self.reread_share >= 0:
+            raise ValueError("pages_per_cold_row and reread_share must be >= 0 and cached_share in [0, 1]")
 
     @classmethod
     def of_records(cls, embedding_dim: int, optimizer: str, cached_share: float = 0.0) -> DiskTier:
@@ -224,7 +228,8 @@ def disk_timing(hw: dict) -> dict:
 def _disk_phases(hw: dict, disk: DiskTier, cold_rows: float) -> dict[str, float]:
     """Seconds per step of the disk store, as the calibration timed a step's I/O through the store's code
     (``fixed + per page`` for the fetch's reads and for the write-back, each at the store's I/O depth, their
-    CPU inside), and the CPU seconds the I/O threads spend in them (``disk_cpu``, for the record)."""
+    CPU inside; ``disk_reread``: the pages read again under look-ahead at the reads' rate per page), and the CPU
+    seconds the I/O threads spend in them (``disk_cpu``, for the record)."""
     t = disk_timing(hw)
     pages = cold_rows * (1.0 - disk.cached_share) * disk.pages_per_cold_row
 
@@ -234,6 +239,7 @@ def _disk_phases(hw: dict, disk: DiskTier, cold_rows: float) -> dict[str, float]
     return {
         "disk_read": seconds(t["read"]),
         "disk_write": seconds(t["write"]),
+        "disk_reread": pages * disk.reread_share * t["read"]["us_per_page"] * 1e-6,
         "disk_cpu": pages * (t["read"]["cpu_us_per_page"] + t["write"]["cpu_us_per_page"]) * 1e-6,
     }
 
@@ -462,7 +468,8 @@ def predict(mode: str, w: Workload, s: Stats, hw: dict, disk: DiskTier | None = 
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     ph = phases(mode, w, s, hw, disk)
     if mode != "hotline_k1":
-        timed = {k: v for k, v in ph.items() if k != "disk_cpu"}  # inside the reads' and writes' wall time
+        # disk_cpu is inside the reads' and writes' wall time; a sequential step reads nothing again
+        timed = {k: v for k, v in ph.items() if k not in ("disk_cpu", "disk_reread")}
         step = sum(timed.values())
         bottleneck = max(timed, key=timed.get)
         return Prediction(mode, w.batch_size / step, step, ph, bottleneck)
@@ -473,12 +480,12 @@ def predict(mode: str, w: Workload, s: Stats, hw: dict, disk: DiskTier | None = 
         + ph["compute"]
         + ph["sparse_update"]
         + ph["dense_update"],
-        "write-back": ph["write_back"] + ph.get("disk_write", 0.0),
+        "write-back": ph["write_back"] + ph.get("disk_write", 0.0) + ph.get("disk_reread", 0.0),
     }
     timing = disk_timing(hw) if disk is not None else {}
     if disk is not None:  # the producer's reads beside the writer's write-backs: one file, one I/O pool
         lanes["disk (reads beside writes)"] = _overlapped(
-            ph["disk_read"], ph["disk_write"], timing["read_write_penalty"]
+            ph["disk_read"], ph["disk_write"] + ph["disk_reread"], timing["read_write_penalty"]
         )
         lanes["host work (dispatch + gather)"] += ph["disk_read"]
     step = max(lanes.values())
