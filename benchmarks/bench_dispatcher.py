@@ -155,7 +155,7 @@ def run_case(args, sizes, perms, placement, L: int, rng) -> tuple[list[dict], di
         for f in flat:
             numpy_split(f, d.col_offset, d.col_size, d.remap)
 
-    probe_out = np.empty(args.batch * C, np.int64)
+    probe_out = np.empty(args.batch * C, d.remap.dtype)
 
     def probe_all():
         for f in flat:
