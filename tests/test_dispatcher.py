@@ -105,8 +105,9 @@ def test_assemble_rows_matches_twin(seed, n, dim):
 @pytest.mark.parametrize("chunks", [1, 2, 3, 7])
 @pytest.mark.parametrize("fused", [False, True])
 def test_split_is_the_same_for_any_chunking(chunks, fused):
-    """The one-pass split cuts the batch into chunks and joins them: the result must not depend on the cut,
-    including chunks that hold no popular (or no non-popular) sample and a batch with an out-of-range id."""
+    """The split cuts the batch into chunks, each writing at offsets from the counts of the chunks before it:
+    the result must not depend on the cut, including chunks that hold no popular (or no non-popular) sample
+    and a batch with an out-of-range id."""
     rng = np.random.default_rng(chunks)
     sizes = [50, 7, 300]
     B, L = 203, 2
