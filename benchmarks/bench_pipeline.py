@@ -17,13 +17,16 @@ Targets (issue 25), printed per budget with the coverage each run measured: hotl
 K=0 at every budget, and >= 1.0x hybrid. ``--mode auto``'s choice for this data and machine (the chooser of
 ``hotline train``, given the sweep's budgets and the profile the budgets come from) is mapped to its measured
 run, and its margin to the fastest measured run printed (target: within 5%). The load average is printed
-beside the figures: on a loaded machine they mean little.
+beside the figures: on a loaded machine they mean little. Each run also prints its page faults and system
+CPU time per step (``faults``, ``sys ms``: memory the allocator handed back and the kernel zeroed again;
+counts a busy machine does not change).
 
 Run: ``python benchmarks/bench_pipeline.py --config emb-heavy --json pipeline.json`` (and ``--config kaggle``)
 """
 
 from __future__ import annotations
 
+import resource
 import sys
 import tempfile
 import time
@@ -159,6 +162,7 @@ def run_mode(name, dataset, args, cfg, placement_path, device: str = "cpu", prob
             next(stats_iter)
         if cuda:
             torch.cuda.synchronize()
+        ru0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
         samples = 0
         counters: dict[str, float] = {}
@@ -171,6 +175,7 @@ def run_mode(name, dataset, args, cfg, placement_path, device: str = "cpu", prob
         if cuda:
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - t0
+        ru1 = resource.getrusage(resource.RUSAGE_SELF)
         probed = None
         if probe is not None:
             with torch.no_grad():
@@ -189,6 +194,9 @@ def run_mode(name, dataset, args, cfg, placement_path, device: str = "cpu", prob
         "overlap_ratio": overlap_ratio(times) if "stall" in times else None,
         **seen,
         "working_set_rows": seen["cold_rows_per_step"],
+        # what the kernel did for the process (page faults: memory handed back and faulted in again)
+        "page_faults_per_step": (ru1.ru_minflt - ru0.ru_minflt) / steps,
+        "sys_ms_per_step": 1e3 * (ru1.ru_stime - ru0.ru_stime) / steps,
         "stale_rows_per_step": counters.get("stale_rows", 0.0) / steps,
         "stale_forwarded_per_step": counters.get("stale_forwarded", 0.0) / steps,
         # look-ahead only: torch's threads by the core-share rule, and the producer's measured busy share
@@ -260,6 +268,8 @@ SWEEP_COLUMNS = [
     ("write_back_ms", "wb", ".2f"),
     ("compute_threads", "torch thr", ".1f"),
     ("producer_busy_share", "busy", ".2f"),
+    ("page_faults_per_step", "faults", ".0f"),
+    ("sys_ms_per_step", "sys ms", ".1f"),
     ("note", "", ""),
 ]
 

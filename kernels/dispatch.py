@@ -6,14 +6,20 @@ must be gathered from host memory. Ids come out already remapped: hot rows to th
 to their slot in this step's working buffer (first-occurrence order, so the result is deterministic).
 
 The batch is seen as ``[B, C]`` columns (C = T * L: one-hot and multi-hot bags are the same loop), each column
-with its table's offset into the fused row space. The split is one pass over the batch: the samples are cut
-into contiguous chunks processed in parallel, and each chunk reads every id once, looks it up in the remap
-(prefetched a few samples ahead: the remap is tens of MB and the lookups are random, so the pass is bound by
-memory latency, not bandwidth) and writes the sample straight into its micro-batch, at its chunk's own offsets.
-A short sequential pass then closes the gaps between chunks and numbers the cold rows in first-occurrence
+with its table's offset into the fused row space. The samples are cut into contiguous chunks, one per thread,
+and the split makes two parallel passes over them. The lookup pass reads every id once, checks it, looks it
+up in the int32 remap (prefetched a few samples ahead: the remap is tens of MB and the lookups are random, so
+this pass is bound by memory latency) and writes one int32 slot per lookup, counting each chunk's popular
+samples and cold lookups. From those counts every chunk knows where its outputs start, so the write pass reads
+its slots back (sequential, cache-resident) and writes each sample straight into its micro-batch at its final
+place: nothing is moved afterwards. A short sequential pass then numbers the cold rows in first-occurrence
 order with a scratch array ``slot_map`` over the fused row space (-1 everywhere between calls) instead of a
 sort or a hash table. Every kernel releases the GIL (``nogil``): the look-ahead producer runs them beside the
 training step.
+
+A compact hot-row structure in place of the remap (a bitmap of hot rows with per-word ranks, 1.4 MB, and a
+rank -> slot array, 1.7 MB) was measured slower here for the lookup pass: the int32 remap's hot lines stay
+in the last-level cache under the prefetch, while rank -> slot adds a dependent load per hot lookup.
 """
 
 from __future__ import annotations
@@ -48,32 +54,25 @@ def _prefetch(typingctx, arr, index):
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def _split_chunks(
-    ids, col_offset, col_size, remap, fused, ahead, chunk_start, counts, is_popular, bad,
-    pop_samples, pop_ids, np_samples, hot_pos, hot_slot, cold_pos, cold_fid,
-):  # fmt: skip
-    """The one pass: chunk k (samples ``chunk_start[k]:chunk_start[k+1]``) writes its popular samples and their
-    hot slots, its non-popular samples, their hot lookups (position within the chunk's non-popular lookups,
-    hot slot) and cold lookups (position, fused id) from its first sample's offsets (``b0`` samples, ``b0*C``
-    lookups) on, and ``counts[k]`` = (popular, non-popular, hot, cold). A chunk stops at its first sample with
-    an out-of-range id, recording the column in ``bad`` (-1 for every sample it checked and found good)."""
+def _lookup_chunks(ids, col_offset, col_size, remap, ahead, chunk_start, slots, is_popular, bad, counts):
+    """Pass 1, the lookups: chunk k (samples ``chunk_start[k]:chunk_start[k+1]``) reads every id once, checks
+    it, looks it up in the remap (prefetched ``ahead`` samples on) and writes its slot ``slots[b*C + c]``, then
+    ``is_popular[b]`` and ``counts[k]`` = (popular samples, cold lookups). A chunk stops at its first sample
+    with an out-of-range id, recording the column in ``bad`` (-1 for every other sample of the chunk); returns
+    how many chunks stopped."""
     B, C = ids.shape
+    stopped = 0
     for k in prange(chunk_start.shape[0] - 1):
         b0, b1 = chunk_start[k], chunk_start[k + 1]
         n_pop = 0
-        n_np = 0
-        nh = 0
-        nc = 0
-        base = b0 * C
+        n_cold = 0
         for b in range(b0, b1):
             if b + ahead < b1:
                 for c in range(C):
                     v = ids[b + ahead, c]
                     if v >= 0 and v < col_size[c]:
                         _prefetch(remap, col_offset[c] + v)
-            # the sample's slots go to the next popular row first: kept there if it is popular, copied out
-            # (the row is cache-hot) if not
-            row = base + n_pop * C
+            row = b * C
             cold = 0
             stop = -1
             for c in range(C):
@@ -82,69 +81,76 @@ def _split_chunks(
                     stop = c
                     break
                 r = remap[col_offset[c] + v]
-                pop_ids[row + c] = r
+                slots[row + c] = r
                 cold += r < 0
             bad[b] = stop
             if stop >= 0:
+                for rest in range(b + 1, b1):
+                    bad[rest] = -1
+                stopped += 1
                 break
             is_popular[b] = cold == 0
-            if cold == 0 and not fused:
-                pop_samples[b0 + n_pop] = b
-                n_pop += 1
-                continue
-            np_samples[b0 + n_np] = b
-            first = n_np * C
-            for c in range(C):  # branch-free: both candidates written, one kept (cold lookups are rare)
-                r = pop_ids[row + c]
-                hot = r >= 0
-                hot_pos[base + nh] = first + c
-                hot_slot[base + nh] = r
-                cold_pos[base + nc] = first + c
-                cold_fid[base + nc] = col_offset[c] + ids[b, c]
-                nh += hot
-                nc += 1 - hot
-            n_np += 1
+            n_pop += cold == 0
+            n_cold += cold
         counts[k, 0] = n_pop
-        counts[k, 1] = n_np
-        counts[k, 2] = nh
-        counts[k, 3] = nc
+        counts[k, 1] = n_cold
+    return stopped
 
 
-@njit(cache=True, nogil=True)
-def _join_chunks(
-    C, chunk_start, counts, pop_samples, pop_ids, np_samples, hot_pos, hot_slot, cold_pos, cold_fid
-):
-    """Moves every chunk's outputs down to close the gaps left by the chunks before it (positions shifted by the
-    non-popular lookups before the chunk); returns the totals (popular, non-popular, hot, cold)."""
+@njit(cache=True, parallel=True, nogil=True)
+def _write_chunks(
+    ids, col_offset, slots, is_popular, fused, chunk_start, counts,
+    pop_samples, pop_ids, np_samples, hot_pos, hot_slot, cold_pos, cold_fid,
+):  # fmt: skip
+    """Pass 2, the outputs: from the chunks' counts, each chunk's offsets into the outputs; then every chunk
+    reads its slots back (sequentially: they are still in cache) and writes its popular samples and their
+    slots, its non-popular samples, their hot lookups (position within the non-popular micro-batch, hot slot)
+    and cold lookups (position, fused id) straight at their final places, so no chunk is moved afterwards.
+    Returns the totals (popular, non-popular, hot, cold).
+
+    Hot and cold lookups are written behind a branch: measured faster here than writing both candidates and
+    keeping one (cold lookups are few, so the branch is mostly predicted), and no write lands past a chunk's
+    own outputs."""
+    C = ids.shape[1]
+    K = chunk_start.shape[0] - 1
     n_pop = 0
-    n_np = 0
-    nh = 0
-    nc = 0
-    for k in range(chunk_start.shape[0] - 1):
-        b0 = chunk_start[k]
-        base = b0 * C
-        shift = n_np * C
-        if n_pop != b0:  # chunk 0 (and any chunk after only full ones) is in place already
-            for i in range(counts[k, 0]):
-                pop_samples[n_pop + i] = pop_samples[b0 + i]
-            for j in range(counts[k, 0] * C):
-                pop_ids[n_pop * C + j] = pop_ids[base + j]
-        if n_np != b0:
-            for i in range(counts[k, 1]):
-                np_samples[n_np + i] = np_samples[b0 + i]
-        if nh != base or shift != 0:
-            for j in range(counts[k, 2]):
-                hot_pos[nh + j] = hot_pos[base + j] + shift
-                hot_slot[nh + j] = hot_slot[base + j]
-        if nc != base or shift != 0:
-            for j in range(counts[k, 3]):
-                cold_pos[nc + j] = cold_pos[base + j] + shift
-                cold_fid[nc + j] = cold_fid[base + j]
-        n_pop += counts[k, 0]
-        n_np += counts[k, 1]
-        nh += counts[k, 2]
-        nc += counts[k, 3]
-    return n_pop, n_np, nh, nc
+    n_cold = 0
+    for k in range(K):  # counts -> offsets: popular samples and cold lookups before chunk k
+        pop_k = 0 if fused else counts[k, 0]
+        cold_k = counts[k, 1]
+        counts[k, 0] = n_pop
+        counts[k, 1] = n_cold
+        n_pop += pop_k
+        n_cold += cold_k
+    for k in prange(K):
+        b0, b1 = chunk_start[k], chunk_start[k + 1]
+        p = counts[k, 0]
+        q = b0 - p
+        nc = counts[k, 1]
+        nh = q * C - nc
+        for b in range(b0, b1):
+            row = b * C
+            if is_popular[b] and not fused:
+                pop_samples[p] = b
+                for c in range(C):
+                    pop_ids[p * C + c] = slots[row + c]
+                p += 1
+                continue
+            np_samples[q] = b
+            first = q * C
+            for c in range(C):
+                r = slots[row + c]
+                if r >= 0:
+                    hot_pos[nh] = first + c
+                    hot_slot[nh] = r
+                    nh += 1
+                else:
+                    cold_pos[nc] = first + c
+                    cold_fid[nc] = col_offset[c] + ids[b, c]
+                    nc += 1
+            q += 1
+    n_np = chunk_start[K] - n_pop
+    return n_pop, n_np, n_np * C - n_cold, n_cold
 
 
 @njit(cache=True, nogil=True)
@@ -176,6 +182,7 @@ def new_buffers(max_lookups: int, max_samples: int) -> dict[str, np.ndarray]:
         k: np.empty(max_lookups, np.int64)
         for k in ("pop_ids", "hot_pos", "hot_slot", "cold_pos", "cold_slot", "cold_fid", "working_set")
     }
+    out["slots"] = np.empty(max_lookups, np.int32)  # pass 1's remapped lookups, read back by pass 2
     for k in ("pop_samples", "np_samples", "bad"):
         out[k] = np.empty(max_samples, np.int64)
     out["is_popular"] = np.empty(max_samples, np.bool_)
@@ -183,8 +190,7 @@ def new_buffers(max_lookups: int, max_samples: int) -> dict[str, np.ndarray]:
 
 
 def num_chunks(B: int) -> int:
-    """Chunks a batch of B samples is cut into: one per Numba thread (every chunk after the first is moved
-    once to close the gap before it), and none smaller than 64 samples."""
+    """Chunks a batch of B samples is cut into: one per Numba thread, and none smaller than 64 samples."""
     return max(1, min(numba.get_num_threads(), B // 64))
 
 
@@ -193,6 +199,9 @@ def chunk_bounds(B: int, chunks: int | None = None) -> np.ndarray:
     :func:`num_chunks` when None)."""
     n = num_chunks(B) if chunks is None else max(1, min(int(chunks), max(B, 1)))
     return (np.arange(n + 1, dtype=np.int64) * B) // n
+
+
+_EMPTY = np.zeros(0, dtype=np.int64)
 
 
 def split_batch(ids, col_offset, col_size, remap, slot_map, buffers, fused=False, chunks=None):
@@ -211,21 +220,20 @@ def split_batch(ids, col_offset, col_size, remap, slot_map, buffers, fused=False
     """
     B, C = ids.shape
     chunk_start = chunk_bounds(B, chunks)
-    counts = np.zeros((chunk_start.shape[0] - 1, 4), np.int64)
-    bad = buffers["bad"][:B]
-    bad.fill(-1)
-    ahead = max(1, PREFETCH_LOOKUPS // max(C, 1))
+    K = chunk_start.shape[0] - 1
+    counts = np.empty((K, 2), np.int64)
     b = buffers
+    bad = b["bad"][:B]
+    ahead = max(1, PREFETCH_LOOKUPS // max(C, 1))
+    slots, is_popular = b["slots"], b["is_popular"]
+    if _lookup_chunks(ids, col_offset, col_size, remap, ahead, chunk_start, slots, is_popular, bad, counts):
+        return _EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY, bad
     pop_samples, pop_ids, np_samples = b["pop_samples"], b["pop_ids"], b["np_samples"]
     hot_pos, hot_slot, cold_pos, cold_fid = b["hot_pos"], b["hot_slot"], b["cold_pos"], b["cold_fid"]
-    args = (pop_samples, pop_ids, np_samples, hot_pos, hot_slot, cold_pos, cold_fid)
-    _split_chunks(
-        ids, col_offset, col_size, remap, fused, ahead, chunk_start, counts, b["is_popular"], bad, *args
-    )
-    if (counts[:, 0] + counts[:, 1] != np.diff(chunk_start)).any():  # a chunk stopped at an out-of-range id
-        empty = np.zeros(0, dtype=np.int64)
-        return empty, empty, empty, empty, empty, empty, empty, empty, bad
-    n_pop, n_np, nh, nc = _join_chunks(C, chunk_start, counts, *args)
+    n_pop, n_np, nh, nc = _write_chunks(
+        ids, col_offset, slots, is_popular, fused, chunk_start, counts,
+        pop_samples, pop_ids, np_samples, hot_pos, hot_slot, cold_pos, cold_fid,
+    )  # fmt: skip
     cold_slot, working_set = b["cold_slot"], b["working_set"]
     u = _assign_cold_slots(cold_fid[:nc], slot_map, cold_slot, working_set)
     return (

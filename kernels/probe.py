@@ -1,9 +1,10 @@
 """Probes: tiny parallel kernels that measure the machine rather than do work.
 
 ``parallel_sum`` makes Numba choose its threading layer, so the layer can be checked. ``remap_gather`` is the
-dispatcher's memory limit: the same access pattern as its split (every id of a ``[B, C]`` batch read once, its
-remap entry looked up at random, prefetched the same way, one slot written per lookup) with none of the
-split's work, so a split's time over the probe's is the share of the limit it reaches.
+dispatcher's memory limit: the same access pattern as its split's lookup pass (every id of a ``[B, C]`` batch
+read once, its int32 remap entry looked up at random, prefetched the same way, one int32 slot written per
+lookup, chunked over the same threads) with none of the split's work, so the probe's time over a split's is
+the share of the limit the split reaches.
 """
 
 from __future__ import annotations
@@ -51,13 +52,14 @@ def _remap_gather(ids, col_offset, remap, ahead, chunk_start, out):
 
 
 def remap_gather(ids: np.ndarray, col_offset: np.ndarray, remap: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """``out[b*C + c] = remap[col_offset[c] + ids[b, c]]`` for checked ids ``[B, C]`` (int64 ``out`` of at
-    least B*C); returns the written view. Chunked over Numba's threads as the dispatcher's split is."""
+    """``out[b*C + c] = remap[col_offset[c] + ids[b, c]]`` for checked ids ``[B, C]`` (``out`` of the remap's
+    dtype, at least B*C long, as the split's ``slots``); returns the written view. Chunked over Numba's
+    threads as the dispatcher's split is."""
     if ids.ndim != 2 or ids.shape[1] != col_offset.shape[0]:
         raise ValueError(f"ids must be [B, {col_offset.shape[0]}], got {ids.shape}")
     B, C = ids.shape
-    if out.dtype != np.int64 or out.shape[0] < B * C:
-        raise ValueError(f"out must be int64 of at least {B * C}, got {out.dtype} [{out.shape[0]}]")
+    if out.dtype != remap.dtype or out.shape[0] < B * C:
+        raise ValueError(f"out must be {remap.dtype} of at least {B * C}, got {out.dtype} [{out.shape[0]}]")
     ahead = max(1, PREFETCH_LOOKUPS // max(C, 1))
     _remap_gather(ids, col_offset, remap, ahead, chunk_bounds(B), out)
     return out[: B * C]

@@ -105,8 +105,9 @@ def test_assemble_rows_matches_twin(seed, n, dim):
 @pytest.mark.parametrize("chunks", [1, 2, 3, 7])
 @pytest.mark.parametrize("fused", [False, True])
 def test_split_is_the_same_for_any_chunking(chunks, fused):
-    """The one-pass split cuts the batch into chunks and joins them: the result must not depend on the cut,
-    including chunks that hold no popular (or no non-popular) sample and a batch with an out-of-range id."""
+    """The split cuts the batch into chunks, each writing at offsets from the counts of the chunks before it:
+    the result must not depend on the cut, including chunks that hold no popular (or no non-popular) sample
+    and a batch with an out-of-range id."""
     rng = np.random.default_rng(chunks)
     sizes = [50, 7, 300]
     B, L = 203, 2
@@ -137,9 +138,45 @@ def test_remap_gather_probe_matches_twin():
     remap = rng.integers(-1, 1000, 500).astype(np.int32)
     col_offset = np.array([0, 100, 400], np.int64)
     ids = np.stack([rng.integers(0, 100, 300), rng.integers(0, 300, 300), rng.integers(0, 100, 300)], 1)
-    out = np.empty(ids.size + 5, np.int64)
+    out = np.empty(ids.size + 5, np.int32)
     np.testing.assert_array_equal(
         remap_gather(ids, col_offset, remap, out), naive.remap_gather(ids, col_offset, remap)
     )
     with pytest.raises(ValueError, match="ids must be"):
         remap_gather(ids[:, :2], col_offset, remap, out)
+
+
+@settings(max_examples=60, deadline=None)
+@given(batch_and_placement(), st.integers(1, 6), st.booleans(), st.integers(0, 3), st.integers(0, 2**31))
+def test_two_pass_split_matches_twin_for_any_chunking(case, chunks, fused, n_bad, seed):
+    """The lookup pass and the write pass, cut into any number of chunks (chunks with no popular, no hot or no
+    cold lookup, empty batches): the same arrays as the twin, the scratch map left clean, and with ids out of
+    range (negative or past the table) the first bad sample and its column, whatever chunk holds it."""
+    sparse, placement, L = case
+    B = sparse.shape[0]
+    d = Dispatcher(placement, L, max(1, B))
+    ids = np.ascontiguousarray(sparse.reshape(B, sparse.shape[1] * L))
+    args = (d.col_offset, d.col_size, d.remap, d.slot_map, d._ring[0], fused, chunks)
+    got = dispatch.split_batch(ids, *args)
+    expect = naive.split_batch(sparse, placement.table_sizes, placement.hot_ids)
+    assert (got[-1] == -1).all() and (d.slot_map == -1).all()
+    if fused:
+        assert got[0].size == 0 and got[1].tolist() == list(range(B))
+        assert d._ring[0]["is_popular"][:B].tolist() == [b in expect["popular"] for b in range(B)]
+    else:
+        assert got[0].tolist() == expect["popular"] and got[1].tolist() == expect["non_popular"]
+        names = ("pop_ids", "hot_pos", "hot_slot", "cold_pos", "cold_slot", "working_set")
+        for name, arr in zip(names, got[2:8], strict=True):
+            assert arr.tolist() == expect[name], name
+    if B == 0 or n_bad == 0:
+        return
+    rng = np.random.default_rng(seed)
+    C = ids.shape[1]
+    where = [(int(rng.integers(B)), int(rng.integers(C))) for _ in range(n_bad)]
+    for b, c in where:
+        ids[b, c] = -1 - int(rng.integers(3)) if rng.random() < 0.5 else d.col_size[c] + int(rng.integers(3))
+    first = min(where)
+    bad = dispatch.split_batch(ids, *args)
+    assert all(a.size == 0 for a in bad[:-1])
+    assert int(np.flatnonzero(bad[-1] >= 0)[0]) == first[0] and bad[-1][first[0]] == first[1]
+    assert (d.slot_map == -1).all()

@@ -409,6 +409,9 @@ def calibrate(
     import numba
     import torch
 
+    from hotline._malloc import keep_freed_memory
+
+    keep_freed_memory()  # timed as a Trainer runs (it makes the same call)
     cores = os.cpu_count() or 1
     threads = int(threads or cores)
     torch_before, numba_before = torch.get_num_threads(), numba.get_num_threads()

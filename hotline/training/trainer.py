@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from hotline import _io
+from hotline._malloc import keep_freed_memory
 from hotline._paths import check_file
 from hotline.datasets.format import Batch, Dataset, Split
 from hotline.distributed.comm import Comm, shard_bounds
@@ -62,6 +63,7 @@ class Trainer:
     ):
         """``choose(config, dataset)``: resolves ``mode='auto'`` to a concrete config (``hotline train``
         passes --mode auto's chooser); it runs after the cheap checks of the config against the dataset."""
+        keep_freed_memory()  # a step's large buffers stay mapped between steps (see hotline._malloc)
         self.comm = comm if comm is not None else Comm()
         if self.comm.rank:  # one progress bar and one metrics file: rank 0's
             config = replace(config, progress=False, metrics_path=None)
