@@ -72,14 +72,21 @@ def remap_gather(ids: np.ndarray, col_offset: np.ndarray, remap: np.ndarray, out
     """``out[b*C + c] = remap[col_offset[c] + ids[b, c]]`` for checked ids ``[B, C]`` (``out`` of the remap's
     dtype, at least B*C long, as the split's ``slots``); returns the written view. Chunked over Numba's
     threads as the dispatcher's split is."""
+    ahead, chunk_start = _checked(ids, col_offset, out, remap.dtype)
+    _remap_gather(ids, col_offset, remap, ahead, chunk_start, out)
+    return out[: ids.size]
+
+
+def _checked(ids: np.ndarray, col_offset: np.ndarray, out: np.ndarray, dtype) -> tuple[int, np.ndarray]:
+    """A probe's prefetch distance (in samples) and chunks, after checking its ids ``[B, C]`` and ``out``."""
     if ids.ndim != 2 or ids.shape[1] != col_offset.shape[0]:
         raise ValueError(f"ids must be [B, {col_offset.shape[0]}], got {ids.shape}")
     B, C = ids.shape
-    if out.dtype != remap.dtype or out.shape[0] < B * C:
-        raise ValueError(f"out must be {remap.dtype} of at least {B * C}, got {out.dtype} [{out.shape[0]}]")
-    ahead = max(1, PREFETCH_LOOKUPS // max(C, 1))
-    _remap_gather(ids, col_offset, remap, ahead, chunk_bounds(B), out)
-    return out[: B * C]
+    if out.dtype != dtype or out.shape[0] < B * C:
+        raise ValueError(
+            f"out must be {np.dtype(dtype)} of at least {B * C}, got {out.dtype} [{out.shape[0]}]"
+        )
+    return max(1, PREFETCH_LOOKUPS // max(C, 1)), chunk_bounds(B)
 
 
 def hot_rank_index(remap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -130,11 +137,6 @@ def rank_gather(
 ) -> np.ndarray:
     """:func:`remap_gather` through ``index`` = :func:`hot_rank_index` of the remap (the same values; int32
     ``out`` of at least B*C); returns the written view."""
-    if ids.ndim != 2 or ids.shape[1] != col_offset.shape[0]:
-        raise ValueError(f"ids must be [B, {col_offset.shape[0]}], got {ids.shape}")
-    B, C = ids.shape
-    if out.dtype != np.int32 or out.shape[0] < B * C:
-        raise ValueError(f"out must be int32 of at least {B * C}, got {out.dtype} [{out.shape[0]}]")
-    ahead = max(1, PREFETCH_LOOKUPS // max(C, 1))
-    _rank_gather(ids, col_offset, index[0], index[1], ahead, chunk_bounds(B), out)
-    return out[: B * C]
+    ahead, chunk_start = _checked(ids, col_offset, out, np.int32)
+    _rank_gather(ids, col_offset, index[0], index[1], ahead, chunk_start, out)
+    return out[: ids.size]
