@@ -208,6 +208,20 @@ def remap_gather(ids, col_offset, remap):
     )
 
 
+def hot_rank_slots(words, rank_to_slot):
+    """Decodes a ``hot_rank_index`` row by row (bit tested, lower bits counted one by one): every row's hot
+    slot, or -1, over the index's whole 64-row words."""
+    out = []
+    for w in range(len(words) // 2):
+        word, before = int(words[2 * w]), int(words[2 * w + 1])
+        for i in range(64):
+            if word >> i & 1:
+                out.append(int(rank_to_slot[before + sum(word >> j & 1 for j in range(i))]))
+            else:
+                out.append(-1)
+    return out
+
+
 # ---- criteo_parse (kernels/criteo_parse.py): the reference DLRM preprocessing, line by line --------------
 
 CRITEO_REASONS = (

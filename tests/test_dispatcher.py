@@ -9,7 +9,7 @@ import naive
 from hotline.dispatch import Dispatcher
 from hotline.kernels import dispatch
 from hotline.kernels.gather import assemble_rows, gather_rows, scatter_rows
-from hotline.kernels.probe import remap_gather
+from hotline.kernels.probe import hot_rank_index, rank_gather, remap_gather
 from hotline.placement import Placement
 
 
@@ -180,3 +180,44 @@ def test_two_pass_split_matches_twin_for_any_chunking(case, chunks, fused, n_bad
     assert all(a.size == 0 for a in bad[:-1])
     assert int(np.flatnonzero(bad[-1] >= 0)[0]) == first[0] and bad[-1][first[0]] == first[1]
     assert (d.slot_map == -1).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 300), st.sampled_from(["none", "all", "some", "word edges"]), st.integers(0, 2**31))
+def test_hot_rank_index_gives_every_rows_slot(rows, hot_set, seed):
+    """The compact index the rank probe reads: decoded row by row (and by the probe's kernel), every row's
+    slot equals the remap's, for an empty hot set, all rows hot, any subset, and rows on 64-row word edges,
+    with row counts that are not multiples of 64; the rows past the end read as cold."""
+    rng = np.random.default_rng(seed)
+    remap = np.full(rows, -1, np.int32)
+    if hot_set == "all":
+        hot = np.arange(rows)
+    elif hot_set == "word edges":
+        hot = np.array([r for r in range(rows) if r % 64 in (0, 63)], dtype=np.int64)
+    elif hot_set == "some":
+        hot = rng.permutation(rows)[: int(rng.integers(0, rows + 1))]
+    else:
+        hot = np.zeros(0, np.int64)
+    remap[hot] = rng.permutation(hot.shape[0])  # slots in any order, as a placement's
+    words, rank_to_slot = hot_rank_index(remap)
+    assert words.dtype == np.uint64 and words.shape[0] == 2 * ((rows + 63) // 64)
+    decoded = naive.hot_rank_slots(words, rank_to_slot)
+    assert decoded[:rows] == remap.tolist() and set(decoded[rows:]) <= {-1}
+    ids = np.arange(rows).reshape(rows, 1)
+    out = np.empty(rows + 1, np.int32)
+    got = rank_gather(ids, np.zeros(1, np.int64), (words, rank_to_slot), out)
+    np.testing.assert_array_equal(got, remap)
+
+
+def test_rank_probe_matches_the_remap_probe():
+    rng = np.random.default_rng(1)
+    remap = np.full(500, -1, np.int32)
+    hot = rng.permutation(500)[:130]
+    remap[hot] = rng.permutation(130)
+    col_offset = np.array([0, 100, 400], np.int64)
+    ids = np.stack([rng.integers(0, 100, 300), rng.integers(0, 300, 300), rng.integers(0, 100, 300)], 1)
+    out = np.empty(ids.size, np.int32)
+    want = naive.remap_gather(ids, col_offset, remap)
+    np.testing.assert_array_equal(rank_gather(ids, col_offset, hot_rank_index(remap), out), want)
+    with pytest.raises(ValueError, match="out must be int32"):
+        rank_gather(ids, col_offset, hot_rank_index(remap), np.empty(ids.size, np.int64))
