@@ -334,7 +334,9 @@ def auto_choice(dataset, args, cfg, prof, placements: list[dict]):
     from hotline.profiling.costmodel import Stats, arch_of, workload_for
     from hotline.training.auto import choose, device_memory, hardware_for, table_bytes
 
-    hw = hardware_for("cpu", args.hardware)
+    hw = hardware_for(
+        "cpu", args.hardware, args.threads
+    )  # what `hotline train` prices with (cached calibration)
     w = workload_for(prof, worker_threads=args.worker_threads, **arch_of(cfg))  # the model the sweep trains
     return choose(
         table_bytes(dataset.table_sizes, cfg["embedding_dim"], args.optimizer),
@@ -405,7 +407,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--worker-threads", type=int, default=1, help="numba threads of the look-ahead worker")
     p.add_argument("--data", help="an existing dataset directory instead of generating one")
     p.add_argument(
-        "--hardware", help="--mode auto's pricing: a `hotline calibrate` JSON (default: quick timing)"
+        "--hardware",
+        help="--mode auto's pricing: a `hotline calibrate` JSON (default: this CPU's cached calibration)",
     )
     args = p.parse_args(argv)
     cfg = config(args.config)
