@@ -4,21 +4,25 @@ One run, the same data, model and batches for every row (each from the same init
 
 - ``device``: every row in memory (the upper bound);
 - ``mmap``: plain PyTorch ``nn.EmbeddingBag`` (sum, sparse gradients, SGD) over one memory-mapped file of all
-  tables, the file's pages dropped from the page cache just before the timed steps (``posix_fadvise
-  DONTNEED`` on the file, else ``/proc/sys/vm/drop_caches`` where permitted: the JSON says which worked);
+  tables, the file's pages dropped from the page cache just before the timed steps (the file unmapped first:
+  a mapped page is not dropped; ``posix_fadvise DONTNEED`` on the file, else ``/proc/sys/vm/drop_caches``
+  where permitted: the JSON says which worked), then mapped again. What it really read from disk is counted
+  per step (major page faults, ``/proc/self/io`` read bytes) with the share of its table in the page cache
+  after the drop and at the end (``mincore``);
 - ``hybrid_disk``: every row in the disk store (``--cold-store disk``), each step's rows read when due;
 - ``hotline_k0_disk`` and ``hotline_k2_disk`` (``--lookahead``): hot rows in memory, the rest in the disk
   store, at hot budgets for ``--coverages`` (80/90/95% of the run's lookups).
 
 The disk store runs with O_DIRECT (the page cache bypassed; the JSON says which mode ran) and a DRAM tier of
 ``--dram-budget`` bytes: the tables are many times what the run may cache. Every tiered row prints measured
-coverage, popular share, cold rows, disk bytes and reads per step beside samples/s, and the exposed read time
-per step (look-ahead: the main thread's wait for the producer; sequential: the reads and writes themselves).
+coverage, popular share, cold rows, disk bytes and reads per step beside samples/s (and the bytes the kernel
+counted read from storage), and the exposed read time per step (look-ahead: the main thread's wait for the
+producer; sequential: the reads and writes themselves).
 The cost model (``--hardware FILE`` from ``hotline calibrate --disk DIR``, or a calibration run here) predicts
 each disk row's samples/s from the run's measured figures; the ratio predicted/measured is printed.
 
 Targets, at the 90% budget: hotline K>=2 with the disk store >= 2x hybrid with it, >= 3x the mmap baseline,
->= 0.6x all-in-memory. The benchmark prints whether each is met.
+>= 0.6x all-in-memory. The benchmark prints whether each is met and, where not, why, in the run's figures.
 
 Run: ``python benchmarks/bench_disk_tier.py --json disk.json`` (timings on a loaded machine are not the
 host's figures: the JSON records the load average).
@@ -27,6 +31,7 @@ host's figures: the JSON records the load average).
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import sys
 import tempfile
@@ -71,7 +76,7 @@ def run_trainer(name: str, dataset, args, **kw) -> dict:
         it = trainer.progress(trainer.batches())
         for _ in range(args.warmup_steps):
             next(it)
-        t0, samples = time.perf_counter(), 0
+        io0, t0, samples = io_counters(), time.perf_counter(), 0
         for s in it:
             samples += s.samples
             for k, v in s.counters.items():
@@ -79,6 +84,7 @@ def run_trainer(name: str, dataset, args, **kw) -> dict:
             for k, v in s.times.items():
                 times[k] = times.get(k, 0.0) + v
         elapsed = time.perf_counter() - t0
+        io = _delta(io0, io_counters())
     finally:
         trainer.close()
     steps = args.steps
@@ -89,6 +95,9 @@ def run_trainer(name: str, dataset, args, **kw) -> dict:
         disk_rows = counters.get("disk_rows", 0.0)
         rec.update(
             io_mode=io_mode.mode,
+            page_cache="bypassed (O_DIRECT)" if io_mode.direct else "used (buffered I/O)",
+            os_read_bytes_per_step=None if io["read_bytes"] is None else io["read_bytes"] / steps,
+            major_faults_per_step=io["major_faults"] / steps,
             disk_bytes_per_step=counters.get("disk_bytes_read", 0.0) / steps,
             disk_reads_per_step=counters.get("disk_reads", 0.0) / steps,
             disk_rows_per_step=disk_rows / steps,
@@ -96,6 +105,8 @@ def run_trainer(name: str, dataset, args, **kw) -> dict:
             cached_share=1.0 - disk_rows / max(1.0, counters.get("working_set_rows", 0.0)),
         )
         lookahead = kw.get("lookahead", 0) if kw.get("mode") == "hotline" else 0
+        os_read = rec["os_read_bytes_per_step"]  # the kernel's count: the fetch's pages and those read again
+        rec["reread_share"] = None if os_read is None else os_read / max(1.0, rec["disk_bytes_per_step"]) - 1
         exposed = (
             times.get("stall", 0.0)
             if lookahead
@@ -124,6 +135,42 @@ def drop_page_cache(path: Path) -> list[str]:
     return worked
 
 
+def io_counters() -> dict:
+    """This process's major page faults (``getrusage``) and bytes read from storage (``/proc/self/io``
+    ``read_bytes``, every thread's: the page cache's hits are not counted, O_DIRECT reads are); None where the
+    kernel does not say."""
+    import resource
+
+    read = None
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/io") as f:
+        read = next(int(line.split()[1]) for line in f if line.startswith("read_bytes:"))
+    return {"major_faults": resource.getrusage(resource.RUSAGE_SELF).ru_majflt, "read_bytes": read}
+
+
+def _delta(before: dict, after: dict) -> dict:
+    return {k: None if before[k] is None or after[k] is None else after[k] - before[k] for k in before}
+
+
+def resident_share(array) -> float | None:
+    """Share of the pages of a memory-mapped numpy array that are in the page cache now (``mincore`` through
+    ctypes); None where it cannot be asked."""
+    import ctypes
+
+    import numpy as np
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
+        page = os.sysconf("SC_PAGE_SIZE")
+        n = -(-array.nbytes // page)
+        vec = (ctypes.c_ubyte * n)()
+        if libc.mincore(ctypes.c_void_p(array.ctypes.data), array.nbytes, vec) != 0:
+            return None
+    except (OSError, AttributeError, ValueError):
+        return None
+    return float((np.frombuffer(vec, np.uint8) & 1).mean())
+
+
 def run_mmap(dataset, args, root: Path) -> dict:
     """Plain PyTorch: nn.EmbeddingBag over a memory-mapped file of every table (sparse SGD), the DLRM's dense
     part, the page cache dropped before the timed steps."""
@@ -144,40 +191,62 @@ def run_mmap(dataset, args, root: Path) -> dict:
             mm[layout.offsets[t] + lo : layout.offsets[t] + lo + w.shape[0]] = w
     mm.flush()
     del mm
-    mm = np.memmap(path, np.float32, "r+", shape=(layout.num_rows, D))
-    bag = torch.nn.EmbeddingBag(layout.num_rows, D, mode="sum", sparse=True,
-                                _weight=torch.from_numpy(mm))  # fmt: skip
     model = DLRM(cfg.model_config(dataset.table_sizes), seed=cfg.seed)
     dense_opt = torch.optim.SGD(model.parameters(), lr=cfg.learning_rate)
-    sparse_opt = torch.optim.SGD(bag.parameters(), lr=cfg.learning_rate)
     split, B = dataset.train, args.batch
     T, L = dataset.num_tables, dataset.pooling_factor
+    sparse: dict = {}
+
+    def map_table() -> None:
+        """The bag over a fresh mapping of the file, and its optimizer (SGD keeps no state)."""
+        sparse["mm"] = np.memmap(path, np.float32, "r+", shape=(layout.num_rows, D))
+        sparse["bag"] = torch.nn.EmbeddingBag(layout.num_rows, D, mode="sum", sparse=True,
+                                              _weight=torch.from_numpy(sparse["mm"]))  # fmt: skip
+        sparse["opt"] = torch.optim.SGD(sparse["bag"].parameters(), lr=cfg.learning_rate)
 
     def step(b: int) -> None:
         batch = split.batch(b * B, (b + 1) * B)
         ids = torch.from_numpy(layout.fuse(batch.sparse)).view(-1, L)
-        pooled = bag(ids).view(-1, T, D)
+        pooled = sparse["bag"](ids).view(-1, T, D)
         dense_opt.zero_grad(set_to_none=True)
-        sparse_opt.zero_grad(set_to_none=True)
+        sparse["opt"].zero_grad(set_to_none=True)
         loss_and_backward(model, torch.from_numpy(batch.dense), pooled, torch.from_numpy(batch.labels), B)
         dense_opt.step()
-        sparse_opt.step()
+        sparse["opt"].step()
 
+    map_table()
     for b in range(args.warmup_steps):
         step(b)
-    mm.flush()
+    sparse["mm"].flush()
+    # A page mapped into a process is not dropped (posix_fadvise skips it): unmap, drop, map again.
+    sparse.clear()
+    gc.collect()
     dropped = drop_page_cache(path)
-    t0 = time.perf_counter()
+    map_table()
+    mm = sparse["mm"]
+    resident_before = resident_share(mm)
+    per_step, elapsed = [], 0.0
     for b in range(args.warmup_steps, args.warmup_steps + args.steps):
+        c0, t0 = io_counters(), time.perf_counter()
         step(b)
-    elapsed = time.perf_counter() - t0
+        elapsed += time.perf_counter() - t0
+        per_step.append(_delta(c0, io_counters()))
+    resident_after = resident_share(mm)
     path.unlink()
+    read = [d["read_bytes"] for d in per_step]
+    faults = [d["major_faults"] for d in per_step]
+    known = all(x is not None for x in read)
     return {"mode": "mmap", "samples_per_s": args.steps * B / elapsed, "step_ms": 1e3 * elapsed / args.steps,
-            "page_cache_dropped_by": dropped}  # fmt: skip
+            "page_cache_dropped_by": dropped, "page_cache": "used (mmap)",
+            "table_bytes": layout.num_rows * D * 4,
+            "os_read_bytes_per_step": sum(read) / args.steps if known else None,
+            "os_read_bytes_by_step": read, "major_faults_per_step": sum(faults) / args.steps,
+            "major_faults_by_step": faults, "resident_share_before": resident_before,
+            "resident_share_after": resident_after}  # fmt: skip
 
 
-def predict(rec: dict, hybrid: dict | None, dataset, args, hw: dict) -> float | None:
-    """The cost model's samples/s for a disk row, from the run's measured figures."""
+def predict(rec: dict, hybrid: dict | None, dataset, args, hw: dict):
+    """The cost model's prediction for a disk row, from the run's measured figures (None for the others)."""
     from hotline.profiling.costmodel import DiskTier, Stats, Workload, arch_of, predict
 
     if rec.get("coverage") is None or hybrid is None:
@@ -186,16 +255,27 @@ def predict(rec: dict, hybrid: dict | None, dataset, args, hw: dict) -> float | 
     w = Workload(batch_size=args.batch, num_tables=dataset.num_tables, pooling_factor=dataset.pooling_factor,
                  embedding_dim=args.dim, **arch_of(_config(args)))  # the model the runs train  # fmt: skip
     s = Stats(rec["coverage"], rec["popular_share"], rec["cold_rows_per_step"], hybrid["cold_rows_per_step"])
-    disk = DiskTier(
-        pages_per_cold_row=rec["pages_per_disk_row"], cached_share=min(1.0, max(0.0, rec["cached_share"]))
-    )
-    return predict(mode, w, s, hw, disk).samples_per_s
+    reread = rec.get("reread_share") if mode == "hotline_k1" else 0.0
+    disk = DiskTier(pages_per_cold_row=rec["pages_per_disk_row"], reread_share=max(0.0, reread or 0.0),
+                    cached_share=min(1.0, max(0.0, rec["cached_share"])))  # fmt: skip
+    return predict(mode, w, s, hw, disk)
+
+
+def exposed_s(p) -> float:
+    """What a predicted step spends outside its compute: the sequential step's movement phases (the
+    benchmark's exposed time: reads and write-back), or the pipelined step beyond its device lane (the main
+    thread's wait)."""
+    ph = p.phases_s
+    if p.mode != "hotline_k1":
+        return sum(ph.get(k, 0.0) for k in ("dispatch", "gather", "write_back", "disk_read", "disk_write"))
+    return max(0.0, p.step_s - ph["lane: device (compute + updates)"] - ph["lane: hand-over"])
 
 
 def hardware(args, root: Path) -> dict | None:
     import json
 
-    from hotline.profiling.disk_calibrate import calibrate_disk
+    from hotline.profiling.disk_calibrate import STEP_FORMAT, calibrate_disk
+    from hotline.table_layout import bytes_per_row
 
     if args.hardware:
         hw = json.loads(Path(args.hardware).read_text())
@@ -206,8 +286,11 @@ def hardware(args, root: Path) -> dict | None:
 
         print("calibrating the host (hotline calibrate) for the cost model ...", flush=True)
         hw = calibrate(args.threads, args.seed)
-    if "disk" not in hw:
-        hw["disk"] = calibrate_disk(root, args.io_depth, seed=args.seed)
+    step = hw.get("disk", {}).get("step", {})
+    record = bytes_per_row(args.dim, "sgd")
+    if step.get("version") != STEP_FORMAT or step.get("record_bytes") != record:
+        print(f"calibrating the disk (hotline calibrate --disk, {record}-byte records) ...", flush=True)
+        hw["disk"] = calibrate_disk(root, args.io_depth, seed=args.seed, record_bytes=record)
     return hw
 
 
@@ -224,6 +307,82 @@ COLUMNS = [
     ("exposed_read_ms", "exposed read ms", ".1f"),
     ("predicted_ratio", "pred/meas", ".2f"),
 ]
+
+
+MODEL_COLUMNS = [
+    ("mode", "mode", ""),
+    ("target", "target", ".2f"),
+    ("disk_read_ms", "read", ".1f"),
+    ("write_back_ms", "write-back", ".1f"),
+    ("exposed_read_ms", "exposed", ".1f"),
+    ("step_ms", "step", ".1f"),
+    ("pred_disk_read", "pred read", ".1f"),
+    ("pred_disk_write", "pred write", ".1f"),
+    ("pred_disk_lane", "pred disk lane", ".1f"),
+    ("pred_device", "pred compute", ".1f"),
+    ("predicted_exposed_ms", "pred exposed", ".1f"),
+    ("pred_step", "pred step", ".1f"),
+]
+
+
+def _mib(x: float | None) -> str:
+    return "unknown" if x is None else f"{x / 2**20:,.1f} MiB"
+
+
+def _share(x: float | None) -> str:
+    return "unknown (mincore failed)" if x is None else f"{x:.0%}"
+
+
+def io_summary(mmap: dict | None, k2: dict | None) -> str:
+    """What the mmap baseline and the disk store read from storage, measured by the kernel's counters."""
+    lines = []
+    if mmap is not None:
+        by_step = mmap["os_read_bytes_by_step"]
+        res = mmap.get("resident_share_after")
+        lines.append(
+            f"mmap baseline read from disk {_mib(mmap['os_read_bytes_per_step'])}/step "
+            f"(first step {_mib(by_step[0] if by_step else None)}, last {_mib(by_step[-1] if by_step else None)}), "
+            f"{mmap['major_faults_per_step']:,.0f} major faults/step; of its table ({_mib(mmap['table_bytes'])}) "
+            f"in the page cache: {_share(mmap.get('resident_share_before'))} after the drop, "
+            f"{_share(res)} at the end"
+        )  # fmt: skip
+    if k2 is not None:
+        lines.append(
+            f"{k2['mode']} at {k2['target']:.0%} read {_mib(k2['os_read_bytes_per_step'])}/step from disk "
+            f"(the store counted {_mib(k2['disk_bytes_per_step'])}), the page cache {k2['page_cache']}"
+        )
+    return "\n".join(lines)
+
+
+def why_missed(base: str, k2: dict, k0: dict | None, other: dict, hw: dict | None) -> str:
+    """Why hotline K>=2 on disk missed its target against ``base``, in the run's measured figures."""
+    io = f"{k2['disk_read_ms']:.0f} ms of reads and {k2['write_back_ms']:.0f} ms of write-back per step"
+    step = f"{k2['mode'].split('_')[1].upper()} takes {k2['step_ms']:.0f} ms/step, {k2['exposed_read_ms']:.0f} ms of it waiting for reads"
+    pen, res = "", other.get("resident_share_after")
+    if hw is not None and "step" in hw.get("disk", {}):
+        t = hw["disk"]["step"]
+        pen = (f"; calibrated: reads beside writes cost {t['read_write_penalty']:.2f} of the shorter, the I/O "
+               f"beside compute {t['compute_penalty']:.2f}")  # fmt: skip
+    if base == "mmap":
+        by_step = other["os_read_bytes_by_step"]
+        return (
+            f"the mmap baseline read {_mib(other['os_read_bytes_per_step'])}/step from disk (first timed step "
+            f"{_mib(by_step[0] if by_step else None)}, last {_mib(by_step[-1] if by_step else None)}; "
+            f"{other['major_faults_per_step']:,.0f} major faults/step) and ended with {_share(res)} of its "
+            f"{_mib(other['table_bytes'])} table in the page cache ({_share(other.get('resident_share_before'))} "
+            f"after the drop): it reads through the page cache; the disk store's page cache is "
+            f"{k2['page_cache']}, {_mib(k2['os_read_bytes_per_step'])}/step read ({io}); {step}"
+        )
+    if base == "device":
+        return (f"device mode reads nothing from disk ({other['step_ms']:.0f} ms/step); {step}, the disk "
+                f"store's I/O being {io}{pen}")  # fmt: skip
+    k0_s = (
+        ""
+        if k0 is None
+        else f" (K=0: {k0['disk_read_ms']:.0f} + {k0['write_back_ms']:.0f} ms, {k0['step_ms']:.0f} ms/step)"
+    )
+    return (f"hybrid's step is {other['step_ms']:.0f} ms; {step}: {io}{k0_s}, the reads beside the write-backs "
+            f"and beside the compute on this machine's cores{pen}")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -295,26 +454,47 @@ def main(argv: list[str] | None = None) -> dict:
         hw = hardware(args, root)
     by = {r["mode"]: r for r in rows if "target" not in r}
     for r in rows:
-        if hw is not None and r.get("io_mode"):
-            pred = predict(r, by.get("hybrid_disk"), dataset, args, hw)
-            r["predicted_samples_per_s"] = pred
-            r["predicted_ratio"] = pred / r["samples_per_s"] if pred else None
+        if hw is not None and r["mode"].endswith("_disk"):
+            p = predict(r, by.get("hybrid_disk"), dataset, args, hw)
+            r["predicted_samples_per_s"] = p.samples_per_s
+            r["predicted_ratio"] = p.samples_per_s / r["samples_per_s"]
+            r["predicted_exposed_ms"] = 1e3 * exposed_s(p)
+            ms = {k: 1e3 * v for k, v in p.phases_s.items()}
+            r["predicted_ms"] = ms | {"step": 1e3 * p.step_s}
+            lane = (
+                "lane: disk beside compute"
+                if "lane: disk beside compute" in ms
+                else "lane: disk (reads beside writes)"
+            )
+            device = ("assemble", "compute", "sparse_update", "dense_update")
+            r.update(pred_disk_read=ms["disk_read"], pred_disk_write=ms["disk_write"], pred_step=1e3 * p.step_s,
+                     pred_disk_lane=ms.get(lane, ms["disk_read"] + ms["disk_write"]),
+                     pred_device=ms.get("lane: device (compute + updates)", sum(ms[k] for k in device)))  # fmt: skip
     common.print_table(rows, COLUMNS, title="disk tier (SGD; load average in the JSON: figures under load)")
+    if any("predicted_ms" in r for r in rows):
+        common.print_table([r for r in rows if "predicted_ms" in r], MODEL_COLUMNS,
+                           title="measured and predicted ms per step (the model's disk phases and lanes)")  # fmt: skip
     target = min(args.coverages, key=lambda c: abs(c - 0.9))
     k2 = next(
         (r for r in rows if r["mode"] == f"hotline_k{args.lookahead}_disk" and r["target"] == target), None
     )
+    k0 = next((r for r in rows if r["mode"] == "hotline_k0_disk" and r["target"] == target), None)
+    print(io_summary(by.get("mmap"), k2))
     verdict = {}
     for base, need in TARGETS.items():
         if k2 is not None and base in by:
             ratio = k2["samples_per_s"] / by[base]["samples_per_s"]
+            met = ratio >= need
             verdict[f"hotline_k{args.lookahead}_disk/{base}"] = {
                 "ratio": ratio,
                 "target": need,
-                "met": ratio >= need,
+                "met": met,
+                "why": None if met else why_missed(base, k2, k0, by[base], hw),
             }
             print(f"hotline K={args.lookahead} disk at {target:.0%} / {base}: {ratio:.2f}x (target >= {need}x): "
-                  f"{'met' if ratio >= need else 'NOT met'}")  # fmt: skip
+                  f"{'met' if met else 'NOT met'}")  # fmt: skip
+            if not met:
+                print(f"  why: {verdict[f'hotline_k{args.lookahead}_disk/{base}']['why']}")
     preds = [r["predicted_ratio"] for r in rows if r.get("predicted_ratio")]
     if preds:
         inside = all(0.8 <= x <= 1.25 for x in preds)

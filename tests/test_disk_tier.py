@@ -442,11 +442,17 @@ def test_cli_trains_with_the_disk_store(data, tmp_path, capsys):
 
 
 # -- calibration, cost model, benchmark -----------------------------------------------------------------
+STEP = {"version": 2, "record_bytes": 256, "rows": [256], "repeats": 1,
+        "read": {"fixed_us": 1000.0, "us_per_page": 20.0, "cpu_us_per_page": 5.0},
+        "write": {"fixed_us": 500.0, "us_per_page": 25.0, "cpu_us_per_page": 6.0},
+        "read_write_penalty": 0.5, "compute_penalty": 0.25}  # fmt: skip
 DISK = {"read_iops": {"1": 20_000.0, "depth": 60_000.0}, "write_iops": 40_000.0, "cpu_us_per_read": 5.0,
-        "cpu_us_per_write": 5.0, "depth": 32, "seq_write_mbps": 900.0}  # fmt: skip
+        "cpu_us_per_write": 5.0, "depth": 32, "seq_write_mbps": 900.0, "step": STEP}  # fmt: skip
 
 
 def test_cost_model_prices_the_disk_tier():
+    """Golden values by hand: 20,000 cold rows of one page each are 20,000 pages; reads 1 ms + 20 us/page =
+    401 ms, write-backs 0.5 ms + 25 us/page = 500.5 ms, their CPU 11 us/page = 220 ms (inside them)."""
     from test_costmodel import HW, W, stats
 
     from hotline.profiling import costmodel as cm
@@ -459,25 +465,58 @@ def test_cost_model_prices_the_disk_tier():
         assert none.samples_per_s == pytest.approx(mem.samples_per_s)
         disk = cm.predict(mode, W, s, hw, cm.DiskTier(pages_per_cold_row=1.0))
         assert disk.samples_per_s < mem.samples_per_s
-        cold = 60_000 if mode == "hybrid" else 20_000
-        assert disk.phases_s["disk_read"] == pytest.approx(cold / 60_000)
-        assert disk.phases_s["disk_write"] == pytest.approx(cold / 40_000)
-        if mode != "hotline_k1":  # sequential: the reads and writes add up (their CPU is inside them)
-            assert disk.step_s == pytest.approx(mem.step_s + cold / 60_000 + cold / 40_000)
+        pages = 60_000 if mode == "hybrid" else 20_000
+        assert disk.phases_s["disk_read"] == pytest.approx(1e-3 + 20e-6 * pages)
+        assert disk.phases_s["disk_write"] == pytest.approx(0.5e-3 + 25e-6 * pages)
+        assert disk.phases_s["disk_cpu"] == pytest.approx(11e-6 * pages)
+        if mode != "hotline_k1":  # sequential: fetch, compute, write-back one after the other (CPU inside)
+            assert disk.step_s == pytest.approx(mem.step_s + 1.5e-3 + 45e-6 * pages)
     k1 = cm.predict("hotline_k1", W, s, hw, cm.DiskTier(1.0))
-    assert k1.phases_s["lane: disk (reads + writes)"] == pytest.approx(20_000 / 60_000 + 20_000 / 40_000)
-    assert k1.bottleneck == "disk (reads + writes)" and k1.step_s >= 20_000 / 60_000 + 20_000 / 40_000
+    # the producer's 401 ms of reads beside the writer's 500.5 ms: the longer plus half the shorter
+    assert k1.phases_s["lane: disk (reads beside writes)"] == pytest.approx(0.5005 + 0.5 * 0.401)
+    shared = k1.phases_s["lane: shared cores"]
+    assert shared < 0.7010  # this workload's compute is shorter than the disk's lane
+    # that I/O beside the compute on the same cores: the longer plus a quarter of the shorter
+    assert k1.phases_s["lane: disk beside compute"] == pytest.approx(0.7010 + 0.25 * shared)
+    assert k1.bottleneck == "disk beside compute"
+    assert k1.step_s == pytest.approx(0.7010 + 0.25 * shared + HW["host"].get("handover_us", 0.0) * 1e-6)
+    # half of the fetched pages read again (write-backs' read-modify-write, stale rows): 10,000 pages at the
+    # reads' 20 us/page = 200 ms more on the writer's side; a sequential step reads none again
+    again = cm.predict("hotline_k1", W, s, hw, cm.DiskTier(1.0, reread_share=0.5))
+    assert again.phases_s["disk_reread"] == pytest.approx(0.2)
+    assert again.phases_s["lane: disk (reads beside writes)"] == pytest.approx(0.7005 + 0.5 * 0.401)
+    seq = cm.predict("hotline_k0", W, s, hw, cm.DiskTier(1.0, reread_share=0.5))
+    assert seq.step_s == pytest.approx(cm.predict("hotline_k0", W, s, hw, cm.DiskTier(1.0)).step_s)
     half = cm.predict("hotline_k1", W, s, hw, cm.DiskTier(1.0, cached_share=0.5))  # the DRAM tier serves half
-    assert half.phases_s["disk_read"] == pytest.approx(10_000 / 60_000)
+    assert half.phases_s["disk_read"] == pytest.approx(1e-3 + 20e-6 * 10_000)
+    gpu = {**hw, "link": {"h2d_gbps": 8.0, "d2h_gbps": 8.0}}  # a device of its own: no shared cores
+    k1 = cm.predict("hotline_k1", W, s, gpu, cm.DiskTier(1.0))
+    assert "lane: disk beside compute" not in k1.phases_s and k1.bottleneck == "disk (reads beside writes)"
     with pytest.raises(ValueError, match="calibrate --disk"):
         cm.predict("hybrid", W, s, HW, cm.DiskTier())
+    old = {**hw, "disk": {k: v for k, v in DISK.items() if k != "step"}}  # a calibration from before
+    with pytest.raises(ValueError, match="predates step-shaped disk timing.*calibrate --disk DIR` again"):
+        cm.predict("hotline_k1", W, s, old, cm.DiskTier())
 
 
 def test_calibrate_disk_cli(tmp_path, capsys):
     out = tmp_path / "hw.json"
     out.write_text('{"format": "hotline-hardware", "host": {"x": 1}}')
     assert (
-        main(["calibrate", "--out", str(out), "--disk", str(tmp_path), "--disk-only", "--disk-depth", "4"])
+        main(
+            [
+                "calibrate",
+                "--out",
+                str(out),
+                "--disk",
+                str(tmp_path),
+                "--disk-only",
+                "--disk-depth",
+                "4",
+                "--disk-record-bytes",
+                "128",
+            ]
+        )  # fmt: skip
         == 0
     )
     import json
@@ -488,9 +527,18 @@ def test_calibrate_disk_cli(tmp_path, capsys):
     assert d["depth"] == 4 and d["io_mode"] in ("direct",) or d["io_mode"].startswith("buffered")
     for v in (d["read_iops"]["1"], d["read_iops"]["depth"], d["write_iops"], d["seq_write_mbps"]):
         assert v > 0
-    assert "random 4 KiB reads" in capsys.readouterr().out
+    t = d["step"]  # the step-shaped figures the cost model prices, at the record asked for
+    assert t["version"] == 2 and t["record_bytes"] == 128 and t["rows"] and t["repeats"] >= 1
+    for k in ("read", "write"):
+        assert t[k]["fixed_us"] >= 0 and t[k]["us_per_page"] > 0 and t[k]["cpu_us_per_page"] >= 0
+    assert 0 <= t["read_write_penalty"] <= 3 and 0 <= t["compute_penalty"] <= 3
+    printed = capsys.readouterr().out
+    assert "random 4 KiB reads" in printed and "a step's I/O (128-byte records)" in printed
     assert not list(tmp_path.glob("hotline-disk-calibration*"))  # its scratch file is gone
     assert main(["calibrate", "--out", str(out), "--disk-only"]) == 2
+    assert main(["calibrate", "--out", str(out), "--disk", str(tmp_path), "--disk-only",
+                 "--disk-record-bytes", "6"]) == 2  # not whole floats  # fmt: skip
+    assert "--disk-record-bytes must be a positive multiple of 4, got 6" in capsys.readouterr().err
 
 
 def test_bench_disk_tier_smoke(tmp_path, monkeypatch):
@@ -519,7 +567,18 @@ def test_bench_disk_tier_smoke(tmp_path, monkeypatch):
             assert r["io_mode"] == "direct" or r["io_mode"].startswith("buffered")
             assert r["disk_bytes_per_step"] > 0 and r["cold_rows_per_step"] > 0 and r["exposed_read_ms"] >= 0
             assert r["coverage"] is not None and r["popular_share"] is not None
-    assert written["results"][1]["page_cache_dropped_by"]
+    mmap = written["results"][1]
+    assert mmap["page_cache_dropped_by"] and mmap["page_cache"] == "used (mmap)"
+    # what it really read, counted per timed step by the kernel (3 steps in --smoke)
+    assert len(mmap["os_read_bytes_by_step"]) == len(mmap["major_faults_by_step"]) == 3
+    assert all(f >= 0 for f in mmap["major_faults_by_step"]) and mmap["table_bytes"] > 0
+    if mmap["os_read_bytes_per_step"] is not None:  # /proc/self/io where the kernel has it
+        assert all(b >= 0 for b in mmap["os_read_bytes_by_step"])
+    for r in written["results"][2:]:
+        assert r["page_cache"] in ("bypassed (O_DIRECT)", "used (buffered I/O)")
+        assert r["os_read_bytes_per_step"] is None or r["os_read_bytes_per_step"] >= 0
+    for v in written["targets"].values():  # a missed target says why, in the run's figures
+        assert v["met"] or "MiB" in v["why"] or "ms/step" in v["why"]
     assert set(written["targets"]) == {
         "hotline_k2_disk/hybrid_disk",
         "hotline_k2_disk/mmap",

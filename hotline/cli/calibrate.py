@@ -20,8 +20,13 @@ def add_parser(subparsers: SubParsers) -> None:
     )
     add_output(parser, "--out", "write the hardware description here (required)", required=True)
     parser.add_argument("--disk", metavar="DIR", help="also measure the disk store's disk in DIR: random 4 KiB "
-                        "reads/s at depth 1 and --disk-depth, page writes/s, sequential write rate (O_DIRECT)")  # fmt: skip
+                        "reads/s at depth 1 and --disk-depth, page writes/s, sequential write rate (O_DIRECT), and a step's reads "
+                        "and write-backs as the store issues them (fixed + per page; how they overlap)")  # fmt: skip
     parser.add_argument("--disk-depth", type=int, default=32, metavar="N", help="the disk store's I/O depth")
+    parser.add_argument("--disk-record-bytes", type=int, default=256, metavar="B",
+                        help="the run's record on disk, a row and its optimizer state (table_layout.bytes_per_row: "
+                        "dim 64 with SGD is 256): the step-shaped reads and write-backs the cost model prices "
+                        "use it")  # fmt: skip
     parser.add_argument("--disk-only", action="store_true",
                         help="measure only the disk (--disk), adding it to --out if that is a hardware description")  # fmt: skip
     add_threads(parser, "torch and numba threads the runs will use")
@@ -49,6 +54,10 @@ def run(args: argparse.Namespace) -> int:
         return error("calibrate", "--disk-only needs --disk DIR")
     if args.disk_depth < 1:
         return error("calibrate", f"--disk-depth must be >= 1, got {args.disk_depth}")
+    if args.disk_record_bytes < 4 or args.disk_record_bytes % 4:
+        return error(
+            "calibrate", f"--disk-record-bytes must be a positive multiple of 4, got {args.disk_record_bytes}"
+        )
     out = args.claim.path("--out")
     try:
         if args.disk_only:
@@ -63,7 +72,9 @@ def run(args: argparse.Namespace) -> int:
             from hotline.profiling.disk_calibrate import calibrate_disk
 
             print(f"timing the disk in {args.disk}", file=sys.stderr)
-            hw["disk"] = calibrate_disk(args.disk, args.disk_depth, seed=args.seed)
+            hw["disk"] = calibrate_disk(
+                args.disk, args.disk_depth, seed=args.seed, record_bytes=args.disk_record_bytes
+            )
         write_json(out, hw)
     except (OSError, ValueError) as e:
         return error("calibrate", e)
@@ -73,6 +84,13 @@ def run(args: argparse.Namespace) -> int:
             f"disk ({k['io_mode']}): random 4 KiB reads {k['read_iops']['1']:,.0f}/s at depth 1, "
             f"{k['read_iops']['depth']:,.0f}/s at depth {k['depth']}; page writes {k['write_iops']:,.0f}/s; "
             f"sequential writes {k['seq_write_mbps']:,.0f} MB/s"
+        )
+        t = k["step"]
+        print(
+            f"a step's I/O ({t['record_bytes']}-byte records): reads {t['read']['fixed_us'] / 1e3:,.2f} ms + "
+            f"{t['read']['us_per_page']:,.1f} us/page, write-backs {t['write']['fixed_us'] / 1e3:,.2f} ms + "
+            f"{t['write']['us_per_page']:,.1f} us/page; overlap penalty of reads beside write-backs "
+            f"{t['read_write_penalty']:.2f}, of the I/O beside compute {t['compute_penalty']:.2f}"
         )
     if args.disk_only:
         print(f"written to {args.out}")

@@ -190,10 +190,14 @@ class DiskTier:
     lets rows of a step share pages, below 1)."""
     cached_share: float = 0.0
     """Share of the cold rows served by the DRAM tier (``--cold-cache``)."""
+    reread_share: float = 0.0
+    """Pages read again per page fetched, under look-ahead: a write-back reads again the pages another step
+    wrote since its fetch (read-modify-write), and stale rows are read again before their step (0 before a run
+    measured it; sequential steps read none again)."""
 
     def __post_init__(self) -> None:
-        if not self.pages_per_cold_row >= 0 or not 0 <= self.cached_share <= 1:
-            raise ValueError("pages_per_cold_row must be >= 0 and cached_share in [0, 1]")
+        if not self.pages_per_cold_row >= 0 or not 0 <= self.cached_share <= 1 or not self.reread_share >= 0:
+            raise ValueError("pages_per_cold_row and reread_share must be >= 0 and cached_share in [0, 1]")
 
     @classmethod
     def of_records(cls, embedding_dim: int, optimizer: str, cached_share: float = 0.0) -> DiskTier:
@@ -206,18 +210,43 @@ class DiskTier:
         return cls(pages_per_record(bytes_per_row(embedding_dim, optimizer)), cached_share)
 
 
-def _disk_phases(hw: dict, disk: DiskTier, cold_rows: float) -> dict[str, float]:
-    """Seconds per step of the disk store: reads at the calibrated depth's rate, page writes, and the CPU the
-    I/O threads spend issuing them (part of the reads' and writes' wall time, and a share of the cores)."""
+def disk_timing(hw: dict) -> dict:
+    """The step-shaped disk figures of ``hw`` (its ``disk`` section's ``step``, from ``hotline calibrate --disk
+    DIR``); a one-line error where there are none, or only the per-page figures of an older calibration."""
+    from hotline.profiling.disk_calibrate import STEP_FORMAT
+
     d = hw.get("disk")
     if d is None:
         raise ValueError("the hardware description has no disk section: run `hotline calibrate --disk DIR`")
+    step = d.get("step")
+    if not isinstance(step, dict) or step.get("version") != STEP_FORMAT:
+        raise ValueError("the hardware description's disk section predates step-shaped disk timing (format "
+                         f"{STEP_FORMAT}): run `hotline calibrate --disk DIR` again")  # fmt: skip
+    return step
+
+
+def _disk_phases(hw: dict, disk: DiskTier, cold_rows: float) -> dict[str, float]:
+    """Seconds per step of the disk store, as the calibration timed a step's I/O through the store's code
+    (``fixed + per page`` for the fetch's reads and for the write-back, each at the store's I/O depth, their
+    CPU inside; ``disk_reread``: the pages read again under look-ahead at the reads' rate per page), and the CPU
+    seconds the I/O threads spend in them (``disk_cpu``, for the record)."""
+    t = disk_timing(hw)
     pages = cold_rows * (1.0 - disk.cached_share) * disk.pages_per_cold_row
+
+    def seconds(k: dict) -> float:
+        return (k["fixed_us"] + k["us_per_page"] * pages) * 1e-6 if pages > 0 else 0.0
+
     return {
-        "disk_read": pages / d["read_iops"]["depth"],
-        "disk_write": pages / d["write_iops"],
-        "disk_cpu": pages * (d["cpu_us_per_read"] + d["cpu_us_per_write"]) * 1e-6,
+        "disk_read": seconds(t["read"]),
+        "disk_write": seconds(t["write"]),
+        "disk_reread": pages * disk.reread_share * t["read"]["us_per_page"] * 1e-6,
+        "disk_cpu": pages * (t["read"]["cpu_us_per_page"] + t["write"]["cpu_us_per_page"]) * 1e-6,
     }
+
+
+def _overlapped(a: float, b: float, penalty: float) -> float:
+    """Seconds of two lanes run together: the longer plus ``penalty`` of the shorter (0 free, 1 serial)."""
+    return max(a, b) + penalty * min(a, b)
 
 
 @dataclass
@@ -439,7 +468,8 @@ def predict(mode: str, w: Workload, s: Stats, hw: dict, disk: DiskTier | None = 
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     ph = phases(mode, w, s, hw, disk)
     if mode != "hotline_k1":
-        timed = {k: v for k, v in ph.items() if k != "disk_cpu"}  # inside the reads' and writes' wall time
+        # disk_cpu is inside the reads' and writes' wall time; a sequential step reads nothing again
+        timed = {k: v for k, v in ph.items() if k not in ("disk_cpu", "disk_reread")}
         step = sum(timed.values())
         bottleneck = max(timed, key=timed.get)
         return Prediction(mode, w.batch_size / step, step, ph, bottleneck)
@@ -450,21 +480,28 @@ def predict(mode: str, w: Workload, s: Stats, hw: dict, disk: DiskTier | None = 
         + ph["compute"]
         + ph["sparse_update"]
         + ph["dense_update"],
-        "write-back": ph["write_back"] + ph.get("disk_write", 0.0),
+        "write-back": ph["write_back"] + ph.get("disk_write", 0.0) + ph.get("disk_reread", 0.0),
     }
-    if disk is not None:  # one disk serves the producer's reads and the writer's page writes
-        lanes["disk (reads + writes)"] = ph["disk_read"] + ph["disk_write"]
+    timing = disk_timing(hw) if disk is not None else {}
+    if disk is not None:  # the producer's reads beside the writer's write-backs: one file, one I/O pool
+        lanes["disk (reads beside writes)"] = _overlapped(
+            ph["disk_read"], ph["disk_write"] + ph["disk_reread"], timing["read_write_penalty"]
+        )
         lanes["host work (dispatch + gather)"] += ph["disk_read"]
     step = max(lanes.values())
     host = hw["host"]
     threads = 0
     if hw["link"].get("shared_memory"):  # every lane runs on this CPU's cores
-        # host work's CPU (the disk's reads and writes wait, their CPU is disk_cpu)
-        t_h = ph["dispatch"] + ph["gather"] + ph["write_back"] + ph.get("disk_cpu", 0.0)
+        t_h = ph["dispatch"] + ph["gather"] + ph["write_back"]
         threads, lanes["shared cores"] = shared_cores_lane(
             t_h, lanes["device (compute + updates)"], host, w.worker_threads
         )
         step = max(step, lanes["shared cores"])
+        if disk is not None:  # the I/O threads beside the compute, as the calibration timed them together
+            lanes["disk beside compute"] = _overlapped(
+                lanes["disk (reads beside writes)"], lanes["shared cores"], timing["compute_penalty"]
+            )
+            step = max(step, lanes["disk beside compute"])
     handover = host.get("handover_us", 0.0) * 1e-6
     step += handover
     lanes["hand-over"] = handover

@@ -1,12 +1,27 @@
-"""Calibration of the disk tier: random 4 KiB reads per second at depth 1 and at the store's I/O depth, random
-page writes per second at that depth, the sequential write rate, and the CPU time each read costs, all timed
-through the disk store's own code (:class:`~hotline.tiers.disk_file.RowFile`: O_DIRECT where the filesystem
-allows, coalescing, the I/O thread pool), on a scratch file of its own that is removed afterwards.
+"""Calibration of the disk tier, timed through the disk store's own code (:class:`~hotline.tiers.disk_file.RowFile`:
+O_DIRECT where the filesystem allows, coalescing, the I/O thread pool) on scratch files of its own that are
+removed afterwards.
+
+Two kinds of figures:
+
+- the disk's headline rates (what ``hotline calibrate --disk`` prints): random 4 KiB reads per second at depth 1
+  and at the store's I/O depth, random page writes per second at that depth, the sequential write rate, and the
+  CPU each costs;
+- ``step``, what the cost model prices a step's I/O with: step-shaped batches (the distinct rows of a step, as
+  records of the run's size, read with :meth:`RowFile.read_rows` and written back over the pages that read
+  fetched with :meth:`RowFile.write_rows`, as the store's fetch and write-back do) at several sizes, each
+  direction fitted as ``fixed + per page``; and how the store's concurrent work overlaps: a step's reads beside
+  the previous step's writes (look-ahead's producer and writer threads) and that I/O beside a forward and
+  backward pass on the main thread (``*_penalty``: the part of the shorter of the two that still costs time,
+  0 free, 1 none, as :func:`hotline.profiling.calibrate._overlap_penalty` defines it).
+
+The I/O thread pool is started before any timing (its threads are made on first use).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -15,6 +30,11 @@ import numpy as np
 from hotline.tiers.disk_file import PAGE, RowFile, aligned_bytes, manifest_path, order_path
 
 _SCRATCH = "hotline-disk-calibration.bin"
+_STEP_SCRATCH = "hotline-disk-calibration-step.bin"
+STEP_FORMAT = 2
+"""The version of the ``step`` section (a description without it predates step-shaped timing)."""
+STEP_ROWS = (256, 1024, 4096, 8192)
+"""Distinct rows per timed step-shaped batch (each about one page: uniform over a file many times larger)."""
 
 
 def _rate(fn, n: int) -> tuple[float, float]:
@@ -25,51 +45,180 @@ def _rate(fn, n: int) -> tuple[float, float]:
     return n / max(wall, 1e-9), cpu / max(n, 1)
 
 
+def _scratch_file(
+    path: Path, rows: int, floats: int, depth: int, rng: np.random.Generator
+) -> tuple[RowFile, float]:
+    """A RowFile of ``rows`` records of ``floats`` floats, every page written (an unwritten extent reads as
+    zeros without touching the disk), and the sequential write rate in bytes per second."""
+    f = RowFile(path, rows, floats, 0, io_depth=depth)
+    chunk = aligned_bytes(1 << 20)
+    chunk[:] = rng.integers(0, 255, chunk.shape[0], dtype=np.uint8)
+
+    def sequential() -> None:
+        for at in range(0, f.size, chunk.shape[0]):
+            n = min(chunk.shape[0], f.size - at)
+            if os.pwrite(f._fd, chunk[:n], at) != n:
+                raise OSError(f"short write to {path}")
+        os.fsync(f._fd)
+
+    bps, _ = _rate(sequential, f.size)
+    f.read_rows(rng.choice(rows, size=4 * depth, replace=False))  # starts the I/O threads
+    return f, bps
+
+
+def _remove(path: Path) -> None:
+    for p in (path, manifest_path(path), order_path(path)):
+        p.unlink(missing_ok=True)
+
+
+def _fit(pages: list[float], seconds: list[float], repeats: int) -> dict:
+    """``seconds = fixed + per_page * pages`` by least squares over the median of each size's ``repeats``
+    timings (consecutive in the lists; a neighbour's burst on a shared machine moves a median less)."""
+    x = np.median(np.asarray(pages, float).reshape(-1, repeats), axis=1)
+    y = np.median(np.asarray(seconds, float).reshape(-1, repeats), axis=1)
+    per_page, fixed = np.polyfit(x, y, 1) if np.ptp(x) > 0 else (float(y.mean() / max(x.mean(), 1)), 0.0)
+    if per_page <= 0:  # a loaded machine can tilt the line: fall back to the mean rate
+        per_page, fixed = float(y.sum() / x.sum()), 0.0
+    return {"fixed_us": 1e6 * max(0.0, float(fixed)), "us_per_page": 1e6 * float(per_page)}
+
+
+def _penalty(together: float, a: float, b: float) -> float:
+    """(together - longer) / shorter of two lanes timed alone and together, in [0, 3]."""
+    return float(min(3.0, max(0.0, (together - max(a, b)) / max(min(a, b), 1e-9))))
+
+
+def _step_io(f: RowFile, rng: np.random.Generator, repeats: int, compute) -> dict:
+    """The ``step`` section: step-shaped reads and write-backs at :data:`STEP_ROWS`, fitted per direction, and
+    the overlap penalties (module docstring)."""
+    pages, t_read, t_write, cpu_read, cpu_write = [], [], [], [], []
+    for n in STEP_ROWS:
+        for _ in range(repeats):
+            rows = rng.choice(f.num_rows, size=n, replace=False)
+            c0, t0 = time.process_time(), time.perf_counter()
+            recs, ps = f.read_rows(rows)
+            c1, t1 = time.process_time(), time.perf_counter()
+            f.write_rows(rows, recs, ps)
+            c2, t2 = time.process_time(), time.perf_counter()
+            pages.append(ps.pages.shape[0])
+            t_read.append(t1 - t0)
+            t_write.append(t2 - t1)
+            cpu_read.append(c1 - c0)
+            cpu_write.append(c2 - c1)
+    total = float(sum(pages))
+
+    # Look-ahead: the producer reads step j+1 while the writer writes step j back (one file, one pool). Every
+    # timed write-back is of rows just read (untimed), as a step's is: a page written since is read again.
+    n, k = STEP_ROWS[-1], repeats
+
+    def draws() -> list[np.ndarray]:
+        return [rng.choice(f.num_rows, size=n, replace=False) for _ in range(k)]
+
+    def section(fn=None) -> tuple[float, float, float]:
+        """Seconds of ``k`` reads alone, ``k`` write-backs alone, and both on two threads (beside ``fn`` on
+        this thread when given: then the first two are 0)."""
+        r, w = draws(), [(b, *f.read_rows(b)) for b in draws()]
+        if fn is None:
+            tr = _timed(lambda: [f.read_rows(b) for b in r])
+            tw = _timed(lambda: [f.write_rows(*job) for job in w])
+            r, w = draws(), [(b, *f.read_rows(b)) for b in draws()]
+        else:
+            tr = tw = 0.0
+        threads = [threading.Thread(target=lambda: [f.read_rows(b) for b in r]),
+                   threading.Thread(target=lambda: [f.write_rows(*job) for job in w])]  # fmt: skip
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        if fn is not None:
+            fn()
+        for t in threads:
+            t.join()
+        return tr, tw, time.perf_counter() - t0
+
+    tr, tw, t_io = section()
+    rw_penalty = _penalty(t_io, tr, tw)
+
+    # That I/O beside the main thread's forward and backward (the two share this machine's cores).
+    compute()
+    reps = max(1, round(t_io / max(_timed(compute), 1e-6)))
+
+    def passes() -> None:
+        for _ in range(reps):
+            compute()
+
+    t_c = _timed(passes)
+    t_all = section(passes)[2]
+    return {
+        "version": STEP_FORMAT,
+        "record_bytes": f.record,
+        "rows": list(STEP_ROWS),
+        "repeats": repeats,
+        "read": {**_fit(pages, t_read, repeats), "cpu_us_per_page": 1e6 * sum(cpu_read) / total},
+        "write": {**_fit(pages, t_write, repeats), "cpu_us_per_page": 1e6 * sum(cpu_write) / total},
+        "read_write_penalty": rw_penalty,
+        "compute_penalty": _penalty(t_all, t_io, t_c),
+    }
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _forward_backward():
+    """One forward and backward of a small tiered DLRM step on this CPU (the compute a step overlaps with)."""
+    from hotline.profiling.calibrate import _pass
+
+    return _pass(np.random.default_rng(0), 1024, 26, 64, (13, 64, 64), (64, 1))[0]
+
+
 def calibrate_disk(directory: str | os.PathLike, depth: int = 32, file_bytes: int = 512 << 20,
-                   reads: int = 4000, seed: int = 0) -> dict:  # fmt: skip
-    """The disk section of a hardware description, measured in ``directory`` (a scratch file of
-    ``file_bytes``, written first: unwritten extents would read as zeros without touching the disk)."""
+                   reads: int = 4000, seed: int = 0, record_bytes: int = 256, repeats: int = 3) -> dict:  # fmt: skip
+    """The disk section of a hardware description, measured in ``directory`` (scratch files of ``file_bytes``
+    each); ``record_bytes``: the run's record (a row and its optimizer state, ``bytes_per_row``)."""
     directory = Path(directory)
     if not directory.is_dir():
         raise ValueError(f"--disk {directory} is not a directory")
+    if record_bytes < 4 or record_bytes % 4:
+        raise ValueError(f"--disk-record-bytes must be a positive multiple of 4, got {record_bytes}")
+    if depth < 1:
+        raise ValueError(f"--disk-depth must be >= 1, got {depth}")
+    rng = np.random.default_rng(seed)
     rows = max(1024, file_bytes // PAGE)
     path = directory / _SCRATCH
-    rng = np.random.default_rng(seed)
-    f = RowFile(path, rows, PAGE // 4 - 1, 1, io_depth=depth)  # one 4 KiB record per page
     try:
-        chunk = aligned_bytes(1 << 20)
-        chunk[:] = rng.integers(0, 255, chunk.shape[0], dtype=np.uint8)
+        f, seq_bps = _scratch_file(path, rows, PAGE // 4, depth, rng)  # one 4 KiB record per page
+        try:
 
-        def sequential() -> None:
-            for at in range(0, f.size - chunk.shape[0] + 1, chunk.shape[0]):
-                if os.pwrite(f._fd, chunk, at) != chunk.shape[0]:
-                    raise OSError(f"short write to {path}")
-            os.fsync(f._fd)
+            def random_reads(k: int, d: int):
+                picked = [rng.choice(rows, size=k, replace=False) for _ in range(4)]
+                f.io_depth = d
 
-        seq_bps, _ = _rate(sequential, f.size)
+                def run() -> None:
+                    for p in picked:
+                        f.read_rows(p)
 
-        def random_reads(k: int, d: int):
-            picked = [rng.choice(rows, size=k, replace=False) for _ in range(4)]
-            f.io_depth = d
+                return _rate(run, 4 * k)
 
-            def run() -> None:
-                for p in picked:
-                    f.read_rows(p)
-
-            return _rate(run, 4 * k)
-
-        n1 = max(64, reads // 8)
-        iops_1, _ = random_reads(n1 // 4, 1)
-        iops_d, cpu_read = random_reads(reads // 4, depth)
-        picked = rng.choice(rows, size=reads // 4, replace=False)
-        recs, pages = f.read_rows(picked)
-        f.io_depth = depth
-        write_iops, cpu_write = _rate(lambda: f.write_rows(picked, recs, pages), picked.shape[0])
-        mode = f.mode
+            iops_1, _ = random_reads(max(64, reads // 8) // 4, 1)
+            iops_d, cpu_read = random_reads(reads // 4, depth)
+            picked = rng.choice(rows, size=reads // 4, replace=False)
+            recs, pages = f.read_rows(picked)
+            write_iops, cpu_write = _rate(lambda: f.write_rows(picked, recs, pages), picked.shape[0])
+            mode = f.mode
+        finally:
+            f.close()
     finally:
-        f.close()
-        for p in (path, manifest_path(path), order_path(path)):
-            p.unlink(missing_ok=True)
+        _remove(path)
+    step_path = directory / _STEP_SCRATCH
+    try:
+        g, _ = _scratch_file(step_path, max(1024, file_bytes // record_bytes), record_bytes // 4, depth, rng)
+        try:
+            step = _step_io(g, rng, repeats, _forward_backward())
+        finally:
+            g.close()
+    finally:
+        _remove(step_path)
     return {
         "path": str(directory),
         "io_mode": mode,
@@ -80,4 +229,5 @@ def calibrate_disk(directory: str | os.PathLike, depth: int = 32, file_bytes: in
         "cpu_us_per_read": 1e6 * cpu_read,
         "cpu_us_per_write": 1e6 * cpu_write,
         "page_bytes": PAGE,
+        "step": step,
     }
