@@ -44,6 +44,12 @@ def main(argv: list[str] | None = None) -> dict:
     )
     p.add_argument("--steps", type=int, default=40, help="timed steps per mode and budget")
     p.add_argument("--warmup-steps", type=int, default=5)
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="runs of every mode (bench_pipeline's sweep); the fastest counts",
+    )
     p.add_argument("--max-rows-per-table", type=int, default=1_000_000)
     p.add_argument("--zipf", type=float, default=1.05)
     p.add_argument("--coverages", type=lambda v: [float(x) for x in v.split(",")], default=[0.70, 0.85, 0.95])
@@ -54,7 +60,7 @@ def main(argv: list[str] | None = None) -> dict:
     args.modes, args.batch, args.data = "device,hybrid,hotline_k0,hotline_k2", 0, None
     args.sample_fraction, args.optimizer = 1.0, "sgd"
     if args.smoke:
-        args.steps, args.warmup_steps, args.max_rows_per_table = 3, 1, 2000
+        args.steps, args.warmup_steps, args.max_rows_per_table, args.rounds = 3, 1, 2000, 1
     common.setup_threads(args.threads)
     if args.hardware:
         hw = costmodel.load_hardware(args.hardware)

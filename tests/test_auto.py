@@ -120,3 +120,18 @@ def test_train_without_flags_prints_and_records_its_choice(tmp_path, capsys):
     out, err = capsys.readouterr()
     record = json.loads(out.strip().splitlines()[-1])
     assert record["mode"] == "hybrid" and "auto" not in record and "--mode auto" not in err
+
+
+def test_a_cpu_is_priced_with_its_cached_calibration(tmp_path, monkeypatch):
+    """On a CPU, ``auto`` prices with `hotline calibrate`'s figures, timed once and kept in the cache
+    directory per host and thread count: a kept description is read back, not timed again."""
+    from hotline.training.auto import cpu_hardware, cpu_hardware_path, hardware_for
+
+    monkeypatch.setenv("HOTLINE_CACHE", str(tmp_path))
+    path = cpu_hardware_path(2)
+    assert path.parent == tmp_path and path != cpu_hardware_path(1)
+    path.write_text(json.dumps({**CPU, "format": "hotline-hardware"}))
+    said: list[str] = []
+    hw = cpu_hardware(2, say=said.append)
+    assert said == [] and hw["name"] == "test CPU" and hw["device"] == CPU["device"]
+    assert hardware_for("cpu", None, 2)["name"] == "test CPU"

@@ -60,7 +60,7 @@ def add_parser(subparsers: SubParsers) -> None:
         "--hardware",
         metavar="FILE|GPU",
         help="--mode auto: price with this `hotline calibrate` JSON or known GPU (default: the GPU torch "
-        "names, or this CPU timed in a second)",
+        "names, or this CPU calibrated once, under a minute, and cached in $HOTLINE_CACHE or ~/.cache/hotline)",
     )
     add_arch(p)
     p.add_argument("--mini-batch-size", type=int, default=128, metavar="B", help="samples per optimizer step")

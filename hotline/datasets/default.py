@@ -22,13 +22,19 @@ DEFAULT_DATASET: dict = {
 }
 
 
+def cache_root() -> Path:
+    """Hotline's cache directory: ``$HOTLINE_CACHE``, else ``~/.cache/hotline`` (the built-in dataset, the
+    host's calibration for ``--mode auto``); nothing in it is a user's file."""
+    return Path(os.environ.get("HOTLINE_CACHE") or Path.home() / ".cache" / "hotline").expanduser()
+
+
 def default_dataset(cache_dir: str | os.PathLike | None = None, progress: bool = False) -> Path:
     """The built-in default dataset (:data:`DEFAULT_DATASET`), generated once into the cache and reused.
 
     The cache directory is ``cache_dir``, else ``$HOTLINE_CACHE``, else ``~/.cache/hotline``; the dataset
     lives in ``default-<hash of the parameters and generator version>`` and is regenerated when absent.
     """
-    base = Path(cache_dir or os.environ.get("HOTLINE_CACHE") or Path.home() / ".cache" / "hotline")
+    base = Path(cache_dir) if cache_dir else cache_root()
     key = json.dumps({**DEFAULT_DATASET, "generator_version": GENERATOR_VERSION, "chunk_rows": CHUNK_ROWS},
                      sort_keys=True)  # fmt: skip
     path = base.expanduser() / f"default-{hashlib.sha256(key.encode()).hexdigest()[:12]}"

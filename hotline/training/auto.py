@@ -8,17 +8,19 @@ budget of the held-out coverage curve that fits. The fastest prediction wins; a 
 
 :func:`choose_for_run` gathers those figures for a run: the device's memory, the tables' bytes, a profile of a
 sample with held-out figures (or a given profile), and the hardware (``--hardware``: a `hotline calibrate`
-JSON or a known GPU; default: the GPU torch names when the table knows it, or this CPU timed in a second).
+JSON or a known GPU; default: the GPU torch names when the table knows it, or this CPU, calibrated once and
+cached).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
-import time
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-
-import numpy as np
+from pathlib import Path
 
 from hotline.profiling.costmodel import Prediction, Stats, Workload, load_hardware, predict
 from hotline.units import format_size
@@ -192,10 +194,10 @@ def device_memory(device: str) -> int:
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
-def hardware_for(device: str, spec: str | None = None) -> dict:
+def hardware_for(device: str, spec: str | None = None, threads: int = 0) -> dict:
     """The hardware description ``auto`` prices with: ``spec`` (a `hotline calibrate` JSON or a known GPU's
-    name) when given; else the GPU torch names, when the shipped table knows it; else this CPU, timed quickly
-    (:func:`quick_cpu_hardware`)."""
+    name) when given; else the GPU torch names, when the shipped table knows it; else this CPU at ``threads``
+    (0: all cores), calibrated once and cached (:func:`cpu_hardware`)."""
     import torch
 
     if spec:
@@ -212,69 +214,58 @@ def hardware_for(device: str, spec: str | None = None) -> dict:
                 "--hardware FILE (from `hotline calibrate`) or an explicit --mode"
             )
         return load_hardware(match)
-    return quick_cpu_hardware()
+    return cpu_hardware(threads)
 
 
-def _best_s(fn: Callable[[], object], repeats: int = 3) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        return ""
 
 
-def quick_cpu_hardware(seed: int = 0) -> dict:
-    """This CPU as its own device, timed in about a second (`hotline calibrate` times it properly, in under a
-    minute: pass its JSON as --hardware for closer figures): a GEMM for the dense rate, a 64 MiB copy for the
-    memory bandwidth, the Numba row gather and a dispatcher split for the host work; per-pass and update
-    costs from those rates."""
+def cpu_hardware_path(threads: int = 0) -> Path:
+    """Where :func:`cpu_hardware` keeps this host's calibration at ``threads``: the cache directory
+    (:func:`hotline.datasets.default.cache_root`), one file per host, CPU model, core and thread count and
+    calibration version."""
+    import platform
+
     import torch
 
-    from hotline.dispatch import Dispatcher
-    from hotline.kernels.gather import gather_rows
-    from hotline.placement import Placement
+    from hotline.datasets.default import cache_root
+    from hotline.profiling.calibrate import VERSION
 
-    rng = np.random.default_rng(seed)
-    threads = torch.get_num_threads()
-    a, b = torch.randn(2048, 512), torch.randn(512, 512)
-    gflops = 2 * 2048 * 512 * 512 / _best_s(lambda: torch.mm(a, b)) / 1e9
-    src = np.ones(16 << 20, np.float32)
-    dst = np.empty_like(src)
-    mem_gbps = 2 * src.nbytes / _best_s(lambda: np.copyto(dst, src)) / 1e9
-    table = src.reshape(-1, 16)
-    rows = rng.integers(0, table.shape[0], 65536)
-    out = np.empty((rows.shape[0], 16), np.float32)
-    gather_gbps = out.nbytes / _best_s(lambda: gather_rows(table, rows, out)) / 1e9
-    sizes = [100_000] * 26
-    ids = rng.integers(0, 100_000, (4096, 26, 1)).astype(np.int32)
-    hot = [np.arange(50_000)] * 26
-    d = Dispatcher(Placement.from_hot_ids(sizes, hot), 1, 4096)
-    dispatch_ns = 1e9 * _best_s(lambda: d.split(ids)) / ids.size
-    per_float_ns = 8.0 / mem_gbps  # read and write one float
-    return {
-        "name": f"this CPU ({os.cpu_count()} cores, quick timing)",
-        "host": {
-            "dispatch_ns_per_lookup": dispatch_ns,
-            "dispatch_ns_per_cold_lookup": 0.5 * dispatch_ns,
-            "gather_gbps": gather_gbps,
-            "scatter_gbps": gather_gbps,
-            "memcpy_gbps": mem_gbps,
-            "threads": threads,
-            "cores": os.cpu_count() or 1,
-        },
-        "device": {
-            "kind": "cpu",
-            "dense_gflops": gflops,
-            "mem_gbps": mem_gbps,
-            "gather_gbps": gather_gbps,
-            "pass_overhead_us": 200.0,
-            "update_ns_per_lookup_float": per_float_ns,
-            "update_ns_per_row_float": 2 * per_float_ns,
-        },
-        "link": {"shared_memory": True},
-    }
+    cores = os.cpu_count() or 1
+    key = json.dumps([platform.node(), platform.machine(), _cpu_model(), cores, int(threads or cores), VERSION,
+                      torch.__version__])  # fmt: skip
+    return cache_root() / f"hardware-{hashlib.sha256(key.encode()).hexdigest()[:12]}.json"
+
+
+def cpu_hardware(threads: int = 0, say: Callable[[str], None] | None = None) -> dict:
+    """This CPU as its own device: `hotline calibrate`'s description (the figures `bench_costmodel` checks
+    the cost model against), timed once per host and thread count (well under a minute) and read back from
+    :func:`cpu_hardware_path` afterwards (its ``source`` records the load average it was timed at; delete the
+    file, or pass a fresh `hotline calibrate` JSON as --hardware, to time it again). A cache that cannot be
+    written only costs the timing next time."""
+    from hotline import _io
+    from hotline.profiling.calibrate import calibrate
+
+    path = cpu_hardware_path(threads)
+    if path.is_file():
+        try:
+            return load_hardware(path)
+        except ValueError:
+            pass  # damaged or from another version: time it again
+    say = say or (lambda m: print(m, file=sys.stderr, flush=True))
+    say(f"timing this CPU once for the cost model of --mode auto (under a minute; kept in {path})")
+    hw = calibrate(threads=threads or None)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _io.write_json(path, hw)
+    except OSError as e:
+        say(f"could not keep this CPU's timing in {path} ({e.strerror or e}); it is timed again next run")
+    return hw
 
 
 def table_bytes(table_sizes: Sequence[int], embedding_dim: int, optimizer: str) -> int:
@@ -303,7 +294,7 @@ def choose_for_run(
         from hotline.training.placing import profile_for
 
         prof = profile_for(config, dataset, progress)
-    hw = hardware_for(config.device, hardware)
+    hw = hardware_for(config.device, hardware, config.threads)
     # the model the run trains: its MLPs, interaction and cross layers
     w = workload_for(prof, worker_threads=config.worker_threads, **arch_of(config))
     budgets = [int(b) for b in prof.curve().budget_bytes]
