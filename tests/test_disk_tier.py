@@ -499,6 +499,20 @@ def test_cost_model_prices_the_disk_tier():
         cm.predict("hotline_k1", W, s, old, cm.DiskTier())
 
 
+def test_step_fit_and_penalty():
+    """The calibration's fit (medians of each size's repeats, then a line) and overlap penalty, on fixed
+    timings: 2 ms + 10 us/page with one outlier per size that the median drops."""
+    from hotline.profiling.disk_calibrate import _fit, _penalty
+
+    pages = [100, 100, 100, 1000, 1000, 1000, 5000, 5000, 5000]
+    seconds = [0.003, 0.003, 0.9, 0.012, 0.5, 0.012, 0.052, 0.052, 0.0]
+    fit = _fit(pages, seconds, 3)
+    assert fit["fixed_us"] == pytest.approx(2000.0) and fit["us_per_page"] == pytest.approx(10.0)
+    assert _penalty(1.0, 1.0, 0.5) == 0.0  # the shorter lane hidden entirely
+    assert _penalty(1.5, 1.0, 0.5) == 1.0  # one after the other
+    assert _penalty(1.25, 0.5, 1.0) == 0.5 and _penalty(9.0, 1.0, 1.0) == 3.0  # capped
+
+
 def test_calibrate_disk_cli(tmp_path, capsys):
     out = tmp_path / "hw.json"
     out.write_text('{"format": "hotline-hardware", "host": {"x": 1}}')
