@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import mmap
 import os
+
+import numpy as np
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
@@ -53,3 +56,37 @@ def keep_freed_memory() -> bool:
         mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
     )
     return _done
+
+
+HUGE_MIN_BYTES = 4 << 20
+"""Arrays from this size up get a mapping of their own with transparent huge pages (smaller ones stay on the
+heap, where the thresholds above keep them)."""
+
+
+def huge_zeros(shape, dtype) -> np.ndarray:
+    """A zero-filled array in an anonymous mapping of its own, advised to use transparent huge pages (2 MiB).
+
+    For the large arrays read and written at random rows: embedding tables, their optimizer state, the
+    dispatcher's remap and the update's scratch map. With 4 KiB pages nearly every random row of a table of
+    GBs misses the TLB, and in a virtual machine each miss walks two page tables; with 2 MiB pages the
+    translations of a GB fit the TLB. Where the kernel gives no huge pages (THP ``never``, another OS) the
+    advice is ignored and the array is an ordinary zeroed mapping; below :data:`HUGE_MIN_BYTES`, np.zeros."""
+    shape = tuple(int(n) for n in np.atleast_1d(shape)) if not isinstance(shape, int) else (int(shape),)
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if nbytes < HUGE_MIN_BYTES:
+        return np.zeros(shape, dtype)
+    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            m.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:  # a kernel built without THP
+            pass
+    return np.frombuffer(m, dtype=dtype, count=nbytes // dtype.itemsize).reshape(shape)
+
+
+def huge_copy(a: np.ndarray) -> np.ndarray:
+    """``a``'s values in a :func:`huge_zeros` array."""
+    out = huge_zeros(a.shape, a.dtype)
+    out[...] = a
+    return out

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hotline._malloc import huge_copy, huge_zeros
 from hotline.kernels import dispatch
 from hotline.placement import Placement
 from hotline.table_layout import BagLayout, TableLayout
@@ -82,8 +83,9 @@ class Dispatcher:
             # (hot, slot num_hot): a padding id is a hot lookup to them, filtered out of the outputs here.
             remap = self._padded_remap(layout, remap)
             self._kernel_cols = (self.col_offset + bags.col_table, self.col_size + 1)
-        self.remap = remap
-        self.slot_map = np.full(remap.shape[0], -1, dtype=np.int32)
+        self.remap = huge_copy(remap)  # looked up at random: huge pages (see hotline._malloc)
+        self.slot_map = huge_zeros(remap.shape[0], np.int32)
+        self.slot_map.fill(-1)
         self.max_batch_size = int(max_batch_size)
         self.counts = None  # an OnlineCounts to count every lookup of every split (re-placement)
         self._ring = [

@@ -9,7 +9,9 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
+import torch
 
 from hotline._malloc import keep_freed_memory
 
@@ -74,3 +76,50 @@ def test_a_trainer_makes_the_setting_and_it_can_be_declined(tmp_path):
     for setting, made in (("tuned", "True"), ("default", "False")):
         assert _child(code.replace("DIR", repr(str(tmp_path / setting))), setting) == f"None {made}"
     assert keep_freed_memory() == keep_freed_memory()
+
+
+def test_huge_zeros_is_a_zeroed_writable_array_of_the_shape_asked():
+    """Large arrays get a mapping of their own; small ones are plain np.zeros; both zeroed and writable,
+    and a copy keeps the values."""
+    from hotline._malloc import HUGE_MIN_BYTES, huge_copy, huge_zeros
+
+    for shape, dtype in (((HUGE_MIN_BYTES // 256, 64), np.float32), (1000, np.int32), ((3, 5), np.int64)):
+        a = huge_zeros(shape, dtype)
+        assert a.shape == (shape if isinstance(shape, tuple) else (shape,)) and a.dtype == dtype
+        assert a.flags.writeable and a.flags.c_contiguous and not a.any()
+        a[-1] = 7
+        b = huge_copy(a)
+        assert np.array_equal(a, b) and b.dtype == dtype and not np.shares_memory(a, b)
+        t = torch.from_numpy(a)  # the tiers wrap them as tensors, sharing the memory
+        t[0] += 1
+        assert a.flat[0] == 1
+
+
+def _huge_pages_of(a: np.ndarray) -> int:
+    """KiB of transparent huge pages backing the mapping that holds ``a`` (from /proc/self/smaps)."""
+    start = a.__array_interface__["data"][0]
+    found = None
+    for line in open("/proc/self/smaps"):
+        head = line.split()
+        if "-" in head[0] and len(head) >= 5 and all(c in "0123456789abcdef-" for c in head[0]):
+            lo, hi = (int(x, 16) for x in head[0].split("-"))
+            found = lo <= start < hi
+        elif found and line.startswith("AnonHugePages:"):
+            return int(head[1])
+    return 0
+
+
+@pytest.mark.skipif(
+    not os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled")
+    or "[never]" in open("/sys/kernel/mm/transparent_hugepage/enabled").read(),
+    reason="no transparent huge pages on this kernel",
+)
+def test_large_tables_get_huge_pages():
+    """An embedding table of 64 MiB, as initial_tables makes it for the tiers, is backed by 2 MiB pages once
+    written (the kernel's own count in /proc/self/smaps), so random rows do not miss the TLB on every read."""
+    from hotline.table_layout import TableLayout
+    from hotline.tiers.base import initial_tables
+
+    w = initial_tables(TableLayout([131_072, 131_072]), 64, seed=0)
+    assert w.nbytes == 64 << 20
+    assert _huge_pages_of(w) >= 32 << 10, f"{_huge_pages_of(w)} KiB of huge pages behind a 64 MiB table"

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from hotline._malloc import huge_copy, huge_zeros
 from hotline.datasets.format import Batch
 from hotline.models.dlrm import DLRM, init_embedding_table
 from hotline.table_layout import PAD_ID, BagLayout, TableLayout
@@ -128,8 +129,8 @@ def initial_tables(layout: TableLayout, dim: int, seed: int, copy: bool = True) 
     host copy of it."""
     key = (tuple(layout.table_sizes), int(dim), int(seed))
     if _shared_tables is not None and key in _shared_tables:
-        return _shared_tables[key].copy() if copy else _shared_tables[key]
-    out = np.empty((layout.num_rows, dim), dtype=np.float32)
+        return huge_copy(_shared_tables[key]) if copy else _shared_tables[key]
+    out = huge_zeros((layout.num_rows, dim), np.float32)  # looked up at random rows: huge pages
     for t, part in enumerate(layout.split(out)):
         part[:] = init_embedding_table(part.shape[0], dim, seed, t)
     if _shared_tables is not None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from hotline._malloc import huge_zeros
 from hotline.distributed.comm import Comm
 from hotline.kernels import sparse_update
 from hotline.kernels.dispatch import claim_rows
@@ -189,7 +190,8 @@ class ClaimBook:
         return stale
 
     def start_claims(self) -> None:
-        self._last = np.full(self.num_rows, -1, dtype=np.int64)
+        self._last = huge_zeros(self.num_rows, np.int64)  # read at random rows: huge pages
+        self._last.fill(-1)
         self.applied = 0
 
     def end_claims(self) -> None:

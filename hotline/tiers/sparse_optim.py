@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from hotline._malloc import huge_zeros
 from hotline.kernels import sparse_update
 from hotline.table_layout import OPTIMIZERS, state_floats_per_row
 
@@ -84,10 +85,18 @@ class SparseOptimizer:
 
     def new_scratch(self, rows: int, device: torch.device | str = "cpu") -> np.ndarray | None:
         """Reusable scratch for ``step`` on a table of ``rows`` rows (None where the device path needs none)."""
-        return sparse_update.new_scratch(rows) if torch.device(device).type == "cpu" else None
+        if torch.device(device).type != "cpu":
+            return None
+        scratch = huge_zeros(
+            rows, np.int32
+        )  # read at random rows: huge pages (what new_scratch holds: all -1)
+        scratch.fill(-1)
+        return scratch
 
     def new_state(self, rows: int, device: torch.device | str = "cpu") -> torch.Tensor:
         """Zero optimizer state for ``rows`` rows (shape :meth:`state_shape`; empty for SGD)."""
+        if torch.device(device).type == "cpu":  # read and written at random rows: huge pages
+            return torch.from_numpy(huge_zeros(self.state_shape(rows), np.float32))
         return torch.zeros(self.state_shape(rows), dtype=torch.float32, device=device)
 
     def dense_optimizer(self, params) -> torch.optim.Optimizer:
