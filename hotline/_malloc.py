@@ -13,6 +13,10 @@ this needs no extra library: it is two ``mallopt`` calls.
 starts (so the figures the cost model reads are taken as training runs). The cost: memory freed by a step
 stays in the process for the next one (the resident size is the peak, not the average). It is a no-op off
 glibc and when ``HOTLINE_MALLOC=default`` is set.
+
+:func:`huge_zeros` gives the large arrays read and written at random rows (embedding tables, optimizer state,
+scratch maps, the dispatcher's remap) a mapping of their own with transparent huge pages, so a random row does
+not miss the TLB.
 """
 
 from __future__ import annotations
