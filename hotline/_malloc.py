@@ -75,7 +75,7 @@ def huge_zeros(shape, dtype) -> np.ndarray:
     GBs misses the TLB, and in a virtual machine each miss walks two page tables; with 2 MiB pages the
     translations of a GB fit the TLB. Where the kernel gives no huge pages (THP ``never``, another OS) the
     advice is ignored and the array is an ordinary zeroed mapping; below :data:`HUGE_MIN_BYTES`, np.zeros."""
-    shape = tuple(int(n) for n in np.atleast_1d(shape)) if not isinstance(shape, int) else (int(shape),)
+    shape = tuple(int(n) for n in np.atleast_1d(shape))
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if nbytes < HUGE_MIN_BYTES:
@@ -87,6 +87,13 @@ def huge_zeros(shape, dtype) -> np.ndarray:
         except OSError:  # a kernel built without THP
             pass
     return np.frombuffer(m, dtype=dtype, count=nbytes // dtype.itemsize).reshape(shape)
+
+
+def huge_full(shape, value, dtype) -> np.ndarray:
+    """np.full in a :func:`huge_zeros` array (scratch maps of every row, all -1 between uses)."""
+    out = huge_zeros(shape, dtype)
+    out.fill(value)
+    return out
 
 
 def huge_copy(a: np.ndarray) -> np.ndarray:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hotline._malloc import huge_copy, huge_zeros
+from hotline._malloc import huge_copy, huge_full, huge_zeros
 from hotline.kernels import dispatch
 from hotline.placement import Placement
 from hotline.table_layout import BagLayout, TableLayout
@@ -73,7 +73,8 @@ class Dispatcher:
         self.pooling_factor = bags.pooling_factor
         self.col_offset = bags.col_offset
         self.col_size = bags.col_size
-        remap = placement.fused_remap().astype(np.int32)  # int32: half the cache footprint of int64
+        # int32: half the cache footprint of int64; huge pages: it is looked up at random (hotline._malloc)
+        remap = huge_copy(placement.fused_remap().astype(np.int32))
         self.num_hot = placement.num_hot
         self.row_remap = remap
         """int32 [rows]: each fused row's hot slot, or -1."""
@@ -83,9 +84,8 @@ class Dispatcher:
             # (hot, slot num_hot): a padding id is a hot lookup to them, filtered out of the outputs here.
             remap = self._padded_remap(layout, remap)
             self._kernel_cols = (self.col_offset + bags.col_table, self.col_size + 1)
-        self.remap = huge_copy(remap)  # looked up at random: huge pages (see hotline._malloc)
-        self.slot_map = huge_zeros(remap.shape[0], np.int32)
-        self.slot_map.fill(-1)
+        self.remap = remap
+        self.slot_map = huge_full(remap.shape[0], -1, np.int32)
         self.max_batch_size = int(max_batch_size)
         self.counts = None  # an OnlineCounts to count every lookup of every split (re-placement)
         self._ring = [
@@ -96,7 +96,7 @@ class Dispatcher:
 
     def _padded_remap(self, layout: TableLayout, remap: np.ndarray) -> np.ndarray:
         """The remap with one padding entry (slot ``num_hot``) in front of every table's rows."""
-        out = np.empty(remap.shape[0] + layout.num_tables, dtype=np.int32)
+        out = huge_zeros(remap.shape[0] + layout.num_tables, np.int32)
         self._shifted_start = layout.offsets + np.arange(layout.num_tables)
         for t, (o, n) in enumerate(zip(layout.offsets, layout.table_sizes)):
             s = int(self._shifted_start[t])

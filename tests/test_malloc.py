@@ -81,7 +81,7 @@ def test_a_trainer_makes_the_setting_and_it_can_be_declined(tmp_path):
 def test_huge_zeros_is_a_zeroed_writable_array_of_the_shape_asked():
     """Large arrays get a mapping of their own; small ones are plain np.zeros; both zeroed and writable,
     and a copy keeps the values."""
-    from hotline._malloc import HUGE_MIN_BYTES, huge_copy, huge_zeros
+    from hotline._malloc import HUGE_MIN_BYTES, huge_copy, huge_full, huge_zeros
 
     for shape, dtype in (((HUGE_MIN_BYTES // 256, 64), np.float32), (1000, np.int32), ((3, 5), np.int64)):
         a = huge_zeros(shape, dtype)
@@ -93,6 +93,8 @@ def test_huge_zeros_is_a_zeroed_writable_array_of_the_shape_asked():
         t = torch.from_numpy(a)  # the tiers wrap them as tensors, sharing the memory
         t[0] += 1
         assert a.flat[0] == 1
+        full = huge_full(shape, -1, dtype)
+        assert full.dtype == dtype and full.shape == a.shape and (full == -1).all()
 
 
 def _huge_pages_of(a: np.ndarray) -> int:

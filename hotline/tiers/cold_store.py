@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from hotline._malloc import huge_zeros
+from hotline._malloc import huge_full
 from hotline.distributed.comm import Comm
 from hotline.kernels import sparse_update
 from hotline.kernels.dispatch import claim_rows
@@ -190,8 +190,7 @@ class ClaimBook:
         return stale
 
     def start_claims(self) -> None:
-        self._last = huge_zeros(self.num_rows, np.int64)  # read at random rows: huge pages
-        self._last.fill(-1)
+        self._last = huge_full(self.num_rows, -1, np.int64)  # read at random rows: huge pages
         self.applied = 0
 
     def end_claims(self) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from hotline._malloc import huge_zeros
+from hotline._malloc import huge_full, huge_zeros
 from hotline.kernels import sparse_update
 from hotline.table_layout import OPTIMIZERS, state_floats_per_row
 
@@ -87,11 +87,8 @@ class SparseOptimizer:
         """Reusable scratch for ``step`` on a table of ``rows`` rows (None where the device path needs none)."""
         if torch.device(device).type != "cpu":
             return None
-        scratch = huge_zeros(
-            rows, np.int32
-        )  # read at random rows: huge pages (what new_scratch holds: all -1)
-        scratch.fill(-1)
-        return scratch
+        # sparse_update.new_scratch's array (all -1), in huge pages: the update reads it at random rows
+        return huge_full(rows, -1, np.int32)
 
     def new_state(self, rows: int, device: torch.device | str = "cpu") -> torch.Tensor:
         """Zero optimizer state for ``rows`` rows (shape :meth:`state_shape`; empty for SGD)."""
