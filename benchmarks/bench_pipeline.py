@@ -2,10 +2,10 @@
 
 Every mode trains the same model on the same batches in one process (each from the same initial weights);
 samples/s are measured over the steps after a warm-up, and every run is made ``--rounds`` times (default 2),
-one whole round after another, its fastest round counting (all rounds are in the JSON). The hot tier's budget comes from what the run
-touches: the whole training split (the run's batches) is profiled, and for each target of ``--coverages``
-the smallest budget whose coverage of those lookups reaches it is swept (device and hybrid do not depend on
-it: run once). Each tiered run prints what it measured: coverage (lookups that hit hot rows), popular share
+one whole round after another, its fastest round counting (all rounds are in the JSON). The hot tier's budget
+comes from what the run touches: the whole training split (the run's batches) is profiled, and for each target
+of ``--coverages`` the smallest budget whose coverage of those lookups reaches it is swept (device and hybrid
+do not depend on it: run once). Each tiered run prints what it measured: coverage (lookups that hit hot rows), popular share
 and unique cold rows per step; a run at coverage >= 99.9% is marked saturated (device mode plus a dispatch,
 never a hotline result). Two configs, as the project guide asks:
 
@@ -238,7 +238,7 @@ def sweep(
     dataset, args, cfg, placements: list[dict], device: str = "cpu", log=None, probe=None
 ) -> list[dict]:
     """Runs device and hybrid once and the hotline modes once per placement, all of them ``args.rounds``
-    times (default 1) one round after another, and keeps each run's fastest round: a run that another
+    times (1 where ``args`` has no ``rounds``: gpu_bench) one round after another, and keeps each run's fastest round: a run that another
     process interrupted loses to its own other round, not to the other modes. One record per run (a run that
     raised: its mode and error), with every round's samples/s under ``rounds_samples_per_s``."""
     runs = [
@@ -352,9 +352,8 @@ def auto_choice(dataset, args, cfg, prof, placements: list[dict]):
     from hotline.profiling.costmodel import Stats, arch_of, workload_for
     from hotline.training.auto import choose, device_memory, hardware_for, table_bytes
 
-    hw = hardware_for(
-        "cpu", args.hardware, args.threads
-    )  # what `hotline train` prices with (cached calibration)
+    # what `hotline train` prices with: this CPU's cached calibration, or --hardware
+    hw = hardware_for("cpu", args.hardware, args.threads)
     w = workload_for(prof, worker_threads=args.worker_threads, **arch_of(cfg))  # the model the sweep trains
     return choose(
         table_bytes(dataset.table_sizes, cfg["embedding_dim"], args.optimizer),

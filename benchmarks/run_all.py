@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's hotline, installed or not
 from hotline._io import write_json, write_text  # noqa: E402 - every file through the one atomic writer
+from hotline.profiling.calibrate import cpu_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
@@ -119,16 +120,8 @@ BENCHES = (
 
 def machine() -> dict:
     """The machine the figures come from."""
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     return {
-        "cpu": model or platform.processor() or platform.machine(),
+        "cpu": cpu_model() or platform.processor() or platform.machine(),
         "cores": os.cpu_count(),
         "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         "platform": platform.platform(),

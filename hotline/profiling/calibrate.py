@@ -401,6 +401,15 @@ def _load() -> str:
         return "unknown"
 
 
+def cpu_model() -> str:
+    """The CPU's model name as Linux reports it (``/proc/cpuinfo``), or "" where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        return ""
+
+
 def calibrate(
     threads: int | None = None, seed: int = 0, progress: Callable[[str], None] | None = None
 ) -> dict:

@@ -237,14 +237,6 @@ def hardware_for(device: str, spec: str | None = None, threads: int = 0) -> dict
     return cpu_hardware(threads)
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-    except OSError:
-        return ""
-
-
 def cpu_hardware_path(threads: int = 0) -> Path:
     """Where :func:`cpu_hardware` keeps this host's calibration at ``threads``: the cache directory
     (:func:`hotline.datasets.default.cache_root`), one file per host, CPU model, core and thread count and
@@ -254,10 +246,10 @@ def cpu_hardware_path(threads: int = 0) -> Path:
     import torch
 
     from hotline.datasets.default import cache_root
-    from hotline.profiling.calibrate import VERSION
+    from hotline.profiling.calibrate import VERSION, cpu_model
 
     cores = os.cpu_count() or 1
-    key = json.dumps([platform.node(), platform.machine(), _cpu_model(), cores, int(threads or cores), VERSION,
+    key = json.dumps([platform.node(), platform.machine(), cpu_model(), cores, int(threads or cores), VERSION,
                       torch.__version__])  # fmt: skip
     return cache_root() / f"hardware-{hashlib.sha256(key.encode()).hexdigest()[:12]}.json"
 
