@@ -502,7 +502,8 @@ def test_cost_model_prices_the_disk_tier():
 def test_step_fit_and_penalty():
     """The calibration's fit (medians of each size's repeats, then a line) and overlap penalty, on fixed
     timings: 2 ms + 10 us/page with one outlier per size that the median drops."""
-    from hotline.profiling.disk_calibrate import _fit, _penalty
+    from hotline.profiling.calibrate import overlap_penalty as _penalty
+    from hotline.profiling.disk_calibrate import _fit
 
     pages = [100, 100, 100, 1000, 1000, 1000, 5000, 5000, 5000]
     seconds = [0.003, 0.003, 0.9, 0.012, 0.5, 0.012, 0.052, 0.052, 0.0]

@@ -227,6 +227,12 @@ def _pass(
     return one, assemble, Workload(B, T, 1, D, **arch_of(cfg)), model
 
 
+def overlap_penalty(together: float, a: float, b: float) -> float:
+    """The part of the shorter of two lanes, timed alone (``a``, ``b``) and together, that still costs time:
+    (together - longer) / shorter, in [0, 3] (0: free overlap, 1: none, more: worse than one after the other)."""
+    return float(min(3.0, max(0.0, (together - max(a, b)) / max(min(a, b), 1e-9))))
+
+
 def _overlap_penalty(rng: np.random.Generator, big: np.ndarray) -> float:
     """How much of the shorter of two overlapped lanes still costs time when a look-ahead producer's host work
     (dispatch and gather of Criteo-like batches on a worker thread with one Numba thread, the kernels
@@ -281,7 +287,7 @@ def _overlap_penalty(rng: np.random.Generator, big: np.ndarray) -> float:
         worker.join()
 
     t_both = _mean_s(together, repeats=3, warmup=1)
-    return float(min(3.0, max(0.0, (t_both - max(t_d, t_h)) / min(t_d, t_h))))
+    return overlap_penalty(t_both, t_d, t_h)
 
 
 # Model shapes the dense compute is fitted over: (batch, tables, dim, bottom MLP, top MLP[, interaction]); the

@@ -13,7 +13,7 @@ Two kinds of figures:
   direction fitted as ``fixed + per page``; and how the store's concurrent work overlaps: a step's reads beside
   the previous step's writes (look-ahead's producer and writer threads) and that I/O beside a forward and
   backward pass on the main thread (``*_penalty``: the part of the shorter of the two that still costs time,
-  0 free, 1 none, as :func:`hotline.profiling.calibrate._overlap_penalty` defines it).
+  0 free, 1 none, :func:`hotline.profiling.calibrate.overlap_penalty`).
 
 The I/O thread pool is started before any timing (its threads are made on first use).
 """
@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hotline.profiling.calibrate import overlap_penalty
 from hotline.tiers.disk_file import PAGE, RowFile, aligned_bytes, manifest_path, order_path
 
 _SCRATCH = "hotline-disk-calibration.bin"
@@ -82,11 +83,6 @@ def _fit(pages: list[float], seconds: list[float], repeats: int) -> dict:
     return {"fixed_us": 1e6 * max(0.0, float(fixed)), "us_per_page": 1e6 * float(per_page)}
 
 
-def _penalty(together: float, a: float, b: float) -> float:
-    """(together - longer) / shorter of two lanes timed alone and together, in [0, 3]."""
-    return float(min(3.0, max(0.0, (together - max(a, b)) / max(min(a, b), 1e-9))))
-
-
 def _step_io(f: RowFile, rng: np.random.Generator, repeats: int, compute) -> dict:
     """The ``step`` section: step-shaped reads and write-backs at :data:`STEP_ROWS`, fitted per direction, and
     the overlap penalties (module docstring)."""
@@ -140,7 +136,7 @@ def _step_io(f: RowFile, rng: np.random.Generator, repeats: int, compute) -> dic
     t_one = _timed(compute)
     for _ in range(repeats):
         tr, tw, t_io = section()
-        rw.append(_penalty(t_io, tr, tw))
+        rw.append(overlap_penalty(t_io, tr, tw))
         # That I/O beside the main thread's forward and backward (the two share this machine's cores).
         reps = max(1, round(t_io / max(t_one, 1e-6)))
 
@@ -149,7 +145,7 @@ def _step_io(f: RowFile, rng: np.random.Generator, repeats: int, compute) -> dic
                 compute()
 
         t_c = _timed(passes)
-        beside.append(_penalty(section(passes)[2], t_io, t_c))
+        beside.append(overlap_penalty(section(passes)[2], t_io, t_c))
     return {
         "version": STEP_FORMAT,
         "record_bytes": f.record,
