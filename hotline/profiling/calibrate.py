@@ -233,6 +233,12 @@ def overlap_penalty(together: float, a: float, b: float) -> float:
     return float(min(3.0, max(0.0, (together - max(a, b)) / max(min(a, b), 1e-9))))
 
 
+def overlapped_pass(rng: np.random.Generator) -> Callable[[], None]:
+    """One forward and backward of a small tiered DLRM step on this CPU (batch 1024, 26 tables, dim 64): the
+    compute the overlap penalties time host work and disk I/O beside."""
+    return _pass(rng, 1024, 26, 64, (13, 64, 64), (64, 1))[0]
+
+
 def _overlap_penalty(rng: np.random.Generator, big: np.ndarray) -> float:
     """How much of the shorter of two overlapped lanes still costs time when a look-ahead producer's host work
     (dispatch and gather of Criteo-like batches on a worker thread with one Numba thread, the kernels
@@ -247,7 +253,7 @@ def _overlap_penalty(rng: np.random.Generator, big: np.ndarray) -> float:
     from hotline.pipeline.threads import CoreShare
     from hotline.placement import Placement
 
-    one = _pass(rng, 1024, 26, 64, (13, 64, 64), (64, 1))[0]
+    one = overlapped_pass(rng)
     batch = 1024
     sizes, ids, by_rank = _criteo_like(rng, batch * 4)
     hot = [order[: int(0.01 * order.shape[0])] for order in by_rank]

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hotline.profiling.calibrate import overlap_penalty
+from hotline.profiling.calibrate import overlap_penalty, overlapped_pass
 from hotline.tiers.disk_file import PAGE, RowFile, aligned_bytes, manifest_path, order_path
 
 _SCRATCH = "hotline-disk-calibration.bin"
@@ -164,13 +164,6 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def _forward_backward():
-    """One forward and backward of a small tiered DLRM step on this CPU (the compute a step overlaps with)."""
-    from hotline.profiling.calibrate import _pass
-
-    return _pass(np.random.default_rng(0), 1024, 26, 64, (13, 64, 64), (64, 1))[0]
-
-
 def calibrate_disk(directory: str | os.PathLike, depth: int = 32, file_bytes: int = 512 << 20,
                    reads: int = 4000, seed: int = 0, record_bytes: int = 256, repeats: int = 3) -> dict:  # fmt: skip
     """The disk section of a hardware description, measured in ``directory`` (scratch files of ``file_bytes``
@@ -213,7 +206,7 @@ def calibrate_disk(directory: str | os.PathLike, depth: int = 32, file_bytes: in
     try:
         g, _ = _scratch_file(step_path, max(1024, file_bytes // record_bytes), record_bytes // 4, depth, rng)
         try:
-            step = _step_io(g, rng, repeats, _forward_backward())
+            step = _step_io(g, rng, repeats, overlapped_pass(np.random.default_rng(0)))
         finally:
             g.close()
     finally:
