@@ -19,6 +19,7 @@ from hotline.datasets.synthetic import generate
 from hotline.distributed.launcher import spawn, train_and_dump
 from hotline.models.dlrm import init_embedding_table
 from hotline.placement import Placement
+from hotline.profiling.disk_calibrate import STEP_FORMAT
 from hotline.table_layout import OPTIMIZERS, bytes_per_row, state_floats_per_row
 from hotline.tiers.disk_file import (
     PAGE,
@@ -442,7 +443,7 @@ def test_cli_trains_with_the_disk_store(data, tmp_path, capsys):
 
 
 # -- calibration, cost model, benchmark -----------------------------------------------------------------
-STEP = {"version": 2, "record_bytes": 256, "rows": [256], "repeats": 1,
+STEP = {"version": STEP_FORMAT, "record_bytes": 256, "rows": [256], "repeats": 1,
         "read": {"fixed_us": 1000.0, "us_per_page": 20.0, "cpu_us_per_page": 5.0},
         "write": {"fixed_us": 500.0, "us_per_page": 25.0, "cpu_us_per_page": 6.0},
         "read_write_penalty": 0.5, "compute_penalty": 0.25}  # fmt: skip
@@ -500,14 +501,16 @@ def test_cost_model_prices_the_disk_tier():
 
 
 def test_step_fit_and_penalty():
-    """The calibration's fit (medians of each size's repeats, then a line) and overlap penalty, on fixed
-    timings: 2 ms + 10 us/page with one outlier per size that the median drops."""
+    """The calibration's fit (medians of each size's timings, then a line) and overlap penalty, on fixed
+    timings: 2 ms + 10 us/page with one outlier per size that the median drops, the sizes interleaved as the
+    calibration times them (rounds in a random order; a size's pages vary a little from draw to draw)."""
     from hotline.profiling.calibrate import overlap_penalty as _penalty
     from hotline.profiling.disk_calibrate import _fit
 
-    pages = [100, 100, 100, 1000, 1000, 1000, 5000, 5000, 5000]
-    seconds = [0.003, 0.003, 0.9, 0.012, 0.5, 0.012, 0.052, 0.052, 0.0]
-    fit = _fit(pages, seconds, 3)
+    sizes = [1000, 100, 5000, 5000, 1000, 100, 100, 5000, 1000]
+    pages = [990, 100, 4990, 5000, 1000, 99, 100, 5010, 1010]
+    seconds = [0.5, 0.003, 0.052, 0.052, 0.012, 0.9, 0.003, 0.0, 0.012]
+    fit = _fit(pages, seconds, sizes)
     assert fit["fixed_us"] == pytest.approx(2000.0) and fit["us_per_page"] == pytest.approx(10.0)
     assert _penalty(1.0, 1.0, 0.5) == 0.0  # the shorter lane hidden entirely
     assert _penalty(1.5, 1.0, 0.5) == 1.0  # one after the other
@@ -543,7 +546,7 @@ def test_calibrate_disk_cli(tmp_path, capsys):
     for v in (d["read_iops"]["1"], d["read_iops"]["depth"], d["write_iops"], d["seq_write_mbps"]):
         assert v > 0
     t = d["step"]  # the step-shaped figures the cost model prices, at the record asked for
-    assert t["version"] == 2 and t["record_bytes"] == 128 and t["rows"] and t["repeats"] >= 1
+    assert t["version"] == STEP_FORMAT and t["record_bytes"] == 128 and t["rows"] and t["repeats"] >= 1
     for k in ("read", "write"):
         assert t[k]["fixed_us"] >= 0 and t[k]["us_per_page"] > 0 and t[k]["cpu_us_per_page"] >= 0
     assert 0 <= t["read_write_penalty"] <= 3 and 0 <= t["compute_penalty"] <= 3

@@ -10,7 +10,8 @@ Two kinds of figures:
 - ``step``, what the cost model prices a step's I/O with: step-shaped batches (the distinct rows of a step, as
   records of the run's size, read with :meth:`RowFile.read_rows` and written back over the pages that read
   fetched with :meth:`RowFile.write_rows`, as the store's fetch and write-back do) at several sizes, each
-  direction fitted as ``fixed + per page``; and how the store's concurrent work overlaps: a step's reads beside
+  timed right after a forward and backward pass as a sequential step issues it, each direction fitted as
+  ``fixed + per page``; and how the store's concurrent work overlaps: a step's reads beside
   the previous step's writes (look-ahead's producer and writer threads) and that I/O beside a forward and
   backward pass on the main thread (``*_penalty``: the part of the shorter of the two that still costs time,
   0 free, 1 none, :func:`hotline.profiling.calibrate.overlap_penalty`).
@@ -32,9 +33,10 @@ from hotline.tiers.disk_file import PAGE, RowFile, aligned_bytes, manifest_path,
 
 _SCRATCH = "hotline-disk-calibration.bin"
 _STEP_SCRATCH = "hotline-disk-calibration-step.bin"
-STEP_FORMAT = 2
-"""The version of the ``step`` section (a description without it predates step-shaped timing)."""
-STEP_ROWS = (256, 1024, 4096, 8192)
+STEP_FORMAT = 3
+"""The version of the ``step`` section (a description without it predates step-shaped timing; format 2 timed
+the I/O alone, not after a compute pass as training issues it)."""
+STEP_ROWS = (256, 1024, 2048, 4096, 8192)
 """Distinct rows per timed step-shaped batch (each about one page: uniform over a file many times larger)."""
 
 
@@ -72,11 +74,14 @@ def _remove(path: Path) -> None:
         p.unlink(missing_ok=True)
 
 
-def _fit(pages: list[float], seconds: list[float], repeats: int) -> dict:
-    """``seconds = fixed + per_page * pages`` by least squares over the median of each size's ``repeats``
-    timings (consecutive in the lists; a neighbour's burst on a shared machine moves a median less)."""
-    x = np.median(np.asarray(pages, float).reshape(-1, repeats), axis=1)
-    y = np.median(np.asarray(seconds, float).reshape(-1, repeats), axis=1)
+def _fit(pages: list[float], seconds: list[float], sizes: list[int]) -> dict:
+    """``seconds = fixed + per_page * pages`` by least squares over the median of each size's timings
+    (``sizes[i]``: the batch size timing ``i`` belongs to; a neighbour's burst on a shared machine moves a
+    median less)."""
+    pages, seconds, sizes = (np.asarray(a, float) for a in (pages, seconds, sizes))
+    groups = np.unique(sizes)
+    x = np.array([np.median(pages[sizes == g]) for g in groups])
+    y = np.array([np.median(seconds[sizes == g]) for g in groups])
     per_page, fixed = np.polyfit(x, y, 1) if np.ptp(x) > 0 else (float(y.mean() / max(x.mean(), 1)), 0.0)
     if per_page <= 0:  # a loaded machine can tilt the line: fall back to the mean rate
         per_page, fixed = float(y.sum() / x.sum()), 0.0
@@ -85,26 +90,42 @@ def _fit(pages: list[float], seconds: list[float], repeats: int) -> dict:
 
 def _step_io(f: RowFile, rng: np.random.Generator, repeats: int, compute) -> dict:
     """The ``step`` section: step-shaped reads and write-backs at :data:`STEP_ROWS`, fitted per direction, and
-    the overlap penalties (module docstring)."""
-    pages, t_read, t_write, cpu_read, cpu_write = [], [], [], [], []
+    the overlap penalties (module docstring).
+
+    Each timed read and write-back comes right after a forward and backward pass (``compute``), as a
+    sequential step issues them: the fetch after the previous step's compute and this step's dispatch, the
+    write-back after this step's compute. What a parallel region leaves behind on this process's cores (an
+    OpenMP team spin-waiting for its next region, caches filled with the model's tensors) then costs the I/O
+    here what it costs it in training. A round of every size runs untimed first (the I/O threads, the
+    buffers, the file's extent map), then ``repeats`` rounds with the sizes in a new random order each round:
+    a neighbour's burst on a shared machine lands on one timing of some sizes, which each size's median
+    drops, instead of on every timing of one size, which tilts the line."""
+
+    def one(n: int) -> tuple[int, float, float, float, float]:
+        rows = rng.choice(f.num_rows, size=n, replace=False)
+        compute()
+        c0, t0 = time.process_time(), time.perf_counter()
+        recs, ps = f.read_rows(rows)
+        c1, t1 = time.process_time(), time.perf_counter()
+        compute()
+        c2, t2 = time.process_time(), time.perf_counter()
+        f.write_rows(rows, recs, ps)
+        c3, t3 = time.process_time(), time.perf_counter()
+        return ps.pages.shape[0], t1 - t0, t3 - t2, c1 - c0, c3 - c2
+
     for n in STEP_ROWS:
-        for _ in range(repeats):
-            rows = rng.choice(f.num_rows, size=n, replace=False)
-            c0, t0 = time.process_time(), time.perf_counter()
-            recs, ps = f.read_rows(rows)
-            c1, t1 = time.process_time(), time.perf_counter()
-            f.write_rows(rows, recs, ps)
-            c2, t2 = time.process_time(), time.perf_counter()
-            pages.append(ps.pages.shape[0])
-            t_read.append(t1 - t0)
-            t_write.append(t2 - t1)
-            cpu_read.append(c1 - c0)
-            cpu_write.append(c2 - c1)
+        one(n)
+    sizes, pages, t_read, t_write, cpu_read, cpu_write = [], [], [], [], [], []
+    for _ in range(repeats):
+        for n in rng.permutation(STEP_ROWS).tolist():
+            p, tr, tw, cr, cw = one(n)
+            for out, v in zip((sizes, pages, t_read, t_write, cpu_read, cpu_write), (n, p, tr, tw, cr, cw)):
+                out.append(v)
     total = float(sum(pages))
 
     # Look-ahead: the producer reads step j+1 while the writer writes step j back (one file, one pool). Every
     # timed write-back is of rows just read (untimed), as a step's is: a page written since is read again.
-    n, k = STEP_ROWS[-1], repeats
+    n, k = STEP_ROWS[-1], 3
 
     def draws() -> list[np.ndarray]:
         return [rng.choice(f.num_rows, size=n, replace=False) for _ in range(k)]
@@ -151,8 +172,8 @@ def _step_io(f: RowFile, rng: np.random.Generator, repeats: int, compute) -> dic
         "record_bytes": f.record,
         "rows": list(STEP_ROWS),
         "repeats": repeats,
-        "read": {**_fit(pages, t_read, repeats), "cpu_us_per_page": 1e6 * sum(cpu_read) / total},
-        "write": {**_fit(pages, t_write, repeats), "cpu_us_per_page": 1e6 * sum(cpu_write) / total},
+        "read": {**_fit(pages, t_read, sizes), "cpu_us_per_page": 1e6 * sum(cpu_read) / total},
+        "write": {**_fit(pages, t_write, sizes), "cpu_us_per_page": 1e6 * sum(cpu_write) / total},
         "read_write_penalty": float(np.median(rw)),
         "compute_penalty": float(np.median(beside)),
     }
@@ -165,7 +186,7 @@ def _timed(fn) -> float:
 
 
 def calibrate_disk(directory: str | os.PathLike, depth: int = 32, file_bytes: int = 512 << 20,
-                   reads: int = 4000, seed: int = 0, record_bytes: int = 256, repeats: int = 3) -> dict:  # fmt: skip
+                   reads: int = 4000, seed: int = 0, record_bytes: int = 256, repeats: int = 5) -> dict:  # fmt: skip
     """The disk section of a hardware description, measured in ``directory`` (scratch files of ``file_bytes``
     each); ``record_bytes``: the run's record (a row and its optimizer state, ``bytes_per_row``)."""
     directory = Path(directory)
