@@ -404,6 +404,13 @@ def main(argv: list[str] | None = None) -> dict:
     if args.smoke:
         args.steps, args.warmup_steps, args.batch, args.max_rows_per_table = 3, 1, 128, 2000
         args.coverages, args.dram_budget = [0.9], "4KiB"
+    # torch's OpenMP reads OMP_WAIT_POLICY when torch loads: loaded here before hotline (which sets PASSIVE), its
+    # team spins after each region, and the store's I/O right after a region pays for it (docs/disk-tier.md)
+    torch_policy = (
+        "unknown (torch loaded before main)"
+        if "torch" in sys.modules
+        else os.environ.get("OMP_WAIT_POLICY", "unset (libgomp's default: spin, then sleep)")
+    )
     common.setup_threads(args.threads)
     from hotline.table_layout import bytes_per_row
     from hotline.units import parse_size
@@ -510,6 +517,7 @@ def main(argv: list[str] | None = None) -> dict:
         "target_met": bool(verdict) and all(v["met"] for v in verdict.values()),
         "cost_model_within_0.8_1.25": bool(preds) and all(0.8 <= x <= 1.25 for x in preds),
         "hardware_disk": hw.get("disk") if hw else None,
+        "omp_wait_policy_at_torch_load": torch_policy,
     }
     common.write_json(args.json, report)
     return report

@@ -603,3 +603,30 @@ def test_bench_disk_tier_smoke(tmp_path, monkeypatch):
         "hotline_k2_disk/device",
     }
     assert isinstance(written["target_met"], bool)
+
+
+def test_bench_disk_io_shape_smoke(tmp_path, monkeypatch):
+    """The paired probe of the I/O after a compute pass against after a pause runs and writes both medians
+    and their ratio per direction (its figures are for a person to read: no time bound here)."""
+    import json
+
+    monkeypatch.syspath_prepend(
+        str(__import__("pathlib").Path(__file__).resolve().parent.parent / "benchmarks")
+    )
+    import bench_disk_io_shape
+    import numba
+
+    threads = (torch.get_num_threads(), numba.get_num_threads())
+    try:
+        report = bench_disk_io_shape.main(["--smoke", "--threads", "1", "--buffered", "--dir", str(tmp_path),
+                                           "--json", str(tmp_path / "r.json")])  # fmt: skip
+    finally:
+        torch.set_num_threads(threads[0])
+        numba.set_num_threads(threads[1])
+    written = json.loads((tmp_path / "r.json").read_text())
+    assert written == json.loads(json.dumps(report)) and written["pairs"] == 2
+    for what in ("read", "write_back"):
+        r = written[what]
+        assert r["after_pause_ms"] > 0 and r["after_compute_ms"] > 0 and r["ratio_median"] > 0
+        assert r["ratio_iqr"][0] <= r["ratio_median"] <= r["ratio_iqr"][1]
+    assert written["io_mode"].startswith("buffered") and not list(tmp_path.glob("tmp*"))  # scratch removed
