@@ -19,7 +19,9 @@ coverage, popular share, cold rows, disk bytes and reads per step beside samples
 counted read from storage), and the exposed read time per step (look-ahead: the main thread's wait for the
 producer; sequential: the reads and writes themselves).
 The cost model (``--hardware FILE`` from ``hotline calibrate --disk DIR``, or a calibration run here) predicts
-each disk row's samples/s from the run's measured figures; the ratio predicted/measured is printed.
+each disk row's samples/s from the run's measured figures; the ratio predicted/measured is printed. From the
+same calibration, ``--mode auto``'s choice (priced with the disk store and the DRAM tier, among the measured
+budgets: a measured row) and its margin to the fastest disk row (JSON ``auto``).
 
 Targets, at the 90% budget: hotline K>=2 with the disk store >= 2x hybrid with it, >= 3x the mmap baseline,
 >= 0.6x all-in-memory. The benchmark prints whether each is met and, where not, why, in the run's figures.
@@ -295,6 +297,35 @@ def hardware(args, root: Path) -> dict | None:
     return hw
 
 
+def auto_row(rows: list[dict], prof, dataset, args, hw: dict, dram: int, placements: list[dict]) -> dict:
+    """What ``--mode auto`` chooses from the same calibration, priced with the disk store and the runs' DRAM
+    tier among the measured budgets (so its choice is a measured row), and its margin to the fastest disk row."""
+    from hotline.profiling.costmodel import Stats, Workload, arch_of
+    from hotline.training.auto import ColdDisk, choose, device_memory
+
+    w = Workload(batch_size=args.batch, num_tables=dataset.num_tables, pooling_factor=dataset.pooling_factor,
+                 embedding_dim=args.dim, **arch_of(_config(args)))  # fmt: skip
+    choice = choose(dataset.total_rows * w.row_bytes, device_memory("cpu"), hw, w,
+                    lambda b: Stats.from_profile(prof, int(b), batch_size=args.batch),
+                    [pl["budget_bytes"] for pl in placements], lookaheads=(0, args.lookahead),
+                    disk=ColdDisk(args.cold_dir or tempfile.gettempdir(), dram))  # fmt: skip
+    name = "hybrid_disk" if choice.mode == "hybrid" else f"hotline_k{choice.lookahead}_disk"
+    chosen = next((r for r in rows if r["mode"] == name and r.get("budget_bytes") == choice.hbm_budget), None)
+    fastest = max((r for r in rows if r["mode"].endswith("_disk")), key=lambda r: r["samples_per_s"])
+    out = {"choice": name, "target": None if chosen is None else chosen.get("target"),
+           "hbm_budget": choice.hbm_budget, "predicted_samples_per_s": choice.predicted_samples_per_s,
+           "reason": choice.reason, "measured": chosen is not None, "fastest": fastest["mode"],
+           "fastest_target": fastest.get("target"), "fastest_samples_per_s": fastest["samples_per_s"]}  # fmt: skip
+    if chosen is not None:
+        out.update(measured_samples_per_s=chosen["samples_per_s"],
+                   margin=1.0 - chosen["samples_per_s"] / fastest["samples_per_s"])  # fmt: skip
+    return out
+
+
+def _at(target) -> str:
+    return "" if target is None else f" at {target:.0%}"
+
+
 COLUMNS = [
     ("mode", "mode", ""),
     ("target", "target", ".2f"),
@@ -496,6 +527,16 @@ def main(argv: list[str] | None = None) -> dict:
                   f"{'met' if met else 'NOT met'}")  # fmt: skip
             if not met:
                 print(f"  why: {verdict[f'hotline_k{args.lookahead}_disk/{base}']['why']}")
+    auto = None
+    if hw is not None:  # --mode auto from the same calibration (none in --smoke without --hardware)
+        auto = auto_row(rows, prof, dataset, args, hw, dram, placements)
+        if auto["measured"]:
+            print(f"--mode auto (the same calibration, the disk store) chose {auto['choice']}{_at(auto['target'])}: "
+                  f"predicted {auto['predicted_samples_per_s']:,.0f}, measured {auto['measured_samples_per_s']:,.0f} "
+                  f"samples/s; fastest disk row {auto['fastest']}{_at(auto['fastest_target'])} "
+                  f"({auto['fastest_samples_per_s']:,.0f}): margin {auto['margin']:.1%}")  # fmt: skip
+        else:
+            print(f"--mode auto chose {auto['choice']}, a configuration this run did not measure")
     preds = [r["predicted_ratio"] for r in rows if r.get("predicted_ratio")]
     if preds:
         inside = all(0.8 <= x <= 1.25 for x in preds)
@@ -510,6 +551,7 @@ def main(argv: list[str] | None = None) -> dict:
         "target_met": bool(verdict) and all(v["met"] for v in verdict.values()),
         "cost_model_within_0.8_1.25": bool(preds) and all(0.8 <= x <= 1.25 for x in preds),
         "hardware_disk": hw.get("disk") if hw else None,
+        "auto": auto,
     }
     common.write_json(args.json, report)
     return report

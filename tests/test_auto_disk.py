@@ -248,3 +248,39 @@ def test_tables_larger_than_memory_are_refused_before_profiling(tmp_path, capsys
         "1.5 TiB of embedding rows and optimizer state" in lines[0] and "available (MemAvailable" in lines[0]
     )
     assert "--cold-store disk --cold-dir DIR" in lines[0] and out == ""
+
+
+def test_bench_disk_tier_prints_autos_choice_from_its_calibration(tmp_path, monkeypatch, capsys):
+    """The benchmark prices ``--mode auto`` with the hardware it prices its rows with (here a fixed one): the
+    choice is one of its measured rows, with its margin to the fastest disk row."""
+    import numba
+    import torch
+
+    monkeypatch.syspath_prepend(
+        str(__import__("pathlib").Path(__file__).resolve().parent.parent / "benchmarks")
+    )
+    import bench_disk_tier
+
+    hw = tmp_path / "hw.json"
+    hw.write_text(json.dumps({**CPU_DISK, "format": "hotline-hardware"}))
+    threads = (torch.get_num_threads(), numba.get_num_threads())
+    try:
+        report = bench_disk_tier.main(
+            ["--smoke", "--threads", "1", "--hardware", str(hw), "--json", str(tmp_path / "r.json")]
+        )
+    finally:
+        torch.set_num_threads(threads[0])
+        numba.set_num_threads(threads[1])
+    auto = json.loads((tmp_path / "r.json").read_text())["auto"]
+    assert auto == json.loads(json.dumps(report["auto"])) and auto["measured"]
+    disk_rows = [r for r in report["results"] if r["mode"].endswith("_disk")]
+    chosen = next(
+        r for r in disk_rows if r["mode"] == auto["choice"] and r.get("budget_bytes") == auto["hbm_budget"]
+    )
+    fastest = max(r["samples_per_s"] for r in disk_rows)
+    assert auto["margin"] == pytest.approx(1 - chosen["samples_per_s"] / fastest)
+    assert auto["reason"].startswith("cold rows on disk in")
+    assert (
+        f"--mode auto (the same calibration, the disk store) chose {auto['choice']}"
+        in capsys.readouterr().out
+    )

@@ -377,8 +377,9 @@ def test_bad_flags_are_one_line(data, flags, match, capsys):
 
 def test_device_mode_has_no_cold_store(data, capsys):
     ds, _ = data
-    assert main(["train", str(ds.path), *CLI_ARCH, "--cold-store", "disk", "--cold-dir", "/tmp"]) == 2
-    assert "--mode hybrid or hotline" in capsys.readouterr().err
+    argv = ["train", str(ds.path), *CLI_ARCH, "--mode", "device", "--cold-store", "disk", "--cold-dir", "/tmp"]
+    assert main(argv) == 2  # --mode auto prices the disk store (tests/test_auto_disk.py)
+    assert "--mode hybrid, hotline or auto (not --mode device)" in capsys.readouterr().err
 
 
 def test_disk_full_is_one_line_naming_the_file(data, tmp_path):
