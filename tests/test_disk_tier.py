@@ -377,7 +377,8 @@ def test_bad_flags_are_one_line(data, flags, match, capsys):
 
 def test_device_mode_has_no_cold_store(data, capsys):
     ds, _ = data
-    argv = ["train", str(ds.path), *CLI_ARCH, "--mode", "device", "--cold-store", "disk", "--cold-dir", "/tmp"]
+    argv = ["train", str(ds.path), *CLI_ARCH, "--mode", "device", "--cold-store", "disk", "--cold-dir",
+            "/tmp"]  # fmt: skip
     assert main(argv) == 2  # --mode auto prices the disk store (tests/test_auto_disk.py)
     assert "--mode hybrid, hotline or auto (not --mode device)" in capsys.readouterr().err
 
