@@ -347,7 +347,6 @@ def cpu_hardware(threads: int = 0, say: Callable[[str], None] | None = None) -> 
     :func:`cpu_hardware_path` afterwards (its ``source`` records the load average it was timed at; delete the
     file, or pass a fresh `hotline calibrate` JSON as --hardware, to time it again). A cache that cannot be
     written only costs the timing next time."""
-    from hotline import _io
     from hotline.profiling.calibrate import calibrate
 
     path = cpu_hardware_path(threads)
@@ -359,12 +358,19 @@ def cpu_hardware(threads: int = 0, say: Callable[[str], None] | None = None) -> 
     say = say or (lambda m: print(m, file=sys.stderr, flush=True))
     say(f"timing this CPU once for the cost model of --mode auto (under a minute; kept in {path})")
     hw = calibrate(threads=threads or None)
+    _keep(path, hw, "this CPU's timing", say)
+    return hw
+
+
+def _keep(path: Path, figures: dict, what: str, say: Callable[[str], None]) -> None:
+    """Keeps a timing in the cache; one that cannot be written only costs the timing next time."""
+    from hotline import _io
+
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _io.write_json(path, hw)
+        _io.write_json(path, figures)
     except OSError as e:
-        say(f"could not keep this CPU's timing in {path} ({e.strerror or e}); it is timed again next run")
-    return hw
+        say(f"could not keep {what} in {path} ({e.strerror or e}); it is timed again next run")
 
 
 def filesystem_of(path: str | os.PathLike) -> list[str]:
@@ -412,7 +418,6 @@ def disk_hardware(
     back from :func:`disk_hardware_path` afterwards. The timing runs in a fresh directory of its own inside
     ``cold_dir`` (scratch files, removed with it afterwards: nothing of the user's is touched); ``timing``:
     :func:`~hotline.profiling.disk_calibrate.calibrate_disk`'s sizes (tests time a small file)."""
-    from hotline import _io
     from hotline.profiling.disk_calibrate import STEP_FORMAT, calibrate_disk
 
     path = disk_hardware_path(cold_dir, record_bytes, depth)
@@ -439,11 +444,7 @@ def disk_hardware(
             "FILE with a disk section (`hotline calibrate --disk DIR`) or an explicit --mode"
         ) from None
     section["path"] = str(cold_dir)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _io.write_json(path, section)
-    except OSError as e:
-        say(f"could not keep the disk's timing in {path} ({e.strerror or e}); it is timed again next run")
+    _keep(path, section, "the disk's timing", say)
     return section
 
 
