@@ -415,7 +415,8 @@ def disk_hardware(
 ) -> dict:
     """The ``disk`` section ``auto`` prices the disk store with: `hotline calibrate --disk`'s figures for the
     filesystem of ``cold_dir`` at the run's record size and I/O depth, timed once (under a minute) and read
-    back from :func:`disk_hardware_path` afterwards. The timing runs in a fresh directory of its own inside
+    back from :func:`disk_hardware_path` afterwards (its ``source`` records the load average it was timed at;
+    delete the file to time it again). The timing runs in a fresh directory of its own inside
     ``cold_dir`` (scratch files, removed with it afterwards: nothing of the user's is touched); ``timing``:
     :func:`~hotline.profiling.disk_calibrate.calibrate_disk`'s sizes (tests time a small file)."""
     from hotline.profiling.disk_calibrate import STEP_FORMAT, calibrate_disk
@@ -444,6 +445,12 @@ def disk_hardware(
             "FILE with a disk section (`hotline calibrate --disk DIR`) or an explicit --mode"
         ) from None
     section["path"] = str(cold_dir)
+    try:
+        load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        load = "unknown"
+    # as `hotline calibrate` records it: a timing taken under load is not the disk's (delete the file to time again)
+    section["source"] = f"--mode auto's timing of {cold_dir}, load average {load}"
     _keep(path, section, "the disk's timing", say)
     return section
 
