@@ -221,7 +221,7 @@ def test_check_memory_names_the_tables_the_memory_and_the_flags(tmp_path):
     line = str(e.value)
     assert "\n" not in line and "2.38 GiB of embedding rows and optimizer state" in line  # 10M x 256 bytes
     assert f"MemAvailable, less {MEMORY_MARGIN:.0%}" in line
-    assert "keep the cold rows on disk with --cold-store disk --cold-dir DIR," in line
+    assert "keep the cold rows on disk with --cold-store disk --cold-dir DIR (DIR on local disk)" in line
     assert isinstance(e.value, MemoryError) and isinstance(e.value, ValueError)  # one line in the CLI
     with pytest.raises(
         MemoryShortfall, match=r"--cold-store disk --cold-dir DIR \(--mode hybrid or hotline\)"

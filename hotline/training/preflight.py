@@ -196,7 +196,7 @@ def memory_advice(config) -> str:
         return "use a smaller --cold-cache, --hbm-budget or --mini-batch-size, or a machine with more memory"
     modes = " (--mode hybrid or hotline)" if config.mode == "device" else ""
     return (
-        f"keep the cold rows on disk with {COLD_DISK_FLAGS}{modes}, a directory on local disk, or use a smaller "
+        f"keep the cold rows on disk with {COLD_DISK_FLAGS}{modes} (DIR on local disk), or use a smaller "
         "--mini-batch-size or --lookahead, more machines, or one with more memory"
     )
 
