@@ -284,3 +284,34 @@ def test_bench_disk_tier_prints_autos_choice_from_its_calibration(tmp_path, monk
         f"--mode auto (the same calibration, the disk store) chose {auto['choice']}"
         in capsys.readouterr().out
     )
+
+
+def test_auto_prices_only_the_hot_budgets_that_fit_in_memory(tmp_path):
+    """With the disk store the hot rows and the DRAM tier are host memory too: of the coverage curve's budgets
+    auto prices only those the check training makes would let run, from the same memory figure."""
+    from dataclasses import replace
+
+    from hotline import TrainConfig
+    from hotline.datasets.format import Dataset
+    from hotline.datasets.synthetic import generate
+    from hotline.profiling.profiler import profile
+    from hotline.training.auto import LOOKAHEAD, choose_for_run
+    from hotline.training.preflight import MEMORY_HEADROOM, MEMORY_MARGIN, memory_needed
+
+    ds = generate(tmp_path / "ds", 3000, seed=2, table_sizes=[40, 300, 20000], zipf=1.2, progress=False)
+    (tmp_path / "cold").mkdir()
+    cfg = TrainConfig(mode="auto", embedding_dim=8, bottom_mlp=[13, 16, 8], top_mlp=[16, 1], progress=False,
+                      cold_store="disk", cold_dir=str(tmp_path / "cold"))  # fmt: skip
+    data = Dataset(ds)
+    prof = profile(data, embedding_dim=8, mini_batch_size=cfg.mini_batch_size, progress=False)
+    curve = sorted(int(b) for b in prof.curve().budget_bytes if b > 0)
+    cut = curve[len(curve) // 2]  # room for the budgets up to here, not the next
+    need = memory_needed(replace(cfg, mode="hotline", hbm_budget=cut, lookahead=LOOKAHEAD), data)
+    available = int((need + MEMORY_HEADROOM) / (1 - MEMORY_MARGIN)) + 2
+    c = choose_for_run(cfg, data, CPU_DISK, prof=prof, available=available)
+    priced = {x.hbm_budget for x in c.candidates if x.mode == "hotline"}
+    assert priced == {b for b in curve if b <= cut} and max(curve) > cut
+    everything = choose_for_run(cfg, data, CPU_DISK, prof=prof, available=1 << 40)
+    assert {x.hbm_budget for x in everything.candidates if x.mode == "hotline"} == {
+        b for b in curve if b < c.table_bytes
+    }

@@ -463,26 +463,45 @@ def table_bytes(table_sizes: Sequence[int], embedding_dim: int, optimizer: str) 
 
 
 def choose_for_run(
-    config, dataset, hardware: str | dict | None = None, prof=None, progress: bool = False, nodes: int = 1
+    config,
+    dataset,
+    hardware: str | dict | None = None,
+    prof=None,
+    progress: bool = False,
+    nodes: int = 1,
+    available: int | None = None,
 ) -> AutoChoice:
     """:func:`choose` for a TrainConfig and its Dataset: profiles a sample with held-out figures unless
     ``prof`` (a Profile of this dataset) is given. With ``config.cold_store == 'disk'`` it prices the disk
     store in ``config.cold_dir`` (the hardware's ``disk`` section, else :func:`disk_hardware`). Before any
-    long work it refuses a run whose rows cannot fit in this machine's memory (``nodes``: machines the ranks
-    run on, each holding its share)."""
+    long work it refuses a run whose rows cannot fit in this machine's memory, and prices only the hot budgets
+    that fit it (``nodes``: machines the ranks run on, each holding its share; ``available``: the memory figure,
+    default ``MemAvailable``, as :func:`~hotline.training.preflight.check_memory` takes it)."""
     from hotline.datasets.format import Dataset
     from hotline.profiling.costmodel import arch_of, disk_timing, workload_for
     from hotline.table_layout import bytes_per_row
 
     dataset = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
     # the checks training makes first, made before the profiling: bad input is named before any long work
-    from hotline.training.preflight import check_ids, check_memory
+    from hotline.training.preflight import MemoryShortfall, available_memory, check_ids, check_memory
 
     check_ids(dataset)
     if dataset.train.num_batches(config.mini_batch_size) == 0:
         raise ValueError(f"the training split of {dataset.path} has no rows to train on")
     # hybrid needs the least host memory of the modes: the rows (memory store) or their index arrays (disk)
-    check_memory(replace(config, mode="hybrid", hbm_budget=None), dataset, max(1, nodes))
+    available = available_memory() if available is None else available
+    check_memory(replace(config, mode="hybrid", hbm_budget=None), dataset, max(1, nodes), available)
+
+    def in_memory(budget: int) -> bool:
+        """Whether hotline at ``budget`` passes the check training makes (the disk store's hot rows and DRAM
+        tier are host memory too)."""
+        try:
+            hot = replace(config, mode="hotline", hbm_budget=int(budget), lookahead=LOOKAHEAD)
+            check_memory(hot, dataset, max(1, nodes), available)
+        except MemoryShortfall:
+            return False
+        return True
+
     hw = hardware_for(config.device, hardware, config.threads)
     disk = None
     if config.cold_store == "disk":
@@ -497,7 +516,7 @@ def choose_for_run(
         prof = profile_for(config, dataset, progress)
     # the model the run trains: its MLPs, interaction and cross layers
     w = workload_for(prof, worker_threads=config.worker_threads, **arch_of(config))
-    budgets = [int(b) for b in prof.curve().budget_bytes]
+    budgets = [int(b) for b in prof.curve().budget_bytes if in_memory(int(b))]
     return choose(
         table_bytes(dataset.table_sizes, config.embedding_dim, config.optimizer),
         device_memory(config.device),
