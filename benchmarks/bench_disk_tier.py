@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import mmap
 import os
 import sys
 import tempfile
@@ -43,9 +44,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
+import memlimit  # noqa: E402
 
 PHASES = ("dispatch", "gather", "disk_read", "write_back", "stall")
-TARGETS = {"hybrid_disk": 2.0, "mmap": 3.0, "device": 0.6}
+TARGETS = {"hybrid_disk": 2.0, "mmap_dram": 3.0, "device": 0.6}
+"""K>=2 on disk at 90% against each baseline. The mmap target is judged on ``mmap_dram`` (its page cache held to
+the disk store's DRAM budget, as the issue's tables "several times the DRAM budget the run is given"); where
+no memory cgroup can be made, on ``mmap`` (said in the output). ``mmap`` with the machine's whole memory is
+printed beside it for reference: a table that fits in memory ends up cached."""
 
 
 def make_data(args, root: Path):
@@ -173,17 +179,26 @@ def resident_share(array) -> float | None:
     return float((np.frombuffer(vec, np.uint8) & 1).mean())
 
 
-def run_mmap(dataset, args, root: Path) -> dict:
+def run_mmap(dataset, args, root: Path, dram: int | None = None) -> dict:
     """Plain PyTorch: nn.EmbeddingBag over a memory-mapped file of every table (sparse SGD), the DLRM's dense
-    part, the page cache dropped before the timed steps."""
+    part, the page cache dropped before the timed steps. ``dram``: the timed steps' page cache held to this
+    DRAM budget by a memory cgroup (:mod:`memlimit`; the row ``mmap_dram``), as the disk store's DRAM tier is
+    held to it, and the mapping advised ``MADV_RANDOM``: with the kernel's readahead (8 MiB on this machine's
+    disk) a fault reads far more than the row it needs and evicts the rest of the small cache, and the first
+    try of this row read 474 GB in 10 minutes without finishing its 20 steps; None: the whole machine's memory
+    for the page cache, the kernel's readahead (the row ``mmap``)."""
     import numpy as np
     import torch
 
+    from hotline._malloc import keep_freed_memory
     from hotline.models.dlrm import DLRM
     from hotline.table_layout import TableLayout
     from hotline.tiers.base import loss_and_backward
     from hotline.tiers.disk_store import table_chunks
 
+    # as a Trainer does (the rows beside it make one): a step's freed heap kept for the next, so the timed
+    # steps allocate nothing new and a page-cache limit squeezes only the page cache
+    keep_freed_memory()
     cfg = _config(args)
     layout = TableLayout(dataset.table_sizes)
     D, path = args.dim, root / "mmap-tables.f32"
@@ -202,6 +217,8 @@ def run_mmap(dataset, args, root: Path) -> dict:
     def map_table() -> None:
         """The bag over a fresh mapping of the file, and its optimizer (SGD keeps no state)."""
         sparse["mm"] = np.memmap(path, np.float32, "r+", shape=(layout.num_rows, D))
+        if dram is not None:  # random rows: no readahead (see the docstring)
+            sparse["mm"]._mmap.madvise(mmap.MADV_RANDOM)
         sparse["bag"] = torch.nn.EmbeddingBag(layout.num_rows, D, mode="sum", sparse=True,
                                               _weight=torch.from_numpy(sparse["mm"]))  # fmt: skip
         sparse["opt"] = torch.optim.SGD(sparse["bag"].parameters(), lr=cfg.learning_rate)
@@ -216,35 +233,69 @@ def run_mmap(dataset, args, root: Path) -> dict:
         dense_opt.step()
         sparse["opt"].step()
 
-    map_table()
-    for b in range(args.warmup_steps):
-        step(b)
-    sparse["mm"].flush()
-    # A page mapped into a process is not dropped (posix_fadvise skips it): unmap, drop, map again.
-    sparse.clear()
-    gc.collect()
-    dropped = drop_page_cache(path)
-    map_table()
-    mm = sparse["mm"]
-    resident_before = resident_share(mm)
-    per_step, elapsed = [], 0.0
-    for b in range(args.warmup_steps, args.warmup_steps + args.steps):
-        c0, t0 = io_counters(), time.perf_counter()
-        step(b)
-        elapsed += time.perf_counter() - t0
-        per_step.append(_delta(c0, io_counters()))
+    # mmap_dram: the warm-up runs in the memory cgroup already, so the heap its steps grow is the group's, and
+    # the limit set after it (hold) leaves the timed steps' new page cache the DRAM budget
+    limit = memlimit.page_cache_limit(dram) if dram is not None else contextlib.nullcontext(None)
+    with limit as held:
+        map_table()
+        for b in range(args.warmup_steps):
+            step(b)
+        sparse["mm"].flush()
+        # A page mapped into a process is not dropped (posix_fadvise skips it): unmap, drop, map again.
+        sparse.clear()
+        gc.collect()
+        dropped = drop_page_cache(path)
+        map_table()
+        mm = sparse["mm"]
+        if held is not None:
+            held.hold()
+        resident_before = resident_share(mm)
+        per_step, elapsed = [], 0.0
+        for b in range(args.warmup_steps, args.warmup_steps + args.steps):
+            c0, t0 = io_counters(), time.perf_counter()
+            step(b)
+            elapsed += time.perf_counter() - t0
+            per_step.append(_delta(c0, io_counters()))
+        cgroup = held.stat() if held is not None else {}
     resident_after = resident_share(mm)
     path.unlink()
     read = [d["read_bytes"] for d in per_step]
     faults = [d["major_faults"] for d in per_step]
     known = all(x is not None for x in read)
-    return {"mode": "mmap", "samples_per_s": args.steps * B / elapsed, "step_ms": 1e3 * elapsed / args.steps,
-            "page_cache_dropped_by": dropped, "page_cache": "used (mmap)",
+    return {"mode": "mmap" if dram is None else "mmap_dram", "samples_per_s": args.steps * B / elapsed,
+            "step_ms": 1e3 * elapsed / args.steps, "page_cache_dropped_by": dropped,
+            "page_cache": "used (mmap), the machine's memory" if held is None else f"used (mmap), {held.how}",
+            "page_cache_limit_bytes": None if held is None else held.limit_bytes,
+            "readahead": "kernel default" if dram is None else "off (MADV_RANDOM)",
+            "cgroup_cache_bytes": cgroup.get("cache"), "cgroup_limit_hits": cgroup.get("failcnt"),
             "table_bytes": layout.num_rows * D * 4,
             "os_read_bytes_per_step": sum(read) / args.steps if known else None,
             "os_read_bytes_by_step": read, "major_faults_per_step": sum(faults) / args.steps,
             "major_faults_by_step": faults, "resident_share_before": resident_before,
             "resident_share_after": resident_after}  # fmt: skip
+
+
+def _mmap_child(dataset_path: str, args, root: str, dram: int) -> dict:
+    from hotline.datasets.format import Dataset
+
+    common.setup_threads(args.threads)
+    return run_mmap(Dataset(dataset_path), args, Path(root), dram=dram)
+
+
+def run_mmap_dram(dataset, args, root: Path, dram: int) -> dict:
+    """:func:`run_mmap` with its page cache held to ``dram`` (the ``mmap_dram`` row), in a process of its own
+    (spawned: torch's OpenMP threads do not survive a fork), so that a step whose heap outgrows the limit's
+    headroom ends that process, not the benchmark: the row then records the error."""
+    import concurrent.futures
+    import multiprocessing
+
+    spawn = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as pool:
+        try:
+            return pool.submit(_mmap_child, str(dataset.path), args, str(root), dram).result()
+        except concurrent.futures.process.BrokenProcessPool:
+            return {"mode": "mmap_dram", "error": "its process ended (the memory cgroup's OOM killer: the heap "
+                    "outgrew the limit's headroom)", "page_cache_limit_bytes": None}  # fmt: skip
 
 
 def predict(rec: dict, hybrid: dict | None, dataset, args, hw: dict):
@@ -372,7 +423,9 @@ def io_summary(mmap: dict | None, k2: dict | None) -> str:
         by_step = mmap["os_read_bytes_by_step"]
         res = mmap.get("resident_share_after")
         lines.append(
-            f"mmap baseline read from disk {_mib(mmap['os_read_bytes_per_step'])}/step "
+            f"{mmap['mode']} baseline (page cache {mmap['page_cache'].removeprefix('used (mmap), ')}; readahead "
+            f"{mmap['readahead']}) read from "
+            f"disk {_mib(mmap['os_read_bytes_per_step'])}/step "
             f"(first step {_mib(by_step[0] if by_step else None)}, last {_mib(by_step[-1] if by_step else None)}), "
             f"{mmap['major_faults_per_step']:,.0f} major faults/step; of its table ({_mib(mmap['table_bytes'])}) "
             f"in the page cache: {_share(mmap.get('resident_share_before'))} after the drop, "
@@ -395,10 +448,10 @@ def why_missed(base: str, k2: dict, k0: dict | None, other: dict, hw: dict | Non
         t = hw["disk"]["step"]
         pen = (f"; calibrated: reads beside writes cost {t['read_write_penalty']:.2f} of the shorter, the I/O "
                f"beside compute {t['compute_penalty']:.2f}")  # fmt: skip
-    if base == "mmap":
+    if base.startswith("mmap"):
         by_step = other["os_read_bytes_by_step"]
         return (
-            f"the mmap baseline read {_mib(other['os_read_bytes_per_step'])}/step from disk (first timed step "
+            f"the {other['mode']} baseline read {_mib(other['os_read_bytes_per_step'])}/step from disk (first timed step "
             f"{_mib(by_step[0] if by_step else None)}, last {_mib(by_step[-1] if by_step else None)}; "
             f"{other['major_faults_per_step']:,.0f} major faults/step) and ended with {_share(res)} of its "
             f"{_mib(other['table_bytes'])} table in the page cache ({_share(other.get('resident_share_before'))} "
@@ -475,6 +528,7 @@ def main(argv: list[str] | None = None) -> dict:
 
         log(run_trainer("device", dataset, args, mode="device"))
         log(run_mmap(dataset, args, root))
+        log(run_mmap_dram(dataset, args, root, dram))
         log(run_trainer("hybrid_disk", dataset, args, mode="hybrid", **disk("hybrid")))
         for pl in placements:
             for k in (0, args.lookahead):
@@ -512,8 +566,16 @@ def main(argv: list[str] | None = None) -> dict:
     )
     k0 = next((r for r in rows if r["mode"] == "hotline_k0_disk" and r["target"] == target), None)
     print(io_summary(by.get("mmap"), k2))
+    held = by.get("mmap_dram", {})
+    targets = dict(TARGETS)
+    if held.get("page_cache_limit_bytes") is None:  # no cgroup, or its run ended: judged on the unlimited run
+        why = held.get("error") or held.get("page_cache", "not run")
+        print(f"mmap_dram: {why}; the mmap target is judged on mmap (the page cache unlimited)")
+        targets["mmap"] = targets.pop("mmap_dram")
+    else:
+        print(io_summary(held, None))
     verdict = {}
-    for base, need in TARGETS.items():
+    for base, need in targets.items():
         if k2 is not None and base in by:
             ratio = k2["samples_per_s"] / by[base]["samples_per_s"]
             met = ratio >= need
