@@ -315,3 +315,33 @@ def test_auto_prices_only_the_hot_budgets_that_fit_in_memory(tmp_path):
     assert {x.hbm_budget for x in everything.candidates if x.mode == "hotline"} == {
         b for b in curve if b < c.table_bytes
     }
+
+
+def test_device_mode_only_where_training_would_let_it_hold_the_tables(tmp_path):
+    """Tables within 80% of the device's memory, but not within the host memory available now, which
+    training checks before it makes device mode's tables: device mode is not priced, and the reason says why."""
+    from dataclasses import replace
+
+    from hotline import TrainConfig
+    from hotline.datasets.format import Dataset
+    from hotline.datasets.synthetic import generate
+    from hotline.training.auto import choose_for_run
+    from hotline.training.preflight import MEMORY_HEADROOM, MEMORY_MARGIN, memory_needed
+
+    c = choose(2 * GIB, 16 * GIB, CPU, W, skewed, BUDGETS, device_in_memory=False)
+    assert all(x.mode != "device" for x in c.candidates)
+    assert "device mode not considered: the tables do not fit in the host memory available now" in c.reason
+    data = Dataset(
+        generate(tmp_path / "ds", 3000, seed=2, table_sizes=[40, 300, 20000], zipf=1.2, progress=False)
+    )
+    cfg = TrainConfig(mode="auto", embedding_dim=8, bottom_mlp=[13, 16, 8], top_mlp=[16, 1], progress=False)
+    hybrid = memory_needed(replace(cfg, mode="hybrid"), data)
+    device = memory_needed(replace(cfg, mode="device"), data)
+    assert hybrid < device  # the update's scratch (4 bytes a row) against one ring slot of buffers
+    available = int((hybrid + MEMORY_HEADROOM) / (1 - MEMORY_MARGIN)) + 2  # room for hybrid alone
+    c = choose_for_run(cfg, data, CPU, available=available)
+    assert c.mode == "hybrid" and [x.mode for x in c.candidates] == [
+        "hybrid"
+    ]  # K=2's ring does not fit either
+    assert "device mode not considered" in c.reason
+    assert choose_for_run(cfg, data, CPU, available=1 << 40).mode == "device"  # golden: fits, and is fastest

@@ -165,10 +165,14 @@ def choose(
     budgets: Sequence[int],
     lookaheads: Sequence[int] = (0, LOOKAHEAD),
     disk: ColdDisk | None = None,
+    device_in_memory: bool = True,
 ) -> AutoChoice:
     """The fastest predicted configuration that fits. ``stats_at(budget)``: held-out figures at a hot-tier
     budget in bytes (0: nothing hot, what device and hybrid move); ``budgets``: the hot-tier budgets to try;
-    ``disk``: the cold rows live in the disk store (``hw`` then needs a ``disk`` section)."""
+    ``disk``: the cold rows live in the disk store (``hw`` then needs a ``disk`` section);
+    ``device_in_memory``: False where device mode would not pass training's check of host memory
+    (:func:`~hotline.training.preflight.check_memory`: the memory available now, less its margin, below the
+    tables' bytes), though the tables fit 80% of the device's."""
     from hotline.training.preflight import COLD_DISK_FLAGS
 
     if table_bytes <= 0 or device_memory <= 0:
@@ -206,7 +210,7 @@ def choose(
         return Candidate(mode, int(k), budget, coverage, predict(cost_mode, workload, s, hw, d), d)
 
     # with the disk store, device mode only on a device of its own that holds every table
-    device_ok = fits and not (disk is not None and on_cpu)
+    device_ok = fits and not (disk is not None and on_cpu) and device_in_memory
     cands: list[Candidate] = []
     if device_ok:
         cands.append(priced("device", 0, None, none_hot, None))
@@ -263,6 +267,8 @@ def choose(
         reason = f"{disk_reason(disk, best.disk)}: {reason}"
         if on_cpu and fits:
             reason += "; device mode not considered: on this CPU its memory is the host memory --cold-store disk keeps the rows out of"  # fmt: skip
+    elif fits and not device_ok:
+        reason += "; device mode not considered: the tables do not fit in the host memory available now (MemAvailable less its margin), which training checks"  # fmt: skip
     return AutoChoice(
         best.mode,
         best.lookahead,
@@ -517,6 +523,16 @@ def choose_for_run(
     # the model the run trains: its MLPs, interaction and cross layers
     w = workload_for(prof, worker_threads=config.worker_threads, **arch_of(config))
     budgets = [int(b) for b in prof.curve().budget_bytes if in_memory(int(b))]
+    try:  # device mode's check before its tables are made (on a CPU they are host memory)
+        check_memory(
+            replace(config, mode="device", cold_store="memory", cold_dir=None),
+            dataset,
+            max(1, nodes),
+            available,
+        )
+        device_in_memory = True
+    except MemoryShortfall:
+        device_in_memory = False
     return choose(
         table_bytes(dataset.table_sizes, config.embedding_dim, config.optimizer),
         device_memory(config.device),
@@ -525,6 +541,7 @@ def choose_for_run(
         lambda b: Stats.from_profile(prof, int(b), batch_size=config.mini_batch_size),
         budgets,
         disk=disk,
+        device_in_memory=device_in_memory,
     )
 
 
