@@ -8,7 +8,8 @@ order, each pair the same number of distinct rows read (``RowFile.read_rows``) a
 backward pass (:func:`hotline.profiling.calibrate.overlapped_pass`), once after a 30 ms pause. Printed: the
 median ratio of each pair (after compute / after pause) with its interquartile range, and the median times.
 
-``--torch-first`` loads torch before ``hotline`` (as ``benchmarks/common.py`` does): torch's OpenMP then reads
+``--torch-first`` loads torch before ``hotline`` (as a script that imports torch first does, and
+``benchmarks/common.py`` did before it imported ``hotline`` first): torch's OpenMP then reads
 an environment without ``OMP_WAIT_POLICY`` and its team spins after each region, where ``hotline`` sets
 ``PASSIVE`` for every process that imports it first (the CLI, and a script that does). ``--buffered``: through
 the page cache, a file read in first (the I/O is then all CPU: no disk in the figure).

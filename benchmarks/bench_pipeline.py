@@ -235,19 +235,30 @@ def recorded(name: str, run, *args, **kwargs) -> dict:
 
 
 def sweep(
-    dataset, args, cfg, placements: list[dict], device: str = "cpu", log=None, probe=None
+    dataset,
+    args,
+    cfg,
+    placements: list[dict],
+    device: str = "cpu",
+    log=None,
+    probe=None,
+    keep: str = "fastest",
 ) -> list[dict]:
     """Runs device and hybrid once and the hotline modes once per placement, all of them ``args.rounds``
-    times (1 where ``args`` has no ``rounds``: gpu_bench) one round after another, and keeps each run's fastest round: a run that another
-    process interrupted loses to its own other round, not to the other modes. One record per run (a run that
-    raised: its mode and error), with every round's samples/s under ``rounds_samples_per_s``."""
+    times (1 where ``args`` has no ``rounds``: gpu_bench) one round after another. One record per run (a run
+    that raised: its mode and error), with every round's samples/s under ``rounds_samples_per_s``.
+
+    ``keep``: which round's record stands for the run. ``fastest`` (the speed comparisons of this benchmark):
+    a run that another process interrupted loses to its own other round, not to the other modes. ``median``
+    (the cost-model check): the typical round, the figure a prediction of a typical step is compared with."""
+    if keep not in ("fastest", "median"):
+        raise ValueError(f"keep must be 'fastest' or 'median', got {keep!r}")
     runs = [
         (m, pl)
         for m in args.modes.split(",")
         for pl in (placements if m.startswith("hotline") else [None])  # device, hybrid: no hot tier to size
     ]
-    best: list[dict | None] = [None] * len(runs)
-    rounds: list[list[float]] = [[] for _ in runs]
+    records: list[list[dict]] = [[] for _ in runs]
     for _ in range(max(1, int(getattr(args, "rounds", 1)))):
         for i, (m, pl) in enumerate(runs):
             path = pl["path"] if pl else None
@@ -255,19 +266,19 @@ def sweep(
             if pl is not None:
                 rec.update(target=pl["target"], hot_rows=pl["hot_rows"], budget_bytes=pl["budget_bytes"])
                 rec["budget_mib"] = pl["budget_bytes"] / 2**20
-            if "error" not in rec:
-                rounds[i].append(rec["samples_per_s"])
-            if (
-                best[i] is None
-                or "error" in best[i]
-                or rec.get("samples_per_s", 0) > best[i]["samples_per_s"]
-            ):
-                best[i] = rec
+            records[i].append(rec)
             if log:
                 log(rec)
-    for rec, r in zip(best, rounds, strict=True):
-        rec["rounds_samples_per_s"] = r
-    return best
+    kept = []
+    for recs in records:
+        ok = sorted((r for r in recs if "error" not in r), key=lambda r: r["samples_per_s"])
+        if not ok:  # every round raised: the first error stands for the run
+            kept.append(recs[0])
+            continue
+        rec = ok[-1] if keep == "fastest" else ok[(len(ok) - 1) // 2]
+        rec["rounds_samples_per_s"] = [r["samples_per_s"] for r in recs if "error" not in r]
+        kept.append(rec)
+    return kept
 
 
 SWEEP_COLUMNS = [

@@ -30,6 +30,12 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:
     sys.path.insert(1, _ROOT)
 
+# Hotline's process settings, made on its import, before torch or Numba loads (its OpenMP wait policy: an
+# OpenMP runtime reads it once, when it loads): a benchmark runs under the settings `hotline train` runs
+# under. Imported after torch, torch's OpenMP team would spin for milliseconds after every parallel region
+# (measured here: 4-8 ms of CPU during a 20 ms pause after a matmul, against 0.05 ms with hotline first).
+import hotline  # noqa: E402, F401
+
 
 def parser(doc: str | None) -> argparse.ArgumentParser:
     """An ArgumentParser with the flags every benchmark has (description: the docstring's first line)."""

@@ -171,7 +171,8 @@ def add_parser(subparsers: SubParsers) -> None:
         help="resume if --checkpoint-dir holds a checkpoint of this run, else start (for job schedulers)",
     )
     p.add_argument("--cold-store", choices=("memory", "disk"), default="memory",
-                   help="hybrid/hotline: cold rows in host memory, or in a file on local disk (tables beyond DRAM)")  # fmt: skip
+                   help="hybrid/hotline: cold rows in host memory, or in a file on local disk (tables beyond DRAM; "
+                        "--mode auto prices the store given)")  # fmt: skip
     p.add_argument("--cold-dir", metavar="DIR", help="--cold-store disk: the directory of its file")
     p.add_argument("--cold-io-depth", type=int, default=32, metavar="N",
                    help="--cold-store disk: reads in flight (I/O threads)")  # fmt: skip
@@ -393,6 +394,8 @@ def _launch(args: argparse.Namespace) -> int:
             args.mode, args.hardware = choice.mode, None
             args.lookahead = choice.lookahead if choice.mode == "hotline" else None  # MODE_FLAGS in the ranks
             args.hbm_budget = str(choice.hbm_budget) if choice.hbm_budget else None
+            if choice.mode == "device":  # nothing is cold (choice_fields)
+                args.cold_store, args.cold_dir, args.cold_cache = "memory", None, "0"
     except ValueError as e:
         return error("train", e)
     return launch(args.nproc, ["train", *launcher_argv(args.train_parser, args, ("nproc", "train_parser"))])
@@ -442,9 +445,10 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
         chosen = []
 
         def choose(cfg, ds):
+            from hotline.training.auto import choice_fields
+
             chosen.append(_choose(cfg, ds, args, comm, announce=False))
-            c = chosen[0]
-            return replace(cfg, mode=c.mode, lookahead=c.lookahead, hbm_budget=c.hbm_budget)
+            return replace(cfg, **choice_fields(chosen[0]))
 
         trainer = Trainer(config, dataset, comm, choose=choose)
         choice = chosen[0] if chosen else None
@@ -456,7 +460,7 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
                 if comm.rank == 0:
                     print(f"loaded {args.load} (step {step})", file=sys.stderr)
             summary = trainer.fit(claim)
-            if config.cold_store == "disk":
+            if trainer.config.cold_store == "disk":  # as run: --mode auto may choose device mode
                 _report_disk(trainer)
             if args.save:
                 save_checkpoint(trainer, claim.path("--save") if comm.world_size == 1 else args.save)
@@ -521,6 +525,9 @@ def _choose(config, dataset, args: argparse.Namespace, comm=None, announce: bool
     rank 0 with ``announce`` (else the caller prints :meth:`AutoChoice.line` when training starts)."""
     from hotline.training.auto import AutoChoice, choose_for_run
 
+    # machines the ranks run on (--nproc N: one), each holding its ranks' share of the rows
+    world = comm.world_size if comm is not None else 1
+    nodes = max(1, world // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world))))
     if comm is None or comm.world_size == 1:
         choice = choose_for_run(config, dataset, args.hardware, progress=config.progress)
     else:
@@ -529,7 +536,7 @@ def _choose(config, dataset, args: argparse.Namespace, comm=None, announce: bool
         code = torch.zeros(3, dtype=torch.float64)
         choice = None
         if comm.rank == 0:
-            choice = choose_for_run(config, dataset, args.hardware, progress=config.progress)
+            choice = choose_for_run(config, dataset, args.hardware, progress=config.progress, nodes=nodes)
             code[:] = torch.tensor(choice.code(), dtype=torch.float64)
         comm.all_reduce_(code, "auto")
         if choice is None:

@@ -315,6 +315,10 @@ _SHAPES = (
 )  # fmt: skip
 
 
+_SWEEPS = 4
+"""Turns over every shape of :data:`_SHAPES` the dense fit times (4 timed calls of each shape per turn)."""
+
+
 def _dense_fit(rng: np.random.Generator) -> dict:
     """The tiered forward and backward over :data:`_SHAPES`, its row assembly timed apart (the cost model's
     ``assemble`` phase) and the rest fitted to MLP FLOPs, interaction FLOPs, bytes and a cost per pass; and
@@ -322,12 +326,19 @@ def _dense_fit(rng: np.random.Generator) -> dict:
     from hotline.tiers.sparse_optim import SparseOptimizer
 
     feats, secs, assembled, dense_upd = [], [], [], []
-    for B, T, D, bot, top, *arch in _SHAPES:
-        one, assemble, w, model = _pass(rng, B, T, D, bot, top, *arch)
-        total = _mean_s(one, repeats=16, warmup=3)
-        t_asm = _mean_s(assemble, repeats=16, warmup=2)
-        assembled.append((B * T * D * 4, t_asm))
-        secs.append(max(total - t_asm, 1e-7))
+    passes = [_pass(rng, B, T, D, bot, top, *arch) for B, T, D, bot, top, *arch in _SHAPES]
+    # Every shape timed in turn, _SWEEPS turns over, each turn after an untimed call of the shape (3 in the
+    # first turn): a machine that speeds up or slows down while it is calibrated moves every shape alike, not
+    # the shapes timed last.
+    total, t_asm = np.zeros(len(passes)), np.zeros(len(passes))
+    for sweep in range(_SWEEPS):
+        for i, (one, assemble, _, _) in enumerate(passes):
+            total[i] += _mean_s(one, repeats=16 // _SWEEPS, warmup=3 if sweep == 0 else 1)
+            t_asm[i] += _mean_s(assemble, repeats=16 // _SWEEPS, warmup=2 if sweep == 0 else 1)
+    total, t_asm = total / _SWEEPS, t_asm / _SWEEPS
+    for (B, T, D, *_), (_, _, w, model), tot, ta in zip(_SHAPES, passes, total, t_asm, strict=True):
+        assembled.append((B * T * D * 4, ta))
+        secs.append(max(tot - ta, 1e-7))
         feats.append([*compute_terms(w, B), 1.0])
         if B >= 1024:  # the dense optimizer's step over the same model
             import torch
@@ -337,6 +348,7 @@ def _dense_fit(rng: np.random.Generator) -> dict:
                 q.grad = torch.randn_like(q)
             opt = SparseOptimizer("sgd", 0.01).dense_optimizer(params)
             dense_upd.append((w, _mean_s(opt.step, repeats=20, warmup=3)))
+    del passes
     inv_mlp, inv_inter, inv_bw, overhead = _nnls(feats, secs)
     predicted = np.asarray(feats) @ np.array([inv_mlp, inv_inter, inv_bw, overhead])
     mem_gbps = 1e-9 / max(inv_bw, 1e-18)

@@ -5,12 +5,17 @@ hardware description (:mod:`hotline.profiling.costmodel`), the workload and the 
 candidate budget. Candidates: ``device`` when every table fits in the device memory the run may take
 (:data:`DEVICE_MEMORY_SHARE`), ``hybrid``, and ``hotline`` at look-ahead 0 and :data:`LOOKAHEAD` for every
 budget of the held-out coverage curve that fits. The fastest prediction wins, but of the predictions within
-:data:`TIE_SHARE` of it (closer than the cost model's error) the simplest configuration is chosen.
+:data:`TIE_SHARE` of it (closer than the cost model's error) the simplest configuration is chosen. With the
+disk cold store (``--cold-store disk``, :class:`ColdDisk`) hybrid and hotline are priced with the disk tier
+(:class:`~hotline.profiling.costmodel.DiskTier`), and device mode only where the device has memory of its own
+that holds every table (on a CPU its memory is the host memory the disk store keeps the rows out of).
 
 :func:`choose_for_run` gathers those figures for a run: the device's memory, the tables' bytes, a profile of a
 sample with held-out figures (or a given profile), and the hardware (``--hardware``: a `hotline calibrate`
 JSON or a known GPU; default: the GPU torch names when the table knows it, or this CPU, calibrated once and
-cached).
+cached; the cold dir's disk, with ``--cold-store disk``, timed once per filesystem and record size and
+cached beside it, :func:`disk_hardware`). Before any of that it refuses, with one line naming the flags, tables
+the memory store cannot hold (:func:`hotline.training.preflight.check_memory`).
 """
 
 from __future__ import annotations
@@ -18,12 +23,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from hotline.profiling.costmodel import Prediction, Stats, Workload, load_hardware, predict
+from hotline.profiling.costmodel import DiskTier, Prediction, Stats, Workload, load_hardware, predict
 from hotline.units import format_size
 
 DEVICE_MEMORY_SHARE = 0.8
@@ -42,6 +49,22 @@ _SIMPLER = {"device": 0, "hybrid": 1, "hotline": 2}
 
 
 @dataclass
+class ColdDisk:
+    """The disk cold store ``--mode auto`` prices hybrid and hotline with (``--cold-store disk``)."""
+
+    directory: str
+    """``--cold-dir``: where the store's file goes (named in the reason)."""
+    cache_bytes: int = 0
+    """``--cold-cache``: bytes of the DRAM tier, which holds the most popular cold rows (0: none)."""
+
+    def __post_init__(self) -> None:
+        if not self.directory or self.cache_bytes < 0:
+            raise ValueError(
+                f"ColdDisk needs a directory and cache_bytes >= 0, got {self.directory!r}, {self.cache_bytes}"
+            )
+
+
+@dataclass
 class Candidate:
     """One configuration the chooser priced."""
 
@@ -55,6 +78,8 @@ class Candidate:
     """Held-out share of lookups that hit hot rows at that budget (hotline), else None."""
     prediction: Prediction
     """The cost model's prediction."""
+    disk: DiskTier | None = None
+    """The disk tier it was priced with (``--cold-store disk``), else None."""
 
     @property
     def label(self) -> str:
@@ -85,6 +110,10 @@ class AutoChoice:
     """Bytes of the device's memory."""
     hardware: str = ""
     """The hardware description's name."""
+    cold_store: str = "memory"
+    """The cold store hybrid and hotline were priced with: ``memory`` or ``disk``."""
+    cold_dir: str | None = None
+    """The disk store's directory (``disk``), else None."""
 
     def line(self) -> str:
         """The one or two lines ``hotline train`` prints."""
@@ -114,7 +143,13 @@ class AutoChoice:
             "hardware": self.hardware,
             "table_bytes": self.table_bytes,
             "device_memory": self.device_memory,
+            "cold_store": self.cold_store,
+            "cold_dir": self.cold_dir,
         }
+        best = self.candidates[0] if self.candidates else None
+        if best is not None and best.disk is not None:  # what the disk tier was priced with
+            rec["disk_pages_per_cold_row"] = best.disk.pages_per_cold_row
+            rec["disk_cached_share"] = best.disk.cached_share
         if measured_samples_per_s is not None:
             rec["measured_samples_per_s"] = measured_samples_per_s
             rec["measured_over_predicted"] = measured_samples_per_s / max(self.predicted_samples_per_s, 1e-12)
@@ -129,25 +164,61 @@ def choose(
     stats_at: Callable[[int], Stats],
     budgets: Sequence[int],
     lookaheads: Sequence[int] = (0, LOOKAHEAD),
+    disk: ColdDisk | None = None,
+    device_in_memory: bool = True,
 ) -> AutoChoice:
     """The fastest predicted configuration that fits. ``stats_at(budget)``: held-out figures at a hot-tier
-    budget in bytes (0: nothing hot, what device and hybrid move); ``budgets``: the hot-tier budgets to try."""
+    budget in bytes (0: nothing hot, what device and hybrid move); ``budgets``: the hot-tier budgets to try;
+    ``disk``: the cold rows live in the disk store (``hw`` then needs a ``disk`` section);
+    ``device_in_memory``: False where device mode would not pass training's check of host memory
+    (:func:`~hotline.training.preflight.check_memory`: the memory available now, less its margin, below the
+    tables' bytes), though the tables fit 80% of the device's."""
+    from hotline.training.preflight import COLD_DISK_FLAGS
+
     if table_bytes <= 0 or device_memory <= 0:
         raise ValueError(
             f"table_bytes and device_memory must be positive, got {table_bytes}, {device_memory}"
         )
+    on_cpu = bool(hw.get("link", {}).get("shared_memory"))  # the device is this CPU: its memory is the host's
+    if on_cpu and disk is None and table_bytes > device_memory:
+        raise ValueError(
+            f"the tables ({format_size(table_bytes)} of embedding rows and optimizer state) exceed this "
+            f"machine's memory ({format_size(device_memory)}): keep the cold rows on disk with {COLD_DISK_FLAGS}"
+        )
+    if disk is not None:
+        from hotline.profiling.costmodel import disk_timing
+
+        disk_timing(hw)  # a description without the disk's figures: one line, before any pricing
     room = int(DEVICE_MEMORY_SHARE * device_memory)
     fits = table_bytes <= room
     none_hot = stats_at(0)
+
+    def tier(budget: int, s: Stats) -> DiskTier | None:
+        """The disk tier at a hot budget: the DRAM tier holds the next ``cache_bytes`` of rows by popularity
+        after the hot ones (the file's head), so it serves the cold rows a budget that much larger makes hot."""
+        if disk is None:
+            return None
+        cold = s.unique_rows_per_batch if budget == 0 else s.cold_rows_per_batch
+        share = 0.0
+        if disk.cache_bytes and cold > 0:
+            share = min(1.0, max(0.0, 1.0 - stats_at(budget + disk.cache_bytes).cold_rows_per_batch / cold))
+        return DiskTier.of_records(workload.embedding_dim, workload.optimizer, cached_share=share)
+
+    def priced(mode: str, k: int, budget: int | None, s: Stats, coverage: float | None) -> Candidate:
+        cost_mode = mode if mode != "hotline" else ("hotline_k1" if k else "hotline_k0")
+        d = tier(budget or 0, s) if mode != "device" else None
+        return Candidate(mode, int(k), budget, coverage, predict(cost_mode, workload, s, hw, d), d)
+
+    # with the disk store, device mode only on a device of its own that holds every table
+    device_ok = fits and not (disk is not None and on_cpu) and device_in_memory
     cands: list[Candidate] = []
-    if fits:
-        cands.append(Candidate("device", 0, None, None, predict("device", workload, none_hot, hw)))
-    cands.append(Candidate("hybrid", 0, None, None, predict("hybrid", workload, none_hot, hw)))
+    if device_ok:
+        cands.append(priced("device", 0, None, none_hot, None))
+    cands.append(priced("hybrid", 0, None, none_hot, None))
     for b in sorted({int(b) for b in budgets if 0 < int(b) <= room and int(b) < table_bytes}):
         s = stats_at(b)
         for k in lookaheads:
-            p = predict("hotline_k1" if k else "hotline_k0", workload, s, hw)
-            cands.append(Candidate("hotline", int(k), b, s.hot_lookup_share, p))
+            cands.append(priced("hotline", k, b, s, s.hot_lookup_share))
     # fastest first; equal predictions: the simpler mode, the smaller budget, the shorter look-ahead
     cands.sort(key=lambda c: (-c.prediction.samples_per_s, _SIMPLER[c.mode], c.hbm_budget or 0, c.lookahead))
     fastest = cands[0]
@@ -175,6 +246,8 @@ def choose(
         versus = ""
     if best.mode == "device":
         reason = f"all tables fit in device memory: {sizes} within {memory}{versus}"
+        if disk is not None:
+            reason += f"; --cold-store disk ({disk.directory}) is not used: no row is cold"
     elif best.mode == "hybrid":
         where = "fit in" if fits else "exceed"
         why = "no hot budget is predicted faster than hybrid"
@@ -190,6 +263,12 @@ def choose(
             f"{sizes} {where} {memory}; its bottleneck is {best.prediction.bottleneck}, "
             f"{best.prediction.samples_per_s / hyb:.2f}x hybrid{versus}"
         )
+    if best.disk is not None:
+        reason = f"{disk_reason(disk, best.disk)}: {reason}"
+        if on_cpu and fits:
+            reason += "; device mode not considered: on this CPU its memory is the host memory --cold-store disk keeps the rows out of"  # fmt: skip
+    elif fits and not device_ok:
+        reason += "; device mode not considered: the tables do not fit in the host memory available now (MemAvailable less its margin), which training checks"  # fmt: skip
     return AutoChoice(
         best.mode,
         best.lookahead,
@@ -200,6 +279,20 @@ def choose(
         int(table_bytes),
         int(device_memory),
         str(hw.get("name", "")),
+        "disk" if disk is not None else "memory",
+        disk.directory if disk is not None else None,
+    )
+
+
+def disk_reason(disk: ColdDisk, tier: DiskTier) -> str:
+    """The reason's words for the disk store a choice was priced with."""
+    cache = ""
+    if disk.cache_bytes:
+        cache = f", its DRAM tier ({format_size(disk.cache_bytes)}) serving {tier.cached_share:.0%} of them"
+    pages = f"{tier.pages_per_cold_row:.3g} page{'' if tier.pages_per_cold_row == 1 else 's'}"
+    return (
+        f"cold rows on disk in {disk.directory} ({pages} of 4 KiB read per cold row{cache}, priced with the "
+        "disk's calibrated figures)"
     )
 
 
@@ -260,7 +353,6 @@ def cpu_hardware(threads: int = 0, say: Callable[[str], None] | None = None) -> 
     :func:`cpu_hardware_path` afterwards (its ``source`` records the load average it was timed at; delete the
     file, or pass a fresh `hotline calibrate` JSON as --hardware, to time it again). A cache that cannot be
     written only costs the timing next time."""
-    from hotline import _io
     from hotline.profiling.calibrate import calibrate
 
     path = cpu_hardware_path(threads)
@@ -272,12 +364,101 @@ def cpu_hardware(threads: int = 0, say: Callable[[str], None] | None = None) -> 
     say = say or (lambda m: print(m, file=sys.stderr, flush=True))
     say(f"timing this CPU once for the cost model of --mode auto (under a minute; kept in {path})")
     hw = calibrate(threads=threads or None)
+    _keep(path, hw, "this CPU's timing", say)
+    return hw
+
+
+def _keep(path: Path, figures: dict, what: str, say: Callable[[str], None]) -> None:
+    """Keeps a timing in the cache; one that cannot be written only costs the timing next time."""
+    from hotline import _io
+
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _io.write_json(path, hw)
+        _io.write_json(path, figures)
     except OSError as e:
-        say(f"could not keep this CPU's timing in {path} ({e.strerror or e}); it is timed again next run")
-    return hw
+        say(f"could not keep {what} in {path} ({e.strerror or e}); it is timed again next run")
+
+
+def filesystem_of(path: str | os.PathLike) -> list[str]:
+    """The filesystem ``path`` lives on, as the kernel names it (``/proc/self/mountinfo``: the mount point that
+    holds it, the device's major:minor, the filesystem type and its source), or its device number where that
+    table cannot be read."""
+    real = os.path.realpath(path)
+    best: list[str] = []
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                fields, tail = left.split(), right.split()
+                point = fields[4].replace("\\040", " ")
+                inside = real == point or real.startswith(point.rstrip("/") + "/")
+                if inside and len(tail) >= 2 and (not best or len(point) >= len(best[0])):
+                    best = [point, fields[2], tail[0], tail[1]]
+    except (OSError, IndexError):
+        best = []
+    return best or [f"st_dev {os.stat(path).st_dev}"]
+
+
+def disk_hardware_path(cold_dir: str | os.PathLike, record_bytes: int, depth: int) -> Path:
+    """Where :func:`disk_hardware` keeps the timing of ``cold_dir``'s disk: the cache directory, one file per
+    host, filesystem (:func:`filesystem_of`), record size and I/O depth (the step-shaped figures depend on
+    both) and timing format."""
+    import platform
+
+    from hotline.datasets.default import cache_root
+    from hotline.profiling.disk_calibrate import STEP_FORMAT
+
+    key = json.dumps([platform.node(), filesystem_of(cold_dir), int(record_bytes), int(depth), STEP_FORMAT])
+    return cache_root() / f"disk-{hashlib.sha256(key.encode()).hexdigest()[:12]}.json"
+
+
+def disk_hardware(
+    cold_dir: str | os.PathLike,
+    record_bytes: int,
+    depth: int = 32,
+    say: Callable[[str], None] | None = None,
+    **timing,
+) -> dict:
+    """The ``disk`` section ``auto`` prices the disk store with: `hotline calibrate --disk`'s figures for the
+    filesystem of ``cold_dir`` at the run's record size and I/O depth, timed once (under a minute) and read
+    back from :func:`disk_hardware_path` afterwards (its ``source`` records the load average it was timed at;
+    delete the file to time it again). The timing runs in a fresh directory of its own inside
+    ``cold_dir`` (scratch files, removed with it afterwards: nothing of the user's is touched); ``timing``:
+    :func:`~hotline.profiling.disk_calibrate.calibrate_disk`'s sizes (tests time a small file)."""
+    from hotline.profiling.disk_calibrate import STEP_FORMAT, calibrate_disk
+
+    path = disk_hardware_path(cold_dir, record_bytes, depth)
+    try:
+        kept = json.loads(path.read_text())
+        if kept.get("step", {}).get("version") == STEP_FORMAT:
+            return kept
+    except (OSError, ValueError, AttributeError):
+        pass  # none yet, damaged or from another version: time it again
+    say = say or (lambda m: print(m, file=sys.stderr, flush=True))
+    fs = filesystem_of(cold_dir)
+    what = f"{fs[3]} on {fs[2]}" if len(fs) == 4 else fs[0]
+    say(f"timing the disk of {cold_dir} once for --mode auto ({what}, {record_bytes}-byte records, depth "
+        f"{depth}; under a minute, on scratch files removed afterwards; kept in {path})")  # fmt: skip
+    try:
+        scratch = tempfile.mkdtemp(prefix=".hotline-auto-disk-", dir=cold_dir)
+        try:
+            section = calibrate_disk(scratch, depth, record_bytes=record_bytes, **timing)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)  # its own directory: only the timing's files
+    except OSError as e:
+        raise ValueError(
+            f"--mode auto could not time the disk of --cold-dir {cold_dir} ({e.strerror or e}): pass --hardware "
+            "FILE with a disk section (`hotline calibrate --disk DIR`) or an explicit --mode"
+        ) from None
+    section["path"] = str(cold_dir)
+    try:
+        load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        load = "unknown"
+    # as `hotline calibrate` records it: a timing taken under load is not the disk's (delete the file to time again)
+    section["source"] = f"--mode auto's timing of {cold_dir}, load average {load}"
+    _keep(path, section, "the disk's timing", say)
+    return section
 
 
 def table_bytes(table_sizes: Sequence[int], embedding_dim: int, optimizer: str) -> int:
@@ -288,28 +469,70 @@ def table_bytes(table_sizes: Sequence[int], embedding_dim: int, optimizer: str) 
 
 
 def choose_for_run(
-    config, dataset, hardware: str | None = None, prof=None, progress: bool = False
+    config,
+    dataset,
+    hardware: str | dict | None = None,
+    prof=None,
+    progress: bool = False,
+    nodes: int = 1,
+    available: int | None = None,
 ) -> AutoChoice:
     """:func:`choose` for a TrainConfig and its Dataset: profiles a sample with held-out figures unless
-    ``prof`` (a Profile of this dataset) is given."""
+    ``prof`` (a Profile of this dataset) is given. With ``config.cold_store == 'disk'`` it prices the disk
+    store in ``config.cold_dir`` (the hardware's ``disk`` section, else :func:`disk_hardware`). Before any
+    long work it refuses a run whose rows cannot fit in this machine's memory, and prices only the hot budgets
+    that fit it (``nodes``: machines the ranks run on, each holding its share; ``available``: the memory figure,
+    default ``MemAvailable``, as :func:`~hotline.training.preflight.check_memory` takes it)."""
     from hotline.datasets.format import Dataset
-    from hotline.profiling.costmodel import arch_of, workload_for
+    from hotline.profiling.costmodel import arch_of, disk_timing, workload_for
+    from hotline.table_layout import bytes_per_row
 
     dataset = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
     # the checks training makes first, made before the profiling: bad input is named before any long work
-    from hotline.training.preflight import check_ids
+    from hotline.training.preflight import MemoryShortfall, available_memory, check_ids, check_memory
 
     check_ids(dataset)
     if dataset.train.num_batches(config.mini_batch_size) == 0:
         raise ValueError(f"the training split of {dataset.path} has no rows to train on")
+    # hybrid needs the least host memory of the modes: the rows (memory store) or their index arrays (disk)
+    available = available_memory() if available is None else available
+    check_memory(replace(config, mode="hybrid", hbm_budget=None), dataset, max(1, nodes), available)
+
+    def in_memory(budget: int) -> bool:
+        """Whether hotline at ``budget`` passes the check training makes (the disk store's hot rows and DRAM
+        tier are host memory too)."""
+        try:
+            hot = replace(config, mode="hotline", hbm_budget=int(budget), lookahead=LOOKAHEAD)
+            check_memory(hot, dataset, max(1, nodes), available)
+        except MemoryShortfall:
+            return False
+        return True
+
+    hw = hardware_for(config.device, hardware, config.threads)
+    disk = None
+    if config.cold_store == "disk":
+        disk = ColdDisk(str(config.cold_dir), int(config.cold_cache))
+        if "disk" not in hw:  # a --hardware FILE with a disk section is used as is
+            record = bytes_per_row(config.embedding_dim, config.optimizer)
+            hw = {**hw, "disk": disk_hardware(config.cold_dir, record, config.cold_io_depth)}
+        disk_timing(hw)  # one line for an outdated disk section, before the profiling
     if prof is None:
         from hotline.training.placing import profile_for
 
         prof = profile_for(config, dataset, progress)
-    hw = hardware_for(config.device, hardware, config.threads)
     # the model the run trains: its MLPs, interaction and cross layers
     w = workload_for(prof, worker_threads=config.worker_threads, **arch_of(config))
-    budgets = [int(b) for b in prof.curve().budget_bytes]
+    budgets = [int(b) for b in prof.curve().budget_bytes if in_memory(int(b))]
+    try:  # device mode's check before its tables are made (on a CPU they are host memory)
+        check_memory(
+            replace(config, mode="device", cold_store="memory", cold_dir=None),
+            dataset,
+            max(1, nodes),
+            available,
+        )
+        device_in_memory = True
+    except MemoryShortfall:
+        device_in_memory = False
     return choose(
         table_bytes(dataset.table_sizes, config.embedding_dim, config.optimizer),
         device_memory(config.device),
@@ -317,9 +540,14 @@ def choose_for_run(
         w,
         lambda b: Stats.from_profile(prof, int(b), batch_size=config.mini_batch_size),
         budgets,
+        disk=disk,
+        device_in_memory=device_in_memory,
     )
 
 
 def choice_fields(choice: AutoChoice) -> dict:
-    """The TrainConfig fields a choice sets."""
-    return {"mode": choice.mode, "lookahead": choice.lookahead, "hbm_budget": choice.hbm_budget}
+    """The TrainConfig fields a choice sets (device mode keeps no cold store: nothing is cold)."""
+    fields = {"mode": choice.mode, "lookahead": choice.lookahead, "hbm_budget": choice.hbm_budget}
+    if choice.mode == "device":
+        fields.update(cold_store="memory", cold_dir=None, cold_cache=0)
+    return fields

@@ -171,9 +171,9 @@ class TrainConfig:
         if self.cold_store not in ("memory", "disk"):
             raise ValueError(f"--cold-store must be memory or disk, got {self.cold_store!r}")
         if self.cold_store == "disk":
-            if self.mode in ("device", "auto"):  # auto's chooser does not price the disk store
+            if self.mode == "device":  # auto prices the disk store (hotline.training.auto)
                 raise ValueError(
-                    f"--cold-store disk keeps the cold rows of --mode hybrid or hotline (not --mode {self.mode})"
+                    "--cold-store disk keeps the cold rows of --mode hybrid, hotline or auto (not --mode device)"
                 )
             if not self.cold_dir:
                 raise ValueError("--cold-store disk needs --cold-dir DIR (where its file goes)")

@@ -165,15 +165,60 @@ def available_memory() -> int | None:
     return None
 
 
+MEMORY_MARGIN = 0.10
+"""Share of the available memory a run leaves free: :func:`memory_needed` counts only what a run allocates up
+front, not torch's runtime, the model, a step's activations, the profile's counts or the page cache the
+dataset is read through (a 26 GB disk-store run peaked at 2.2 GiB resident beside 0.75 GiB of its index
+arrays)."""
+
+MEMORY_HEADROOM = 512 << 20
+"""Bytes a run leaves free besides :data:`MEMORY_MARGIN`: torch's own runtime on a small machine."""
+
+COLD_DISK_FLAGS = "--cold-store disk --cold-dir DIR"
+"""The flags that keep the cold rows out of host memory (a directory on local disk; Hotline makes its own file
+there and never replaces one it did not make)."""
+
+
+class MemoryShortfall(MemoryError, ValueError):
+    """A run that cannot fit in this machine's memory, found before any long work: a MemoryError (what it is)
+    and a ValueError (bad input a user can change: one line, no traceback)."""
+
+
+def usable_memory(available: int) -> int:
+    """Bytes of ``available`` memory a run may take: less :data:`MEMORY_MARGIN` and :data:`MEMORY_HEADROOM`."""
+    return max(0, int((1.0 - MEMORY_MARGIN) * available) - MEMORY_HEADROOM)
+
+
+def memory_advice(config) -> str:
+    """What to change when a run does not fit: the disk store for rows held in host memory (the memory store,
+    or device mode on the CPU), else the parts of the run that live in memory."""
+    if getattr(config, "cold_store", "memory") == "disk":
+        return "use a smaller --cold-cache, --hbm-budget or --mini-batch-size, or a machine with more memory"
+    modes = " (--mode hybrid or hotline)" if config.mode == "device" else ""
+    return (
+        f"keep the cold rows on disk with {COLD_DISK_FLAGS}{modes} (DIR on local disk), or use a smaller "
+        "--mini-batch-size or --lookahead, more machines, or one with more memory"
+    )
+
+
 def check_memory(config, dataset, world_size: int = 1, available: int | None = None) -> None:
-    """Raises MemoryError with the figures when the run cannot fit in this machine's available memory."""
+    """Raises :class:`MemoryShortfall` with the figures when the run cannot fit in this machine's available
+    memory (Linux ``MemAvailable``, ``available`` when given: what a new allocation can get without swapping,
+    not the physical memory other processes hold part of) less :func:`usable_memory`'s margin."""
+    from hotline.table_layout import bytes_per_row
     from hotline.units import format_size
 
     available = available_memory() if available is None else available
     need = memory_needed(config, dataset, world_size)
-    if available is not None and need > available:
-        raise MemoryError(
-            f"this run needs about {format_size(need)} of host memory up front (embedding rows and optimizer "
-            f"state, look-ahead buffers), this machine has {format_size(available)} available: use a smaller "
-            f"--mini-batch-size or --lookahead, more ranks (--nproc), or a machine with more memory"
-        )
+    if available is None or need <= usable_memory(available):
+        return
+    tables = -(-dataset.total_rows // world_size) * bytes_per_row(config.embedding_dim, config.optimizer)
+    what = "look-ahead buffers, the rows' index arrays and the DRAM tier (the rows are on disk)"
+    if getattr(config, "cold_store", "memory") != "disk":
+        what = f"{format_size(tables)} of embedding rows and optimizer state, and look-ahead buffers"
+    raise MemoryShortfall(
+        f"this run needs about {format_size(need)} of host memory up front ({what}), more than the "
+        f"{format_size(usable_memory(available))} it may take of the {format_size(available)} available "
+        f"(MemAvailable, less {MEMORY_MARGIN:.0%} and {format_size(MEMORY_HEADROOM)} for torch and the steps): "
+        f"{memory_advice(config)}"
+    )
