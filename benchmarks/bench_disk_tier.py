@@ -309,8 +309,10 @@ def predict(rec: dict, hybrid: dict | None, dataset, args, hw: dict):
                  embedding_dim=args.dim, **arch_of(_config(args)))  # the model the runs train  # fmt: skip
     s = Stats(rec["coverage"], rec["popular_share"], rec["cold_rows_per_step"], hybrid["cold_rows_per_step"])
     reread = rec.get("reread_share") if mode == "hotline_k1" else 0.0
+    pages = rec["disk_bytes_per_step"] / 4096
     disk = DiskTier(pages_per_cold_row=rec["pages_per_disk_row"], reread_share=max(0.0, reread or 0.0),
-                    cached_share=min(1.0, max(0.0, rec["cached_share"])))  # fmt: skip
+                    cached_share=min(1.0, max(0.0, rec["cached_share"])),
+                    calls_per_page=min(1.0, rec["disk_reads_per_step"] / pages) if pages else 1.0)  # fmt: skip
     return predict(mode, w, s, hw, disk)
 
 

@@ -13,6 +13,7 @@ from test_auto import BUDGETS, CPU, GIB, GPU, W, skewed
 from test_disk_tier import DISK
 
 from hotline.profiling import costmodel as cm
+from hotline.profiling.disk_calibrate import STEP_FORMAT
 from hotline.training.auto import ColdDisk, choose
 
 CPU_DISK = {**CPU, "name": "test CPU with a disk", "disk": DISK}
@@ -124,7 +125,7 @@ def test_the_disk_is_timed_once_per_filesystem_and_record(tmp_path, monkeypatch)
     assert "256-byte records, depth 4" in said[0]
     assert sorted(p.name for p in cold.iterdir()) == ["hotline-disk-calibration.bin", "notes.txt"]
     assert (cold / "hotline-disk-calibration.bin").read_text() == "also mine"
-    assert d["step"]["version"] == 2 and d["step"]["record_bytes"] == 256 and d["path"] == str(cold)
+    assert d["step"]["version"] == STEP_FORMAT and d["step"]["record_bytes"] == 256 and d["path"] == str(cold)
     path = disk_hardware_path(cold, 256, 4)
     assert path.parent == tmp_path / "cache" and json.loads(path.read_text()) == d
     assert disk_hardware(cold, 256, depth=4, say=said.append) == d and len(said) == 1  # read back

@@ -446,16 +446,17 @@ def test_cli_trains_with_the_disk_store(data, tmp_path, capsys):
 
 # -- calibration, cost model, benchmark -----------------------------------------------------------------
 STEP = {"version": STEP_FORMAT, "record_bytes": 256, "rows": [256], "repeats": 1,
-        "read": {"fixed_us": 1000.0, "us_per_page": 20.0, "cpu_us_per_page": 5.0},
-        "write": {"fixed_us": 500.0, "us_per_page": 25.0, "cpu_us_per_page": 6.0},
+        "read": {"fixed_us": 1000.0, "us_per_call": 20.0, "cpu_us_per_call": 5.0},
+        "write": {"fixed_us": 500.0, "us_per_call": 25.0, "cpu_us_per_call": 6.0},
         "read_write_penalty": 0.5, "compute_penalty": 0.25}  # fmt: skip
 DISK = {"read_iops": {"1": 20_000.0, "depth": 60_000.0}, "write_iops": 40_000.0, "cpu_us_per_read": 5.0,
         "cpu_us_per_write": 5.0, "depth": 32, "seq_write_mbps": 900.0, "step": STEP}  # fmt: skip
 
 
 def test_cost_model_prices_the_disk_tier():
-    """Golden values by hand: 20,000 cold rows of one page each are 20,000 pages; reads 1 ms + 20 us/page =
-    401 ms, write-backs 0.5 ms + 25 us/page = 500.5 ms, their CPU 11 us/page = 220 ms (inside them)."""
+    """Golden values by hand: 20,000 cold rows of one page each are 20,000 pages, one request each (no two
+    neighbours); reads 1 ms + 20 us/request = 401 ms, write-backs 0.5 ms + 25 us/request = 500.5 ms, their CPU
+    11 us/request = 220 ms (inside them)."""
     from test_costmodel import HW, W, stats
 
     from hotline.profiling import costmodel as cm
@@ -492,6 +493,15 @@ def test_cost_model_prices_the_disk_tier():
     assert seq.step_s == pytest.approx(cm.predict("hotline_k0", W, s, hw, cm.DiskTier(1.0)).step_s)
     half = cm.predict("hotline_k1", W, s, hw, cm.DiskTier(1.0, cached_share=0.5))  # the DRAM tier serves half
     assert half.phases_s["disk_read"] == pytest.approx(1e-3 + 20e-6 * 10_000)
+    # neighbouring pages read by one request: 20,000 pages in 15,000 requests, priced per request (reads,
+    # write-backs, their CPU and, under look-ahead, the pages read again: their requests alike)
+    runs = cm.predict("hotline_k1", W, s, hw, cm.DiskTier(1.0, reread_share=0.5, calls_per_page=0.75))
+    assert runs.phases_s["disk_read"] == pytest.approx(1e-3 + 20e-6 * 15_000)
+    assert runs.phases_s["disk_write"] == pytest.approx(0.5e-3 + 25e-6 * 15_000)
+    assert runs.phases_s["disk_cpu"] == pytest.approx(11e-6 * 15_000)
+    assert runs.phases_s["disk_reread"] == pytest.approx(0.5 * 20e-6 * 15_000)
+    with pytest.raises(ValueError, match=r"calls_per_page must be in \[0, 1\].*got 1.5"):
+        cm.DiskTier(1.0, calls_per_page=1.5)
     gpu = {**hw, "link": {"h2d_gbps": 8.0, "d2h_gbps": 8.0}}  # a device of its own: no shared cores
     k1 = cm.predict("hotline_k1", W, s, gpu, cm.DiskTier(1.0))
     assert "lane: disk beside compute" not in k1.phases_s and k1.bottleneck == "disk (reads beside writes)"
@@ -504,16 +514,17 @@ def test_cost_model_prices_the_disk_tier():
 
 def test_step_fit_and_penalty():
     """The calibration's fit (medians of each size's timings, then a line) and overlap penalty, on fixed
-    timings: 2 ms + 10 us/page with one outlier per size that the median drops, the sizes interleaved as the
-    calibration times them (rounds in a random order; a size's pages vary a little from draw to draw)."""
+    timings: 2 ms + 10 us/request with one outlier per size that the median drops, the sizes interleaved as
+    the calibration times them (rounds in a random order; a size's requests vary a little from draw to
+    draw)."""
     from hotline.profiling.calibrate import overlap_penalty as _penalty
     from hotline.profiling.disk_calibrate import _fit
 
     sizes = [1000, 100, 5000, 5000, 1000, 100, 100, 5000, 1000]
-    pages = [990, 100, 4990, 5000, 1000, 99, 100, 5010, 1010]
+    calls = [990, 100, 4990, 5000, 1000, 99, 100, 5010, 1010]
     seconds = [0.5, 0.003, 0.052, 0.052, 0.012, 0.9, 0.003, 0.0, 0.012]
-    fit = _fit(pages, seconds, sizes)
-    assert fit["fixed_us"] == pytest.approx(2000.0) and fit["us_per_page"] == pytest.approx(10.0)
+    fit = _fit(calls, seconds, sizes)
+    assert fit["fixed_us"] == pytest.approx(2000.0) and fit["us_per_call"] == pytest.approx(10.0)
     assert _penalty(1.0, 1.0, 0.5) == 0.0  # the shorter lane hidden entirely
     assert _penalty(1.5, 1.0, 0.5) == 1.0  # one after the other
     assert _penalty(1.25, 0.5, 1.0) == 0.5 and _penalty(9.0, 1.0, 1.0) == 3.0  # capped
@@ -550,7 +561,7 @@ def test_calibrate_disk_cli(tmp_path, capsys):
     t = d["step"]  # the step-shaped figures the cost model prices, at the record asked for
     assert t["version"] == STEP_FORMAT and t["record_bytes"] == 128 and t["rows"] and t["repeats"] >= 1
     for k in ("read", "write"):
-        assert t[k]["fixed_us"] >= 0 and t[k]["us_per_page"] > 0 and t[k]["cpu_us_per_page"] >= 0
+        assert t[k]["fixed_us"] >= 0 and t[k]["us_per_call"] > 0 and t[k]["cpu_us_per_call"] >= 0
     assert 0 <= t["read_write_penalty"] <= 3 and 0 <= t["compute_penalty"] <= 3
     printed = capsys.readouterr().out
     assert "random 4 KiB reads" in printed and "a step's I/O (128-byte records)" in printed

@@ -194,10 +194,17 @@ class DiskTier:
     """Pages read again per page fetched, under look-ahead: a write-back reads again the pages another step
     wrote since its fetch (read-modify-write), and stale rows are read again before their step (0 before a run
     measured it; sequential steps read none again)."""
+    calls_per_page: float = 1.0
+    """I/O requests (system calls) per page: the store reads a run of neighbouring pages with one request, and a
+    request costs about the same for one page or a few (1: no two pages of a step neighbours, what the
+    calibration's uniform draws make; a run measures it: its reads over its pages)."""
 
     def __post_init__(self) -> None:
         if not self.pages_per_cold_row >= 0 or not 0 <= self.cached_share <= 1 or not self.reread_share >= 0:
             raise ValueError("pages_per_cold_row and reread_share must be >= 0 and cached_share in [0, 1]")
+        if not 0 <= self.calls_per_page <= 1:
+            raise ValueError(f"calls_per_page must be in [0, 1] (one request reads one page or more), "
+                             f"got {self.calls_per_page}")  # fmt: skip
 
     @classmethod
     def of_records(cls, embedding_dim: int, optimizer: str, cached_share: float = 0.0) -> DiskTier:
@@ -227,20 +234,22 @@ def disk_timing(hw: dict) -> dict:
 
 def _disk_phases(hw: dict, disk: DiskTier, cold_rows: float) -> dict[str, float]:
     """Seconds per step of the disk store, as the calibration timed a step's I/O through the store's code
-    (``fixed + per page`` for the fetch's reads and for the write-back, each at the store's I/O depth, their
-    CPU inside; ``disk_reread``: the pages read again under look-ahead at the reads' rate per page), and the CPU
-    seconds the I/O threads spend in them (``disk_cpu``, for the record)."""
+    (``fixed + per request`` for the fetch's reads and for the write-back, each at the store's I/O depth, their
+    CPU inside; a step's requests are its pages times ``calls_per_page``, the write-back's the fetch's, one per
+    run of pages; ``disk_reread``: the pages read again under look-ahead, at the reads' rate per request), and
+    the CPU seconds the I/O threads spend in them (``disk_cpu``, for the record)."""
     t = disk_timing(hw)
     pages = cold_rows * (1.0 - disk.cached_share) * disk.pages_per_cold_row
+    calls = pages * disk.calls_per_page
 
     def seconds(k: dict) -> float:
-        return (k["fixed_us"] + k["us_per_page"] * pages) * 1e-6 if pages > 0 else 0.0
+        return (k["fixed_us"] + k["us_per_call"] * calls) * 1e-6 if calls > 0 else 0.0
 
     return {
         "disk_read": seconds(t["read"]),
         "disk_write": seconds(t["write"]),
-        "disk_reread": pages * disk.reread_share * t["read"]["us_per_page"] * 1e-6,
-        "disk_cpu": pages * (t["read"]["cpu_us_per_page"] + t["write"]["cpu_us_per_page"]) * 1e-6,
+        "disk_reread": calls * disk.reread_share * t["read"]["us_per_call"] * 1e-6,
+        "disk_cpu": calls * (t["read"]["cpu_us_per_call"] + t["write"]["cpu_us_per_call"]) * 1e-6,
     }
 
 

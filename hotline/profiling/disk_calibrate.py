@@ -11,7 +11,8 @@ Two kinds of figures:
   records of the run's size, read with :meth:`RowFile.read_rows` and written back over the pages that read
   fetched with :meth:`RowFile.write_rows`, as the store's fetch and write-back do) at several sizes, each
   timed right after a forward and backward pass as a sequential step issues it, each direction fitted as
-  ``fixed + per page``; and how the store's concurrent work overlaps: a step's reads beside
+  ``fixed + per request`` (a request, one system call, reads a run of neighbouring pages; uniform draws over
+  a large file make about one per page); and how the store's concurrent work overlaps: a step's reads beside
   the previous step's writes (look-ahead's producer and writer threads) and that I/O beside a forward and
   backward pass on the main thread (``*_penalty``: the part of the shorter of the two that still costs time,
   0 free, 1 none, :func:`hotline.profiling.calibrate.overlap_penalty`).
@@ -33,9 +34,9 @@ from hotline.tiers.disk_file import PAGE, RowFile, aligned_bytes, manifest_path,
 
 _SCRATCH = "hotline-disk-calibration.bin"
 _STEP_SCRATCH = "hotline-disk-calibration-step.bin"
-STEP_FORMAT = 3
+STEP_FORMAT = 4
 """The version of the ``step`` section (a description without it predates step-shaped timing; format 2 timed
-the I/O alone, not after a compute pass as training issues it)."""
+the I/O alone, not after a compute pass as training issues it; 2 and 3 priced pages, not requests)."""
 STEP_ROWS = (256, 1024, 2048, 4096, 8192)
 """Distinct rows per timed step-shaped batch (each about one page: uniform over a file many times larger)."""
 
@@ -74,18 +75,18 @@ def _remove(path: Path) -> None:
         p.unlink(missing_ok=True)
 
 
-def _fit(pages: list[float], seconds: list[float], sizes: list[int]) -> dict:
-    """``seconds = fixed + per_page * pages`` by least squares over the median of each size's timings
+def _fit(calls: list[float], seconds: list[float], sizes: list[int]) -> dict:
+    """``seconds = fixed + per_call * calls`` by least squares over the median of each size's timings
     (``sizes[i]``: the batch size timing ``i`` belongs to; a neighbour's burst on a shared machine moves a
     median less)."""
-    pages, seconds, sizes = (np.asarray(a, float) for a in (pages, seconds, sizes))
+    calls, seconds, sizes = (np.asarray(a, float) for a in (calls, seconds, sizes))
     groups = np.unique(sizes)
-    x = np.array([np.median(pages[sizes == g]) for g in groups])
+    x = np.array([np.median(calls[sizes == g]) for g in groups])
     y = np.array([np.median(seconds[sizes == g]) for g in groups])
-    per_page, fixed = np.polyfit(x, y, 1) if np.ptp(x) > 0 else (float(y.mean() / max(x.mean(), 1)), 0.0)
-    if per_page <= 0:  # a loaded machine can tilt the line: fall back to the mean rate
-        per_page, fixed = float(y.sum() / x.sum()), 0.0
-    return {"fixed_us": 1e6 * max(0.0, float(fixed)), "us_per_page": 1e6 * float(per_page)}
+    per_call, fixed = np.polyfit(x, y, 1) if np.ptp(x) > 0 else (float(y.mean() / max(x.mean(), 1)), 0.0)
+    if per_call <= 0:  # a loaded machine can tilt the line: fall back to the mean rate
+        per_call, fixed = float(y.sum() / x.sum()), 0.0
+    return {"fixed_us": 1e6 * max(0.0, float(fixed)), "us_per_call": 1e6 * float(per_call)}
 
 
 def _step_io(f: RowFile, rng: np.random.Generator, repeats: int, compute) -> dict:
@@ -111,17 +112,17 @@ def _step_io(f: RowFile, rng: np.random.Generator, repeats: int, compute) -> dic
         c2, t2 = time.process_time(), time.perf_counter()
         f.write_rows(rows, recs, ps)
         c3, t3 = time.process_time(), time.perf_counter()
-        return ps.pages.shape[0], t1 - t0, t3 - t2, c1 - c0, c3 - c2
+        return ps.reads, t1 - t0, t3 - t2, c1 - c0, c3 - c2  # the write-back makes the fetch's requests
 
     for n in STEP_ROWS:
         one(n)
-    sizes, pages, t_read, t_write, cpu_read, cpu_write = [], [], [], [], [], []
+    sizes, calls, t_read, t_write, cpu_read, cpu_write = [], [], [], [], [], []
     for _ in range(repeats):
         for n in rng.permutation(STEP_ROWS).tolist():
-            p, tr, tw, cr, cw = one(n)
-            for out, v in zip((sizes, pages, t_read, t_write, cpu_read, cpu_write), (n, p, tr, tw, cr, cw)):
+            c, tr, tw, cr, cw = one(n)
+            for out, v in zip((sizes, calls, t_read, t_write, cpu_read, cpu_write), (n, c, tr, tw, cr, cw)):
                 out.append(v)
-    total = float(sum(pages))
+    total = float(sum(calls))
 
     # Look-ahead: the producer reads step j+1 while the writer writes step j back (one file, one pool). Every
     # timed write-back is of rows just read (untimed), as a step's is: a page written since is read again.
@@ -172,8 +173,8 @@ def _step_io(f: RowFile, rng: np.random.Generator, repeats: int, compute) -> dic
         "record_bytes": f.record,
         "rows": list(STEP_ROWS),
         "repeats": repeats,
-        "read": {**_fit(pages, t_read, sizes), "cpu_us_per_page": 1e6 * sum(cpu_read) / total},
-        "write": {**_fit(pages, t_write, sizes), "cpu_us_per_page": 1e6 * sum(cpu_write) / total},
+        "read": {**_fit(calls, t_read, sizes), "cpu_us_per_call": 1e6 * sum(cpu_read) / total},
+        "write": {**_fit(calls, t_write, sizes), "cpu_us_per_call": 1e6 * sum(cpu_write) / total},
         "read_write_penalty": float(np.median(rw)),
         "compute_penalty": float(np.median(beside)),
     }
