@@ -533,6 +533,11 @@ def test_step_fit_and_penalty():
 def test_calibrate_disk_cli(tmp_path, capsys):
     out = tmp_path / "hw.json"
     out.write_text('{"format": "hotline-hardware", "host": {"x": 1}}')
+    # the user's files named as the calibration's scratch files were: never opened, refused or removed
+    mine = {tmp_path / n: f"user data {n}" for n in ("hotline-disk-calibration.bin",
+                                                     "hotline-disk-calibration-step.bin")}  # fmt: skip
+    for p, text in mine.items():
+        p.write_text(text)
     assert (
         main(
             [
@@ -565,7 +570,8 @@ def test_calibrate_disk_cli(tmp_path, capsys):
     assert 0 <= t["read_write_penalty"] <= 3 and 0 <= t["compute_penalty"] <= 3
     printed = capsys.readouterr().out
     assert "random 4 KiB reads" in printed and "a step's I/O (128-byte records)" in printed
-    assert not list(tmp_path.glob("hotline-disk-calibration*"))  # its scratch file is gone
+    assert not list(tmp_path.glob(".hotline-disk-calibration-*"))  # its scratch folder is gone
+    assert {p: p.read_text() for p in mine} == mine
     assert main(["calibrate", "--out", str(out), "--disk-only"]) == 2
     assert main(["calibrate", "--out", str(out), "--disk", str(tmp_path), "--disk-only",
                  "--disk-record-bytes", "6"]) == 2  # not whole floats  # fmt: skip

@@ -23,6 +23,8 @@ The I/O thread pool is started before any timing (its threads are made on first 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -34,6 +36,8 @@ from hotline.tiers.disk_file import PAGE, RowFile, aligned_bytes, manifest_path,
 
 _SCRATCH = "hotline-disk-calibration.bin"
 _STEP_SCRATCH = "hotline-disk-calibration-step.bin"
+_SCRATCH_DIR = ".hotline-disk-calibration-"
+"""The scratch files' folder in the directory timed (a fresh one per calibration, removed at its end)."""
 STEP_FORMAT = 4
 """The version of the ``step`` section (a description without it predates step-shaped timing; format 2 timed
 the I/O alone, not after a compute pass as training issues it; 2 and 3 priced pages, not requests)."""
@@ -199,7 +203,24 @@ def calibrate_disk(directory: str | os.PathLike, depth: int = 32, file_bytes: in
         raise ValueError(f"--disk-depth must be >= 1, got {depth}")
     rng = np.random.default_rng(seed)
     rows = max(1024, file_bytes // PAGE)
-    path = directory / _SCRATCH
+    # the scratch files in a folder of their own, made here and removed with everything in it: a file of the
+    # user's in DIR, whatever its name, is never opened, refused or removed
+    try:
+        scratch = Path(tempfile.mkdtemp(prefix=_SCRATCH_DIR, dir=directory))
+    except OSError as e:
+        raise ValueError(
+            f"--disk {directory}: cannot make a scratch folder there ({e.strerror or e})"
+        ) from None
+    try:
+        return _calibrate_in(scratch, directory, depth, file_bytes, reads, record_bytes, repeats, rows, rng)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _calibrate_in(scratch: Path, directory: Path, depth: int, file_bytes: int, reads: int, record_bytes: int,
+                  repeats: int, rows: int, rng: np.random.Generator) -> dict:  # fmt: skip
+    """:func:`calibrate_disk`'s timings, its scratch files in ``scratch``."""
+    path = scratch / _SCRATCH
     try:
         f, seq_bps = _scratch_file(path, rows, PAGE // 4, depth, rng)  # one 4 KiB record per page
         try:
@@ -224,7 +245,7 @@ def calibrate_disk(directory: str | os.PathLike, depth: int = 32, file_bytes: in
             f.close()
     finally:
         _remove(path)
-    step_path = directory / _STEP_SCRATCH
+    step_path = scratch / _STEP_SCRATCH
     try:
         g, _ = _scratch_file(step_path, max(1024, file_bytes // record_bytes), record_bytes // 4, depth, rng)
         try:
