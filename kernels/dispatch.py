@@ -53,6 +53,19 @@ def _prefetch(typingctx, arr, index):
     return sig, codegen
 
 
+@njit(inline="always")
+def _u(i):
+    """``i`` as an unsigned index. Numba wraps every signed index (``a[i]`` with ``i < 0`` reads from the end),
+    which adds a compare and select to each access and keeps LLVM from unrolling the kernels' inner loops;
+    an unsigned index has no such branch. Only for indices known to be in range and non-negative (checked
+    ids, positions counted from zero). Mixing an unsigned and a signed integer makes Numba compute in float64,
+    so every operand of an index sum is wrapped."""
+    return np.uint64(i)
+
+
+_ONE = np.uint64(1)
+
+
 @njit(cache=True, parallel=True, nogil=True)
 def _lookup_chunks(ids, col_offset, col_size, remap, ahead, chunk_start, slots, is_popular, bad, counts):
     """Pass 1, the lookups: chunk k (samples ``chunk_start[k]:chunk_start[k+1]``) reads every id once, checks
@@ -69,19 +82,19 @@ def _lookup_chunks(ids, col_offset, col_size, remap, ahead, chunk_start, slots, 
         for b in range(b0, b1):
             if b + ahead < b1:
                 for c in range(C):
-                    v = ids[b + ahead, c]
-                    if v >= 0 and v < col_size[c]:
-                        _prefetch(remap, col_offset[c] + v)
-            row = b * C
+                    v = ids[_u(b + ahead), _u(c)]
+                    if v >= 0 and v < col_size[_u(c)]:
+                        _prefetch(remap, col_offset[_u(c)] + v)
+            row = _u(b * C)
             cold = 0
             stop = -1
             for c in range(C):
-                v = ids[b, c]
-                if v < 0 or v >= col_size[c]:
+                v = ids[_u(b), _u(c)]
+                if v < 0 or v >= col_size[_u(c)]:
                     stop = c
                     break
-                r = remap[col_offset[c] + v]
-                slots[row + c] = r
+                r = remap[_u(col_offset[_u(c)] + v)]
+                slots[row + _u(c)] = r
                 cold += r < 0
             bad[b] = stop
             if stop >= 0:
@@ -89,7 +102,7 @@ def _lookup_chunks(ids, col_offset, col_size, remap, ahead, chunk_start, slots, 
                     bad[rest] = -1
                 stopped += 1
                 break
-            is_popular[b] = cold == 0
+            is_popular[_u(b)] = cold == 0
             n_pop += cold == 0
             n_cold += cold
         counts[k, 0] = n_pop
@@ -124,31 +137,31 @@ def _write_chunks(
         n_cold += cold_k
     for k in prange(K):
         b0, b1 = chunk_start[k], chunk_start[k + 1]
-        p = counts[k, 0]
-        q = b0 - p
-        nc = counts[k, 1]
-        nh = q * C - nc
+        p = _u(counts[k, 0])
+        q = _u(b0) - p
+        nc = _u(counts[k, 1])
+        nh = q * _u(C) - nc
         for b in range(b0, b1):
-            row = b * C
-            if is_popular[b] and not fused:
+            row = _u(b * C)
+            if is_popular[_u(b)] and not fused:
                 pop_samples[p] = b
                 for c in range(C):
-                    pop_ids[p * C + c] = slots[row + c]
-                p += 1
+                    pop_ids[p * _u(C) + _u(c)] = slots[row + _u(c)]
+                p += _ONE
                 continue
             np_samples[q] = b
-            first = q * C
+            first = q * _u(C)
             for c in range(C):
-                r = slots[row + c]
+                r = slots[row + _u(c)]
                 if r >= 0:
-                    hot_pos[nh] = first + c
+                    hot_pos[nh] = first + _u(c)
                     hot_slot[nh] = r
-                    nh += 1
+                    nh += _ONE
                 else:
-                    cold_pos[nc] = first + c
-                    cold_fid[nc] = col_offset[c] + ids[b, c]
-                    nc += 1
-            q += 1
+                    cold_pos[nc] = first + _u(c)
+                    cold_fid[nc] = col_offset[_u(c)] + ids[_u(b), _u(c)]
+                    nc += _ONE
+            q += _ONE
     n_np = chunk_start[K] - n_pop
     return n_pop, n_np, n_np * C - n_cold, n_cold
 
