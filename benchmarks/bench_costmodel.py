@@ -39,6 +39,7 @@ PREDICTED_AS = {
 def main(argv: list[str] | None = None) -> dict:
     from hotline.profiling import costmodel
     from hotline.profiling.calibrate import calibrate
+    from hotline.training.auto import with_timed_pass
 
     p = common.parser(__doc__)
     p.add_argument(
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> dict:
         hw = calibrate(threads=args.threads, seed=args.seed)
         print(f"calibrated {hw['name']} in {hw['calibration_s']:.0f} s", flush=True)
     common.setup_threads(args.threads)
-    rows = []
+    rows, passes = [], []
     for name in args.configs.split(","):
         cfg, args.config = bench_pipeline.config(name), name  # make_data reads args.config (mlperf's bags)
         args.batch = 128 if args.smoke else cfg["mini_batch_size"]
@@ -81,16 +82,24 @@ def main(argv: list[str] | None = None) -> dict:
             dataset = bench_pipeline.make_data(args, root)
             prof = bench_pipeline.profile_run(dataset, args, cfg)
             placements = bench_pipeline.make_placements(dataset, args, cfg, root, prof=prof)
+            work = costmodel.Workload(
+                batch_size=args.batch,
+                num_tables=dataset.num_tables,
+                pooling_factor=dataset.pooling_factor,
+                embedding_dim=cfg["embedding_dim"],
+                optimizer=args.optimizer,
+                worker_threads=args.worker_threads,
+                **costmodel.arch_of(cfg),  # the model the sweep trains: MLPs, interaction, cross layers
+            )
+            fitted = costmodel.phases("hybrid", work, costmodel.Stats(0.0, 0.0, 0.0, 0.0), hw)
+            if not args.hardware:  # as `hotline train --mode auto` prices: the run's own pass, timed now
+                hw = with_timed_pass(hw, work, args.threads, say=lambda m: None)
+                timed = hw["device"]["passes"][costmodel.pass_key(work)]
+                passes.append({"config": name, "timed_pass_ms": timed["pass_us"] / 1e3,
+                               "fitted_pass_ms": 1e3 * fitted["compute"],
+                               "timed_assemble_ms": timed["assemble_us"] / 1e3,
+                               "fitted_assemble_ms": 1e3 * fitted["assemble"]})  # fmt: skip
             measured = bench_pipeline.sweep(dataset, args, cfg, placements, keep="median")
-        work = costmodel.Workload(
-            batch_size=args.batch,
-            num_tables=dataset.num_tables,
-            pooling_factor=dataset.pooling_factor,
-            embedding_dim=cfg["embedding_dim"],
-            optimizer=args.optimizer,
-            worker_threads=args.worker_threads,
-            **costmodel.arch_of(cfg),  # the model the sweep trained: MLPs, interaction, cross layers
-        )
         by_budget = {pl["budget_bytes"]: pl for pl in placements}
         for r in measured:
             if "error" in r:  # a run that raised (recorded by the sweep): nothing measured to compare
@@ -137,6 +146,19 @@ def main(argv: list[str] | None = None) -> dict:
         ],
         title=f"cost model on {hw['name']}: predicted / measured samples/s (target {TARGET[0]}-{TARGET[1]})",
     )
+    if passes:
+        common.print_table(
+            passes,
+            [
+                ("config", "config", ""),
+                ("timed_pass_ms", "timed pass ms", ".1f"),
+                ("fitted_pass_ms", "fit alone ms", ".1f"),
+                ("timed_assemble_ms", "timed assemble ms", ".1f"),
+                ("fitted_assemble_ms", "fit alone ms", ".1f"),
+            ],
+            title="each config's dense pass at its batch size, timed before its sweep (the predictions use it) "
+            "and as the calibration's fit over 13 shapes alone would price it",
+        )
     inside = sum(r["in_target"] for r in rows)
     print(f"{inside} of {len(rows)} ratios within {TARGET[0]}-{TARGET[1]}")
     payload = {
@@ -144,6 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
         "hardware": hw,
         "results": rows,
         "in_target": inside,
+        "timed_passes": passes,
         "target_met": inside == len(rows),
         "machine": common.machine_info(args.threads),
     }

@@ -361,11 +361,13 @@ def targets_met(ratios: list[dict]) -> dict:
 def auto_choice(dataset, args, cfg, prof, placements: list[dict]):
     """What ``hotline train --mode auto`` chooses for this data on this machine, among the sweep's budgets."""
     from hotline.profiling.costmodel import Stats, arch_of, workload_for
-    from hotline.training.auto import choose, device_memory, hardware_for, table_bytes
+    from hotline.training.auto import choose, device_memory, hardware_for, table_bytes, with_timed_pass
 
-    # what `hotline train` prices with: this CPU's cached calibration, or --hardware
+    # what `hotline train` prices with: this CPU's cached calibration and the model's pass timed now, or --hardware
     hw = hardware_for("cpu", args.hardware, args.threads)
     w = workload_for(prof, worker_threads=args.worker_threads, **arch_of(cfg))  # the model the sweep trains
+    if not args.hardware:
+        hw = with_timed_pass(hw, w, args.threads)
     return choose(
         table_bytes(dataset.table_sizes, cfg["embedding_dim"], args.optimizer),
         device_memory("cpu"),

@@ -119,6 +119,9 @@ def test_train_without_flags_prints_and_records_its_choice(tmp_path, capsys):
     record = json.loads(out.strip().splitlines()[-1])
     assert record["mode"] == record["auto"]["mode"] == "device"
     assert record["auto"]["measured_samples_per_s"] == record["samples_per_s"]
+    # this CPU's calibration, with the run's own dense pass timed for it (the compute is priced from it)
+    assert "timing this model's dense pass on this CPU" in err
+    assert record["auto"]["dense_pass"]["pass_us"] > 0 and record["auto"]["dense_pass"]["batch"] > 0
     # an explicit --mode wins, and says so in the record
     assert main(["train", str(ds), *arch, "--num-batches", "3", "--no-progress", "--mode", "hybrid"]) == 0
     out, err = capsys.readouterr()

@@ -206,3 +206,62 @@ def test_nonnegative_fit_recovers_and_clamps():
     np.testing.assert_allclose(_nnls(x.tolist(), (x @ truth).tolist()), truth, rtol=1e-6)
     y = x @ np.array([2e-11, 0.0, 3e-4]) - 1e-4 * x[:, 1] / 3e7  # a negative pull on the middle column
     assert (_nnls(x.tolist(), y.tolist()) >= 0).all()
+
+
+def test_a_timed_pass_anchors_the_compute_and_the_assembly():
+    """Where the description timed the model's own dense pass (``device.passes``), every mode's compute is the
+    fitted formula scaled to give that timing at the timed batch (micro-batches keep the formula's shape and
+    its cost per pass), and the row assembly scales with lookups from the timed one; another model keeps the
+    fit alone."""
+    key = cm.pass_key(W)
+    timed = {"batch": 2048, "pooling_factor": 1, "pass_us": 30_000.0, "assemble_us": 3_000.0}
+    hw = {**HW, "device": {**HW["device"], "passes": {key: timed}}}
+    at = cm.Workload(2048, 26, 1, 64, (13, 64, 64), (64, 1))
+    scale = 30e-3 / cm._compute_s(at, HW["device"], 2048)
+    for mode in ("device", "hybrid"):
+        fit = cm.phases(mode, W, stats(), HW)["compute"]
+        assert cm.phases(mode, W, stats(), hw)["compute"] == pytest.approx(fit * scale)
+    assert cm._compute_s(at, hw["device"], 2048) == pytest.approx(30e-3)  # the timing itself, at its batch
+    k0, fit_k0 = cm.phases("hotline_k0", W, stats(), hw), cm.phases("hotline_k0", W, stats(), HW)
+    assert k0["compute"] == pytest.approx(fit_k0["compute"] * scale)
+    assert k0["assemble"] == pytest.approx(3e-3 * 4096 / 2048)  # twice the lookups of the timed pass
+    other = cm.Workload(4096, 26, 1, 32, (13, 128, 32), (128, 1))
+    assert cm.pass_key(other) != key
+    assert cm.phases("hybrid", other, stats(), hw) == cm.phases("hybrid", other, stats(), HW)
+    # the key holds what a pass's cost depends on, never the batch size or the producer's threads
+    assert cm.pass_key(cm.Workload(512, 26, 1, 64, (13, 64, 64), (64, 1), worker_threads=3)) == key
+    dcn = cm.Workload(1024, 26, 1, 16, (13, 64, 16), (64, 1), interaction="dcn", dcn_low_rank_dim=64)
+    assert "dcn 3x64" in cm.pass_key(dcn)
+
+
+@pytest.mark.parametrize(
+    "passes, message",
+    [
+        ([1, 2], "device.passes is list, not an object"),
+        ({"k": 3}, "device.passes['k'] is int, not an object"),
+        ({"k": {"batch": 8, "pooling_factor": 1, "pass_us": 5.0}}, "device.passes['k'].assemble_us is missing"),
+        ({"k": {"batch": 8, "pooling_factor": 1, "pass_us": 0.0, "assemble_us": 1.0}}, "a rate must be > 0"),
+    ],
+)
+def test_malformed_timed_passes_are_named(passes, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        cm.load_hardware({**HW, "device": {**HW["device"], "passes": passes}})
+
+
+def test_time_pass_times_the_models_pass_on_this_cpu():
+    """The real timing of a small model's pass: positive figures, the batch and bag size it ran, and a
+    description holding it prices that model's compute from it."""
+    import torch
+
+    from hotline.profiling.calibrate import time_pass
+
+    before = torch.get_num_threads()
+    w = cm.Workload(64, 3, 2.4, 8, (13, 8), (8, 1))
+    timed = time_pass(w, threads=1, budget_s=0.05)
+    assert torch.get_num_threads() == before  # threads restored
+    assert timed["batch"] == 64 and timed["pooling_factor"] == 2 and timed["threads"] == 1
+    assert timed["pass_us"] > 0 and timed["assemble_us"] > 0
+    hw = cm.load_hardware({**HW, "device": {**HW["device"], "passes": {cm.pass_key(w): timed}}})
+    uniform = cm.Workload(64, 3, 2, 8, (13, 8), (8, 1))  # the bags it timed: the same key
+    assert cm.phases("hybrid", uniform, stats(), hw)["compute"] == pytest.approx(timed["pass_us"] * 1e-6)
+    assert cm.phases("hybrid", w, stats(), hw)["compute"] > timed["pass_us"] * 1e-6  # 2.4 lookups a bag, not 2

@@ -187,12 +187,12 @@ def _handover_us(rounds: int = 2000) -> float:
 
 
 def _pass(
-    rng: np.random.Generator, B: int, T: int, D: int, bot, top, arch: dict | None = None
+    rng: np.random.Generator, B: int, T: int, D: int, bot, top, arch: dict | None = None, L: int = 1
 ) -> tuple[Callable, Callable, Workload, object]:
     """A non-popular micro-batch's forward and backward as the tiered step runs it on a CPU (its rows put
     together by the Numba kernel from a hot table and a working buffer, then DLRM's forward and backward), and
     the row assembly alone; with the matching workload and the model. ``arch``: the interaction's TrainConfig
-    fields (default: dot)."""
+    fields (default: dot); ``L``: lookups per table per sample (summed bags)."""
     import torch
 
     from hotline.kernels.gather import assemble_rows
@@ -206,7 +206,7 @@ def _pass(
     model = DLRM(cfg.model_config([1000] * T), seed=0)
     dense = torch.randn(B, 13)
     labels = torch.from_numpy((rng.random(B) < 0.25).astype(np.float32))
-    N = B * T
+    N = B * T * L
     hot = rng.standard_normal((100_000, D), dtype=np.float32)
     work = rng.standard_normal((max(1, N // 3), D), dtype=np.float32)
     order = rng.permutation(N)
@@ -221,10 +221,10 @@ def _pass(
 
     def one() -> None:
         rows = assemble().requires_grad_(True)
-        loss_and_backward(model, dense, sum_pool(rows, T, 1), labels, B)
+        loss_and_backward(model, dense, sum_pool(rows, T, L), labels, B)
         model.zero_grad(set_to_none=True)
 
-    return one, assemble, Workload(B, T, 1, D, **arch_of(cfg)), model
+    return one, assemble, Workload(B, T, L, D, **arch_of(cfg)), model
 
 
 def overlap_penalty(together: float, a: float, b: float) -> float:
@@ -363,6 +363,47 @@ def _dense_fit(rng: np.random.Generator) -> dict:
         "dense_fit_max_rel_error": float(np.max(np.abs(predicted / np.asarray(secs) - 1))),
         "assemble_gbps": sum(b for b, _ in assembled) / sum(t for _, t in assembled) / 1e9,
         "dense_update_us_per_tensor": 1e6 * float(np.median(per_tensor)),
+    }
+
+
+def time_pass(w: Workload, threads: int | None = None, seed: int = 0, budget_s: float = 1.5) -> dict:
+    """The dense pass of the model ``w`` prices, timed on this CPU at its batch size (the tiered forward and
+    backward of :func:`_pass`, its row assembly timed apart), for the cost model's ``device.passes`` (see
+    :func:`hotline.profiling.costmodel.pass_key`). The fit of :func:`_dense_fit` spans 13 shapes with four
+    coefficients, and on this 2-core host it misses single shapes by up to 40% (the emb-heavy and Kaggle
+    shapes by +8% to +30%, every time in the same direction); anchored to this timing, the model keeps the
+    fit's shape over batch sizes and passes but takes its scale from the run's own model. Multi-hot bags of
+    mean size L are timed as uniform bags of round(L). Threads as :func:`calibrate` (default: all cores);
+    takes about ``budget_s`` seconds (at least 3 and at most 16 timed calls of each, after 2 untimed)."""
+    import numba
+    import torch
+
+    from hotline._malloc import keep_freed_memory
+
+    keep_freed_memory()  # as a Trainer runs
+    threads = int(threads or os.cpu_count() or 1)
+    torch_before, numba_before = torch.get_num_threads(), numba.get_num_threads()
+    torch.set_num_threads(threads)
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    L = max(1, int(round(w.pooling_factor)))
+    try:
+        arch = {k: getattr(w, k) for k in ("interaction", "dcn_num_layers", "dcn_low_rank_dim")}
+        one, assemble, _, _ = _pass(np.random.default_rng(seed), w.batch_size, w.num_tables, w.embedding_dim,
+                                    w.bottom_mlp, w.top_mlp, arch, L=L)  # fmt: skip
+        first = _mean_s(one, repeats=1, warmup=1)
+        repeats = int(min(16, max(3, budget_s / max(first, 1e-6))))
+        t_pass = _mean_s(one, repeats=repeats, warmup=1)
+        t_asm = _mean_s(assemble, repeats=repeats, warmup=2)
+    finally:
+        torch.set_num_threads(torch_before)
+        numba.set_num_threads(numba_before)
+    return {
+        "batch": int(w.batch_size),
+        "pooling_factor": L,
+        "pass_us": 1e6 * max(t_pass - t_asm, 1e-7),
+        "assemble_us": 1e6 * t_asm,
+        "threads": threads,
+        "source": f"timed {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, load average {_load()}",
     }
 
 

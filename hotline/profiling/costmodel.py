@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
@@ -340,11 +340,20 @@ def compute_features(w: Workload, samples: float) -> tuple[float, float]:
     return mlp + inter, bytes_
 
 
-def _compute_s(w: Workload, dev: dict, samples: float, passes: float = 1.0) -> float:
-    """Forward + backward over ``samples`` samples in ``passes`` passes (0 samples: no pass). The interaction's
-    rate defaults to the dense rate where the description has none of its own (the GPU table)."""
-    if samples <= 0:
-        return 0.0
+def pass_key(w: Workload) -> str:
+    """The dense pass's shape, without its batch size: how a timed pass of the model (``device.passes`` of a
+    hardware description, :func:`hotline.profiling.calibrate.time_pass`) is found again."""
+    arch = w.interaction + (f" {w.dcn_num_layers}x{w.dcn_low_rank_dim}" if w.interaction == "dcn" else "")
+    return (f"T{w.num_tables} L{max(1, round(w.pooling_factor))} D{w.embedding_dim} "
+            f"bottom {'-'.join(map(str, w.bottom_mlp))} top {'-'.join(map(str, w.top_mlp))} {arch}")  # fmt: skip
+
+
+def _timed_pass(w: Workload, dev: dict) -> dict | None:
+    """The description's timing of this model's dense pass (``device.passes``), or None."""
+    return (dev.get("passes") or {}).get(pass_key(w))
+
+
+def _fitted_compute_s(w: Workload, dev: dict, samples: float, passes: float) -> float:
     mlp, inter, bytes_ = compute_terms(w, samples)
     return (
         mlp / (dev["dense_gflops"] * 1e9)
@@ -352,6 +361,32 @@ def _compute_s(w: Workload, dev: dict, samples: float, passes: float = 1.0) -> f
         + bytes_ / (dev["mem_gbps"] * 1e9)
         + passes * dev["pass_overhead_us"] * 1e-6
     )
+
+
+def _compute_s(w: Workload, dev: dict, samples: float, passes: float = 1.0) -> float:
+    """Forward + backward over ``samples`` samples in ``passes`` passes (0 samples: no pass): the fitted
+    formula (FLOPs at the dense and the interaction's rate, the latter the dense rate where the description has
+    none of its own, e.g. the GPU table; bytes; a cost per pass), scaled, where the description timed this
+    model's pass (:func:`pass_key`), so that it gives that timing at the timed batch size."""
+    if samples <= 0:
+        return 0.0
+    t = _fitted_compute_s(w, dev, samples, passes)
+    timed = _timed_pass(w, dev)
+    if timed is not None:
+        at = replace(w, batch_size=int(timed["batch"]), pooling_factor=timed["pooling_factor"])
+        t *= timed["pass_us"] * 1e-6 / _fitted_compute_s(at, dev, timed["batch"], 1.0)
+    return t
+
+
+def _assemble_s(w: Workload, dev: dict) -> float:
+    """The looked-up rows put together from the hot table and the working buffer: at the description's
+    assembly rate, or in proportion to the lookups of this model's timed pass (:func:`pass_key`)."""
+    N = w.lookups
+    timed = _timed_pass(w, dev)
+    if timed is not None:
+        return timed["assemble_us"] * 1e-6 * N / (timed["batch"] * w.num_tables * timed["pooling_factor"])
+    rate = dev.get("assemble_gbps", dev.get("gather_gbps", dev["mem_gbps"]))
+    return N * 4.0 * w.embedding_dim / (rate * 1e9)
 
 
 def _update_s(w: Workload, dev: dict, lookups: float, rows: float) -> float:
@@ -421,12 +456,7 @@ def phases(mode: str, w: Workload, s: Stats, hw: dict, disk: DiskTier | None = N
         out["gather"] = cold * R / (_host(hw, "gather_gbps", threads) * 1e9)
         out["h2d"] = _link_s(hw, cold * R + index_bytes, "h2d")
         # the looked-up rows put together from the hot table and the working buffer (device mode's "lookup")
-        out["assemble"] = (
-            N
-            * 4.0
-            * w.embedding_dim
-            / (dev.get("assemble_gbps", dev.get("gather_gbps", dev["mem_gbps"])) * 1e9)
-        )
+        out["assemble"] = _assemble_s(w, dev)
         if mode in ("hybrid", "hotline_k1"):  # one pass (look-ahead fuses the micro-batches: rows are ready)
             out["compute"] = _compute_s(w, dev, B)
         else:  # K=0: the popular micro-batch, then the non-popular one (each pass only when it has samples)

@@ -93,4 +93,28 @@ def check_hardware(hw, source: str) -> dict:
             problem = _number_problem(value, kind)
             if problem:
                 raise ValueError(f"{where} {problem}")
+    _check_passes(hw["device"].get("passes"), source)
     return hw
+
+
+PASS_FIELDS = {"batch": RATE, "pooling_factor": RATE, "pass_us": RATE, "assemble_us": COST}
+"""The figures of each timed dense pass in ``device.passes`` (:func:`hotline.profiling.calibrate.time_pass`)."""
+
+
+def _check_passes(passes, source: str) -> None:
+    """``device.passes``: absent, or an object of timed passes keyed by their shape, each with
+    :data:`PASS_FIELDS` in range."""
+    if passes is None:
+        return
+    where = f"hardware description {source}: device.passes"
+    if not isinstance(passes, dict):
+        raise ValueError(f"{where} is {type(passes).__name__}, not an object")
+    for key, timed in passes.items():
+        if not isinstance(timed, dict):
+            raise ValueError(f"{where}[{key!r}] is {type(timed).__name__}, not an object")
+        for name, kind in PASS_FIELDS.items():
+            if name not in timed:
+                raise ValueError(f"{where}[{key!r}].{name} is missing")
+            problem = _number_problem(timed[name], kind)
+            if problem:
+                raise ValueError(f"{where}[{key!r}].{name} {problem}")

@@ -114,6 +114,9 @@ class AutoChoice:
     """The cold store hybrid and hotline were priced with: ``memory`` or ``disk``."""
     cold_dir: str | None = None
     """The disk store's directory (``disk``), else None."""
+    dense_pass: dict | None = None
+    """This CPU's timing of the run's dense pass the compute was priced from (:func:`with_timed_pass`), else
+    None (the calibration's fit alone, or a GPU)."""
 
     def line(self) -> str:
         """The one or two lines ``hotline train`` prints."""
@@ -146,6 +149,8 @@ class AutoChoice:
             "cold_store": self.cold_store,
             "cold_dir": self.cold_dir,
         }
+        if self.dense_pass is not None:
+            rec["dense_pass"] = self.dense_pass
         best = self.candidates[0] if self.candidates else None
         if best is not None and best.disk is not None:  # what the disk tier was priced with
             rec["disk_pages_per_cold_row"] = best.disk.pages_per_cold_row
@@ -368,6 +373,29 @@ def cpu_hardware(threads: int = 0, say: Callable[[str], None] | None = None) -> 
     return hw
 
 
+def with_timed_pass(
+    hw: dict, w: Workload, threads: int = 0, say: Callable[[str], None] | None = None
+) -> dict:
+    """``hw`` (this CPU's calibration) with the run's own dense pass timed on this CPU and added to
+    ``device.passes`` (:func:`~hotline.profiling.calibrate.time_pass`, a second or two), unless it holds one
+    for this model already: the cost model then prices every mode's compute from the run's own model, not
+    only from the calibration's fit over 13 other shapes (see :func:`~hotline.profiling.costmodel.pass_key`).
+    Timed each run, not cached: it is the largest phase of a CPU step, and this host's speed moves."""
+    from hotline.profiling.calibrate import time_pass
+    from hotline.profiling.costmodel import pass_key
+
+    key = pass_key(w)
+    passes = hw["device"].get("passes") or {}
+    if key in passes:
+        return hw
+    say = say or (lambda m: print(m, file=sys.stderr, flush=True))
+    say(
+        f"timing this model's dense pass on this CPU for --mode auto (batch {w.batch_size:,}, a second or two)"
+    )
+    timed = time_pass(w, threads=threads or None)
+    return {**hw, "device": {**hw["device"], "passes": {**passes, key: timed}}}
+
+
 def _keep(path: Path, figures: dict, what: str, say: Callable[[str], None]) -> None:
     """Keeps a timing in the cache; one that cannot be written only costs the timing next time."""
     from hotline import _io
@@ -484,7 +512,7 @@ def choose_for_run(
     that fit it (``nodes``: machines the ranks run on, each holding its share; ``available``: the memory figure,
     default ``MemAvailable``, as :func:`~hotline.training.preflight.check_memory` takes it)."""
     from hotline.datasets.format import Dataset
-    from hotline.profiling.costmodel import arch_of, disk_timing, workload_for
+    from hotline.profiling.costmodel import arch_of, disk_timing, pass_key, workload_for
     from hotline.table_layout import bytes_per_row
 
     dataset = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
@@ -522,6 +550,8 @@ def choose_for_run(
         prof = profile_for(config, dataset, progress)
     # the model the run trains: its MLPs, interaction and cross layers
     w = workload_for(prof, worker_threads=config.worker_threads, **arch_of(config))
+    if hardware is None and torch_device_type(config.device) == "cpu":  # this CPU's own calibration
+        hw = with_timed_pass(hw, w, config.threads)
     budgets = [int(b) for b in prof.curve().budget_bytes if in_memory(int(b))]
     try:  # device mode's check before its tables are made (on a CPU they are host memory)
         check_memory(
@@ -533,7 +563,7 @@ def choose_for_run(
         device_in_memory = True
     except MemoryShortfall:
         device_in_memory = False
-    return choose(
+    choice = choose(
         table_bytes(dataset.table_sizes, config.embedding_dim, config.optimizer),
         device_memory(config.device),
         hw,
@@ -543,6 +573,15 @@ def choose_for_run(
         disk=disk,
         device_in_memory=device_in_memory,
     )
+    choice.dense_pass = (hw["device"].get("passes") or {}).get(pass_key(w))
+    return choice
+
+
+def torch_device_type(device: str) -> str:
+    """``cpu`` or ``cuda`` (torch's name for the device's kind)."""
+    import torch
+
+    return torch.device(device).type
 
 
 def choice_fields(choice: AutoChoice) -> dict:
