@@ -134,8 +134,13 @@ def test_the_disk_is_timed_once_per_filesystem_and_record(tmp_path, monkeypatch)
     assert filesystem_of(tmp_path / "other") == filesystem_of(cold)
     assert disk_hardware_path(tmp_path / "other", 256, 4) == path
     assert disk_hardware_path(cold, 1540, 4) != path and disk_hardware_path(cold, 256, 32) != path
-    with pytest.raises(ValueError, match=r"could not time the disk of --cold-dir .*missing.*--hardware FILE"):
+    with pytest.raises(
+        ValueError, match=r"could not time the disk of --cold-dir .*missing.*--hardware FILE"
+    ) as e:
         disk_hardware(tmp_path / "missing", 256, depth=2, say=said.append, file_bytes=4 << 20, repeats=1)
+    assert f"--disk {tmp_path}" not in str(
+        e.value
+    )  # names the flag the user passed, not `hotline calibrate`'s
 
 
 # -- hotline train --cold-store disk with --mode auto ---------------------------------------------------

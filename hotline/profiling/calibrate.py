@@ -23,6 +23,18 @@ from hotline.profiling.costmodel import Workload, arch_of, compute_terms
 
 VERSION = 1
 
+ROUNDS = 3
+"""Rounds of the calibration: every figure is timed once per round and the median round counts."""
+_REPEATS = 4
+"""Timed calls of each shape per round (after its untimed warm-up calls)."""
+
+
+def _spread(rounds: list) -> float:
+    """How far a figure's rounds moved: the largest (slowest - fastest) / median over its shapes."""
+    a = np.asarray(rounds, dtype=np.float64).reshape(len(rounds), -1)
+    mid = np.median(a, axis=0)
+    return float(np.max((a.max(axis=0) - a.min(axis=0)) / np.where(mid > 0, mid, 1.0)))
+
 
 def _mean_s(
     fn: Callable[[], object], repeats: int = 5, warmup: int = 1, flush: Callable[[], object] | None = None
@@ -95,12 +107,13 @@ def _criteo_like(rng: np.random.Generator, n: int) -> tuple[list[int], np.ndarra
     return sizes, ids.astype(np.int32)[:, :, None], by_rank
 
 
-def _dispatch_fit(
+def _dispatch_timer(
     rng: np.random.Generator, flush: Callable[[], object], batch: int = 4096
-) -> Callable[[], dict]:
+) -> tuple[Callable[[], np.ndarray], Callable[[np.ndarray], dict]]:
     """Dispatch of Criteo-like batches (Kaggle's 26 table sizes up to 1M rows, Zipf ids) under placements from
-    nothing hot to most lookups hot, fitted to ns per lookup and per cold lookup (the cold ones also get a
-    working-buffer slot)."""
+    nothing hot to most lookups hot: ``(time, fit)``, one round's seconds per placement and the fit of a round
+    (or of the rounds' median) to ns per lookup and per cold lookup (the cold ones also get a working-buffer
+    slot)."""
     from hotline.dispatch import Dispatcher
     from hotline.placement import Placement
 
@@ -113,10 +126,11 @@ def _dispatch_fit(
         d = Dispatcher(placement, 1, batch)
         cold = sum(int(np.count_nonzero(placement.remap[t][ids[:, t, 0]] < 0)) for t in range(len(sizes))) / 8
         setups.append((d, cold))
+    feats = [[batch * len(sizes), cold] for _, cold in setups]
 
-    def fit() -> dict:
-        feats, secs = [], []
-        for d, cold in setups:
+    def time_round() -> np.ndarray:
+        secs = []
+        for d, _ in setups:
             i = [0]
 
             def one(d=d, i=i) -> None:
@@ -124,12 +138,14 @@ def _dispatch_fit(
                 i[0] += 1
                 d.split(ids[b * batch : (b + 1) * batch])
 
-            secs.append(_mean_s(one, repeats=8, warmup=2, flush=flush))
-            feats.append([batch * len(sizes), cold])
-        per_lookup, per_cold = _nnls(feats, secs)
+            secs.append(_mean_s(one, repeats=_REPEATS, warmup=2, flush=flush))
+        return np.asarray(secs)
+
+    def fit(secs: np.ndarray) -> dict:
+        per_lookup, per_cold = _nnls(feats, list(secs))
         return {"per_lookup": 1e9 * per_lookup, "per_cold_lookup": 1e9 * per_cold}
 
-    return fit
+    return time_round, fit
 
 
 def _gather_scatter_gbps(
@@ -156,7 +172,7 @@ def _gather_scatter_gbps(
             i[0] += 1
             kernel(table, rows, out[: rows.shape[0]])
 
-        return nbytes / _mean_s(one, repeats=8, warmup=2, flush=flush) / 1e9
+        return nbytes / _mean_s(one, repeats=_REPEATS, warmup=2, flush=flush) / 1e9
 
     return (lambda: timed(gather_rows)), (lambda: timed(scatter_rows))
 
@@ -164,10 +180,10 @@ def _gather_scatter_gbps(
 def _memcpy_gbps() -> float:
     src = np.ones(32 << 20, np.float32)  # 128 MiB
     dst = np.empty_like(src)
-    return src.nbytes / _mean_s(lambda: np.copyto(dst, src)) / 1e9
+    return src.nbytes / _mean_s(lambda: np.copyto(dst, src), repeats=3) / 1e9
 
 
-def _handover_us(rounds: int = 2000) -> float:
+def _handover_us(rounds: int = 1000) -> float:
     """One queue hand-over between two threads (the executor's producer -> main thread), in microseconds."""
     a, b = queue.Queue(), queue.Queue()
 
@@ -315,61 +331,63 @@ _SHAPES = (
 )  # fmt: skip
 
 
-_SWEEPS = 4
-"""Turns over every shape of :data:`_SHAPES` the dense fit times (4 timed calls of each shape per turn)."""
-
-
-def _dense_fit(rng: np.random.Generator) -> dict:
-    """The tiered forward and backward over :data:`_SHAPES`, its row assembly timed apart (the cost model's
-    ``assemble`` phase) and the rest fitted to MLP FLOPs, interaction FLOPs, bytes and a cost per pass; and
-    the dense optimizer's step, fitted to a cost per parameter tensor beyond streaming its parameters."""
-    from hotline.tiers.sparse_optim import SparseOptimizer
-
-    feats, secs, assembled, dense_upd = [], [], [], []
+def _dense_timer(
+    rng: np.random.Generator,
+) -> tuple[Callable[[bool], np.ndarray], Callable[[np.ndarray], dict]]:
+    """The tiered forward and backward over :data:`_SHAPES`: ``(time, fit)``. ``time(first)`` times one turn
+    over every shape (its pass and, apart, its row assembly: :data:`_REPEATS` calls each after one untimed call,
+    three in the ``first`` turn), so that a machine that speeds up or slows down while it is calibrated moves
+    every shape alike, not the shapes timed last; it returns the passes' seconds, then the assemblies'. ``fit``
+    of a turn's (or the turns' median) figures: the assembly is the cost model's ``assemble`` phase, the rest
+    fitted to MLP FLOPs, interaction FLOPs, bytes and a cost per pass; and the dense optimizer's step (timed in
+    ``fit``), fitted to a cost per parameter tensor beyond streaming its parameters."""
     passes = [_pass(rng, B, T, D, bot, top, *arch) for B, T, D, bot, top, *arch in _SHAPES]
-    # Every shape timed in turn, _SWEEPS turns over, each turn after an untimed call of the shape (3 in the
-    # first turn): a machine that speeds up or slows down while it is calibrated moves every shape alike, not
-    # the shapes timed last.
-    total, t_asm = np.zeros(len(passes)), np.zeros(len(passes))
-    for sweep in range(_SWEEPS):
-        for i, (one, assemble, _, _) in enumerate(passes):
-            total[i] += _mean_s(one, repeats=16 // _SWEEPS, warmup=3 if sweep == 0 else 1)
-            t_asm[i] += _mean_s(assemble, repeats=16 // _SWEEPS, warmup=2 if sweep == 0 else 1)
-    total, t_asm = total / _SWEEPS, t_asm / _SWEEPS
-    for (B, T, D, *_), (_, _, w, model), tot, ta in zip(_SHAPES, passes, total, t_asm, strict=True):
-        assembled.append((B * T * D * 4, ta))
-        secs.append(max(tot - ta, 1e-7))
-        feats.append([*compute_terms(w, B), 1.0])
-        if B >= 1024:  # the dense optimizer's step over the same model
-            import torch
 
-            params = list(model.parameters())
-            for q in params:
-                q.grad = torch.randn_like(q)
-            opt = SparseOptimizer("sgd", 0.01).dense_optimizer(params)
-            dense_upd.append((w, _mean_s(opt.step, repeats=20, warmup=3)))
-    del passes
-    inv_mlp, inv_inter, inv_bw, overhead = _nnls(feats, secs)
-    predicted = np.asarray(feats) @ np.array([inv_mlp, inv_inter, inv_bw, overhead])
-    mem_gbps = 1e-9 / max(inv_bw, 1e-18)
-    # the dense step: what streaming its parameters (the cost model's 12 bytes each) does not explain, per tensor
-    per_tensor = [max(0.0, t - 12.0 * w.dense_params() / (mem_gbps * 1e9)) / len(w.param_tensors())
-                  for w, t in dense_upd]  # fmt: skip
-    return {
-        "dense_gflops": 1e-9 / max(inv_mlp, 1e-18),
-        "interaction_gflops": 1e-9 / max(inv_inter, 1e-18),
-        "mem_gbps": mem_gbps,
-        "pass_overhead_us": 1e6 * overhead,
-        "dense_fit_max_rel_error": float(np.max(np.abs(predicted / np.asarray(secs) - 1))),
-        "assemble_gbps": sum(b for b, _ in assembled) / sum(t for _, t in assembled) / 1e9,
-        "dense_update_us_per_tensor": 1e6 * float(np.median(per_tensor)),
-    }
+    def time_turn(first: bool) -> np.ndarray:
+        total = [_mean_s(one, repeats=_REPEATS, warmup=3 if first else 1) for one, _, _, _ in passes]
+        asm = [_mean_s(assemble, repeats=_REPEATS, warmup=2 if first else 1) for _, assemble, _, _ in passes]
+        return np.asarray(total + asm)
+
+    def fit(timed: np.ndarray) -> dict:
+        from hotline.tiers.sparse_optim import SparseOptimizer
+
+        total, t_asm = timed[: len(passes)], timed[len(passes) :]
+        feats, secs, assembled, dense_upd = [], [], [], []
+        for (B, T, D, *_), (_, _, w, model), tot, ta in zip(_SHAPES, passes, total, t_asm, strict=True):
+            assembled.append((B * T * D * 4, ta))
+            secs.append(max(tot - ta, 1e-7))
+            feats.append([*compute_terms(w, B), 1.0])
+            if B >= 1024:  # the dense optimizer's step over the same model
+                import torch
+
+                params = list(model.parameters())
+                for q in params:
+                    q.grad = torch.randn_like(q)
+                opt = SparseOptimizer("sgd", 0.01).dense_optimizer(params)
+                dense_upd.append((w, _mean_s(opt.step, repeats=20, warmup=3)))
+        inv_mlp, inv_inter, inv_bw, overhead = _nnls(feats, secs)
+        predicted = np.asarray(feats) @ np.array([inv_mlp, inv_inter, inv_bw, overhead])
+        mem_gbps = 1e-9 / max(inv_bw, 1e-18)
+        # the dense step: what streaming its parameters (the cost model's 12 bytes each) does not explain, per tensor
+        per_tensor = [max(0.0, t - 12.0 * w.dense_params() / (mem_gbps * 1e9)) / len(w.param_tensors())
+                      for w, t in dense_upd]  # fmt: skip
+        return {
+            "dense_gflops": 1e-9 / max(inv_mlp, 1e-18),
+            "interaction_gflops": 1e-9 / max(inv_inter, 1e-18),
+            "mem_gbps": mem_gbps,
+            "pass_overhead_us": 1e6 * overhead,
+            "dense_fit_max_rel_error": float(np.max(np.abs(predicted / np.asarray(secs) - 1))),
+            "assemble_gbps": sum(b for b, _ in assembled) / sum(t for _, t in assembled) / 1e9,
+            "dense_update_us_per_tensor": 1e6 * float(np.median(per_tensor)),
+        }
+
+    return time_turn, fit
 
 
 def time_pass(w: Workload, threads: int | None = None, seed: int = 0, budget_s: float = 1.5) -> dict:
     """The dense pass of the model ``w`` prices, timed on this CPU at its batch size (the tiered forward and
     backward of :func:`_pass`, its row assembly timed apart), for the cost model's ``device.passes`` (see
-    :func:`hotline.profiling.costmodel.pass_key`). The fit of :func:`_dense_fit` spans 13 shapes with four
+    :func:`hotline.profiling.costmodel.pass_key`). The fit of :func:`_dense_timer` spans 13 shapes with four
     coefficients, and on this 2-core host it misses single shapes by up to 40% (the emb-heavy and Kaggle
     shapes by +8% to +30%, every time in the same direction); anchored to this timing, the model keeps the
     fit's shape over batch sizes and passes but takes its scale from the run's own model. Multi-hot bags of
@@ -407,10 +425,12 @@ def time_pass(w: Workload, threads: int | None = None, seed: int = 0, budget_s: 
     }
 
 
-def _update_fit(rng: np.random.Generator, big: np.ndarray) -> dict:
+def _update_timer(
+    rng: np.random.Generator, big: np.ndarray
+) -> tuple[Callable[[], np.ndarray], Callable[[np.ndarray], dict]]:
     """Sparse SGD update (coalesce + row update) of skewed lookups scattered over a table far larger than any
     cache (``big``: what Hotline's tables are), over lookups n, distinct rows u and dim D, a fresh set of ids
-    each call; fitted to n, n*D, u*D and a fixed cost."""
+    each call: ``(time, fit)``, one round's seconds per shape and their fit to n, n*D, u*D and a fixed cost."""
     import torch
 
     from hotline.datasets.zipf import sample_zipf
@@ -420,7 +440,7 @@ def _update_fit(rng: np.random.Generator, big: np.ndarray) -> dict:
     opt = SparseOptimizer("sgd", 0.01)
     flat = torch.from_numpy(big)
     flush = _flusher(big)
-    feats, secs = [], []
+    feats, calls = [], []
     shapes = (
         (100_000, 64),
         (200_000, 64),
@@ -447,16 +467,23 @@ def _update_fit(rng: np.random.Generator, big: np.ndarray) -> dict:
             i[0] += 1
             opt.step(table, torch.zeros(0), ids, grads, scratch)
 
-        secs.append(_mean_s(one, repeats=8, warmup=1, flush=flush))
+        calls.append(one)
         unique = float(np.mean([u for _, u in sets]))
         feats.append([n, n * D, unique * D, 1.0])
-    per_lookup, per_lookup_float, per_row_float, overhead = _nnls(feats, secs)
-    return {
-        "update_ns_per_lookup": 1e9 * per_lookup,
-        "update_ns_per_lookup_float": 1e9 * per_lookup_float,
-        "update_ns_per_row_float": 1e9 * per_row_float,
-        "update_overhead_us": 1e6 * overhead,
-    }
+
+    def time_round() -> np.ndarray:
+        return np.asarray([_mean_s(one, repeats=_REPEATS, warmup=1, flush=flush) for one in calls])
+
+    def fit(secs: np.ndarray) -> dict:
+        per_lookup, per_lookup_float, per_row_float, overhead = _nnls(feats, list(secs))
+        return {
+            "update_ns_per_lookup": 1e9 * per_lookup,
+            "update_ns_per_lookup_float": 1e9 * per_lookup_float,
+            "update_ns_per_row_float": 1e9 * per_row_float,
+            "update_overhead_us": 1e6 * overhead,
+        }
+
+    return time_round, fit
 
 
 def _load() -> str:
@@ -497,29 +524,52 @@ def calibrate(
     try:
         # 1 GiB: tables far larger than any cache (the values do not matter)
         big = np.ones(256 << 20, np.float32)
-        say("dispatch")
-        dispatch = _dispatch_fit(rng, _flusher(big))
-        d1, dn = _with_threads(1, dispatch), dispatch()
+        say("setting up")
+        flush = _flusher(big)
+        dispatch_time, dispatch_fit = _dispatch_timer(rng, flush)
+        gather, scatter = _gather_scatter_gbps(rng, big)
+        update_time, update_fit = _update_timer(rng, big)
+        dense_time, dense_fit = _dense_timer(rng)
+        # Every figure is timed once per round, ROUNDS rounds over, and the median round of each counts: a
+        # slow spell of this machine (a VM's neighbours) that lasts a part of the calibration moves one round's
+        # figures, not the description (a single pass once timed a whole phase 2-3x slow).
+        timed: dict[str, list] = {}
+        for r in range(ROUNDS):
+            say(
+                f"round {r + 1} of {ROUNDS}: dispatch, gather and scatter, copies, overlap, sparse update, dense compute"
+            )
+            for key, fn in (
+                ("dispatch_1", lambda: _with_threads(1, dispatch_time)),
+                ("dispatch_n", dispatch_time),
+                ("gather_1", lambda: _with_threads(1, gather)),
+                ("gather_n", gather),
+                ("scatter_1", lambda: _with_threads(1, scatter)),
+                ("scatter_n", scatter),
+                ("memcpy", _memcpy_gbps),
+                ("handover", _handover_us),
+                ("overlap", lambda big=big: _overlap_penalty(rng, big)),
+                ("update", update_time),
+                ("dense", lambda first=(r == 0): dense_time(first)),
+            ):
+                timed.setdefault(key, []).append(fn())
+        mid = {k: np.median(np.asarray(v, dtype=np.float64), axis=0) for k, v in timed.items()}
+        d1, dn = dispatch_fit(mid["dispatch_1"]), dispatch_fit(mid["dispatch_n"])
         host = {
             "dispatch_ns_per_lookup": {"1": d1["per_lookup"], "n": dn["per_lookup"]},
             "dispatch_ns_per_cold_lookup": {"1": d1["per_cold_lookup"], "n": dn["per_cold_lookup"]},
+            "gather_gbps": {"1": float(mid["gather_1"]), "n": float(mid["gather_n"])},
+            "scatter_gbps": {"1": float(mid["scatter_1"]), "n": float(mid["scatter_n"])},
+            "memcpy_gbps": float(mid["memcpy"]),
+            "handover_us": float(mid["handover"]),
+            "threads": threads,
+            "cores": cores,
+            "overlap_penalty": float(mid["overlap"]),
         }
-        say("gather and scatter")
-        gather, scatter = _gather_scatter_gbps(rng, big)
-        host["gather_gbps"] = {"1": _with_threads(1, gather), "n": gather()}
-        host["scatter_gbps"] = {"1": _with_threads(1, scatter), "n": scatter()}
-        say("memory copy")
-        host["memcpy_gbps"] = _memcpy_gbps()
-        host["handover_us"] = _handover_us()
-        host.update(threads=threads, cores=cores)
-        say("overlap of host work and compute")
-        host["overlap_penalty"] = _overlap_penalty(rng, big)
-        say("sparse update")
         # The device is this CPU: device mode reads its rows out of host memory at the gather bandwidth.
-        device = {"kind": "cpu", "gather_gbps": host["gather_gbps"]["n"], **_update_fit(rng, big)}
+        device = {"kind": "cpu", "gather_gbps": host["gather_gbps"]["n"], **update_fit(mid["update"])}
         del big
-        say("dense compute")
-        device.update(_dense_fit(rng))
+        device.update(dense_fit(mid["dense"]))
+        spread = {k: _spread(v) for k, v in timed.items()}
     finally:
         torch.set_num_threads(torch_before)
         numba.set_num_threads(numba_before)
@@ -530,6 +580,8 @@ def calibrate(
         "source": f"hotline calibrate, {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, "
         f"load average {_load()} (timings on a loaded machine are not this host's figures)",
         "calibration_s": time.perf_counter() - t0,
+        "rounds": ROUNDS,
+        "rounds_spread": spread,
         "host": host,
         "device": device,
         "link": {"shared_memory": True, "h2d_gbps": host["memcpy_gbps"], "d2h_gbps": host["memcpy_gbps"]},

@@ -193,14 +193,16 @@ def _timed(fn) -> float:
 def calibrate_disk(directory: str | os.PathLike, depth: int = 32, file_bytes: int = 512 << 20,
                    reads: int = 4000, seed: int = 0, record_bytes: int = 256, repeats: int = 5) -> dict:  # fmt: skip
     """The disk section of a hardware description, measured in ``directory`` (scratch files of ``file_bytes``
-    each); ``record_bytes``: the run's record (a row and its optimizer state, ``bytes_per_row``)."""
+    each, in a fresh folder of their own there, removed with it afterwards); ``record_bytes``: the run's record
+    (a row and its optimizer state, ``bytes_per_row``). Bad arguments raise ValueError and a directory that
+    cannot take the scratch folder OSError, in words that name no command-line flag (its callers add theirs)."""
     directory = Path(directory)
     if not directory.is_dir():
-        raise ValueError(f"--disk {directory} is not a directory")
+        raise ValueError(f"{directory} is not a directory (the disk is timed in one)")
     if record_bytes < 4 or record_bytes % 4:
-        raise ValueError(f"--disk-record-bytes must be a positive multiple of 4, got {record_bytes}")
+        raise ValueError(f"the record size must be a positive multiple of 4 bytes, got {record_bytes}")
     if depth < 1:
-        raise ValueError(f"--disk-depth must be >= 1, got {depth}")
+        raise ValueError(f"the I/O depth must be >= 1, got {depth}")
     rng = np.random.default_rng(seed)
     rows = max(1024, file_bytes // PAGE)
     # the scratch files in a folder of their own, made here and removed with everything in it: a file of the
@@ -208,9 +210,7 @@ def calibrate_disk(directory: str | os.PathLike, depth: int = 32, file_bytes: in
     try:
         scratch = Path(tempfile.mkdtemp(prefix=_SCRATCH_DIR, dir=directory))
     except OSError as e:
-        raise ValueError(
-            f"--disk {directory}: cannot make a scratch folder there ({e.strerror or e})"
-        ) from None
+        raise OSError(e.errno, f"cannot make a scratch folder in {directory} ({e.strerror or e})") from None
     try:
         return _calibrate_in(scratch, directory, depth, file_bytes, reads, record_bytes, repeats, rows, rng)
     finally:

@@ -23,9 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -451,7 +449,8 @@ def disk_hardware(
     filesystem of ``cold_dir`` at the run's record size and I/O depth, timed once (under a minute) and read
     back from :func:`disk_hardware_path` afterwards (its ``source`` records the load average it was timed at;
     delete the file to time it again). The timing runs in a fresh directory of its own inside
-    ``cold_dir`` (scratch files, removed with it afterwards: nothing of the user's is touched); ``timing``:
+    ``cold_dir`` (scratch files, removed with it afterwards: nothing of the user's is touched; made by
+    :func:`~hotline.profiling.disk_calibrate.calibrate_disk`); ``timing``:
     :func:`~hotline.profiling.disk_calibrate.calibrate_disk`'s sizes (tests time a small file)."""
     from hotline.profiling.disk_calibrate import STEP_FORMAT, calibrate_disk
 
@@ -467,15 +466,12 @@ def disk_hardware(
     what = f"{fs[3]} on {fs[2]}" if len(fs) == 4 else fs[0]
     say(f"timing the disk of {cold_dir} once for --mode auto ({what}, {record_bytes}-byte records, depth "
         f"{depth}; under a minute, on scratch files removed afterwards; kept in {path})")  # fmt: skip
-    try:
-        scratch = tempfile.mkdtemp(prefix=".hotline-auto-disk-", dir=cold_dir)
-        try:
-            section = calibrate_disk(scratch, depth, record_bytes=record_bytes, **timing)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)  # its own directory: only the timing's files
-    except OSError as e:
+    try:  # in a scratch folder of its own that calibrate_disk makes in cold_dir and removes
+        section = calibrate_disk(cold_dir, depth, record_bytes=record_bytes, **timing)
+    except (OSError, ValueError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         raise ValueError(
-            f"--mode auto could not time the disk of --cold-dir {cold_dir} ({e.strerror or e}): pass --hardware "
+            f"--mode auto could not time the disk of --cold-dir {cold_dir} ({why}): pass --hardware "
             "FILE with a disk section (`hotline calibrate --disk DIR`) or an explicit --mode"
         ) from None
     section["path"] = str(cold_dir)
