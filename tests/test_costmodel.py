@@ -162,6 +162,10 @@ def test_calibrate_times_this_host():
             values = v.values() if isinstance(v, dict) else [v]
             assert all(not isinstance(x, (int, float)) or x >= 0 for x in values), k
     assert hw["device"]["dense_gflops"] > 0 and hw["host"]["gather_gbps"]["1"] > 0
+    assert hw["device"]["reference_pass_us"] > 0  # what a later timing of a run's pass is scaled against
+    # every figure timed in each of the rounds, its median round kept, and how far the rounds moved
+    assert hw["rounds"] == 3 and set(hw["rounds_spread"]) >= {"dispatch_n", "update", "dense", "overlap"}
+    assert all(v >= 0 for v in hw["rounds_spread"].values())
     p = cm.predict("hotline_k1", W, stats(), hw)
     assert p.samples_per_s > 0
 
@@ -267,5 +271,11 @@ def test_time_pass_times_the_models_pass_on_this_cpu():
     hw = cm.load_hardware({**HW, "device": {**HW["device"], "passes": {cm.pass_key(w): timed}}})
     uniform = cm.Workload(64, 3, 2, 8, (13, 8), (8, 1))  # the bags it timed: the same key
     assert cm.phases("hybrid", uniform, stats(), hw)["compute"] == pytest.approx(timed["pass_us"] * 1e-6)
+    # beside the calibration's reference pass: the run's pass scaled by the reference's calibrated / timed
+    scaled = time_pass(uniform, threads=1, budget_s=0.05, reference_us=2 * timed["measured_reference_us"])
+    assert 0 < scaled["reference_scale"] and scaled["pass_us"] == pytest.approx(
+        (scaled["measured_pass_us"] - scaled["assemble_us"] / scaled["reference_scale"])
+        * scaled["reference_scale"]
+    )
     # 2.4 lookups a bag, not 2: more bytes than the timed pass
     assert cm.phases("hybrid", w, stats(), hw)["compute"] > timed["pass_us"] * 1e-6

@@ -384,15 +384,34 @@ def _dense_timer(
     return time_turn, fit
 
 
-def time_pass(w: Workload, threads: int | None = None, seed: int = 0, budget_s: float = 1.5) -> dict:
+_REFERENCE = 2
+"""The shape of :data:`_SHAPES` (batch 1024, 26 tables, dim 64, 13-64-64 / 64-1: about 20 ms here) whose pass
+:func:`calibrate` keeps (``device.reference_pass_us``, its median round) and :func:`time_pass` times beside the
+run's own, to tell this machine's speed at that moment from the run's model."""
+
+
+def time_pass(
+    w: Workload,
+    threads: int | None = None,
+    seed: int = 0,
+    budget_s: float = 2.0,
+    reference_us: float | None = None,
+) -> dict:
     """The dense pass of the model ``w`` prices, timed on this CPU at its batch size (the tiered forward and
     backward of :func:`_pass`, its row assembly timed apart), for the cost model's ``device.passes`` (see
-    :func:`hotline.profiling.costmodel.pass_key`). The fit of :func:`_dense_timer` spans 13 shapes with four
-    coefficients, and on this 2-core host it misses single shapes by up to 40% (the emb-heavy and Kaggle
-    shapes by +8% to +30%, every time in the same direction); anchored to this timing, the model keeps the
-    fit's shape over batch sizes and passes but takes its scale from the run's own model. Multi-hot bags of
-    mean size L are timed as uniform bags of round(L). Threads as :func:`calibrate` (default: all cores);
-    takes about ``budget_s`` seconds (at least 3 and at most 16 timed calls of each, after 2 untimed)."""
+    :func:`hotline.profiling.costmodel.pass_key`).
+
+    The fit of :func:`_dense_timer` spans 13 shapes with four coefficients, and on this 2-core host it misses
+    single shapes by up to 40%; anchored to this timing, the model keeps the fit's shape over batch sizes and
+    passes but takes its scale from the run's own model. A timing of a second or two, though, lands on
+    whatever speed this machine has then (a VM's speed moved 20-30% within minutes here), where the
+    calibration's figures are medians of three rounds. So, given the calibration's ``reference_us`` (the pass
+    of shape :data:`_REFERENCE`), the run's pass and that reference are timed in alternation, each call
+    timed alone, and the run's pass is the calibration's reference scaled by the ratio of their medians: a slow
+    spell slows both. Without ``reference_us`` the run's median is taken as it is.
+
+    Multi-hot bags of mean size L are timed as uniform bags of round(L). Threads as :func:`calibrate`
+    (default: all cores); takes about ``budget_s`` seconds (3 to 24 timed pairs, after 2 untimed)."""
     import numba
     import torch
 
@@ -404,23 +423,43 @@ def time_pass(w: Workload, threads: int | None = None, seed: int = 0, budget_s: 
     torch.set_num_threads(threads)
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     L = max(1, int(round(w.pooling_factor)))
+    rng = np.random.default_rng(seed)
     try:
         arch = {k: getattr(w, k) for k in ("interaction", "dcn_num_layers", "dcn_low_rank_dim")}
-        one, assemble, _, _ = _pass(np.random.default_rng(seed), w.batch_size, w.num_tables, w.embedding_dim,
-                                    w.bottom_mlp, w.top_mlp, arch, L=L)  # fmt: skip
-        first = _mean_s(one, repeats=1, warmup=1)
-        repeats = int(min(16, max(3, budget_s / max(first, 1e-6))))
-        t_pass = _mean_s(one, repeats=repeats, warmup=1)
-        t_asm = _mean_s(assemble, repeats=repeats, warmup=2)
+        one, assemble, _, _ = _pass(rng, w.batch_size, w.num_tables, w.embedding_dim, w.bottom_mlp, w.top_mlp,
+                                    arch, L=L)  # fmt: skip
+        B, T, D, bot, top, *extra = _SHAPES[_REFERENCE]
+        ref = _pass(rng, B, T, D, bot, top, *extra)[0]
+        for fn in (one, ref, one, ref, assemble, assemble):
+            fn()
+
+        def call_s(fn) -> float:
+            t0 = time.perf_counter()
+            fn()
+            return time.perf_counter() - t0
+
+        pair = call_s(one) + call_s(ref)
+        runs, refs, asms = [], [], []
+        for i in range(int(min(24, max(3, budget_s / max(pair, 1e-6))))):
+            first, second = (one, ref) if i % 2 else (ref, one)  # alternate which goes first
+            a, b = call_s(first), call_s(second)
+            runs.append(a if first is one else b)
+            refs.append(b if first is one else a)
+            asms.append(call_s(assemble))
     finally:
         torch.set_num_threads(torch_before)
         numba.set_num_threads(numba_before)
+    t_run, t_ref, t_asm = (float(np.median(x)) for x in (runs, refs, asms))
+    scale = reference_us * 1e-6 / t_ref if reference_us else 1.0
     return {
         "batch": int(w.batch_size),
         "pooling_factor": L,
-        "pass_us": 1e6 * max(t_pass - t_asm, 1e-7),
-        "assemble_us": 1e6 * t_asm,
+        "pass_us": 1e6 * max(t_run - t_asm, 1e-7) * scale,
+        "assemble_us": 1e6 * t_asm * scale,
         "threads": threads,
+        "measured_pass_us": 1e6 * t_run,
+        "measured_reference_us": 1e6 * t_ref,
+        "reference_scale": scale,
         "source": f"timed {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, load average {_load()}",
     }
 
@@ -569,6 +608,7 @@ def calibrate(
         device = {"kind": "cpu", "gather_gbps": host["gather_gbps"]["n"], **update_fit(mid["update"])}
         del big
         device.update(dense_fit(mid["dense"]))
+        device["reference_pass_us"] = 1e6 * float(mid["dense"][_REFERENCE])  # its pass with its assembly
         spread = {k: _spread(v) for k, v in timed.items()}
     finally:
         torch.set_num_threads(torch_before)

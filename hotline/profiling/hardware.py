@@ -39,6 +39,7 @@ FIELDS: dict[str, dict[str, tuple[str, bool, bool]]] = {
         "update_overhead_us": (COST, False, False),
         "dense_update_overhead_us": (COST, False, False),
         "dense_update_us_per_tensor": (COST, False, False),
+        "reference_pass_us": (RATE, False, False),
     },
     "link": {
         "h2d_gbps": (RATE, True, False),

@@ -378,7 +378,8 @@ def with_timed_pass(
     ``device.passes`` (:func:`~hotline.profiling.calibrate.time_pass`, a second or two), unless it holds one
     for this model already: the cost model then prices every mode's compute from the run's own model, not
     only from the calibration's fit over 13 other shapes (see :func:`~hotline.profiling.costmodel.pass_key`).
-    Timed each run, not cached: it is the largest phase of a CPU step, and this host's speed moves."""
+    Timed each run, not cached: it is the largest phase of a CPU step. Timed beside the calibration's
+    reference pass, so that the speed this host had during the calibration, not in that second, scales it."""
     from hotline.profiling.calibrate import time_pass
     from hotline.profiling.costmodel import pass_key
 
@@ -390,7 +391,7 @@ def with_timed_pass(
     say(
         f"timing this model's dense pass on this CPU for --mode auto (batch {w.batch_size:,}, a second or two)"
     )
-    timed = time_pass(w, threads=threads or None)
+    timed = time_pass(w, threads=threads or None, reference_us=hw["device"].get("reference_pass_us"))
     return {**hw, "device": {**hw["device"], "passes": {**passes, key: timed}}}
 
 
