@@ -300,13 +300,12 @@ def run_mmap_dram(dataset, args, root: Path, dram: int) -> dict:
 
 def predict(rec: dict, hybrid: dict | None, dataset, args, hw: dict):
     """The cost model's prediction for a disk row, from the run's measured figures (None for the others)."""
-    from hotline.profiling.costmodel import DiskTier, Stats, Workload, arch_of, predict
+    from hotline.profiling.costmodel import DiskTier, Stats, predict
 
     if rec.get("coverage") is None or hybrid is None:
         return None
     mode = {"hybrid_disk": "hybrid", "hotline_k0_disk": "hotline_k0"}.get(rec["mode"], "hotline_k1")
-    w = Workload(batch_size=args.batch, num_tables=dataset.num_tables, pooling_factor=dataset.pooling_factor,
-                 embedding_dim=args.dim, **arch_of(_config(args)))  # the model the runs train  # fmt: skip
+    w = workload(dataset, args)
     s = Stats(rec["coverage"], rec["popular_share"], rec["cold_rows_per_step"], hybrid["cold_rows_per_step"])
     reread = rec.get("reread_share") if mode == "hotline_k1" else 0.0
     pages = rec["disk_bytes_per_step"] / 4096
@@ -327,7 +326,15 @@ def exposed_s(p) -> float:
     return max(0.0, p.step_s - ph["lane: device (compute + updates)"] - ph["lane: hand-over"])
 
 
-def hardware(args, root: Path) -> dict | None:
+def workload(dataset, args):
+    """The cost model's workload: the model the runs train."""
+    from hotline.profiling.costmodel import Workload, arch_of
+
+    return Workload(batch_size=args.batch, num_tables=dataset.num_tables, pooling_factor=dataset.pooling_factor,
+                    embedding_dim=args.dim, **arch_of(_config(args)))  # fmt: skip
+
+
+def hardware(args, root: Path, dataset=None) -> dict | None:
     import json
 
     from hotline.profiling.disk_calibrate import STEP_FORMAT, calibrate_disk
@@ -339,9 +346,14 @@ def hardware(args, root: Path) -> dict | None:
         return None
     else:
         from hotline.profiling.calibrate import calibrate
+        from hotline.training.auto import with_timed_pass
 
         print("calibrating the host (hotline calibrate) for the cost model ...", flush=True)
         hw = calibrate(args.threads, args.seed)
+        if (
+            dataset is not None
+        ):  # as `hotline train --mode auto` prices on a CPU: the run's own pass timed too
+            hw = with_timed_pass(hw, workload(dataset, args), args.threads, say=lambda m: None)
     step = hw.get("disk", {}).get("step", {})
     record = bytes_per_row(args.dim, "sgd")
     if step.get("version") != STEP_FORMAT or step.get("record_bytes") != record:
@@ -353,11 +365,10 @@ def hardware(args, root: Path) -> dict | None:
 def auto_row(rows: list[dict], prof, dataset, args, hw: dict, dram: int, placements: list[dict]) -> dict:
     """What ``--mode auto`` chooses from the same calibration, priced with the disk store and the runs' DRAM
     tier among the measured budgets (so its choice is a measured row), and its margin to the fastest disk row."""
-    from hotline.profiling.costmodel import Stats, Workload, arch_of
+    from hotline.profiling.costmodel import Stats
     from hotline.training.auto import ColdDisk, choose, device_memory
 
-    w = Workload(batch_size=args.batch, num_tables=dataset.num_tables, pooling_factor=dataset.pooling_factor,
-                 embedding_dim=args.dim, **arch_of(_config(args)))  # fmt: skip
+    w = workload(dataset, args)
     choice = choose(dataset.total_rows * w.row_bytes, device_memory("cpu"), hw, w,
                     lambda b: Stats.from_profile(prof, int(b), batch_size=args.batch),
                     [pl["budget_bytes"] for pl in placements], lookaheads=(0, args.lookahead),
@@ -546,7 +557,7 @@ def main(argv: list[str] | None = None) -> dict:
                                   **disk(f"{k}-{pl['hot_rows']}"))  # fmt: skip
                 rec.update(target=pl["target"], hot_rows=pl["hot_rows"], budget_bytes=pl["budget_bytes"])
                 log(rec)
-        hw = hardware(args, root)
+        hw = hardware(args, root, dataset)
     by = {r["mode"]: r for r in rows if "target" not in r}
     for r in rows:
         if hw is not None and r["mode"].endswith("_disk"):
