@@ -500,6 +500,13 @@ def test_cost_model_prices_the_disk_tier():
     assert runs.phases_s["disk_write"] == pytest.approx(0.5e-3 + 25e-6 * 15_000)
     assert runs.phases_s["disk_cpu"] == pytest.approx(11e-6 * 15_000)
     assert runs.phases_s["disk_reread"] == pytest.approx(0.5 * 20e-6 * 15_000)
+    # a cost per page besides the request's: 20,000 pages at 5 us more on each direction (and the re-reads)
+    paged = {**hw, "disk": {**DISK, "step": {**STEP, "read": {**STEP["read"], "us_per_page": 5.0},
+                                             "write": {**STEP["write"], "us_per_page": 5.0}}}}  # fmt: skip
+    p = cm.predict("hotline_k1", W, s, paged, cm.DiskTier(1.0, reread_share=0.5, calls_per_page=0.75))
+    assert p.phases_s["disk_read"] == pytest.approx(1e-3 + 20e-6 * 15_000 + 5e-6 * 20_000)
+    assert p.phases_s["disk_write"] == pytest.approx(0.5e-3 + 25e-6 * 15_000 + 5e-6 * 20_000)
+    assert p.phases_s["disk_reread"] == pytest.approx(0.5 * (20e-6 * 15_000 + 5e-6 * 20_000))
     with pytest.raises(ValueError, match=r"calls_per_page must be in \[0, 1\].*got 1.5"):
         cm.DiskTier(1.0, calls_per_page=1.5)
     gpu = {**hw, "link": {"h2d_gbps": 8.0, "d2h_gbps": 8.0}}  # a device of its own: no shared cores
@@ -525,6 +532,17 @@ def test_step_fit_and_penalty():
     seconds = [0.5, 0.003, 0.052, 0.052, 0.012, 0.9, 0.003, 0.0, 0.012]
     fit = _fit(calls, seconds, sizes)
     assert fit["fixed_us"] == pytest.approx(2000.0) and fit["us_per_call"] == pytest.approx(10.0)
+    assert fit["us_per_page"] == 0.0
+    # with the pages each timing read (pairs of neighbouring pages in one request for the odd sizes): 2 ms +
+    # 10 us/request + 4 us/page, recovered from the medians of each size
+    sizes, calls, pages = [100, 101, 1000, 1001, 5000, 5001] * 2, [100, 50, 1000, 500, 5000, 2500] * 2, [
+        100, 100, 1000, 1000, 5000, 5000] * 2  # fmt: skip
+    seconds = [2e-3 + 10e-6 * c + 4e-6 * p for c, p in zip(calls, pages)]
+    seconds[0] = 9.0  # one outlier: the median of two drops half of it
+    seconds[6] = seconds[6] - (9.0 - seconds[6])
+    fit = _fit(calls, seconds, sizes, pages)
+    assert fit["fixed_us"] == pytest.approx(2000.0, rel=1e-6) and fit["us_per_call"] == pytest.approx(10.0)
+    assert fit["us_per_page"] == pytest.approx(4.0)
     assert _penalty(1.0, 1.0, 0.5) == 0.0  # the shorter lane hidden entirely
     assert _penalty(1.5, 1.0, 0.5) == 1.0  # one after the other
     assert _penalty(1.25, 0.5, 1.0) == 0.5 and _penalty(9.0, 1.0, 1.0) == 3.0  # capped
@@ -566,7 +584,8 @@ def test_calibrate_disk_cli(tmp_path, capsys):
     t = d["step"]  # the step-shaped figures the cost model prices, at the record asked for
     assert t["version"] == STEP_FORMAT and t["record_bytes"] == 128 and t["rows"] and t["repeats"] >= 1
     for k in ("read", "write"):
-        assert t[k]["fixed_us"] >= 0 and t[k]["us_per_call"] > 0 and t[k]["cpu_us_per_call"] >= 0
+        assert t[k]["fixed_us"] >= 0 and t[k]["us_per_call"] >= 0 and t[k]["cpu_us_per_call"] >= 0
+        assert t[k]["us_per_call"] + t[k]["us_per_page"] > 0
     assert 0 <= t["read_write_penalty"] <= 3 and 0 <= t["compute_penalty"] <= 3
     printed = capsys.readouterr().out
     assert "random 4 KiB reads" in printed and "a step's I/O (128-byte records)" in printed

@@ -88,8 +88,9 @@ def run(args: argparse.Namespace) -> int:
         t = k["step"]
         print(
             f"a step's I/O ({t['record_bytes']}-byte records): reads {t['read']['fixed_us'] / 1e3:,.2f} ms + "
-            f"{t['read']['us_per_call']:,.1f} us/request, write-backs {t['write']['fixed_us'] / 1e3:,.2f} ms + "
-            f"{t['write']['us_per_call']:,.1f} us/request; overlap penalty of reads beside write-backs "
+            f"{t['read']['us_per_call']:,.1f} us/request + {t['read']['us_per_page']:,.1f} us/page, write-backs "
+            f"{t['write']['fixed_us'] / 1e3:,.2f} ms + {t['write']['us_per_call']:,.1f} us/request + "
+            f"{t['write']['us_per_page']:,.1f} us/page; overlap penalty of reads beside write-backs "
             f"{t['read_write_penalty']:.2f}, of the I/O beside compute {t['compute_penalty']:.2f}"
         )
     if args.disk_only:

@@ -234,21 +234,25 @@ def disk_timing(hw: dict) -> dict:
 
 def _disk_phases(hw: dict, disk: DiskTier, cold_rows: float) -> dict[str, float]:
     """Seconds per step of the disk store, as the calibration timed a step's I/O through the store's code
-    (``fixed + per request`` for the fetch's reads and for the write-back, each at the store's I/O depth, their
-    CPU inside; a step's requests are its pages times ``calls_per_page``, the write-back's the fetch's, one per
-    run of pages; ``disk_reread``: the pages read again under look-ahead, at the reads' rate per request), and
+    (``fixed + per request + per page`` for the fetch's reads and for the write-back, each at the store's I/O
+    depth, their CPU inside; a step's requests are its pages times ``calls_per_page``, the write-back's the
+    fetch's, one per run of pages; ``disk_reread``: the pages read again under look-ahead, at the reads' rates
+    per request and per page), and
     the CPU seconds the I/O threads spend in them (``disk_cpu``, for the record)."""
     t = disk_timing(hw)
     pages = cold_rows * (1.0 - disk.cached_share) * disk.pages_per_cold_row
     calls = pages * disk.calls_per_page
 
-    def seconds(k: dict) -> float:
-        return (k["fixed_us"] + k["us_per_call"] * calls) * 1e-6 if calls > 0 else 0.0
+    def seconds(k: dict, share: float = 1.0, fixed: bool = True) -> float:
+        if calls <= 0:
+            return 0.0
+        per = k["us_per_call"] * calls + k.get("us_per_page", 0.0) * pages
+        return (fixed * k["fixed_us"] + share * per) * 1e-6
 
     return {
         "disk_read": seconds(t["read"]),
         "disk_write": seconds(t["write"]),
-        "disk_reread": calls * disk.reread_share * t["read"]["us_per_call"] * 1e-6,
+        "disk_reread": seconds(t["read"], disk.reread_share, fixed=False),
         "disk_cpu": calls * (t["read"]["cpu_us_per_call"] + t["write"]["cpu_us_per_call"]) * 1e-6,
     }
 

@@ -11,8 +11,11 @@ Two kinds of figures:
   records of the run's size, read with :meth:`RowFile.read_rows` and written back over the pages that read
   fetched with :meth:`RowFile.write_rows`, as the store's fetch and write-back do) at several sizes, each
   timed right after a forward and backward pass as a sequential step issues it, each direction fitted as
-  ``fixed + per request`` (a request, one system call, reads a run of neighbouring pages; uniform draws over
-  a large file make about one per page); and how the store's concurrent work overlaps: a step's reads beside
+  ``fixed + per request + per page`` (a request, one system call, reads a run of neighbouring pages; uniform
+  draws over a large file make about one per page, so each size is also timed as pairs of rows in neighbouring
+  pages, one request per two pages: a step of skewed ids reads runs of pages, 1.04-1.19 pages a request in
+  ``bench_disk_tier``, and its cost moved with the pages, not the requests: 22-25 us a page against 24-29 us
+  a request over its rows on 2026-12-02); and how the store's concurrent work overlaps: a step's reads beside
   the previous step's writes (look-ahead's producer and writer threads) and that I/O beside a forward and
   backward pass on the main thread (``*_penalty``: the part of the shorter of the two that still costs time,
   0 free, 1 none, :func:`hotline.profiling.calibrate.overlap_penalty`).
@@ -38,9 +41,10 @@ _SCRATCH = "hotline-disk-calibration.bin"
 _STEP_SCRATCH = "hotline-disk-calibration-step.bin"
 _SCRATCH_DIR = ".hotline-disk-calibration-"
 """The scratch files' folder in the directory timed (a fresh one per calibration, removed at its end)."""
-STEP_FORMAT = 4
+STEP_FORMAT = 5
 """The version of the ``step`` section (a description without it predates step-shaped timing; format 2 timed
-the I/O alone, not after a compute pass as training issues it; 2 and 3 priced pages, not requests)."""
+the I/O alone, not after a compute pass as training issues it; 2 and 3 priced pages, not requests; 4 requests
+alone, not the pages a request reads beyond its first)."""
 STEP_ROWS = (256, 1024, 2048, 4096, 8192)
 """Distinct rows per timed step-shaped batch (each about one page: uniform over a file many times larger)."""
 
@@ -79,18 +83,34 @@ def _remove(path: Path) -> None:
         p.unlink(missing_ok=True)
 
 
-def _fit(calls: list[float], seconds: list[float], sizes: list[int]) -> dict:
+def _fit(
+    calls: list[float], seconds: list[float], sizes: list[int], pages: list[float] | None = None
+) -> dict:
     """``seconds = fixed + per_call * calls`` by least squares over the median of each size's timings
     (``sizes[i]``: the batch size timing ``i`` belongs to; a neighbour's burst on a shared machine moves a
-    median less)."""
+    median less); with ``pages`` (pages each timing read, some requests reading neighbouring pages together),
+    ``fixed + per_call * calls + per_page * pages``, non-negative (``us_per_page`` 0 without)."""
     calls, seconds, sizes = (np.asarray(a, float) for a in (calls, seconds, sizes))
     groups = np.unique(sizes)
     x = np.array([np.median(calls[sizes == g]) for g in groups])
     y = np.array([np.median(seconds[sizes == g]) for g in groups])
+    if pages is not None:
+        from hotline.profiling.calibrate import _nnls
+
+        pg = np.asarray(pages, float)
+        z = np.array([np.median(pg[sizes == g]) for g in groups])
+        per_call, per_page, fixed = _nnls(np.stack([x, z, np.ones_like(x)], axis=1).tolist(), list(y))
+        if per_call + per_page > 0:
+            return {"fixed_us": 1e6 * float(fixed), "us_per_call": 1e6 * float(per_call),
+                    "us_per_page": 1e6 * float(per_page)}  # fmt: skip
     per_call, fixed = np.polyfit(x, y, 1) if np.ptp(x) > 0 else (float(y.mean() / max(x.mean(), 1)), 0.0)
     if per_call <= 0:  # a loaded machine can tilt the line: fall back to the mean rate
         per_call, fixed = float(y.sum() / x.sum()), 0.0
-    return {"fixed_us": 1e6 * max(0.0, float(fixed)), "us_per_call": 1e6 * float(per_call)}
+    return {
+        "fixed_us": 1e6 * max(0.0, float(fixed)),
+        "us_per_call": 1e6 * float(per_call),
+        "us_per_page": 0.0,
+    }
 
 
 def _step_io(f: RowFile, rng: np.random.Generator, repeats: int, compute) -> dict:
@@ -106,8 +126,19 @@ def _step_io(f: RowFile, rng: np.random.Generator, repeats: int, compute) -> dic
     a neighbour's burst on a shared machine lands on one timing of some sizes, which each size's median
     drops, instead of on every timing of one size, which tilts the line."""
 
-    def one(n: int) -> tuple[int, float, float, float, float]:
-        rows = rng.choice(f.num_rows, size=n, replace=False)
+    page_starts = np.arange(0, f.num_pages - 1, 3)  # pairs of neighbouring pages, a page apart from the next
+
+    def draw(n: int, pair: bool) -> np.ndarray:
+        """``n`` rows at random, each alone in its page (``pair``: half as many pairs of rows in neighbouring
+        pages, which one request reads together, as a step's popular-but-not-hot rows sharing a run of pages)."""
+        if not pair:
+            return rng.choice(f.num_rows, size=n, replace=False)
+        first = rng.choice(page_starts, size=min(n // 2, page_starts.shape[0]), replace=False)
+        rows = np.concatenate([-(-first * PAGE // f.record), -(-(first + 1) * PAGE // f.record)])
+        return np.unique(rows[rows < f.num_rows])
+
+    def one(n: int, pair: bool) -> tuple[int, int, float, float, float, float]:
+        rows = draw(n, pair)
         compute()
         c0, t0 = time.process_time(), time.perf_counter()
         recs, ps = f.read_rows(rows)
@@ -116,15 +147,18 @@ def _step_io(f: RowFile, rng: np.random.Generator, repeats: int, compute) -> dic
         c2, t2 = time.process_time(), time.perf_counter()
         f.write_rows(rows, recs, ps)
         c3, t3 = time.process_time(), time.perf_counter()
-        return ps.reads, t1 - t0, t3 - t2, c1 - c0, c3 - c2  # the write-back makes the fetch's requests
+        # the write-back makes the fetch's requests over the same pages
+        return ps.reads, int(ps.pages.shape[0]), t1 - t0, t3 - t2, c1 - c0, c3 - c2
 
-    for n in STEP_ROWS:
-        one(n)
-    sizes, calls, t_read, t_write, cpu_read, cpu_write = [], [], [], [], [], []
+    shapes = [(n, pair) for n in STEP_ROWS for pair in (False, True)]
+    for n, pair in shapes:
+        one(n, pair)
+    sizes, calls, pages, t_read, t_write, cpu_read, cpu_write = [], [], [], [], [], [], []
     for _ in range(repeats):
-        for n in rng.permutation(STEP_ROWS).tolist():
-            c, tr, tw, cr, cw = one(n)
-            for out, v in zip((sizes, calls, t_read, t_write, cpu_read, cpu_write), (n, c, tr, tw, cr, cw)):
+        for i in rng.permutation(len(shapes)).tolist():
+            n, pair = shapes[i]
+            got = (2 * n + pair, *one(n, pair))
+            for out, v in zip((sizes, calls, pages, t_read, t_write, cpu_read, cpu_write), got, strict=True):
                 out.append(v)
     total = float(sum(calls))
 
@@ -177,8 +211,8 @@ def _step_io(f: RowFile, rng: np.random.Generator, repeats: int, compute) -> dic
         "record_bytes": f.record,
         "rows": list(STEP_ROWS),
         "repeats": repeats,
-        "read": {**_fit(calls, t_read, sizes), "cpu_us_per_call": 1e6 * sum(cpu_read) / total},
-        "write": {**_fit(calls, t_write, sizes), "cpu_us_per_call": 1e6 * sum(cpu_write) / total},
+        "read": {**_fit(calls, t_read, sizes, pages), "cpu_us_per_call": 1e6 * sum(cpu_read) / total},
+        "write": {**_fit(calls, t_write, sizes, pages), "cpu_us_per_call": 1e6 * sum(cpu_write) / total},
         "read_write_penalty": float(np.median(rw)),
         "compute_penalty": float(np.median(beside)),
     }
