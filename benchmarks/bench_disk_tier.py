@@ -84,6 +84,10 @@ def run_trainer(name: str, dataset, args, **kw) -> dict:
         it = trainer.progress(trainer.batches())
         for _ in range(args.warmup_steps):
             next(it)
+        # The disk settled before the clock starts: the store's file was just written whole (its initial rows)
+        # and the runs before wrote hundreds of MB; on a virtual disk the host may still be flushing those when
+        # the guest's writes have returned, and a flush here waits for it (untimed).
+        os.sync()
         io0, t0, samples = io_counters(), time.perf_counter(), 0
         for s in it:
             samples += s.samples
