@@ -338,10 +338,28 @@ def workload(dataset, args):
                     embedding_dim=args.dim, **arch_of(_config(args)))  # fmt: skip
 
 
-def hardware(args, root: Path, dataset=None) -> dict | None:
+def mean_of(a, b):
+    """Two calibrations' figures averaged field by field (numbers; anything else as in ``b``)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return {k: mean_of(a[k], v) if k in a else v for k, v in b.items()}
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(b, bool):
+        return (a + b) / 2
+    return b
+
+
+def disk_calibration(args, root: Path) -> dict:
+    from hotline.profiling.disk_calibrate import calibrate_disk
+    from hotline.table_layout import bytes_per_row
+
+    record = bytes_per_row(args.dim, "sgd")
+    print(f"calibrating the disk (hotline calibrate --disk, {record}-byte records) ...", flush=True)
+    return calibrate_disk(root, args.io_depth, seed=args.seed, record_bytes=record)
+
+
+def hardware(args, root: Path, dataset=None, disk_before: dict | None = None) -> dict | None:
     import json
 
-    from hotline.profiling.disk_calibrate import STEP_FORMAT, calibrate_disk
+    from hotline.profiling.disk_calibrate import STEP_FORMAT
     from hotline.table_layout import bytes_per_row
 
     if args.hardware:
@@ -361,8 +379,11 @@ def hardware(args, root: Path, dataset=None) -> dict | None:
     step = hw.get("disk", {}).get("step", {})
     record = bytes_per_row(args.dim, "sgd")
     if step.get("version") != STEP_FORMAT or step.get("record_bytes") != record:
-        print(f"calibrating the disk (hotline calibrate --disk, {record}-byte records) ...", flush=True)
-        hw["disk"] = calibrate_disk(root, args.io_depth, seed=args.seed, record_bytes=record)
+        after = disk_calibration(args, root)
+        # This disk's speed moves 20-30% within minutes: timed before the runs and after them, the mean of the
+        # two brackets the runs (each calibration kept in the JSON).
+        hw["disk"] = after if disk_before is None else {**mean_of(disk_before, after), "before": disk_before,
+                                                        "after": after}  # fmt: skip
     return hw
 
 
@@ -536,6 +557,9 @@ def main(argv: list[str] | None = None) -> dict:
             prof.placement(b["budget_bytes"]).save(path, force=True)  # the run's own scratch
             placements.append({**b, "path": str(path)})
 
+        # the disk timed before the runs too (not with --hardware, whose disk section is used as it is)
+        disk_before = disk_calibration(args, root) if not (args.hardware or args.smoke) else None
+
         def disk(i: str) -> dict:
             d = root / f"cold-{i}"
             d.mkdir()
@@ -561,7 +585,7 @@ def main(argv: list[str] | None = None) -> dict:
                                   **disk(f"{k}-{pl['hot_rows']}"))  # fmt: skip
                 rec.update(target=pl["target"], hot_rows=pl["hot_rows"], budget_bytes=pl["budget_bytes"])
                 log(rec)
-        hw = hardware(args, root, dataset)
+        hw = hardware(args, root, dataset, disk_before)
     by = {r["mode"]: r for r in rows if "target" not in r}
     for r in rows:
         if hw is not None and r["mode"].endswith("_disk"):
