@@ -74,6 +74,9 @@ def _scratch_file(
         os.fsync(f._fd)
 
     bps, _ = _rate(sequential, f.size)
+    # The file was just written whole: the disk settled before anything is timed on it (on a virtual disk the
+    # host may still be flushing what the guest's writes returned from, and a sync waits for that).
+    os.sync()
     f.read_rows(rng.choice(rows, size=4 * depth, replace=False))  # starts the I/O threads
     return f, bps
 
@@ -254,6 +257,10 @@ def calibrate_disk(directory: str | os.PathLike, depth: int = 32, file_bytes: in
 def _calibrate_in(scratch: Path, directory: Path, depth: int, file_bytes: int, reads: int, record_bytes: int,
                   repeats: int, rows: int, rng: np.random.Generator) -> dict:  # fmt: skip
     """:func:`calibrate_disk`'s timings, its scratch files in ``scratch``."""
+    # What was written before (a training run's write-backs, hundreds of MB) flushed first: measured in
+    # bench_disk_tier, a calibration right after its runs read at 36 us a request where the one before them, and
+    # the runs, read at 22-24.
+    os.sync()
     path = scratch / _SCRATCH
     try:
         f, seq_bps = _scratch_file(path, rows, PAGE // 4, depth, rng)  # one 4 KiB record per page
