@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
             fitted = costmodel.phases("hybrid", work, costmodel.Stats(0.0, 0.0, 0.0, 0.0), hw)
             if not args.hardware:  # as `hotline train --mode auto` prices: the run's own pass, timed now
                 hw = with_timed_pass(hw, work, args.threads, say=lambda m: None)
-                timed = hw["device"]["passes"][costmodel.pass_key(work)]
+                timed = costmodel.timed_pass(work, hw["device"])
                 passes.append({"config": name, "timed_pass_ms": timed["pass_us"] / 1e3,
                                "fitted_pass_ms": 1e3 * fitted["compute"],
                                "timed_assemble_ms": timed["assemble_us"] / 1e3,

@@ -372,9 +372,8 @@ def hardware(args, root: Path, dataset=None, disk_before: dict | None = None) ->
 
         print("calibrating the host (hotline calibrate) for the cost model ...", flush=True)
         hw = calibrate(args.threads, args.seed)
-        if (
-            dataset is not None
-        ):  # as `hotline train --mode auto` prices on a CPU: the run's own pass timed too
+        # as `hotline train --mode auto` prices on a CPU: the run's own pass timed too
+        if dataset is not None:
             hw = with_timed_pass(hw, workload(dataset, args), args.threads, say=lambda m: None)
     step = hw.get("disk", {}).get("step", {})
     record = bytes_per_row(args.dim, "sgd")

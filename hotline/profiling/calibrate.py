@@ -10,6 +10,7 @@ compute is fitted, by non-negative least squares over several model shapes, to t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import queue
@@ -82,6 +83,27 @@ def _nnls(features: list[list[float]], seconds: list[float]) -> np.ndarray:
         idx = np.flatnonzero(free)
         free[idx[np.argmin(sol)]] = False
     return coef / scale
+
+
+@contextlib.contextmanager
+def _as_training(threads: int):
+    """Timings taken as a Trainer runs them: glibc keeps a step's freed memory (the call a Trainer makes,
+    :func:`hotline._malloc.keep_freed_memory`), torch and Numba at ``threads`` (Numba's capped at its pool);
+    the threads they had are restored after."""
+    import numba
+    import torch
+
+    from hotline._malloc import keep_freed_memory
+
+    keep_freed_memory()
+    torch_before, numba_before = torch.get_num_threads(), numba.get_num_threads()
+    torch.set_num_threads(threads)
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(torch_before)
+        numba.set_num_threads(numba_before)
 
 
 def _with_threads(n: int, fn: Callable[[], float]) -> float:
@@ -412,19 +434,10 @@ def time_pass(
 
     Multi-hot bags of mean size L are timed as uniform bags of round(L). Threads as :func:`calibrate`
     (default: all cores); takes about ``budget_s`` seconds (3 to 24 timed pairs, after 2 untimed)."""
-    import numba
-    import torch
-
-    from hotline._malloc import keep_freed_memory
-
-    keep_freed_memory()  # as a Trainer runs
     threads = int(threads or os.cpu_count() or 1)
-    torch_before, numba_before = torch.get_num_threads(), numba.get_num_threads()
-    torch.set_num_threads(threads)
-    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     L = max(1, int(round(w.pooling_factor)))
     rng = np.random.default_rng(seed)
-    try:
+    with _as_training(threads):
         arch = {k: getattr(w, k) for k in ("interaction", "dcn_num_layers", "dcn_low_rank_dim")}
         one, assemble, _, _ = _pass(rng, w.batch_size, w.num_tables, w.embedding_dim, w.bottom_mlp, w.top_mlp,
                                     arch, L=L)  # fmt: skip
@@ -433,22 +446,19 @@ def time_pass(
         for fn in (one, ref, one, ref, assemble, assemble):
             fn()
 
-        def call_s(fn) -> float:
-            t0 = time.perf_counter()
-            fn()
-            return time.perf_counter() - t0
+        def once(fn) -> float:
+            return _mean_s(fn, repeats=1, warmup=0)
 
-        pair = call_s(one) + call_s(ref)
+        pair = once(one) + once(ref)
         runs, refs, asms = [], [], []
         for i in range(int(min(24, max(3, budget_s / max(pair, 1e-6))))):
-            first, second = (one, ref) if i % 2 else (ref, one)  # alternate which goes first
-            a, b = call_s(first), call_s(second)
-            runs.append(a if first is one else b)
-            refs.append(b if first is one else a)
-            asms.append(call_s(assemble))
-    finally:
-        torch.set_num_threads(torch_before)
-        numba.set_num_threads(numba_before)
+            if i % 2:  # alternate which of the two goes first
+                runs.append(once(one))
+                refs.append(once(ref))
+            else:
+                refs.append(once(ref))
+                runs.append(once(one))
+            asms.append(once(assemble))
     t_run, t_ref, t_asm = (float(np.median(x)) for x in (runs, refs, asms))
     scale = reference_us * 1e-6 / t_ref if reference_us else 1.0
     return {
@@ -546,21 +556,12 @@ def calibrate(
 ) -> dict:
     """Times this host (at ``threads`` torch/numba threads; default: all cores) and returns its hardware
     description: the CPU is its own device, the link shared memory. Takes well under a minute."""
-    import numba
-    import torch
-
-    from hotline._malloc import keep_freed_memory
-
-    keep_freed_memory()  # timed as a Trainer runs (it makes the same call)
     cores = os.cpu_count() or 1
     threads = int(threads or cores)
-    torch_before, numba_before = torch.get_num_threads(), numba.get_num_threads()
-    torch.set_num_threads(threads)
-    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     say = progress or (lambda _: None)
     rng = np.random.default_rng(seed)
     t0 = time.perf_counter()
-    try:
+    with _as_training(threads):
         # 1 GiB: tables far larger than any cache (the values do not matter)
         big = np.ones(256 << 20, np.float32)
         say("setting up")
@@ -610,9 +611,6 @@ def calibrate(
         device.update(dense_fit(mid["dense"]))
         device["reference_pass_us"] = 1e6 * float(mid["dense"][_REFERENCE])  # its pass with its assembly
         spread = {k: _spread(v) for k, v in timed.items()}
-    finally:
-        torch.set_num_threads(torch_before)
-        numba.set_num_threads(numba_before)
     return {
         "format": "hotline-hardware",
         "version": VERSION,

@@ -352,7 +352,7 @@ def pass_key(w: Workload) -> str:
             f"bottom {'-'.join(map(str, w.bottom_mlp))} top {'-'.join(map(str, w.top_mlp))} {arch}")  # fmt: skip
 
 
-def _timed_pass(w: Workload, dev: dict) -> dict | None:
+def timed_pass(w: Workload, dev: dict) -> dict | None:
     """The description's timing of this model's dense pass (``device.passes``), or None."""
     return (dev.get("passes") or {}).get(pass_key(w))
 
@@ -375,7 +375,7 @@ def _compute_s(w: Workload, dev: dict, samples: float, passes: float = 1.0) -> f
     if samples <= 0:
         return 0.0
     t = _fitted_compute_s(w, dev, samples, passes)
-    timed = _timed_pass(w, dev)
+    timed = timed_pass(w, dev)
     if timed is not None:
         at = replace(w, batch_size=int(timed["batch"]), pooling_factor=timed["pooling_factor"])
         t *= timed["pass_us"] * 1e-6 / _fitted_compute_s(at, dev, timed["batch"], 1.0)
@@ -386,7 +386,7 @@ def _assemble_s(w: Workload, dev: dict) -> float:
     """The looked-up rows put together from the hot table and the working buffer: at the description's
     assembly rate, or in proportion to the lookups of this model's timed pass (:func:`pass_key`)."""
     N = w.lookups
-    timed = _timed_pass(w, dev)
+    timed = timed_pass(w, dev)
     if timed is not None:
         return timed["assemble_us"] * 1e-6 * N / (timed["batch"] * w.num_tables * timed["pooling_factor"])
     rate = dev.get("assemble_gbps", dev.get("gather_gbps", dev["mem_gbps"]))

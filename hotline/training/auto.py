@@ -509,7 +509,7 @@ def choose_for_run(
     that fit it (``nodes``: machines the ranks run on, each holding its share; ``available``: the memory figure,
     default ``MemAvailable``, as :func:`~hotline.training.preflight.check_memory` takes it)."""
     from hotline.datasets.format import Dataset
-    from hotline.profiling.costmodel import arch_of, disk_timing, pass_key, workload_for
+    from hotline.profiling.costmodel import arch_of, disk_timing, timed_pass, workload_for
     from hotline.table_layout import bytes_per_row
 
     dataset = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
@@ -570,7 +570,7 @@ def choose_for_run(
         disk=disk,
         device_in_memory=device_in_memory,
     )
-    choice.dense_pass = (hw["device"].get("passes") or {}).get(pass_key(w))
+    choice.dense_pass = timed_pass(w, hw["device"])
     return choice
 
 
