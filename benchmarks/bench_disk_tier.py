@@ -19,7 +19,11 @@ coverage, popular share, cold rows, disk bytes and reads per step beside samples
 counted read from storage), and the exposed read time per step (look-ahead: the main thread's wait for the
 producer; sequential: the reads and writes themselves).
 The cost model (``--hardware FILE`` from ``hotline calibrate --disk DIR``, or a calibration run here) predicts
-each disk row's samples/s from the run's measured figures; the ratio predicted/measured is printed. From the
+each disk row's samples/s from the run's measured figures; the ratio predicted/measured is printed. This disk's
+speed moves 20% to 2x within minutes, so each disk row is priced at the disk's speed beside it: the calibration's
+probe (a step-shaped read and write-back of 2,048 rows) is timed right before the row's trainer is made and
+right after it is closed, and the calibrated read and write fits are scaled by the mean of the two over the calibration's
+own probe (``disk now/cal`` in the table; a ``--hardware`` file without a probe is priced as it is). From the
 same calibration, ``--mode auto``'s choice (priced with the disk store and the DRAM tier, among the measured
 budgets: a measured row) and its margin to the fastest disk row (JSON ``auto``).
 
@@ -72,10 +76,17 @@ def _config(args, **kw):
                        threads=args.threads, num_batches=args.steps + args.warmup_steps, **kw)  # fmt: skip
 
 
-def run_trainer(name: str, dataset, args, **kw) -> dict:
-    """One timed Hotline run (device, hybrid or hotline; the disk store where ``cold_store='disk'``)."""
+def run_trainer(name: str, dataset, args, probe=None, **kw) -> dict:
+    """One timed Hotline run (device, hybrid or hotline; the disk store where ``cold_store='disk'``).
+    ``probe``: a :class:`~hotline.profiling.disk_calibrate.DiskProbe`, timed right before the run's trainer is
+    made and right after it is closed (JSON ``disk_probe``: each, and their mean, which the cost model prices the
+    row at). Not between the warm-up and the clock: there a look-ahead run's producer and writer threads are
+    still reading and writing, and the probe timed 1.3-2.3x slower beside K=2 than before or after it."""
     from hotline import Trainer
 
+    if probe is not None:
+        os.sync()  # what the runs before wrote, flushed (as before the clock)
+        before = probe()
     trainer = Trainer(_config(args, **kw), dataset)
     times: dict[str, float] = {}
     counters: dict[str, float] = {}
@@ -100,6 +111,11 @@ def run_trainer(name: str, dataset, args, **kw) -> dict:
     finally:
         trainer.close()
     steps = args.steps
+    if probe is not None:
+        from hotline.profiling.disk_calibrate import PROBE_ROWS
+
+        after = probe()
+        rec_probe = {**mean_of(before, after), "before": before, "after": after, "rows": PROBE_ROWS}
     rec = {"mode": name, "samples_per_s": samples / elapsed, "step_ms": 1e3 * elapsed / steps,
            **common.measured(counters, samples, steps)}  # fmt: skip
     rec.update({f"{k}_ms": 1e3 * times[k] / steps for k in PHASES if k in times})
@@ -125,6 +141,8 @@ def run_trainer(name: str, dataset, args, **kw) -> dict:
             else times.get("disk_read", 0.0) + times.get("write_back", 0.0)
         )
         rec["exposed_read_ms"] = 1e3 * exposed / steps
+    if probe is not None:
+        rec["disk_probe"] = rec_probe
     return rec
 
 
@@ -303,8 +321,11 @@ def run_mmap_dram(dataset, args, root: Path, dram: int) -> dict:
 
 
 def predict(rec: dict, hybrid: dict | None, dataset, args, hw: dict):
-    """The cost model's prediction for a disk row, from the run's measured figures (None for the others)."""
+    """The cost model's prediction for a disk row, from the run's measured figures (None for the others), the
+    disk priced at the row's probe (the calibration's step fits scaled by how the disk timed the same probe
+    beside the run against during the calibration: :func:`~hotline.profiling.disk_calibrate.at_probe`)."""
     from hotline.profiling.costmodel import DiskTier, Stats, predict
+    from hotline.profiling.disk_calibrate import at_probe
 
     if rec.get("coverage") is None or hybrid is None:
         return None
@@ -316,6 +337,8 @@ def predict(rec: dict, hybrid: dict | None, dataset, args, hw: dict):
     disk = DiskTier(pages_per_cold_row=rec["pages_per_disk_row"], reread_share=max(0.0, reread or 0.0),
                     cached_share=min(1.0, max(0.0, rec["cached_share"])),
                     calls_per_page=min(1.0, rec["disk_reads_per_step"] / pages) if pages else 1.0)  # fmt: skip
+    if "disk_probe" in rec:
+        hw = {**hw, "disk": at_probe(hw["disk"], rec["disk_probe"])}
     return predict(mode, w, s, hw, disk)
 
 
@@ -442,6 +465,7 @@ MODEL_COLUMNS = [
     ("pred_device", "pred compute", ".1f"),
     ("predicted_exposed_ms", "pred exposed", ".1f"),
     ("pred_step", "pred step", ".1f"),
+    ("probe_scale", "disk now/cal", ".2f"),
 ]
 
 
@@ -538,7 +562,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     dram = parse_size(args.dram_budget)
     rows: list[dict] = []
-    with tempfile.TemporaryDirectory(dir=args.cold_dir) as tmp:
+    with tempfile.TemporaryDirectory(dir=args.cold_dir) as tmp, contextlib.ExitStack() as stack:
         root = Path(tmp)
         dataset = make_data(args, root)
         table_bytes = dataset.total_rows * bytes_per_row(args.dim, "sgd")
@@ -558,6 +582,12 @@ def main(argv: list[str] | None = None) -> dict:
 
         # the disk timed before the runs too (not with --hardware, whose disk section is used as it is)
         disk_before = disk_calibration(args, root) if not (args.hardware or args.smoke) else None
+        # the calibration's probe, timed beside each disk row (a scratch file of the calibration's size; small in
+        # --smoke, which only checks that it runs)
+        from hotline.profiling.disk_calibrate import DiskProbe
+
+        probe = stack.enter_context(DiskProbe(root, bytes_per_row(args.dim, "sgd"), args.io_depth, seed=args.seed,
+                                              file_bytes=(8 << 20) if args.smoke else 512 << 20))  # fmt: skip
 
         def disk(i: str) -> dict:
             d = root / f"cold-{i}"
@@ -576,11 +606,11 @@ def main(argv: list[str] | None = None) -> dict:
         log(run_trainer("device", dataset, args, mode="device"))
         log(run_mmap(dataset, args, root))
         log(run_mmap_dram(dataset, args, root, dram))
-        log(run_trainer("hybrid_disk", dataset, args, mode="hybrid", **disk("hybrid")))
+        log(run_trainer("hybrid_disk", dataset, args, probe, mode="hybrid", **disk("hybrid")))
         for pl in placements:
             for k in (0, args.lookahead):
                 name = f"hotline_k{k}_disk"
-                rec = run_trainer(name, dataset, args, mode="hotline", lookahead=k, placement_path=pl["path"],
+                rec = run_trainer(name, dataset, args, probe, mode="hotline", lookahead=k, placement_path=pl["path"],
                                   **disk(f"{k}-{pl['hot_rows']}"))  # fmt: skip
                 rec.update(target=pl["target"], hot_rows=pl["hot_rows"], budget_bytes=pl["budget_bytes"])
                 log(rec)
@@ -594,6 +624,9 @@ def main(argv: list[str] | None = None) -> dict:
             r["predicted_exposed_ms"] = 1e3 * exposed_s(p)
             ms = {k: 1e3 * v for k, v in p.phases_s.items()}
             r["predicted_ms"] = ms | {"step": 1e3 * p.step_s}
+            # the disk beside this row against the calibration
+            if "disk_probe" in r and "probe" in hw["disk"].get("step", {}):
+                r["probe_scale"] = r["disk_probe"]["read_us"] / hw["disk"]["step"]["probe"]["read_us"]
             lane = (
                 "lane: disk beside compute"
                 if "lane: disk beside compute" in ms

@@ -548,6 +548,42 @@ def test_step_fit_and_penalty():
     assert _penalty(1.25, 0.5, 1.0) == 0.5 and _penalty(9.0, 1.0, 1.0) == 3.0  # capped
 
 
+def test_at_probe_scales_the_step_fits():
+    """A disk section priced at a probe: each direction's fit scaled by the probe's time over the
+    calibration's (golden), the CPU per request and the penalties as calibrated; no probe: unchanged."""
+    from hotline.profiling.disk_calibrate import at_probe
+
+    step = {"read": {"fixed_us": 100.0, "us_per_call": 20.0, "us_per_page": 2.0, "cpu_us_per_call": 25.0},
+            "write": {"fixed_us": 50.0, "us_per_call": 30.0, "us_per_page": 0.0, "cpu_us_per_call": 28.0},
+            "read_write_penalty": 0.4, "compute_penalty": 0.7,
+            "probe": {"rows": 2048, "read_us": 40_000.0, "write_us": 60_000.0}}  # fmt: skip
+    disk = {"depth": 32, "step": step}
+    got = at_probe(disk, {"rows": 2048, "read_us": 60_000.0, "write_us": 30_000.0})
+    assert got["step"]["read"] == {"fixed_us": 150.0, "us_per_call": 30.0, "us_per_page": 3.0,
+                                   "cpu_us_per_call": 25.0}  # fmt: skip
+    assert got["step"]["write"] == {"fixed_us": 25.0, "us_per_call": 15.0, "us_per_page": 0.0,
+                                    "cpu_us_per_call": 28.0}  # fmt: skip
+    assert got["step"]["at_probe"] == {"read": 1.5, "write": 0.5} and got["depth"] == 32
+    assert got["step"]["compute_penalty"] == 0.7 and got["step"]["probe"] == step["probe"]
+    assert disk["step"]["read"]["us_per_call"] == 20.0  # the section given is not changed
+    old = {"step": {k: v for k, v in step.items() if k != "probe"}}
+    assert at_probe(old, {"read_us": 1.0, "write_us": 1.0}) is old
+
+
+def test_disk_probe_times_and_cleans_up(tmp_path):
+    """The probe beside a run: step-shaped read and write-back times of its rows, on a scratch file in a folder
+    of its own that close removes (a user's file of the scratch file's name untouched)."""
+    from hotline.profiling.disk_calibrate import PROBE_ROWS, DiskProbe
+
+    mine = tmp_path / "hotline-disk-calibration-step.bin"
+    mine.write_text("user data")
+    with DiskProbe(tmp_path, 256, depth=4, file_bytes=4 << 20) as probe:
+        assert len(list(tmp_path.glob(".hotline-disk-calibration-*"))) == 1
+        got = probe(repeats=2)
+    assert got["rows"] == PROBE_ROWS and got["read_us"] > 0 and got["write_us"] > 0
+    assert not list(tmp_path.glob(".hotline-disk-calibration-*")) and mine.read_text() == "user data"
+
+
 def test_calibrate_disk_cli(tmp_path, capsys):
     out = tmp_path / "hw.json"
     out.write_text('{"format": "hotline-hardware", "host": {"x": 1}}')
@@ -587,6 +623,7 @@ def test_calibrate_disk_cli(tmp_path, capsys):
         assert t[k]["fixed_us"] >= 0 and t[k]["us_per_call"] >= 0 and t[k]["cpu_us_per_call"] >= 0
         assert t[k]["us_per_call"] + t[k]["us_per_page"] > 0
     assert 0 <= t["read_write_penalty"] <= 3 and 0 <= t["compute_penalty"] <= 3
+    assert t["probe"]["rows"] == 2048 and t["probe"]["read_us"] > 0 and t["probe"]["write_us"] > 0
     printed = capsys.readouterr().out
     assert "random 4 KiB reads" in printed and "a step's I/O (128-byte records)" in printed
     assert not list(tmp_path.glob(".hotline-disk-calibration-*"))  # its scratch folder is gone
@@ -623,6 +660,9 @@ def test_bench_disk_tier_smoke(tmp_path, monkeypatch):
             assert r["io_mode"] == "direct" or r["io_mode"].startswith("buffered")
             assert r["disk_bytes_per_step"] > 0 and r["cold_rows_per_step"] > 0 and r["exposed_read_ms"] >= 0
             assert r["coverage"] is not None and r["popular_share"] is not None
+            pr = r["disk_probe"]  # the disk beside the run: before its clock, after it, and their mean
+            assert pr["before"]["read_us"] > 0 and pr["after"]["write_us"] > 0
+            assert pr["read_us"] == pytest.approx((pr["before"]["read_us"] + pr["after"]["read_us"]) / 2)
     mmap, held = written["results"][1], written["results"][2]
     assert mmap["page_cache_dropped_by"] and mmap["page_cache"] == "used (mmap), the machine's memory"
     # the same baseline with its page cache held to the disk store's DRAM budget, or the reason it could not be

@@ -47,6 +47,10 @@ the I/O alone, not after a compute pass as training issues it; 2 and 3 priced pa
 alone, not the pages a request reads beyond its first)."""
 STEP_ROWS = (256, 1024, 2048, 4096, 8192)
 """Distinct rows per timed step-shaped batch (each about one page: uniform over a file many times larger)."""
+PROBE_ROWS = 2048
+"""The step-shaped batch (one of :data:`STEP_ROWS`, each row alone in its page) whose read and write-back times
+are kept as the calibration's ``probe``: :class:`DiskProbe` times it again at another moment and :func:`at_probe`
+scales the step's fits by how it moved."""
 
 
 def _rate(fn, n: int) -> tuple[float, float]:
@@ -116,6 +120,21 @@ def _fit(
     }
 
 
+def _step_once(f: RowFile, rows: np.ndarray, compute) -> tuple[int, int, float, float, float, float]:
+    """One step-shaped read of ``rows`` and its write-back, each right after ``compute()`` (a forward and
+    backward pass), as a sequential step issues them: (requests, pages, read seconds, write seconds, read CPU
+    seconds, write CPU seconds); the write-back makes the fetch's requests over the same pages."""
+    compute()
+    c0, t0 = time.process_time(), time.perf_counter()
+    recs, ps = f.read_rows(rows)
+    c1, t1 = time.process_time(), time.perf_counter()
+    compute()
+    c2, t2 = time.process_time(), time.perf_counter()
+    f.write_rows(rows, recs, ps)
+    c3, t3 = time.process_time(), time.perf_counter()
+    return ps.reads, int(ps.pages.shape[0]), t1 - t0, t3 - t2, c1 - c0, c3 - c2
+
+
 def _step_io(f: RowFile, rng: np.random.Generator, repeats: int, compute) -> dict:
     """The ``step`` section: step-shaped reads and write-backs at :data:`STEP_ROWS`, fitted per direction, and
     the overlap penalties (module docstring).
@@ -141,17 +160,7 @@ def _step_io(f: RowFile, rng: np.random.Generator, repeats: int, compute) -> dic
         return np.unique(rows[rows < f.num_rows])
 
     def one(n: int, pair: bool) -> tuple[int, int, float, float, float, float]:
-        rows = draw(n, pair)
-        compute()
-        c0, t0 = time.process_time(), time.perf_counter()
-        recs, ps = f.read_rows(rows)
-        c1, t1 = time.process_time(), time.perf_counter()
-        compute()
-        c2, t2 = time.process_time(), time.perf_counter()
-        f.write_rows(rows, recs, ps)
-        c3, t3 = time.process_time(), time.perf_counter()
-        # the write-back makes the fetch's requests over the same pages
-        return ps.reads, int(ps.pages.shape[0]), t1 - t0, t3 - t2, c1 - c0, c3 - c2
+        return _step_once(f, draw(n, pair), compute)
 
     shapes = [(n, pair) for n in STEP_ROWS for pair in (False, True)]
     for n, pair in shapes:
@@ -209,11 +218,17 @@ def _step_io(f: RowFile, rng: np.random.Generator, repeats: int, compute) -> dic
 
         t_c = _timed(passes)
         beside.append(overlap_penalty(section(passes)[2], t_io, t_c))
+    probe = np.asarray(sizes) == 2 * PROBE_ROWS  # the probe's shape: PROBE_ROWS rows, each alone in its page
     return {
         "version": STEP_FORMAT,
         "record_bytes": f.record,
         "rows": list(STEP_ROWS),
         "repeats": repeats,
+        "probe": {
+            "rows": PROBE_ROWS,
+            "read_us": 1e6 * float(np.median(np.asarray(t_read)[probe])),
+            "write_us": 1e6 * float(np.median(np.asarray(t_write)[probe])),
+        },
         "read": {**_fit(calls, t_read, sizes, pages), "cpu_us_per_call": 1e6 * sum(cpu_read) / total},
         "write": {**_fit(calls, t_write, sizes, pages), "cpu_us_per_call": 1e6 * sum(cpu_write) / total},
         "read_write_penalty": float(np.median(rw)),
@@ -225,6 +240,15 @@ def _timed(fn) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
+
+
+def _scratch_dir(directory: Path) -> Path:
+    """A fresh folder for scratch files in ``directory``, removed with everything in it afterwards: a file of
+    the user's there, whatever its name, is never opened, refused or removed."""
+    try:
+        return Path(tempfile.mkdtemp(prefix=_SCRATCH_DIR, dir=directory))
+    except OSError as e:
+        raise OSError(e.errno, f"cannot make a scratch folder in {directory} ({e.strerror or e})") from None
 
 
 def calibrate_disk(directory: str | os.PathLike, depth: int = 32, file_bytes: int = 512 << 20,
@@ -242,12 +266,7 @@ def calibrate_disk(directory: str | os.PathLike, depth: int = 32, file_bytes: in
         raise ValueError(f"the I/O depth must be >= 1, got {depth}")
     rng = np.random.default_rng(seed)
     rows = max(1024, file_bytes // PAGE)
-    # the scratch files in a folder of their own, made here and removed with everything in it: a file of the
-    # user's in DIR, whatever its name, is never opened, refused or removed
-    try:
-        scratch = Path(tempfile.mkdtemp(prefix=_SCRATCH_DIR, dir=directory))
-    except OSError as e:
-        raise OSError(e.errno, f"cannot make a scratch folder in {directory} ({e.strerror or e})") from None
+    scratch = _scratch_dir(directory)
     try:
         return _calibrate_in(scratch, directory, depth, file_bytes, reads, record_bytes, repeats, rows, rng)
     finally:
@@ -307,3 +326,61 @@ def _calibrate_in(scratch: Path, directory: Path, depth: int, file_bytes: int, r
         "page_bytes": PAGE,
         "step": step,
     }
+
+
+class DiskProbe:
+    """The calibration's probe timed again, at any moment: :data:`PROBE_ROWS` rows read and written back, each
+    right after a forward and backward pass, as the calibration times its step-shaped batches, on a scratch file
+    like the calibration's (``file_bytes`` of ``record_bytes`` records, every page written, O_DIRECT where the
+    filesystem allows) in a fresh folder in ``directory``, removed by :meth:`close`. ``probe()`` returns the
+    medians of ``repeats`` timings, in the calibration's ``probe`` fields; :func:`at_probe` prices with them.
+
+    On a virtual disk the speed moves 20% to 2x within minutes (``bench_disk_tier``: the step timed at 13 us a
+    request before a run and 21 after it): a probe beside a run says what the disk did then."""
+
+    def __init__(self, directory: str | os.PathLike, record_bytes: int, depth: int = 32,
+                 file_bytes: int = 512 << 20, seed: int = 0) -> None:  # fmt: skip
+        self._rng = np.random.default_rng(seed)
+        self._scratch = _scratch_dir(Path(directory))
+        try:
+            rows = max(1024, file_bytes // record_bytes)
+            path = self._scratch / _STEP_SCRATCH
+            self._file, _ = _scratch_file(path, rows, record_bytes // 4, depth, self._rng)
+            self._compute = overlapped_pass(np.random.default_rng(0))
+            self._compute()
+        except BaseException:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            raise
+
+    def __call__(self, repeats: int = 7) -> dict:
+        f = self._file
+        got = [_step_once(f, self._rng.choice(f.num_rows, size=PROBE_ROWS, replace=False), self._compute)
+               for _ in range(repeats)]  # fmt: skip
+        return {"rows": PROBE_ROWS, "read_us": 1e6 * float(np.median([g[2] for g in got])),
+                "write_us": 1e6 * float(np.median([g[3] for g in got]))}  # fmt: skip
+
+    def close(self) -> None:
+        self._file.close()
+        shutil.rmtree(self._scratch, ignore_errors=True)
+
+    def __enter__(self) -> DiskProbe:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def at_probe(disk: dict, probe: dict) -> dict:
+    """A hardware description's ``disk`` section priced at the moment ``probe`` (a :class:`DiskProbe` timing, or
+    the mean of two) was timed: the step's read fit scaled by the probe's read time over the calibration's, the
+    write fit by its write time (the CPU per request, what the I/O takes from the compute's cores, as
+    calibrated). The scales go in ``step.at_probe``. A section without a probe (an older calibration) is
+    returned as it is."""
+    step = disk.get("step", {})
+    ref = step.get("probe")
+    if ref is None:
+        return disk
+    scale = {way: probe[f"{way}_us"] / ref[f"{way}_us"] for way in ("read", "write")}
+    timed = ("fixed_us", "us_per_call", "us_per_page")
+    scaled = {way: {k: v * scale[way] if k in timed else v for k, v in step[way].items()} for way in scale}
+    return {**disk, "step": {**step, **scaled, "at_probe": scale}}
