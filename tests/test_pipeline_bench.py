@@ -18,6 +18,14 @@ def test_smoke(script, tmp_path):
         assert payload[mode]["samples_per_s"] > 0
     assert 0 <= payload["hotline_k2"]["stall_share"] <= 1
     assert payload["ratios"]
+    if script == "bench_pipeline":
+        # every configuration auto priced, beside its measured run: the choice first, its figure the margin's
+        auto = payload["auto"]
+        assert auto["measured"]
+        first, *rest = auto["candidates"]
+        assert first["predicted_samples_per_s"] == auto["predicted_samples_per_s"]
+        assert first["measured_samples_per_s"] == auto["measured_samples_per_s"] and rest
+        assert 0 <= auto["margin"] < 1 and 0 <= auto["margin_median_rounds"] < 1
 
 
 def test_pipeline_sweep_runs_the_cold_path(tmp_path):
