@@ -18,7 +18,9 @@ Two kinds of figures:
   a request over its rows on 2026-12-02); and how the store's concurrent work overlaps: a step's reads beside
   the previous step's writes (look-ahead's producer and writer threads) and that I/O beside a forward and
   backward pass on the main thread (``*_penalty``: the part of the shorter of the two that still costs time,
-  0 free, 1 none, :func:`hotline.profiling.calibrate.overlap_penalty`).
+  0 free, 1 none, :func:`hotline.profiling.calibrate.overlap_penalty`); and a ``probe``, the median times of
+  one of those batches (:data:`PROBE_ROWS`), which :class:`DiskProbe` times again at another moment so that
+  :func:`at_probe` prices at the disk's speed then.
 
 The I/O thread pool is started before any timing (its threads are made on first use).
 """
@@ -332,7 +334,7 @@ class DiskProbe:
     """The calibration's probe timed again, at any moment: :data:`PROBE_ROWS` rows read and written back, each
     right after a forward and backward pass, as the calibration times its step-shaped batches, on a scratch file
     like the calibration's (``file_bytes`` of ``record_bytes`` records, every page written, O_DIRECT where the
-    filesystem allows) in a fresh folder in ``directory``, removed by :meth:`close`. ``probe()`` returns the
+    filesystem allows) in a fresh folder in ``directory``, removed by :meth:`close`. Calling it returns the
     medians of ``repeats`` timings, in the calibration's ``probe`` fields; :func:`at_probe` prices with them.
 
     On a virtual disk the speed moves 20% to 2x within minutes (``bench_disk_tier``: the step timed at 13 us a
