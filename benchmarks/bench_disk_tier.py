@@ -22,8 +22,9 @@ The cost model (``--hardware FILE`` from ``hotline calibrate --disk DIR``, or a 
 each disk row's samples/s from the run's measured figures; the ratio predicted/measured is printed. This disk's
 speed moves 20% to 2x within minutes, so each disk row is priced at the disk's speed beside it: the calibration's
 probe (a step-shaped read and write-back of 2,048 rows) is timed right before the row's trainer is made and
-right after it is closed, and the calibrated read and write fits are scaled by the mean of the two over the calibration's
-own probe (``disk now/cal`` in the table; a ``--hardware`` file without a probe is priced as it is). From the
+right after it is closed, and the calibrated read and write fits are scaled by the median of the two and the
+calibration's own probe over the calibration's (``disk now/cal`` in the table: a probe moves the price only as far
+as both beside the row agree; a ``--hardware`` file without a probe is priced as it is). From the
 same calibration, ``--mode auto``'s choice (priced with the disk store and the DRAM tier, among the measured
 budgets: a measured row) and its margin to the fastest disk row (JSON ``auto``).
 
@@ -79,8 +80,8 @@ def _config(args, **kw):
 def run_trainer(name: str, dataset, args, probe=None, **kw) -> dict:
     """One timed Hotline run (device, hybrid or hotline; the disk store where ``cold_store='disk'``).
     ``probe``: a :class:`~hotline.profiling.disk_calibrate.DiskProbe`, timed right before the run's trainer is
-    made and right after it is closed (JSON ``disk_probe``: each, and their mean, which the cost model prices the
-    row at). Not between the warm-up and the clock: there a look-ahead run's producer and writer threads are
+    made and right after it is closed (JSON ``disk_probe``: each, and their mean; the cost model prices the row
+    at :func:`row_probe`). Not between the warm-up and the clock: there a look-ahead run's producer and writer threads are
     still reading and writing, and the probe timed 1.3-2.3x slower beside K=2 than before or after it."""
     from hotline import Trainer
 
@@ -323,7 +324,8 @@ def run_mmap_dram(dataset, args, root: Path, dram: int) -> dict:
 def predict(rec: dict, hybrid: dict | None, dataset, args, hw: dict):
     """The cost model's prediction for a disk row, from the run's measured figures (None for the others), the
     disk priced at the row's probe (the calibration's step fits scaled by how the disk timed the same probe
-    beside the run against during the calibration: :func:`~hotline.profiling.disk_calibrate.at_probe`)."""
+    beside the run against during the calibration, :func:`row_probe`,
+    :func:`~hotline.profiling.disk_calibrate.at_probe`)."""
     from hotline.profiling.costmodel import DiskTier, Stats, predict
     from hotline.profiling.disk_calibrate import at_probe
 
@@ -337,9 +339,24 @@ def predict(rec: dict, hybrid: dict | None, dataset, args, hw: dict):
     disk = DiskTier(pages_per_cold_row=rec["pages_per_disk_row"], reread_share=max(0.0, reread or 0.0),
                     cached_share=min(1.0, max(0.0, rec["cached_share"])),
                     calls_per_page=min(1.0, rec["disk_reads_per_step"] / pages) if pages else 1.0)  # fmt: skip
-    if "disk_probe" in rec:
-        hw = {**hw, "disk": at_probe(hw["disk"], rec["disk_probe"])}
+    at = row_probe(rec, hw)
+    if at is not None:
+        hw = {**hw, "disk": at_probe(hw["disk"], at)}
     return predict(mode, w, s, hw, disk)
+
+
+def row_probe(rec: dict, hw: dict) -> dict | None:
+    """The probe a disk row is priced at: per direction, the median of the two probes beside it and the
+    calibration's own, so that a probe moves the price only as far as both agree. A stall of the disk during
+    one probe, between two rows, then does not price the rows beside it (2026-12-02 06:48: one probe at 6x the
+    others, 277.7 against 42-66 ms, priced the row before it at 3.65x the calibrated disk and gave 0.48).
+    None where the row or the calibration has no probe."""
+    import numpy as np
+
+    ref, p = hw.get("disk", {}).get("step", {}).get("probe"), rec.get("disk_probe")
+    if ref is None or p is None:
+        return None
+    return {k: float(np.median([p["before"][k], p["after"][k], ref[k]])) for k in ("read_us", "write_us")}
 
 
 def exposed_s(p) -> float:
@@ -624,9 +641,10 @@ def main(argv: list[str] | None = None) -> dict:
             r["predicted_exposed_ms"] = 1e3 * exposed_s(p)
             ms = {k: 1e3 * v for k, v in p.phases_s.items()}
             r["predicted_ms"] = ms | {"step": 1e3 * p.step_s}
-            # the disk beside this row against the calibration
-            if "disk_probe" in r and "probe" in hw["disk"].get("step", {}):
-                r["probe_scale"] = r["disk_probe"]["read_us"] / hw["disk"]["step"]["probe"]["read_us"]
+            at = row_probe(r, hw)  # the disk beside this row against the calibration, as priced
+            if at is not None:
+                r["disk_probe"]["priced_at"] = at
+                r["probe_scale"] = at["read_us"] / hw["disk"]["step"]["probe"]["read_us"]
             lane = (
                 "lane: disk beside compute"
                 if "lane: disk beside compute" in ms

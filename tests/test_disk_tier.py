@@ -634,6 +634,32 @@ def test_calibrate_disk_cli(tmp_path, capsys):
     assert "--disk-record-bytes must be a positive multiple of 4, got 6" in capsys.readouterr().err
 
 
+def test_bench_disk_tier_prices_a_row_where_both_probes_agree(monkeypatch):
+    """A disk row is priced at the median of the two probes beside it and the calibration's (golden): a stall
+    in one probe does not move the price; both slower (or both faster) moves it by the nearer of the two."""
+    monkeypatch.syspath_prepend(
+        str(__import__("pathlib").Path(__file__).resolve().parent.parent / "benchmarks")
+    )
+    import bench_disk_tier
+
+    hw = {"disk": {"step": {"probe": {"rows": 2048, "read_us": 40.0, "write_us": 50.0}}}}
+
+    def row(before, after):
+        return {"disk_probe": {"before": {"read_us": before[0], "write_us": before[1]},
+                               "after": {"read_us": after[0], "write_us": after[1]}}}  # fmt: skip
+
+    assert bench_disk_tier.row_probe(row((36.0, 55.0), (240.0, 60.0)), hw) == {
+        "read_us": 40.0,
+        "write_us": 55.0,
+    }
+    assert bench_disk_tier.row_probe(row((44.0, 45.0), (48.0, 40.0)), hw) == {
+        "read_us": 44.0,
+        "write_us": 45.0,
+    }
+    assert bench_disk_tier.row_probe({}, hw) is None
+    assert bench_disk_tier.row_probe(row((1.0, 1.0), (1.0, 1.0)), {"disk": {"step": {}}}) is None
+
+
 def test_bench_disk_tier_smoke(tmp_path, monkeypatch):
     import json
 
