@@ -81,8 +81,9 @@ def run_trainer(name: str, dataset, args, probe=None, **kw) -> dict:
     """One timed Hotline run (device, hybrid or hotline; the disk store where ``cold_store='disk'``).
     ``probe``: a :class:`~hotline.profiling.disk_calibrate.DiskProbe`, timed right before the run's trainer is
     made and right after it is closed (JSON ``disk_probe``: each, and their mean; the cost model prices the row
-    at :func:`row_probe`). Not between the warm-up and the clock: there a look-ahead run's producer and writer threads are
-    still reading and writing, and the probe timed 1.3-2.3x slower beside K=2 than before or after it."""
+    at :func:`row_probe`). Not between the warm-up and the clock: there a look-ahead run's producer and writer
+    threads are still reading and writing, and the probe timed 1.3-2.3x slower beside K=2 than before or after
+    it."""
     from hotline import Trainer
 
     if probe is not None:
@@ -112,11 +113,6 @@ def run_trainer(name: str, dataset, args, probe=None, **kw) -> dict:
     finally:
         trainer.close()
     steps = args.steps
-    if probe is not None:
-        from hotline.profiling.disk_calibrate import PROBE_ROWS
-
-        after = probe()
-        rec_probe = {**mean_of(before, after), "before": before, "after": after, "rows": PROBE_ROWS}
     rec = {"mode": name, "samples_per_s": samples / elapsed, "step_ms": 1e3 * elapsed / steps,
            **common.measured(counters, samples, steps)}  # fmt: skip
     rec.update({f"{k}_ms": 1e3 * times[k] / steps for k in PHASES if k in times})
@@ -143,7 +139,13 @@ def run_trainer(name: str, dataset, args, probe=None, **kw) -> dict:
         )
         rec["exposed_read_ms"] = 1e3 * exposed / steps
     if probe is not None:
-        rec["disk_probe"] = rec_probe
+        after = probe()
+        rec["disk_probe"] = {
+            **mean_of(before, after),
+            "rows": before["rows"],
+            "before": before,
+            "after": after,
+        }
     return rec
 
 
@@ -322,12 +324,9 @@ def run_mmap_dram(dataset, args, root: Path, dram: int) -> dict:
 
 
 def predict(rec: dict, hybrid: dict | None, dataset, args, hw: dict):
-    """The cost model's prediction for a disk row, from the run's measured figures (None for the others), the
-    disk priced at the row's probe (the calibration's step fits scaled by how the disk timed the same probe
-    beside the run against during the calibration, :func:`row_probe`,
-    :func:`~hotline.profiling.disk_calibrate.at_probe`)."""
+    """The cost model's prediction for a disk row, from the run's measured figures (None for the others), with
+    the disk figures of ``hw`` (the row's own: :func:`row_probe`)."""
     from hotline.profiling.costmodel import DiskTier, Stats, predict
-    from hotline.profiling.disk_calibrate import at_probe
 
     if rec.get("coverage") is None or hybrid is None:
         return None
@@ -339,9 +338,6 @@ def predict(rec: dict, hybrid: dict | None, dataset, args, hw: dict):
     disk = DiskTier(pages_per_cold_row=rec["pages_per_disk_row"], reread_share=max(0.0, reread or 0.0),
                     cached_share=min(1.0, max(0.0, rec["cached_share"])),
                     calls_per_page=min(1.0, rec["disk_reads_per_step"] / pages) if pages else 1.0)  # fmt: skip
-    at = row_probe(rec, hw)
-    if at is not None:
-        hw = {**hw, "disk": at_probe(hw["disk"], at)}
     return predict(mode, w, s, hw, disk)
 
 
@@ -633,18 +629,23 @@ def main(argv: list[str] | None = None) -> dict:
                 log(rec)
         hw = hardware(args, root, dataset, disk_before)
     by = {r["mode"]: r for r in rows if "target" not in r}
+    from hotline.profiling.disk_calibrate import at_probe
+
     for r in rows:
         if hw is not None and r["mode"].endswith("_disk"):
-            p = predict(r, by.get("hybrid_disk"), dataset, args, hw)
+            # the row priced at the disk beside it (the calibration's step fits scaled by how the disk timed the
+            # calibration's probe beside the row against during the calibration)
+            at, row_hw = row_probe(r, hw), hw
+            if at is not None:
+                r["disk_probe"]["priced_at"] = at
+                row_hw = {**hw, "disk": at_probe(hw["disk"], at)}
+                r["probe_scale"] = row_hw["disk"]["step"]["at_probe"]["read"]
+            p = predict(r, by.get("hybrid_disk"), dataset, args, row_hw)
             r["predicted_samples_per_s"] = p.samples_per_s
             r["predicted_ratio"] = p.samples_per_s / r["samples_per_s"]
             r["predicted_exposed_ms"] = 1e3 * exposed_s(p)
             ms = {k: 1e3 * v for k, v in p.phases_s.items()}
             r["predicted_ms"] = ms | {"step": 1e3 * p.step_s}
-            at = row_probe(r, hw)  # the disk beside this row against the calibration, as priced
-            if at is not None:
-                r["disk_probe"]["priced_at"] = at
-                r["probe_scale"] = at["read_us"] / hw["disk"]["step"]["probe"]["read_us"]
             lane = (
                 "lane: disk beside compute"
                 if "lane: disk beside compute" in ms

@@ -3,9 +3,10 @@ writes the hardware description the cost model reads (the CPU as its own device:
 
 Every figure is timed with Hotline's own code paths (the dispatcher, the gather / scatter kernels, the sparse
 optimizer, the DLRM forward and backward), as the mean of a few calls after a warm-up, once in each of
-:data:`ROUNDS` rounds with the median round kept, at one thread and at ``threads`` (host work of a look-ahead runs on the producer's threads; compute on all of them). The dense
-compute is fitted, by non-negative least squares over several model shapes, to the cost model's own formula
-(FLOPs at a rate, bytes at a bandwidth, a fixed cost per pass), so predictions use the same units it measured.
+:data:`ROUNDS` rounds with the median round kept, at one thread and at ``threads`` (host work of a look-ahead
+runs on the producer's threads; compute on all of them). The dense compute is fitted, by non-negative least
+squares over several model shapes, to the cost model's own formula (FLOPs at a rate, bytes at a bandwidth, a
+fixed cost per pass), so predictions use the same units it measured.
 """
 
 from __future__ import annotations
