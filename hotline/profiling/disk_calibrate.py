@@ -79,11 +79,15 @@ def _scratch_file(
                 raise OSError(f"short write to {path}")
         os.fsync(f._fd)
 
-    bps, _ = _rate(sequential, f.size)
-    # The file was just written whole: the disk settled before anything is timed on it (on a virtual disk the
-    # host may still be flushing what the guest's writes returned from, and a sync waits for that).
-    os.sync()
-    f.read_rows(rng.choice(rows, size=4 * depth, replace=False))  # starts the I/O threads
+    try:
+        bps, _ = _rate(sequential, f.size)
+        # The file was just written whole: the disk settled before anything is timed on it (on a virtual disk
+        # the host may still be flushing what the guest's writes returned from, and a sync waits for that).
+        os.sync()
+        f.read_rows(rng.choice(rows, size=4 * depth, replace=False))  # starts the I/O threads
+    except BaseException:  # a full disk or an I/O error: the file's descriptor and threads are not left open
+        f.close()
+        raise
     return f, bps
 
 
