@@ -284,6 +284,8 @@ def test_bench_disk_tier_prints_autos_choice_from_its_calibration(tmp_path, monk
         r for r in disk_rows if r["mode"] == auto["choice"] and r.get("budget_bytes") == auto["hbm_budget"]
     )
     fastest = max(r["samples_per_s"] for r in disk_rows)
+    for r in disk_rows:  # every round priced at the probes beside it; the row's own ratio among them
+        assert len(r["rounds_predicted_ratio"]) == 2 and r["predicted_ratio"] in r["rounds_predicted_ratio"]
     assert auto["margin"] == pytest.approx(1 - chosen["samples_per_s"] / fastest)
     assert auto["reason"].startswith("cold rows on disk in")
     assert (

@@ -584,6 +584,33 @@ def test_disk_probe_times_and_cleans_up(tmp_path):
     assert not list(tmp_path.glob(".hotline-disk-calibration-*")) and mine.read_text() == "user data"
 
 
+def test_disk_probe_closes_its_file_when_writing_it_fails(tmp_path, monkeypatch):
+    """An I/O error while the scratch file is written whole (before any timing): one OSError, and the file's
+    descriptors and its folder are gone (a calibration or probe that fails leaks nothing)."""
+    import errno
+
+    from hotline.profiling.disk_calibrate import DiskProbe
+
+    real = os.pwrite
+
+    def failing(
+        fd, data, offset
+    ):  # the scratch file's 1 MiB sequential chunks; nothing else writes by pwrite
+        if len(data) == 1 << 20 and offset >= 2 << 20:
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd, data, offset)
+
+    def fds() -> set[str]:
+        return set(os.listdir("/proc/self/fd"))
+
+    before = fds()
+    monkeypatch.setattr(os, "pwrite", failing)
+    with pytest.raises(OSError, match="Input/output error"):
+        DiskProbe(tmp_path, 256, depth=4, file_bytes=4 << 20)
+    monkeypatch.undo()
+    assert fds() <= before and not list(tmp_path.glob(".hotline-disk-calibration-*"))
+
+
 def test_calibrate_disk_cli(tmp_path, capsys):
     out = tmp_path / "hw.json"
     out.write_text('{"format": "hotline-hardware", "host": {"x": 1}}')
@@ -660,6 +687,26 @@ def test_bench_disk_tier_prices_a_row_where_both_probes_agree(monkeypatch):
     assert bench_disk_tier.row_probe(row((1.0, 1.0), (1.0, 1.0)), {"disk": {"step": {}}}) is None
 
 
+def test_bench_disk_tier_keeps_each_rows_median_round(monkeypatch):
+    """Of a disk row's rounds the median by samples/s stands for it (a round that raised left out), every
+    round's samples/s and predicted/measured beside it; a row whose every round raised: its first error."""
+    monkeypatch.syspath_prepend(
+        str(__import__("pathlib").Path(__file__).resolve().parent.parent / "benchmarks")
+    )
+    import bench_disk_tier
+
+    def rnd(n, sps, ratio):
+        return {"mode": "hotline_k2_disk", "round": n, "samples_per_s": sps, "predicted_ratio": ratio}
+
+    got = bench_disk_tier.typical([rnd(1, 900.0, 1.4), rnd(2, 1200.0, 1.05), {"error": "x", "round": 3},
+                                   rnd(4, 1000.0, 1.1)])  # fmt: skip
+    assert got["round"] == 4 and got["samples_per_s"] == 1000.0 and got["predicted_ratio"] == 1.1
+    assert got["rounds_samples_per_s"] == [900.0, 1200.0, 1000.0]
+    assert got["rounds_predicted_ratio"] == [1.4, 1.05, 1.1]
+    failed = [{"mode": "hybrid_disk", "error": "first"}, {"mode": "hybrid_disk", "error": "second"}]
+    assert bench_disk_tier.typical(failed)["error"] == "first"
+
+
 def test_bench_disk_tier_smoke(tmp_path, monkeypatch):
     import json
 
@@ -686,6 +733,10 @@ def test_bench_disk_tier_smoke(tmp_path, monkeypatch):
             assert r["io_mode"] == "direct" or r["io_mode"].startswith("buffered")
             assert r["disk_bytes_per_step"] > 0 and r["cold_rows_per_step"] > 0 and r["exposed_read_ms"] >= 0
             assert r["coverage"] is not None and r["popular_share"] is not None
+            # two rounds in --smoke: the slower (the lower middle) stands for the row, both kept beside it
+            assert len(r["rounds_samples_per_s"]) == 2 and r["samples_per_s"] == min(
+                r["rounds_samples_per_s"]
+            )
             pr = r["disk_probe"]  # the disk beside the run: before its clock, after it, and their mean
             assert pr["before"]["read_us"] > 0 and pr["after"]["write_us"] > 0
             assert pr["read_us"] == pytest.approx((pr["before"]["read_us"] + pr["after"]["read_us"]) / 2)
