@@ -425,6 +425,73 @@ def auto_margin(choice, rows: list[dict]) -> dict:
     }
 
 
+def _config_name(run: dict) -> str:
+    target = run.get("target")
+    return run["mode"] if target is None else f"{run['mode']} at {target:.0%}"
+
+
+def pool_runs(reports: list[dict]) -> dict:
+    """Several runs of one config pooled: per run, each configuration's median round over the median round of
+    the configuration ``--mode auto`` chose in that run; per configuration, the geometric mean of those ratios
+    over the runs (and their range); the pooled margin is how far auto's choice lies below the configuration
+    with the highest mean. One run's margin is one draw of this machine's spells; the pooled one is the
+    choice's distance to the fastest configuration. Raises ValueError naming what is wrong with the reports."""
+    import math
+
+    if not reports:
+        raise ValueError("no runs to pool")
+    configs = {r.get("config") for r in reports}
+    if len(configs) != 1:
+        raise ValueError(f"the runs pooled are of different configs: {sorted(map(str, configs))}")
+    ratios: dict[str, list[float]] = {}
+    for i, rep in enumerate(reports):
+        auto, rows = rep.get("auto") or {}, [r for r in rep.get("sweep", []) if "error" not in r]
+        chosen = next((r for r in rows if r["mode"] == auto.get("choice")
+                       and r.get("budget_mib") == auto.get("budget_mib")), None)  # fmt: skip
+        if chosen is None:
+            raise ValueError(
+                f"run {i + 1}: auto's choice ({auto.get('choice')}) is not among its measured runs"
+            )
+        ref = _median_round(chosen)
+        for r in rows:
+            if not r.get("saturated"):
+                ratios.setdefault(_config_name(r), []).append(_median_round(r) / ref)
+    table = [
+        {"configuration": name, "runs": len(v), "mean_over_choice": math.exp(statistics.fmean(map(math.log, v))),
+         "lowest": min(v), "highest": max(v)}
+        for name, v in ratios.items()
+    ]  # fmt: skip
+    table.sort(key=lambda t: -t["mean_over_choice"])
+    best = table[0]
+    margin = max(0.0, 1.0 - 1.0 / best["mean_over_choice"])
+    return {"config": configs.pop(), "runs": len(reports), "choices": [rep["auto"]["choice"] for rep in reports],
+            "configurations": table, "fastest": best["configuration"], "pooled_margin": margin,
+            "pooled_margin_met": margin <= 0.05}  # fmt: skip
+
+
+def _pool_main(files: list[Path], out: Path | None) -> dict:
+    import json
+
+    reports = []
+    for f in files:
+        try:
+            reports.append(json.loads(Path(f).read_text()))
+        except (OSError, ValueError) as e:
+            raise ValueError(f"--pool {f}: cannot read a bench_pipeline JSON ({e})") from None
+    pooled = pool_runs(reports)
+    common.print_table(
+        pooled["configurations"],
+        [("configuration", "configuration", ""), ("runs", "runs", "d"),
+         ("mean_over_choice", "median round / auto's choice (geomean)", ".3f"),
+         ("lowest", "lowest", ".3f"), ("highest", "highest", ".3f")],
+        title=f"config {pooled['config']}: {pooled['runs']} runs pooled (auto chose {', '.join(pooled['choices'])})",
+    )  # fmt: skip
+    print(f"pooled: fastest configuration {pooled['fastest']}; auto's choice {pooled['pooled_margin']:.1%} below it "
+          f"(target <= 5%: {'met' if pooled['pooled_margin_met'] else 'MISSED'})")  # fmt: skip
+    common.write_json(out, pooled)
+    return pooled
+
+
 def mark_saturated(rows: list[dict]) -> None:
     for r in rows:
         if "error" in r:
@@ -467,7 +534,20 @@ def main(argv: list[str] | None = None) -> dict:
         "--hardware",
         help="--mode auto's pricing: a `hotline calibrate` JSON (default: this CPU's cached calibration)",
     )
+    p.add_argument(
+        "--pool",
+        nargs="+",
+        type=Path,
+        metavar="JSON",
+        help="runs nothing: pools earlier runs' JSON of one config (auto's choice against each configuration, "
+        "by median rounds, over the runs)",
+    )
     args = p.parse_args(argv)
+    if args.pool:
+        try:
+            return _pool_main(args.pool, args.json)
+        except ValueError as e:
+            p.error(str(e))
     cfg = config(args.config)
     args.max_rows_per_table = args.max_rows_per_table or (
         100_000 if args.config == mlperf.NAME else 1_000_000

@@ -65,3 +65,57 @@ def test_gpu_bench_smoke_checks_exactness_and_records_what_the_gpu_run_needs(tmp
     assert payload["versions"]["numba_threading_layer"] in ("omp", "tbb") and "triton" in payload["zero_copy"]
     written = json.loads(out.read_text())
     assert [r["mode"] for r in written["stages"]["smoke"]["sweep"]] == modes
+
+
+def _report(config, choice, rounds):
+    """A bench_pipeline JSON of ``rounds`` ({(mode, target): [samples/s per round]}) whose auto chose ``choice``."""
+    sweep = [{"mode": m, "target": t, "budget_mib": None if t is None else t * 10, "saturated": False,
+              "rounds_samples_per_s": v, "samples_per_s": max(v)} for (m, t), v in rounds.items()]  # fmt: skip
+    m, t = choice
+    return {
+        "config": config,
+        "sweep": sweep,
+        "auto": {"choice": m, "budget_mib": None if t is None else t * 10},
+    }
+
+
+def test_pool_runs_weighs_the_choice_against_each_configuration_over_runs(tmp_path, capsys):
+    """Golden: per run, each configuration's median round over the choice's; per configuration the geometric
+    mean over the runs; the pooled margin from the highest mean. A lucky round of one run moves nothing."""
+    import json
+    import math
+
+    bench = __import__("bench_pipeline")
+    a = _report("kaggle", ("device", None), {("device", None): [100.0, 90.0, 80.0],
+                                             ("hotline_k0", 0.7): [130.0, 99.0, 81.0]})  # fmt: skip
+    b = _report("kaggle", ("device", None), {("device", None): [100.0, 100.0, 100.0],
+                                             ("hotline_k0", 0.7): [90.0, 100.0, 92.0]})  # fmt: skip
+    got = bench.pool_runs([a, b])
+    k0 = next(c for c in got["configurations"] if c["configuration"] == "hotline_k0 at 70%")
+    assert k0["mean_over_choice"] == pytest.approx(math.sqrt(99.0 / 90.0 * 92.0 / 100.0))
+    assert (k0["lowest"], k0["highest"], k0["runs"]) == (pytest.approx(0.92), pytest.approx(1.1), 2)
+    assert got["fastest"] == "hotline_k0 at 70%" and got["choices"] == ["device", "device"]
+    assert got["pooled_margin"] == pytest.approx(1 - 1 / k0["mean_over_choice"]) and got["pooled_margin_met"]
+    # through the command line, with one JSON out
+    files = []
+    for i, rep in enumerate((a, b)):
+        files.append(tmp_path / f"r{i}.json")
+        files[-1].write_text(json.dumps(rep))
+    out = bench.main(["--pool", *map(str, files), "--json", str(tmp_path / "pooled.json")])
+    assert json.loads((tmp_path / "pooled.json").read_text())["pooled_margin"] == pytest.approx(
+        out["pooled_margin"]
+    )
+    assert "pooled: fastest configuration hotline_k0 at 70%" in capsys.readouterr().out
+
+
+def test_pool_runs_refuses_runs_of_different_configs(tmp_path, capsys):
+    bench = __import__("bench_pipeline")
+    a = _report("kaggle", ("device", None), {("device", None): [1.0]})
+    b = _report("emb-heavy", ("device", None), {("device", None): [1.0]})
+    with pytest.raises(ValueError, match="different configs"):
+        bench.pool_runs([a, b])
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--pool", str(tmp_path / "missing.json")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "--pool" in err[-1] and "missing.json" in err[-1]
