@@ -168,7 +168,9 @@ def test_soak_script_smoke(tmp_path, monkeypatch):
 def test_soak_fails_when_memory_grows(tmp_path, monkeypatch):
     """A leak that grows RSS by far more than the bound over the run (the bound must catch it): the verdict is
     GROWING. Sized from at least 1 GiB, not from this process's RSS now: what earlier tests in the same process
-    left allocated or freed makes that a poor guess of the RSS the soak reaches after its warm-up."""
+    left allocated or freed makes that a poor guess of the RSS the soak reaches after its warm-up. Their garbage
+    is collected first, so that no collection of it during the soak moves the RSS beside the leak."""
+    gc.collect()
     leaked = []
     compute = Trainer._compute_prepared
     per_step = int(max(_rss_mib() or 0.0, 1024.0) * 0.4 / 150 * (1 << 20)) // 4  # float32s per step
