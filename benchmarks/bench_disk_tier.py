@@ -396,13 +396,10 @@ def typical(rounds: list[dict]) -> dict:
     """The round of a disk row that stands for it: its median by samples/s (the lower middle of an even count;
     a row whose every round raised: the first error), with every round's samples/s and predicted/measured
     beside it (``rounds_samples_per_s``, ``rounds_predicted_ratio``)."""
-    ok = sorted((r for r in rounds if "error" not in r), key=lambda r: r["samples_per_s"])
-    if not ok:
-        return rounds[0]
-    rec = {**ok[(len(ok) - 1) // 2]}
-    rec["rounds_samples_per_s"] = [r["samples_per_s"] for r in rounds if "error" not in r]
-    if all("predicted_ratio" in r for r in ok):
-        rec["rounds_predicted_ratio"] = [r["predicted_ratio"] for r in rounds if "error" not in r]
+    rec = common.kept_round(rounds, "median")
+    ok = [r for r in rounds if "error" not in r]
+    if ok and all("predicted_ratio" in r for r in ok):
+        rec["rounds_predicted_ratio"] = [r["predicted_ratio"] for r in ok]
     return rec
 
 

@@ -273,16 +273,7 @@ def sweep(
             records[i].append(rec)
             if log:
                 log(rec)
-    kept = []
-    for recs in records:
-        ok = sorted((r for r in recs if "error" not in r), key=lambda r: r["samples_per_s"])
-        if not ok:  # every round raised: the first error stands for the run
-            kept.append(recs[0])
-            continue
-        rec = ok[-1] if keep == "fastest" else ok[(len(ok) - 1) // 2]
-        rec["rounds_samples_per_s"] = [r["samples_per_s"] for r in recs if "error" not in r]
-        kept.append(rec)
-    return kept
+    return [common.kept_round(recs, keep) for recs in records]
 
 
 SWEEP_COLUMNS = [

@@ -192,6 +192,21 @@ def print_table(rows: Sequence[dict], columns: Sequence[tuple[str, str, str]], t
     return text
 
 
+def kept_round(rounds: list[dict], keep: str = "median") -> dict:
+    """The round of a run, made several times, that stands for it: ``fastest`` or ``median`` by samples/s (the
+    lower middle of an even count), with every round's samples/s added to it (``rounds_samples_per_s``: the
+    record itself, as a caller that logged it holds it); a run whose every round raised: its first error.
+    Rounds that raised are left out."""
+    if keep not in ("fastest", "median"):
+        raise ValueError(f"keep must be 'fastest' or 'median', got {keep!r}")
+    ok = sorted((r for r in rounds if "error" not in r), key=lambda r: r["samples_per_s"])
+    if not ok:
+        return rounds[0]
+    rec = ok[-1] if keep == "fastest" else ok[(len(ok) - 1) // 2]
+    rec["rounds_samples_per_s"] = [r["samples_per_s"] for r in rounds if "error" not in r]
+    return rec
+
+
 def write_json(path: Path | None, payload: dict) -> None:
     """Writes ``payload`` to ``path`` (if given) as indented JSON, atomically; dataclasses become dicts."""
     if path is None:

@@ -85,7 +85,9 @@ def _scratch_file(
         # the host may still be flushing what the guest's writes returned from, and a sync waits for that).
         os.sync()
         f.read_rows(rng.choice(rows, size=4 * depth, replace=False))  # starts the I/O threads
-    except BaseException:  # a full disk or an I/O error: the file's descriptor and threads are not left open
+    except (
+        BaseException
+    ):  # an I/O error, a short write, an interrupt: the file's descriptors and threads closed
         f.close()
         raise
     return f, bps
