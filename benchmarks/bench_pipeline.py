@@ -463,6 +463,10 @@ def pool_runs(reports: list[dict]) -> dict:
 def _pool_main(files: list[Path], out: Path | None) -> dict:
     import json
 
+    from hotline.outputs import guard
+
+    if out is not None:  # the project's output policy: an input (one of the runs pooled) is never the output
+        out = guard("--json", out, inputs=[("--pool", f) for f in files], force=True)
     reports = []
     for f in files:
         try:

@@ -109,6 +109,8 @@ def test_pool_runs_weighs_the_choice_against_each_configuration_over_runs(tmp_pa
 
 
 def test_pool_runs_refuses_runs_of_different_configs(tmp_path, capsys):
+    import json
+
     bench = __import__("bench_pipeline")
     a = _report("kaggle", ("device", None), {("device", None): [1.0]})
     b = _report("emb-heavy", ("device", None), {("device", None): [1.0]})
@@ -119,3 +121,10 @@ def test_pool_runs_refuses_runs_of_different_configs(tmp_path, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "--pool" in err[-1] and "missing.json" in err[-1]
+    # the JSON out is never one of the runs pooled: refused before anything is read or written
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(a))
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--pool", str(run), "--json", str(run)])
+    assert e.value.code == 2 and json.loads(run.read_text()) == a
+    assert "an input of this command" in capsys.readouterr().err.strip().splitlines()[-1]
