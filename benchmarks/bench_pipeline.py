@@ -463,10 +463,7 @@ def pool_runs(reports: list[dict]) -> dict:
 def _pool_main(files: list[Path], out: Path | None) -> dict:
     import json
 
-    from hotline.outputs import guard
-
-    if out is not None:  # the project's output policy: an input (one of the runs pooled) is never the output
-        out = guard("--json", out, inputs=[("--pool", f) for f in files], force=True)
+    # ``out`` was judged with the flags (common.judge_outputs): never one of the runs pooled
     reports = []
     for f in files:
         try:

@@ -3,7 +3,7 @@
 A benchmark script does::
 
     parser = common.parser(__doc__)              # --json, --threads, --smoke, --repeats, --seed
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)               # --json judged by the output policy: refused before any work
     common.setup_threads(args.threads)           # torch and numba, on purpose
     t = common.timeit(fn, repeats=args.repeats)  # warm-up calls (Numba compile) are not timed
     common.print_table(rows, columns)
@@ -36,10 +36,64 @@ if _ROOT not in sys.path:
 # (measured here: 4-8 ms of CPU during a 20 ms pause after a matmul, against 0.05 ms with hotline first).
 import hotline  # noqa: E402, F401
 
+INPUT_FLAGS = ("data", "hardware", "host", "pool", "from_json")
+"""Flags (argparse dests) whose paths a benchmark reads: its ``--json`` is never one of them nor inside one (a
+calibration read and then overwritten by the results, a JSON written into a dataset directory the run reads).
+Scratch folders (``--dir``, ``--cold-dir``) are not inputs: a benchmark's scratch goes into a fresh temporary
+folder inside them, so a JSON beside it is safe."""
+
+OUTPUT_FLAGS = ("json", "hardware_out")
+"""Flags (argparse dests) of the files a benchmark writes."""
+
+
+class Parser(argparse.ArgumentParser):
+    """The benchmarks' ArgumentParser: :meth:`parse_args` also judges the outputs (:func:`judge_outputs`), so a
+    bad ``--json`` is refused with one line (exit 2) before any work starts."""
+
+    def parse_args(self, args=None, namespace=None):  # noqa: D102 - argparse's, plus judge_outputs
+        ns = super().parse_args(args, namespace)
+        judge_outputs(self, ns)
+        return ns
+
+
+def judge_outputs(p: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    """Every output flag of ``ns`` (:data:`OUTPUT_FLAGS`) judged by the project's output policy
+    (:func:`hotline.outputs.guard`) against every input flag (:data:`INPUT_FLAGS`) and the other outputs: an
+    output that is or lies inside an input, two outputs on one file, a directory, a FIFO, a file in the way of
+    its folder, or a file another live run writes is refused through ``p.error``. An existing results file is
+    replaced (``force``: a benchmark's JSON is its own to rewrite, as ``run_all`` does every run); a link is
+    followed, and its target written."""
+    from hotline.outputs import guard
+
+    def flag(dest: str) -> str:
+        return "--" + dest.replace("_", "-")
+
+    inputs = []
+    for dest in INPUT_FLAGS:
+        value = getattr(ns, dest, None)
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if v is not None:
+                inputs.append((flag(dest), v))
+    seen: dict[Path, str] = {}
+    for dest in OUTPUT_FLAGS:
+        path = getattr(ns, dest, None)
+        if path is None:
+            continue
+        try:
+            target = guard(flag(dest), path, inputs=inputs, force=True)
+        except ValueError as e:  # OutputError: one line, exit 2
+            p.error(str(e))
+        if target in seen:
+            p.error(f"{seen[target]} and {flag(dest)} {path} are the same file: one would be lost; give each its "
+                    f"own name")  # fmt: skip
+        seen[target] = f"{flag(dest)} {path}"
+        setattr(ns, dest, target)
+
 
 def parser(doc: str | None) -> argparse.ArgumentParser:
-    """An ArgumentParser with the flags every benchmark has (description: the docstring's first line)."""
-    p = argparse.ArgumentParser(
+    """An ArgumentParser with the flags every benchmark has (description: the docstring's first line); its
+    ``parse_args`` judges ``--json`` (:class:`Parser`)."""
+    p = Parser(
         description=(doc or "").strip().splitlines()[0] if doc else None,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )

@@ -21,6 +21,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,6 +130,65 @@ def machine() -> dict:
     }
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """What the machine is doing, from ``/proc``: cumulative CPU ticks (busy: user, nice, system, irq, softirq;
+    all), the tasks blocked in uninterruptible sleep (D state: waiting on the disk) now, and the block devices'
+    requests in flight now."""
+
+    busy: int
+    total: int
+    blocked: int
+    in_flight: int
+
+
+def snapshot() -> Snapshot | None:
+    """The machine now (None where ``/proc`` does not say: not Linux)."""
+    try:
+        stat = Path("/proc/stat").read_text().splitlines()
+        disks = Path("/proc/diskstats").read_text().splitlines()
+    except OSError:
+        return None
+    cpu = [int(v) for v in stat[0].split()[1:]]
+    blocked = next((int(line.split()[1]) for line in stat if line.startswith("procs_blocked ")), 0)
+    # field 12 of a device's line: I/Os currently in progress (partitions repeat their disk's: whole disks only)
+    in_flight = sum(
+        int(f[11]) for f in (line.split() for line in disks) if len(f) > 11 and not f[2][-1].isdigit()
+    )
+    return Snapshot(busy=sum(cpu[i] for i in (0, 1, 2, 5, 6) if i < len(cpu)), total=sum(cpu[:8]),
+                    blocked=blocked, in_flight=in_flight)  # fmt: skip
+
+
+def quiet(before: Snapshot, now: Snapshot, busy_share: float = 0.10) -> bool:
+    """Whether the interval between two snapshots was quiet: at most ``busy_share`` of the cores busy, and at
+    its end no task waiting on the disk and no request in flight."""
+    ticks = now.total - before.total
+    busy = (now.busy - before.busy) / ticks if ticks > 0 else 0.0
+    return busy <= busy_share and now.blocked == 0 and now.in_flight == 0
+
+
+def settle(
+    quiet_s: int = 5, limit_s: float = 300.0, sample=snapshot, sleep=time.sleep, clock=time.monotonic
+) -> dict:
+    """Waits until the machine has been quiet (:func:`quiet`) for ``quiet_s`` one-second intervals in a row, or
+    ``limit_s`` seconds have passed; returns how long it waited and whether it settled. A disk-heavy benchmark
+    leaves the disk busy for minutes after it exits (its writes and deletions flushed: a load average of 4-9
+    from D-state I/O measured after bench_disk_tier on 2026-12-02), and the next benchmark would measure that."""
+    start = clock()
+    prev = sample()
+    if prev is None:
+        return {"settled": None, "waited_s": 0.0, "quiet_s": quiet_s}
+    run = 0
+    while run < quiet_s:
+        if clock() - start >= limit_s:
+            return {"settled": False, "waited_s": round(clock() - start, 1), "quiet_s": quiet_s}
+        sleep(1.0)
+        now = sample()
+        run = run + 1 if quiet(prev, now) else 0
+        prev = now
+    return {"settled": True, "waited_s": round(clock() - start, 1), "quiet_s": quiet_s}
+
+
 def run(bench: Bench, json_dir: Path, smoke: bool) -> dict:
     """Runs one benchmark; returns its record (command, machine, loads, return code, JSON or None)."""
     out = json_dir / f"{bench.name}.json"
@@ -141,7 +201,9 @@ def run(bench: Bench, json_dir: Path, smoke: bool) -> dict:
         *(["--smoke"] if smoke else []),
     ]
     shown = " ".join(["python", f"benchmarks/{bench.script}", *bench.args, "--json", f"{bench.name}.json"])
-    record = {"command": shown, "machine": machine(), "load_before": list(os.getloadavg()), "smoke": smoke}
+    calm = {"settled": None, "waited_s": 0.0} if smoke else settle()  # the last benchmark's after-work done
+    record = {"command": shown, "machine": machine(), "load_before": list(os.getloadavg()), "smoke": smoke,
+              "settle": calm}  # fmt: skip
     record["started"] = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     if out.exists():
         out.unlink()  # ours, from an earlier run: a failed run must not quote it
@@ -179,6 +241,15 @@ def table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def _settled(calm: dict | None) -> str:
+    """How the machine was before the run (:func:`settle`), for the page: nothing where it was not waited for."""
+    if not calm or calm.get("settled") is None:
+        return ""
+    if calm["settled"]:
+        return f" (quiet for {calm['quiet_s']} s after {calm['waited_s']:.0f} s of waiting)"
+    return f" (**not quiet** after {calm['waited_s']:.0f} s of waiting: disk or cores still busy)"
+
+
 def section(bench: Bench, record: dict | None, data: dict | None) -> list[str]:
     """The page's section of one benchmark."""
     out = [f"## {bench.name}", "", bench.what[0].upper() + bench.what[1:] + ".", ""]
@@ -188,7 +259,8 @@ def section(bench: Bench, record: dict | None, data: dict | None) -> list[str]:
     out += ["```bash", record["command"], "```", ""]
     out += [
         f"Ran {record['started']} on {m['cpu']} ({m['cores']} cores, {m['memory_gib']} GiB), Python {m['python']}; "
-        f"load average {record['load_before'][0]:.2f} before, {record['load_after'][0]:.2f} after.",
+        f"load average {record['load_before'][0]:.2f} before{_settled(record.get('settle'))}, "
+        f"{record['load_after'][0]:.2f} after.",
         "",
     ]
     if record.get("smoke"):
@@ -243,18 +315,37 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(names) - {b.name for b in BENCHES})
     if unknown:
         p.error(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(b.name for b in BENCHES)}")
+    if args.from_json is not None and not args.from_json.is_dir():
+        p.error(f"--from-json {args.from_json}: not a directory (the --json-dir of an earlier run)")
     json_dir = args.from_json or args.json_dir
-    json_dir.mkdir(parents=True, exist_ok=True)
-    if args.from_json is None:
+    # The project's output policy, before any run: the page is none of the files the page is made from, the
+    # results folder is a folder, and a second run_all on the same outputs while this one runs is refused (its
+    # results would mix with these, and two benchmarks at once measure neither).
+    from hotline.outputs import Output, OutputError, claim
+
+    read = "--from-json" if args.from_json else "--json-dir"
+    made_from = [
+        (f"{read} file", json_dir / f"{b.name}{ext}") for b in BENCHES for ext in (".json", ".run.json")
+    ]
+    outputs = [
+        Output("--out", args.out),
+        *([] if args.from_json else [Output("--json-dir", json_dir, "dir")]),
+    ]
+    try:
+        held = claim(outputs, inputs=made_from, force=True)
+    except OutputError as e:
+        p.error(str(e))
+    with held:
+        if args.from_json is None:
+            for bench in BENCHES:
+                if (not names or bench.name in names) and (HERE / bench.script).exists():
+                    run(bench, json_dir, args.smoke)
+        records = {}
         for bench in BENCHES:
-            if (not names or bench.name in names) and (HERE / bench.script).exists():
-                run(bench, json_dir, args.smoke)
-    records = {}
-    for bench in BENCHES:
-        rec = json_dir / f"{bench.name}.run.json"
-        if rec.exists():
-            records[bench.name] = json.loads(rec.read_text())
-    write_text(args.out, page(records, json_dir))
+            rec = json_dir / f"{bench.name}.run.json"
+            if rec.exists():
+                records[bench.name] = json.loads(rec.read_text())
+        write_text(held.path("--out"), page(records, json_dir))
     print(f"wrote {args.out} ({len(records)} of {len(BENCHES)} benchmarks quoted)")
     return 0
 
