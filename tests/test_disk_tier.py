@@ -650,6 +650,9 @@ def test_calibrate_disk_cli(tmp_path, capsys):
         assert t[k]["fixed_us"] >= 0 and t[k]["us_per_call"] >= 0 and t[k]["cpu_us_per_call"] >= 0
         assert t[k]["us_per_call"] + t[k]["us_per_page"] > 0
     assert 0 <= t["read_write_penalty"] <= 3 and 0 <= t["compute_penalty"] <= 3
+    for name in ("read_write", "compute"):  # what was measured beside what is priced
+        got = t["penalties_measured"][name]
+        assert got["penalty"] == t[f"{name}_penalty"] and got["se"] >= 0 and 0 <= got["pooled"] <= 3
     assert t["probe"]["rows"] == 2048 and t["probe"]["read_us"] > 0 and t["probe"]["write_us"] > 0
     printed = capsys.readouterr().out
     assert "random 4 KiB reads" in printed and "a step's I/O (128-byte records)" in printed
@@ -791,3 +794,25 @@ def test_bench_disk_io_shape_smoke(tmp_path, monkeypatch):
         assert r["after_pause_ms"] > 0 and r["after_compute_ms"] > 0 and r["ratio_median"] > 0
         assert r["ratio_iqr"][0] <= r["ratio_median"] <= r["ratio_iqr"][1]
     assert written["io_mode"].startswith("buffered") and not list(tmp_path.glob("tmp*"))  # scratch removed
+
+
+def test_pooled_penalty_credits_only_the_overlap_its_timings_show():
+    """Golden: pooled over pairs (sums, not a vote of each pair); a gain within the pairs' noise is priced as
+    none (1); a clear gain, and a loss (worse than one after the other), as measured."""
+    from hotline.profiling.disk_calibrate import pooled_penalty
+
+    clear = [(1.5, 1.0, 1.0), (1.52, 1.0, 1.0), (1.48, 1.0, 1.0), (1.5, 1.0, 1.0), (1.5, 1.0, 1.0)]
+    got = pooled_penalty(clear)
+    assert got["pooled"] == pytest.approx(0.5) and got["penalty"] == got["pooled"] and got["se"] < 0.02
+    # pairs as spread as those timed here on 2026-12-02 (0.3-1.45 each): pooled 0.8, but not beyond the noise
+    noisy = [(1.3, 1.0, 1.0), (2.0, 1.0, 1.0), (1.9, 1.0, 1.0), (1.35, 1.0, 1.0), (2.45, 1.0, 1.0)]
+    got = pooled_penalty(noisy)
+    assert (
+        got["pooled"] == pytest.approx(0.8) and got["pooled"] + 2 * got["se"] >= 1 and got["penalty"] == 1.0
+    )
+    worse = [(2.2, 1.0, 1.0), (2.3, 1.0, 1.0), (2.1, 1.0, 1.0)]
+    assert pooled_penalty(worse)["penalty"] == pytest.approx(1.2)
+    # unequal lanes pool by sums: (3.0 + 1.2 - 2.0 - 1.0) / (1.0 + 0.2) = 1.0
+    assert pooled_penalty([(3.0, 2.0, 1.0), (1.2, 0.2, 1.0)])["pooled"] == pytest.approx(1.0)
+    assert pooled_penalty([])["penalty"] == 0.0
+    assert pooled_penalty([(1.5, 1.0, 1.0)])["penalty"] == 1.0  # one pair shows nothing beyond its noise

@@ -9,6 +9,15 @@ import sys
 from hotline.cli.args import SubParsers, add_force, add_output, add_seed, add_threads, error
 
 
+def _penalty(step: dict, name: str) -> str:
+    """A priced overlap penalty, with what was measured where that differs (a gain within the noise)."""
+    priced = step[f"{name}_penalty"]
+    got = step.get("penalties_measured", {}).get(name)
+    if not got or got["pooled"] == priced:
+        return f"{priced:.2f}"
+    return f"{priced:.2f} (measured {got['pooled']:.2f} +- {got['se']:.2f}: a gain within the noise is priced as none)"
+
+
 def add_parser(subparsers: SubParsers) -> None:
     parser = subparsers.add_parser(
         "calibrate",
@@ -91,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
             f"{t['read']['us_per_call']:,.1f} us/request + {t['read']['us_per_page']:,.1f} us/page, write-backs "
             f"{t['write']['fixed_us'] / 1e3:,.2f} ms + {t['write']['us_per_call']:,.1f} us/request + "
             f"{t['write']['us_per_page']:,.1f} us/page; overlap penalty of reads beside write-backs "
-            f"{t['read_write_penalty']:.2f}, of the I/O beside compute {t['compute_penalty']:.2f}"
+            f"{_penalty(t, 'read_write')}, of the I/O beside compute {_penalty(t, 'compute')}"
         )
     if args.disk_only:
         print(f"written to {args.out}")

@@ -18,7 +18,8 @@ Two kinds of figures:
   a request over its rows on 2026-12-02); and how the store's concurrent work overlaps: a step's reads beside
   the previous step's writes (look-ahead's producer and writer threads) and that I/O beside a forward and
   backward pass on the main thread (``*_penalty``: the part of the shorter of the two that still costs time,
-  0 free, 1 none, :func:`hotline.profiling.calibrate.overlap_penalty`); and a ``probe``, the median times of
+  0 free, 1 none, :func:`hotline.profiling.calibrate.overlap_penalty`; pooled over pairs timed in ABBA order,
+  and a gain the pairs do not show beyond their noise priced as none, :func:`pooled_penalty`); and a ``probe``, the median times of
   one of those batches (:data:`PROBE_ROWS`), which :class:`DiskProbe` times again at another moment so that
   :func:`at_probe` prices at the disk's speed then.
 
@@ -184,21 +185,26 @@ def _step_io(f: RowFile, rng: np.random.Generator, repeats: int, compute) -> dic
 
     # Look-ahead: the producer reads step j+1 while the writer writes step j back (one file, one pool). Every
     # timed write-back is of rows just read (untimed), as a step's is: a page written since is read again.
-    n, k = STEP_ROWS[-1], 3
+    # One batch of each per timing, three pairs per repeat: the disk's speed swings over about a second here, and
+    # a short pair times alone and together at nearly one speed (k=3 batches a timing, 5 pairs: se 0.25-0.39
+    # of the pooled read-beside-write penalty in three calibrations; k=1, 15 pairs: 0.12-0.18, in the same time).
+    n, k = STEP_ROWS[-1], 1
 
     def draws() -> list[np.ndarray]:
         return [rng.choice(f.num_rows, size=n, replace=False) for _ in range(k)]
 
-    def section(fn=None) -> tuple[float, float, float]:
-        """Seconds of ``k`` reads alone, ``k`` write-backs alone, and both on two threads (beside ``fn`` on
-        this thread when given: then the first two are 0)."""
-        r, w = draws(), [(b, *f.read_rows(b)) for b in draws()]
-        if fn is None:
-            tr = _timed(lambda: [f.read_rows(b) for b in r])
-            tw = _timed(lambda: [f.write_rows(*job) for job in w])
-            r, w = draws(), [(b, *f.read_rows(b)) for b in draws()]
-        else:
-            tr = tw = 0.0
+    def jobs() -> tuple[list[np.ndarray], list[tuple]]:
+        """``k`` batches to read, and ``k`` batches just read (untimed) to write back."""
+        return draws(), [(b, *f.read_rows(b)) for b in draws()]
+
+    def alone() -> tuple[float, float]:
+        """Seconds of ``k`` reads, then of ``k`` write-backs, one after the other."""
+        r, w = jobs()
+        return _timed(lambda: [f.read_rows(b) for b in r]), _timed(lambda: [f.write_rows(*job) for job in w])
+
+    def together(fn=None) -> float:
+        """Seconds of ``k`` reads and ``k`` write-backs on two threads (beside ``fn`` on this thread)."""
+        r, w = jobs()
         threads = [threading.Thread(target=lambda: [f.read_rows(b) for b in r]),
                    threading.Thread(target=lambda: [f.write_rows(*job) for job in w])]  # fmt: skip
         t0 = time.perf_counter()
@@ -208,15 +214,22 @@ def _step_io(f: RowFile, rng: np.random.Generator, repeats: int, compute) -> dic
             fn()
         for t in threads:
             t.join()
-        return tr, tw, time.perf_counter() - t0
+        return time.perf_counter() - t0
 
-    # Each penalty is the median of ``repeats`` measurements: a neighbour's burst moves one of them.
+    # Each penalty pools ``3 * repeats`` paired measurements (:func:`pooled_penalty`), alone and together in ABBA
+    # order: a drift of the disk's speed over the section weighs both sides alike, and one repeat's burst is a
+    # share of the sums, not a vote. (The median of per-repeat penalties it replaces gave 0.83, 0.63 and 0.28 in
+    # three calibrations in a row on 2026-12-02, where 8 paired serial/together timings of the same shapes
+    # were within 0.97-1.21 of each other: reads beside write-backs gained nothing on that disk.)
     rw, beside = [], []
     compute()
     t_one = _timed(compute)
-    for _ in range(repeats):
-        tr, tw, t_io = section()
-        rw.append(overlap_penalty(t_io, tr, tw))
+    for i in range(3 * repeats):  # pairs (see k above)
+        first = i % 2 == 0  # alone first in even repeats, together first in odd ones
+        tr, tw = alone() if first else (None, None)
+        t_io = together()
+        tr, tw = (tr, tw) if first else alone()
+        rw.append((t_io, tr, tw))
         # That I/O beside the main thread's forward and backward (the two share this machine's cores).
         reps = max(1, round(t_io / max(t_one, 1e-6)))
 
@@ -224,8 +237,11 @@ def _step_io(f: RowFile, rng: np.random.Generator, repeats: int, compute) -> dic
             for _ in range(reps):
                 compute()
 
-        t_c = _timed(passes)
-        beside.append(overlap_penalty(section(passes)[2], t_io, t_c))
+        t_c = _timed(passes) if first else None
+        t_all = together(passes)
+        t_c = _timed(passes) if t_c is None else t_c
+        beside.append((t_all, t_io, t_c))
+    penalties = {"read_write": pooled_penalty(rw), "compute": pooled_penalty(beside)}
     probe = np.asarray(sizes) == 2 * PROBE_ROWS  # the probe's shape: PROBE_ROWS rows, each alone in its page
     return {
         "version": STEP_FORMAT,
@@ -239,9 +255,29 @@ def _step_io(f: RowFile, rng: np.random.Generator, repeats: int, compute) -> dic
         },
         "read": {**_fit(calls, t_read, sizes, pages), "cpu_us_per_call": 1e6 * sum(cpu_read) / total},
         "write": {**_fit(calls, t_write, sizes, pages), "cpu_us_per_call": 1e6 * sum(cpu_write) / total},
-        "read_write_penalty": float(np.median(rw)),
-        "compute_penalty": float(np.median(beside)),
+        **{f"{name}_penalty": got["penalty"] for name, got in penalties.items()},
+        "penalties_measured": penalties,
     }
+
+
+def pooled_penalty(timings: list[tuple[float, float, float]]) -> dict:
+    """The overlap penalty of paired timings ``(together, a alone, b alone)``
+    (:func:`hotline.profiling.calibrate.overlap_penalty`'s terms: 0 free overlap, 1 none, more: worse than one
+    after the other): ``pooled``, (sum of together - sum of the longer) / sum of the shorter; ``se``, the
+    standard error of the per-pair penalties; and ``penalty``, what the cost model prices with: ``pooled``,
+    except that an overlap the timings do not show beyond their noise (``pooled`` < 1 but ``pooled + 2 se`` >= 1)
+    is not credited: 1. A penalty is a small difference of two noisy times over a third (a 15% swing of the
+    disk's speed moves one pair's penalty by 0.3), so a gain within the noise is priced as none."""
+    if not timings:
+        return {"penalty": 0.0, "pooled": 0.0, "se": 0.0}
+    together = sum(t for t, _, _ in timings)
+    longer = sum(max(a, b) for _, a, b in timings)
+    shorter = sum(min(a, b) for _, a, b in timings)
+    pooled = overlap_penalty(together, longer, shorter)
+    each = [overlap_penalty(*t) for t in timings]
+    se = float(np.std(each, ddof=1) / np.sqrt(len(each))) if len(each) > 1 else float("inf")
+    shown = pooled >= 1.0 or pooled + 2.0 * se < 1.0
+    return {"penalty": pooled if shown else 1.0, "pooled": pooled, "se": se}
 
 
 def _timed(fn) -> float:
