@@ -151,9 +151,16 @@ def snapshot() -> Snapshot | None:
         return None
     cpu = [int(v) for v in stat[0].split()[1:]]
     blocked = next((int(line.split()[1]) for line in stat if line.startswith("procs_blocked ")), 0)
-    # field 12 of a device's line: I/Os currently in progress (partitions repeat their disk's: whole disks only)
+    # field 12 of a device's line: I/Os currently in progress; whole disks only (/sys/block: vda, nvme0n1, ...),
+    # as a partition's requests are its disk's too
+    try:
+        whole = set(os.listdir("/sys/block"))
+    except OSError:
+        whole = None
     in_flight = sum(
-        int(f[11]) for f in (line.split() for line in disks) if len(f) > 11 and not f[2][-1].isdigit()
+        int(f[11])
+        for f in (line.split() for line in disks)
+        if len(f) > 11 and (whole is None or f[2] in whole)
     )
     return Snapshot(busy=sum(cpu[i] for i in (0, 1, 2, 5, 6) if i < len(cpu)), total=sum(cpu[:8]),
                     blocked=blocked, in_flight=in_flight)  # fmt: skip
@@ -171,9 +178,10 @@ def settle(
     quiet_s: int = 5, limit_s: float = 300.0, sample=snapshot, sleep=time.sleep, clock=time.monotonic
 ) -> dict:
     """Waits until the machine has been quiet (:func:`quiet`) for ``quiet_s`` one-second intervals in a row, or
-    ``limit_s`` seconds have passed; returns how long it waited and whether it settled. A disk-heavy benchmark
-    leaves the disk busy for minutes after it exits (its writes and deletions flushed: a load average of 4-9
-    from D-state I/O measured after bench_disk_tier on 2026-12-02), and the next benchmark would measure that."""
+    ``limit_s`` seconds have passed; returns how long it waited and whether it settled. What one benchmark leaves
+    behind (a disk-heavy one's deferred writes and deletions, a process still exiting) would otherwise be
+    measured by the next. (On 2026-12-02 it found the machine quiet within 5 s after every benchmark, also right
+    after bench_disk_tier, whose load average of 9.9 was its own I/O threads averaged over the last minute.)"""
     start = clock()
     prev = sample()
     if prev is None:
@@ -201,7 +209,7 @@ def run(bench: Bench, json_dir: Path, smoke: bool) -> dict:
         *(["--smoke"] if smoke else []),
     ]
     shown = " ".join(["python", f"benchmarks/{bench.script}", *bench.args, "--json", f"{bench.name}.json"])
-    calm = {"settled": None, "waited_s": 0.0} if smoke else settle()  # the last benchmark's after-work done
+    calm = {"settled": None, "waited_s": 0.0} if smoke else settle()  # what the last one left behind, done
     record = {"command": shown, "machine": machine(), "load_before": list(os.getloadavg()), "smoke": smoke,
               "settle": calm}  # fmt: skip
     record["started"] = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

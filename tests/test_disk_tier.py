@@ -653,6 +653,7 @@ def test_calibrate_disk_cli(tmp_path, capsys):
     for name in ("read_write", "compute"):  # what was measured beside what is priced
         got = t["penalties_measured"][name]
         assert got["penalty"] == t[f"{name}_penalty"] and got["se"] >= 0 and 0 <= got["pooled"] <= 3
+    json.dumps(t, allow_nan=False)  # plain JSON: no Infinity or NaN
     assert t["probe"]["rows"] == 2048 and t["probe"]["read_us"] > 0 and t["probe"]["write_us"] > 0
     printed = capsys.readouterr().out
     assert "random 4 KiB reads" in printed and "a step's I/O (128-byte records)" in printed
@@ -815,4 +816,5 @@ def test_pooled_penalty_credits_only_the_overlap_its_timings_show():
     # unequal lanes pool by sums: (3.0 + 1.2 - 2.0 - 1.0) / (1.0 + 0.2) = 1.0
     assert pooled_penalty([(3.0, 2.0, 1.0), (1.2, 0.2, 1.0)])["pooled"] == pytest.approx(1.0)
     assert pooled_penalty([])["penalty"] == 0.0
-    assert pooled_penalty([(1.5, 1.0, 1.0)])["penalty"] == 1.0  # one pair shows nothing beyond its noise
+    one = pooled_penalty([(1.5, 1.0, 1.0)])  # one pair shows nothing beyond its noise, which it cannot tell
+    assert one["penalty"] == 1.0 and one["pooled"] == pytest.approx(0.5) and one["se"] is None

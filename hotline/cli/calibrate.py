@@ -15,7 +15,8 @@ def _penalty(step: dict, name: str) -> str:
     got = step.get("penalties_measured", {}).get(name)
     if not got or got["pooled"] == priced:
         return f"{priced:.2f}"
-    return f"{priced:.2f} (measured {got['pooled']:.2f} +- {got['se']:.2f}: a gain within the noise is priced as none)"
+    se = "" if got["se"] is None else f" +- {got['se']:.2f}"
+    return f"{priced:.2f} (measured {got['pooled']:.2f}{se}: a gain within the noise is priced as none)"
 
 
 def add_parser(subparsers: SubParsers) -> None:

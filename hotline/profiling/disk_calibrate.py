@@ -19,8 +19,8 @@ Two kinds of figures:
   the previous step's writes (look-ahead's producer and writer threads) and that I/O beside a forward and
   backward pass on the main thread (``*_penalty``: the part of the shorter of the two that still costs time,
   0 free, 1 none, :func:`hotline.profiling.calibrate.overlap_penalty`; pooled over pairs timed in ABBA order,
-  and a gain the pairs do not show beyond their noise priced as none, :func:`pooled_penalty`); and a ``probe``, the median times of
-  one of those batches (:data:`PROBE_ROWS`), which :class:`DiskProbe` times again at another moment so that
+  and a gain the pairs do not show beyond their noise priced as none, :func:`pooled_penalty`); and a
+  ``probe``, the median times of one of those batches (:data:`PROBE_ROWS`), which :class:`DiskProbe` times again at another moment so that
   :func:`at_probe` prices at the disk's speed then.
 
 The I/O thread pool is started before any timing (its threads are made on first use).
@@ -217,7 +217,7 @@ def _step_io(f: RowFile, rng: np.random.Generator, repeats: int, compute) -> dic
         return time.perf_counter() - t0
 
     # Each penalty pools ``3 * repeats`` paired measurements (:func:`pooled_penalty`), alone and together in ABBA
-    # order: a drift of the disk's speed over the section weighs both sides alike, and one repeat's burst is a
+    # order: a drift of the disk's speed over the section weighs both sides alike, and one pair's burst is a
     # share of the sums, not a vote. (The median of per-repeat penalties it replaces gave 0.83, 0.63 and 0.28 in
     # three calibrations in a row on 2026-12-02, where 8 paired serial/together timings of the same shapes
     # were within 0.97-1.21 of each other: reads beside write-backs gained nothing on that disk.)
@@ -225,7 +225,7 @@ def _step_io(f: RowFile, rng: np.random.Generator, repeats: int, compute) -> dic
     compute()
     t_one = _timed(compute)
     for i in range(3 * repeats):  # pairs (see k above)
-        first = i % 2 == 0  # alone first in even repeats, together first in odd ones
+        first = i % 2 == 0  # alone first in even pairs, together first in odd ones
         tr, tw = alone() if first else (None, None)
         t_io = together()
         tr, tw = (tr, tw) if first else alone()
@@ -264,7 +264,7 @@ def pooled_penalty(timings: list[tuple[float, float, float]]) -> dict:
     """The overlap penalty of paired timings ``(together, a alone, b alone)``
     (:func:`hotline.profiling.calibrate.overlap_penalty`'s terms: 0 free overlap, 1 none, more: worse than one
     after the other): ``pooled``, (sum of together - sum of the longer) / sum of the shorter; ``se``, the
-    standard error of the per-pair penalties; and ``penalty``, what the cost model prices with: ``pooled``,
+    standard error of the per-pair penalties (None for one pair); and ``penalty``, what the cost model prices with: ``pooled``,
     except that an overlap the timings do not show beyond their noise (``pooled`` < 1 but ``pooled + 2 se`` >= 1)
     is not credited: 1. A penalty is a small difference of two noisy times over a third (a 15% swing of the
     disk's speed moves one pair's penalty by 0.3), so a gain within the noise is priced as none."""
@@ -275,8 +275,10 @@ def pooled_penalty(timings: list[tuple[float, float, float]]) -> dict:
     shorter = sum(min(a, b) for _, a, b in timings)
     pooled = overlap_penalty(together, longer, shorter)
     each = [overlap_penalty(*t) for t in timings]
-    se = float(np.std(each, ddof=1) / np.sqrt(len(each))) if len(each) > 1 else float("inf")
-    shown = pooled >= 1.0 or pooled + 2.0 * se < 1.0
+    se = (
+        float(np.std(each, ddof=1) / np.sqrt(len(each))) if len(each) > 1 else None
+    )  # one pair: no noise known
+    shown = pooled >= 1.0 or (se is not None and pooled + 2.0 * se < 1.0)
     return {"penalty": pooled if shown else 1.0, "pooled": pooled, "se": se}
 
 
