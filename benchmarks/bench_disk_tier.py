@@ -468,7 +468,24 @@ def hardware(args, root: Path, dataset=None, disk_before: dict | None = None) ->
         # two brackets the runs (each calibration kept in the JSON).
         hw["disk"] = after if disk_before is None else {**mean_of(disk_before, after), "before": disk_before,
                                                         "after": after}  # fmt: skip
+        if disk_before is not None:
+            pool_penalties(hw["disk"]["step"], disk_before["step"], after["step"])
     return hw
+
+
+def pool_penalties(step: dict, *calibrations: dict) -> None:
+    """The overlap penalties of ``step`` (the mean of two calibrations') from every pair both timed, pooled as
+    one calibration of twice the pairs (:func:`~hotline.profiling.disk_calibrate.pooled_penalty`), not the mean
+    of the two priced figures: a gain one calibration shows beyond its noise and the other does not is weighed
+    by its pairs, not taken at half its size."""
+    from hotline.profiling.disk_calibrate import pooled_penalty
+
+    for name in ("read_write", "compute"):
+        parts = [c.get("penalties_measured", {}).get(name, {}).get("pairs") for c in calibrations]
+        if all(parts):  # calibrations from before the pairs were kept: their mean stands
+            got = pooled_penalty([tuple(pair) for part in parts for pair in part])
+            step[f"{name}_penalty"] = got["penalty"]
+            step.setdefault("penalties_measured", {})[name] = got
 
 
 def auto_row(rows: list[dict], prof, dataset, args, hw: dict, dram: int, placements: list[dict]) -> dict:

@@ -818,3 +818,31 @@ def test_pooled_penalty_credits_only_the_overlap_its_timings_show():
     assert pooled_penalty([])["penalty"] == 0.0
     one = pooled_penalty([(1.5, 1.0, 1.0)])  # one pair shows nothing beyond its noise, which it cannot tell
     assert one["penalty"] == 1.0 and one["pooled"] == pytest.approx(0.5) and one["se"] is None
+
+
+def test_bench_disk_tier_pools_the_two_calibrations_pairs(monkeypatch):
+    """The benchmark's disk figures are the mean of a calibration before its rows and one after; the overlap
+    penalties are pooled from both calibrations' pairs (golden), not averaged: a gain within the pooled noise is
+    priced as none even where one calibration alone showed it."""
+    monkeypatch.syspath_prepend(
+        str(__import__("pathlib").Path(__file__).resolve().parent.parent / "benchmarks")
+    )
+    import bench_disk_tier
+
+    from hotline.profiling.disk_calibrate import pooled_penalty
+
+    clear = [(1.5, 1.0, 1.0), (1.52, 1.0, 1.0), (1.48, 1.0, 1.0)]  # 0.5, tight: shown alone
+    none = [(2.3, 1.0, 1.0), (1.7, 1.0, 1.0), (2.0, 1.0, 1.0)]  # 1.0, spread
+    a = {"penalties_measured": {"read_write": pooled_penalty(clear), "compute": pooled_penalty(clear)}}
+    b = {"penalties_measured": {"read_write": pooled_penalty(none), "compute": pooled_penalty(clear)}}
+    assert a["penalties_measured"]["read_write"]["penalty"] == pytest.approx(0.5)
+    step = bench_disk_tier.mean_of(a, b) | {"read_write_penalty": 0.75, "compute_penalty": 0.5}
+    bench_disk_tier.pool_penalties(step, a, b)
+    rw = step["penalties_measured"]["read_write"]
+    assert rw["pooled"] == pytest.approx(0.75) and len(rw["pairs"]) == 6
+    assert rw["pooled"] + 2 * rw["se"] >= 1 and step["read_write_penalty"] == 1.0  # not the mean, 0.75
+    assert step["compute_penalty"] == pytest.approx(0.5)  # both show it: pooled, as each
+    old = {"penalties_measured": {"read_write": {"penalty": 0.6, "pooled": 0.6, "se": 0.1}}}
+    step = {"read_write_penalty": 0.8}
+    bench_disk_tier.pool_penalties(step, old, b)  # one without pairs: the mean stands
+    assert step == {"read_write_penalty": 0.8}

@@ -264,12 +264,13 @@ def pooled_penalty(timings: list[tuple[float, float, float]]) -> dict:
     """The overlap penalty of paired timings ``(together, a alone, b alone)``
     (:func:`hotline.profiling.calibrate.overlap_penalty`'s terms: 0 free overlap, 1 none, more: worse than one
     after the other): ``pooled``, (sum of together - sum of the longer) / sum of the shorter; ``se``, the
-    standard error of the per-pair penalties (None for one pair); and ``penalty``, what the cost model prices with: ``pooled``,
+    standard error of the per-pair penalties (None for one pair); ``pairs``, the timings (so that two
+    calibrations can be pooled as one); and ``penalty``, what the cost model prices with: ``pooled``,
     except that an overlap the timings do not show beyond their noise (``pooled`` < 1 but ``pooled + 2 se`` >= 1)
     is not credited: 1. A penalty is a small difference of two noisy times over a third (a 15% swing of the
     disk's speed moves one pair's penalty by 0.3), so a gain within the noise is priced as none."""
     if not timings:
-        return {"penalty": 0.0, "pooled": 0.0, "se": 0.0}
+        return {"penalty": 0.0, "pooled": 0.0, "se": 0.0, "pairs": []}
     together = sum(t for t, _, _ in timings)
     longer = sum(max(a, b) for _, a, b in timings)
     shorter = sum(min(a, b) for _, a, b in timings)
@@ -279,7 +280,8 @@ def pooled_penalty(timings: list[tuple[float, float, float]]) -> dict:
         float(np.std(each, ddof=1) / np.sqrt(len(each))) if len(each) > 1 else None
     )  # one pair: no noise known
     shown = pooled >= 1.0 or (se is not None and pooled + 2.0 * se < 1.0)
-    return {"penalty": pooled if shown else 1.0, "pooled": pooled, "se": se}
+    pairs = [[float(t), float(a), float(b)] for t, a, b in timings]
+    return {"penalty": pooled if shown else 1.0, "pooled": pooled, "se": se, "pairs": pairs}
 
 
 def _timed(fn) -> float:
