@@ -58,12 +58,12 @@ class Parser(argparse.ArgumentParser):
 
 def judge_outputs(p: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
     """Every output flag of ``ns`` (:data:`OUTPUT_FLAGS`) judged by the project's output policy
-    (:func:`hotline.outputs.guard`) against every input flag (:data:`INPUT_FLAGS`) and the other outputs: an
+    (:func:`hotline.outputs.judge`) against every input flag (:data:`INPUT_FLAGS`) and the other outputs: an
     output that is or lies inside an input, two outputs on one file, a directory, a FIFO, a file in the way of
     its folder, or a file another live run writes is refused through ``p.error``. An existing results file is
     replaced (``force``: a benchmark's JSON is its own to rewrite, as ``run_all`` does every run); a link is
     followed, and its target written."""
-    from hotline.outputs import guard
+    from hotline.outputs import Output, judge
 
     def flag(dest: str) -> str:
         return "--" + dest.replace("_", "-")
@@ -74,20 +74,14 @@ def judge_outputs(p: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
         for v in value if isinstance(value, (list, tuple)) else [value]:
             if v is not None:
                 inputs.append((flag(dest), v))
-    seen: dict[Path, str] = {}
+    outputs = [Output(flag(d), getattr(ns, d)) for d in OUTPUT_FLAGS if getattr(ns, d, None) is not None]
+    try:
+        targets = judge(outputs, inputs=inputs, force=True)
+    except ValueError as e:  # OutputError: one line, exit 2
+        p.error(str(e))
     for dest in OUTPUT_FLAGS:
-        path = getattr(ns, dest, None)
-        if path is None:
-            continue
-        try:
-            target = guard(flag(dest), path, inputs=inputs, force=True)
-        except ValueError as e:  # OutputError: one line, exit 2
-            p.error(str(e))
-        if target in seen:
-            p.error(f"{seen[target]} and {flag(dest)} {path} are the same file: one would be lost; give each its "
-                    f"own name")  # fmt: skip
-        seen[target] = f"{flag(dest)} {path}"
-        setattr(ns, dest, target)
+        if flag(dest) in targets:
+            setattr(ns, dest, targets[flag(dest)])
 
 
 def parser(doc: str | None) -> argparse.ArgumentParser:

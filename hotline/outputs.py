@@ -299,9 +299,21 @@ def guard(
     ``force=True`` in place of ``--force``, refuses it if another live run holds it, and returns where to
     write (a link's target). Nothing is locked: the function writes the file whole with one atomic rename. A
     command that claimed the path first passes ``force=True`` (its own lock is not in the way)."""
-    ((out, given, target),) = _judge([Output(what, path)], inputs, force, "force=True")
-    _refuse_if_held(out.flag, given, target)
-    return target
+    return judge([Output(what, path)], inputs, force)[what]
+
+
+def judge(
+    outputs: Iterable[Output],
+    inputs: Iterable[tuple[str, str | os.PathLike | None]] = (),
+    force: bool = False,
+) -> dict[str, Path]:
+    """:func:`guard` for several outputs of one caller at once (a benchmark's ``--json`` and
+    ``--hardware-out``): each judged as :func:`claim` judges it, two on one path refused, none locked; returns
+    where to write each (flag -> a link's target). ``None`` paths are skipped."""
+    resolved = _judge(outputs, inputs, force, "force=True")
+    for out, given, target in resolved:
+        _refuse_if_held(out.flag, given, target)
+    return {out.flag: target for out, _, target in resolved}
 
 
 def _judge(

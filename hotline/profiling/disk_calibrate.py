@@ -20,8 +20,8 @@ Two kinds of figures:
   backward pass on the main thread (``*_penalty``: the part of the shorter of the two that still costs time,
   0 free, 1 none, :func:`hotline.profiling.calibrate.overlap_penalty`; pooled over pairs timed in ABBA order,
   and a gain the pairs do not show beyond their noise priced as none, :func:`pooled_penalty`); and a
-  ``probe``, the median times of one of those batches (:data:`PROBE_ROWS`), which :class:`DiskProbe` times again at another moment so that
-  :func:`at_probe` prices at the disk's speed then.
+  ``probe``, the median times of one of those batches (:data:`PROBE_ROWS`), which :class:`DiskProbe` times
+  again at another moment so that :func:`at_probe` prices at the disk's speed then.
 
 The I/O thread pool is started before any timing (its threads are made on first use).
 """
@@ -86,10 +86,8 @@ def _scratch_file(
         # the host may still be flushing what the guest's writes returned from, and a sync waits for that).
         os.sync()
         f.read_rows(rng.choice(rows, size=4 * depth, replace=False))  # starts the I/O threads
-    except (
-        BaseException
-    ):  # an I/O error, a short write, an interrupt: the file's descriptors and threads closed
-        f.close()
+    except BaseException:
+        f.close()  # an I/O error, a short write, an interrupt: the file's descriptors and threads closed
         raise
     return f, bps
 
@@ -276,9 +274,8 @@ def pooled_penalty(timings: list[tuple[float, float, float]]) -> dict:
     shorter = sum(min(a, b) for _, a, b in timings)
     pooled = overlap_penalty(together, longer, shorter)
     each = [overlap_penalty(*t) for t in timings]
-    se = (
-        float(np.std(each, ddof=1) / np.sqrt(len(each))) if len(each) > 1 else None
-    )  # one pair: no noise known
+    # one pair: no noise known
+    se = float(np.std(each, ddof=1) / np.sqrt(len(each))) if len(each) > 1 else None
     shown = pooled >= 1.0 or (se is not None and pooled + 2.0 * se < 1.0)
     pairs = [[float(t), float(a), float(b)] for t, a, b in timings]
     return {"penalty": pooled if shown else 1.0, "pooled": pooled, "se": se, "pairs": pairs}
