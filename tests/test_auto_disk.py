@@ -288,6 +288,14 @@ def test_bench_disk_tier_prints_autos_choice_from_its_calibration(tmp_path, monk
         assert len(r["rounds_predicted_ratio"]) == 2 and r["predicted_ratio"] in r["rounds_predicted_ratio"]
     assert auto["margin"] == pytest.approx(1 - chosen["samples_per_s"] / fastest)
     assert auto["reason"].startswith("cold rows on disk in")
+    # the rows train on the batches after the profiled ones: their coverage is the held-out curve's, which
+    # the budget was chosen on (here 90%), not the profiled batches' (deterministic data: a fixed figure)
+    first = report["profile"]["train_batches"][1]
+    assert (
+        report["profile"]["runs_train_batches"][0] == first
+        and "validation split" in report["profile"]["heldout"]
+    )
+    assert all(abs(r["coverage"] - 0.9) < 0.03 for r in disk_rows if r["mode"] != "hybrid_disk")
     assert (
         f"--mode auto (the same calibration, the disk store) chose {auto['choice']}"
         in capsys.readouterr().out
