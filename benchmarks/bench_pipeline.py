@@ -427,8 +427,6 @@ def pool_runs(reports: list[dict]) -> dict:
     over the runs (and their range); the pooled margin is how far auto's choice lies below the configuration
     with the highest mean. One run's margin is one draw of this machine's spells; the pooled one is the
     choice's distance to the fastest configuration. Raises ValueError naming what is wrong with the reports."""
-    import math
-
     if not reports:
         raise ValueError("no runs to pool")
     configs = {r.get("config") for r in reports}
@@ -447,14 +445,10 @@ def pool_runs(reports: list[dict]) -> dict:
         for r in rows:
             if not r.get("saturated"):
                 ratios.setdefault(_config_name(r), []).append(_median_round(r) / ref)
-    table = [
-        {"configuration": name, "runs": len(v), "mean_over_choice": math.exp(statistics.fmean(map(math.log, v))),
-         "lowest": min(v), "highest": max(v)}
-        for name, v in ratios.items()
-    ]  # fmt: skip
-    table.sort(key=lambda t: -t["mean_over_choice"])
+    table, margin = common.over_choice(ratios)
+    table = [{"configuration": t["configuration"], "runs": t["draws"],
+              **{k: t[k] for k in ("mean_over_choice", "lowest", "highest")}} for t in table]  # fmt: skip
     best = table[0]
-    margin = max(0.0, 1.0 - 1.0 / best["mean_over_choice"])
     return {"config": configs.pop(), "runs": len(reports), "choices": [rep["auto"]["choice"] for rep in reports],
             "configurations": table, "fastest": best["configuration"], "pooled_margin": margin,
             "pooled_margin_met": margin <= 0.05}  # fmt: skip

@@ -255,6 +255,23 @@ def kept_round(rounds: list[dict], keep: str = "median") -> dict:
     return rec
 
 
+def over_choice(ratios: dict[str, list[float]]) -> tuple[list[dict], float]:
+    """Configurations pooled against ``--mode auto``'s choice: ``ratios`` maps each configuration to its
+    samples/s over the choice's, one ratio per draw (a run, or a round); per configuration, the geometric mean
+    of them and their range (``mean_over_choice``, ``lowest``, ``highest``), fastest first; and the margin, how
+    far the choice lies below the configuration with the highest mean (0 when none is above it)."""
+    import math
+    import statistics
+
+    table = [
+        {"configuration": name, "draws": len(v), "mean_over_choice": math.exp(statistics.fmean(map(math.log, v))),
+         "lowest": min(v), "highest": max(v)}
+        for name, v in ratios.items()
+    ]  # fmt: skip
+    table.sort(key=lambda t: -t["mean_over_choice"])
+    return table, max(0.0, 1.0 - 1.0 / table[0]["mean_over_choice"])
+
+
 def write_json(path: Path | None, payload: dict) -> None:
     """Writes ``payload`` to ``path`` (if given) as indented JSON, atomically; dataclasses become dicts."""
     if path is None:

@@ -846,3 +846,40 @@ def test_bench_disk_tier_pools_the_two_calibrations_pairs(monkeypatch):
     step = {"read_write_penalty": 0.8}
     bench_disk_tier.pool_penalties(step, old, b)  # one without pairs: the mean stands
     assert step == {"read_write_penalty": 0.8}
+
+
+def test_bench_disk_tier_pairs_autos_choice_with_each_row_round_by_round(monkeypatch):
+    """Auto's paired margin: within each round every row over the chosen row, a geometric mean per row over
+    the rounds both ran (golden); a round the choice lost (raised) pairs nothing, and an unmeasured choice gives
+    None. The rows' median rounds can put the choice far below a row that, round by round, it ties."""
+    import math
+
+    monkeypatch.syspath_prepend(
+        str(__import__("pathlib").Path(__file__).resolve().parent.parent / "benchmarks")
+    )
+    import bench_disk_tier
+
+    def row(mode, target, budget, speeds):
+        return [
+            {"mode": mode, "target": target, "budget_bytes": budget, "round": n + 1, "samples_per_s": v}
+            if v is not None
+            else {"mode": mode, "round": n + 1, "error": "raised"}
+            for n, v in enumerate(speeds)
+        ]
+
+    k0 = row("hotline_k0_disk", 0.95, 64, [100.0, 130.0, 100.0, None])
+    k2 = row("hotline_k2_disk", 0.95, 64, [75.0, 133.0, 130.0, 500.0])
+    hybrid = row("hybrid_disk", None, None, [50.0, 65.0, 60.0, 40.0])
+    got = bench_disk_tier.paired_margin([hybrid, k0, k2], "hotline_k0_disk", 64)
+    assert got["choice"] == "hotline_k0_disk at 95%"
+    k2_mean = (0.75 * 133.0 / 130.0 * 1.3) ** (1 / 3)  # round 4 has no K=0 to pair with
+    by = {t["configuration"]: t for t in got["rows"]}
+    assert by["hotline_k2_disk at 95%"]["mean_over_choice"] == pytest.approx(k2_mean)
+    assert by["hotline_k2_disk at 95%"]["draws"] == 3 and by["hybrid_disk"]["lowest"] == pytest.approx(0.5)
+    # K=2: 0.997 of K=0 round by round, where the median rounds (100 against 130) put K=0 23% below it
+    assert got["fastest"] == "hotline_k0_disk at 95%" and got["margin"] == 0.0
+    faster = bench_disk_tier.paired_margin([k0, row("hotline_k2_disk", 0.95, 64, [110.0, 143.0, 110.0])],
+                                           "hotline_k0_disk", 64)  # fmt: skip
+    assert faster["fastest"] == "hotline_k2_disk at 95%"
+    assert faster["margin"] == pytest.approx(1 - 1 / 1.1) and math.isclose(faster["rows"][0]["lowest"], 1.1)
+    assert bench_disk_tier.paired_margin([k0, k2], "hotline_k2_disk", 128) is None
