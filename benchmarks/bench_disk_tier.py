@@ -4,9 +4,8 @@ One run, the same data, model and batches for every row (each from the same init
 come from a profile of the train split's first ``--profile-batches`` mini-batches (Hotline's learning phase),
 and every row trains on the batches after them: its coverage is that of data the profile did not count, as in
 a run whose profile read a sample. The budgets are chosen on the held-out curve (the validation split), which
-is what ``--mode auto`` prices with; until 2026-12-03 the whole train split was profiled, the rows trained on
-counted batches (95% at the budget whose held-out coverage is 90%), and auto's margin partly measured that gap.
-
+is what ``--mode auto`` prices with. Until 2026-12-02 13:49 the whole train split was profiled and the rows
+trained on counted batches: 95% coverage at the budget whose held-out coverage is 90%.
 
 - ``device``: every row in memory (the upper bound);
 - ``mmap``: plain PyTorch ``nn.EmbeddingBag`` (sum, sparse gradients, SGD) over one memory-mapped file of all
@@ -524,7 +523,7 @@ def paired_margin(rounds: list[list[dict]], choice: str, budget: int | None) -> 
     spell of the disk lands on one round of several rows; within a round, each row's samples/s over the chosen
     row's, per row their geometric mean over the rounds both ran (:func:`common.over_choice`), and how far the
     choice lies below the row with the highest mean. The median-round margin compares two rows' medians drawn
-    from different rounds (2026-12-03: K=2 at 95% over K=0 at 95% was 0.73, 1.02 and 1.27 in three rounds, and
+    from different rounds (2026-12-02 13:49: K=2 at 95% over K=0 at 95% was 0.73, 1.02 and 1.27 in three rounds, and
     their median rounds gave a margin of 21.5%). None where the choice was not measured."""
     per_round: dict[int, dict[str, float]] = {}
     chosen = None
