@@ -652,19 +652,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--max-rows-per-table", type=int, default=400_000)
     p.add_argument("--zipf", type=float, default=1.05)
-    p.add_argument(
-        "--coverages",
-        type=float,
-        nargs="+",
-        default=[0.8, 0.9, 0.95],
-        help="held-out coverages of the hot budgets",
-    )
-    p.add_argument(
-        "--profile-batches",
-        type=int,
-        default=300,
-        help="train batches profiled for the budgets; the rows train on the batches after them",
-    )
+    p.add_argument("--coverages", type=float, nargs="+", default=[0.8, 0.9, 0.95],
+                   help="held-out coverages of the hot budgets")  # fmt: skip
+    p.add_argument("--profile-batches", type=int, default=300,
+                   help="train batches profiled for the budgets; the rows train on the batches after them")  # fmt: skip
     p.add_argument("--lookahead", type=int, default=2, help="K of the look-ahead run (>= 2)")
     p.add_argument("--io-depth", type=int, default=32)
     p.add_argument("--dram-budget", default="16MiB", help="the disk store's DRAM tier (--cold-cache)")
