@@ -531,7 +531,7 @@ def paired_margin(rounds: list[list[dict]], choice: str, budget: int | None) -> 
         for r in got:
             if "error" in r:
                 continue
-            name = r["mode"] + _at(r.get("target"))
+            name = common.config_name(r)
             if r["mode"] == choice and r.get("budget_bytes") == budget:
                 chosen = name
             per_round.setdefault(r["round"], {})[name] = r["samples_per_s"]
@@ -696,7 +696,7 @@ def main(argv: list[str] | None = None) -> dict:
         prof = profile(dataset, embedding_dim=args.dim, mini_batch_size=args.batch, seed=args.seed,
                        progress=False, sample_batches=args.profile_batches, heldout="val")  # fmt: skip
         first = args.profile_batches
-        profiled = {"train_batches": [0, first], "heldout": prof.heldout.source if prof.heldout else None,
+        profiled = {"train_batches": [0, first], "heldout": prof.heldout.source,
                     "runs_train_batches": [first, first + args.warmup_steps + args.steps]}  # fmt: skip
         print(f"profile: train batches 0..{first - 1} (held-out: {profiled['heldout']}); every row trains on "
               f"batches {first}..{first + args.warmup_steps + args.steps - 1}", flush=True)  # fmt: skip

@@ -416,11 +416,6 @@ def auto_margin(choice, rows: list[dict]) -> dict:
     }
 
 
-def _config_name(run: dict) -> str:
-    target = run.get("target")
-    return run["mode"] if target is None else f"{run['mode']} at {target:.0%}"
-
-
 def pool_runs(reports: list[dict]) -> dict:
     """Several runs of one config pooled: per run, each configuration's median round over the median round of
     the configuration ``--mode auto`` chose in that run; per configuration, the geometric mean of those ratios
@@ -444,7 +439,7 @@ def pool_runs(reports: list[dict]) -> dict:
         ref = _median_round(chosen)
         for r in rows:
             if not r.get("saturated"):
-                ratios.setdefault(_config_name(r), []).append(_median_round(r) / ref)
+                ratios.setdefault(common.config_name(r), []).append(_median_round(r) / ref)
     table, margin = common.over_choice(ratios)
     table = [{"configuration": t["configuration"], "runs": t["draws"],
               **{k: t[k] for k in ("mean_over_choice", "lowest", "highest")}} for t in table]  # fmt: skip

@@ -255,6 +255,12 @@ def kept_round(rounds: list[dict], keep: str = "median") -> dict:
     return rec
 
 
+def config_name(run: dict) -> str:
+    """A measured run's configuration as the pooled tables name it: its mode, and its coverage target if any."""
+    target = run.get("target")
+    return run["mode"] if target is None else f"{run['mode']} at {target:.0%}"
+
+
 def over_choice(ratios: dict[str, list[float]]) -> tuple[list[dict], float]:
     """Configurations pooled against ``--mode auto``'s choice: ``ratios`` maps each configuration to its
     samples/s over the choice's, one ratio per draw (a run, or a round); per configuration, the geometric mean
