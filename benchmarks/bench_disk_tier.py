@@ -481,17 +481,29 @@ def hardware(args, root: Path, dataset=None, disk_before: dict | None = None) ->
 
 def pool_penalties(step: dict, *calibrations: dict) -> None:
     """The overlap penalties of ``step`` (the mean of two calibrations') from every pair both timed, pooled as
-    one calibration of twice the pairs (:func:`~hotline.profiling.disk_calibrate.pooled_penalty`), not the mean
-    of the two priced figures: a gain one calibration shows beyond its noise and the other does not is weighed
-    by its pairs, not taken at half its size."""
-    from hotline.profiling.disk_calibrate import pooled_penalty
+    one calibration of twice the pairs (:func:`~hotline.profiling.disk_calibrate.pooled_penalty`; reads beside
+    write-backs, fitted to the timed look-ahead pipelines, at the pooled compute penalty:
+    :func:`~hotline.profiling.disk_calibrate.pipeline_penalty`), not the mean of the two priced figures: a gain
+    one calibration shows beyond its noise and the other does not is weighed by its pairs, not taken at half its
+    size."""
+    from hotline.profiling.disk_calibrate import pipeline_penalty, pooled_penalty
 
-    for name in ("read_write", "compute"):
+    def pairs(name: str) -> list | None:
         parts = [c.get("penalties_measured", {}).get(name, {}).get("pairs") for c in calibrations]
-        if all(parts):  # calibrations from before the pairs were kept: their mean stands
-            got = pooled_penalty([tuple(pair) for part in parts for pair in part])
-            step[f"{name}_penalty"] = got["penalty"]
-            step.setdefault("penalties_measured", {})[name] = got
+        return [tuple(pair) for part in parts for pair in part] if all(parts) else None
+
+    measured = {}
+    for name in ("compute", "read_write_pair"):
+        if (got := pairs(name)) is not None:  # calibrations from before the pairs were kept: their mean stands
+            measured[name] = pooled_penalty(got)
+    if "compute" in measured:
+        step["compute_penalty"] = measured["compute"]["penalty"]
+    got = pairs("read_write")
+    if got is not None and all(len(t) == 4 for t in got):  # (pipelined, reads, compute, write-backs)
+        measured["read_write"] = pipeline_penalty(got, step["compute_penalty"])
+        step["read_write_penalty"] = measured["read_write"]["penalty"]
+    if measured:
+        step.setdefault("penalties_measured", {}).update(measured)
 
 
 def auto_row(rows: list[dict], prof, dataset, args, hw: dict, dram: int, placements: list[dict]) -> dict:

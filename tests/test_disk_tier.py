@@ -653,6 +653,11 @@ def test_calibrate_disk_cli(tmp_path, capsys):
     for name in ("read_write", "compute"):  # what was measured beside what is priced
         got = t["penalties_measured"][name]
         assert got["penalty"] == t[f"{name}_penalty"] and got["se"] >= 0 and 0 <= got["pooled"] <= 3
+    piped = t["penalties_measured"]["read_write"]  # fitted to timed look-ahead pipelines at the priced compute's
+    assert len(piped["pairs"]) >= 2 and all(len(p) == 4 and min(p) > 0 for p in piped["pairs"])
+    assert piped["compute_penalty"] == t["compute_penalty"]
+    pair = t["penalties_measured"]["read_write_pair"]  # the two-thread pair, kept for the record
+    assert len(pair["pairs"]) >= 3 and all(len(p) == 3 for p in pair["pairs"]) and 0 <= pair["pooled"] <= 3
     json.dumps(t, allow_nan=False)  # plain JSON: no Infinity or NaN
     assert t["probe"]["rows"] == 2048 and t["probe"]["read_us"] > 0 and t["probe"]["write_us"] > 0
     printed = capsys.readouterr().out
@@ -815,9 +820,45 @@ def test_pooled_penalty_credits_only_the_overlap_its_timings_show():
     assert pooled_penalty(worse)["penalty"] == pytest.approx(1.2)
     # unequal lanes pool by sums: (3.0 + 1.2 - 2.0 - 1.0) / (1.0 + 0.2) = 1.0
     assert pooled_penalty([(3.0, 2.0, 1.0), (1.2, 0.2, 1.0)])["pooled"] == pytest.approx(1.0)
-    assert pooled_penalty([])["penalty"] == 0.0
+    assert pooled_penalty([])["penalty"] == 1.0  # nothing timed shows no gain: priced as none
     one = pooled_penalty([(1.5, 1.0, 1.0)])  # one pair shows nothing beyond its noise, which it cannot tell
     assert one["penalty"] == 1.0 and one["pooled"] == pytest.approx(0.5) and one["se"] is None
+
+
+def test_pipeline_penalty_is_the_read_write_penalty_that_prices_the_timed_pipeline():
+    """Reads beside write-backs are priced with the penalty at which the cost model's look-ahead step (the disk
+    lane, reads beside write-backs, and that beside the compute) takes what the timed pipeline took (golden,
+    each branch), and the model's own step at the fitted penalty gives the timing back (property)."""
+    import numpy as np
+
+    from hotline.profiling.costmodel import _overlapped
+    from hotline.profiling.disk_calibrate import _read_write_fit, pipeline_penalty
+
+    # the disk lane the longer: 2.0 = disk + 0.5 * 1.0, disk = 1.5 = 1.0 + p * 1.0
+    assert _read_write_fit(2.0, 1.0, 1.0, 1.0, 0.5) == pytest.approx(0.5)
+    # the compute the longer: 4.5 = 4.0 + 0.5 * disk, disk = 1.0 = 1.0 + p * 0.5
+    assert _read_write_fit(4.5, 1.0, 4.0, 0.5, 0.5) == pytest.approx(0.0)
+    assert _read_write_fit(4.4, 1.0, 4.0, 0.5, 0.5) == 0.0  # faster than the lanes allow: clipped
+    assert _read_write_fit(4.0, 1.0, 4.0, 0.5, 0.0) == pytest.approx(3.0)  # any disk lane up to 4 s: the largest, clipped
+    assert _read_write_fit(9.0, 1.0, 1.0, 1.0, 1.0) == 3.0
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        r, c, w = rng.uniform(0.1, 2.0, 3)
+        p_rw, p_c = rng.uniform(0.0, 1.5, 2)
+        together = _overlapped(_overlapped(r, w, p_rw), c, p_c)
+        got = _read_write_fit(together, r, c, w, p_c)
+        assert _overlapped(_overlapped(r, w, got), c, p_c) == pytest.approx(together)
+        if p_c > 0 and _overlapped(r, w, p_rw) != c:
+            assert got == pytest.approx(p_rw)
+    tight = [(2.0, 1.0, 1.0, 1.0), (2.04, 1.0, 1.0, 1.0), (1.96, 1.0, 1.0, 1.0)]
+    got = pipeline_penalty(tight, 0.5)
+    assert got["penalty"] == got["pooled"] == pytest.approx(0.5) and got["se"] == pytest.approx(0.0231, abs=1e-4)
+    assert got["pairs"] == [list(t) for t in tight] and got["compute_penalty"] == 0.5
+    noisy = [(1.6, 1.0, 1.0, 1.0), (2.4, 1.0, 1.0, 1.0)]  # 0.1 and 0.9: a gain within the noise
+    got = pipeline_penalty(noisy, 0.5)
+    assert got["pooled"] == pytest.approx(0.5) and got["penalty"] == 1.0
+    assert pipeline_penalty([], 0.5)["penalty"] == 1.0
+    assert pipeline_penalty([(2.0, 1.0, 1.0, 1.0)], 0.5)["penalty"] == 1.0  # one pair: no noise known
 
 
 def test_bench_disk_tier_pools_the_two_calibrations_pairs(monkeypatch):
@@ -829,19 +870,26 @@ def test_bench_disk_tier_pools_the_two_calibrations_pairs(monkeypatch):
     )
     import bench_disk_tier
 
-    from hotline.profiling.disk_calibrate import pooled_penalty
+    from hotline.profiling.disk_calibrate import pipeline_penalty, pooled_penalty
 
     clear = [(1.5, 1.0, 1.0), (1.52, 1.0, 1.0), (1.48, 1.0, 1.0)]  # 0.5, tight: shown alone
-    none = [(2.3, 1.0, 1.0), (1.7, 1.0, 1.0), (2.0, 1.0, 1.0)]  # 1.0, spread
-    a = {"penalties_measured": {"read_write": pooled_penalty(clear), "compute": pooled_penalty(clear)}}
-    b = {"penalties_measured": {"read_write": pooled_penalty(none), "compute": pooled_penalty(clear)}}
+    # look-ahead pipelines (pipelined, reads, compute, write-backs) at a compute penalty of 0.5: the disk lane
+    # is together - 0.5 s, the reads-beside-writes penalty its excess over 1 s
+    piped = [(2.0, 1.0, 1.0, 1.0), (2.02, 1.0, 1.0, 1.0), (1.98, 1.0, 1.0, 1.0)]  # 0.5, tight: shown alone
+    spread = [(2.8, 1.0, 1.0, 1.0), (2.2, 1.0, 1.0, 1.0), (2.5, 1.0, 1.0, 1.0)]  # 1.3, 0.7, 1.0
+    a = {"penalties_measured": {"read_write": pipeline_penalty(piped, 0.5), "compute": pooled_penalty(clear),
+                                "read_write_pair": pooled_penalty(clear)}}  # fmt: skip
+    b = {"penalties_measured": {"read_write": pipeline_penalty(spread, 0.5), "compute": pooled_penalty(clear),
+                                "read_write_pair": pooled_penalty(clear)}}  # fmt: skip
     assert a["penalties_measured"]["read_write"]["penalty"] == pytest.approx(0.5)
     step = bench_disk_tier.mean_of(a, b) | {"read_write_penalty": 0.75, "compute_penalty": 0.5}
     bench_disk_tier.pool_penalties(step, a, b)
     rw = step["penalties_measured"]["read_write"]
-    assert rw["pooled"] == pytest.approx(0.75) and len(rw["pairs"]) == 6
-    assert rw["pooled"] + 2 * rw["se"] >= 1 and step["read_write_penalty"] == 1.0  # not the mean, 0.75
+    assert rw["pooled"] == pytest.approx(0.75) and len(rw["pairs"]) == 6 and rw["compute_penalty"] == 0.5
+    assert rw["se"] == pytest.approx(0.1361, abs=1e-4)  # the six pairs' own fits: 0.5, 0.52, 0.48, 1.3, 0.7, 1
+    assert step["read_write_penalty"] == 1.0  # 0.75 + 2 se >= 1: not the mean, 0.75
     assert step["compute_penalty"] == pytest.approx(0.5)  # both show it: pooled, as each
+    assert step["penalties_measured"]["read_write_pair"]["penalty"] == pytest.approx(0.5)  # kept, not priced
     old = {"penalties_measured": {"read_write": {"penalty": 0.6, "pooled": 0.6, "se": 0.1}}}
     step = {"read_write_penalty": 0.8}
     bench_disk_tier.pool_penalties(step, old, b)  # one without pairs: the mean stands

@@ -15,11 +15,13 @@ Two kinds of figures:
   draws over a large file make about one per page, so each size is also timed as pairs of rows in neighbouring
   pages, one request per two pages: a step of skewed ids reads runs of pages, 1.04-1.19 pages a request in
   ``bench_disk_tier``, and its cost moved with the pages, not the requests: 22-25 us a page against 24-29 us
-  a request over its rows on 2026-12-02); and how the store's concurrent work overlaps: a step's reads beside
-  the previous step's writes (look-ahead's producer and writer threads) and that I/O beside a forward and
-  backward pass on the main thread (``*_penalty``: the part of the shorter of the two that still costs time,
-  0 free, 1 none, :func:`hotline.profiling.calibrate.overlap_penalty`; pooled over pairs timed in ABBA order,
-  and a gain the pairs do not show beyond their noise priced as none, :func:`pooled_penalty`); and a
+  a request over its rows on 2026-12-02); and how the store's concurrent work overlaps (``*_penalty``: the part
+  of the shorter of two lanes that still costs time, 0 free, 1 none,
+  :func:`hotline.profiling.calibrate.overlap_penalty`; pooled over pairs timed in ABBA order, and a gain the
+  pairs do not show beyond their noise priced as none, :func:`pooled_penalty`): the I/O (reads beside
+  write-backs) beside a forward and backward pass on the main thread (``compute_penalty``), and a step's reads
+  beside the previous steps' write-backs (``read_write_penalty``), fitted to a timed look-ahead pipeline of
+  the executor's own producer and writer threads beside the compute (:func:`pipeline_penalty`); and a
   ``probe``, the median times of one of those batches (:data:`PROBE_ROWS`), which :class:`DiskProbe` times
   again at another moment so that :func:`at_probe` prices at the disk's speed then.
 
@@ -44,16 +46,24 @@ _SCRATCH = "hotline-disk-calibration.bin"
 _STEP_SCRATCH = "hotline-disk-calibration-step.bin"
 _SCRATCH_DIR = ".hotline-disk-calibration-"
 """The scratch files' folder in the directory timed (a fresh one per calibration, removed at its end)."""
-STEP_FORMAT = 5
+STEP_FORMAT = 6
 """The version of the ``step`` section (a description without it predates step-shaped timing; format 2 timed
 the I/O alone, not after a compute pass as training issues it; 2 and 3 priced pages, not requests; 4 requests
-alone, not the pages a request reads beyond its first)."""
+alone, not the pages a request reads beyond its first; 5 priced reads beside write-backs from a pair of
+threads, not from a timed look-ahead pipeline)."""
 STEP_ROWS = (256, 1024, 2048, 4096, 8192)
 """Distinct rows per timed step-shaped batch (each about one page: uniform over a file many times larger)."""
 PROBE_ROWS = 2048
 """The step-shaped batch (one of :data:`STEP_ROWS`, each row alone in its page) whose read and write-back times
 are kept as the calibration's ``probe``: :class:`DiskProbe` times it again at another moment and :func:`at_probe`
 scales the step's fits by how it moved."""
+PIPELINE_ROWS = 4096
+"""Distinct rows per step of the timed look-ahead pipeline (:func:`_pipeline_timings`): ``bench_disk_tier``'s
+steps read 2,400-5,500 rows from disk."""
+PIPELINE_STEPS = 4
+"""Steps per timing of the look-ahead pipeline (each pair: that many steps one after the other, and pipelined)."""
+PIPELINE_LOOKAHEAD = 2
+"""The timed pipeline's look-ahead K (the producer reads at most K steps ahead of the compute)."""
 
 
 def _rate(fn, n: int) -> tuple[float, float]:
@@ -181,6 +191,8 @@ def _step_io(f: RowFile, rng: np.random.Generator, repeats: int, compute) -> dic
                 out.append(v)
     total = float(sum(calls))
 
+    # Reads beside write-backs on two threads (kept as ``read_write_pair``, for the record: the look-ahead
+    # pipeline below prices them), and that I/O beside the compute (``compute_penalty``, priced).
     # Look-ahead: the producer reads step j+1 while the writer writes step j back (one file, one pool). Every
     # timed write-back is of rows just read (untimed), as a step's is: a page written since is read again.
     # One batch of each per timing, three pairs per repeat: the disk's speed swings over about a second here, and
@@ -239,7 +251,12 @@ def _step_io(f: RowFile, rng: np.random.Generator, repeats: int, compute) -> dic
         t_all = together(passes)
         t_c = _timed(passes) if t_c is None else t_c
         beside.append((t_all, t_io, t_c))
-    penalties = {"read_write": pooled_penalty(rw), "compute": pooled_penalty(beside)}
+    compute_pen = pooled_penalty(beside)
+    penalties = {
+        "read_write": pipeline_penalty(_pipeline_timings(f, rng, repeats, compute), compute_pen["penalty"]),
+        "compute": compute_pen,
+        "read_write_pair": pooled_penalty(rw),  # for the record: the pair no longer prices (STEP_FORMAT 6)
+    }
     probe = np.asarray(sizes) == 2 * PROBE_ROWS  # the probe's shape: PROBE_ROWS rows, each alone in its page
     return {
         "version": STEP_FORMAT,
@@ -253,9 +270,109 @@ def _step_io(f: RowFile, rng: np.random.Generator, repeats: int, compute) -> dic
         },
         "read": {**_fit(calls, t_read, sizes, pages), "cpu_us_per_call": 1e6 * sum(cpu_read) / total},
         "write": {**_fit(calls, t_write, sizes, pages), "cpu_us_per_call": 1e6 * sum(cpu_write) / total},
-        **{f"{name}_penalty": got["penalty"] for name, got in penalties.items()},
+        "read_write_penalty": penalties["read_write"]["penalty"],
+        "compute_penalty": penalties["compute"]["penalty"],
         "penalties_measured": penalties,
     }
+
+
+def _pipeline_timings(f: RowFile, rng: np.random.Generator, repeats: int, compute) -> list[tuple]:
+    """``2 * repeats`` paired timings ``(pipelined, reads, compute, write-backs)`` of :data:`PIPELINE_STEPS`
+    steps of :data:`PIPELINE_ROWS` rows: one after the other as a sequential step runs them (each step's read,
+    its compute, its write-back, each lane's seconds summed), and as look-ahead runs them (wall seconds): the
+    executor's own threads (:class:`hotline.pipeline.threads.Producer` reading at most
+    :data:`PIPELINE_LOOKAHEAD` steps ahead, :class:`~hotline.pipeline.threads.Worker` writing each step back
+    after its compute, the compute on this thread), in ABBA order. The compute of a step is as many forward and
+    backward passes as one read takes, so that no lane hides the others."""
+    from hotline.pipeline.threads import Producer, Worker
+
+    n = min(PIPELINE_ROWS, f.num_rows // 2)
+
+    def batches() -> list[np.ndarray]:
+        return [rng.choice(f.num_rows, size=n, replace=False) for _ in range(PIPELINE_STEPS)]
+
+    compute()
+    t_one = _timed(compute)
+    f.read_rows(batches()[0])  # untimed: the pool's threads and buffers at this size
+    reps = max(1, round(_timed(lambda: f.read_rows(batches()[0])) / max(t_one, 1e-6)))
+
+    def passes() -> None:
+        for _ in range(reps):
+            compute()
+
+    def serial() -> tuple[float, float, float]:
+        lanes = np.zeros(3)
+        for b in batches():
+            t0 = time.perf_counter()
+            recs, pages = f.read_rows(b)
+            t1 = time.perf_counter()
+            passes()
+            t2 = time.perf_counter()
+            f.write_rows(b, recs, pages)
+            lanes += (t1 - t0, t2 - t1, time.perf_counter() - t2)
+        return tuple(float(x) for x in lanes)
+
+    def pipelined() -> float:
+        steps = batches()
+        writer = Worker("hotline-calibrate-write-back", lambda job: f.write_rows(*job), PIPELINE_LOOKAHEAD + 3)
+        producer = Producer("hotline-calibrate-prepare", PIPELINE_LOOKAHEAD)
+        try:
+            t0 = time.perf_counter()
+            producer.start((b, *f.read_rows(b)) for b in steps)
+            for job in producer:
+                passes()
+                writer.submit(job)
+            writer.finish()
+            return time.perf_counter() - t0
+        finally:
+            producer.close()
+            writer.close()
+
+    out = []
+    for i in range(2 * repeats):
+        if i % 2 == 0:
+            lanes = serial()
+            out.append((pipelined(), *lanes))
+        else:
+            t = pipelined()
+            out.append((t, *serial()))
+    return out
+
+
+def _read_write_fit(together: float, read: float, compute: float, write: float, compute_penalty: float) -> float:
+    """The reads-beside-write-backs penalty with which the cost model's look-ahead step (the reads beside the
+    write-backs, :func:`hotline.profiling.costmodel._overlapped`, and that beside the compute at
+    ``compute_penalty``) takes ``together`` seconds, in [0, 3]. Where the compute lane is the longer and
+    ``compute_penalty`` is 0, any disk lane up to the compute's gives the same step: the largest is taken."""
+    disk = together - compute_penalty * compute  # the disk lane the longer: together = disk + pc * compute
+    if disk < compute:  # the compute the longer: together = compute + pc * disk
+        disk = (together - compute) / compute_penalty if compute_penalty > 0 else compute
+    longer, shorter = max(read, write), min(read, write)
+    return float(min(3.0, max(0.0, (disk - longer) / max(shorter, 1e-9))))
+
+
+def pipeline_penalty(timings: list[tuple[float, float, float, float]], compute_penalty: float) -> dict:
+    """The reads-beside-write-backs penalty the cost model prices look-ahead with, from paired timings
+    ``(pipelined, reads, compute, write-backs)`` of a look-ahead pipeline (:func:`_pipeline_timings`): the
+    penalty with which the model's step, at ``compute_penalty`` for the I/O beside the compute, takes the
+    pipelined seconds (:func:`_read_write_fit`). ``pooled`` from the sums of the pairs, ``se`` the standard
+    error of the pairs' own fits, and ``penalty`` by :func:`pooled_penalty`'s rule (a gain within the noise
+    priced as none).
+
+    A pair of threads, one reading and one writing a batch, priced it before (format 5): in three calibrations
+    on 2026-12-02 the pairs credited a gain (0.72-0.83) and ``bench_disk_tier``'s K=2 rows came out up to 1.27x
+    optimistic, where in the runs the pairs credited none the rows were within 0.86-1.12. The pipeline times
+    what look-ahead does: the producer's reads, the writer's write-backs and the compute together, each
+    waiting on the others as the executor's threads do."""
+    if not timings:
+        return {"penalty": 1.0, "pooled": 1.0, "se": None, "pairs": [], "compute_penalty": compute_penalty}
+    sums = np.asarray(timings, float).sum(axis=0)
+    pooled = _read_write_fit(*sums, compute_penalty)
+    each = [_read_write_fit(*t, compute_penalty) for t in timings]
+    se = float(np.std(each, ddof=1) / np.sqrt(len(each))) if len(each) > 1 else None
+    shown = pooled >= 1.0 or (se is not None and pooled + 2.0 * se < 1.0)
+    return {"penalty": pooled if shown else 1.0, "pooled": pooled, "se": se,
+            "pairs": [[float(x) for x in t] for t in timings], "compute_penalty": float(compute_penalty)}  # fmt: skip
 
 
 def pooled_penalty(timings: list[tuple[float, float, float]]) -> dict:
@@ -268,7 +385,7 @@ def pooled_penalty(timings: list[tuple[float, float, float]]) -> dict:
     is not credited: 1. A penalty is a small difference of two noisy times over a third (a 15% swing of the
     disk's speed moves one pair's penalty by 0.3), so a gain within the noise is priced as none."""
     if not timings:
-        return {"penalty": 0.0, "pooled": 0.0, "se": 0.0, "pairs": []}
+        return {"penalty": 1.0, "pooled": 1.0, "se": None, "pairs": []}  # nothing timed shows no gain
     together = sum(t for t, _, _ in timings)
     longer = sum(max(a, b) for _, a, b in timings)
     shorter = sum(min(a, b) for _, a, b in timings)
