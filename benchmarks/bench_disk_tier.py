@@ -494,7 +494,8 @@ def pool_penalties(step: dict, *calibrations: dict) -> None:
 
     measured = {}
     for name in ("compute", "read_write_pair"):
-        if (got := pairs(name)) is not None:  # calibrations from before the pairs were kept: their mean stands
+        # calibrations from before the pairs were kept: their mean stands
+        if (got := pairs(name)) is not None:
             measured[name] = pooled_penalty(got)
     if "compute" in measured:
         step["compute_penalty"] = measured["compute"]["penalty"]

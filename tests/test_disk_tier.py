@@ -653,7 +653,8 @@ def test_calibrate_disk_cli(tmp_path, capsys):
     for name in ("read_write", "compute"):  # what was measured beside what is priced
         got = t["penalties_measured"][name]
         assert got["penalty"] == t[f"{name}_penalty"] and got["se"] >= 0 and 0 <= got["pooled"] <= 3
-    piped = t["penalties_measured"]["read_write"]  # fitted to timed look-ahead pipelines at the priced compute's
+    # fitted to timed look-ahead pipelines at the priced compute's penalty
+    piped = t["penalties_measured"]["read_write"]
     assert len(piped["pairs"]) >= 2 and all(len(p) == 4 and min(p) > 0 for p in piped["pairs"])
     assert piped["compute_penalty"] == t["compute_penalty"]
     pair = t["penalties_measured"]["read_write_pair"]  # the two-thread pair, kept for the record
@@ -839,7 +840,8 @@ def test_pipeline_penalty_is_the_read_write_penalty_that_prices_the_timed_pipeli
     # the compute the longer: 4.5 = 4.0 + 0.5 * disk, disk = 1.0 = 1.0 + p * 0.5
     assert _read_write_fit(4.5, 1.0, 4.0, 0.5, 0.5) == pytest.approx(0.0)
     assert _read_write_fit(4.4, 1.0, 4.0, 0.5, 0.5) == 0.0  # faster than the lanes allow: clipped
-    assert _read_write_fit(4.0, 1.0, 4.0, 0.5, 0.0) == pytest.approx(3.0)  # any disk lane up to 4 s: the largest, clipped
+    # any disk lane up to 4 s gives that step: the largest, clipped
+    assert _read_write_fit(4.0, 1.0, 4.0, 0.5, 0.0) == pytest.approx(3.0)
     assert _read_write_fit(9.0, 1.0, 1.0, 1.0, 1.0) == 3.0
     rng = np.random.default_rng(3)
     for _ in range(200):
@@ -852,7 +854,8 @@ def test_pipeline_penalty_is_the_read_write_penalty_that_prices_the_timed_pipeli
             assert got == pytest.approx(p_rw)
     tight = [(2.0, 1.0, 1.0, 1.0), (2.04, 1.0, 1.0, 1.0), (1.96, 1.0, 1.0, 1.0)]
     got = pipeline_penalty(tight, 0.5)
-    assert got["penalty"] == got["pooled"] == pytest.approx(0.5) and got["se"] == pytest.approx(0.0231, abs=1e-4)
+    assert got["penalty"] == got["pooled"] == pytest.approx(0.5)
+    assert got["se"] == pytest.approx(0.0231, abs=1e-4)
     assert got["pairs"] == [list(t) for t in tight] and got["compute_penalty"] == 0.5
     noisy = [(1.6, 1.0, 1.0, 1.0), (2.4, 1.0, 1.0, 1.0)]  # 0.1 and 0.9: a gain within the noise
     got = pipeline_penalty(noisy, 0.5)
@@ -886,7 +889,8 @@ def test_bench_disk_tier_pools_the_two_calibrations_pairs(monkeypatch):
     bench_disk_tier.pool_penalties(step, a, b)
     rw = step["penalties_measured"]["read_write"]
     assert rw["pooled"] == pytest.approx(0.75) and len(rw["pairs"]) == 6 and rw["compute_penalty"] == 0.5
-    assert rw["se"] == pytest.approx(0.1361, abs=1e-4)  # the six pairs' own fits: 0.5, 0.52, 0.48, 1.3, 0.7, 1
+    # the six pairs' own fits: 0.5, 0.52, 0.48, 1.3, 0.7 and 1
+    assert rw["se"] == pytest.approx(0.1361, abs=1e-4)
     assert step["read_write_penalty"] == 1.0  # 0.75 + 2 se >= 1: not the mean, 0.75
     assert step["compute_penalty"] == pytest.approx(0.5)  # both show it: pooled, as each
     assert step["penalties_measured"]["read_write_pair"]["penalty"] == pytest.approx(0.5)  # kept, not priced

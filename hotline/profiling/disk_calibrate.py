@@ -314,7 +314,7 @@ def _pipeline_timings(f: RowFile, rng: np.random.Generator, repeats: int, comput
 
     def pipelined() -> float:
         steps = batches()
-        writer = Worker("hotline-calibrate-write-back", lambda job: f.write_rows(*job), PIPELINE_LOOKAHEAD + 3)
+        writer = Worker("hotline-calibrate-write-back", _write_back(f), PIPELINE_LOOKAHEAD + 3)
         producer = Producer("hotline-calibrate-prepare", PIPELINE_LOOKAHEAD)
         try:
             t0 = time.perf_counter()
@@ -339,7 +339,12 @@ def _pipeline_timings(f: RowFile, rng: np.random.Generator, repeats: int, comput
     return out
 
 
-def _read_write_fit(together: float, read: float, compute: float, write: float, compute_penalty: float) -> float:
+def _write_back(f: RowFile):
+    """The writer's function: a job ``(rows, records, pages)``, as a fetch returned it, written back."""
+    return lambda job: f.write_rows(*job)
+
+
+def _read_write_fit(together: float, read: float, compute: float, write: float, compute_penalty: float) -> float:  # fmt: skip
     """The reads-beside-write-backs penalty with which the cost model's look-ahead step (the reads beside the
     write-backs, :func:`hotline.profiling.costmodel._overlapped`, and that beside the compute at
     ``compute_penalty``) takes ``together`` seconds, in [0, 3]. Where the compute lane is the longer and
