@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> dict:
     import numpy as np
 
     from hotline.profiling.calibrate import overlapped_pass
+    from hotline.profiling.disk_calibrate import _step_once
     from hotline.tiers.disk_file import RowFile
 
     common.setup_threads(args.threads)
@@ -68,15 +69,9 @@ def main(argv: list[str] | None = None) -> dict:
                     f.read_rows(np.arange(lo, min(lo + 100_000, args.file_rows)))
 
             def one(before) -> np.ndarray:
+                """The calibration's step-shaped timing, each read and write-back right after ``before()``."""
                 rows = rng.choice(args.file_rows, size=args.rows, replace=False)
-                before()
-                t0 = time.perf_counter()
-                recs, pages = f.read_rows(rows)
-                t1 = time.perf_counter()
-                before()
-                t2 = time.perf_counter()
-                f.write_rows(rows, recs, pages)
-                return np.array([t1 - t0, time.perf_counter() - t2])
+                return np.array(_step_once(f, rows, before)[2:4])
 
             def pause() -> None:
                 time.sleep(0.03)

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from hotline.profiling.calibrate import overlap_penalty, overlapped_pass
-from hotline.tiers.disk_file import PAGE, RowFile, aligned_bytes, manifest_path, order_path
+from hotline.tiers.disk_file import PAGE, PageSet, RowFile, aligned_bytes, manifest_path, order_path
 
 _SCRATCH = "hotline-disk-calibration.bin"
 _STEP_SCRATCH = "hotline-disk-calibration-step.bin"
@@ -137,11 +137,9 @@ def _fit(
     }
 
 
-def _step_once(f: RowFile, rows: np.ndarray, compute) -> tuple[int, int, float, float, float, float]:
-    """One step-shaped read of ``rows`` and its write-back, each right after ``compute()`` (a forward and
-    backward pass), as a sequential step issues them: (requests, pages, read seconds, write seconds, read CPU
-    seconds, write CPU seconds); the write-back makes the fetch's requests over the same pages."""
-    compute()
+def _read_compute_write(f: RowFile, rows: np.ndarray, compute) -> tuple[PageSet, tuple, tuple]:
+    """A sequential step's I/O: ``rows`` read, ``compute()``, and the rows written back over the pages the read
+    fetched: (the read's pages, (read, compute, write-back) seconds, (read, write-back) CPU seconds)."""
     c0, t0 = time.process_time(), time.perf_counter()
     recs, ps = f.read_rows(rows)
     c1, t1 = time.process_time(), time.perf_counter()
@@ -149,7 +147,16 @@ def _step_once(f: RowFile, rows: np.ndarray, compute) -> tuple[int, int, float, 
     c2, t2 = time.process_time(), time.perf_counter()
     f.write_rows(rows, recs, ps)
     c3, t3 = time.process_time(), time.perf_counter()
-    return ps.reads, int(ps.pages.shape[0]), t1 - t0, t3 - t2, c1 - c0, c3 - c2
+    return ps, (t1 - t0, t2 - t1, t3 - t2), (c1 - c0, c3 - c2)
+
+
+def _step_once(f: RowFile, rows: np.ndarray, compute) -> tuple[int, int, float, float, float, float]:
+    """One step-shaped read of ``rows`` and its write-back, each right after ``compute()`` (a forward and
+    backward pass), as a sequential step issues them: (requests, pages, read seconds, write seconds, read CPU
+    seconds, write CPU seconds); the write-back makes the fetch's requests over the same pages."""
+    compute()
+    ps, (read, _, write), (cpu_read, cpu_write) = _read_compute_write(f, rows, compute)
+    return ps.reads, int(ps.pages.shape[0]), read, write, cpu_read, cpu_write
 
 
 def _step_io(f: RowFile, rng: np.random.Generator, repeats: int, compute) -> dict:
@@ -288,13 +295,17 @@ def _pipeline_timings(f: RowFile, rng: np.random.Generator, repeats: int, comput
 
     n = min(PIPELINE_ROWS, f.num_rows // 2)
 
+    def batch() -> np.ndarray:
+        return rng.choice(f.num_rows, size=n, replace=False)
+
     def batches() -> list[np.ndarray]:
-        return [rng.choice(f.num_rows, size=n, replace=False) for _ in range(PIPELINE_STEPS)]
+        return [batch() for _ in range(PIPELINE_STEPS)]
 
     compute()
     t_one = _timed(compute)
-    f.read_rows(batches()[0])  # untimed: the pool's threads and buffers at this size
-    reps = max(1, round(_timed(lambda: f.read_rows(batches()[0])) / max(t_one, 1e-6)))
+    f.read_rows(batch())  # untimed: the pool's threads and buffers at this size
+    b = batch()
+    reps = max(1, round(_timed(lambda: f.read_rows(b)) / max(t_one, 1e-6)))
 
     def passes() -> None:
         for _ in range(reps):
@@ -303,13 +314,7 @@ def _pipeline_timings(f: RowFile, rng: np.random.Generator, repeats: int, comput
     def serial() -> tuple[float, float, float]:
         lanes = np.zeros(3)
         for b in batches():
-            t0 = time.perf_counter()
-            recs, pages = f.read_rows(b)
-            t1 = time.perf_counter()
-            passes()
-            t2 = time.perf_counter()
-            f.write_rows(b, recs, pages)
-            lanes += (t1 - t0, t2 - t1, time.perf_counter() - t2)
+            lanes += _read_compute_write(f, b, passes)[1]
         return tuple(float(x) for x in lanes)
 
     def pipelined() -> float:
@@ -371,13 +376,10 @@ def pipeline_penalty(timings: list[tuple[float, float, float, float]], compute_p
     waiting on the others as the executor's threads do."""
     if not timings:
         return {"penalty": 1.0, "pooled": 1.0, "se": None, "pairs": [], "compute_penalty": compute_penalty}
-    sums = np.asarray(timings, float).sum(axis=0)
-    pooled = _read_write_fit(*sums, compute_penalty)
+    pooled = _read_write_fit(*np.asarray(timings, float).sum(axis=0), compute_penalty)
     each = [_read_write_fit(*t, compute_penalty) for t in timings]
-    se = float(np.std(each, ddof=1) / np.sqrt(len(each))) if len(each) > 1 else None
-    shown = pooled >= 1.0 or (se is not None and pooled + 2.0 * se < 1.0)
-    return {"penalty": pooled if shown else 1.0, "pooled": pooled, "se": se,
-            "pairs": [[float(x) for x in t] for t in timings], "compute_penalty": float(compute_penalty)}  # fmt: skip
+    pairs = [[float(x) for x in t] for t in timings]
+    return {**_priced(pooled, each), "pairs": pairs, "compute_penalty": float(compute_penalty)}
 
 
 def pooled_penalty(timings: list[tuple[float, float, float]]) -> dict:
@@ -394,13 +396,17 @@ def pooled_penalty(timings: list[tuple[float, float, float]]) -> dict:
     together = sum(t for t, _, _ in timings)
     longer = sum(max(a, b) for _, a, b in timings)
     shorter = sum(min(a, b) for _, a, b in timings)
-    pooled = overlap_penalty(together, longer, shorter)
-    each = [overlap_penalty(*t) for t in timings]
-    # one pair: no noise known
+    priced = _priced(overlap_penalty(together, longer, shorter), [overlap_penalty(*t) for t in timings])
+    return {**priced, "pairs": [[float(t), float(a), float(b)] for t, a, b in timings]}
+
+
+def _priced(pooled: float, each: list[float]) -> dict:
+    """``pooled``, a penalty from the sums of paired timings, with ``se`` (the standard error of ``each``, the
+    pairs' own penalties; None for one pair: no noise known) and ``penalty``, what the cost model prices: ``pooled``
+    where the timings show it (a loss, or a gain beyond 2 se), else 1 (a gain within the noise priced as none)."""
     se = float(np.std(each, ddof=1) / np.sqrt(len(each))) if len(each) > 1 else None
     shown = pooled >= 1.0 or (se is not None and pooled + 2.0 * se < 1.0)
-    pairs = [[float(t), float(a), float(b)] for t, a, b in timings]
-    return {"penalty": pooled if shown else 1.0, "pooled": pooled, "se": se, "pairs": pairs}
+    return {"penalty": pooled if shown else 1.0, "pooled": pooled, "se": se}
 
 
 def _timed(fn) -> float:
