@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 
 # torch and Numba both run OpenMP thread teams, and Hotline's look-ahead worker runs a second team beside the
 # main thread's. With OpenMP's default (spinning) wait policy, idle teams burn the cores the busy one needs:
 # on a 2-core machine with any other load a 2-thread step measured 4x slower than a 1-thread one. Passive
 # waiting costs a few microseconds per parallel region instead. It only takes effect if set before torch or
 # Numba loads; an explicit OMP_WAIT_POLICY in the environment wins.
+_TORCH_SPINS = "torch" in sys.modules and not {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & set(os.environ)
+"""True when torch was imported before this package, with no wait policy of the user's: its OpenMP runtime read
+the default (spinning) policy when it loaded, and setting it now changes nothing. The look-ahead executor warns
+(:func:`hotline.pipeline.threads.spinning_warning`)."""
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"

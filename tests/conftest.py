@@ -12,4 +12,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join([_ROOT, *filter(None, [os.environ.get
 
 # Tests share two cores between torch and numba: keep both small and deterministic.
 os.environ.setdefault("NUMBA_NUM_THREADS", "2")
+# hotline before any test module's torch, as `hotline train` runs: torch's OpenMP threads then wait passively
+import hotline  # noqa: E402,F401
+
 warnings.filterwarnings("ignore", category=DeprecationWarning, module="fbgemm_gpu")

@@ -104,6 +104,17 @@ def test_bench_dispatcher_smoke(bench, tmp_path):
     assert positive(r["hot_rows"])
 
 
+def test_bench_omp_wait_smoke(bench, tmp_path):
+    """Both import orders run in fresh processes; only the torch-first one is flagged (CPU figures: >= 0)."""
+    r = run_smoke(bench("bench_omp_wait"), tmp_path)
+    assert [(x["order"], x["warns"]) for x in r["results"]] == [
+        ("torch first", True),
+        ("hotline first", False),
+    ]
+    for x in r["results"]:
+        assert 0.0 <= x["cpu_ms_in_pause"] <= x["max_cpu_ms"]
+
+
 def test_bench_gather_smoke(bench, tmp_path):
     r = run_smoke(bench("bench_gather"), tmp_path)
     assert {(x["op"], x["dim"], x["method"]) for x in r["results"]} == {

@@ -131,3 +131,51 @@ def test_hand_over_copies_nothing_on_cpu(dataset, tmp_path):
         assert prep.work.data_ptr() == prep.fetch.values.ctypes.data
     finally:
         trainer.close()
+
+
+_SPIN_RUN = """
+import sys, warnings
+{first}
+from hotline import TrainConfig, Trainer
+from hotline.datasets.format import Dataset
+from hotline.datasets.synthetic import generate
+
+ds = Dataset(generate(sys.argv[1], 600, seed=1, table_sizes=[40, 300], progress=False))
+warnings.simplefilter("always")
+for run in range(2):  # two look-ahead runs in one process: one warning at most
+    cfg = TrainConfig(mode="hotline", hbm_budget=2000, lookahead=2, embedding_dim=8, bottom_mlp=[13, 8],
+                      top_mlp=[8, 1], mini_batch_size=64, progress=False, num_batches=4)
+    trainer = Trainer(cfg, ds)
+    try:
+        print(len(list(trainer.progress(trainer.batches()))), "steps")
+    finally:
+        trainer.close()
+"""
+
+
+@pytest.mark.parametrize(
+    "first, env, warned",
+    [
+        ("import torch\nimport hotline", {}, True),  # torch's OpenMP read the spinning default
+        ("import hotline\nimport torch", {}, False),  # hotline set the passive policy first
+        ("import torch\nimport hotline", {"OMP_WAIT_POLICY": "ACTIVE"}, False),  # the user's own choice
+    ],
+)
+def test_lookahead_warns_once_when_torch_was_imported_first(tmp_path, first, env, warned):
+    """A Python user who imports torch before hotline gets torch's spinning OpenMP threads beside the
+    look-ahead producer; the run says so in one line, once per process (two runs here), and not otherwise."""
+    import os
+    import subprocess
+    import sys
+
+    base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    out = subprocess.run(
+        [sys.executable, "-c", _SPIN_RUN.format(first=first), str(tmp_path / "ds")],
+        capture_output=True, text=True, env={**base, **env}, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.count("4 steps") == 2
+    lines = [line for line in out.stderr.splitlines() if "imported before hotline" in line]
+    assert len(lines) == (1 if warned else 0), out.stderr[-2000:]
+    if warned:
+        assert "RuntimeWarning" in lines[0] and "OMP_WAIT_POLICY=PASSIVE" in lines[0]

@@ -141,6 +141,38 @@ def compute_threads(cores: int, worker_threads: int, busy_share: float) -> int:
     return int(max(1, min(cores, cores - math.ceil(busy - BUSY_CORE_SLACK))))
 
 
+_spin_warned = False
+
+
+def spinning_warning() -> str | None:
+    """One line saying why this process's torch threads spin, or None when they wait passively.
+
+    ``import hotline`` sets ``OMP_WAIT_POLICY=PASSIVE`` (see ``hotline/__init__.py``), but torch's OpenMP runtime
+    reads it only when torch loads. Imported before hotline, with no policy in the environment, torch's idle
+    threads spin after every parallel region (measured on the 2-core machine: 9-10 ms of CPU in a 20 ms pause
+    after a matmul, against 0.1 ms), on the cores the look-ahead producer and writer need."""
+    import hotline
+
+    if not hotline._TORCH_SPINS:
+        return None
+    return (
+        "torch was imported before hotline, so its OpenMP threads spin after each parallel region and take the "
+        "cores the look-ahead threads need: import hotline first, or set OMP_WAIT_POLICY=PASSIVE before "
+        "starting Python"
+    )
+
+
+def warn_if_spinning() -> None:
+    """Warns once per process (RuntimeWarning) with :func:`spinning_warning`'s line, if there is one."""
+    global _spin_warned
+    message = spinning_warning()
+    if message is not None and not _spin_warned:
+        _spin_warned = True
+        import warnings
+
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
 class CoreShare:
     """Applies :func:`compute_threads` to each step computed while a look-ahead producer runs, from measured
     busy time.
@@ -155,6 +187,7 @@ class CoreShare:
     def __init__(self, worker_threads: int, cores: int | None = None, smoothing: float = 0.15):
         import torch
 
+        warn_if_spinning()  # a producer is about to share the cores with torch
         self.worker_threads = int(worker_threads)
         self.cores = int(cores or torch.get_num_threads())
         self.smoothing = float(smoothing)
