@@ -362,7 +362,7 @@ def auto_choice(dataset, args, cfg, prof, placements: list[dict]):
     hw = hardware_for("cpu", args.hardware, args.threads)
     w = workload_for(prof, worker_threads=args.worker_threads, **arch_of(cfg))  # the model the sweep trains
     if not args.hardware:
-        hw = with_timed_pass(hw, w, args.threads)
+        hw = with_timed_pass(hw, w, args.threads, recalibrate=True)
     return choose(
         table_bytes(dataset.table_sizes, cfg["embedding_dim"], args.optimizer),
         device_memory("cpu"),

@@ -144,6 +144,45 @@ def test_a_cpu_is_priced_with_its_cached_calibration(tmp_path, monkeypatch):
     assert hardware_for("cpu", None, 2)["name"] == "test CPU"
 
 
+def test_a_cached_calibration_timed_slow_is_timed_again(tmp_path, monkeypatch):
+    """A cached calibration whose reference pass ran 10x slower than this CPU runs it now (timed beside other
+    work, or in a slow spell) would price every mode 10x too slow: `--mode auto` times this CPU again, keeps
+    the faster calibration and prices with it. One whose reference ran 10x faster is kept as it is (this CPU
+    is the slow one now: the run's pass is scaled to the calibration's speed instead)."""
+    from hotline.profiling.calibrate import time_pass
+    from hotline.training.auto import cpu_hardware, cpu_hardware_path, with_timed_pass
+
+    monkeypatch.setenv("HOTLINE_CACHE", str(tmp_path))
+    w = cm.Workload(256, 4, 1, 8, (13, 16, 8), (16, 1))
+    now = time_pass(w, threads=2, budget_s=0.2)["measured_reference_us"]  # this CPU's reference pass, now
+    path = cpu_hardware_path(2)
+    key = cm.pass_key(w)
+    for factor, retimed in ((0.1, False), (10.0, True)):
+        cached = {
+            **CPU,
+            "format": "hotline-hardware",
+            "device": {**CPU["device"], "reference_pass_us": factor * now},
+        }
+        path.write_text(json.dumps(cached))
+        said: list[str] = []
+        hw = with_timed_pass(cpu_hardware(2, say=said.append), w, 2, say=said.append, recalibrate=True)
+        again = [x for x in said if "timing this CPU again" in x]
+        kept = json.loads(path.read_text())
+        if not retimed:
+            assert again == [] and hw["name"] == "test CPU" and kept == cached
+            assert hw["device"]["passes"][key]["reference_scale"] < 1
+            continue
+        assert len(again) == 1
+        assert hw["name"] != "test CPU" and hw["source"].startswith("hotline calibrate")
+        assert kept["source"] == hw["source"] and kept["device"]["reference_pass_us"] < factor * now
+        assert hw["device"]["passes"][key]["reference_scale"] < 10  # timed beside the new calibration
+        # without recalibrate (a --hardware FILE, or a benchmark's own fresh calibration) nothing is timed again
+        path.write_text(json.dumps(cached))
+        said.clear()
+        hw = with_timed_pass(cpu_hardware(2, say=said.append), w, 2, say=said.append)
+        assert hw["name"] == "test CPU" and not any("again" in x for x in said)
+
+
 def test_predictions_closer_than_the_models_error_go_to_the_simpler_configuration():
     """Of configurations predicted within TIE_SHARE of the fastest, the simplest is chosen (device before
     hybrid before hotline; K=0 before K=2; the smaller budget), and the reason says which one was faster."""

@@ -371,16 +371,32 @@ def cpu_hardware(threads: int = 0, say: Callable[[str], None] | None = None) -> 
     return hw
 
 
+STALE_CALIBRATION = 1.3
+"""How much faster this CPU may run the calibration's reference pass now than when its cached calibration was
+timed before that calibration is taken as timed in a slow spell or under other work, and timed again
+(:func:`with_timed_pass` with ``recalibrate``)."""
+
+
 def with_timed_pass(
-    hw: dict, w: Workload, threads: int = 0, say: Callable[[str], None] | None = None
+    hw: dict,
+    w: Workload,
+    threads: int = 0,
+    say: Callable[[str], None] | None = None,
+    recalibrate: bool = False,
 ) -> dict:
     """``hw`` (this CPU's calibration) with the run's own dense pass timed on this CPU and added to
     ``device.passes`` (:func:`~hotline.profiling.calibrate.time_pass`, a second or two), unless it holds one
     for this model already: the cost model then prices every mode's compute from the run's own model, not
     only from the calibration's fit over 13 other shapes (see :func:`~hotline.profiling.costmodel.pass_key`).
     Timed each run, not cached: it is the largest phase of a CPU step. Timed beside the calibration's
-    reference pass, so that the speed this host had during the calibration, not in that second, scales it."""
-    from hotline.profiling.calibrate import time_pass
+    reference pass, so that the speed this host had during the calibration, not in that second, scales it.
+
+    ``recalibrate`` (``hw`` is :func:`cpu_hardware`'s cached calibration): when the reference pass runs more
+    than :data:`STALE_CALIBRATION` times faster now than when the calibration was timed, that calibration was
+    timed in a slow spell or beside other work (the test suite, a build) and would price every mode that much
+    too slow: this CPU is timed again (under a minute), and the faster of the two calibrations is kept and
+    prices the run."""
+    from hotline.profiling.calibrate import calibrate, time_pass
     from hotline.profiling.costmodel import pass_key
 
     key = pass_key(w)
@@ -392,6 +408,18 @@ def with_timed_pass(
         f"timing this model's dense pass on this CPU for --mode auto (batch {w.batch_size:,}, a second or two)"
     )
     timed = time_pass(w, threads=threads or None, reference_us=hw["device"].get("reference_pass_us"))
+    slower = timed["reference_scale"]
+    if recalibrate and slower > STALE_CALIBRATION:
+        path = cpu_hardware_path(threads)
+        say(
+            f"this CPU's cached calibration ran its reference pass {slower:.2f}x slower than this CPU runs it "
+            f"now ({hw.get('source', 'no source')}): timing this CPU again (under a minute)"
+        )
+        fresh = calibrate(threads=threads or None)
+        if fresh["device"]["reference_pass_us"] < hw["device"]["reference_pass_us"]:
+            _keep(path, fresh, "this CPU's timing", say)
+            hw = {**hw, **fresh}  # a disk section priced beside it stays
+            timed = time_pass(w, threads=threads or None, reference_us=fresh["device"]["reference_pass_us"])
     return {**hw, "device": {**hw["device"], "passes": {**passes, key: timed}}}
 
 
@@ -548,7 +576,7 @@ def choose_for_run(
     # the model the run trains: its MLPs, interaction and cross layers
     w = workload_for(prof, worker_threads=config.worker_threads, **arch_of(config))
     if hardware is None and torch_device_type(config.device) == "cpu":  # this CPU's own calibration
-        hw = with_timed_pass(hw, w, config.threads)
+        hw = with_timed_pass(hw, w, config.threads, recalibrate=True)
     budgets = [int(b) for b in prof.curve().budget_bytes if in_memory(int(b))]
     try:  # device mode's check before its tables are made (on a CPU they are host memory)
         check_memory(
