@@ -18,6 +18,8 @@ import sys
 
 import common
 
+import hotline
+
 _PROBE = """
 import json, statistics, sys, time
 order, size, threads, pause, repeats = sys.argv[1], *map(int, sys.argv[2:6])
@@ -42,7 +44,7 @@ print(json.dumps({"order": order, "cpu_ms_in_pause": 1e3 * statistics.median(cpu
 
 def probe(order: str, args) -> dict:
     """One fresh process of ``order`` ('torch first' or 'hotline first'); its figures."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env = {k: v for k, v in os.environ.items() if k not in hotline._WAIT_POLICY_VARS}
     argv = [order, args.size, args.threads, args.pause_ms, args.repeats]
     out = subprocess.run(
         [sys.executable, "-c", _PROBE, *map(str, argv)], capture_output=True, text=True, env=env, check=False

@@ -15,7 +15,9 @@ import sys
 # on a 2-core machine with any other load a 2-thread step measured 4x slower than a 1-thread one. Passive
 # waiting costs a few microseconds per parallel region instead. It only takes effect if set before torch or
 # Numba loads; an explicit OMP_WAIT_POLICY in the environment wins.
-_TORCH_SPINS = "torch" in sys.modules and not {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & set(os.environ)
+_WAIT_POLICY_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+"""The environment variables by which a user sets OpenMP's wait policy themselves."""
+_TORCH_SPINS = "torch" in sys.modules and not set(_WAIT_POLICY_VARS) & set(os.environ)
 """True when torch was imported before this package, with no wait policy of the user's: its OpenMP runtime read
 the default (spinning) policy when it loaded, and setting it now changes nothing. The look-ahead executor warns
 (:func:`hotline.pipeline.threads.spinning_warning`)."""

@@ -168,7 +168,9 @@ def test_lookahead_warns_once_when_torch_was_imported_first(tmp_path, first, env
     import subprocess
     import sys
 
-    base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    import hotline
+
+    base = {k: v for k, v in os.environ.items() if k not in hotline._WAIT_POLICY_VARS}
     out = subprocess.run(
         [sys.executable, "-c", _SPIN_RUN.format(first=first), str(tmp_path / "ds")],
         capture_output=True, text=True, env={**base, **env}, timeout=600,

@@ -372,9 +372,9 @@ def cpu_hardware(threads: int = 0, say: Callable[[str], None] | None = None) -> 
 
 
 STALE_CALIBRATION = 1.3
-"""How much faster this CPU may run the calibration's reference pass now than when its cached calibration was
-timed before that calibration is taken as timed in a slow spell or under other work, and timed again
-(:func:`with_timed_pass` with ``recalibrate``)."""
+"""When this CPU runs the calibration's reference pass more than this many times faster now than it did while
+its cached calibration was timed, that calibration is taken as timed in a slow spell or beside other work, and
+it is timed again (:func:`with_timed_pass` with ``recalibrate``)."""
 
 
 def with_timed_pass(
