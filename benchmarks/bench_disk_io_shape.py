@@ -10,8 +10,8 @@ median ratio of each pair (after compute / after pause) with its interquartile r
 
 ``--torch-first`` loads torch before ``hotline`` (as a script that imports torch first does, and
 ``benchmarks/common.py`` did before it imported ``hotline`` first): torch's OpenMP then reads
-an environment without ``OMP_WAIT_POLICY`` and its team spins after each region, where ``hotline`` sets
-``PASSIVE`` for every process that imports it first (the CLI, and a script that does). ``--buffered``: through
+an environment without a wait policy and its team spins after each region, where ``hotline`` sets a short spin
+and then a passive wait for every process that imports it first (the CLI, and a script that does). ``--buffered``: through
 the page cache, a file read in first (the I/O is then all CPU: no disk in the figure).
 
 Run: ``python benchmarks/bench_disk_io_shape.py --torch-first`` and ``python benchmarks/bench_disk_io_shape.py``
@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import sys
 
-if "--torch-first" in sys.argv:  # before anything imports hotline, which sets OMP_WAIT_POLICY=PASSIVE
+if "--torch-first" in sys.argv:  # before anything imports hotline, which sets the wait policy
     import torch  # noqa: F401
 
 import tempfile  # noqa: E402
@@ -33,6 +33,8 @@ from pathlib import Path  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
+
+import hotline  # noqa: E402 (after common: this checkout's)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -89,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
             f.close()
     paused, after = np.array(paused), np.array(after)
     ratio = after / paused
-    policy = os.environ.get("OMP_WAIT_POLICY")
+    policy = " ".join(f"{k}={os.environ[k]}" for k in hotline._WAIT_POLICY_VARS if k in os.environ)
     report = {
         "benchmark": "bench_disk_io_shape",
         "torch_first": args.torch_first,

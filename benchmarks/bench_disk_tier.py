@@ -62,6 +62,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 import memlimit  # noqa: E402
 
+import hotline  # noqa: E402 (after common: this checkout's)
+
 PHASES = ("dispatch", "gather", "disk_read", "write_back", "stall")
 TARGETS = {"hybrid_disk": 2.0, "mmap_dram": 3.0, "device": 0.6}
 """K>=2 on disk at 90% against each baseline. The mmap target is judged on ``mmap_dram`` (its page cache held to
@@ -683,12 +685,13 @@ def main(argv: list[str] | None = None) -> dict:
         args.profile_batches = 32
     if args.profile_batches < 1:
         p.error(f"--profile-batches must be at least 1, got {args.profile_batches}")
-    # torch's OpenMP reads OMP_WAIT_POLICY once, when torch loads (common imports hotline first: PASSIVE); a
-    # spinning team takes cores the store's I/O threads need on a busy machine (docs/disk-tier.md)
+    # torch's OpenMP reads the wait policy once, when torch loads (common imports hotline first: a short spin,
+    # then passive); a spinning team takes cores the store's I/O threads need on a busy machine (docs/disk-tier.md)
     torch_policy = (
         "unknown (torch loaded before main)"
         if "torch" in sys.modules
-        else os.environ.get("OMP_WAIT_POLICY", "unset (libgomp's default: spin, then sleep)")
+        else " ".join(f"{k}={os.environ[k]}" for k in hotline._WAIT_POLICY_VARS if k in os.environ)
+        or "unset (libgomp's default: spin, then sleep)"
     )
     common.setup_threads(args.threads)
     from hotline.table_layout import bytes_per_row

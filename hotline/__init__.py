@@ -11,17 +11,26 @@ import os
 import sys
 
 # torch and Numba both run OpenMP thread teams, and Hotline's look-ahead worker runs a second team beside the
-# main thread's. With OpenMP's default (spinning) wait policy, idle teams burn the cores the busy one needs:
-# on a 2-core machine with any other load a 2-thread step measured 4x slower than a 1-thread one. Passive
-# waiting costs a few microseconds per parallel region instead. It only takes effect if set before torch or
-# Numba loads; an explicit OMP_WAIT_POLICY in the environment wins.
+# main thread's. With OpenMP's default wait policy (libgomp: spin 300,000 times, about 10 ms on the 2-core test
+# machine), idle teams burn the cores the busy one needs: on a 2-core machine with any other load a 2-thread step
+# measured 4x slower than a 1-thread one. A team that never spins (OMP_WAIT_POLICY=PASSIVE alone) pays instead
+# a wake-up at each parallel region: 47-62 us for a Numba region that follows another, about a third of a
+# one-hot split's time, and the main job trained at 0.6x. So Hotline waits passively after a short spin
+# (GOMP_SPINCOUNT, libgomp's count, 0.1 ms there): regions that follow each other within it start at once, and an
+# idle team gives its core back within it (benchmarks/bench_omp_wait.py measures all three). It only takes
+# effect if set before torch or Numba loads; a wait policy of the user's (either variable) wins.
 _WAIT_POLICY_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 """The environment variables by which a user sets OpenMP's wait policy themselves."""
-_TORCH_SPINS = "torch" in sys.modules and not set(_WAIT_POLICY_VARS) & set(os.environ)
+_SPIN_COUNT = 3000
+"""``GOMP_SPINCOUNT`` set on import when the user set no wait policy: spins before an idle OpenMP thread sleeps."""
+_USER_WAIT_POLICY = bool(set(_WAIT_POLICY_VARS) & set(os.environ))
+_TORCH_SPINS = "torch" in sys.modules and not _USER_WAIT_POLICY
 """True when torch was imported before this package, with no wait policy of the user's: its OpenMP runtime read
 the default (spinning) policy when it loaded, and setting it now changes nothing. The look-ahead executor warns
 (:func:`hotline.pipeline.threads.spinning_warning`)."""
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+if not _USER_WAIT_POLICY:
+    os.environ["GOMP_SPINCOUNT"] = str(_SPIN_COUNT)
 
 __version__ = "0.1.0"
 

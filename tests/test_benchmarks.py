@@ -105,14 +105,19 @@ def test_bench_dispatcher_smoke(bench, tmp_path):
 
 
 def test_bench_omp_wait_smoke(bench, tmp_path):
-    """Both import orders run in fresh processes; only the torch-first one is flagged (CPU figures: >= 0)."""
+    """The three wait-policy settings run in fresh processes, each under its own policy; only torch first is
+    flagged (figures: >= 0, and the main job trained)."""
     r = run_smoke(bench("bench_omp_wait"), tmp_path)
-    assert [(x["order"], x["warns"]) for x in r["results"]] == [
-        ("torch first", True),
-        ("hotline first", False),
+    spins = str(r["spin_count"])
+    assert [(x["setting"], x["policy"], x["warns"]) for x in r["results"]] == [
+        ("torch first", [None, None], True),
+        ("passive, no spin", ["PASSIVE", None], False),
+        ("hotline first", ["PASSIVE", spins], False),
     ]
     for x in r["results"]:
         assert 0.0 <= x["cpu_ms_in_pause"] <= x["max_cpu_ms"]
+        assert positive(x["numba_region_us"]) and positive(x["torch_region_us"])
+        assert positive(x["main_job_samples_per_s"])
 
 
 def test_bench_gather_smoke(bench, tmp_path):

@@ -5,6 +5,7 @@ the hand-over from the producer to the step copies nothing on a CPU."""
 from __future__ import annotations
 
 import importlib
+import json
 import pkgutil
 
 import numpy as np
@@ -181,3 +182,32 @@ def test_lookahead_warns_once_when_torch_was_imported_first(tmp_path, first, env
     assert len(lines) == (1 if warned else 0), out.stderr[-2000:]
     if warned:
         assert "RuntimeWarning" in lines[0] and "OMP_WAIT_POLICY=PASSIVE" in lines[0]
+
+
+@pytest.mark.parametrize(
+    "env, seen",
+    [
+        ({}, ["PASSIVE", "3000"]),  # hotline's: a short spin, then a passive wait
+        ({"OMP_WAIT_POLICY": "ACTIVE"}, ["ACTIVE", None]),  # the user's policy, with nothing added
+        ({"OMP_WAIT_POLICY": "PASSIVE"}, ["PASSIVE", None]),  # the user's: no spin at all
+        ({"GOMP_SPINCOUNT": "50"}, ["PASSIVE", "50"]),  # the user's spin count
+    ],
+)
+def test_import_sets_the_wait_policy_unless_the_user_did(env, seen):
+    """``import hotline`` sets the wait policy torch and Numba read when they load (a fresh process each:
+    the runtimes read it once), and leaves a user's own policy alone."""
+    import os
+    import subprocess
+    import sys
+
+    import hotline
+
+    base = {k: v for k, v in os.environ.items() if k not in hotline._WAIT_POLICY_VARS}
+    probe = (
+        "import json, os, hotline; print(json.dumps([os.environ.get(k) for k in hotline._WAIT_POLICY_VARS]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env={**base, **env}, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout) == seen

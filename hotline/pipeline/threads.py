@@ -147,18 +147,19 @@ _spin_warned = False
 def spinning_warning() -> str | None:
     """One line saying why this process's torch threads spin, or None when they wait passively.
 
-    ``import hotline`` sets ``OMP_WAIT_POLICY=PASSIVE`` (see ``hotline/__init__.py``), but torch's OpenMP runtime
-    reads it only when torch loads. Imported before hotline, with no policy in the environment, torch's idle
-    threads spin after every parallel region (measured on the 2-core machine: 9-10 ms of CPU in a 20 ms pause
-    after a matmul, against 0.1 ms), on the cores the look-ahead producer and writer need."""
+    ``import hotline`` sets a short spin, then a passive wait (``OMP_WAIT_POLICY=PASSIVE``,
+    ``GOMP_SPINCOUNT``: see ``hotline/__init__.py``), but torch's OpenMP runtime reads them only when torch loads.
+    Imported before hotline, with no policy in the environment, torch's idle threads spin for libgomp's default
+    after every parallel region (measured on the 2-core machine: 9-10 ms of CPU in a 20 ms pause after a
+    matmul, against 0.1 ms), on the cores the look-ahead producer and writer need."""
     import hotline
 
     if not hotline._TORCH_SPINS:
         return None
     return (
         "torch was imported before hotline, so its OpenMP threads spin after each parallel region and take the "
-        "cores the look-ahead threads need: import hotline first, or set OMP_WAIT_POLICY=PASSIVE before "
-        "starting Python"
+        "cores the look-ahead threads need: import hotline first, or set OMP_WAIT_POLICY=PASSIVE "
+        f"GOMP_SPINCOUNT={hotline._SPIN_COUNT} before starting Python"
     )
 
 

@@ -335,18 +335,21 @@ def hardware_for(device: str, spec: str | None = None, threads: int = 0) -> dict
 
 def cpu_hardware_path(threads: int = 0) -> Path:
     """Where :func:`cpu_hardware` keeps this host's calibration at ``threads``: the cache directory
-    (:func:`hotline.datasets.default.cache_root`), one file per host, CPU model, core and thread count and
-    calibration version."""
+    (:func:`hotline.datasets.default.cache_root`), one file per host, CPU model, core and thread count,
+    calibration version, torch version and OpenMP wait policy (a Numba or torch region's start cost 51 us with
+    no spin against 2 us with hotline's short one: the timings depend on it)."""
     import platform
 
     import torch
 
+    import hotline
     from hotline.datasets.default import cache_root
     from hotline.profiling.calibrate import VERSION, cpu_model
 
     cores = os.cpu_count() or 1
+    policy = [os.environ.get(k) for k in hotline._WAIT_POLICY_VARS]
     key = json.dumps([platform.node(), platform.machine(), cpu_model(), cores, int(threads or cores), VERSION,
-                      torch.__version__])  # fmt: skip
+                      torch.__version__, *policy])  # fmt: skip
     return cache_root() / f"hardware-{hashlib.sha256(key.encode()).hexdigest()[:12]}.json"
 
 
