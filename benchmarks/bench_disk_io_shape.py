@@ -20,7 +20,6 @@ Run: ``python benchmarks/bench_disk_io_shape.py --torch-first`` and ``python ben
 
 from __future__ import annotations
 
-import os
 import sys
 
 if "--torch-first" in sys.argv:  # before anything imports hotline, which sets the wait policy
@@ -33,8 +32,6 @@ from pathlib import Path  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
-
-import hotline  # noqa: E402 (after common: this checkout's)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -91,7 +88,7 @@ def main(argv: list[str] | None = None) -> dict:
             f.close()
     paused, after = np.array(paused), np.array(after)
     ratio = after / paused
-    policy = " ".join(f"{k}={os.environ[k]}" for k in hotline._WAIT_POLICY_VARS if k in os.environ)
+    policy = common.wait_policy()
     report = {
         "benchmark": "bench_disk_io_shape",
         "torch_first": args.torch_first,

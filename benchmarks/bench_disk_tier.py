@@ -62,8 +62,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 import memlimit  # noqa: E402
 
-import hotline  # noqa: E402 (after common: this checkout's)
-
 PHASES = ("dispatch", "gather", "disk_read", "write_back", "stall")
 TARGETS = {"hybrid_disk": 2.0, "mmap_dram": 3.0, "device": 0.6}
 """K>=2 on disk at 90% against each baseline. The mmap target is judged on ``mmap_dram`` (its page cache held to
@@ -690,8 +688,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch_policy = (
         "unknown (torch loaded before main)"
         if "torch" in sys.modules
-        else " ".join(f"{k}={os.environ[k]}" for k in hotline._WAIT_POLICY_VARS if k in os.environ)
-        or "unset (libgomp's default: spin, then sleep)"
+        else common.wait_policy() or "unset (libgomp's default: spin, then sleep)"
     )
     common.setup_threads(args.threads)
     from hotline.table_layout import bytes_per_row

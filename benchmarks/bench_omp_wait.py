@@ -133,8 +133,8 @@ def main(argv: list[str] | None = None) -> dict:
     from hotline.datasets.synthetic import KAGGLE_TABLE_SIZES, generate
 
     with tempfile.TemporaryDirectory(prefix="omp-wait-") as tmp:
-        rows = max(5000, 2 * 128 * (args.steps + 40))
-        data = str(generate(Path(tmp) / "data", rows, seed=args.seed, table_sizes=KAGGLE_TABLE_SIZES,
+        samples = max(5000, 2 * 128 * (args.steps + 40))
+        data = str(generate(Path(tmp) / "data", samples, seed=args.seed, table_sizes=KAGGLE_TABLE_SIZES,
                             max_rows_per_table=100_000, progress=False))  # fmt: skip
         runs = [probe(setting, data, args) for _ in range(args.rounds) for setting in SETTINGS]
     keys = ("cpu_ms_in_pause", "max_cpu_ms", "numba_region_us", "torch_region_us", "main_job_samples_per_s")

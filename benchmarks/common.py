@@ -34,7 +34,7 @@ if _ROOT not in sys.path:
 # OpenMP runtime reads it once, when it loads): a benchmark runs under the settings `hotline train` runs
 # under. Imported after torch, torch's OpenMP team would spin for milliseconds after every parallel region
 # (measured here: 4-8 ms of CPU during a 20 ms pause after a matmul, against 0.05 ms with hotline first).
-import hotline  # noqa: E402, F401
+import hotline  # noqa: E402
 
 INPUT_FLAGS = ("data", "hardware", "host", "pool", "from_json")
 """Flags (argparse dests) whose paths a benchmark reads: its ``--json`` is never one of them nor inside one (a
@@ -168,6 +168,12 @@ THREAD_ENV = (
     "NUMBA_THREADING_LAYER",
     "GOMP_SPINCOUNT",
 )
+
+
+def wait_policy() -> str:
+    """The OpenMP wait policy in this process's environment, as ``VAR=value`` pairs ('' when none is set): what
+    an OpenMP runtime that loads now reads (``hotline`` sets it on import unless the user did)."""
+    return " ".join(f"{k}={os.environ[k]}" for k in hotline._WAIT_POLICY_VARS if k in os.environ)
 
 
 def machine_info(threads: int) -> dict:
