@@ -59,11 +59,29 @@ def test_core_share_follows_measurement_and_restores():
     with share.lowered() as n:
         assert n == 1 and torch.get_num_threads() == 1
     assert torch.get_num_threads() == before
-    for _ in range(40):  # the producer turns out busy 10% of each step: torch gets its cores back
+    share.record(busy_s=0.030, step_s=0.010)  # the first step holds the queue's fill: left out
+    assert share.busy_share == 1.0 and share.threads == 1
+    share.record(busy_s=0.001, step_s=0.010)  # the second step's share is taken as it is
+    assert share.busy_share == pytest.approx(0.1) and share.threads == 2
+    for _ in range(40):  # the producer stays busy 10% of each step: torch keeps its cores
         share.record(busy_s=0.001, step_s=0.010)
     assert share.busy_share == pytest.approx(0.1, abs=0.01) and share.threads == 2
     share.record(busy_s=0.009, step_s=0.010)  # one slow step does not flip it
     assert share.threads == 2
+
+
+def test_core_share_averages_the_first_steps_then_runs_an_average():
+    """The share is the mean of the steps after the fill until there are 1 / smoothing of them, then a running
+    average with weight ``smoothing`` (golden values by hand)."""
+    share = CoreShare(worker_threads=1, cores=4, smoothing=0.25)
+    share.record(busy_s=1.0, step_s=1.0)  # the fill
+    for busy in (0.1, 0.3, 0.2, 0.4):  # 4 = 1 / smoothing records: their mean
+        share.record(busy_s=busy, step_s=1.0)
+    assert share.busy_share == pytest.approx(0.25)
+    share.record(busy_s=0.65, step_s=1.0)  # then weight 0.25: 0.25 + 0.25 * (0.65 - 0.25)
+    assert share.busy_share == pytest.approx(0.35)
+    share.record(busy_s=0.5, step_s=0.0)  # a step of no time is not a measurement
+    assert share.busy_share == pytest.approx(0.35) and share.records == 6
 
 
 def test_cost_model_prices_the_executor_rule():
