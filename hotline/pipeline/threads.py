@@ -184,9 +184,8 @@ class CoreShare:
     writer threads worked and the step's wall seconds. The share starts at 1 (the producer first fills its
     queue), and the first step's record, which holds that fill, is left out. From the second record on, the
     share is the mean of the records so far until there are ``1 / smoothing`` of them, then a running average
-    with weight ``smoothing`` (one slow step does not flip it). Started at 1 and averaged with weight
-    ``smoothing`` from the first step, the share took about 13 steps to fall to a producer busy 13% of each
-    step, and those steps computed on half the cores of a 2-core machine.
+    with weight ``smoothing`` (one slow step does not flip it), so the rule follows the measurement from the
+    second step instead of keeping the first steps on fewer cores while a share of 1 decays.
     """
 
     def __init__(self, worker_threads: int, cores: int | None = None, smoothing: float = 0.15):
