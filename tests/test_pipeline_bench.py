@@ -128,3 +128,33 @@ def test_pool_runs_refuses_runs_of_different_configs(tmp_path, capsys):
         bench.main(["--pool", str(run), "--json", str(run)])
     assert e.value.code == 2 and json.loads(run.read_text()) == a
     assert "an input of this command" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_budget_ratios_pair_rounds_and_bound_what_lookahead_can_gain():
+    """Golden, worked by hand: the paired ratio is the median of each round's K=2 / K=0; the ceiling is K=0's
+    step over the same step less its exposed movement (60 / (60 - 3) = 1.0526...); a run that lost a round
+    does not pair up; the 1.05x target counts as above the ceiling only where it is."""
+    bench = __import__("bench_pipeline")
+
+    def run(mode, budget, rounds, **extra):
+        return {"mode": mode, "budget_bytes": budget, "budget_mib": budget and budget / 2**20, "target": 0.7,
+                "coverage": 0.7, "samples_per_s": max(rounds), "rounds_samples_per_s": rounds, **extra}  # fmt: skip
+
+    rows = [
+        run("hybrid", None, [100.0, 80.0, 90.0]),
+        run("hotline_k0", 1 << 20, [100.0, 50.0, 90.0], step_ms=60.0, stall_ms=3.0),
+        run("hotline_k2", 1 << 20, [95.0, 60.0, 99.0]),
+        run("hotline_k0", 2 << 20, [100.0, 100.0, 100.0], step_ms=50.0, stall_ms=1.0),
+        run("hotline_k2", 2 << 20, [90.0, 110.0]),  # lost a round: no pairing
+    ]
+    got = bench.budget_ratios(rows)
+    assert got[0]["k2_over_k0"] == pytest.approx(99.0 / 100.0)  # fastest rounds: 99 over 100
+    assert got[0]["k2_over_k0_paired"] == pytest.approx(1.1)  # median of 0.95, 1.2, 1.1
+    assert got[0]["k2_over_hybrid_paired"] == pytest.approx(0.95)  # median of 0.95, 0.75, 1.1
+    assert got[0]["lookahead_ceiling"] == pytest.approx(60.0 / 57.0)
+    assert got[1]["k2_over_k0_paired"] is None and got[1]["k2_over_hybrid_paired"] is None
+    assert got[1]["lookahead_ceiling"] == pytest.approx(50.0 / 49.0)
+    met = bench.targets_met(got)
+    assert met["k2_over_k0_paired_min"] == pytest.approx(1.1)
+    assert (met["budgets"], met["budgets_ceiling_below_target"]) == (2, 1)
+    assert bench.lookahead_ceiling({"step_ms": 10.0}) is None  # K=0 without its stall measured: no bound
