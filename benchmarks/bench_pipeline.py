@@ -73,6 +73,7 @@ PHASES = (
     "dense_update",
     "write_back",
     "stall",
+    "refresh",
 )
 
 
@@ -626,11 +627,12 @@ def main(argv: list[str] | None = None) -> dict:
     print(
         f"K=2 / hybrid at every budget: {verdict(met['k2_over_hybrid_met'], met['k2_over_hybrid_min'], '1.0x')}"
     )
-    if met["k2_over_k0_paired_min"] is not None:
-        print(
-            f"  paired round by round (median of each round's ratio): lowest K=2 / K=0 "
-            f"{met['k2_over_k0_paired_min']:.2f}x, lowest K=2 / hybrid {met['k2_over_hybrid_paired_min']:.2f}x"
-        )
+    lowest = [
+        (f"K=2 / {b}", met[f"k2_over_{k}_paired_min"]) for b, k in (("K=0", "k0"), ("hybrid", "hybrid"))
+    ]
+    if any(v is not None for _, v in lowest):
+        print("  paired round by round (median of each round's ratio): " + ", ".join(
+            f"lowest {name} {v:.2f}x" for name, v in lowest if v is not None))  # fmt: skip
     if met["budgets"]:
         print(
             f"  ceiling: K=0's step without the row movement it leaves exposed (K=2 hiding all of it at no cost "

@@ -262,29 +262,45 @@ def split_batch(ids, col_offset, col_size, remap, slot_map, buffers, fused=False
     )
 
 
+UNKNOWN_SLOT = (1 << 32) - 1
+"""The low half of a ``held`` entry whose row's slot in its holder's working set is not known."""
+
+
 @njit(cache=True, nogil=True)
-def _claim_rows(working_set, owner, step, fresh_before, stale):
+def _claim_rows(working_set, held, step, fresh_before, stale, owner, slot):
     """Marks ``working_set`` as read by ``step``; returns how many of its slots went to ``stale``.
 
-    ``owner[row]`` is the last step whose working set held the row. A row last held by a step that had not
-    finished writing back (``owner >= fresh_before``) may be read from host memory before its update lands, so
-    its slot is listed in ``stale`` for a refresh just before the step computes.
+    ``held[row]`` packs the last step whose working set held the row (the high 32 bits; -1: none) and the row's
+    slot in that working set (the low 32 bits). A row last held by a step that had not finished writing back
+    (``>= fresh_before``) may be read from host memory before its update lands, so its slot is listed in
+    ``stale`` for a refresh just before the step computes, with that step (``owner``) and the row's slot in
+    that step's working set (``slot``): where the fresh value is, with no search.
     """
     n = 0
+    tag = step << 32
     for s in range(working_set.shape[0]):
         r = working_set[s]
-        if owner[r] >= fresh_before:
+        h = held[r]
+        if (h >> 32) >= fresh_before:
             stale[n] = s
+            owner[n] = h >> 32
+            slot[n] = h & 0xFFFFFFFF
             n += 1
-        owner[r] = step
+        held[r] = tag | s
     return n
 
 
-def claim_rows(working_set: np.ndarray, owner: np.ndarray, step: int, fresh_before: int) -> np.ndarray:
-    """Slots of ``working_set`` whose rows an unfinished earlier step may still update (see ``_claim_rows``)."""
-    stale = np.empty(working_set.shape[0], np.int64)
-    n = _claim_rows(working_set, owner, step, fresh_before, stale)
-    return stale[:n]
+def claim_rows(
+    working_set: np.ndarray, held: np.ndarray, step: int, fresh_before: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Slots of ``working_set`` whose rows an unfinished earlier step may still update, that step for each,
+    and each row's slot in that step's working set (see ``_claim_rows``; ``0 <= step < 2**31``)."""
+    if not 0 <= step < 1 << 31:
+        raise ValueError(f"step must be in [0, 2**31), got {step}")
+    n = working_set.shape[0]
+    stale, owner, slot = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+    k = _claim_rows(working_set, held, np.int64(step), fresh_before, stale, owner, slot)
+    return stale[:k], owner[:k], slot[:k]
 
 
 @njit(cache=True, nogil=True)

@@ -82,6 +82,30 @@ def scatter_rows(table: np.ndarray, rows: np.ndarray, src: np.ndarray) -> None:
 
 
 @njit(cache=True, parallel=True, nogil=True)
+def _copy_rows(dst, dst_rows, src, src_rows):
+    D = dst.shape[1]
+    for i in prange(dst_rows.shape[0]):
+        p = dst_rows[i]
+        s = src_rows[i]
+        for d in range(D):
+            dst[p, d] = src[s, d]
+
+
+def copy_rows(dst: np.ndarray, dst_rows: np.ndarray, src: np.ndarray, src_rows: np.ndarray) -> None:
+    """``dst[dst_rows] = src[src_rows]`` in one parallel pass, with no intermediate copy, for 2-D tables or 1-D
+    state arrays (``dst_rows`` distinct)."""
+    if dst_rows.shape != src_rows.shape:
+        raise ValueError(f"dst_rows {dst_rows.shape} and src_rows {src_rows.shape} must match")
+    if dst.shape[1:] != src.shape[1:] or dst.ndim not in (1, 2):
+        raise ValueError(f"rows of shape {src.shape[1:]} copied into rows of shape {dst.shape[1:]}")
+    _check_index(dst_rows, "row", "dst_rows", dst.shape[0], "the destination")
+    _check_index(src_rows, "row", "src_rows", src.shape[0], "the source")
+    if dst.ndim == 1:
+        dst, src = dst.reshape(-1, 1), src.reshape(-1, 1)
+    _copy_rows(dst, dst_rows, src, src_rows)
+
+
+@njit(cache=True, parallel=True, nogil=True)
 def _assemble_rows(out, hot, hot_pos, hot_slot, work, cold_pos, cold_slot):
     D = out.shape[1]
     for i in prange(hot_pos.shape[0]):

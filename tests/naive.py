@@ -353,12 +353,19 @@ def criteo_reference(
     return out, sizes
 
 
-def claim_rows(working_set, owner, step, fresh_before):
-    """Slots whose row's previous owner step is >= fresh_before; then every row is owned by ``step``."""
-    owner = owner.copy()
-    stale = [s for s, r in enumerate(working_set) if owner[r] >= fresh_before]
-    owner[np.asarray(working_set, dtype=np.int64)] = step
-    return stale, owner
+def claim_rows(working_set, held, step, fresh_before):
+    """Slots whose row's previous holder step is >= fresh_before, with that step and the row's slot in its
+    working set; then every row is held by ``step`` at its slot. ``held`` as a (step, slot) pair per row."""
+    held = list(held)
+    stale, owners, slots = [], [], []
+    for s, r in enumerate(working_set):
+        owner, slot = held[r]
+        if owner >= fresh_before:
+            stale.append(s)
+            owners.append(owner)
+            slots.append(slot)
+        held[r] = (step, s)
+    return stale, owners, slots, held
 
 
 # --- synthetic data generator (kernels/synthetic.py) ------------------------------------------------------

@@ -101,13 +101,22 @@ def test_early_close_and_full_run_leave_nothing(trainer_factory):
 
 
 def test_claim_rows_matches_twin():
+    """The kernel against its twin over the packed (step, slot) array: stale slots, their holder steps and the
+    rows' slots in the holders' working sets; rows never held (-1) and the slot half's top bit included."""
+    from hotline.kernels.dispatch import UNKNOWN_SLOT
+
     rng = np.random.default_rng(0)
-    owner = rng.integers(-1, 6, 30)
+    steps = rng.integers(-1, 6, 30)
+    slots = rng.integers(0, 1 << 32, 30)
+    slots[steps < 0] = UNKNOWN_SLOT
+    held = (steps << 32) | slots
     ws = rng.permutation(30)[:12]
-    expect_stale, expect_owner = naive.claim_rows(ws, owner, 7, 3)
-    got = claim_rows(ws, owner, 7, 3)
-    assert got.tolist() == expect_stale
-    np.testing.assert_array_equal(owner, expect_owner)
+    expect = naive.claim_rows(ws, list(zip(steps.tolist(), slots.tolist())), 7, 3)
+    stale, owner, slot = claim_rows(ws, held, 7, 3)
+    assert (stale.tolist(), owner.tolist(), slot.tolist()) == expect[:3] and len(expect[0]) > 0
+    assert [(int(h) >> 32, int(h) & UNKNOWN_SLOT) for h in held] == expect[3]
+    with pytest.raises(ValueError, match="step must be in"):
+        claim_rows(ws, held, 1 << 31, 3)
 
 
 def test_overlap_ratio():

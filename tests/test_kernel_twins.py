@@ -355,3 +355,47 @@ def test_assemble_rows_valid_and_mismatched_lengths():
     index["hot_slot"] = index["hot_slot"][:2]
     with pytest.raises(ValueError, match="must match"):
         _assemble(out, hot, work, index)
+
+
+@pytest.mark.parametrize("shape", ["rows", "values"])
+def test_copy_rows_matches_twin_and_checks_its_indices(shape):
+    """``dst[dst_rows] = src[src_rows]`` against the gather-then-scatter twin, for tables and state arrays; an
+    index out of range on either side is refused before anything is written."""
+    from hotline.kernels.gather import copy_rows
+
+    src = _tables(9, 3)[shape]
+    dst = -_tables(7, 3)[shape]
+    dst_rows, src_rows = np.array([6, 0, 3], np.int64), np.array([8, 8, 2], np.int64)
+    expect = naive.scatter_rows(dst, dst_rows, naive.gather_rows(src, src_rows))
+    copy_rows(dst, dst_rows, src, src_rows)
+    np.testing.assert_array_equal(dst, expect)
+    copy_rows(dst, dst_rows[:0], src, src_rows[:0])  # nothing to copy
+    np.testing.assert_array_equal(dst, expect)
+    with pytest.raises(IndexError, match="row 9 at position 1 of src_rows out of range for the source of 9"):
+        copy_rows(dst, dst_rows[:2], src, np.array([0, 9]))
+    with pytest.raises(IndexError, match="row 7 at position 0 of dst_rows"):
+        copy_rows(dst, np.array([7]), src, np.array([0]))
+    with pytest.raises(ValueError, match="must match"):
+        copy_rows(dst, dst_rows, src, src_rows[:2])
+    np.testing.assert_array_equal(dst, expect)
+
+
+def test_host_rows_gather_skips_the_stale_slots():
+    """A look-ahead fetch reads every row but the stale ones (the refresh reads those again): the skipped slots
+    keep what the staging buffer held, the rest equal a plain gather, weights and state alike."""
+    from hotline.tiers.cold_store import HostRows
+    from hotline.tiers.sparse_optim import SparseOptimizer
+
+    w = np.arange(40, dtype=np.float32).reshape(10, 4)
+    host = HostRows(w, SparseOptimizer("rowwise-adagrad", 0.1))
+    host.s[:] = np.arange(10, dtype=np.float32) + 100
+    rows, skip = np.array([7, 2, 9, 0], np.int64), np.array([1, 3], np.int64)
+    out_w, out_s = np.full((6, 4), -1, np.float32), np.full(6, -1, np.float32)
+    got_w, got_s = host.gather(rows, out_w, out_s, skip=skip)
+    assert got_w.shape == (4, 4) and got_s.shape == (4,)
+    np.testing.assert_array_equal(got_w[[0, 2]], w[[7, 9]])
+    np.testing.assert_array_equal(got_s[[0, 2]], host.s[[7, 9]])
+    assert (got_w[[1, 3]] == -1).all() and (got_s[[1, 3]] == -1).all()
+    full_w, full_s = host.gather(rows, np.empty((4, 4), np.float32), np.empty(4, np.float32))
+    np.testing.assert_array_equal(full_w, w[rows])
+    np.testing.assert_array_equal(full_s, host.s[rows])

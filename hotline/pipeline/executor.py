@@ -107,7 +107,7 @@ class Executor:
                     if item is END:
                         break
                     writer.raise_error()
-                    forwarded = 0
+                    forwarded, refreshed = 0, 0.0
                     if mode.needs_refresh(item):
                         t1 = time.perf_counter()
                         if self.forward_stale and mode.cold.forwards_stale:
@@ -118,7 +118,8 @@ class Executor:
                         else:
                             self._wait_written(step)
                             mode.refresh(item)
-                        waited += time.perf_counter() - t1
+                        refreshed = time.perf_counter() - t1
+                        waited += refreshed
                     # with share_cores, the producer keeps its measured share of the cores; without, torch
                     # keeps its threads (its reductions then match device mode's bit for bit)
                     with share.lowered() if self.share_cores else _unchanged() as threads:
@@ -133,6 +134,7 @@ class Executor:
                     stats.counters["compute_threads"] = threads
                     stats.counters["producer_busy_share"] = share.busy_share
                     stats.times["stall"] = waited
+                    stats.times["refresh"] = refreshed  # the stale rows read again (part of the stall)
                     with self._cond:
                         stats.times["write_back"], self._write_time = self._write_time, 0.0
                     stats.counters["stale_rows"] = int(item.stale.size)

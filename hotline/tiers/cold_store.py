@@ -30,8 +30,8 @@ import torch
 from hotline._malloc import huge_full
 from hotline.distributed.comm import Comm
 from hotline.kernels import sparse_update
-from hotline.kernels.dispatch import claim_rows
-from hotline.kernels.gather import gather_rows, scatter_rows
+from hotline.kernels.dispatch import UNKNOWN_SLOT, claim_rows
+from hotline.kernels.gather import copy_rows, gather_rows, scatter_rows
 from hotline.tiers.pinning import pin_in_place
 from hotline.tiers.sparse_optim import SparseOptimizer
 
@@ -55,6 +55,8 @@ class ColdFetch:
     stale_owner: np.ndarray = field(default_factory=lambda: _EMPTY)
     """For each stale slot, the step that last held its row (whose working buffer has the fresh value), where
     the store knows it (one rank); empty otherwise."""
+    stale_slot: np.ndarray = field(default_factory=lambda: _EMPTY)
+    """For each stale slot, where its row stands in the working set of ``stale_owner``'s step (with it)."""
     route: object = None
     """What the store needs to finish the step (the sharded store's routes between ranks)."""
     times: dict[str, float] = field(default_factory=dict)
@@ -167,34 +169,36 @@ class ClaimBook:
 
     def __init__(self, num_rows: int):
         self.num_rows = int(num_rows)
-        self._last = None  # int64 [rows]: the last step whose working set held each row (look-ahead)
+        # int64 [rows] (look-ahead): the last step whose working set held each row (high 32 bits) and the row's
+        # slot in that working set (low 32 bits), packed so the bookkeeping costs one array, not two
+        self._held = None
         self.applied = 0  # steps < applied have their updates where the rows live
 
-    def claim_with_owners(self, rows: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`claim` of distinct ``rows``, also returning the step that last held each stale row."""
-        previous = self._last[rows]
-        stale = self.claim(rows, step)
-        return stale, previous[stale]
+    def claim_with_owners(self, rows: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`claim` of distinct ``rows``, also returning for each stale row the step that last held it
+        and the row's slot in that step's working set."""
+        applied = self.applied
+        return claim_rows(rows, self._held, step, applied)
 
     def claim(self, rows: np.ndarray, step: int, distinct: bool = True) -> np.ndarray:
         """The claim rule: positions in ``rows`` of rows that an earlier step, whose update has not landed,
         also holds (they may be stale); records ``step`` as the rows' last holder. Call it BEFORE reading the
         rows: ``applied`` is read first, so a row not flagged was last updated by a step that had finished.
         ``distinct=False``: ``rows`` may repeat (several ranks asked for one row); each copy gets the flag
-        of the row."""
-        applied = self.applied
+        of the row, and the rows' slots are recorded as unknown."""
         if distinct:
-            return claim_rows(rows, self._last, step, applied)
-        stale = np.flatnonzero(self._last[rows] >= applied)
-        self._last[rows] = step
+            return self.claim_with_owners(rows, step)[0]
+        applied = self.applied
+        stale = np.flatnonzero((self._held[rows] >> 32) >= applied)
+        self._held[rows] = (int(step) << 32) | UNKNOWN_SLOT
         return stale
 
     def start_claims(self) -> None:
-        self._last = huge_full(self.num_rows, -1, np.int64)  # read at random rows: huge pages
+        self._held = huge_full(self.num_rows, -1, np.int64)  # read at random rows: huge pages
         self.applied = 0
 
     def end_claims(self) -> None:
-        self._last = None
+        self._held = None
 
 
 class HostRows(ClaimBook):
@@ -217,11 +221,26 @@ class HostRows(ClaimBook):
                 region.close()
         self._pinned = []
 
-    def gather(self, rows: np.ndarray, out_w: np.ndarray, out_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Copies rows and their state into buffers; returns the filled views."""
-        w = gather_rows(self.w, rows, out_w)
-        s = gather_rows(self.s, rows, out_s) if self.s.size else out_s[:0]
-        return w, s
+    def gather(
+        self, rows: np.ndarray, out_w: np.ndarray, out_s: np.ndarray, skip: np.ndarray = _EMPTY
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Copies rows and their state into buffers; returns the filled views. ``skip``: slots left as they are
+        (the stale ones, which a refresh reads again before the step computes: reading them now is wasted)."""
+        n = rows.shape[0]
+        if not skip.size:
+            w = gather_rows(self.w, rows, out_w)
+            s = gather_rows(self.s, rows, out_s) if self.s.size else out_s[:0]
+            return w, s
+        if out_w.shape[0] < n or (self.s.size and out_s.shape[0] < n):
+            raise ValueError(f"staging buffers {out_w.shape} / {out_s.shape} too small for {n} rows")
+        keep = np.ones(n, bool)
+        keep[skip] = False
+        slots = np.flatnonzero(keep)
+        read = rows[slots]
+        copy_rows(out_w, slots, self.w, read)
+        if self.s.size:
+            copy_rows(out_s, slots, self.s, read)
+        return out_w[:n], out_s[:n] if self.s.size else out_s[:0]
 
     def scatter(self, rows: np.ndarray, w: np.ndarray, s: np.ndarray) -> None:
         scatter_rows(self.w, rows, w)
@@ -315,9 +334,9 @@ class LocalColdStore(OneRankStore):
         return self.host.s
 
     def fetch(self, rows, out_values, out_state, step=-1) -> ColdFetch:
-        stale, owner = self.host.claim_with_owners(rows, step) if step >= 0 else (_EMPTY, _EMPTY)
-        w, s = self.host.gather(rows, out_values, out_state)
-        return ColdFetch(rows, w, s, step=step, stale=stale, stale_owner=owner)
+        stale, owner, slot = self.host.claim_with_owners(rows, step) if step >= 0 else (_EMPTY,) * 3
+        w, s = self.host.gather(rows, out_values, out_state, skip=stale)  # stale rows: read by the refresh
+        return ColdFetch(rows, w, s, step=step, stale=stale, stale_owner=owner, stale_slot=slot)
 
     def refresh(self, fetch: ColdFetch, slots=None):
         slots = fetch.stale if slots is None else slots

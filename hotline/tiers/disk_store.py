@@ -178,11 +178,11 @@ class DiskColdStore(OneRankStore):
         self.host.fill_initial(layout, seed)
 
     def fetch(self, rows, out_values, out_state, step=-1) -> ColdFetch:
-        stale, owner = self.host.claim_with_owners(rows, step) if step >= 0 else (_EMPTY, _EMPTY)
+        stale, owner, slot = self.host.claim_with_owners(rows, step) if step >= 0 else (_EMPTY,) * 3
         t0 = time.perf_counter()
         w, s, pages = self.host.get(rows, out_values, out_state)
         return ColdFetch(
-            rows, w, s, step=step, stale=stale, stale_owner=owner, route=pages,
+            rows, w, s, step=step, stale=stale, stale_owner=owner, stale_slot=slot, route=pages,
             times={"disk_read": time.perf_counter() - t0},
             counters={"disk_bytes_read": pages.pages.shape[0] * PAGE, "disk_reads": pages.reads,
                       "disk_rows": pages.disk_rows},

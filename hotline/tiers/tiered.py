@@ -32,7 +32,7 @@ from hotline.datasets.format import Batch
 from hotline.dispatch import Dispatcher, MicroBatches
 from hotline.distributed.comm import Comm
 from hotline.kernels import sparse_update
-from hotline.kernels.gather import assemble_rows
+from hotline.kernels.gather import assemble_rows, copy_rows, scatter_rows
 from hotline.models.dlrm import DLRM
 from hotline.pipeline.gpu_timing import StreamPhases
 from hotline.placement import Placement
@@ -97,13 +97,21 @@ class PreparedStep:
         return self.fetch.stale
 
 
-def _positions(working_set: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """Where each of ``rows`` stands in ``working_set`` (every one is there: it is the step's own)."""
-    order = np.argsort(working_set, kind="stable")
-    pos = order[np.searchsorted(working_set[order], rows)]
-    if not np.array_equal(working_set[pos], rows):
+def _among(steps: np.ndarray, live: dict) -> np.ndarray:
+    """Which of ``steps`` are keys of ``live``: a range test where the keys run in one range, as the steps
+    computed and not yet written back do (no sort of ``steps``, as ``np.isin`` would)."""
+    lo, hi = min(live), max(live)
+    if hi - lo + 1 == len(live):
+        return (steps >= lo) & (steps <= hi)
+    return np.isin(steps, np.fromiter(live, np.int64, len(live)))
+
+
+def _their_slots(working_set: np.ndarray, slots: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``slots`` (where the claim rule recorded each of ``rows`` in ``working_set``, the step that last held
+    them), checked: a slot that does not hold its row would forward another row's value."""
+    if slots.size and (slots.max() >= working_set.shape[0] or not np.array_equal(working_set[slots], rows)):
         raise RuntimeError("a stale row is missing from the working set of the step that last held it")
-    return pos
+    return slots
 
 
 def measured_figures(counters: dict, samples: int, steps: int) -> dict:
@@ -307,12 +315,13 @@ class TieredMode(TrainMode):
         holders: list[PreparedStep] = []
         if live and slots.size and self.cold.forwards_stale:
             owners = fetch.stale_owner
-            from_live = np.isin(owners, np.fromiter(live, np.int64, len(live)))
+            from_live = _among(owners, live)
             for o in np.unique(owners[from_live]):
-                mine = slots[from_live & (owners == o)]
-                src = live[int(o)]
+                held = from_live & (owners == o)
+                mine, src = slots[held], live[int(o)]
+                theirs = _their_slots(src.fetch.rows, fetch.stale_slot[held], fetch.rows[mine])
                 arrays[f"mine{len(holders)}"] = mine
-                arrays[f"theirs{len(holders)}"] = _positions(src.fetch.rows, fetch.rows[mine])
+                arrays[f"theirs{len(holders)}"] = theirs
                 holders.append(src)
                 forwarded += int(mine.size)
             slots = slots[~from_live]
@@ -322,6 +331,18 @@ class TieredMode(TrainMode):
             if s.size:
                 arrays["s"] = s
         if not arrays:
+            return forwarded
+        if self.device.type == "cpu":  # one parallel pass per source, straight into the working buffer
+            work, state = prep.work.numpy(), prep.work_state.numpy()
+            for i, src in enumerate(holders):
+                mine, theirs = arrays[f"mine{i}"], arrays[f"theirs{i}"]
+                copy_rows(work, mine, src.work.numpy(), theirs)
+                if state.size:
+                    copy_rows(state, mine, src.work_state.numpy(), theirs)
+            if "slots" in arrays:
+                scatter_rows(work, arrays["slots"], arrays["w"])
+                if "s" in arrays:
+                    scatter_rows(state, arrays["slots"], arrays["s"])
             return forwarded
         # Every index and row goes to the device in one or two asynchronous copies from this slot's pinned
         # refresh pack, queued on the compute stream (no pageable copy that would synchronise it).
