@@ -105,19 +105,10 @@ def copy_rows(dst: np.ndarray, dst_rows: np.ndarray, src: np.ndarray, src_rows: 
     _copy_rows(dst, dst_rows, src, src_rows)
 
 
-@njit(cache=True, parallel=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _assemble_rows(out, hot, hot_pos, hot_slot, work, cold_pos, cold_slot):
-    D = out.shape[1]
-    for i in prange(hot_pos.shape[0]):
-        p = hot_pos[i]
-        s = hot_slot[i]
-        for d in range(D):
-            out[p, d] = hot[s, d]
-    for i in prange(cold_pos.shape[0]):
-        p = cold_pos[i]
-        s = cold_slot[i]
-        for d in range(D):
-            out[p, d] = work[s, d]
+    _copy_rows(out, hot_pos, hot, hot_slot)
+    _copy_rows(out, cold_pos, work, cold_slot)
 
 
 def assemble_rows(out, hot, hot_pos, hot_slot, work, cold_pos, cold_slot) -> np.ndarray:
