@@ -73,7 +73,6 @@ PHASES = (
     "dense_update",
     "write_back",
     "stall",
-    "refresh",
 )
 
 
@@ -205,6 +204,8 @@ def run_mode(name, dataset, args, cfg, placement_path, device: str = "cpu", prob
         "sys_ms_per_step": 1e3 * (ru1.ru_stime - ru0.ru_stime) / steps,
         "stale_rows_per_step": counters.get("stale_rows", 0.0) / steps,
         "stale_forwarded_per_step": counters.get("stale_forwarded", 0.0) / steps,
+        # look-ahead only: the refresh of stale rows (part of the stall)
+        "refresh_ms": 1e3 * counters["refresh_s"] / steps if "refresh_s" in counters else None,
         # look-ahead only: torch's threads by the core-share rule, and the producer's measured busy share
         "compute_threads": counters["compute_threads"] / steps if "compute_threads" in counters else None,
         "producer_busy_share": counters["producer_busy_share"] / steps

@@ -201,6 +201,9 @@ def test_lookahead_equals_device(datasets, tmp_path, optimizer, lookahead, micro
         return assert_equivalent(_device(ds, optimizer), run)
     stale = sum(s.counters["stale_rows"] for s in run[2])
     assert stale > 0  # the case that matters happened: rows shared with in-flight steps were refreshed
+    # the refresh's seconds: a counter within the stall, not a phase of its own (the phases add up to a step)
+    assert all(0 <= s.counters["refresh_s"] <= s.times["stall"] for s in run[2])
+    assert not any("refresh" in k for s in run[2] for k in s.times)
     assert_equivalent(_device(ds, optimizer), run)
 
 

@@ -134,7 +134,8 @@ class Executor:
                     stats.counters["compute_threads"] = threads
                     stats.counters["producer_busy_share"] = share.busy_share
                     stats.times["stall"] = waited
-                    stats.times["refresh"] = refreshed  # the stale rows read again (part of the stall)
+                    # the stale rows read again: part of the stall, so a counter, not a phase (phases add up)
+                    stats.counters["refresh_s"] = refreshed
                     with self._cond:
                         stats.times["write_back"], self._write_time = self._write_time, 0.0
                     stats.counters["stale_rows"] = int(item.stale.size)

@@ -332,7 +332,9 @@ class TieredMode(TrainMode):
                 arrays["s"] = s
         if not arrays:
             return forwarded
-        if self.device.type == "cpu":  # one parallel pass per source, straight into the working buffer
+        # on a CPU (unless the tests run the device paths there) one parallel pass per source, straight into the
+        # working buffer
+        if self.device.type == "cpu" and not (self.pack_copies or self.device_updates):
             work, state = prep.work.numpy(), prep.work_state.numpy()
             for i, src in enumerate(holders):
                 mine, theirs = arrays[f"mine{i}"], arrays[f"theirs{i}"]
