@@ -56,7 +56,8 @@ class ColdFetch:
     """For each stale slot, the step that last held its row (whose working buffer has the fresh value), where
     the store knows it (one rank); empty otherwise."""
     stale_slot: np.ndarray = field(default_factory=lambda: _EMPTY)
-    """For each stale slot, where its row stands in the working set of ``stale_owner``'s step (with it)."""
+    """For each stale slot, where its row stands in the working set of its ``stale_owner`` step (given where
+    ``stale_owner`` is)."""
     route: object = None
     """What the store needs to finish the step (the sharded store's routes between ranks)."""
     times: dict[str, float] = field(default_factory=dict)
