@@ -130,20 +130,26 @@ def run_trainer(name: str, dataset, args, probe=None, **kw) -> dict:
     rec.update({f"{k}_ms": 1e3 * times[k] / steps for k in PHASES if k in times})
     if io_mode is not None:
         disk_rows = counters.get("disk_rows", 0.0)
+        disk_pages = counters.get("disk_pages", 0.0)
         rec.update(
             io_mode=io_mode.mode,
             page_cache="bypassed (O_DIRECT)" if io_mode.direct else "used (buffered I/O)",
             os_read_bytes_per_step=None if io["read_bytes"] is None else io["read_bytes"] / steps,
             major_faults_per_step=io["major_faults"] / steps,
-            disk_bytes_per_step=counters.get("disk_bytes_read", 0.0) / steps,
+            disk_bytes_per_step=counters.get("disk_bytes_read", 0.0) / steps,  # what the fetch read
+            disk_pages_per_step=disk_pages / steps,  # what the step's rows on disk span (the write-back's)
             disk_reads_per_step=counters.get("disk_reads", 0.0) / steps,
             disk_rows_per_step=disk_rows / steps,
-            pages_per_disk_row=counters.get("disk_bytes_read", 0.0) / 4096 / max(1.0, disk_rows),
+            pages_per_disk_row=disk_pages / max(1.0, disk_rows),
             cached_share=1.0 - disk_rows / max(1.0, counters.get("working_set_rows", 0.0)),
+            skipped_share=1.0 - counters.get("disk_bytes_read", 0.0) / 4096 / max(1.0, disk_pages),
         )
         lookahead = kw.get("lookahead", 0) if kw.get("mode") == "hotline" else 0
         os_read = rec["os_read_bytes_per_step"]  # the kernel's count: the fetch's pages and those read again
-        rec["reread_share"] = None if os_read is None else os_read / max(1.0, rec["disk_bytes_per_step"]) - 1
+        rec["reread_share"] = (
+            None if os_read is None
+            else (os_read - rec["disk_bytes_per_step"]) / max(1.0, 4096 * rec["disk_pages_per_step"])
+        )  # fmt: skip
         exposed = (
             times.get("stall", 0.0)
             if lookahead
@@ -345,10 +351,12 @@ def predict(rec: dict, hybrid: dict | None, dataset, args, hw: dict):
     mode = {"hybrid_disk": "hybrid", "hotline_k0_disk": "hotline_k0"}.get(rec["mode"], "hotline_k1")
     w = workload(dataset, args)
     s = Stats(rec["coverage"], rec["popular_share"], rec["cold_rows_per_step"], hybrid["cold_rows_per_step"])
-    reread = rec.get("reread_share") if mode == "hotline_k1" else 0.0
-    pages = rec["disk_bytes_per_step"] / 4096
+    ahead = mode == "hotline_k1"
+    reread = rec.get("reread_share") if ahead else 0.0
+    pages = rec["disk_bytes_per_step"] / 4096  # the fetch's: its requests over its pages
     disk = DiskTier(pages_per_cold_row=rec["pages_per_disk_row"], reread_share=max(0.0, reread or 0.0),
                     cached_share=min(1.0, max(0.0, rec["cached_share"])),
+                    skipped_share=min(1.0, max(0.0, rec.get("skipped_share", 0.0))) if ahead else 0.0,
                     calls_per_page=min(1.0, rec["disk_reads_per_step"] / pages) if pages else 1.0)  # fmt: skip
     return predict(mode, w, s, hw, disk)
 
@@ -569,7 +577,9 @@ COLUMNS = [
     ("coverage", "coverage", ".3f"),
     ("popular_share", "popular", ".3f"),
     ("cold_rows_per_step", "cold rows", ".0f"),
-    ("disk_bytes_per_step", "disk B/step", ".0f"),
+    ("disk_pages_per_step", "pages/step", ".0f"),
+    ("skipped_share", "unread", ".2f"),
+    ("disk_bytes_per_step", "fetch B/step", ".0f"),
     ("disk_reads_per_step", "reads/step", ".0f"),
     ("samples_per_s", "samples/s", ".0f"),
     ("step_ms", "ms/step", ".1f"),
@@ -621,7 +631,9 @@ def io_summary(mmap: dict | None, k2: dict | None) -> str:
     if k2 is not None:
         lines.append(
             f"{k2['mode']} at {k2['target']:.0%} read {_mib(k2['os_read_bytes_per_step'])}/step from disk "
-            f"(the store counted {_mib(k2['disk_bytes_per_step'])}), the page cache {k2['page_cache']}"
+            f"(the store's fetch {_mib(k2['disk_bytes_per_step'])} of the "
+            f"{_mib(4096 * k2.get('disk_pages_per_step', 0.0))} its rows span: the pages only stale rows need are "
+            f"left to the refresh and the write-back), the page cache {k2['page_cache']}"
         )
     return "\n".join(lines)
 

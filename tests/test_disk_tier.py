@@ -223,6 +223,133 @@ def test_a_write_keeps_the_neighbours_another_write_changed(tmp_path):
         f.close()
 
 
+@pytest.mark.parametrize("dim,state,cache", [(4, 0, 0), (8, 17, 0), (600, 1201, 0), (16, 1, 3000)])
+def test_a_fetch_skips_the_pages_only_stale_rows_need_and_the_refresh_reads_them_into_its_pages(
+    tmp_path, dim, state, cache
+):
+    """A fetch with ``skip`` leaves the skipped rows as they were and reads no page that only they need (its
+    ``read_at`` -1); another step then writes some of them and their neighbours; ``reread`` returns their new
+    values and reads their pages into the fetch's page set, so the write-back reads again only the pages
+    changed after that (none here), and the file equals a numpy model of the rows, neighbours included."""
+    n, rng = 3000, np.random.default_rng(5)
+    order = rng.permutation(n)
+    f = RowFile(tmp_path / "rows.bin", n, dim, state, order, io_depth=3, cache_bytes=cache)
+    try:
+        model = rng.standard_normal((n, dim + state)).astype(np.float32)
+        f.put_rows(np.arange(n), model)
+        f.flush()
+        for _ in range(12):
+            rows = rng.choice(n, size=300, replace=False)
+            skip = np.sort(rng.choice(300, size=120, replace=False))
+            out = np.full((300, dim + state), -9.0, np.float32)
+            got, pages = f.read_rows(rows, out, skip=skip)
+            kept = np.setdiff1d(np.arange(300), skip)
+            assert np.array_equal(got[kept], model[rows[kept]])
+            on_disk = f.positions[rows[skip]] >= f.cache_rows
+            assert (got[skip[on_disk]] == -9.0).all()  # left as they were
+            assert np.array_equal(pages.on_disk, np.flatnonzero(f.positions[rows] >= f.cache_rows))
+            # a page is read iff a kept row on disk touches it
+            need = np.zeros(pages.pages.shape[0], bool)
+            keep = np.ones(rows.shape[0], bool)
+            keep[skip] = False
+            for o in pages.offsets[keep[pages.on_disk]]:
+                need[o // PAGE : (o + f.record - 1) // PAGE + 1] = True
+            assert np.array_equal(pages.read_at >= 0, need) and pages.pages_read == need.sum()
+            assert pages.disk_rows == pages.on_disk.shape[0]
+            # another step writes some skipped rows and rows beside them, then this step's refresh
+            other = np.unique(np.concatenate([rows[skip[::2]], rng.choice(n, size=200, replace=False)]))
+            other = np.setdiff1d(other, rows[kept])
+            new = rng.standard_normal((other.shape[0], dim + state)).astype(np.float32)
+            f.write_rows(other, new)
+            model[other] = new
+            refreshed = skip[::3]  # the rest as if forwarded from the step that held them
+            again = f.reread(rows, pages, refreshed)
+            assert np.array_equal(again, model[rows[refreshed]])
+            got[refreshed] = again
+            got[np.setdiff1d(skip, refreshed)] = model[rows[np.setdiff1d(skip, refreshed)]]
+            # the write-back reads first the pages not read yet and those the other write changed after the
+            # fetch and were not read again by the refresh
+            changed = np.setdiff1d(_file_pages(f, other), _file_pages(f, rows[refreshed]))
+            expect = np.union1d(pages.pages[pages.read_at < 0], np.intersect1d(pages.pages, changed))
+            before = f.bytes_read
+            upd = got + 1.0
+            f.write_rows(rows, upd, pages)
+            model[rows] = upd
+            assert f.bytes_read - before == PAGE * expect.shape[0]
+        every = np.concatenate([recs for _, recs in f.read_all(chunk_rows=999)])
+        assert np.array_equal(every, model[f.order])
+    finally:
+        f.close()
+
+
+@pytest.mark.parametrize("dim,state,cache", [(4, 0, 0), (8, 17, 0), (16, 1, 3000)])
+def test_tracked_pages_take_the_bytes_of_earlier_steps_writes_so_nothing_is_read_twice(
+    tmp_path, dim, state, cache
+):
+    """Look-ahead's order, two steps ahead: step t+2 is fetched (tracked, its rows that an unwritten step holds
+    skipped) before steps t and t+1 write back; each write copies its pages' bytes into the tracked page sets
+    that share them, so step t's refresh of its stale rows and its write-back read nothing from disk, and the
+    file equals a numpy model of the rows (neighbours on shared pages included). An untracked fetch still
+    reads again the pages a later write changed."""
+    n, rng = 2000, np.random.default_rng(11)
+    f = RowFile(tmp_path / "rows.bin", n, dim, state, rng.permutation(n), io_depth=3, cache_bytes=cache)
+    try:
+        model = rng.standard_normal((n, dim + state)).astype(np.float32)
+        f.put_rows(np.arange(n), model)
+        f.flush()
+        pool = rng.choice(n, size=600, replace=False)  # rows recur across steps and share pages
+        steps = [rng.choice(pool, size=150, replace=False) for _ in range(14)]
+        held, inflight, extra = {}, {}, 0  # row -> last step that fetched it; step -> (records, pages)
+
+        def fetch(t):
+            rows = steps[t]
+            stale = np.flatnonzero([held.get(r, -1) >= 0 for r in rows.tolist()])
+            for r in rows.tolist():
+                held[r] = t
+            inflight[t] = (*f.read_rows(rows, skip=stale, track=True), stale)
+
+        fetch(0), fetch(1)
+        for t in range(len(steps)):
+            if t + 2 < len(steps):
+                fetch(t + 2)
+            recs, pages, stale = inflight.pop(t)
+            before = f.bytes_read
+            recs[stale] = f.reread(steps[t], pages, stale)  # every earlier step has written back by now
+            assert np.array_equal(recs, model[steps[t]])
+            upd = recs + rng.standard_normal(recs.shape).astype(np.float32)
+            f.write_rows(steps[t], upd, pages)
+            extra += f.bytes_read - before
+            model[steps[t]] = upd
+            for r in steps[t].tolist():
+                if held[r] == t:
+                    held[r] = -1
+        assert extra == 0  # neither a refresh nor a write-back read a page again
+        every = np.concatenate([recs for _, recs in f.read_all(chunk_rows=999)])
+        assert np.array_equal(every, model[f.order])
+        # untracked: the write-back reads again the pages another write changed after the fetch
+        a, b = f.order[f.cache_rows :: 2][:40], f.order[f.cache_rows + 1 :: 2][:5]  # b: a's neighbours
+        recs, pages = f.read_rows(a)
+        f.write_rows(b, model[b] + 1)
+        model[b] += 1
+        before = f.bytes_read
+        f.write_rows(a, recs - 1, pages)
+        model[a] = recs - 1
+        assert f.bytes_read > before
+        every = np.concatenate([recs for _, recs in f.read_all(chunk_rows=999)])
+        assert np.array_equal(every, model[f.order])
+    finally:
+        f.close()
+
+
+def _file_pages(f: RowFile, rows: np.ndarray) -> np.ndarray:
+    """The file's pages the records of ``rows`` on disk (not in the DRAM tier) span, from their positions."""
+    pos = f.positions[rows]
+    start = pos[pos >= f.cache_rows] * f.record
+    return np.unique(
+        np.concatenate([np.arange(a // PAGE, (a + f.record - 1) // PAGE + 1) for a in start] or [[]])
+    )
+
+
 # -- exactness ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 @pytest.mark.parametrize("mode,lookahead,micro", [("hybrid", 0, "auto"), ("hotline", 0, "fused"),
@@ -237,7 +364,10 @@ def test_disk_store_is_bit_identical_to_device(data, tmp_path, optimizer, mode, 
         ds, _config(mode, placement, tmp_path, optimizer, lookahead=lookahead, micro_batches=micro)
     )
     _equal(_device_run(ds, optimizer), got)
-    assert sum(s.counters["disk_bytes_read"] for s in stats) > 0
+    read = sum(s.counters["disk_bytes_read"] for s in stats)
+    assert (
+        0 < read <= PAGE * sum(s.counters["disk_pages"] for s in stats)
+    )  # pages only stale rows need: unread
     if lookahead >= 2:
         assert sum(s.counters["stale_rows"] for s in stats) > 0  # the claim rule had rows to re-read
 
@@ -491,6 +621,18 @@ def test_cost_model_prices_the_disk_tier():
     assert again.phases_s["lane: disk (reads beside writes)"] == pytest.approx(0.7005 + 0.5 * 0.401)
     seq = cm.predict("hotline_k0", W, s, hw, cm.DiskTier(1.0, reread_share=0.5))
     assert seq.step_s == pytest.approx(cm.predict("hotline_k0", W, s, hw, cm.DiskTier(1.0)).step_s)
+    # a quarter of the step's pages only stale rows need: the fetch reads 15,000 of the 20,000 pages (1 ms +
+    # 300 ms), the write-back still writes all 20,000; a sequential step has no stale rows (the share ignored)
+    left = cm.predict("hotline_k1", W, s, hw, cm.DiskTier(1.0, reread_share=0.5, skipped_share=0.25))
+    assert left.phases_s["disk_read"] == pytest.approx(1e-3 + 20e-6 * 15_000)
+    assert left.phases_s["disk_write"] == pytest.approx(0.5005) and left.phases_s[
+        "disk_reread"
+    ] == pytest.approx(0.2)
+    assert left.phases_s["lane: disk (reads beside writes)"] == pytest.approx(0.7005 + 0.5 * 0.301)
+    seq = cm.predict("hotline_k0", W, s, hw, cm.DiskTier(1.0, skipped_share=0.25))
+    assert seq.phases_s["disk_read"] == pytest.approx(0.401)
+    with pytest.raises(ValueError, match="skipped_share"):
+        cm.DiskTier(1.0, skipped_share=1.5)
     half = cm.predict("hotline_k1", W, s, hw, cm.DiskTier(1.0, cached_share=0.5))  # the DRAM tier serves half
     assert half.phases_s["disk_read"] == pytest.approx(1e-3 + 20e-6 * 10_000)
     # neighbouring pages read by one request: 20,000 pages in 15,000 requests, priced per request (reads,

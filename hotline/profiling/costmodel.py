@@ -191,9 +191,13 @@ class DiskTier:
     cached_share: float = 0.0
     """Share of the cold rows served by the DRAM tier (``--cold-cache``)."""
     reread_share: float = 0.0
-    """Pages read again per page fetched, under look-ahead: a write-back reads again the pages another step
-    wrote since its fetch (read-modify-write), and stale rows are read again before their step (0 before a run
-    measured it; sequential steps read none again)."""
+    """Pages read beyond the fetch's, per page of the step's cold rows, under look-ahead: the refresh reads the
+    pages of stale rows again before their step, and a write-back reads the pages it has not read and those
+    another step wrote since (read-modify-write) (0 before a run measured it; sequential steps read none
+    again)."""
+    skipped_share: float = 0.0
+    """Share of the step's pages the fetch does not read, under look-ahead: pages that only stale rows need
+    (the refresh or the write-back reads them; 0 before a run measured it)."""
     calls_per_page: float = 1.0
     """I/O requests (system calls) per page: the store reads a run of neighbouring pages with one request, and a
     request costs about the same for one page or a few (1: no two pages of a step neighbours, what the
@@ -202,6 +206,8 @@ class DiskTier:
     def __post_init__(self) -> None:
         if not self.pages_per_cold_row >= 0 or not 0 <= self.cached_share <= 1 or not self.reread_share >= 0:
             raise ValueError("pages_per_cold_row and reread_share must be >= 0 and cached_share in [0, 1]")
+        if not 0 <= self.skipped_share <= 1:
+            raise ValueError(f"skipped_share must be in [0, 1], got {self.skipped_share}")
         if not 0 <= self.calls_per_page <= 1:
             raise ValueError(f"calls_per_page must be in [0, 1] (one request reads one page or more), "
                              f"got {self.calls_per_page}")  # fmt: skip
@@ -236,8 +242,8 @@ def _disk_phases(hw: dict, disk: DiskTier, cold_rows: float) -> dict[str, float]
     """Seconds per step of the disk store, as the calibration timed a step's I/O through the store's code
     (``fixed + per request + per page`` for the fetch's reads and for the write-back, each at the store's I/O
     depth, their CPU inside; a step's requests are its pages times ``calls_per_page``, the write-back's the
-    fetch's, one per run of pages; ``disk_reread``: the pages read again under look-ahead, at the reads' rates
-    per request and per page), and
+    fetch's, one per run of pages; the fetch reads all but the ``skipped_share`` of them; ``disk_reread``: the
+    pages read again under look-ahead, at the reads' rates per request and per page), and
     the CPU seconds the I/O threads spend in them (``disk_cpu``, for the record)."""
     t = disk_timing(hw)
     pages = cold_rows * (1.0 - disk.cached_share) * disk.pages_per_cold_row
@@ -250,7 +256,7 @@ def _disk_phases(hw: dict, disk: DiskTier, cold_rows: float) -> dict[str, float]
         return (fixed * k["fixed_us"] + share * per) * 1e-6
 
     return {
-        "disk_read": seconds(t["read"]),
+        "disk_read": seconds(t["read"], 1.0 - disk.skipped_share),
         "disk_write": seconds(t["write"]),
         "disk_reread": seconds(t["read"], disk.reread_share, fixed=False),
         "disk_cpu": calls * (t["read"]["cpu_us_per_call"] + t["write"]["cpu_us_per_call"]) * 1e-6,
@@ -469,8 +475,10 @@ def phases(mode: str, w: Workload, s: Stats, hw: dict, disk: DiskTier | None = N
         out["sparse_update"] = _update_s(w, dev, N, s.unique_rows_per_batch)
         out["d2h"] = _link_s(hw, cold * R, "d2h")
         out["write_back"] = cold * R / (_host(hw, "scatter_gbps", None) * 1e9)
-        if disk is not None:
-            out.update(_disk_phases(hw, disk, cold))
+        if disk is not None:  # a sequential step has no stale rows: its fetch reads every page
+            out.update(
+                _disk_phases(hw, disk if mode == "hotline_k1" else replace(disk, skipped_share=0.0), cold)
+            )
     out["dense_update"] = _dense_update_s(w, dev)
     return out
 

@@ -35,8 +35,9 @@ import json
 import math
 import os
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -124,7 +125,7 @@ def _named(e: OSError, path: Path, what: str) -> OSError:
     return OSError(e.errno, f"{e.strerror or e}: cold store {path} ({what})")
 
 
-@dataclass
+@dataclass(eq=False)  # compared and hashed by identity (the write's set of page sets still to write)
 class PageSet:
     """The pages a set of rows lives in, read into one aligned buffer (a fetch's, reused by its write)."""
 
@@ -133,13 +134,23 @@ class PageSet:
     buffer: np.ndarray
     """uint8 [P * 4096] their bytes, page i of ``pages`` at ``i * 4096``."""
     offsets: np.ndarray
-    """int64 [U] where each row's record starts in ``buffer``."""
-    version: int
-    """Writes completed before the pages were read (a page a later write changed is read again)."""
+    """int64 [U] where each record of the rows on disk starts in ``buffer`` (in the order of ``on_disk``)."""
+    read_at: np.ndarray
+    """int64 [P] for each page, the writes completed before it was read (a page a later write changed is read
+    again before a write); -1 for a page not read (only skipped rows need it: the write reads it first)."""
+    on_disk: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """int64 [U] the indices, in the rows asked for, of the rows on disk (the rest are in the DRAM tier)."""
     reads: int = 0
     """System calls the read took."""
     disk_rows: int = 0
-    """Rows read from the file (the rest came from the DRAM tier)."""
+    """Rows on disk (the rest came from the DRAM tier), skipped ones included."""
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    """Held while the pages' bytes and ``read_at`` change (a refresh on one thread, a write on another)."""
+
+    @property
+    def pages_read(self) -> int:
+        """Pages the fetch read (the rest only skipped rows need)."""
+        return int((self.read_at >= 0).sum())
 
 
 class RowFile:
@@ -187,6 +198,9 @@ class RowFile:
         self._page_stamp = np.zeros(self.num_pages, np.int64)  # the write that last changed each page
         self._writes = 0  # writes completed (they complete in order: one writer at a time)
         self._write_lock = threading.Lock()
+        self._live: weakref.WeakSet[PageSet] = (
+            weakref.WeakSet()
+        )  # fetched, not yet written (read_rows(track))
         self._pool = ThreadPoolExecutor(self.io_depth, thread_name_prefix="hotline-disk-io")
         self.cache_rows = min(self.num_rows, int(cache_bytes) // self.record)
         self.cache = np.zeros((self.cache_rows, self.floats), np.float32)  # file positions [0, cache_rows)
@@ -455,19 +469,72 @@ class RowFile:
             self.bytes_read += moved
         return n
 
-    def read_rows(self, rows: np.ndarray, out: np.ndarray | None = None) -> tuple[np.ndarray, PageSet]:
-        """Records [U, floats] of the distinct ``rows`` (into ``out`` if given), and the pages read."""
+    def read_rows(self, rows: np.ndarray, out: np.ndarray | None = None, skip: np.ndarray | None = None,
+                  track: bool = False) -> tuple[np.ndarray, PageSet]:  # fmt: skip
+        """Records [U, floats] of the distinct ``rows`` (into ``out`` if given), and the pages read. ``skip``:
+        indices of rows left as they are in ``out`` (stale rows a refresh reads again): a page only they need is
+        not read now (``PageSet.read_at`` -1; :meth:`write_rows` reads it first, :meth:`reread` may fill it).
+        ``track``: until these pages are written back (:meth:`write_rows` with them), every write of a page
+        they share copies the page's new bytes into them, so neither the refresh nor their write-back reads it
+        again from disk (a look-ahead fetch's pages: earlier steps write while it waits)."""
         out = np.empty((rows.shape[0], self.floats), np.float32) if out is None else out
         ci, cpos, di, dpos = self._split(rows)
         version = self._writes  # read before the pages: a write completing later re-stamps them
         pages, offsets = self._pages_of(dpos)
         buffer = aligned_bytes(pages.shape[0] * PAGE)
-        reads = self._io(False, pages, buffer)
+        read_at = np.full(pages.shape[0], version, np.int64)
+        keep = np.ones(di.shape[0], bool)
+        if skip is not None and skip.shape[0] and di.shape[0]:
+            skipped = np.zeros(rows.shape[0], bool)
+            skipped[skip] = True
+            keep = ~skipped[di]
+            read_at[:] = -1
+            read_at[self._record_pages(offsets[keep])] = version
+        which = np.flatnonzero(read_at >= 0)
+        reads = self._io(False, pages, buffer, which)
         if ci.shape[0]:
             out[ci] = self.cache[cpos]
-        if di.shape[0]:
-            out[di] = _get(buffer, offsets, self.record).view(np.float32)
-        return out, PageSet(pages, buffer, offsets, version, reads, int(di.shape[0]))
+        if keep.any():
+            out[di[keep]] = _get(buffer, offsets[keep], self.record).view(np.float32)
+        ps = PageSet(pages, buffer, offsets, read_at, di, reads, int(di.shape[0]))
+        if track and pages.shape[0]:
+            with self._write_lock:  # from the next write on (one under way now stamps its pages: read again)
+                self._live.add(ps)
+        return out, ps
+
+    def _record_pages(self, offsets: np.ndarray) -> np.ndarray:
+        """Indices into a page set's pages of every page the records at buffer ``offsets`` touch."""
+        first, last = offsets // PAGE, (offsets + self.record - 1) // PAGE
+        spans = last - first + 1
+        return np.repeat(first, spans) + _ranges(spans) if spans.shape[0] else first
+
+    def reread(self, rows: np.ndarray, pages: PageSet, idx: np.ndarray) -> np.ndarray:
+        """Records [len(idx), floats] of ``rows[idx]`` read again now (after the writes of earlier steps), where
+        ``rows`` and ``pages`` are a fetch's (:meth:`read_rows`): the pages are read into the fetch's page set,
+        so its write reads them again only if a later write changes them. Rows of the DRAM tier come from
+        memory."""
+        out = np.empty((idx.shape[0], self.floats), np.float32)
+        slot = np.full(rows.shape[0], -1, np.int64)
+        slot[pages.on_disk] = np.arange(pages.on_disk.shape[0])
+        where = slot[idx]
+        disk = where >= 0
+        if not disk.all():  # the DRAM tier's
+            out[~disk] = self.cache[self.positions[rows[idx[~disk]]]]
+        if disk.any():
+            offsets = pages.offsets[where[disk]]
+            which = np.unique(self._record_pages(offsets))
+            version = self._writes  # before the read, as read_rows
+            with pages.lock:  # pages a write has copied its bytes into since they were read: current
+                which = which[pages.read_at[which] < self._page_stamp[pages.pages[which]]]
+            fresh = aligned_bytes(which.shape[0] * PAGE)
+            self._io(False, pages.pages[which], fresh)
+            with pages.lock:
+                newer = pages.read_at[which] > version  # a write copied newer bytes in meanwhile: keep those
+                take = which[~newer]
+                pages.buffer.reshape(-1, PAGE)[take] = fresh.reshape(-1, PAGE)[~newer]
+                pages.read_at[take] = version
+                out[disk] = _get(pages.buffer, offsets, self.record).view(np.float32)
+        return out
 
     def write_rows(self, rows: np.ndarray, records: np.ndarray, pages: PageSet | None = None) -> int:
         """Stores records [U, floats] of the distinct ``rows`` in place. ``pages``: what the rows' fetch read
@@ -476,6 +543,9 @@ class RowFile:
         ci, cpos, di, dpos = self._split(rows)
         if ci.shape[0]:
             self.cache[cpos] = records[ci]
+        if pages is not None:
+            with self._write_lock:
+                self._live.discard(pages)
         if not di.shape[0]:
             return 0
         with self._write_lock:
@@ -485,14 +555,27 @@ class RowFile:
                 calls = self._io(False, page_ids, buffer)
             else:
                 page_ids, offsets, buffer = pages.pages, pages.offsets, pages.buffer
-                changed = np.flatnonzero(self._page_stamp[page_ids] > pages.version)
+                changed = np.flatnonzero(self._page_stamp[page_ids] > pages.read_at)  # or not read (-1)
                 calls = self._io(False, page_ids, buffer, changed) if changed.shape[0] else 0
             _put(buffer, offsets, records[di])
             stamp = self._writes + 1
             self._page_stamp[page_ids] = stamp
             calls += self._io(True, page_ids, buffer)
             self._writes = stamp
+            self._copy_to_live(page_ids, buffer, stamp)
         return calls
+
+    def _copy_to_live(self, page_ids: np.ndarray, buffer: np.ndarray, stamp: int) -> None:
+        """Copies the bytes of the pages just written (``page_ids``, write ``stamp``) into the tracked page sets
+        that hold them too (:meth:`read_rows` ``track``), which then need not read them again. Under the write
+        lock."""
+        src = buffer.reshape(-1, PAGE)
+        for live in list(self._live):
+            _, theirs, ours = np.intersect1d(live.pages, page_ids, assume_unique=True, return_indices=True)
+            if theirs.shape[0]:
+                with live.lock:
+                    live.buffer.reshape(-1, PAGE)[theirs] = src[ours]
+                    live.read_at[theirs] = stamp
 
 
 def _ranges(counts: np.ndarray) -> np.ndarray:

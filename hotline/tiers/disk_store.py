@@ -108,16 +108,29 @@ class DiskRows(ClaimBook):
         self.file.drop_page_cache()
 
     # -- rows -----------------------------------------------------------------------------------------
-    def get(self, rows: np.ndarray, out_w: np.ndarray | None = None, out_s: np.ndarray | None = None):
+    def get(self, rows: np.ndarray, out_w: np.ndarray | None = None, out_s: np.ndarray | None = None,
+            skip: np.ndarray | None = None, track: bool = False):  # fmt: skip
         """Weights [U, D] and state (the optimizer's :meth:`~SparseOptimizer.state_shape`: [U], [U, S], or [0]
-        for SGD) of ``rows`` (into ``out_*`` when given), and the pages read."""
-        rec, pages = self.file.read_rows(rows)
-        U, D = rows.shape[0], self.dim
+        for SGD) of ``rows`` (into ``out_*`` when given), and the pages read. ``skip``: indices of rows whose
+        values are not read (stale rows a refresh reads again); ``track``: the pages kept current by later
+        writes until they are written back (see :meth:`RowFile.read_rows`)."""
+        rec, pages = self.file.read_rows(rows, skip=skip, track=track)
+        return (*self._split_records(rec, out_w, out_s), pages)
+
+    def reread(self, rows: np.ndarray, pages, idx: np.ndarray):
+        """Weights and state of ``rows[idx]`` read again into the fetch's pages (:meth:`RowFile.reread`)."""
+        return self._split_records(self.file.reread(rows, pages, idx))
+
+    def _split_records(
+        self, rec: np.ndarray, out_w: np.ndarray | None = None, out_s: np.ndarray | None = None
+    ):
+        """Records [U, D + S] as weights [U, D] and state (into ``out_*`` when given)."""
+        U, D = rec.shape[0], self.dim
         w = out_w[:U] if out_w is not None else np.empty((U, D), np.float32)
         w[:] = rec[:, :D]
         s, cols = self._state(U, out_s)
         cols[:] = rec[:, D:]
-        return w, s, pages
+        return w, s
 
     def put(self, rows: np.ndarray, w: np.ndarray, s: np.ndarray, pages=None) -> int:
         """Stores weights and state of the distinct ``rows`` in place; returns the system calls made."""
@@ -180,17 +193,20 @@ class DiskColdStore(OneRankStore):
     def fetch(self, rows, out_values, out_state, step=-1) -> ColdFetch:
         stale, owner, slot = self.host.claim_with_owners(rows, step) if step >= 0 else (_EMPTY,) * 3
         t0 = time.perf_counter()
-        w, s, pages = self.host.get(rows, out_values, out_state)
+        # stale rows: read by the refresh; the pages kept current by the writes of earlier steps meanwhile
+        w, s, pages = self.host.get(rows, out_values, out_state, skip=stale, track=step >= 0)
         return ColdFetch(
             rows, w, s, step=step, stale=stale, stale_owner=owner, stale_slot=slot, route=pages,
             times={"disk_read": time.perf_counter() - t0},
-            counters={"disk_bytes_read": pages.pages.shape[0] * PAGE, "disk_reads": pages.reads,
-                      "disk_rows": pages.disk_rows},
+            counters={"disk_bytes_read": pages.pages_read * PAGE, "disk_pages": pages.pages.shape[0],
+                      "disk_reads": pages.reads, "disk_rows": pages.disk_rows},
         )  # fmt: skip
 
     def refresh(self, fetch: ColdFetch, slots=None):
         slots = fetch.stale if slots is None else slots
-        w, s, _ = self.host.get(fetch.rows[slots])
+        w, s = self.host.reread(
+            fetch.rows, fetch.route, slots
+        )  # into the fetch's pages: its write-back uses them
         return slots, w, s
 
     def close(self) -> None:
