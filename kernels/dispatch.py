@@ -290,13 +290,18 @@ def _claim_rows(working_set, held, step, fresh_before, stale, owner, slot):
     return n
 
 
+def check_claim_step(step: int) -> None:
+    """The claim book packs a step in the high 32 bits of an int64 beside a slot: ``0 <= step < 2**31``."""
+    if not 0 <= step < 1 << 31:
+        raise ValueError(f"step must be in [0, 2**31), got {step}")
+
+
 def claim_rows(
     working_set: np.ndarray, held: np.ndarray, step: int, fresh_before: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Slots of ``working_set`` whose rows an unfinished earlier step may still update, that step for each,
     and each row's slot in that step's working set (see ``_claim_rows``; ``0 <= step < 2**31``)."""
-    if not 0 <= step < 1 << 31:
-        raise ValueError(f"step must be in [0, 2**31), got {step}")
+    check_claim_step(step)
     n = working_set.shape[0]
     stale, owner, slot = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
     k = _claim_rows(working_set, held, np.int64(step), fresh_before, stale, owner, slot)

@@ -119,6 +119,26 @@ def test_claim_rows_matches_twin():
         claim_rows(ws, held, 1 << 31, 3)
 
 
+def test_the_claim_book_bounds_the_step_on_both_paths():
+    """The claim book's repeated-rows path (``distinct=False``, the sharded store) packs the step as the
+    distinct path does and refuses the same steps, before it records anything."""
+    from hotline.kernels.dispatch import UNKNOWN_SLOT
+    from hotline.tiers.cold_store import ClaimBook
+
+    book = ClaimBook(10)
+    book.start_claims()
+    rows = np.array([1, 4, 4, 7])
+    assert book.claim(rows, 3, distinct=False).tolist() == []
+    assert [int(h) >> 32 for h in book._held[[1, 4, 7]]] == [3, 3, 3]
+    assert book.claim(np.array([4, 5]), 4, distinct=False).tolist() == [0]  # step 3 has not landed
+    assert int(book._held[4]) & UNKNOWN_SLOT == UNKNOWN_SLOT
+    before = book._held.copy()
+    for step, distinct in [(1 << 31, False), (-1, False), (1 << 31, True)]:
+        with pytest.raises(ValueError, match="step must be in"):
+            book.claim(np.array([2, 2]) if not distinct else np.array([2]), step, distinct=distinct)
+    assert np.array_equal(book._held, before)
+
+
 def test_overlap_ratio():
     assert overlap_ratio({"gather": 2.0, "stall": 0.5}) == 0.75
     assert overlap_ratio({"gather": 1.0, "stall": 3.0}) == 0.0

@@ -30,7 +30,7 @@ import torch
 from hotline._malloc import huge_full
 from hotline.distributed.comm import Comm
 from hotline.kernels import sparse_update
-from hotline.kernels.dispatch import UNKNOWN_SLOT, claim_rows
+from hotline.kernels.dispatch import UNKNOWN_SLOT, check_claim_step, claim_rows
 from hotline.kernels.gather import copy_rows, gather_rows, scatter_rows
 from hotline.tiers.pinning import pin_in_place
 from hotline.tiers.sparse_optim import SparseOptimizer
@@ -189,6 +189,7 @@ class ClaimBook:
         of the row, and the rows' slots are recorded as unknown."""
         if distinct:
             return self.claim_with_owners(rows, step)[0]
+        check_claim_step(step)
         applied = self.applied
         stale = np.flatnonzero((self._held[rows] >> 32) >= applied)
         self._held[rows] = (int(step) << 32) | UNKNOWN_SLOT
