@@ -99,6 +99,17 @@ def test_popularity_order():
     assert order.tolist() == [1, 4, 2, 0, 3, 6, 5]  # by count (ties by id), never counted, then the hot rows
 
 
+def _model_file(tmp_path, n: int, dim: int, state: int, cache: int, rng, io_depth: int):
+    """A RowFile of ``n`` random records in a random order, and the numpy model of its rows."""
+    f = RowFile(
+        tmp_path / "rows.bin", n, dim, state, rng.permutation(n), io_depth=io_depth, cache_bytes=cache
+    )
+    model = rng.standard_normal((n, dim + state)).astype(np.float32)
+    f.put_rows(np.arange(n), model)
+    f.flush()
+    return f, model
+
+
 @pytest.mark.parametrize(
     "dim,state,cache",
     [(16, 1, 0), (8, 0, 0), (16, 1, 3000), (1100, 1, 0), (8, 17, 0), (16, 16, 3000), (600, 1201, 0)],
@@ -107,12 +118,9 @@ def test_row_file_reads_and_writes_rows(tmp_path, dim, state, cache):
     """Random rows (records straddling pages; duplicates in a read) read and written in place, through the
     DRAM tier or not, equal a numpy model of the rows; rows that share a page are read by one call."""
     n, rng = 3000, np.random.default_rng(0)
-    order = rng.permutation(n)
-    f = RowFile(tmp_path / "rows.bin", n, dim, state, order, io_depth=4, cache_bytes=cache)
+    f, model = _model_file(tmp_path, n, dim, state, cache, rng, io_depth=4)
+    order = f.order
     try:
-        model = rng.standard_normal((n, dim + state)).astype(np.float32)
-        f.put_rows(np.arange(n), model)
-        f.flush()
         for _ in range(20):
             rows = rng.choice(n, size=rng.integers(1, 400), replace=False)
             got, pages = f.read_rows(np.concatenate([rows, rows[:3]]))
@@ -228,16 +236,13 @@ def test_a_fetch_skips_the_pages_only_stale_rows_need_and_the_refresh_reads_them
     tmp_path, dim, state, cache
 ):
     """A fetch with ``skip`` leaves the skipped rows as they were and reads no page that only they need (its
-    ``read_at`` -1); another step then writes some of them and their neighbours; ``reread`` returns their new
-    values and reads their pages into the fetch's page set, so the write-back reads again only the pages
-    changed after that (none here), and the file equals a numpy model of the rows, neighbours included."""
+    ``read_at`` -1); another (untracked) write then changes some of them and their neighbours; ``reread`` of a
+    third of the skipped rows returns their new values and reads their pages into the fetch's page set, so the
+    write-back reads first only the pages nobody read and those changed since the fetch that the refresh did
+    not read; the file equals a numpy model of the rows, neighbours included."""
     n, rng = 3000, np.random.default_rng(5)
-    order = rng.permutation(n)
-    f = RowFile(tmp_path / "rows.bin", n, dim, state, order, io_depth=3, cache_bytes=cache)
+    f, model = _model_file(tmp_path, n, dim, state, cache, rng, io_depth=3)
     try:
-        model = rng.standard_normal((n, dim + state)).astype(np.float32)
-        f.put_rows(np.arange(n), model)
-        f.flush()
         for _ in range(12):
             rows = rng.choice(n, size=300, replace=False)
             skip = np.sort(rng.choice(300, size=120, replace=False))
@@ -292,11 +297,8 @@ def test_tracked_pages_take_the_bytes_of_earlier_steps_writes_so_nothing_is_read
     file equals a numpy model of the rows (neighbours on shared pages included). An untracked fetch still
     reads again the pages a later write changed."""
     n, rng = 2000, np.random.default_rng(11)
-    f = RowFile(tmp_path / "rows.bin", n, dim, state, rng.permutation(n), io_depth=3, cache_bytes=cache)
+    f, model = _model_file(tmp_path, n, dim, state, cache, rng, io_depth=3)
     try:
-        model = rng.standard_normal((n, dim + state)).astype(np.float32)
-        f.put_rows(np.arange(n), model)
-        f.flush()
         pool = rng.choice(n, size=600, replace=False)  # rows recur across steps and share pages
         steps = [rng.choice(pool, size=150, replace=False) for _ in range(14)]
         held, inflight, extra = {}, {}, 0  # row -> last step that fetched it; step -> (records, pages)
