@@ -18,7 +18,9 @@ the system call). The file is opened with ``O_DIRECT`` where the filesystem allo
 bypassed (``mode`` says which: ``direct`` or ``buffered`` with the reason); the buffers are aligned to 4096
 bytes for it. Writes rewrite whole pages (read-modify-write): a write reuses the pages its step's fetch read,
 re-reading those that a later write changed since (each page carries the number of the write that last
-changed it); writes come from one thread at a time.
+changed it, each fetched page the write its bytes are from); writes come from one thread at a time. A
+look-ahead fetch's pages are tracked until its write: every write copies the bytes of the pages it wrote into
+them, so a step reads each of its pages from disk once (see :meth:`RowFile.read_rows`).
 
 ``cache_bytes`` keeps the head of the file (the most popular rows, by the order) in host memory: a DRAM tier
 between the hot rows and the disk, authoritative for its rows (written to the file by :meth:`flush`).
