@@ -343,6 +343,49 @@ def test_tracked_pages_take_the_bytes_of_earlier_steps_writes_so_nothing_is_read
         f.close()
 
 
+@pytest.mark.parametrize("kind", ["sgd", "rowwise-adagrad", "adam"])
+def test_a_disk_shards_update_takes_its_rows_from_the_fetched_pages(tmp_path, kind):
+    """A rank's disk shard (``DiskRows``, N ranks): the rows the ranks asked for (repeated: several ranks ask
+    for one row) fetched tracked; earlier steps' updates of some of them and of their neighbours land; the
+    refresh of the flagged rows and this step's update take the rows from the fetched pages, which those
+    writes kept current, and read nothing from disk; the shard then equals the same updates applied, each
+    read from disk, to a second shard."""
+    from hotline.tiers.disk_store import DiskRows
+    from hotline.tiers.sparse_optim import SparseOptimizer
+
+    n, dim, rng = 3000, 8, np.random.default_rng(13)
+    opt = SparseOptimizer(kind, 0.05, dim=dim)
+    order = rng.permutation(n)
+    ours, theirs = (DiskRows(tmp_path / name, n, dim, opt, order, io_depth=3) for name in ("a.bin", "b.bin"))
+    try:
+        init = rng.standard_normal((n, dim)).astype(np.float32)
+        for h in (ours, theirs):
+            h.replace_all(init, np.zeros(opt.state_shape(n), np.float32))
+        pool = rng.choice(n, 500, replace=False)
+        for _ in range(6):
+            asked = rng.choice(pool, 200)  # repeats
+            w0, _, pages = ours.get(asked, track=True)
+            flagged = np.flatnonzero(rng.random(asked.shape[0]) < 0.3)
+            for _ in range(2):  # earlier steps' updates, after this fetch
+                rows = rng.choice(pool, 150)
+                g = torch.from_numpy(rng.standard_normal((rows.shape[0], dim)).astype(np.float32))
+                ours.apply(opt, rows, g)
+                theirs.apply(opt, rows, g)
+            before = ours.file.bytes_read
+            again = ours.reread(asked, pages, flagged)[0]
+            assert np.array_equal(again, theirs.get(asked[flagged])[0])
+            g = torch.from_numpy(rng.standard_normal((asked.shape[0], dim)).astype(np.float32))
+            ours.apply(opt, asked, g, pages)
+            assert ours.file.bytes_read == before  # nothing read from disk again
+            theirs.apply(opt, asked, g)
+            assert not np.array_equal(w0, theirs.get(asked)[0])  # the rows did change
+        for a, b in zip(ours.all(), theirs.all()):
+            assert np.array_equal(a, b)
+    finally:
+        ours.close()
+        theirs.close()
+
+
 def _file_pages(f: RowFile, rows: np.ndarray) -> np.ndarray:
     """The file's pages the records of ``rows`` on disk (not in the DRAM tier) span, from their positions."""
     pos = f.positions[rows]

@@ -251,16 +251,16 @@ class HostRows(ClaimBook):
 
     # The row holder's verbs that a store of a rank's shard uses (``hotline.tiers.disk_store.DiskRows`` has
     # them too: a shard in a file).
-    def get(self, rows: np.ndarray, out_w=None, out_s=None):
-        """Weights and state of ``rows`` (may repeat), and None (no pages were read)."""
+    def get(self, rows: np.ndarray, out_w=None, out_s=None, track: bool = False):
+        """Weights and state of ``rows`` (may repeat), and None (no pages were read: nothing to track)."""
         return self.w[rows], self.s[rows] if self.s.size else self.s[:0], None
 
     def put(self, rows: np.ndarray, w: np.ndarray, s: np.ndarray, pages=None) -> None:
         """Stores weights and state of the distinct ``rows``."""
         self.scatter(rows, w, s)
 
-    def apply(self, optimizer: SparseOptimizer, rows: np.ndarray, grads: torch.Tensor) -> int:
-        """One sparse update of ``rows`` (may repeat: their gradients summed) in place."""
+    def apply(self, optimizer: SparseOptimizer, rows: np.ndarray, grads: torch.Tensor, pages=None) -> int:
+        """One sparse update of ``rows`` (may repeat: their gradients summed) in place (``pages``: none here)."""
         return optimizer.step(self.weight, self.state, torch.from_numpy(rows), grads)
 
     def all(self) -> tuple[np.ndarray, np.ndarray]:

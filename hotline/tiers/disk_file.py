@@ -538,6 +538,19 @@ class RowFile:
                 out[disk] = _get(pages.buffer, offsets, self.record).view(np.float32)
         return out
 
+    def pages_of_subset(self, pages: PageSet, idx: np.ndarray) -> PageSet:
+        """The page set of the rows at indices ``idx`` of a fetch's rows (``pages`` that fetch's): the same pages,
+        bytes and versions, for :meth:`write_rows` of those rows. ``pages`` is no longer tracked: the subset's
+        write is its write."""
+        with self._write_lock:
+            self._live.discard(pages)
+        slot = np.full(max(int(idx.max(initial=-1)), int(pages.on_disk.max(initial=-1))) + 1, -1, np.int64)
+        slot[pages.on_disk] = np.arange(pages.on_disk.shape[0])
+        at = slot[idx]
+        on = at >= 0
+        return PageSet(pages.pages, pages.buffer, pages.offsets[at[on]], pages.read_at, np.flatnonzero(on),
+                       pages.reads, int(on.sum()), pages.lock)  # fmt: skip
+
     def write_rows(self, rows: np.ndarray, records: np.ndarray, pages: PageSet | None = None) -> int:
         """Stores records [U, floats] of the distinct ``rows`` in place. ``pages``: what the rows' fetch read
         (its pages that a later write changed are read again first). Returns the system calls made."""

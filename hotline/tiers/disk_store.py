@@ -140,11 +140,17 @@ class DiskRows(ClaimBook):
         rec[:, self.dim :] = s.reshape(U, self.S)
         return self.file.write_rows(rows, rec, pages)
 
-    def apply(self, optimizer: SparseOptimizer, rows: np.ndarray, grads: torch.Tensor) -> int:
+    def apply(self, optimizer: SparseOptimizer, rows: np.ndarray, grads: torch.Tensor, pages=None) -> int:
         """One sparse update of ``rows`` (local ids, may repeat: their gradients summed) in place: read,
-        update the copy with the same kernel, write back. Returns the rows updated."""
-        uniq, inverse = np.unique(rows, return_inverse=True)
-        w, s, pages = self.get(uniq)
+        update the copy with the same kernel, write back. Returns the rows updated. ``pages``: what a tracked
+        fetch of these same ``rows`` read (:meth:`get` with ``track``), kept current by the writes since: the
+        rows are taken from it, reading from disk only the pages no write has brought up to date."""
+        uniq, first, inverse = np.unique(rows, return_index=True, return_inverse=True)
+        if pages is None:
+            w, s, pages = self.get(uniq)
+        else:
+            w, s = self.reread(rows, pages, first)
+            pages = self.file.pages_of_subset(pages, first)
         wt, st = torch.from_numpy(w), torch.from_numpy(s)
         touched = optimizer.step(wt, st, torch.from_numpy(inverse.reshape(-1).astype(np.int64)), grads)
         self.put(uniq, w, s, pages)

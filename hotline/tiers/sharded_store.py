@@ -48,6 +48,10 @@ class Route:
     """Local rows this rank flagged, grouped by requester (it sends them again)."""
     serve_counts: np.ndarray = field(default_factory=lambda: _EMPTY)
     """How many flagged rows this rank sends again to each requester."""
+    stale_at: np.ndarray = field(default_factory=lambda: _EMPTY)
+    """Where the flagged rows stand in ``owned``."""
+    pages: object = None
+    """What the owner's fetch of ``owned`` read (a disk shard's tracked pages; None in memory)."""
 
 
 class ShardedColdStore(ColdStore):
@@ -86,7 +90,7 @@ class ShardedColdStore(ColdStore):
         if step >= 0:  # the claim before the read (see HostRows.claim)
             stale = np.zeros(local.shape[0], bool)
             stale[self.host.claim(local, step, distinct=False)] = True
-        w, s, _ = self.host.get(local)
+        w, s, pages = self.host.get(local, track=step >= 0)  # a disk shard's pages: kept current until update
         parts = [w]
         if self.S:
             parts.append(s.reshape(local.shape[0], self.S))
@@ -99,7 +103,7 @@ class ShardedColdStore(ColdStore):
         rows_back[torch.from_numpy(order)] = got[:, : D + self.S]
         values = np.ascontiguousarray(rows_back.numpy()[:, :D])
         state = np.ascontiguousarray(rows_back.numpy()[:, D:]).reshape(self.state_shape(rows.shape[0]))
-        route = Route(order, send_counts, local, recv_counts)
+        route = Route(order, send_counts, local, recv_counts, pages=pages)
         out = ColdFetch(rows, values, state, step=step, route=route)
         if step >= 0:
             # Refresh routes, known to both sides without asking: the owner sends its flagged rows again,
@@ -109,6 +113,7 @@ class ShardedColdStore(ColdStore):
             out.stale = order[sent_stale]
             route.stale_counts = np.bincount(owner[order][sent_stale], minlength=N)
             route.serve_stale = local[stale]
+            route.stale_at = np.flatnonzero(stale)
             route.serve_counts = np.bincount(source[stale], minlength=N)
         out.times = {"exchange_ahead" if step >= 0 else "exchange": time.perf_counter() - t0}
         if step >= 0:
@@ -120,7 +125,10 @@ class ShardedColdStore(ColdStore):
 
     def refresh(self, fetch: ColdFetch, slots=None):
         r = fetch.route
-        send = torch.from_numpy(self.host.get(r.serve_stale)[0])
+        if r.pages is None:
+            send = torch.from_numpy(self.host.get(r.serve_stale)[0])
+        else:  # from the owner's fetched pages, read from disk only where no write has brought them up to date
+            send = torch.from_numpy(self.host.reread(r.owned, r.pages, r.stale_at)[0])
         got, _ = self.comm.all_to_all(send, r.serve_counts, "cold_refresh", r.stale_counts)
         return fetch.stale, got.numpy(), np.zeros(0, np.float32)  # the owners hold the state they update
 
@@ -135,7 +143,7 @@ class ShardedColdStore(ColdStore):
         got, _ = self.comm.all_to_all(send, r.send_counts, "cold_grads", r.recv_counts)
         touched = 0
         if r.owned.shape[0]:  # rows asked for by several ranks: the kernel sums their gradients first
-            touched = self.host.apply(optimizer, r.owned, got)
+            touched = self.host.apply(optimizer, r.owned, got, r.pages)
         if fetch.step >= 0:  # after the update: the look-ahead thread may read these rows as fresh now
             self.host.applied = fetch.step + 1
         return touched
