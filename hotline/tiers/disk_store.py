@@ -210,9 +210,8 @@ class DiskColdStore(OneRankStore):
 
     def refresh(self, fetch: ColdFetch, slots=None):
         slots = fetch.stale if slots is None else slots
-        w, s = self.host.reread(
-            fetch.rows, fetch.route, slots
-        )  # into the fetch's pages: its write-back uses them
+        # into the fetch's pages (read from disk only where no write has brought them up to date)
+        w, s = self.host.reread(fetch.rows, fetch.route, slots)
         return slots, w, s
 
     def close(self) -> None:
