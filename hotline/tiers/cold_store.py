@@ -255,6 +255,10 @@ class HostRows(ClaimBook):
         """Weights and state of ``rows`` (may repeat), and None (no pages were read: nothing to track)."""
         return self.w[rows], self.s[rows] if self.s.size else self.s[:0], None
 
+    def reread(self, rows: np.ndarray, pages, idx: np.ndarray):
+        """Weights and state of ``rows[idx]`` now (``pages``: none in memory)."""
+        return self.get(rows[idx])[:2]
+
     def put(self, rows: np.ndarray, w: np.ndarray, s: np.ndarray, pages=None) -> None:
         """Stores weights and state of the distinct ``rows``."""
         self.scatter(rows, w, s)

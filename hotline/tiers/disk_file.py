@@ -154,6 +154,13 @@ class PageSet:
         """Pages the fetch read (the rest only skipped rows need)."""
         return int((self.read_at >= 0).sum())
 
+    def records_of(self, idx: np.ndarray) -> np.ndarray:
+        """For each index ``idx`` into the rows asked for, its record's place in ``offsets`` (-1: in the DRAM
+        tier)."""
+        slot = np.full(max(int(idx.max(initial=-1)), int(self.on_disk.max(initial=-1))) + 1, -1, np.int64)
+        slot[self.on_disk] = np.arange(self.on_disk.shape[0])
+        return slot[idx]
+
 
 class RowFile:
     """Records of rows in one file, in a popularity order, read and written in place (module docstring)."""
@@ -200,9 +207,8 @@ class RowFile:
         self._page_stamp = np.zeros(self.num_pages, np.int64)  # the write that last changed each page
         self._writes = 0  # writes completed (they complete in order: one writer at a time)
         self._write_lock = threading.Lock()
-        self._live: weakref.WeakSet[PageSet] = (
-            weakref.WeakSet()
-        )  # fetched, not yet written (read_rows(track))
+        # the tracked page sets (read_rows(track)): fetched, not yet written
+        self._live: weakref.WeakSet[PageSet] = weakref.WeakSet()
         self._pool = ThreadPoolExecutor(self.io_depth, thread_name_prefix="hotline-disk-io")
         self.cache_rows = min(self.num_rows, int(cache_bytes) // self.record)
         self.cache = np.zeros((self.cache_rows, self.floats), np.float32)  # file positions [0, cache_rows)
@@ -402,14 +408,18 @@ class RowFile:
     def _pages_of(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The sorted distinct pages that hold records ``pos``, and each record's offset in their buffer."""
         start = pos * self.record
-        first, last = start // PAGE, (start + self.record - 1) // PAGE
-        spans = last - first + 1  # 1, or 2 when a record straddles a page boundary (more for huge rows)
-        if spans.max(initial=1) == 1:
-            pages = np.unique(first)
-        else:
-            pages = np.unique(np.repeat(first, spans) + _ranges(spans))
-        offsets = np.searchsorted(pages, first) * PAGE + start % PAGE
+        pages = np.unique(self._spanned(start))
+        offsets = np.searchsorted(pages, start // PAGE) * PAGE + start % PAGE
         return pages, offsets
+
+    def _spanned(self, start: np.ndarray) -> np.ndarray:
+        """Every page (of the file, or of a page set's buffer) that the records starting at bytes ``start`` touch:
+        one each, or two where a record straddles a page boundary (more for huge rows); repeats kept."""
+        first, last = start // PAGE, (start + self.record - 1) // PAGE
+        spans = last - first + 1
+        if spans.max(initial=1) == 1:
+            return first
+        return np.repeat(first, spans) + _ranges(spans)
 
     @staticmethod
     def _runs(pages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -491,7 +501,7 @@ class RowFile:
             skipped[skip] = True
             keep = ~skipped[di]
             read_at[:] = -1
-            read_at[self._record_pages(offsets[keep])] = version
+            read_at[self._spanned(offsets[keep])] = version
         which = np.flatnonzero(read_at >= 0)
         reads = self._io(False, pages, buffer, which)
         if ci.shape[0]:
@@ -504,27 +514,19 @@ class RowFile:
                 self._live.add(ps)
         return out, ps
 
-    def _record_pages(self, offsets: np.ndarray) -> np.ndarray:
-        """Indices into a page set's pages of every page the records at buffer ``offsets`` touch."""
-        first, last = offsets // PAGE, (offsets + self.record - 1) // PAGE
-        spans = last - first + 1
-        return np.repeat(first, spans) + _ranges(spans) if spans.shape[0] else first
-
     def reread(self, rows: np.ndarray, pages: PageSet, idx: np.ndarray) -> np.ndarray:
         """Records [len(idx), floats] of ``rows[idx]`` read again now (after the writes of earlier steps), where
         ``rows`` and ``pages`` are a fetch's (:meth:`read_rows`): the pages are read into the fetch's page set,
         so its write reads them again only if a later write changes them. Rows of the DRAM tier come from
         memory."""
         out = np.empty((idx.shape[0], self.floats), np.float32)
-        slot = np.full(rows.shape[0], -1, np.int64)
-        slot[pages.on_disk] = np.arange(pages.on_disk.shape[0])
-        where = slot[idx]
+        where = pages.records_of(idx)
         disk = where >= 0
         if not disk.all():  # the DRAM tier's
             out[~disk] = self.cache[self.positions[rows[idx[~disk]]]]
         if disk.any():
             offsets = pages.offsets[where[disk]]
-            which = np.unique(self._record_pages(offsets))
+            which = np.unique(self._spanned(offsets))
             version = self._writes  # before the read, as read_rows
             with pages.lock:  # pages a write has copied its bytes into since they were read: current
                 which = which[pages.read_at[which] < self._page_stamp[pages.pages[which]]]
@@ -544,9 +546,7 @@ class RowFile:
         write is its write."""
         with self._write_lock:
             self._live.discard(pages)
-        slot = np.full(max(int(idx.max(initial=-1)), int(pages.on_disk.max(initial=-1))) + 1, -1, np.int64)
-        slot[pages.on_disk] = np.arange(pages.on_disk.shape[0])
-        at = slot[idx]
+        at = pages.records_of(idx)
         on = at >= 0
         return PageSet(pages.pages, pages.buffer, pages.offsets[at[on]], pages.read_at, np.flatnonzero(on),
                        pages.reads, int(on.sum()), pages.lock)  # fmt: skip

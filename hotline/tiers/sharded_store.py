@@ -44,12 +44,10 @@ class Route:
     """Rows each requester asked of this rank."""
     stale_counts: np.ndarray = field(default_factory=lambda: _EMPTY)
     """How many flagged rows each owner sends again."""
-    serve_stale: np.ndarray = field(default_factory=lambda: _EMPTY)
-    """Local rows this rank flagged, grouped by requester (it sends them again)."""
     serve_counts: np.ndarray = field(default_factory=lambda: _EMPTY)
     """How many flagged rows this rank sends again to each requester."""
     stale_at: np.ndarray = field(default_factory=lambda: _EMPTY)
-    """Where the flagged rows stand in ``owned``."""
+    """Where the rows this rank flagged stand in ``owned`` (grouped by requester: it sends them again)."""
     pages: object = None
     """What the owner's fetch of ``owned`` read (a disk shard's tracked pages; None in memory)."""
 
@@ -112,7 +110,6 @@ class ShardedColdStore(ColdStore):
             source = np.repeat(np.arange(N), recv_counts)
             out.stale = order[sent_stale]
             route.stale_counts = np.bincount(owner[order][sent_stale], minlength=N)
-            route.serve_stale = local[stale]
             route.stale_at = np.flatnonzero(stale)
             route.serve_counts = np.bincount(source[stale], minlength=N)
         out.times = {"exchange_ahead" if step >= 0 else "exchange": time.perf_counter() - t0}
@@ -125,10 +122,8 @@ class ShardedColdStore(ColdStore):
 
     def refresh(self, fetch: ColdFetch, slots=None):
         r = fetch.route
-        if r.pages is None:
-            send = torch.from_numpy(self.host.get(r.serve_stale)[0])
-        else:  # from the owner's fetched pages, read from disk only where no write has brought them up to date
-            send = torch.from_numpy(self.host.reread(r.owned, r.pages, r.stale_at)[0])
+        # a disk shard: from the owner's fetched pages, read from disk only where no write brought them up to date
+        send = torch.from_numpy(self.host.reread(r.owned, r.pages, r.stale_at)[0])
         got, _ = self.comm.all_to_all(send, r.serve_counts, "cold_refresh", r.stale_counts)
         return fetch.stale, got.numpy(), np.zeros(0, np.float32)  # the owners hold the state they update
 
