@@ -494,22 +494,27 @@ def pool_penalties(step: dict, *calibrations: dict) -> None:
     :func:`~hotline.profiling.disk_calibrate.pipeline_penalty`), not the mean of the two priced figures: a gain
     one calibration shows beyond its noise and the other does not is weighed by its pairs, not taken at half its
     size."""
-    from hotline.profiling.disk_calibrate import pipeline_penalty, pooled_penalty
+    from hotline.profiling.disk_calibrate import BESIDE_SHARES, _lane_ratio, pipeline_penalty, pooled_penalty
 
     def pairs(name: str) -> list | None:
         parts = [c.get("penalties_measured", {}).get(name, {}).get("pairs") for c in calibrations]
         return [tuple(pair) for part in parts for pair in part] if all(parts) else None
 
     measured = {}
-    for name in ("compute", "read_write_pair"):
-        # calibrations from before the pairs were kept: their mean stands
+    beside = ["compute", *(f"compute_at_{share:g}" for share in BESIDE_SHARES if share != 1.0)]
+    for name in (*beside, "read_write_pair"):
+        # calibrations from before the pairs were kept (or before the shorter compute was timed): their mean stands
         if (got := pairs(name)) is not None:
             measured[name] = pooled_penalty(got)
     if "compute" in measured:
         step["compute_penalty"] = measured["compute"]["penalty"]
+    if all(name in measured for name in beside) and "compute_penalties" in step:
+        step["compute_penalties"] = sorted(
+            [_lane_ratio(measured[name]["pairs"]), measured[name]["penalty"]] for name in beside
+        )
     got = pairs("read_write")
     if got is not None and all(len(t) == 4 for t in got):  # (pipelined, reads, compute, write-backs)
-        measured["read_write"] = pipeline_penalty(got, step["compute_penalty"])
+        measured["read_write"] = pipeline_penalty(got, step.get("compute_penalties", step["compute_penalty"]))
         step["read_write_penalty"] = measured["read_write"]["penalty"]
     if measured:
         step.setdefault("penalties_measured", {}).update(measured)
@@ -640,13 +645,15 @@ def io_summary(mmap: dict | None, k2: dict | None) -> str:
 
 def why_missed(base: str, k2: dict, k0: dict | None, other: dict, hw: dict | None) -> str:
     """Why hotline K>=2 on disk missed its target against ``base``, in the run's measured figures."""
+    from hotline.profiling.disk_calibrate import beside_penalties
+
     io = f"{k2['disk_read_ms']:.0f} ms of reads and {k2['write_back_ms']:.0f} ms of write-back per step"
     step = f"{k2['mode'].split('_')[1].upper()} takes {k2['step_ms']:.0f} ms/step, {k2['exposed_read_ms']:.0f} ms of it waiting for reads"
     pen, res = "", other.get("resident_share_after")
     if hw is not None and "step" in hw.get("disk", {}):
         t = hw["disk"]["step"]
         pen = (f"; calibrated: reads beside writes cost {t['read_write_penalty']:.2f} of the shorter, the I/O "
-               f"beside compute {t['compute_penalty']:.2f}")  # fmt: skip
+               f"beside compute {beside_penalties(t)}")  # fmt: skip
     if base.startswith("mmap"):
         by_step = other["os_read_bytes_by_step"]
         return (

@@ -840,16 +840,22 @@ def test_calibrate_disk_cli(tmp_path, capsys):
     for name in ("read_write", "compute"):  # what was measured beside what is priced
         got = t["penalties_measured"][name]
         assert got["penalty"] == t[f"{name}_penalty"] and got["se"] >= 0 and 0 <= got["pooled"] <= 3
-    # fitted to timed look-ahead pipelines at the priced compute's penalty
+    # the I/O beside compute timed twice: a compute as long as the I/O (priced alone before) and a quarter as long,
+    # each a point (the lanes' ratio as timed, the penalty priced) of what the model interpolates
+    (r_short, p_short), (r_long, p_long) = t["compute_penalties"]
+    assert 0 < r_short < r_long <= 1 and r_short < 0.6 and p_long == t["compute_penalty"]
+    assert p_short == t["penalties_measured"]["compute_at_0.25"]["penalty"] and 0 <= p_short <= 3
+    # fitted to timed look-ahead pipelines at the priced compute's penalties
     piped = t["penalties_measured"]["read_write"]
     assert len(piped["pairs"]) >= 2 and all(len(p) == 4 and min(p) > 0 for p in piped["pairs"])
-    assert piped["compute_penalty"] == t["compute_penalty"]
+    assert piped["compute_penalty"] == t["compute_penalties"]
     pair = t["penalties_measured"]["read_write_pair"]  # the two-thread pair, kept for the record
     assert len(pair["pairs"]) >= 3 and all(len(p) == 3 for p in pair["pairs"]) and 0 <= pair["pooled"] <= 3
     json.dumps(t, allow_nan=False)  # plain JSON: no Infinity or NaN
     assert t["probe"]["rows"] == 2048 and t["probe"]["read_us"] > 0 and t["probe"]["write_us"] > 0
     printed = capsys.readouterr().out
     assert "random 4 KiB reads" in printed and "a step's I/O (128-byte records)" in printed
+    assert f"of the I/O beside compute {p_short:.2f} with the compute {r_short:.2f} of the I/O, " in printed
     assert not list(tmp_path.glob(".hotline-disk-calibration-*"))  # its scratch folder is gone
     assert {p: p.read_text() for p in mine} == mine
     assert main(["calibrate", "--out", str(out), "--disk-only"]) == 2
@@ -1051,6 +1057,53 @@ def test_pipeline_penalty_is_the_read_write_penalty_that_prices_the_timed_pipeli
     assert pipeline_penalty([(2.0, 1.0, 1.0, 1.0)], 0.5)["penalty"] == 1.0  # one pair: no noise known
 
 
+def _piped(read: float, compute: float, write: float, p_rw: float, curve: list) -> float:
+    """The cost model's look-ahead step of a disk lane (reads beside writes at ``p_rw``) beside the compute, at
+    the penalty ``curve`` gives their ratio."""
+    from hotline.profiling.costmodel import _overlapped
+    from hotline.profiling.disk_calibrate import penalty_at
+
+    disk = _overlapped(read, write, p_rw)
+    return _overlapped(disk, compute, penalty_at(curve, min(disk, compute) / max(disk, compute)))
+
+
+def test_the_io_beside_compute_is_priced_by_the_lanes_ratio():
+    """Timed at two compute lengths, the I/O beside compute is priced at the lanes' ratio: linear between the two
+    points, the nearer one's beyond them (golden); the pipeline's fit and the cost model's look-ahead step price
+    with the same points, and one figure (an older calibration) prices every ratio alike."""
+    from hotline.profiling.costmodel import _beside
+    from hotline.profiling.disk_calibrate import _lane_ratio, _read_write_fit, penalty_at, pipeline_penalty
+
+    points = [[0.25, 0.1], [1.0, 0.85]]
+    assert penalty_at(points, 0.25) == pytest.approx(0.1) and penalty_at(points, 1.0) == pytest.approx(0.85)
+    assert penalty_at(points, 0.5) == pytest.approx(0.35)  # 0.1 + 0.75 * (0.25 / 0.75)
+    assert penalty_at(points, 0.1) == pytest.approx(0.1)  # below the shorter compute timed: its penalty
+    assert penalty_at(points[::-1], 0.7) == pytest.approx(0.55)  # the points in any order
+    assert penalty_at(0.69, 0.1) == penalty_at(0.69, 1.0) == 0.69
+    # a point rising faster than the ratio is taken at that bound, one below the point before at its level
+    assert penalty_at([[0.25, 0.0], [0.5, 0.9]], 0.5) == pytest.approx(0.25)
+    assert penalty_at([[0.25, 0.4], [1.0, 0.1]], 1.0) == pytest.approx(0.4)
+    assert _lane_ratio([(1.2, 1.0, 0.2), (1.1, 1.0, 0.3)]) == pytest.approx(0.25)  # 0.5 s beside 2 s
+    # the cost model: 200 ms of I/O beside 40 ms of compute (ratio 0.2: 0.1 of it), and beside 150 ms (0.75: 0.6)
+    assert _beside(0.2, 0.04, {"compute_penalty": 0.85, "compute_penalties": points}) == pytest.approx(0.204)
+    assert _beside(0.15, 0.2, {"compute_penalty": 0.85, "compute_penalties": points}) == pytest.approx(0.29)
+    assert _beside(0.2, 0.04, {"compute_penalty": 0.85}) == pytest.approx(0.234)
+    # the fit: a disk lane of 2 s (1 s of reads, 1 s of writes at 1.0) beside 1 s of compute (ratio 0.5: 0.35)
+    assert _read_write_fit(2.35, 1.0, 1.0, 1.0, points) == pytest.approx(1.0)
+    rng = np.random.default_rng(4)
+    for _ in range(200):  # the fitted penalty gives back the pipelined seconds through the model's own step
+        r, c, w = rng.uniform(0.1, 2.0, 3)
+        p_rw = rng.uniform(0.0, 1.5)
+        curve = sorted(
+            [[rng.uniform(0.05, 0.5), rng.uniform(0.0, 0.5)], [rng.uniform(0.6, 1.0), rng.uniform(0.3, 1.2)]]
+        )
+
+        got = _read_write_fit(_piped(r, c, w, p_rw, curve), r, c, w, curve)
+        assert _piped(r, c, w, got, curve) == pytest.approx(_piped(r, c, w, p_rw, curve), rel=1e-9)
+    got = pipeline_penalty([(2.35, 1.0, 1.0, 1.0), (2.35, 1.0, 1.0, 1.0)], points)
+    assert got["pooled"] == pytest.approx(1.0) and got["compute_penalty"] == points
+
+
 def test_bench_disk_tier_pools_the_two_calibrations_pairs(monkeypatch):
     """The benchmark's disk figures are the mean of a calibration before its rows and one after; the overlap
     penalties are pooled from both calibrations' pairs (golden), not averaged: a gain within the pooled noise is
@@ -1081,6 +1134,22 @@ def test_bench_disk_tier_pools_the_two_calibrations_pairs(monkeypatch):
     assert step["read_write_penalty"] == 1.0  # 0.75 + 2 se >= 1: not the mean, 0.75
     assert step["compute_penalty"] == pytest.approx(0.5)  # both show it: pooled, as each
     assert step["penalties_measured"]["read_write_pair"]["penalty"] == pytest.approx(0.5)  # kept, not priced
+    # calibrations that also timed a compute a quarter of the I/O: both points pooled, the pipeline fitted at them
+    short = [(1.0, 1.0, 0.25), (1.05, 1.0, 0.25)]  # 0 and 0.2 of the compute: 0.1 pooled, ratio 0.25
+    a["penalties_measured"]["compute_at_0.25"] = b["penalties_measured"]["compute_at_0.25"] = pooled_penalty(
+        short
+    )
+    step = bench_disk_tier.mean_of(a, b) | {
+        "compute_penalty": 0.5,
+        "compute_penalties": [[0.3, 0.2], [1.0, 0.5]],
+    }
+    bench_disk_tier.pool_penalties(step, a, b)
+    assert step["compute_penalties"] == [[pytest.approx(0.25), pytest.approx(0.1)], [1.0, pytest.approx(0.5)]]
+    assert step["penalties_measured"]["read_write"]["compute_penalty"] == step["compute_penalties"]
+    # the six pipelines' sums: 13.5 s, 6 s of each lane; the disk lane D beside 6 s of compute at ratio r = 6 / D:
+    # D + 6 (0.1 + 0.4 (r - 0.25) / 0.75) = 13.5, so D^2 - 13.7 D + 19.2 = 0, D = 12.115, (D - 6) / 6 = 1.019
+    # (at one figure, 0.5, it was 0.75)
+    assert step["penalties_measured"]["read_write"]["pooled"] == pytest.approx(1.0192, abs=1e-4)
     old = {"penalties_measured": {"read_write": {"penalty": 0.6, "pooled": 0.6, "se": 0.1}}}
     step = {"read_write_penalty": 0.8}
     bench_disk_tier.pool_penalties(step, old, b)  # one without pairs: the mean stands

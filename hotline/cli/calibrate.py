@@ -89,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         return error("calibrate", e)
     if "disk" in hw:
+        from hotline.profiling.disk_calibrate import beside_penalties
+
         k = hw["disk"]
         print(
             f"disk ({k['io_mode']}): random 4 KiB reads {k['read_iops']['1']:,.0f}/s at depth 1, "
@@ -101,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
             f"{t['read']['us_per_call']:,.1f} us/request + {t['read']['us_per_page']:,.1f} us/page, write-backs "
             f"{t['write']['fixed_us'] / 1e3:,.2f} ms + {t['write']['us_per_call']:,.1f} us/request + "
             f"{t['write']['us_per_page']:,.1f} us/page; overlap penalty of reads beside write-backs "
-            f"{_penalty(t, 'read_write')}, of the I/O beside compute {_penalty(t, 'compute')}"
+            f"{_penalty(t, 'read_write')}, of the I/O beside compute {beside_penalties(t, _penalty)}"
         )
     if args.disk_only:
         print(f"written to {args.out}")

@@ -268,6 +268,17 @@ def _overlapped(a: float, b: float, penalty: float) -> float:
     return max(a, b) + penalty * min(a, b)
 
 
+def _beside(io: float, compute: float, timing: dict) -> float:
+    """Seconds of the disk lane beside the compute lane: :func:`_overlapped` at the calibrated penalty of the I/O
+    beside compute, at the two lanes' ratio where it was timed at several (``compute_penalties``)."""
+    from hotline.profiling.disk_calibrate import penalty_at
+
+    ratio = min(io, compute) / max(io, compute) if max(io, compute) > 0 else 1.0
+    return _overlapped(
+        io, compute, penalty_at(timing.get("compute_penalties", timing["compute_penalty"]), ratio)
+    )
+
+
 @dataclass
 class Prediction:
     """Predicted step time of one mode, by phase."""
@@ -549,8 +560,8 @@ def predict(mode: str, w: Workload, s: Stats, hw: dict, disk: DiskTier | None = 
         )
         step = max(step, lanes["shared cores"])
         if disk is not None:  # the I/O threads beside the compute, as the calibration timed them together
-            lanes["disk beside compute"] = _overlapped(
-                lanes["disk (reads beside writes)"], lanes["shared cores"], timing["compute_penalty"]
+            lanes["disk beside compute"] = _beside(
+                lanes["disk (reads beside writes)"], lanes["shared cores"], timing
             )
             step = max(step, lanes["disk beside compute"])
     handover = host.get("handover_us", 0.0) * 1e-6

@@ -19,7 +19,8 @@ Two kinds of figures:
   of the shorter of two lanes that still costs time, 0 free, 1 none,
   :func:`hotline.profiling.calibrate.overlap_penalty`; pooled over pairs timed in ABBA order, and a gain the
   pairs do not show beyond their noise priced as none, :func:`pooled_penalty`): the I/O (reads beside
-  write-backs) beside a forward and backward pass on the main thread (``compute_penalty``), and a step's reads
+  write-backs) beside a forward and backward pass on the main thread, as long as the I/O (``compute_penalty``)
+  and a quarter as long (``compute_penalties``: both, by the compute's share of the I/O), and a step's reads
   beside the previous steps' write-backs (``read_write_penalty``), fitted to a timed look-ahead pipeline of
   the executor's own producer and writer threads beside the compute (:func:`pipeline_penalty`); and a
   ``probe``, the median times of one of those batches (:data:`PROBE_ROWS`), which :class:`DiskProbe` times
@@ -64,6 +65,13 @@ PIPELINE_STEPS = 4
 """Steps per timing of the look-ahead pipeline (each pair: that many steps one after the other, and pipelined)."""
 PIPELINE_LOOKAHEAD = 2
 """The timed pipeline's look-ahead K (the producer reads at most K steps ahead of the compute)."""
+BESIDE_SHARES = (1.0, 0.25)
+"""The compute lane's length, as a share of the I/O's, at which the I/O beside a forward and backward pass is
+timed (``compute_penalties``: one point each; the cost model interpolates between them by the lanes' ratio).
+The part of the compute that costs time moves with that ratio: timed in one sitting on 2026-12-03 (8,192 rows
+read beside 8,192 written, 12 pairs each), a compute as long as the I/O cost 0.80 of itself and one a quarter
+as long 0.06 (2,048 rows: 0.89 and 0.10); a look-ahead step on the disk store has a compute a fifth to a
+tenth of its I/O."""
 
 
 def _rate(fn, n: int) -> tuple[float, float]:
@@ -238,7 +246,7 @@ def _step_io(f: RowFile, rng: np.random.Generator, repeats: int, compute) -> dic
     # share of the sums, not a vote. (The median of per-repeat penalties it replaces gave 0.83, 0.63 and 0.28 in
     # three calibrations in a row on 2026-12-02, where 8 paired serial/together timings of the same shapes
     # were within 0.97-1.21 of each other: reads beside write-backs gained nothing on that disk.)
-    rw, beside = [], []
+    rw, beside = [], {share: [] for share in BESIDE_SHARES}
     compute()
     t_one = _timed(compute)
     for i in range(3 * repeats):  # pairs (see k above)
@@ -247,21 +255,27 @@ def _step_io(f: RowFile, rng: np.random.Generator, repeats: int, compute) -> dic
         t_io = together()
         tr, tw = (tr, tw) if first else alone()
         rw.append((t_io, tr, tw))
-        # That I/O beside the main thread's forward and backward (the two share this machine's cores).
-        reps = max(1, round(t_io / max(t_one, 1e-6)))
+        # That I/O beside the main thread's forward and backward (the two share this machine's cores), the
+        # compute as long as the I/O and a share of it (BESIDE_SHARES; in turn, first one, then the other).
+        for share in BESIDE_SHARES if first else BESIDE_SHARES[::-1]:
+            reps = max(1, round(share * t_io / max(t_one, 1e-6)))
 
-        def passes(reps: int = reps) -> None:
-            for _ in range(reps):
-                compute()
+            def passes(reps: int = reps) -> None:
+                for _ in range(reps):
+                    compute()
 
-        t_c = _timed(passes) if first else None
-        t_all = together(passes)
-        t_c = _timed(passes) if t_c is None else t_c
-        beside.append((t_all, t_io, t_c))
-    compute_pen = pooled_penalty(beside)
+            t_c = _timed(passes) if first else None
+            t_all = together(passes)
+            t_c = _timed(passes) if t_c is None else t_c
+            beside[share].append((t_all, t_io, t_c))
+    by_share = {share: pooled_penalty(pairs) for share, pairs in beside.items()}
+    curve = [[_lane_ratio(by_share[share]["pairs"]), by_share[share]["penalty"]] for share in BESIDE_SHARES]
+    curve.sort()
+    compute_pen = by_share[1.0]
     penalties = {
-        "read_write": pipeline_penalty(_pipeline_timings(f, rng, repeats, compute), compute_pen["penalty"]),
+        "read_write": pipeline_penalty(_pipeline_timings(f, rng, repeats, compute), curve),
         "compute": compute_pen,
+        **{f"compute_at_{share:g}": by_share[share] for share in BESIDE_SHARES if share != 1.0},
         "read_write_pair": pooled_penalty(rw),  # for the record: the pair no longer prices (STEP_FORMAT 6)
     }
     probe = np.asarray(sizes) == 2 * PROBE_ROWS  # the probe's shape: PROBE_ROWS rows, each alone in its page
@@ -279,6 +293,7 @@ def _step_io(f: RowFile, rng: np.random.Generator, repeats: int, compute) -> dic
         "write": {**_fit(calls, t_write, sizes, pages), "cpu_us_per_call": 1e6 * sum(cpu_write) / total},
         "read_write_penalty": penalties["read_write"]["penalty"],
         "compute_penalty": penalties["compute"]["penalty"],
+        "compute_penalties": curve,
         "penalties_measured": penalties,
     }
 
@@ -290,7 +305,12 @@ def _pipeline_timings(f: RowFile, rng: np.random.Generator, repeats: int, comput
     executor's own threads (:class:`hotline.pipeline.threads.Producer` reading at most
     :data:`PIPELINE_LOOKAHEAD` steps ahead, :class:`~hotline.pipeline.threads.Worker` writing each step back
     after its compute, the compute on this thread), in ABBA order. The compute of a step is as many forward and
-    backward passes as one read takes, so that no lane hides the others."""
+    backward passes as make it the shorter share of :data:`BESIDE_SHARES` (a quarter) of the step's I/O (a read
+    and its write-back): the disk lane the longest, as in a look-ahead step on the disk store (its compute a
+    tenth to a quarter of its I/O in ``bench_disk_tier``), and the compute beside it at the ratio whose penalty
+    the calibration timed rather than one it interpolates. (One read's time of compute, half the I/O, fitted
+    reads beside write-backs at 1.45 on 2026-12-03 12:43 with the penalties interpolated there, where the K=2
+    rows of ``bench_disk_tier`` right after were priced at 0.85-0.90 of what they ran.)"""
     from hotline.pipeline.threads import Producer, Worker
 
     n = min(PIPELINE_ROWS, f.num_rows // 2)
@@ -305,7 +325,8 @@ def _pipeline_timings(f: RowFile, rng: np.random.Generator, repeats: int, comput
     t_one = _timed(compute)
     f.read_rows(batch())  # untimed: the pool's threads and buffers at this size
     b = batch()
-    reps = max(1, round(_timed(lambda: f.read_rows(b)) / max(t_one, 1e-6)))
+    # the compute a quarter of the step's I/O (a read and its write-back, about twice the read)
+    reps = max(1, round(min(BESIDE_SHARES) * 2 * _timed(lambda: f.read_rows(b)) / max(t_one, 1e-6)))
 
     def passes() -> None:
         for _ in range(reps):
@@ -349,25 +370,69 @@ def _write_back(f: RowFile):
     return lambda job: f.write_rows(*job)
 
 
-def _read_write_fit(together: float, read: float, compute: float, write: float, compute_penalty: float) -> float:  # fmt: skip
+def _lane_ratio(pairs: list) -> float:
+    """The shorter lane over the longer, from the sums of paired timings ``(together, a alone, b alone)``."""
+    a, b = (sum(t[i] for t in pairs) for i in (1, 2))
+    return float(min(a, b) / max(a, b, 1e-12))
+
+
+def penalty_at(penalty: float | list, ratio: float) -> float:
+    """The overlap penalty of two lanes whose shorter is ``ratio`` of the longer: ``penalty`` itself where it is
+    one figure, or, where it is points ``[[ratio, penalty], ...]`` (``compute_penalties``, timed at
+    :data:`BESIDE_SHARES`), linear between them and the nearest one's beyond them. Between two points the
+    penalty rises with the ratio by at most the ratio's own rise (a point above that, or below the one before
+    it, is taken at that bound): the step, the longer lane plus the penalty of the shorter, then never shrinks
+    as either lane grows (its slope in the longer lane is 1 - slope * ratio^2), which the fit of reads beside
+    write-backs relies on, and a noisy point cannot price the shorter compute dearer than the longer."""
+    if not isinstance(penalty, list):
+        return float(penalty)
+    points = sorted(penalty)
+    ratios, penalties = [float(points[0][0])], [float(points[0][1])]
+    for r, p in points[1:]:
+        ratios.append(float(r))
+        penalties.append(min(max(float(p), penalties[-1]), penalties[-1] + ratios[-1] - ratios[-2]))
+    return float(np.interp(ratio, ratios, penalties))
+
+
+def beside_penalties(step: dict, one=None) -> str:
+    """The calibrated penalty of the I/O beside compute in words: one per compute length timed, by its share of
+    the I/O's (``compute_penalties``), or the one figure of an older calibration (``one(step, "compute")``
+    words it, where given)."""
+    points = step.get("compute_penalties")
+    if not points:
+        return one(step, "compute") if one is not None else f"{step['compute_penalty']:.2f}"
+    return ", ".join(f"{p:.2f} with the compute {r:.2f} of the I/O" for r, p in points)
+
+
+def _read_write_fit(together: float, read: float, compute: float, write: float, compute_penalty: float | list) -> float:  # fmt: skip
     """The reads-beside-write-backs penalty with which the cost model's look-ahead step (the reads beside the
     write-backs, :func:`hotline.profiling.costmodel._overlapped`, and that beside the compute at
-    ``compute_penalty``) takes ``together`` seconds, in [0, 3]. Where the compute lane is the longer and
-    ``compute_penalty`` is 0, any disk lane up to the compute's gives the same step: the largest is taken."""
-    disk = together - compute_penalty * compute  # the disk lane the longer: together = disk + pc * compute
-    if disk < compute:  # the compute the longer: together = compute + pc * disk
-        disk = (together - compute) / compute_penalty if compute_penalty > 0 else compute
+    ``compute_penalty``, one figure or points by the lanes' ratio: :func:`penalty_at`) takes ``together``
+    seconds, in [0, 3]: the disk lane solved by bisection, the largest with which the step is no longer than
+    ``together`` (where the compute lane is the longer and its penalty is 0, any disk lane up to the compute's
+    gives the same step)."""
+
+    def step(disk: float) -> float:
+        ratio = min(disk, compute) / max(disk, compute, 1e-12)
+        return max(disk, compute) + penalty_at(compute_penalty, ratio) * min(disk, compute)
+
+    lo, hi = 0.0, max(together, compute)  # step(lo) <= together < step(hi), unless together < compute
+    if step(hi) <= together:
+        lo = hi
+    for _ in range(64):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if step(mid) <= together else (lo, mid)
     longer, shorter = max(read, write), min(read, write)
-    return float(min(3.0, max(0.0, (disk - longer) / max(shorter, 1e-9))))
+    return float(min(3.0, max(0.0, (lo - longer) / max(shorter, 1e-9))))
 
 
-def pipeline_penalty(timings: list[tuple[float, float, float, float]], compute_penalty: float) -> dict:
+def pipeline_penalty(timings: list[tuple[float, float, float, float]], compute_penalty: float | list) -> dict:
     """The reads-beside-write-backs penalty the cost model prices look-ahead with, from paired timings
     ``(pipelined, reads, compute, write-backs)`` of a look-ahead pipeline (:func:`_pipeline_timings`): the
-    penalty with which the model's step, at ``compute_penalty`` for the I/O beside the compute, takes the
-    pipelined seconds (:func:`_read_write_fit`). ``pooled`` from the sums of the pairs, ``se`` the standard
-    error of the pairs' own fits, and ``penalty`` by :func:`pooled_penalty`'s rule (a gain within the noise
-    priced as none).
+    penalty with which the model's step, at ``compute_penalty`` for the I/O beside the compute (one figure, or
+    points by the lanes' ratio: :func:`penalty_at`), takes the pipelined seconds (:func:`_read_write_fit`).
+    ``pooled`` from the sums of the pairs, ``se`` the standard error of the pairs' own fits, and ``penalty`` by
+    :func:`pooled_penalty`'s rule (a gain within the noise priced as none).
 
     A pair of threads, one reading and one writing a batch, priced it before (format 5): in three calibrations
     on 2026-12-02 the pairs credited a gain (0.72-0.83) and ``bench_disk_tier``'s K=2 rows came out up to 1.27x
@@ -379,7 +444,8 @@ def pipeline_penalty(timings: list[tuple[float, float, float, float]], compute_p
     pooled = _read_write_fit(*np.asarray(timings, float).sum(axis=0), compute_penalty)
     each = [_read_write_fit(*t, compute_penalty) for t in timings]
     pairs = [[float(x) for x in t] for t in timings]
-    return {**_priced(pooled, each), "pairs": pairs, "compute_penalty": float(compute_penalty)}
+    pc = compute_penalty if isinstance(compute_penalty, list) else float(compute_penalty)
+    return {**_priced(pooled, each), "pairs": pairs, "compute_penalty": pc}
 
 
 def pooled_penalty(timings: list[tuple[float, float, float]]) -> dict:
