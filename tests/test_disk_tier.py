@@ -346,14 +346,19 @@ def test_tracked_pages_take_the_bytes_of_earlier_steps_writes_so_nothing_is_read
 @pytest.mark.parametrize("kind", ["sgd", "rowwise-adagrad", "adam"])
 def test_a_disk_shards_update_takes_its_rows_from_the_fetched_pages(tmp_path, kind):
     """A rank's disk shard (``DiskRows``, N ranks): the rows the ranks asked for (repeated: several ranks ask
-    for one row) fetched tracked; earlier steps' updates of some of them and of their neighbours land; the
-    refresh of the flagged rows and this step's update take the rows from the fetched pages, which those
-    writes kept current, and read nothing from disk; the shard then equals the same updates applied, each
-    read from disk, to a second shard."""
+    for one row) fetched tracked, the pages only flagged rows need left unread, as the sharded store's fetch
+    does; earlier steps' updates of some of them and of their neighbours land; the refresh of the flagged rows
+    reads at most the pages the fetch left, and this step's update takes the rows from the fetched pages,
+    which those writes kept current, and reads nothing from disk; the shard then equals the same updates
+    applied, each read from disk, to a second shard."""
     from hotline.tiers.disk_store import DiskRows
     from hotline.tiers.sparse_optim import SparseOptimizer
 
-    n, dim, rng = 3000, 8, np.random.default_rng(13)
+    n, dim, rng = (
+        3000,
+        128,
+        np.random.default_rng(13),
+    )  # 4-8 records a page: some pages only flagged rows need
     opt = SparseOptimizer(kind, 0.05, dim=dim)
     order = rng.permutation(n)
     ours, theirs = (DiskRows(tmp_path / name, n, dim, opt, order, io_depth=3) for name in ("a.bin", "b.bin"))
@@ -364,8 +369,16 @@ def test_a_disk_shards_update_takes_its_rows_from_the_fetched_pages(tmp_path, ki
         pool = rng.choice(n, 500, replace=False)
         for _ in range(6):
             asked = rng.choice(pool, 200)  # repeats
-            w0, _, pages = ours.get(asked, track=True)
-            flagged = np.flatnonzero(rng.random(asked.shape[0]) < 0.3)
+            stale_rows = rng.choice(
+                np.unique(asked), 40, replace=False
+            )  # the claim flags a row wherever asked
+            flagged = np.flatnonzero(np.isin(asked, stale_rows))
+            before = ours.file.bytes_read
+            w0, _, pages = ours.get(asked, skip=flagged, track=True)
+            kept = np.delete(asked, flagged)
+            assert ours.file.bytes_read - before == PAGE * _file_pages(ours.file, kept).shape[0]
+            left = np.setdiff1d(_file_pages(ours.file, stale_rows), _file_pages(ours.file, kept))
+            assert left.shape[0] > 0  # pages only flagged rows need: not read
             for _ in range(2):  # earlier steps' updates, after this fetch
                 rows = rng.choice(pool, 150)
                 g = torch.from_numpy(rng.standard_normal((rows.shape[0], dim)).astype(np.float32))
@@ -374,6 +387,8 @@ def test_a_disk_shards_update_takes_its_rows_from_the_fetched_pages(tmp_path, ki
             before = ours.file.bytes_read
             again = ours.reread(asked, pages, flagged)[0]
             assert np.array_equal(again, theirs.get(asked[flagged])[0])
+            assert ours.file.bytes_read - before <= PAGE * left.shape[0]  # the pages the fetch left, at most
+            before = ours.file.bytes_read
             g = torch.from_numpy(rng.standard_normal((asked.shape[0], dim)).astype(np.float32))
             ours.apply(opt, asked, g, pages)
             assert ours.file.bytes_read == before  # nothing read from disk again
@@ -381,6 +396,58 @@ def test_a_disk_shards_update_takes_its_rows_from_the_fetched_pages(tmp_path, ki
             assert not np.array_equal(w0, theirs.get(asked)[0])  # the rows did change
         for a, b in zip(ours.all(), theirs.all()):
             assert np.array_equal(a, b)
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_the_sharded_stores_fetch_leaves_the_flagged_rows_pages_to_the_refresh(tmp_path):
+    """The sharded store over a disk shard (N ranks; one here, the same code): a look-ahead fetch of rows that an
+    unfinished earlier step holds reads only the pages the other rows need; once that step's update lands, the
+    refresh sends the flagged rows as the update left them, and this step's update reads nothing more from
+    disk. The shard then equals a second one given the same updates, each read from disk."""
+    from hotline.distributed.comm import Comm
+    from hotline.tiers.disk_store import DiskRows
+    from hotline.tiers.sharded_store import ShardedColdStore
+    from hotline.tiers.sparse_optim import SparseOptimizer
+
+    n, dim, rng = 4000, 128, np.random.default_rng(17)
+    opt = SparseOptimizer("sgd", 0.05, dim=dim)
+    order = rng.permutation(n)
+    ours, theirs = (DiskRows(tmp_path / name, n, dim, opt, order, io_depth=3) for name in ("a.bin", "b.bin"))
+    try:
+        init = rng.standard_normal((n, dim)).astype(np.float32)
+        for h in (ours, theirs):
+            h.replace_all(init, np.zeros(opt.state_shape(n), np.float32))
+        store = ShardedColdStore(Comm(), ours, opt, n)
+
+        def update(fetch, rows: np.ndarray, g: torch.Tensor) -> None:
+            at = np.arange(rows.shape[0])
+            store.update(fetch, opt, torch.empty(rows.shape[0], dim), None, at, g, at)
+            theirs.apply(opt, rows, g)
+
+        with store.lookahead():
+            a = rng.choice(n, 300, replace=False)
+            fa = store.fetch(a, None, None, step=0)
+            shared = rng.choice(a, 60, replace=False)
+            b = np.concatenate([shared, rng.choice(np.setdiff1d(np.arange(n), a), 240, replace=False)])
+            before = ours.file.bytes_read
+            fb = store.fetch(b, None, None, step=1)
+            assert sorted(b[fb.stale]) == sorted(shared)  # step 0 holds them and has not updated them
+            kept = np.delete(b, fb.stale)
+            assert ours.file.bytes_read - before == PAGE * _file_pages(ours.file, kept).shape[0]
+            left = np.setdiff1d(_file_pages(ours.file, shared), _file_pages(ours.file, kept))
+            assert left.shape[0] > 0  # pages only flagged rows need: left unread by the fetch
+            update(fa, a, torch.from_numpy(rng.standard_normal((300, dim)).astype(np.float32)))
+            before = ours.file.bytes_read
+            slots, values, _ = store.refresh(fb)
+            assert ours.file.bytes_read - before <= PAGE * left.shape[0]
+            assert np.array_equal(values, theirs.get(b[slots])[0])  # as step 0's update left them
+            before = ours.file.bytes_read
+            update(fb, b, torch.from_numpy(rng.standard_normal((300, dim)).astype(np.float32)))
+            assert ours.file.bytes_read == before  # nothing read from disk again
+        for x, y in zip(ours.all(), theirs.all()):
+            assert np.array_equal(x, y)
     finally:
         ours.close()
         theirs.close()

@@ -251,8 +251,9 @@ class HostRows(ClaimBook):
 
     # The row holder's verbs that a store of a rank's shard uses (``hotline.tiers.disk_store.DiskRows`` has
     # them too: a shard in a file).
-    def get(self, rows: np.ndarray, out_w=None, out_s=None, track: bool = False):
-        """Weights and state of ``rows`` (may repeat), and None (no pages were read: nothing to track)."""
+    def get(self, rows: np.ndarray, out_w=None, out_s=None, skip=None, track: bool = False):
+        """Weights and state of ``rows`` (may repeat), and None (no pages were read: nothing to track; ``skip``,
+        the rows a refresh sends again, are read too: from memory that costs no request)."""
         return self.w[rows], self.s[rows] if self.s.size else self.s[:0], None
 
     def reread(self, rows: np.ndarray, pages, idx: np.ndarray):

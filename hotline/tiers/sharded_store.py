@@ -85,10 +85,14 @@ class ShardedColdStore(ColdStore):
         send_counts = np.bincount(owner, minlength=N)
         asked, recv_counts = comm.all_to_all(torch.from_numpy(rows[order]), send_counts, "cold_ids")
         local = asked.numpy() // N
+        stale_at = _EMPTY
         if step >= 0:  # the claim before the read (see HostRows.claim)
             stale = np.zeros(local.shape[0], bool)
             stale[self.host.claim(local, step, distinct=False)] = True
-        w, s, pages = self.host.get(local, track=step >= 0)  # a disk shard's pages: kept current until update
+            stale_at = np.flatnonzero(stale)
+        # a disk shard's pages: kept current until the update; the pages only flagged rows need are left to the
+        # refresh, which sends those rows again (the values sent for them now are replaced)
+        w, s, pages = self.host.get(local, skip=stale_at, track=step >= 0)
         parts = [w]
         if self.S:
             parts.append(s.reshape(local.shape[0], self.S))
@@ -110,7 +114,7 @@ class ShardedColdStore(ColdStore):
             source = np.repeat(np.arange(N), recv_counts)
             out.stale = order[sent_stale]
             route.stale_counts = np.bincount(owner[order][sent_stale], minlength=N)
-            route.stale_at = np.flatnonzero(stale)
+            route.stale_at = stale_at
             route.serve_counts = np.bincount(source[stale], minlength=N)
         out.times = {"exchange_ahead" if step >= 0 else "exchange": time.perf_counter() - t0}
         if step >= 0:
