@@ -1,6 +1,7 @@
 """The training modes on CUDA: device vs hybrid vs hotline K=0 / K=2, SGD and row-wise Adagrad, with stale
-rows in the look-ahead runs; a look-ahead run with no cold rows at all; in-place pinning; and, with two GPUs,
-two ranks over NCCL (one GPU each) equal to one process. Skipped without CUDA (CI has none).
+rows in the look-ahead runs, the cold rows in host memory and in the disk store; a look-ahead run with no cold
+rows at all; in-place pinning; and, with two GPUs, two ranks over NCCL (one GPU each) equal to one process.
+Skipped without CUDA (CI has none).
 
 Runs from a plain checkout with only torch, numba, numpy, pandas and pytest (the GPU image): tests/conftest.py
 puts the checkout first on ``sys.path`` and ``hotline`` binds ``hotline.kernels`` to its ``kernels/``.
@@ -35,8 +36,8 @@ def _config(mode, optimizer, placement=None, lookahead=0, device="cuda", **kw):
     return TrainConfig(**{**fields, **kw})
 
 
-def _run_cuda(ds, mode, optimizer, placement=None, lookahead=0):
-    tr = Trainer(_config(mode, optimizer, placement, lookahead), ds)
+def _run_cuda(ds, mode, optimizer, placement=None, lookahead=0, **kw):
+    tr = Trainer(_config(mode, optimizer, placement, lookahead, **kw), ds)
     try:
         stats = list(tr.progress(tr.batches()))
         # a step's loss on a device is a DeferredLoss (read late): float() reads it
@@ -59,6 +60,22 @@ def _device(ds, optimizer):
 def test_modes_equal_device_on_cuda(dataset, tmp_path, optimizer, mode, lookahead):
     path = _placement(dataset, "profiled", optimizer, tmp_path / "p.npz") if mode == "hotline" else None
     got = _run_cuda(dataset, mode, optimizer, path, lookahead)
+    if lookahead:
+        assert sum(s.counters["stale_rows"] for s in got[2]) > 0
+    assert_equivalent(_device(dataset, optimizer), got, rtol=RTOL)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "rowwise-adagrad"])
+@pytest.mark.parametrize("mode,lookahead", [("hybrid", 0), ("hotline", 0), ("hotline", 2)])
+def test_the_disk_store_equals_device_on_cuda(dataset, tmp_path, optimizer, mode, lookahead):
+    """The cold rows and their state in the disk store (a file in tmp_path, O_DIRECT where the filesystem
+    allows), the hot tier and the compute on CUDA: equal to device mode as the host-memory store is (on the
+    CPU the two stores are bit-identical: tests/test_disk_tier.py)."""
+    path = _placement(dataset, "profiled", optimizer, tmp_path / "p.npz") if mode == "hotline" else None
+    cold = tmp_path / "cold"
+    cold.mkdir()
+    got = _run_cuda(dataset, mode, optimizer, path, lookahead, cold_store="disk", cold_dir=str(cold))
+    assert sum(s.counters["disk_rows"] for s in got[2]) > 0  # rows came from the file
     if lookahead:
         assert sum(s.counters["stale_rows"] for s in got[2]) > 0
     assert_equivalent(_device(dataset, optimizer), got, rtol=RTOL)

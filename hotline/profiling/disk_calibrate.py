@@ -70,8 +70,8 @@ BESIDE_SHARES = (1.0, 0.25)
 timed (``compute_penalties``: one point each; the cost model interpolates between them by the lanes' ratio).
 The part of the compute that costs time moves with that ratio: timed in one sitting on 2026-12-03 (8,192 rows
 read beside 8,192 written, 12 pairs each), a compute as long as the I/O cost 0.80 of itself and one a quarter
-as long 0.06 (2,048 rows: 0.89 and 0.10); a look-ahead step on the disk store has a compute a fifth to a
-tenth of its I/O."""
+as long 0.06 (2,048 rows: 0.89 and 0.10); a look-ahead step on the disk store has a compute a tenth to a
+quarter of its I/O (``bench_disk_tier``)."""
 
 
 def _rate(fn, n: int) -> tuple[float, float]:
