@@ -134,6 +134,13 @@ def test_the_disk_is_timed_once_per_filesystem_and_record(tmp_path, monkeypatch)
     assert filesystem_of(tmp_path / "other") == filesystem_of(cold)
     assert disk_hardware_path(tmp_path / "other", 256, 4) == path
     assert disk_hardware_path(cold, 1540, 4) != path and disk_hardware_path(cold, 256, 32) != path
+    assert "compute_penalties" in d["step"]  # the I/O beside compute at each length timed
+    # a timing kept before the I/O beside compute was timed at these lengths is not read: timed anew
+    import hotline.profiling.disk_calibrate as dc
+
+    with monkeypatch.context() as m:
+        m.setattr(dc, "BESIDE_SHARES", (1.0,))
+        assert disk_hardware_path(cold, 256, 4) != path
     with pytest.raises(
         ValueError, match=r"could not time the disk of --cold-dir .*missing.*--hardware FILE"
     ) as e:

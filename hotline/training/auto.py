@@ -460,13 +460,15 @@ def filesystem_of(path: str | os.PathLike) -> list[str]:
 def disk_hardware_path(cold_dir: str | os.PathLike, record_bytes: int, depth: int) -> Path:
     """Where :func:`disk_hardware` keeps the timing of ``cold_dir``'s disk: the cache directory, one file per
     host, filesystem (:func:`filesystem_of`), record size and I/O depth (the step-shaped figures depend on
-    both) and timing format."""
+    both) and timing format (the step section's, and the compute lengths the I/O beside compute is timed at:
+    a timing kept before either changed is not read, and the disk is timed again)."""
     import platform
 
     from hotline.datasets.default import cache_root
-    from hotline.profiling.disk_calibrate import STEP_FORMAT
+    from hotline.profiling.disk_calibrate import BESIDE_SHARES, STEP_FORMAT
 
-    key = json.dumps([platform.node(), filesystem_of(cold_dir), int(record_bytes), int(depth), STEP_FORMAT])
+    key = json.dumps([platform.node(), filesystem_of(cold_dir), int(record_bytes), int(depth), STEP_FORMAT,
+                      list(BESIDE_SHARES)])  # fmt: skip
     return cache_root() / f"disk-{hashlib.sha256(key.encode()).hexdigest()[:12]}.json"
 
 
