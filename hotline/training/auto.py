@@ -480,7 +480,7 @@ def disk_hardware(
     **timing,
 ) -> dict:
     """The ``disk`` section ``auto`` prices the disk store with: `hotline calibrate --disk`'s figures for the
-    filesystem of ``cold_dir`` at the run's record size and I/O depth, timed once (under a minute) and read
+    filesystem of ``cold_dir`` at the run's record size and I/O depth, timed once (about a minute) and read
     back from :func:`disk_hardware_path` afterwards (its ``source`` records the load average it was timed at;
     delete the file to time it again). The timing runs in a fresh directory of its own inside
     ``cold_dir`` (scratch files, removed with it afterwards: nothing of the user's is touched; made by
@@ -499,7 +499,7 @@ def disk_hardware(
     fs = filesystem_of(cold_dir)
     what = f"{fs[3]} on {fs[2]}" if len(fs) == 4 else fs[0]
     say(f"timing the disk of {cold_dir} once for --mode auto ({what}, {record_bytes}-byte records, depth "
-        f"{depth}; under a minute, on scratch files removed afterwards; kept in {path})")  # fmt: skip
+        f"{depth}; about a minute, on scratch files removed afterwards; kept in {path})")  # fmt: skip
     try:  # in a scratch folder of its own that calibrate_disk makes in cold_dir and removes
         section = calibrate_disk(cold_dir, depth, record_bytes=record_bytes, **timing)
     except (OSError, ValueError) as e:
