@@ -351,21 +351,12 @@ def test_a_disk_shards_update_takes_its_rows_from_the_fetched_pages(tmp_path, ki
     reads at most the pages the fetch left, and this step's update takes the rows from the fetched pages,
     which those writes kept current, and reads nothing from disk; the shard then equals the same updates
     applied, each read from disk, to a second shard."""
-    from hotline.tiers.disk_store import DiskRows
     from hotline.tiers.sparse_optim import SparseOptimizer
 
-    n, dim, rng = (
-        3000,
-        128,
-        np.random.default_rng(13),
-    )  # 4-8 records a page: some pages only flagged rows need
+    n, dim, rng = 3000, 128, np.random.default_rng(13)  # 4-8 records a page: some hold only flagged rows
     opt = SparseOptimizer(kind, 0.05, dim=dim)
-    order = rng.permutation(n)
-    ours, theirs = (DiskRows(tmp_path / name, n, dim, opt, order, io_depth=3) for name in ("a.bin", "b.bin"))
+    ours, theirs = _twin_shards(tmp_path, n, dim, opt, rng)
     try:
-        init = rng.standard_normal((n, dim)).astype(np.float32)
-        for h in (ours, theirs):
-            h.replace_all(init, np.zeros(opt.state_shape(n), np.float32))
         pool = rng.choice(n, 500, replace=False)
         for _ in range(6):
             asked = rng.choice(pool, 200)  # repeats
@@ -407,18 +398,13 @@ def test_the_sharded_stores_fetch_leaves_the_flagged_rows_pages_to_the_refresh(t
     refresh sends the flagged rows as the update left them, and this step's update reads nothing more from
     disk. The shard then equals a second one given the same updates, each read from disk."""
     from hotline.distributed.comm import Comm
-    from hotline.tiers.disk_store import DiskRows
     from hotline.tiers.sharded_store import ShardedColdStore
     from hotline.tiers.sparse_optim import SparseOptimizer
 
     n, dim, rng = 4000, 128, np.random.default_rng(17)
     opt = SparseOptimizer("sgd", 0.05, dim=dim)
-    order = rng.permutation(n)
-    ours, theirs = (DiskRows(tmp_path / name, n, dim, opt, order, io_depth=3) for name in ("a.bin", "b.bin"))
+    ours, theirs = _twin_shards(tmp_path, n, dim, opt, rng)
     try:
-        init = rng.standard_normal((n, dim)).astype(np.float32)
-        for h in (ours, theirs):
-            h.replace_all(init, np.zeros(opt.state_shape(n), np.float32))
         store = ShardedColdStore(Comm(), ours, opt, n)
 
         def update(fetch, rows: np.ndarray, g: torch.Tensor) -> None:
@@ -451,6 +437,24 @@ def test_the_sharded_stores_fetch_leaves_the_flagged_rows_pages_to_the_refresh(t
     finally:
         ours.close()
         theirs.close()
+
+
+def _twin_shards(tmp_path, n: int, dim: int, opt, rng: np.random.Generator) -> tuple:
+    """Two disk shards (``DiskRows``) of ``n`` rows in one random file order, with the same random rows and zero
+    state: one to drive, the other to give the same updates, each read from disk."""
+    from hotline.tiers.disk_store import DiskRows
+
+    order = rng.permutation(n)
+    shards = tuple(DiskRows(tmp_path / name, n, dim, opt, order, io_depth=3) for name in ("a.bin", "b.bin"))
+    try:
+        init = rng.standard_normal((n, dim)).astype(np.float32)
+        for h in shards:
+            h.replace_all(init, np.zeros(opt.state_shape(n), np.float32))
+    except BaseException:
+        for h in shards:
+            h.close()
+        raise
+    return shards
 
 
 def _file_pages(f: RowFile, rows: np.ndarray) -> np.ndarray:
