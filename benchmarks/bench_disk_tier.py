@@ -494,14 +494,20 @@ def pool_penalties(step: dict, *calibrations: dict) -> None:
     :func:`~hotline.profiling.disk_calibrate.pipeline_penalty`), not the mean of the two priced figures: a gain
     one calibration shows beyond its noise and the other does not is weighed by its pairs, not taken at half its
     size."""
-    from hotline.profiling.disk_calibrate import BESIDE_SHARES, _lane_ratio, pipeline_penalty, pooled_penalty
+    from hotline.profiling.disk_calibrate import (
+        BESIDE_SHARES,
+        beside_name,
+        penalty_curve,
+        pipeline_penalty,
+        pooled_penalty,
+    )
 
     def pairs(name: str) -> list | None:
         parts = [c.get("penalties_measured", {}).get(name, {}).get("pairs") for c in calibrations]
         return [tuple(pair) for part in parts for pair in part] if all(parts) else None
 
     measured = {}
-    beside = ["compute", *(f"compute_at_{share:g}" for share in BESIDE_SHARES if share != 1.0)]
+    beside = [beside_name(share) for share in BESIDE_SHARES]
     for name in (*beside, "read_write_pair"):
         # calibrations from before the pairs were kept (or before the shorter compute was timed): their mean stands
         if (got := pairs(name)) is not None:
@@ -509,9 +515,7 @@ def pool_penalties(step: dict, *calibrations: dict) -> None:
     if "compute" in measured:
         step["compute_penalty"] = measured["compute"]["penalty"]
     if all(name in measured for name in beside) and "compute_penalties" in step:
-        step["compute_penalties"] = sorted(
-            [_lane_ratio(measured[name]["pairs"]), measured[name]["penalty"]] for name in beside
-        )
+        step["compute_penalties"] = penalty_curve(measured)
     got = pairs("read_write")
     if got is not None and all(len(t) == 4 for t in got):  # (pipelined, reads, compute, write-backs)
         measured["read_write"] = pipeline_penalty(got, step.get("compute_penalties", step["compute_penalty"]))

@@ -271,12 +271,9 @@ def _overlapped(a: float, b: float, penalty: float) -> float:
 def _beside(io: float, compute: float, timing: dict) -> float:
     """Seconds of the disk lane beside the compute lane: :func:`_overlapped` at the calibrated penalty of the I/O
     beside compute, at the two lanes' ratio where it was timed at several (``compute_penalties``)."""
-    from hotline.profiling.disk_calibrate import penalty_at
+    from hotline.profiling.disk_calibrate import overlapped_at
 
-    ratio = min(io, compute) / max(io, compute) if max(io, compute) > 0 else 1.0
-    return _overlapped(
-        io, compute, penalty_at(timing.get("compute_penalties", timing["compute_penalty"]), ratio)
-    )
+    return overlapped_at(io, compute, timing.get("compute_penalties", timing["compute_penalty"]))
 
 
 @dataclass

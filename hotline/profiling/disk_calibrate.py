@@ -268,16 +268,12 @@ def _step_io(f: RowFile, rng: np.random.Generator, repeats: int, compute) -> dic
             t_all = together(passes)
             t_c = _timed(passes) if t_c is None else t_c
             beside[share].append((t_all, t_io, t_c))
-    by_share = {share: pooled_penalty(pairs) for share, pairs in beside.items()}
-    curve = [[_lane_ratio(by_share[share]["pairs"]), by_share[share]["penalty"]] for share in BESIDE_SHARES]
-    curve.sort()
-    compute_pen = by_share[1.0]
-    penalties = {
-        "read_write": pipeline_penalty(_pipeline_timings(f, rng, repeats, compute), curve),
-        "compute": compute_pen,
-        **{f"compute_at_{share:g}": by_share[share] for share in BESIDE_SHARES if share != 1.0},
-        "read_write_pair": pooled_penalty(rw),  # for the record: the pair no longer prices (STEP_FORMAT 6)
-    }
+    penalties = {beside_name(share): pooled_penalty(pairs) for share, pairs in beside.items()}
+    curve = penalty_curve(penalties)
+    penalties["read_write"] = pipeline_penalty(_pipeline_timings(f, rng, repeats, compute), curve)
+    penalties["read_write_pair"] = pooled_penalty(
+        rw
+    )  # for the record: the pair no longer prices (STEP_FORMAT 6)
     probe = np.asarray(sizes) == 2 * PROBE_ROWS  # the probe's shape: PROBE_ROWS rows, each alone in its page
     return {
         "version": STEP_FORMAT,
@@ -376,6 +372,28 @@ def _lane_ratio(pairs: list) -> float:
     return float(min(a, b) / max(a, b, 1e-12))
 
 
+def beside_name(share: float) -> str:
+    """The ``penalties_measured`` entry of the I/O beside a compute ``share`` of its length (one of
+    :data:`BESIDE_SHARES`): ``compute`` for as long as the I/O (the one figure priced before), else
+    ``compute_at_<share>``."""
+    return "compute" if share == 1.0 else f"compute_at_{share:g}"
+
+
+def penalty_curve(measured: dict) -> list:
+    """``compute_penalties`` from the pooled penalties (:func:`pooled_penalty`) of the I/O beside compute at each
+    of :data:`BESIDE_SHARES` in ``measured`` (``penalties_measured``, by :func:`beside_name`): one point
+    ``[ratio as timed, penalty priced]`` each, sorted by ratio."""
+    got = [measured[beside_name(share)] for share in BESIDE_SHARES]
+    return sorted([_lane_ratio(m["pairs"]), m["penalty"]] for m in got)
+
+
+def overlapped_at(a: float, b: float, penalty: float | list) -> float:
+    """Seconds of two lanes run together: the longer plus, of the shorter, ``penalty`` at their ratio
+    (:func:`penalty_at`: one figure, or points by the ratio)."""
+    longer, shorter = max(a, b), min(a, b)
+    return longer + penalty_at(penalty, shorter / longer if longer > 0 else 1.0) * shorter
+
+
 def penalty_at(penalty: float | list, ratio: float) -> float:
     """The overlap penalty of two lanes whose shorter is ``ratio`` of the longer: ``penalty`` itself where it is
     one figure, or, where it is points ``[[ratio, penalty], ...]`` (``compute_penalties``, timed at
@@ -413,8 +431,7 @@ def _read_write_fit(together: float, read: float, compute: float, write: float, 
     gives the same step)."""
 
     def step(disk: float) -> float:
-        ratio = min(disk, compute) / max(disk, compute, 1e-12)
-        return max(disk, compute) + penalty_at(compute_penalty, ratio) * min(disk, compute)
+        return overlapped_at(disk, compute, compute_penalty)
 
     lo, hi = 0.0, max(together, compute)  # step(lo) <= together < step(hi), unless together < compute
     if step(hi) <= together:
