@@ -14,7 +14,13 @@ import torch
 
 import hotline.kernels
 from hotline.datasets.synthetic import generate
-from hotline.pipeline.threads import BUSY_CORE_SLACK, CoreShare, compute_threads
+from hotline.pipeline.threads import (
+    BETWEEN_STEPS_THREADS,
+    BUSY_CORE_SLACK,
+    CoreShare,
+    compute_threads,
+    numba_threads,
+)
 from hotline.profiling import costmodel as cm
 
 
@@ -136,6 +142,60 @@ def test_lookahead_run_reports_its_threads_and_restores_them(dataset, tmp_path, 
     first = stats[0].counters["compute_threads"]
     assert first == (compute_threads(before, 1, 1.0) if share_cores else before)
     assert torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize("forward_stale", [True, False])
+def test_the_refresh_of_stale_rows_runs_on_the_between_steps_threads(
+    dataset, tmp_path, monkeypatch, forward_stale
+):
+    """The main thread's refresh (stale rows forwarded from a live step, or read after the write-back) runs
+    its copies on BETWEEN_STEPS_THREADS Numba threads, and the main thread's count is back after each step; the
+    run equals the same run with the refresh on two threads (the copies do not depend on the count)."""
+    import numba
+
+    import hotline.pipeline.executor as executor
+    import hotline.pipeline.threads as threads
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("Numba has one thread here: nothing to lower")
+    init = executor.Executor.__init__
+    monkeypatch.setattr(executor.Executor, "__init__",
+                        lambda self, *a, **k: init(self, *a, **{**k, "forward_stale": forward_stale}))  # fmt: skip
+    runs = {}
+    for between in (2, BETWEEN_STEPS_THREADS):
+        monkeypatch.setattr(threads, "BETWEEN_STEPS_THREADS", between)
+        (tmp_path / str(between)).mkdir()
+        trainer = _trainer(dataset, tmp_path / str(between), lookahead=2)
+        refresh, seen, after = trainer.mode.refresh, [], []
+
+        def counted(prep, live=None, refresh=refresh, seen=seen):
+            seen.append(numba.get_num_threads())
+            return refresh(prep, live)
+
+        trainer.mode.refresh = counted
+        try:
+            with numba_threads(2):
+                for _ in trainer.progress(trainer.batches()):
+                    after.append(numba.get_num_threads())
+            runs[between] = [p.detach().clone() for p in trainer.model.parameters()]
+        finally:
+            trainer.close()
+        assert len(seen) >= 3 and set(seen) == {between}  # the run had stale rows, refreshed on those threads
+        assert set(after) == {2}
+    assert all(torch.equal(a, b) for a, b in zip(runs[2], runs[BETWEEN_STEPS_THREADS]))
+
+
+def test_numba_threads_restores_the_count_on_an_error():
+    import numba
+
+    before = numba.get_num_threads()
+    with pytest.raises(RuntimeError, match="inside"):
+        with numba_threads(1) as n:
+            assert n == numba.get_num_threads() == 1
+            raise RuntimeError("inside")
+    assert numba.get_num_threads() == before
+    with numba_threads(10**6) as n:  # clipped to Numba's pool
+        assert n == numba.config.NUMBA_NUM_THREADS
 
 
 def test_hand_over_copies_nothing_on_cpu(dataset, tmp_path):

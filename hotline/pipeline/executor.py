@@ -113,11 +113,12 @@ class Executor:
                         if self.forward_stale and mode.cold.forwards_stale:
                             # Under the lock no write-back completes, so no live step's staging slot is
                             # reused by the producer while its rows are read.
-                            with self._cond:
+                            with self._cond, share.between_steps():
                                 forwarded = mode.refresh(item, self._live)
                         else:
                             self._wait_written(step)
-                            mode.refresh(item)
+                            with share.between_steps():
+                                mode.refresh(item)
                         refreshed = time.perf_counter() - t1
                         waited += refreshed
                     # with share_cores, the producer keeps its measured share of the cores; without, torch

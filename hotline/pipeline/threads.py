@@ -23,7 +23,7 @@ import math
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 POLL_S = 0.05
 """How often a blocked put or get looks at the stop flag."""
@@ -73,6 +73,21 @@ def set_numba_threads(threads: int | None) -> None:
     import numba
 
     numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
+
+
+@contextmanager
+def numba_threads(threads: int) -> Iterator[int]:
+    """This thread's Numba threads at ``threads`` (clipped to Numba's pool, at least one) inside; the count it
+    had is restored after. Yields the count set."""
+    import numba
+
+    saved = numba.get_num_threads()
+    n = max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS))
+    numba.set_num_threads(n)
+    try:
+        yield n
+    finally:
+        numba.set_num_threads(saved)
 
 
 _bound = threading.local()
@@ -131,6 +146,15 @@ def configure_threads(threads: int) -> int:
 BUSY_CORE_SLACK = 0.25
 """Part of a core the producer may keep busy without taking it from torch (an idle fraction torch's threads
 absorb at little cost; past it, a torch thread would lose its core and stall its parallel region)."""
+
+
+BETWEEN_STEPS_THREADS = 1
+"""Numba threads of the main thread's row copies between two look-ahead steps (:meth:`CoreShare.between_steps`).
+Such copies are small (the refresh of stale rows: 2,600-10,200 rows of 256 bytes a step on emb-heavy at 85-70%,
+0.3 ms of CPU) and run while the producer and the writer hold cores: a parallel copy then waits for its thread
+that lost its core. Measured on the 2-core host (``bench_pipeline.py --config emb-heavy --modes hotline_k2``, two
+runs each way, alternated): the copies took 0.38-0.40 ms a refresh on one thread against 0.82-0.97 on two,
+the whole refresh 2.3-2.7 ms against 3.0-3.4. The copies' results do not depend on the count."""
 
 
 def compute_threads(cores: int, worker_threads: int, busy_share: float) -> int:
@@ -219,18 +243,23 @@ class CoreShare:
     @contextmanager
     def lowered(self) -> Iterator[int]:
         """torch (and this thread's Numba) on :attr:`threads` threads inside; restored after. Yields the count."""
-        import numba
         import torch
 
-        saved = torch.get_num_threads(), numba.get_num_threads()
+        saved = torch.get_num_threads()
         n = self.threads
-        torch.set_num_threads(n)
-        numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
-        try:
-            yield n
-        finally:
-            torch.set_num_threads(saved[0])
-            numba.set_num_threads(saved[1])
+        # Numba's count first: the call that starts Numba's OpenMP pool resets torch's count (measured)
+        with numba_threads(n):
+            torch.set_num_threads(n)
+            try:
+                yield n
+            finally:
+                torch.set_num_threads(saved)
+
+    @staticmethod
+    def between_steps() -> AbstractContextManager[int]:
+        """The main thread's own row copies between two steps while the producer and writer run (the refresh of
+        stale rows) on :data:`BETWEEN_STEPS_THREADS` Numba threads; restored after."""
+        return numba_threads(BETWEEN_STEPS_THREADS)
 
 
 class _Thread:
