@@ -128,11 +128,16 @@ def make_placements(dataset, args, cfg, root: Path, prof=None) -> list[dict]:
     return out
 
 
-def run_mode(name, dataset, args, cfg, placement_path, device: str = "cpu", probe=None) -> dict:
+def run_mode(
+    name, dataset, args, cfg, placement_path, device: str = "cpu", probe=None, speed_probe=None
+) -> dict:
     """One timed run. On CUDA the device is synchronised once, after the timed steps (a sync per step would
     hide the overlap it measures), phases are timed with CUDA events on their streams, and peak memory is
     recorded. ``probe`` (a Batch): the run's pooled embeddings of it and its dense parameters are returned
-    under ``_probe`` (to compare modes: same batches, same initial weights)."""
+    under ``_probe`` (to compare modes: same batches, same initial weights). ``speed_probe``
+    (:func:`hotline.profiling.calibrate.speed_probe`): timed right before the run's trainer is made and right
+    after it is closed (``cpu_probe``: before and after, microseconds; not beside the timed steps, where a
+    look-ahead run's threads would slow it)."""
     import torch
 
     from hotline import TrainConfig, Trainer
@@ -152,6 +157,7 @@ def run_mode(name, dataset, args, cfg, placement_path, device: str = "cpu", prob
         device=device,
     )
     cuda = device == "cuda"
+    before = speed_probe() if speed_probe is not None else None
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()  # the peaks below are this run's, not the cache of earlier runs
@@ -189,6 +195,7 @@ def run_mode(name, dataset, args, cfg, placement_path, device: str = "cpu", prob
             probed = {"pooled": pooled, "dense": dense}
     finally:
         trainer.close()
+    after = speed_probe() if speed_probe is not None else None
     steps = args.steps
     seen = common.measured(counters, samples, steps)
     rec = {
@@ -222,6 +229,8 @@ def run_mode(name, dataset, args, cfg, placement_path, device: str = "cpu", prob
                    peak_reserved_gib=torch.cuda.max_memory_reserved() / 2**30)  # fmt: skip
     if probed is not None:
         rec["_probe"] = probed
+    if before is not None:
+        rec["cpu_probe"] = {"before": before, "after": after}
     return rec
 
 
@@ -249,6 +258,7 @@ def sweep(
     log=None,
     probe=None,
     keep: str = "fastest",
+    speed_probe=None,
 ) -> list[dict]:
     """Runs device and hybrid once and the hotline modes once per placement, all of them ``args.rounds``
     times (1 where ``args`` has no ``rounds``: gpu_bench) one round after another. One record per run (a run
@@ -256,7 +266,8 @@ def sweep(
 
     ``keep``: which round's record stands for the run. ``fastest`` (the speed comparisons of this benchmark):
     a run that another process interrupted loses to its own other round, not to the other modes. ``median``
-    (the cost-model check): the typical round, the figure a prediction of a typical step is compared with."""
+    (the cost-model check): the typical round, the figure a prediction of a typical step is compared with.
+    ``speed_probe``: timed beside each run (:func:`run_mode`)."""
     if keep not in ("fastest", "median"):
         raise ValueError(f"keep must be 'fastest' or 'median', got {keep!r}")
     runs = [
@@ -268,7 +279,8 @@ def sweep(
     for _ in range(max(1, int(getattr(args, "rounds", 1)))):
         for i, (m, pl) in enumerate(runs):
             path = pl["path"] if pl else None
-            rec = recorded(m, run_mode, m, dataset, args, cfg, path, device=device, probe=probe)
+            rec = recorded(m, run_mode, m, dataset, args, cfg, path, device=device, probe=probe,
+                           speed_probe=speed_probe)  # fmt: skip
             if pl is not None:
                 rec.update(target=pl["target"], hot_rows=pl["hot_rows"], budget_bytes=pl["budget_bytes"])
                 rec["budget_mib"] = pl["budget_bytes"] / 2**20

@@ -192,6 +192,19 @@ def test_costmodel_benchmarks_smoke(tmp_path, monkeypatch):
         assert len(r["results"]) == 2 + 2 * 3  # device, hybrid, and both hotline modes at three budgets
         assert all(x["predicted"] > 0 and x["measured"] > 0 and x["ratio"] > 0 for x in r["results"])
         assert isinstance(r["target_met"], bool)
+        assert all(x["cpu_scale"] is None and x["ratio_at_probe"] == x["ratio"] for x in r["results"])
+        # with a reference pass: each row priced at the speed probed beside it (the median of its two probes
+        # and the calibration's). A reference of 1 us: the probes' own times, so the price moves as far as the
+        # nearer of the two says
+        hw.write_text(json.dumps({**HW, "device": {**HW["device"], "reference_pass_us": 1.0}}))
+        r = bench_costmodel.main(
+            ["--smoke", "--threads", "1", "--configs", "emb-heavy", "--hardware", str(hw)]
+        )
+        for x in r["results"]:
+            before, after = x["cpu_probe_us"]["before"], x["cpu_probe_us"]["after"]
+            assert before > 1.0 and after > 1.0 and x["cpu_scale"] == pytest.approx(min(before, after))
+            assert x["ratio_at_probe"] == pytest.approx(x["ratio"] / x["cpu_scale"])
+            assert x["in_target"] == (0.8 <= x["ratio_at_probe"] <= 1.25)
         p = predict_h200.main(["--smoke", "--threads", "1"])
         assert {x["mode"] for x in p["results"]} == set(cm.MODES) and len(p["results"]) == 12
     finally:

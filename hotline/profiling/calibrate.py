@@ -413,6 +413,31 @@ _REFERENCE = 2
 run's own, to tell this machine's speed at that moment from the run's model."""
 
 
+def _reference_pass(rng: np.random.Generator) -> Callable[[], None]:
+    """One forward and backward, with its row assembly, of the calibration's reference shape
+    (:data:`_REFERENCE`; timed as ``device.reference_pass_us``)."""
+    B, T, D, bot, top, *extra = _SHAPES[_REFERENCE]
+    return _pass(rng, B, T, D, bot, top, *extra)[0]
+
+
+def speed_probe(threads: int | None = None, seed: int = 0, calls: int = 3) -> Callable[[], float]:
+    """A probe of this CPU's speed now: a function that times the calibration's reference pass ``calls``
+    times (each call alone) and returns the median in microseconds, comparable with the calibration's
+    ``device.reference_pass_us``. Threads as :func:`calibrate` (default: all cores). A benchmark times it
+    beside each run it prices, so that a slow spell of a VM between the calibration and the run is seen."""
+    threads = int(threads or os.cpu_count() or 1)
+    rng = np.random.default_rng(seed)
+    with _as_training(threads):
+        ref = _reference_pass(rng)
+        ref()  # the first call allocates and, for Numba, compiles
+
+    def probe() -> float:
+        with _as_training(threads):
+            return 1e6 * float(np.median([_mean_s(ref, repeats=1, warmup=0) for _ in range(calls)]))
+
+    return probe
+
+
 def time_pass(
     w: Workload,
     threads: int | None = None,
@@ -442,8 +467,7 @@ def time_pass(
         arch = {k: getattr(w, k) for k in ("interaction", "dcn_num_layers", "dcn_low_rank_dim")}
         one, assemble, _, _ = _pass(rng, w.batch_size, w.num_tables, w.embedding_dim, w.bottom_mlp, w.top_mlp,
                                     arch, L=L)  # fmt: skip
-        B, T, D, bot, top, *extra = _SHAPES[_REFERENCE]
-        ref = _pass(rng, B, T, D, bot, top, *extra)[0]
+        ref = _reference_pass(rng)
         for fn in (one, ref, one, ref, assemble, assemble):
             fn()
 
