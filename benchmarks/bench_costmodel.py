@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> dict:
                     "predicted_at_probe": at_probe,
                     "ratio_at_probe": at_probe / r["samples_per_s"],
                     "rounds_samples_per_s": r["rounds_samples_per_s"],
+                    "steal_share": r.get("steal_share"),
                     "rounds_spread": (max(r["rounds_samples_per_s"]) - min(r["rounds_samples_per_s"]))
                     / r["samples_per_s"],
                     "bottleneck": pred.bottleneck,
@@ -168,6 +169,7 @@ def main(argv: list[str] | None = None) -> dict:
             ("cpu_scale", "cpu now/cal", ".2f"),
             ("ratio_at_probe", "at probe", ".2f"),
             ("rounds_spread", "rounds spread", ".2f"),
+            ("steal_share", "steal", ".3f"),
             ("bottleneck", "predicted bottleneck", ""),
         ],
         title=f"cost model on {hw['name']}: predicted / measured samples/s (target {TARGET[0]}-{TARGET[1]})",

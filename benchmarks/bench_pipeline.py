@@ -173,7 +173,7 @@ def run_mode(
             next(stats_iter)
         if cuda:
             torch.cuda.synchronize()
-        ru0 = resource.getrusage(resource.RUSAGE_SELF)
+        ru0, ticks0 = resource.getrusage(resource.RUSAGE_SELF), common.cpu_ticks()
         t0 = time.perf_counter()
         samples = 0
         counters: dict[str, float] = {}
@@ -186,7 +186,7 @@ def run_mode(
         if cuda:
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - t0
-        ru1 = resource.getrusage(resource.RUSAGE_SELF)
+        ru1, ticks1 = resource.getrusage(resource.RUSAGE_SELF), common.cpu_ticks()
         probed = None
         if probe is not None:
             with torch.no_grad():
@@ -209,6 +209,8 @@ def run_mode(
         # what the kernel did for the process (page faults: memory handed back and faulted in again)
         "page_faults_per_step": (ru1.ru_minflt - ru0.ru_minflt) / steps,
         "sys_ms_per_step": 1e3 * (ru1.ru_stime - ru0.ru_stime) / steps,
+        # a virtual machine's cores taken away by its host during the timed steps (/proc/stat's steal)
+        "steal_share": common.steal_share(ticks0, ticks1),
         "stale_rows_per_step": counters.get("stale_rows", 0.0) / steps,
         "stale_forwarded_per_step": counters.get("stale_forwarded", 0.0) / steps,
         # look-ahead only: the refresh of stale rows (part of the stall)

@@ -152,6 +152,25 @@ def timeit(
     return Timing(statistics.median(runs), min(runs), runs, statistics.median(cpu))
 
 
+def cpu_ticks() -> list[int] | None:
+    """This machine's cumulative CPU ticks (``/proc/stat``'s first line: user, nice, system, idle, iowait, irq,
+    softirq, steal); None where ``/proc`` does not say (not Linux)."""
+    try:
+        with open("/proc/stat") as f:
+            return [int(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+
+
+def steal_share(before: list[int] | None, after: list[int] | None) -> float | None:
+    """Share of the CPU ticks between two :func:`cpu_ticks` that the hypervisor gave to other guests (steal): on
+    a virtual machine, the part of a run's time its cores were taken away (None where not known)."""
+    if not before or not after or len(before) < 8 or len(after) < 8:
+        return None
+    ticks = sum(after) - sum(before)
+    return (after[7] - before[7]) / ticks if ticks > 0 else 0.0
+
+
 def load_average() -> list[float]:
     """The 1, 5 and 15 minute load averages (empty where the OS does not say)."""
     try:

@@ -128,3 +128,17 @@ def test_run_all_never_writes_its_page_over_the_json_it_is_made_from(tmp_path):
     page = tmp_path / "page.md"
     got = _run_all("--json-dir", str(page), "--out", str(page), "--only", "dispatcher", "--smoke")
     assert got.returncode == 2 and not page.exists(), got.stderr
+
+
+def test_steal_share_is_the_hosts_share_of_the_ticks_between_two_readings():
+    """The benchmarks record how much of a run's CPU time a virtual machine's host took away (/proc/stat's
+    steal, the eighth figure): golden values, and the real reading where /proc says."""
+    before = [100, 0, 50, 800, 10, 0, 5, 35]
+    after = [160, 0, 70, 900, 10, 0, 5, 55]  # 200 ticks, 20 of them stolen
+    assert common.steal_share(before, after) == pytest.approx(0.1)
+    assert common.steal_share(before, before) == 0.0
+    assert common.steal_share(None, after) is None and common.steal_share(before[:4], after) is None
+    ticks = common.cpu_ticks()
+    if Path("/proc/stat").exists():
+        assert ticks is not None and len(ticks) == 8 and all(t >= 0 for t in ticks)
+        assert 0.0 <= common.steal_share(ticks, common.cpu_ticks()) <= 1.0
