@@ -166,8 +166,27 @@ def test_calibrate_times_this_host():
     # every figure timed in each of the rounds, its median round kept, and how far the rounds moved
     assert hw["rounds"] == 3 and set(hw["rounds_spread"]) >= {"dispatch_n", "update", "dense", "overlap"}
     assert all(v >= 0 for v in hw["rounds_spread"].values())
+    # the overlap priced from the three rounds' timings pooled (a gain within their noise priced as none)
+    assert len(hw["host"]["overlap"]["pairs"]) == 3
+    assert hw["host"]["overlap_penalty"] in (1.0, hw["host"]["overlap"]["pooled"])
     p = cm.predict("hotline_k1", W, stats(), hw)
     assert p.samples_per_s > 0
+
+
+def test_the_cpu_overlap_is_pooled_over_the_rounds_and_a_gain_within_their_noise_is_not_credited():
+    """Golden values: (together, device alone, host alone) per round; the penalty (together - longer) /
+    shorter of the sums, priced where the rounds show it (a loss, or a gain beyond 2 standard errors of the
+    rounds' own penalties), else 1."""
+    from hotline.profiling.calibrate import _pooled_overlap
+
+    noisy = _pooled_overlap([(1.0, 1.0, 0.5), (1.5, 1.0, 0.5), (1.25, 1.0, 0.5)])  # 0, 1 and 0.5
+    assert noisy["pooled"] == pytest.approx(0.5) and noisy["se"] == pytest.approx(0.5 / 3**0.5)
+    assert noisy["penalty"] == 1.0  # 0.5 + 2 x 0.289 >= 1: within the noise
+    steady = _pooled_overlap([(1.1, 1.0, 0.5), (1.12, 1.0, 0.5), (1.08, 1.0, 0.5)])  # 0.2, 0.24 and 0.16
+    assert steady["penalty"] == pytest.approx(0.2) and steady["pooled"] == pytest.approx(0.2)
+    worse = _pooled_overlap([(1.8, 1.0, 0.5), (1.6, 1.0, 0.5), (1.7, 1.0, 0.5)])  # a loss is priced as timed
+    assert worse["penalty"] == pytest.approx(1.4)
+    assert [list(p) for p in worse["pairs"]] == [[1.8, 1.0, 0.5], [1.6, 1.0, 0.5], [1.7, 1.0, 0.5]]
 
 
 def test_costmodel_benchmarks_smoke(tmp_path, monkeypatch):

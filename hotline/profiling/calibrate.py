@@ -278,13 +278,14 @@ def overlapped_pass(rng: np.random.Generator) -> Callable[[], None]:
     return _pass(rng, 1024, 26, 64, (13, 64, 64), (64, 1))[0]
 
 
-def _overlap_penalty(rng: np.random.Generator, big: np.ndarray) -> float:
-    """How much of the shorter of two overlapped lanes still costs time when a look-ahead producer's host work
-    (dispatch and gather of Criteo-like batches on a worker thread with one Numba thread, the kernels
-    releasing the GIL as the producer's do) runs beside the compute (a tiered forward and backward on the
-    threads the executor's core-share rule leaves it, :class:`hotline.pipeline.threads.CoreShare`) on this CPU: (together - longer) / shorter, 0 = free overlap, 1 = none, more than 1 = worse than one after
-    the other (the two contend for the cores: a parallel region waits for its thread that lost its core). The
-    look-ahead step on a CPU device is priced with it."""
+def _overlap_timings(rng: np.random.Generator, big: np.ndarray) -> tuple[float, float, float]:
+    """``(together, device alone, host alone)`` seconds of one round: a look-ahead producer's host work (dispatch
+    and gather of Criteo-like batches on a worker thread with one Numba thread, the kernels releasing the GIL
+    as the producer's do) beside the compute (a tiered forward and backward on the threads the executor's
+    core-share rule leaves it, :class:`hotline.pipeline.threads.CoreShare`) on this CPU, and each alone. Their
+    penalty (:func:`overlap_penalty`: 0 free overlap, 1 none, more than 1 worse than one after the other, the
+    two contending for the cores: a parallel region waits for its thread that lost its core), pooled over the
+    rounds (:func:`_pooled_overlap`), prices the look-ahead step on a CPU device."""
     import numba
 
     from hotline.dispatch import Dispatcher
@@ -332,7 +333,19 @@ def _overlap_penalty(rng: np.random.Generator, big: np.ndarray) -> float:
         worker.join()
 
     t_both = _mean_s(together, repeats=3, warmup=1)
-    return overlap_penalty(t_both, t_d, t_h)
+    return t_both, t_d, t_h
+
+
+def _pooled_overlap(rounds: list[tuple[float, float, float]]) -> dict:
+    """The overlap penalty the cost model prices, from each round's :func:`_overlap_timings`: pooled over the
+    rounds (the sums of their timings), and a gain within the rounds' noise priced as none (1), as the disk
+    calibration prices its penalties (:func:`hotline.profiling.disk_calibrate.pooled_penalty`). One round's
+    penalty is a small difference of two noisy times over a third: the median round priced 0.93, 1.30, 0.86
+    and 0.03 in four calibrations of one hour on the 2-core host (the last with a spread of 6.3 between its rounds), and a
+    K=2 step priced at 0.03 is its device work alone."""
+    from hotline.profiling.disk_calibrate import pooled_penalty
+
+    return pooled_penalty(rounds)
 
 
 # Model shapes the dense compute is fitted over: (batch, tables, dim, bottom MLP, top MLP[, interaction]); the
@@ -612,12 +625,13 @@ def calibrate(
                 ("scatter_n", scatter),
                 ("memcpy", _memcpy_gbps),
                 ("handover", _handover_us),
-                ("overlap", lambda big=big: _overlap_penalty(rng, big)),
+                ("overlap", lambda big=big: _overlap_timings(rng, big)),
                 ("update", update_time),
                 ("dense", lambda first=(r == 0): dense_time(first)),
             ):
                 timed.setdefault(key, []).append(fn())
         mid = {k: np.median(np.asarray(v, dtype=np.float64), axis=0) for k, v in timed.items()}
+        overlap = _pooled_overlap(timed["overlap"])
         d1, dn = dispatch_fit(mid["dispatch_1"]), dispatch_fit(mid["dispatch_n"])
         host = {
             "dispatch_ns_per_lookup": {"1": d1["per_lookup"], "n": dn["per_lookup"]},
@@ -628,7 +642,8 @@ def calibrate(
             "handover_us": float(mid["handover"]),
             "threads": threads,
             "cores": cores,
-            "overlap_penalty": float(mid["overlap"]),
+            "overlap_penalty": overlap["penalty"],
+            "overlap": {k: overlap[k] for k in ("pooled", "se", "pairs")},
         }
         # The device is this CPU: device mode reads its rows out of host memory at the gather bandwidth.
         device = {"kind": "cpu", "gather_gbps": host["gather_gbps"]["n"], **update_fit(mid["update"])}
@@ -636,6 +651,7 @@ def calibrate(
         device.update(dense_fit(mid["dense"]))
         device["reference_pass_us"] = 1e6 * float(mid["dense"][_REFERENCE])  # its pass with its assembly
         spread = {k: _spread(v) for k, v in timed.items()}
+        spread["overlap"] = _spread([overlap_penalty(*t) for t in timed["overlap"]])  # the penalty's rounds
     return {
         "format": "hotline-hardware",
         "version": VERSION,
