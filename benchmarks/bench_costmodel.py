@@ -14,10 +14,11 @@ trains (``--configs mlperf-dcnv2``: DCN-v2's cross layers on MLPerf's multi-hot 
 ``--max-rows-per-table``).
 
 Each row is also priced at this CPU's speed beside it, as ``bench_disk_tier`` prices its disk rows at the disk
-beside them: the calibration's reference pass (``device.reference_pass_us``) is timed right before each run's
-trainer is made and right after it is closed, and the row's prediction is divided by the median of those two
-and the calibration's own over the calibration's (``cpu now/cal``: a probe moves the price only as far as both
-beside the row agree). A spell of this VM between the calibration and a row (the whole sweep of 2026-12-03
+beside them: the config's own dense pass (the one its predictions are priced from, timed before its sweep and
+scaled to the calibration's speed) is timed again right before each run's trainer is made and right after it
+is closed, and the row's prediction is divided by the median of those two over the priced pass and 1
+(``cpu now/cal``: a probe moves the price only as far as both beside the row agree; with a ``--hardware`` file,
+the calibration's reference pass against its ``device.reference_pass_us``). A spell of this VM between the calibration and a row (the whole sweep of 2026-12-03
 04:24 came out 0.98-1.39, eight minutes later 0.78-0.95) then moves the price with the row. The target counts
 the ratios at that speed (``at probe``); the ratios at the calibration's speed are printed and counted beside
 them. A ``--hardware`` file without a reference pass is priced as it is.
@@ -85,9 +86,10 @@ def main(argv: list[str] | None = None) -> dict:
         hw = calibrate(threads=args.threads, seed=args.seed)
         print(f"calibrated {hw['name']} in {hw['calibration_s']:.0f} s", flush=True)
     common.setup_threads(args.threads)
+    # without a pass of the run's own timed now (a --hardware file), the calibration's reference pass probes
     reference = hw["device"].get("reference_pass_us")
-    probe = speed_probe(args.threads, args.seed) if reference else None
-    rows, passes = [], []
+    probe = speed_probe(args.threads, args.seed) if reference and args.hardware else None
+    rows, passes, probed_by = [], [], set()
     for name in args.configs.split(","):
         cfg, args.config = bench_pipeline.config(name), name  # make_data reads args.config (mlperf's bags)
         args.batch = 128 if args.smoke else cfg["mini_batch_size"]
@@ -113,6 +115,11 @@ def main(argv: list[str] | None = None) -> dict:
                                "fitted_pass_ms": 1e3 * fitted["compute"],
                                "timed_assemble_ms": timed["assemble_us"] / 1e3,
                                "fitted_assemble_ms": 1e3 * fitted["assemble"]})  # fmt: skip
+                # the probe: the run's own pass, against that pass at the calibration's speed (what it is priced at)
+                probe = speed_probe(args.threads, args.seed, workload=work)
+                reference = timed["pass_us"] + timed["assemble_us"]
+            if probe is not None:
+                probed_by.add("the calibration's reference pass" if args.hardware else "the run's own pass")
             measured = bench_pipeline.sweep(dataset, args, cfg, placements, keep="median", speed_probe=probe)
         by_budget = {pl["budget_bytes"]: pl for pl in placements}
         for r in measured:
@@ -191,7 +198,7 @@ def main(argv: list[str] | None = None) -> dict:
     inside = sum(r["in_target"] for r in rows)
     at_calibration = sum(r["in_target_at_calibration"] for r in rows)
     how = (
-        "priced at the CPU's speed beside each row"
+        f"priced at the CPU's speed beside each row, probed with {' and '.join(sorted(probed_by))}"
         if probe
         else "no reference pass: at the calibration's speed"
     )
@@ -203,7 +210,7 @@ def main(argv: list[str] | None = None) -> dict:
         "results": rows,
         "in_target": inside,
         "in_target_at_calibration": at_calibration,
-        "reference_pass_us": reference,
+        "probed_with": sorted(probed_by) if probe else [],
         "timed_passes": passes,
         "target_met": inside == len(rows),
         "machine": common.machine_info(args.threads),

@@ -189,6 +189,17 @@ def test_the_cpu_overlap_is_pooled_over_the_rounds_and_a_gain_within_their_noise
     assert [list(p) for p in worse["pairs"]] == [[1.8, 1.0, 0.5], [1.6, 1.0, 0.5], [1.7, 1.0, 0.5]]
 
 
+def test_a_speed_probe_times_the_reference_or_the_runs_own_pass():
+    """The probe a benchmark times beside each row: the calibration's reference pass, or the pass of the model
+    a workload prices (the shape time_pass times); each call gives the median of its calls, in microseconds."""
+    from hotline.profiling.calibrate import speed_probe
+
+    small = cm.Workload(batch_size=64, num_tables=4, embedding_dim=8, bottom_mlp=(13, 16, 8), top_mlp=(16, 1))
+    for probe in (speed_probe(threads=1, calls=1), speed_probe(threads=1, calls=3, workload=small)):
+        first, second = probe(), probe()
+        assert first > 0 and second > 0
+
+
 def test_costmodel_benchmarks_smoke(tmp_path, monkeypatch):
     """bench_costmodel (given a hardware file: no calibration) and predict_h200 run and report ratios."""
     import sys

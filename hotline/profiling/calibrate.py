@@ -433,15 +433,29 @@ def _reference_pass(rng: np.random.Generator) -> Callable[[], None]:
     return _pass(rng, B, T, D, bot, top, *extra)[0]
 
 
-def speed_probe(threads: int | None = None, seed: int = 0, calls: int = 3) -> Callable[[], float]:
-    """A probe of this CPU's speed now: a function that times the calibration's reference pass ``calls``
-    times (each call alone) and returns the median in microseconds, comparable with the calibration's
-    ``device.reference_pass_us``. Threads as :func:`calibrate` (default: all cores). A benchmark times it
-    beside each run it prices, so that a slow spell of a VM between the calibration and the run is seen."""
+def _run_pass(rng: np.random.Generator, w: Workload) -> tuple[Callable[[], None], Callable[[], object]]:
+    """The forward and backward (with its row assembly) of the model ``w`` prices at its batch size, and the
+    assembly alone; multi-hot bags of mean size L as uniform bags of round(L)."""
+    arch = {k: getattr(w, k) for k in ("interaction", "dcn_num_layers", "dcn_low_rank_dim")}
+    L = max(1, int(round(w.pooling_factor)))
+    one, assemble, _, _ = _pass(rng, w.batch_size, w.num_tables, w.embedding_dim, w.bottom_mlp, w.top_mlp, arch,
+                                L=L)  # fmt: skip
+    return one, assemble
+
+
+def speed_probe(
+    threads: int | None = None, seed: int = 0, calls: int = 3, workload: Workload | None = None
+) -> Callable[[], float]:
+    """A probe of this CPU's speed now: a function that times a pass ``calls`` times (each call alone) and
+    returns the median in microseconds: the calibration's reference pass, comparable with its
+    ``device.reference_pass_us``, or the pass of the model ``workload`` prices (with its assembly, comparable
+    with :func:`time_pass`'s ``pass_us + assemble_us``). Threads as :func:`calibrate` (default: all cores). A
+    benchmark times it beside each run it prices, so that a spell of a VM between the timing and the run is
+    seen."""
     threads = int(threads or os.cpu_count() or 1)
     rng = np.random.default_rng(seed)
     with _as_training(threads):
-        ref = _reference_pass(rng)
+        ref = _reference_pass(rng) if workload is None else _run_pass(rng, workload)[0]
         ref()  # the first call allocates and, for Numba, compiles
 
     def probe() -> float:
@@ -477,9 +491,7 @@ def time_pass(
     L = max(1, int(round(w.pooling_factor)))
     rng = np.random.default_rng(seed)
     with _as_training(threads):
-        arch = {k: getattr(w, k) for k in ("interaction", "dcn_num_layers", "dcn_low_rank_dim")}
-        one, assemble, _, _ = _pass(rng, w.batch_size, w.num_tables, w.embedding_dim, w.bottom_mlp, w.top_mlp,
-                                    arch, L=L)  # fmt: skip
+        one, assemble = _run_pass(rng, w)
         ref = _reference_pass(rng)
         for fn in (one, ref, one, ref, assemble, assemble):
             fn()
