@@ -17,11 +17,12 @@ Each row is also priced at this CPU's speed beside it, as ``bench_disk_tier`` pr
 beside them: the config's own dense pass (the one its predictions are priced from, timed before its sweep and
 scaled to the calibration's speed) is timed again right before each run's trainer is made and right after it
 is closed, and the row's prediction is divided by the median of those two over the priced pass and 1
-(``cpu now/cal``: a probe moves the price only as far as both beside the row agree; with a ``--hardware`` file,
-the calibration's reference pass against its ``device.reference_pass_us``). A spell of this VM between the calibration and a row (the whole sweep of 2026-12-03
-04:24 came out 0.98-1.39, eight minutes later 0.78-0.95) then moves the price with the row. The target counts
-the ratios at that speed (``at probe``); the ratios at the calibration's speed are printed and counted beside
-them. A ``--hardware`` file without a reference pass is priced as it is.
+(``cpu now/cal``: a probe moves the price only as far as both beside the row agree; with a ``--hardware``
+file, the calibration's reference pass against its ``device.reference_pass_us``). A spell of this VM between
+the calibration and a row (the whole sweep of 2026-12-03 04:24 came out 0.98-1.39, eight minutes later
+0.78-0.95) then moves the price with the row. The target counts the ratios at that speed (``at probe``); the
+ratios at the calibration's speed are printed and counted beside them. A ``--hardware`` file without a
+reference pass is priced as it is.
 
 Run: ``python benchmarks/bench_costmodel.py --json costmodel.json`` (about 7 minutes on an idle 2-core host:
 6-7 in the five runs of 2026-12-03 16:07-16:56).
@@ -89,7 +90,8 @@ def main(argv: list[str] | None = None) -> dict:
     # without a pass of the run's own timed now (a --hardware file), the calibration's reference pass probes
     reference = hw["device"].get("reference_pass_us")
     probe = speed_probe(args.threads, args.seed) if reference and args.hardware else None
-    rows, passes, probed_by = [], [], set()
+    probed_with = "the calibration's reference pass" if args.hardware else "the run's own pass"
+    rows, passes = [], []
     for name in args.configs.split(","):
         cfg, args.config = bench_pipeline.config(name), name  # make_data reads args.config (mlperf's bags)
         args.batch = 128 if args.smoke else cfg["mini_batch_size"]
@@ -118,8 +120,6 @@ def main(argv: list[str] | None = None) -> dict:
                 # the probe: the run's own pass, against that pass at the calibration's speed (what it is priced at)
                 probe = speed_probe(args.threads, args.seed, workload=work)
                 reference = timed["pass_us"] + timed["assemble_us"]
-            if probe is not None:
-                probed_by.add("the calibration's reference pass" if args.hardware else "the run's own pass")
             measured = bench_pipeline.sweep(dataset, args, cfg, placements, keep="median", speed_probe=probe)
         by_budget = {pl["budget_bytes"]: pl for pl in placements}
         for r in measured:
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> dict:
     inside = sum(r["in_target"] for r in rows)
     at_calibration = sum(r["in_target_at_calibration"] for r in rows)
     how = (
-        f"priced at the CPU's speed beside each row, probed with {' and '.join(sorted(probed_by))}"
+        f"priced at the CPU's speed beside each row, probed with {probed_with}"
         if probe
         else "no reference pass: at the calibration's speed"
     )
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> dict:
         "results": rows,
         "in_target": inside,
         "in_target_at_calibration": at_calibration,
-        "probed_with": sorted(probed_by) if probe else [],
+        "probed_with": [probed_with] if probe else [],
         "timed_passes": passes,
         "target_met": inside == len(rows),
         "machine": common.machine_info(args.threads),

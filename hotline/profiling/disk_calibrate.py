@@ -271,9 +271,8 @@ def _step_io(f: RowFile, rng: np.random.Generator, repeats: int, compute) -> dic
     penalties = {beside_name(share): pooled_penalty(pairs) for share, pairs in beside.items()}
     curve = penalty_curve(penalties)
     penalties["read_write"] = pipeline_penalty(_pipeline_timings(f, rng, repeats, compute), curve)
-    penalties["read_write_pair"] = pooled_penalty(
-        rw
-    )  # for the record: the pair no longer prices (STEP_FORMAT 6)
+    # for the record: the pair no longer prices (STEP_FORMAT 6)
+    penalties["read_write_pair"] = pooled_penalty(rw)
     probe = np.asarray(sizes) == 2 * PROBE_ROWS  # the probe's shape: PROBE_ROWS rows, each alone in its page
     return {
         "version": STEP_FORMAT,
