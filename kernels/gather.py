@@ -106,6 +106,84 @@ def copy_rows(dst: np.ndarray, dst_rows: np.ndarray, src: np.ndarray, src_rows: 
 
 
 @njit(cache=True, nogil=True)
+def _forward_stale(work, state, slots, owners, owner_slots, rows, live_steps, live_work, live_state, live_rows,
+                   rest):  # fmt: skip
+    forwarded = 0
+    for j in range(live_steps.shape[0]):  # one holder at a time: its buffers stay put in the inner loop
+        step, src, src_state, theirs = live_steps[j], live_work[j], live_state[j], live_rows[j]
+        for i in range(slots.shape[0]):
+            if owners[i] != step:
+                continue
+            p = slots[i]
+            s = owner_slots[i]
+            if s < 0 or s >= theirs.shape[0] or theirs[s] != rows[p]:
+                return -1 - i, 0
+            for d in range(work.shape[1]):
+                work[p, d] = src[s, d]
+            for d in range(state.shape[1] if state.shape[0] else 0):
+                state[p, d] = src_state[s, d]
+            forwarded += 1
+    n_rest = 0
+    for i in range(slots.shape[0]):  # the slots no live step holds, in order
+        held = False
+        for j in range(live_steps.shape[0]):
+            held = held or owners[i] == live_steps[j]
+        if not held:
+            rest[n_rest] = slots[i]
+            n_rest += 1
+    return forwarded, n_rest
+
+
+def _as_rows(a: np.ndarray) -> np.ndarray:
+    """A view of a table [n, D], a state array [n] or an empty state as rows of a 2-D array."""
+    return a.reshape(a.shape[0], -1) if a.size else a.reshape(0, 1)
+
+
+def forward_stale(
+    work: np.ndarray, state: np.ndarray, slots: np.ndarray, owners: np.ndarray, owner_slots: np.ndarray,
+    rows: np.ndarray, live: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]],
+) -> tuple[int, np.ndarray]:  # fmt: skip
+    """The look-ahead refresh's forwarding, in one pass with no intermediate copy: for each stale slot
+    ``slots[i]`` of a working set (``rows``: its rows) whose last holder ``owners[i]`` is a live step of
+    ``live`` (``(step, work, state, rows)`` of each: its working buffer, state and working set), copies that
+    row and its state from the holder's buffer at ``owner_slots[i]``, checked to hold the same row.
+
+    ``work`` [n, D] and ``state`` ([n], [n, D] or empty: no state) are this step's buffers. Returns how many
+    rows were forwarded and the slots left to read from where the rows live (holders no longer live).
+    Raises RuntimeError where a holder's slot does not hold its row (forwarding it would copy another
+    row's value): the rows before it are copied, the caller's step is lost anyway."""
+    _check_index(slots, "slot", "slots", min(work.shape[0], rows.shape[0]), "the working set")
+    if not (slots.shape == owners.shape == owner_slots.shape):
+        raise ValueError(
+            f"slots {slots.shape}, owners {owners.shape}, owner_slots {owner_slots.shape} must match"
+        )
+    if not live or not slots.shape[0]:
+        return 0, slots
+    state2 = _as_rows(state)
+    theirs_w = tuple(w for _, w, _, _ in live)
+    theirs_s = tuple(_as_rows(s) for _, _, s, _ in live)
+    for step, w, s, r in zip((e[0] for e in live), theirs_w, theirs_s, (e[3] for e in live)):
+        short = w.shape[0] < r.shape[0] or (state2.shape[0] and s.shape[0] < r.shape[0])
+        if short or w.shape[1:] != work.shape[1:] or (state2.shape[0] and s.shape[1:] != state2.shape[1:]):
+            raise ValueError(
+                f"live step {step}'s buffers {w.shape} / {s.shape} do not hold its {r.shape[0]} rows"
+                f" of this step's shape {work.shape[1:]} / {state2.shape[1:]}"
+            )
+    steps = np.fromiter((step for step, _, _, _ in live), np.int64, len(live))
+    rest = np.empty_like(slots)
+    n, k = _forward_stale(
+        work, state2, slots, owners, owner_slots, rows, steps, theirs_w, theirs_s,
+        tuple(r for _, _, _, r in live), rest,
+    )  # fmt: skip
+    if n < 0:
+        i = -1 - n
+        raise RuntimeError(
+            f"stale row {rows[slots[i]]} is missing from the working set of step {owners[i]}, which last held it"
+        )
+    return n, rest[:k]
+
+
+@njit(cache=True, nogil=True)
 def _assemble_rows(out, hot, hot_pos, hot_slot, work, cold_pos, cold_slot):
     _copy_rows(out, hot_pos, hot, hot_slot)
     _copy_rows(out, cold_pos, work, cold_slot)

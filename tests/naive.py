@@ -139,6 +139,25 @@ def scatter_rows(table, rows, src):
     return table
 
 
+def forward_stale(work, state, slots, owners, owner_slots, rows, live):
+    """Copies of ``work`` / ``state`` with the stale slots held by a live step copied from its buffers; the
+    slots left; the count forwarded. ``live``: ``(step, work, state, rows)`` of each live step."""
+    work, state = work.copy(), state.copy()
+    by_step = {step: (w, s, r) for step, w, s, r in live}
+    rest, forwarded = [], 0
+    for slot, owner, theirs in zip(slots, owners, owner_slots):
+        if owner not in by_step:
+            rest.append(slot)
+            continue
+        w, s, r = by_step[owner]
+        assert r[theirs] == rows[slot]
+        work[slot] = w[theirs]
+        if state.size:
+            state[slot] = s[theirs]
+        forwarded += 1
+    return work, state, np.array(rest, np.int64), forwarded
+
+
 # ---- kernels/dispatch.py ---------------------------------------------------------------------------
 def split_batch(sparse, table_sizes, hot_ids, bag_sizes=None):
     """Sample by sample: popular iff every lookup is hot; non-popular lookups remapped to hot slots or to

@@ -380,6 +380,75 @@ def test_copy_rows_matches_twin_and_checks_its_indices(shape):
     np.testing.assert_array_equal(dst, expect)
 
 
+@pytest.mark.parametrize("state_shape", ["none", "per-row", "per-value"])
+@given(seed=st.integers(0, 2**32 - 1), n_live=st.integers(0, 3))
+@settings(max_examples=25, deadline=None)
+def test_forward_stale_matches_twin(state_shape, seed, n_live):
+    """The refresh's forwarding: each stale slot whose holder is live gets the holder's row and state, the
+    rest are returned in order, against the twin's loop (no state, row-wise state and per-value state)."""
+    from hotline.kernels.gather import forward_stale
+
+    rng = np.random.default_rng(seed)
+    dim, n = 4, 12
+
+    def buffers(rows):
+        w = rng.standard_normal((rows.size + 2, dim)).astype(np.float32)  # a buffer holds spare rows
+        s = {"none": np.empty(0, np.float32), "per-row": rng.random(rows.size + 2, dtype=np.float32),
+             "per-value": rng.random((rows.size + 2, dim), dtype=np.float32)}[state_shape]  # fmt: skip
+        return w, s
+
+    rows = rng.choice(100, n, replace=False).astype(np.int64)
+    work, state = buffers(rows)
+    slots = np.sort(rng.choice(n, rng.integers(0, n + 1), replace=False)).astype(np.int64)
+    owners = rng.integers(0, 5, slots.size).astype(np.int64)  # steps 0..4; live ones below
+    live_steps = rng.choice(5, n_live, replace=False)
+    owner_slots = np.empty_like(slots)
+    live = []
+    for step in live_steps:
+        theirs = rng.choice(100, 9, replace=False).astype(np.int64)
+        mine = slots[owners == step]
+        put = rng.choice(9, mine.size, replace=False) if mine.size <= 9 else None
+        if put is None:  # more rows than this holder's working set: it did not hold them all
+            owners[owners == step] = 99
+            continue
+        theirs[put] = rows[mine]  # the holder's working set holds each of its stale rows
+        owner_slots[owners == step] = put
+        live.append((int(step), *buffers(theirs), theirs))
+    owner_slots[~np.isin(owners, [e[0] for e in live])] = -7  # not read for rows not forwarded
+    expect_w, expect_s, expect_rest, expect_n = naive.forward_stale(
+        work, state, slots, owners, owner_slots, rows, live
+    )
+    n_fwd, rest = forward_stale(work, state, slots, owners, owner_slots, rows, live)
+    assert n_fwd == expect_n
+    np.testing.assert_array_equal(rest, expect_rest)
+    np.testing.assert_array_equal(work, expect_w)
+    np.testing.assert_array_equal(state, expect_s)
+
+
+def test_forward_stale_refuses_a_holder_without_the_row():
+    """A holder's recorded slot that holds another row (or lies past its working set) is refused by name:
+    forwarding it would copy another row's value. A slot past this working set is refused before any copy."""
+    from hotline.kernels.gather import forward_stale
+
+    work, state = np.zeros((3, 2), np.float32), np.zeros(3, np.float32)
+    rows = np.array([10, 11, 12], np.int64)
+    theirs = np.array([12, 11], np.int64)
+    live = [(4, np.ones((2, 2), np.float32), np.ones(2, np.float32), theirs)]
+    slots, owners = np.array([1, 2], np.int64), np.array([4, 4], np.int64)
+    with pytest.raises(RuntimeError, match="stale row 12 is missing from the working set of step 4"):
+        forward_stale(work, state, slots, owners, np.array([1, 1], np.int64), rows, live)
+    with pytest.raises(RuntimeError, match="stale row 11 is missing"):
+        forward_stale(work, state, slots, owners, np.array([2, 0], np.int64), rows, live)
+    with pytest.raises(IndexError, match="slot 3 at position 1 of slots"):
+        forward_stale(work, state, np.array([0, 3], np.int64), owners, np.array([1, 0], np.int64), rows, live)
+    with pytest.raises(ValueError, match="live step 4's buffers"):
+        forward_stale(
+            work, state, slots, owners, np.array([1, 0], np.int64), rows, [(4, *live[0][1:3], rows)]
+        )
+    assert forward_stale(work, state, slots, owners, np.array([1, 0], np.int64), rows, live)[0] == 2
+    np.testing.assert_array_equal(work[1:], 1.0)
+
+
 def test_host_rows_gather_skips_the_stale_slots():
     """A look-ahead fetch reads every row but the stale ones (the refresh reads those again): the skipped slots
     keep what the staging buffer held, the rest equal a plain gather, weights and state alike."""

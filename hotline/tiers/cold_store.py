@@ -94,6 +94,15 @@ class ColdStore(ABC):
         """Reads the rows at ``slots`` (default ``fetch.stale``) again, after every earlier step's update of
         them landed: returns the slots and their fresh weights and state (state [0] where unused)."""
 
+    def refresh_into(self, fetch: ColdFetch, slots: np.ndarray, work: np.ndarray, state: np.ndarray) -> None:
+        """:meth:`refresh` of ``slots`` straight into the working buffer ``work`` and its ``state`` (host arrays;
+        state empty where unused). Called even with no slots, as :meth:`refresh` is (a collective may need it)."""
+        slots, w, s = self.refresh(fetch, slots)
+        if slots.size:
+            scatter_rows(work, slots, w)
+            if s.size:
+                scatter_rows(state, slots, s)
+
     @abstractmethod
     def update(self, fetch: ColdFetch, optimizer: SparseOptimizer, work: torch.Tensor, work_state: torch.Tensor,
                slot: np.ndarray, grads: torch.Tensor, pos: np.ndarray, device_index=None) -> int:  # fmt: skip
@@ -349,3 +358,10 @@ class LocalColdStore(OneRankStore):
         slots = fetch.stale if slots is None else slots
         rows = fetch.rows[slots]
         return slots, self.w[rows], self.s[rows] if self.s.size else self.s[:0]
+
+    def refresh_into(self, fetch: ColdFetch, slots: np.ndarray, work: np.ndarray, state: np.ndarray) -> None:
+        if slots.size:  # host to working buffer in one pass each, with no intermediate copy
+            rows = fetch.rows[slots]
+            copy_rows(work, slots, self.w, rows)
+            if self.s.size:
+                copy_rows(state, slots, self.s, rows)

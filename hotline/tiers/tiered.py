@@ -32,7 +32,7 @@ from hotline.datasets.format import Batch
 from hotline.dispatch import Dispatcher, MicroBatches
 from hotline.distributed.comm import Comm
 from hotline.kernels import sparse_update
-from hotline.kernels.gather import assemble_rows, copy_rows, scatter_rows
+from hotline.kernels.gather import assemble_rows, forward_stale
 from hotline.models.dlrm import DLRM
 from hotline.pipeline.gpu_timing import StreamPhases
 from hotline.placement import Placement
@@ -311,6 +311,17 @@ class TieredMode(TrainMode):
         self._await_copies(prep)
         fetch, forwarded = prep.fetch, 0
         slots = fetch.stale
+        if self.device.type == "cpu" and not (self.pack_copies or self.device_updates):
+            # on a CPU (unless the tests run the device paths there): straight into the working buffer, one
+            # pass over the stale slots for the live holders, one for the rest
+            work, state = prep.work.numpy(), prep.work_state.numpy()
+            if live and slots.size and self.cold.forwards_stale:
+                buffers = [(o, h.work.numpy(), h.work_state.numpy(), h.fetch.rows) for o, h in live.items()]
+                forwarded, slots = forward_stale(
+                    work, state, slots, fetch.stale_owner, fetch.stale_slot, fetch.rows, buffers
+                )
+            self.cold.refresh_into(fetch, slots, work, state)
+            return forwarded
         arrays: dict[str, np.ndarray] = {}
         holders: list[PreparedStep] = []
         if live and slots.size and self.cold.forwards_stale:
@@ -331,20 +342,6 @@ class TieredMode(TrainMode):
             if s.size:
                 arrays["s"] = s
         if not arrays:
-            return forwarded
-        # on a CPU (unless the tests run the device paths there) one parallel pass per source, straight into the
-        # working buffer
-        if self.device.type == "cpu" and not (self.pack_copies or self.device_updates):
-            work, state = prep.work.numpy(), prep.work_state.numpy()
-            for i, src in enumerate(holders):
-                mine, theirs = arrays[f"mine{i}"], arrays[f"theirs{i}"]
-                copy_rows(work, mine, src.work.numpy(), theirs)
-                if state.size:
-                    copy_rows(state, mine, src.work_state.numpy(), theirs)
-            if "slots" in arrays:
-                scatter_rows(work, arrays["slots"], arrays["w"])
-                if "s" in arrays:
-                    scatter_rows(state, arrays["slots"], arrays["s"])
             return forwarded
         # Every index and row goes to the device in one or two asynchronous copies from this slot's pinned
         # refresh pack, queued on the compute stream (no pageable copy that would synchronise it).
