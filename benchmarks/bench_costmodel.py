@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> dict:
             pl = by_budget.get(r.get("budget_bytes"), placements[len(placements) // 2])
             stats = costmodel.Stats.from_profile(prof, pl["budget_bytes"])
             pred = costmodel.predict(PREDICTED_AS[r["mode"]], work, stats, hw)
+            ahead = PREDICTED_AS[r["mode"]] == "hotline_k1"
             cpu = r.get("cpu_probe")
             # the CPU's speed beside the row over the calibration's: the median of the two probes and 1
             scale = (
@@ -144,6 +145,9 @@ def main(argv: list[str] | None = None) -> dict:
                     "target": r.get("target"),
                     "coverage": r.get("coverage"),
                     "heldout_coverage": stats.hot_lookup_share if r["mode"].startswith("hotline") else None,
+                    # stale rows (look-ahead): the held-out estimate the prediction prices, beside the run's count
+                    "heldout_stale_rows": stats.stale_rows_per_batch if ahead else None,
+                    "stale_rows": r.get("stale_rows_per_step") if ahead else None,
                     "predicted": pred.samples_per_s,
                     "measured": r["samples_per_s"],
                     "ratio": pred.samples_per_s / r["samples_per_s"],
@@ -171,6 +175,8 @@ def main(argv: list[str] | None = None) -> dict:
             ("target", "target", ".2f"),
             ("coverage", "measured cov", ".3f"),
             ("heldout_coverage", "held-out cov", ".3f"),
+            ("stale_rows", "stale rows", ".0f"),
+            ("heldout_stale_rows", "held-out stale", ".0f"),
             ("predicted", "predicted/s", ".0f"),
             ("measured", "measured/s", ".0f"),
             ("ratio", "pred/meas", ".2f"),

@@ -350,8 +350,9 @@ def predict(rec: dict, hybrid: dict | None, dataset, args, hw: dict):
         return None
     mode = {"hybrid_disk": "hybrid", "hotline_k0_disk": "hotline_k0"}.get(rec["mode"], "hotline_k1")
     w = workload(dataset, args)
-    s = Stats(rec["coverage"], rec["popular_share"], rec["cold_rows_per_step"], hybrid["cold_rows_per_step"])
     ahead = mode == "hotline_k1"
+    s = Stats(rec["coverage"], rec["popular_share"], rec["cold_rows_per_step"], hybrid["cold_rows_per_step"],
+              rec.get("stale_rows_per_step", 0.0) if ahead else 0.0)  # fmt: skip
     reread = rec.get("reread_share") if ahead else 0.0
     pages = rec["disk_bytes_per_step"] / 4096  # the fetch's: its requests over its pages
     disk = DiskTier(pages_per_cold_row=rec["pages_per_disk_row"], reread_share=max(0.0, reread or 0.0),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -62,6 +63,25 @@ def test_pipelined_step_is_the_slowest_lane_plus_handover():
     # On a CPU device the lanes share the cores: at least the CPU-seconds over the cores.
     shared = cm.predict("hotline_k1", W, stats(), HW)
     assert shared.phases_s["lane: shared cores"] >= shared.phases_s["lane: device (compute + updates)"]
+
+
+def test_stale_rows_are_read_again_on_the_step_critical_path():
+    """Under look-ahead the producer skips the stale rows and the main thread reads them before the step
+    computes, at the one-thread gather bandwidth, in the device lane; the sequential modes have none."""
+    fresh = replace(stats(), stale_rows_per_batch=0.0)
+    stale = replace(stats(), stale_rows_per_batch=5_000.0)
+    w = replace(W, worker_threads=2)
+    p0, p1 = cm.phases("hotline_k1", w, fresh, HW), cm.phases("hotline_k1", w, stale, HW)
+    assert p0["refresh"] == 0.0 and p0["gather"] == pytest.approx(20_000 * 256 / 4e9)
+    assert p1["gather"] == pytest.approx(15_000 * 256 / 4e9)  # the producer's threads: "n"
+    assert p1["refresh"] == pytest.approx(5_000 * 256 / 2e9)  # one thread: "1"
+    k1 = cm.predict("hotline_k1", w, stale, HW).phases_s
+    lane = "lane: device (compute + updates)"
+    assert k1[lane] - cm.predict("hotline_k1", w, fresh, HW).phases_s[lane] == pytest.approx(p1["refresh"])
+    for mode in ("hybrid", "hotline_k0"):  # a sequential step has no stale rows
+        assert cm.phases(mode, W, stale, HW) == cm.phases(mode, W, fresh, HW)
+    everything = replace(stats(), stale_rows_per_batch=1e9)  # never more than the cold rows
+    assert cm.phases("hotline_k1", w, everything, HW)["gather"] == 0.0
 
 
 def test_more_coverage_predicts_less_cold_work():

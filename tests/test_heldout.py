@@ -122,6 +122,36 @@ def test_heldout_scan_equals_a_direct_count(small):
     assert curve.heldout_access_coverage.is_monotonic_increasing
 
 
+@pytest.mark.parametrize("batches_per_chunk", [1, 2, 7])
+@pytest.mark.parametrize("window", [1, 3])
+def test_stale_rows_are_those_the_batches_before_look_up(batches_per_chunk, window):
+    """``stale_suffix[k]``: over the mini-batches, the distinct rows of rank >= k that one of the ``window``
+    batches before also looks up, against a set-by-set count; chunks split the batches anywhere (the batches
+    before a chunk are carried into it), and a partial last batch counts none."""
+    from hotline.profiling.heldout import scan
+
+    rng = np.random.default_rng(batches_per_chunk * 10 + window)
+    sizes, bs, n = [30, 8, 50], 6, 6 * 9 + 4  # nine full batches and a partial one
+    ids = np.stack([rng.zipf(1.5, (n, 2)) % t for t in sizes], axis=1).astype(np.int64)  # [n, T, L=2]
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    A = 40
+    rank = np.minimum(rng.permutation(offsets[-1]), A).astype(np.int32)  # rows beyond A: never hot
+    step = bs * batches_per_chunk
+    chunks = (ids[i : i + step] for i in range(0, n, step))
+    _, _, cold, batches, _, stale = scan(chunks, sizes, rank, A, bs, window=window)
+    assert batches == 9
+    fused = ids + offsets[:-1][None, :, None]
+    rows = [set(fused[b * bs : (b + 1) * bs].ravel().tolist()) for b in range(9)]
+    for k in range(A + 1):
+        expect = sum(
+            sum(rank[r] >= k and any(r in rows[e] for e in range(max(0, b - window), b)) for r in rows[b])
+            for b in range(9)
+        )
+        assert stale[k] == expect, k
+        assert stale[k] <= cold[k]
+    assert stale[0] > stale[A] > 0  # the case that matters happened: rows repeated within the window
+
+
 def test_fraction_one_falls_back_to_validation(skewed, small):
     _, path, _ = skewed
     prof = hotline.profile(path, sample_fraction=1.0, progress=False)

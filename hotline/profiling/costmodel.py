@@ -14,7 +14,10 @@ A step is a set of phases, each priced from the hardware description (JSON; see 
   FLOPs at the dense rate (the MLPs and, for DCN-v2, the cross layers' low-rank products), the dot
   interaction's FLOPs at its own rate (batched small products run far below the GEMM rate; cat and dcn have
   none), bytes at the memory bandwidth, plus a fixed cost per pass), ``sparse_update`` (per lookup gradient
-  and per updated row) and ``dense_update`` (the dense parameters, plus a cost per parameter tensor).
+  and per updated row) and ``dense_update`` (the dense parameters, plus a cost per parameter tensor); under
+  look-ahead also ``refresh`` (the stale rows, which an earlier step in flight may still update: the producer
+  skips them and the main thread reads them before the step computes, at the host's one-thread gather
+  bandwidth).
 
 Sequential modes (device, hybrid, hotline K=0) add their phases. Hotline with look-ahead K >= 1 runs host work
 on a producer thread, the write-back on a writer thread and compute on the main thread: a step takes the
@@ -158,6 +161,10 @@ class Stats:
     """Unique cold rows per mini-batch (the working set)."""
     unique_rows_per_batch: float
     """Unique rows per mini-batch with nothing hot (hybrid's working set)."""
+    stale_rows_per_batch: float = 0.0
+    """Of the cold rows, those a look-ahead step finds held by an earlier step still in flight (held-out,
+    :data:`hotline.profiling.heldout.STALE_WINDOW`; 0 where not measured): the producer skips them and the main
+    thread reads them again before the step computes."""
 
     @classmethod
     def from_profile(cls, prof, budget, batch_size: int | None = None) -> Stats:
@@ -170,6 +177,7 @@ class Stats:
                 float(h["popular_sample_share"]),
                 float(h["unique_cold_rows_per_batch"]),
                 float(prof.heldout.figures(0)["unique_cold_rows_per_batch"]),
+                prof.heldout.stale_rows_per_batch(k),
             )
         c = prof.curve([k * prof.bytes_per_row], batch_size=batch_size).iloc[0]
         return cls(
@@ -471,7 +479,12 @@ def phases(mode: str, w: Workload, s: Stats, hw: dict, disk: DiskTier | None = N
             N * _host(hw, "dispatch_ns_per_lookup", threads)
             + cold_lookups * _host(hw, "dispatch_ns_per_cold_lookup", threads, 0.0)
         ) * 1e-9
-        out["gather"] = cold * R / (_host(hw, "gather_gbps", threads) * 1e9)
+        # under look-ahead the producer skips the stale rows; the main thread reads them on one thread before
+        # the step computes (hotline.pipeline.threads.BETWEEN_STEPS_THREADS), on the step's critical path
+        stale = min(max(s.stale_rows_per_batch, 0.0), cold) if mode == "hotline_k1" else 0.0
+        out["gather"] = (cold - stale) * R / (_host(hw, "gather_gbps", threads) * 1e9)
+        if mode == "hotline_k1":
+            out["refresh"] = stale * R / (_host(hw, "gather_gbps", 1) * 1e9)
         out["h2d"] = _link_s(hw, cold * R + index_bytes, "h2d")
         # the looked-up rows put together from the hot table and the working buffer (device mode's "lookup")
         out["assemble"] = _assemble_s(w, dev)
@@ -535,7 +548,8 @@ def predict(mode: str, w: Workload, s: Stats, hw: dict, disk: DiskTier | None = 
     lanes = {
         "host work (dispatch + gather)": ph["dispatch"] + ph["gather"],
         "link (h2d + d2h)": ph["h2d"] + ph["d2h"],
-        "device (compute + updates)": ph["assemble"]
+        "device (compute + updates)": ph["refresh"]
+        + ph["assemble"]
         + ph["compute"]
         + ph["sparse_update"]
         + ph["dense_update"],

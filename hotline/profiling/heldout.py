@@ -8,7 +8,10 @@ one (by default a uniform sample of the same split and the same size; or the val
 - ``hits_cum[k]``: held-out lookups that hit one of the ``k`` best-ranked rows (access coverage at ``k``);
 - ``popular_cum[k]``: held-out samples whose every lookup hits one of them (popular-sample share);
 - ``cold_suffix[k]``: unique rows of rank ``>= k`` summed over the held-out mini-batches of ``B`` samples
-  (the working set a mini-batch needs; rows the profile never saw are always cold).
+  (the working set a mini-batch needs; rows the profile never saw are always cold);
+- ``stale_suffix[k]``: of those, the rows one of the :data:`STALE_WINDOW` mini-batches before also looks up
+  (under look-ahead, rows an earlier step may still update when this one is fetched: read again on the main
+  thread before the step computes, so the cost model prices them there).
 
 All three come from one scan, for every budget at once, like the in-sample curve.
 """
@@ -22,6 +25,12 @@ import numpy as np
 
 from hotline.kernels import profile as kernels
 from hotline.table_layout import PAD_ID, BagLayout
+
+STALE_WINDOW = 3
+"""Mini-batches before a step whose rows count as stale for it: the look-ahead of ``hotline train`` (K=2) claims
+step j's rows while steps j-2 and j-1 wait in its queue and step j-3 computes or is written back. Measured on
+bench_pipeline's runs (emb-heavy and kaggle at 70% and 85% coverage), the executor flagged as many rows as a
+window of 3.3-3.6 batches holds: a window of 3 counts 4-8% fewer, one of 4 counts 4-16% more."""
 
 
 @dataclass
@@ -51,6 +60,16 @@ class HeldOut:
     _chunks: Callable[[], Iterator[np.ndarray]] | None = None
     bags: BagLayout | None = None
     """Bag sizes and padding of the samples' ids (None: uniform [n, T, L] chunks)."""
+    stale_suffix: np.ndarray | None = None
+    """int64 [A+1]: of ``cold_suffix``'s rows, those one of the :data:`STALE_WINDOW` mini-batches before also
+    looks up (None: not measured)."""
+
+    def stale_rows_per_batch(self, k) -> float:
+        """Unique cold rows per mini-batch at ``k`` hot rows that one of the :data:`STALE_WINDOW` mini-batches
+        before also looks up (0 where not measured)."""
+        if self.stale_suffix is None:
+            return 0.0
+        return float(self.stale_suffix[int(k)] / max(1, self.num_batches))
 
     def figures(self, k) -> dict:
         """Held-out figures at ``k`` hot rows (an int or an int array): access_coverage, popular_sample_share,
@@ -65,7 +84,7 @@ class HeldOut:
     def evaluate(self, hot: np.ndarray, table_sizes) -> dict:
         """The same figures for any hot set (bool [total rows]), by scanning the held-out samples again."""
         cold_rank = (~hot).astype(np.int32)  # rank 0: hot, 1: cold
-        hits, popular, cold, _, _ = scan(
+        hits, popular, cold, _, _, _ = scan(
             self._chunks(), table_sizes, cold_rank, 1, self.batch_size, self.bags
         )
         return {
@@ -77,20 +96,24 @@ class HeldOut:
 
 def scan(
     chunks: Iterator[np.ndarray], table_sizes, rank: np.ndarray, num_ranked: int, batch_size: int,
-    bags: BagLayout | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:  # fmt: skip
+    bags: BagLayout | None = None, window: int = STALE_WINDOW,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int, np.ndarray]:  # fmt: skip
     """One pass over sample chunks (each a whole number of mini-batches, except the last) under ``rank``
     (int32 [total rows], ranks ``0..num_ranked``, ``num_ranked`` meaning never hot).
 
-    Returns ``(hits_cum, popular_cum, cold_suffix, num_batches, lookups)``, each array of length
-    ``num_ranked + 1`` indexed by the number of hot rows ``k``. Per-batch figures count full mini-batches
-    only (the last, partial one too when there is no full one). ``bags``: the chunks are [n, C] bags of these
-    sizes (padding skipped); None: [n, T, L]."""
+    Returns ``(hits_cum, popular_cum, cold_suffix, num_batches, lookups, stale_suffix)``, each array of length
+    ``num_ranked + 1`` indexed by the number of hot rows ``k`` (``stale_suffix``: of ``cold_suffix``'s rows,
+    those one of the ``window`` mini-batches before also looks up). Per-batch figures count full mini-batches
+    only (the last, partial one too when there is no full one, with no stale rows). ``bags``: the chunks are
+    [n, C] bags of these sizes (padding skipped); None: [n, T, L]."""
     A = int(num_ranked)
     offsets = kernels.table_offsets(table_sizes)
     lookup_hist = np.zeros(A + 1, dtype=np.int64)
     max_hist = np.zeros(A + 2, dtype=np.int64)
     unique_hist = np.zeros(A + 1, dtype=np.int64)
+    stale_hist = np.zeros(A + 1, dtype=np.int64)
+    total = int(rank.shape[0])
+    carried = (np.zeros(0, np.int64), np.zeros(0, np.int64))  # the last `window` batches' (batch, row) pairs
     B = int(batch_size)
     batches = lookups = 0
     partial_hist, partial_batches = None, 0
@@ -107,8 +130,14 @@ def scan(
         kernels.add_histogram(kernels.sample_max_rank(c, table_sizes, rank, **layout) + 1, max_hist)
         full = (n // B) * B
         if full:
-            unique_hist += _unique_rank_hist(fused[:full], rank, B, A, None if real is None else real[:full])
+            b, r = _batch_rows(fused[:full], total, B, None if real is None else real[:full])
+            unique_hist += np.bincount(rank[r], minlength=A + 1)
+            both = (np.concatenate([carried[0], b + batches]), np.concatenate([carried[1], r]))
+            again = repeated_rows(*both, carried[0].shape[0], window)
+            stale_hist += np.bincount(rank[r[again]], minlength=A + 1)
             batches += full // B
+            keep = both[0] >= batches - window
+            carried = (both[0][keep], both[1][keep])
         if full < n:
             partial_hist = _unique_rank_hist(
                 fused[full:], rank, n - full, A, None if real is None else real[full:]
@@ -119,7 +148,20 @@ def scan(
     hits_cum = np.concatenate([[0], np.cumsum(lookup_hist[:A])])
     popular_cum = np.cumsum(max_hist)[: A + 1]
     cold_suffix = np.cumsum(unique_hist[::-1])[::-1]
-    return hits_cum, popular_cum, cold_suffix, batches, lookups
+    stale_suffix = np.cumsum(stale_hist[::-1])[::-1]
+    return hits_cum, popular_cum, cold_suffix, batches, lookups, stale_suffix
+
+
+def _batch_rows(
+    fused: np.ndarray, total: int, batch_size: int, real: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct (mini-batch, row) pairs of ``fused`` [n, C] (n a multiple of B), as (batch, row) arrays
+    sorted by batch, then row; ``real`` [n, C]: which entries are lookups (not padding)."""
+    n = fused.shape[0]
+    batch = np.repeat(np.arange(n // batch_size, dtype=np.int64), batch_size * fused.shape[1])
+    keys = batch * total + fused.ravel()
+    keys = np.unique(keys if real is None else keys[real.ravel()])
+    return keys // total, keys % total
 
 
 def _unique_rank_hist(
@@ -127,9 +169,20 @@ def _unique_rank_hist(
 ) -> np.ndarray:
     """Histogram over ranks of the distinct (mini-batch, row) pairs of ``fused`` [n, C] (n a multiple of B);
     ``real`` [n, C]: which entries are lookups (not padding)."""
-    n = fused.shape[0]
-    batch = np.repeat(np.arange(n // batch_size, dtype=np.int64), batch_size * fused.shape[1])
-    total = int(rank.shape[0])
-    keys = batch * total + fused.ravel()
-    keys = np.unique(keys if real is None else keys[real.ravel()])
-    return np.bincount(rank[keys % total], minlength=num_ranked + 1)
+    _, rows = _batch_rows(fused, int(rank.shape[0]), batch_size, real)
+    return np.bincount(rank[rows], minlength=num_ranked + 1)
+
+
+def repeated_rows(
+    batches: np.ndarray, rows: np.ndarray, earlier: int, window: int
+) -> np.ndarray:  # fmt: skip
+    """Which of the distinct (batch, row) pairs ``batches``, ``rows`` (each batch's rows distinct) have their row
+    in one of the ``window`` batches before theirs, for the pairs from index ``earlier`` on (the ones before
+    are the previous batches', carried over so that a chunk's first batches see them)."""
+    order = np.lexsort((batches, rows))  # by row, then batch
+    b, r = batches[order], rows[order]
+    again = np.zeros(order.shape[0], dtype=bool)
+    again[1:] = (r[1:] == r[:-1]) & (b[1:] - b[:-1] <= window)
+    out = np.empty(order.shape[0], dtype=bool)
+    out[order] = again
+    return out[earlier:]

@@ -234,7 +234,9 @@ class Profiler:
                 bar.close()
 
         bags = None if ds.uniform else ds.bags
-        hits, popular, cold, batches, lookups = scan(chunks(), ds.table_sizes, rank, num_ranked, B, bags)
+        hits, popular, cold, batches, lookups, stale = scan(
+            chunks(), ds.table_sizes, rank, num_ranked, B, bags
+        )
         return HeldOut(
             source=f"{source} ({total:,} samples)",
             split=split_name,
@@ -248,6 +250,7 @@ class Profiler:
             indices=picked,
             _chunks=chunks,
             bags=bags,
+            stale_suffix=stale,
         )
 
 
