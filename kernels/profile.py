@@ -327,12 +327,14 @@ def sample_max_rank(
 
 
 def add_histogram(values: np.ndarray, hist: np.ndarray) -> None:
-    """``hist[v] += 1`` for every value (int64 values in ``[0, len(hist))``; checked)."""
+    """``hist[v] += 1`` for every value (int64 values in ``[0, len(hist))``; checked). ``hist``: int64, or uint16
+    where the caller keeps every count below 65,536 (a count per row of a large table, in a quarter of the
+    memory)."""
     values = np.ascontiguousarray(values, dtype=np.int64)
     if values.size and (values.min() < 0 or values.max() >= hist.shape[0]):
         raise ValueError(
             f"histogram values must lie in [0, {hist.shape[0]}), got [{values.min()}, {values.max()}]"
         )
-    if hist.dtype != np.int64 or hist.ndim != 1:
-        raise ValueError(f"hist must be int64 [bins], got {hist.dtype} {hist.shape}")
+    if hist.dtype not in (np.int64, np.uint16) or hist.ndim != 1:
+        raise ValueError(f"hist must be int64 or uint16 [bins], got {hist.dtype} {hist.shape}")
     _add_histogram(values, hist)

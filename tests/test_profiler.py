@@ -116,12 +116,15 @@ def test_sample_max_rank_matches_twin(case):
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.lists(st.integers(0, 9), max_size=50))
-def test_add_histogram_matches_twin(values):
-    hist = np.arange(10, dtype=np.int64)
+@given(st.lists(st.integers(0, 9), max_size=50), st.sampled_from([np.int64, np.uint16]))
+def test_add_histogram_matches_twin(values, dtype):
+    hist = np.arange(10, dtype=dtype)
     expect = naive.profile_add_histogram(values, hist)
     kp.add_histogram(np.array(values, dtype=np.int64), hist)
     np.testing.assert_array_equal(hist, expect)
+    assert hist.dtype == dtype
+    with pytest.raises(ValueError, match="int64 or uint16"):
+        kp.add_histogram(np.array(values, dtype=np.int64), hist.astype(np.int32))
 
 
 def test_kernels_match_twins_over_several_sample_blocks():

@@ -9,9 +9,12 @@ one (by default a uniform sample of the same split and the same size; or the val
 - ``popular_cum[k]``: held-out samples whose every lookup hits one of them (popular-sample share);
 - ``cold_suffix[k]``: unique rows of rank ``>= k`` summed over the held-out mini-batches of ``B`` samples
   (the working set a mini-batch needs; rows the profile never saw are always cold);
-- ``stale_suffix[k]``: of those, the rows one of the :data:`STALE_WINDOW` mini-batches before also looks up
-  (under look-ahead, rows an earlier step may still update when this one is fetched: read again on the main
-  thread before the step computes, so the cost model prices them there).
+- ``stale_suffix[k]``: of those, the rows one of :data:`STALE_WINDOW` other mini-batches also looks up (under
+  look-ahead, rows an earlier step may still update when this one is fetched: read again on the main thread
+  before the step computes, so the cost model prices them there). The mini-batches are taken as exchangeable:
+  from the number of held-out mini-batches each row is in, the expected count over every choice of the others,
+  which uses every pair of mini-batches, not only neighbours (the first mini-batches of a short sample have
+  fewer before them).
 
 All three come from one scan, for every budget at once, like the in-sample curve.
 """
@@ -31,6 +34,9 @@ STALE_WINDOW = 3
 step j's rows while steps j-2 and j-1 wait in its queue and step j-3 computes or is written back. Measured on
 bench_pipeline's runs (emb-heavy and kaggle at 70% and 85% coverage), the executor flagged as many rows as a
 window of 3.3-3.6 batches holds: a window of 3 counts 4-8% fewer, one of 4 counts 4-16% more."""
+
+_MAX_STALE_BATCHES = 2**16 - 1
+"""Held-out mini-batches the stale count reads (the count of mini-batches per row is kept in 16 bits)."""
 
 
 @dataclass
@@ -61,12 +67,12 @@ class HeldOut:
     bags: BagLayout | None = None
     """Bag sizes and padding of the samples' ids (None: uniform [n, T, L] chunks)."""
     stale_suffix: np.ndarray | None = None
-    """int64 [A+1]: of ``cold_suffix``'s rows, those one of the :data:`STALE_WINDOW` mini-batches before also
-    looks up (None: not measured)."""
+    """float64 [A+1]: of ``cold_suffix``'s rows, the expected number one of :data:`STALE_WINDOW` other
+    mini-batches also looks up, summed over the mini-batches (None: not measured)."""
 
     def stale_rows_per_batch(self, k) -> float:
-        """Unique cold rows per mini-batch at ``k`` hot rows that one of the :data:`STALE_WINDOW` mini-batches
-        before also looks up (0 where not measured)."""
+        """Unique cold rows per mini-batch at ``k`` hot rows that one of :data:`STALE_WINDOW` other mini-batches
+        also looks up (expected; 0 where not measured)."""
         if self.stale_suffix is None:
             return 0.0
         return float(self.stale_suffix[int(k)] / max(1, self.num_batches))
@@ -103,17 +109,16 @@ def scan(
 
     Returns ``(hits_cum, popular_cum, cold_suffix, num_batches, lookups, stale_suffix)``, each array of length
     ``num_ranked + 1`` indexed by the number of hot rows ``k`` (``stale_suffix``: of ``cold_suffix``'s rows,
-    those one of the ``window`` mini-batches before also looks up). Per-batch figures count full mini-batches
-    only (the last, partial one too when there is no full one, with no stale rows). ``bags``: the chunks are
-    [n, C] bags of these sizes (padding skipped); None: [n, T, L]."""
+    those one of ``window`` other mini-batches also looks up, see :func:`stale_rows`). Per-batch figures count
+    full mini-batches only (the last, partial one too when there is no full one, with no stale rows).
+    ``bags``: the chunks are [n, C] bags of these sizes (padding skipped); None: [n, T, L]."""
     A = int(num_ranked)
     offsets = kernels.table_offsets(table_sizes)
     lookup_hist = np.zeros(A + 1, dtype=np.int64)
     max_hist = np.zeros(A + 2, dtype=np.int64)
     unique_hist = np.zeros(A + 1, dtype=np.int64)
-    stale_hist = np.zeros(A + 1, dtype=np.int64)
     total = int(rank.shape[0])
-    carried = (np.zeros(0, np.int64), np.zeros(0, np.int64))  # the last `window` batches' (batch, row) pairs
+    in_batches = np.zeros(total, dtype=np.uint16)  # held-out mini-batches that look each row up
     B = int(batch_size)
     batches = lookups = 0
     partial_hist, partial_batches = None, 0
@@ -132,12 +137,8 @@ def scan(
         if full:
             b, r = _batch_rows(fused[:full], total, B, None if real is None else real[:full])
             unique_hist += np.bincount(rank[r], minlength=A + 1)
-            both = (np.concatenate([carried[0], b + batches]), np.concatenate([carried[1], r]))
-            again = repeated_rows(*both, carried[0].shape[0], window)
-            stale_hist += np.bincount(rank[r[again]], minlength=A + 1)
+            kernels.add_histogram(r[b < _MAX_STALE_BATCHES - batches], in_batches)
             batches += full // B
-            keep = both[0] >= batches - window
-            carried = (both[0][keep], both[1][keep])
         if full < n:
             partial_hist = _unique_rank_hist(
                 fused[full:], rank, n - full, A, None if real is None else real[full:]
@@ -148,8 +149,29 @@ def scan(
     hits_cum = np.concatenate([[0], np.cumsum(lookup_hist[:A])])
     popular_cum = np.cumsum(max_hist)[: A + 1]
     cold_suffix = np.cumsum(unique_hist[::-1])[::-1]
-    stale_suffix = np.cumsum(stale_hist[::-1])[::-1]
+    stale_suffix = stale_rows(in_batches, rank, A, min(batches, _MAX_STALE_BATCHES), window) * (
+        batches / max(1, min(batches, _MAX_STALE_BATCHES))
+    )
     return hits_cum, popular_cum, cold_suffix, batches, lookups, stale_suffix
+
+
+def stale_rows(in_batches: np.ndarray, rank: np.ndarray, num_ranked: int, n: int, window: int) -> np.ndarray:
+    """float64 [A+1]: for each k, the expected number of rows of rank >= k that one mini-batch of ``n`` shares
+    with ``window`` others drawn from the rest, summed over the ``n`` (``in_batches``: of how many of the ``n``
+    mini-batches each row is in). A row in ``c`` of them is in the chosen one with chance ``c / n`` and then
+    in none of the others with chance ``C(n - c, w) / C(n - 1, w)``; ``w`` is ``window``, or ``n - 1`` where
+    fewer mini-batches were held out (fewer others to share rows with: an undercount)."""
+    A = int(num_ranked)
+    w = min(int(window), n - 1)
+    rows = np.flatnonzero(in_batches)
+    if w < 1 or not rows.size:
+        return np.zeros(A + 1)
+    c = in_batches[rows].astype(np.float64)
+    none_of_them = np.ones_like(c)
+    for i in range(w):
+        none_of_them *= np.clip(n - c - i, 0, None) / (n - 1 - i)
+    hist = np.bincount(rank[rows], weights=c * (1.0 - none_of_them), minlength=A + 1)
+    return np.cumsum(hist[::-1])[::-1]
 
 
 def _batch_rows(
@@ -171,18 +193,3 @@ def _unique_rank_hist(
     ``real`` [n, C]: which entries are lookups (not padding)."""
     _, rows = _batch_rows(fused, int(rank.shape[0]), batch_size, real)
     return np.bincount(rank[rows], minlength=num_ranked + 1)
-
-
-def repeated_rows(
-    batches: np.ndarray, rows: np.ndarray, earlier: int, window: int
-) -> np.ndarray:  # fmt: skip
-    """Which of the distinct (batch, row) pairs ``batches``, ``rows`` (each batch's rows distinct) have their row
-    in one of the ``window`` batches before theirs, for the pairs from index ``earlier`` on (the ones before
-    are the previous batches', carried over so that a chunk's first batches see them)."""
-    order = np.lexsort((batches, rows))  # by row, then batch
-    b, r = batches[order], rows[order]
-    again = np.zeros(order.shape[0], dtype=bool)
-    again[1:] = (r[1:] == r[:-1]) & (b[1:] - b[:-1] <= window)
-    out = np.empty(order.shape[0], dtype=bool)
-    out[order] = again
-    return out[earlier:]
