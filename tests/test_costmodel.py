@@ -80,6 +80,8 @@ def test_stale_rows_are_read_again_on_the_step_critical_path():
     assert k1[lane] - cm.predict("hotline_k1", w, fresh, HW).phases_s[lane] == pytest.approx(p1["refresh"])
     for mode in ("hybrid", "hotline_k0"):  # a sequential step has no stale rows
         assert cm.phases(mode, W, stale, HW) == cm.phases(mode, W, fresh, HW)
+    gpu = {**HW, "link": {"h2d_gbps": 1.0, "d2h_gbps": 1.0}}  # a GPU: the rows come over the link
+    assert cm.phases("hotline_k1", w, stale, gpu)["refresh"] == pytest.approx(5_000 * 256 / 1e9)
     everything = replace(stats(), stale_rows_per_batch=1e9)  # never more than the cold rows
     assert cm.phases("hotline_k1", w, everything, HW)["gather"] == 0.0
 

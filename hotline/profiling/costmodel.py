@@ -17,7 +17,7 @@ A step is a set of phases, each priced from the hardware description (JSON; see 
   and per updated row) and ``dense_update`` (the dense parameters, plus a cost per parameter tensor); under
   look-ahead also ``refresh`` (the stale rows, which an earlier step in flight may still update: the producer
   skips them and the main thread reads them before the step computes, at the host's one-thread gather
-  bandwidth).
+  bandwidth where the device is this CPU, over the link on a GPU).
 
 Sequential modes (device, hybrid, hotline K=0) add their phases. Hotline with look-ahead K >= 1 runs host work
 on a producer thread, the write-back on a writer thread and compute on the main thread: a step takes the
@@ -484,7 +484,10 @@ def phases(mode: str, w: Workload, s: Stats, hw: dict, disk: DiskTier | None = N
         stale = min(max(s.stale_rows_per_batch, 0.0), cold) if mode == "hotline_k1" else 0.0
         out["gather"] = (cold - stale) * R / (_host(hw, "gather_gbps", threads) * 1e9)
         if mode == "hotline_k1":
-            out["refresh"] = stale * R / (_host(hw, "gather_gbps", 1) * 1e9)
+            if hw["link"].get("shared_memory"):  # this CPU: one thread copies them into the working buffer
+                out["refresh"] = stale * R / (_host(hw, "gather_gbps", 1) * 1e9)
+            else:  # a GPU: over the link (an upper bound: the rows forwarded from a live step stay on the device)
+                out["refresh"] = stale * R / (hw["link"]["h2d_gbps"] * 1e9)
         out["h2d"] = _link_s(hw, cold * R + index_bytes, "h2d")
         # the looked-up rows put together from the hot table and the working buffer (device mode's "lookup")
         out["assemble"] = _assemble_s(w, dev)

@@ -6,7 +6,8 @@ verbs, whatever the store is:
 
 - ``fetch(rows, ..., step)``: the rows and state of a working set (``step >= 0``: fetched ahead, under the
   look-ahead's claim rule, which flags the rows an earlier step may still update: ``ColdFetch.stale``);
-- ``refresh(fetch)``: reads the flagged rows again, once every earlier step's update has landed;
+- ``refresh(fetch)``: reads the flagged rows again, once every earlier step's update has landed
+  (``refresh_into`` puts them straight into a host working buffer: by default through ``refresh``);
 - ``update(...)``: applies the step's gradients of the working rows (to the fetched copy, or at the rows'
   owners);
 - ``write_back(fetch, values, state)``: stores the updated working rows (where the copy was updated).
