@@ -143,7 +143,7 @@ def forward_stale(
     work: np.ndarray, state: np.ndarray, slots: np.ndarray, owners: np.ndarray, owner_slots: np.ndarray,
     rows: np.ndarray, live: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]],
 ) -> tuple[int, np.ndarray]:  # fmt: skip
-    """The look-ahead refresh's forwarding, in one pass with no intermediate copy: for each stale slot
+    """The look-ahead refresh's forwarding, with no intermediate copy: for each stale slot
     ``slots[i]`` of a working set (``rows``: its rows) whose last holder ``owners[i]`` is a live step of
     ``live`` (``(step, work, state, rows)`` of each: its working buffer, state and working set), copies that
     row and its state from the holder's buffer at ``owner_slots[i]``, checked to hold the same row.
@@ -160,21 +160,20 @@ def forward_stale(
     if not live or not slots.shape[0]:
         return 0, slots
     state2 = _as_rows(state)
-    theirs_w = tuple(w for _, w, _, _ in live)
-    theirs_s = tuple(_as_rows(s) for _, _, s, _ in live)
-    for step, w, s, r in zip((e[0] for e in live), theirs_w, theirs_s, (e[3] for e in live)):
+    steps = np.array([e[0] for e in live], np.int64)
+    theirs_w, theirs_r = tuple(e[1] for e in live), tuple(e[3] for e in live)
+    theirs_s = tuple(_as_rows(e[2]) for e in live)
+    for step, w, s, r in zip(steps, theirs_w, theirs_s, theirs_r):
         short = w.shape[0] < r.shape[0] or (state2.shape[0] and s.shape[0] < r.shape[0])
         if short or w.shape[1:] != work.shape[1:] or (state2.shape[0] and s.shape[1:] != state2.shape[1:]):
             raise ValueError(
                 f"live step {step}'s buffers {w.shape} / {s.shape} do not hold its {r.shape[0]} rows"
                 f" of this step's shape {work.shape[1:]} / {state2.shape[1:]}"
             )
-    steps = np.fromiter((step for step, _, _, _ in live), np.int64, len(live))
     rest = np.empty_like(slots)
     n, k = _forward_stale(
-        work, state2, slots, owners, owner_slots, rows, steps, theirs_w, theirs_s,
-        tuple(r for _, _, _, r in live), rest,
-    )  # fmt: skip
+        work, state2, slots, owners, owner_slots, rows, steps, theirs_w, theirs_s, theirs_r, rest
+    )
     if n < 0:
         i = -1 - n
         raise RuntimeError(
