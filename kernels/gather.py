@@ -106,32 +106,35 @@ def copy_rows(dst: np.ndarray, dst_rows: np.ndarray, src: np.ndarray, src_rows: 
 
 
 @njit(cache=True, nogil=True)
-def _forward_stale(work, state, slots, owners, owner_slots, rows, live_steps, live_work, live_state, live_rows,
-                   rest):  # fmt: skip
-    forwarded = 0
+def _stale_holders(slots, owners, owner_slots, rows, live_steps, live_rows, mine, theirs, counts, rest, copy,
+                   work, state, live_work, live_state):  # fmt: skip
+    k = 0
     for j in range(live_steps.shape[0]):  # one holder at a time: its buffers stay put in the inner loop
-        step, src, src_state, theirs = live_steps[j], live_work[j], live_state[j], live_rows[j]
+        step, held = live_steps[j], live_rows[j]
         for i in range(slots.shape[0]):
             if owners[i] != step:
                 continue
-            p = slots[i]
-            s = owner_slots[i]
-            if s < 0 or s >= theirs.shape[0] or theirs[s] != rows[p]:
+            p, s = slots[i], owner_slots[i]
+            if s < 0 or s >= held.shape[0] or held[s] != rows[p]:
                 return -1 - i, 0
-            for d in range(work.shape[1]):
-                work[p, d] = src[s, d]
-            for d in range(state.shape[1] if state.shape[0] else 0):
-                state[p, d] = src_state[s, d]
-            forwarded += 1
+            mine[k], theirs[k] = p, s
+            k += 1
+            if copy:  # forwarded as it is found (the CPU's refresh); a partition only (the GPU path's)
+                src, src_state = live_work[j], live_state[j]
+                for d in range(work.shape[1]):
+                    work[p, d] = src[s, d]
+                for d in range(state.shape[1] if state.shape[0] else 0):
+                    state[p, d] = src_state[s, d]
+        counts[j] = k
     n_rest = 0
     for i in range(slots.shape[0]):  # the slots no live step holds, in order
-        held = False
+        live = False
         for j in range(live_steps.shape[0]):
-            held = held or owners[i] == live_steps[j]
-        if not held:
+            live = live or owners[i] == live_steps[j]
+        if not live:
             rest[n_rest] = slots[i]
             n_rest += 1
-    return forwarded, n_rest
+    return k, n_rest
 
 
 def _as_rows(a: np.ndarray) -> np.ndarray:
@@ -139,47 +142,80 @@ def _as_rows(a: np.ndarray) -> np.ndarray:
     return a.reshape(a.shape[0], -1) if a.size else a.reshape(0, 1)
 
 
-def forward_stale(
-    work: np.ndarray, state: np.ndarray, slots: np.ndarray, owners: np.ndarray, owner_slots: np.ndarray,
-    rows: np.ndarray, live: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]],
-) -> tuple[int, np.ndarray]:  # fmt: skip
-    """The look-ahead refresh's forwarding, with no intermediate copy: for each stale slot
-    ``slots[i]`` of a working set (``rows``: its rows) whose last holder ``owners[i]`` is a live step of
-    ``live`` (``(step, work, state, rows)`` of each: its working buffer, state and working set), copies that
-    row and its state from the holder's buffer at ``owner_slots[i]``, checked to hold the same row.
-
-    ``work`` [n, D] and ``state`` ([n], [n, D] or empty: no state) are this step's buffers. Returns how many
-    rows were forwarded and the slots left to read from where the rows live (holders no longer live).
-    Raises RuntimeError where a holder's slot does not hold its row (forwarding it would copy another
-    row's value): the rows before it are copied, the caller's step is lost anyway."""
-    _check_index(slots, "slot", "slots", min(work.shape[0], rows.shape[0]), "the working set")
+def _stale(slots, owners, owner_slots, rows, live_steps, live_rows, forward=None):
+    """:func:`partition_stale`, and with ``forward`` (``(work, state, live_work, live_state)``, state as rows)
+    each held row copied as it is checked: one kernel, so that the CPU's refresh and the GPU path's partition
+    check the same way."""
+    _check_index(slots, "slot", "slots", rows.shape[0], "the working set")
     if not (slots.shape == owners.shape == owner_slots.shape):
         raise ValueError(
             f"slots {slots.shape}, owners {owners.shape}, owner_slots {owner_slots.shape} must match"
         )
-    if not live or not slots.shape[0]:
-        return 0, slots
-    state2 = _as_rows(state)
-    steps = np.array([e[0] for e in live], np.int64)
-    theirs_w, theirs_r = tuple(e[1] for e in live), tuple(e[3] for e in live)
-    theirs_s = tuple(_as_rows(e[2]) for e in live)
-    for step, w, s, r in zip(steps, theirs_w, theirs_s, theirs_r):
-        short = w.shape[0] < r.shape[0] or (state2.shape[0] and s.shape[0] < r.shape[0])
-        if short or w.shape[1:] != work.shape[1:] or (state2.shape[0] and s.shape[1:] != state2.shape[1:]):
-            raise ValueError(
-                f"live step {step}'s buffers {w.shape} / {s.shape} do not hold its {r.shape[0]} rows"
-                f" of this step's shape {work.shape[1:]} / {state2.shape[1:]}"
-            )
-    rest = np.empty_like(slots)
-    n, k = _forward_stale(
-        work, state2, slots, owners, owner_slots, rows, steps, theirs_w, theirs_s, theirs_r, rest
-    )
-    if n < 0:
-        i = -1 - n
+    steps = np.asarray(live_steps, np.int64).reshape(-1)
+    if steps.shape[0] != len(live_rows):
+        raise ValueError(f"{steps.shape[0]} live steps and {len(live_rows)} working sets")
+    if not steps.shape[0] or not slots.shape[0]:
+        return [(slots[:0], slots[:0]) for _ in range(steps.shape[0])], slots
+    mine, theirs, rest = np.empty_like(slots), np.empty_like(slots), np.empty_like(slots)
+    counts = np.zeros(steps.shape[0], np.int64)
+    copy = forward is not None
+    if forward is None:  # nothing copied: empty buffers of the kernel's types
+        none = np.empty((0, 1), np.float32)
+        forward = (none, none, (none,) * steps.shape[0], (none,) * steps.shape[0])
+    work, state, live_work, live_state = forward
+    k, n_rest = _stale_holders(slots, owners, owner_slots, rows, steps, tuple(live_rows), mine, theirs, counts,
+                               rest, copy, work, state, tuple(live_work), tuple(live_state))  # fmt: skip
+    if k < 0:
+        i = -1 - k
         raise RuntimeError(
             f"stale row {rows[slots[i]]} is missing from the working set of step {owners[i]}, which last held it"
         )
-    return n, rest[:k]
+    bounds = np.concatenate([[0], counts])
+    return [(mine[a:b], theirs[a:b]) for a, b in zip(bounds[:-1], bounds[1:])], rest[:n_rest]
+
+
+def partition_stale(
+    slots: np.ndarray, owners: np.ndarray, owner_slots: np.ndarray, rows: np.ndarray,
+    live_steps, live_rows,
+) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]:  # fmt: skip
+    """Where the look-ahead refresh reads each stale slot ``slots[i]`` of a working set (``rows``: its rows)
+    from: the live step ``owners[i]`` that last held it, at ``owner_slots[i]`` of that step's working set
+    (``live_rows[j]``: the working set of ``live_steps[j]``), checked to hold the same row; or, where the
+    holder is no longer live, where the rows live.
+
+    Returns, for each live step in order, ``(mine, theirs)``: the slots it holds and where in its working set
+    (in the order of ``slots``), and the slots left (in order). Raises RuntimeError where a holder's slot does
+    not hold its row (forwarding it would copy another row's value)."""
+    return _stale(slots, owners, owner_slots, rows, live_steps, live_rows)
+
+
+def forward_stale(
+    work: np.ndarray, state: np.ndarray, slots: np.ndarray, owners: np.ndarray, owner_slots: np.ndarray,
+    rows: np.ndarray, live: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]],
+) -> tuple[int, np.ndarray]:  # fmt: skip
+    """The look-ahead refresh's forwarding on a CPU, with no intermediate copy: each stale slot whose last
+    holder is a live step of ``live`` (``(step, work, state, rows)`` of each: its working buffer, state and
+    working set) gets that row and its state from the holder's buffer, found and checked as
+    :func:`partition_stale` does, in the same pass.
+
+    ``work`` [n, D] and ``state`` ([n], [n, D] or empty: no state) are this step's buffers. Returns how many
+    rows were forwarded and the slots left to read from where the rows live (holders no longer live).
+    Raises RuntimeError where a holder's slot does not hold its row: the rows before it are copied, the
+    caller's step is lost anyway."""
+    state2 = _as_rows(state)
+    for step, w, s, r in live:
+        short = w.shape[0] < r.shape[0] or (state2.shape[0] and s.shape[0] < r.shape[0])
+        if short or w.shape[1:] != work.shape[1:] or (state2.shape[0] and s.shape[1:] != state.shape[1:]):
+            raise ValueError(
+                f"live step {step}'s buffers {w.shape} / {s.shape} do not hold its {r.shape[0]} rows"
+                f" of this step's shape {work.shape[1:]} / {state.shape[1:]}"
+            )
+    _check_index(slots, "slot", "slots", work.shape[0], "the working buffer")
+    forward = (work, state2, [e[1] for e in live], [_as_rows(e[2]) for e in live])
+    groups, rest = _stale(
+        slots, owners, owner_slots, rows, [e[0] for e in live], [e[3] for e in live], forward
+    )
+    return sum(int(mine.shape[0]) for mine, _ in groups), rest
 
 
 @njit(cache=True, nogil=True)

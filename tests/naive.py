@@ -158,6 +158,22 @@ def forward_stale(work, state, slots, owners, owner_slots, rows, live):
     return work, state, np.array(rest, np.int64), forwarded
 
 
+def partition_stale(slots, owners, owner_slots, rows, live_steps, live_rows):
+    """For each live step, the stale slots it holds and where, in the slots' order; the slots left."""
+    held = dict(zip(live_steps, live_rows))
+    groups = {step: ([], []) for step in live_steps}
+    rest = []
+    for slot, owner, theirs in zip(slots, owners, owner_slots):
+        if owner not in held:
+            rest.append(slot)
+            continue
+        assert held[owner][theirs] == rows[slot]
+        groups[owner][0].append(slot)
+        groups[owner][1].append(theirs)
+    as_array = lambda x: np.array(x, np.int64)  # noqa: E731
+    return [(as_array(groups[s][0]), as_array(groups[s][1])) for s in live_steps], as_array(rest)
+
+
 # ---- kernels/dispatch.py ---------------------------------------------------------------------------
 def split_batch(sparse, table_sizes, hot_ids, bag_sizes=None):
     """Sample by sample: popular iff every lookup is hot; non-popular lookups remapped to hot slots or to

@@ -385,8 +385,9 @@ def test_copy_rows_matches_twin_and_checks_its_indices(shape):
 @settings(max_examples=25, deadline=None)
 def test_forward_stale_matches_twin(state_shape, seed, n_live):
     """The refresh's forwarding: each stale slot whose holder is live gets the holder's row and state, the
-    rest are returned in order, against the twin's loop (no state, row-wise state and per-value state)."""
-    from hotline.kernels.gather import forward_stale
+    rest are returned in order, against the twin's loop (no state, row-wise state and per-value state); and the
+    partition the GPU path copies by (each holder's slots and theirs), against its twin."""
+    from hotline.kernels.gather import forward_stale, partition_stale
 
     rng = np.random.default_rng(seed)
     dim, n = 4, 12
@@ -418,6 +419,14 @@ def test_forward_stale_matches_twin(state_shape, seed, n_live):
     expect_w, expect_s, expect_rest, expect_n = naive.forward_stale(
         work, state, slots, owners, owner_slots, rows, live
     )
+    steps, held = [e[0] for e in live], [e[3] for e in live]
+    expect_groups, expect_left = naive.partition_stale(slots, owners, owner_slots, rows, steps, held)
+    groups, left = partition_stale(slots, owners, owner_slots, rows, steps, held)  # the GPU path's partition
+    assert len(groups) == len(expect_groups) == len(live)
+    for (mine, theirs), (expect_mine, expect_theirs) in zip(groups, expect_groups):
+        np.testing.assert_array_equal(mine, expect_mine)
+        np.testing.assert_array_equal(theirs, expect_theirs)
+    np.testing.assert_array_equal(left, expect_left)
     n_fwd, rest = forward_stale(work, state, slots, owners, owner_slots, rows, live)
     assert n_fwd == expect_n
     np.testing.assert_array_equal(rest, expect_rest)
@@ -426,9 +435,10 @@ def test_forward_stale_matches_twin(state_shape, seed, n_live):
 
 
 def test_forward_stale_refuses_a_holder_without_the_row():
-    """A holder's recorded slot that holds another row (or lies past its working set) is refused by name:
-    forwarding it would copy another row's value. A slot past this working set is refused before any copy."""
-    from hotline.kernels.gather import forward_stale
+    """A holder's recorded slot that holds another row (or lies past its working set) is refused by name
+    (forwarding it would copy another row's value), by the CPU's forwarding and by the GPU path's partition alike.
+    A slot past this working set is refused before any copy."""
+    from hotline.kernels.gather import forward_stale, partition_stale
 
     work, state = np.zeros((3, 2), np.float32), np.zeros(3, np.float32)
     rows = np.array([10, 11, 12], np.int64)
@@ -437,6 +447,10 @@ def test_forward_stale_refuses_a_holder_without_the_row():
     slots, owners = np.array([1, 2], np.int64), np.array([4, 4], np.int64)
     with pytest.raises(RuntimeError, match="stale row 12 is missing from the working set of step 4"):
         forward_stale(work, state, slots, owners, np.array([1, 1], np.int64), rows, live)
+    with pytest.raises(RuntimeError, match="stale row 12 is missing from the working set of step 4"):
+        partition_stale(slots, owners, np.array([1, 1], np.int64), rows, [4], [theirs])  # the GPU path's
+    with pytest.raises(ValueError, match="1 live steps and 2 working sets"):
+        partition_stale(slots, owners, np.array([1, 0], np.int64), rows, [4], [theirs, theirs])
     with pytest.raises(RuntimeError, match="stale row 11 is missing"):
         forward_stale(work, state, slots, owners, np.array([2, 0], np.int64), rows, live)
     with pytest.raises(IndexError, match="slot 3 at position 1 of slots"):

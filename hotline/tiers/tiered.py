@@ -32,7 +32,7 @@ from hotline.datasets.format import Batch
 from hotline.dispatch import Dispatcher, MicroBatches
 from hotline.distributed.comm import Comm
 from hotline.kernels import sparse_update
-from hotline.kernels.gather import assemble_rows, forward_stale
+from hotline.kernels.gather import assemble_rows, forward_stale, partition_stale
 from hotline.models.dlrm import DLRM
 from hotline.pipeline.gpu_timing import StreamPhases
 from hotline.placement import Placement
@@ -95,23 +95,6 @@ class PreparedStep:
     def stale(self) -> np.ndarray:
         """Working-buffer slots an earlier, unfinished step may update: refreshed just before compute."""
         return self.fetch.stale
-
-
-def _among(steps: np.ndarray, live: dict) -> np.ndarray:
-    """Which of ``steps`` are keys of ``live``: a range test where the keys run in one range, as the steps
-    computed and not yet written back do (no sort of ``steps``, as ``np.isin`` would)."""
-    lo, hi = min(live), max(live)
-    if hi - lo + 1 == len(live):
-        return (steps >= lo) & (steps <= hi)
-    return np.isin(steps, np.fromiter(live, np.int64, len(live)))
-
-
-def _their_slots(working_set: np.ndarray, slots: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """``slots`` (where the claim rule recorded each of ``rows`` in ``working_set``, the step that last held
-    them), checked: a slot that does not hold its row would forward another row's value."""
-    if slots.size and (slots.max() >= working_set.shape[0] or not np.array_equal(working_set[slots], rows)):
-        raise RuntimeError("a stale row is missing from the working set of the step that last held it")
-    return slots
 
 
 def measured_figures(counters: dict, samples: int, steps: int) -> dict:
@@ -325,17 +308,16 @@ class TieredMode(TrainMode):
         arrays: dict[str, np.ndarray] = {}
         holders: list[PreparedStep] = []
         if live and slots.size and self.cold.forwards_stale:
-            owners = fetch.stale_owner
-            from_live = _among(owners, live)
-            for o in np.unique(owners[from_live]):
-                held = from_live & (owners == o)
-                mine, src = slots[held], live[int(o)]
-                theirs = _their_slots(src.fetch.rows, fetch.stale_slot[held], fetch.rows[mine])
-                arrays[f"mine{len(holders)}"] = mine
-                arrays[f"theirs{len(holders)}"] = theirs
-                holders.append(src)
-                forwarded += int(mine.size)
-            slots = slots[~from_live]
+            steps = list(live)  # each live step's slots checked to hold the rows (a kernel, tested on CPU)
+            held = [live[o].fetch.rows for o in steps]
+            groups, slots = partition_stale(
+                slots, fetch.stale_owner, fetch.stale_slot, fetch.rows, steps, held
+            )
+            for o, (mine, theirs) in zip(steps, groups):
+                if mine.size:
+                    arrays[f"mine{len(holders)}"], arrays[f"theirs{len(holders)}"] = mine, theirs
+                    holders.append(live[o])
+                    forwarded += int(mine.size)
         slots, w, s = self.cold.refresh(fetch, slots)
         if slots.size:
             arrays["slots"], arrays["w"] = slots, w
