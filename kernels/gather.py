@@ -110,7 +110,7 @@ def _stale_holders(slots, owners, owner_slots, rows, live_steps, live_rows, mine
                    work, state, live_work, live_state):  # fmt: skip
     k = 0
     for j in range(live_steps.shape[0]):  # one holder at a time: its buffers stay put in the inner loop
-        step, held = live_steps[j], live_rows[j]
+        step, held, src, src_state = live_steps[j], live_rows[j], live_work[j], live_state[j]
         for i in range(slots.shape[0]):
             if owners[i] != step:
                 continue
@@ -120,7 +120,6 @@ def _stale_holders(slots, owners, owner_slots, rows, live_steps, live_rows, mine
             mine[k], theirs[k] = p, s
             k += 1
             if copy:  # forwarded as it is found (the CPU's refresh); a partition only (the GPU path's)
-                src, src_state = live_work[j], live_state[j]
                 for d in range(work.shape[1]):
                     work[p, d] = src[s, d]
                 for d in range(state.shape[1] if state.shape[0] else 0):
@@ -146,7 +145,8 @@ def _stale(slots, owners, owner_slots, rows, live_steps, live_rows, forward=None
     """:func:`partition_stale`, and with ``forward`` (``(work, state, live_work, live_state)``, state as rows)
     each held row copied as it is checked: one kernel, so that the CPU's refresh and the GPU path's partition
     check the same way."""
-    _check_index(slots, "slot", "slots", rows.shape[0], "the working set")
+    size = rows.shape[0] if forward is None else min(rows.shape[0], forward[0].shape[0])  # and the buffer
+    _check_index(slots, "slot", "slots", size, "the working set")
     if not (slots.shape == owners.shape == owner_slots.shape):
         raise ValueError(
             f"slots {slots.shape}, owners {owners.shape}, owner_slots {owner_slots.shape} must match"
@@ -210,7 +210,6 @@ def forward_stale(
                 f"live step {step}'s buffers {w.shape} / {s.shape} do not hold its {r.shape[0]} rows"
                 f" of this step's shape {work.shape[1:]} / {state.shape[1:]}"
             )
-    _check_index(slots, "slot", "slots", work.shape[0], "the working buffer")
     forward = (work, state2, [e[1] for e in live], [_as_rows(e[2]) for e in live])
     groups, rest = _stale(
         slots, owners, owner_slots, rows, [e[0] for e in live], [e[3] for e in live], forward
