@@ -1,4 +1,5 @@
-"""The notebooks run top to bottom on small data, and are committed without outputs.
+"""The notebooks run top to bottom on small data, write only into a fresh temporary folder (the notebooks' own
+folder stays as it was), and are committed without outputs.
 
 Each kernel talks to its client over Unix sockets in a fresh folder of its own (``transport="ipc"``), not TCP
 ports: notebooks run in parallel (pytest-xdist, two checkouts at once) cannot take each other's ports, which
@@ -6,6 +7,7 @@ ended a run in ``ZMQError: Address already in use`` (the ports were chosen free,
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -35,31 +37,58 @@ def _client(nb, folder: Path, sockets: Path, timeout: int):
     return nbclient.NotebookClient(nb, km=km, timeout=timeout, resources={"metadata": {"path": str(folder)}})
 
 
-def test_profile_notebook_runs(tmp_path, sockets):
+@pytest.fixture
+def written():
+    """Collects the temporary folders the notebooks say they write into, and removes them afterwards."""
+    folders: list[Path] = []
+    yield folders
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _work_folder(nb, folder: Path, written: list[Path]) -> Path:
+    """The folder a notebook's first cell printed ("writing into PATH"): a fresh temporary one, not the
+    notebook's own folder, which is left as it was."""
+    text = "".join(
+        o.get("text", "")
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.outputs
+        if o.output_type == "stream"
+    )
+    match = re.search(r"^writing into (.+)$", text, re.M)
+    assert match, text
+    work = Path(match.group(1))
+    written.append(work)
+    assert work.is_dir() and Path(tempfile.gettempdir()) in work.parents and folder not in work.parents
+    assert not list(folder.iterdir())  # nothing written where the notebook runs
+    return work
+
+
+def test_profile_notebook_runs(tmp_path, sockets, written):
     nb = nbformat.read(NOTEBOOK, as_version=4)
     client = _client(nb, tmp_path, sockets, timeout=120)
     client.execute()  # raises CellExecutionError naming the failing cell
-    assert (tmp_path / "placement.npz").is_file() and (tmp_path / "synthetic-small" / "meta.json").is_file()
+    work = _work_folder(nb, tmp_path, written)
+    assert (work / "placement.npz").is_file() and (work / "synthetic-small" / "meta.json").is_file()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert sum(o.output_type == "display_data" and "image/png" in o.get("data", {}) for o in outputs) == 3
     assert not [o for o in outputs if o.output_type == "error"]
     assert not [o.text for o in outputs if o.output_type == "stream" and o.name == "stderr"]  # no warnings
-    # Run again in the same folder, as a user does: it replaces what it wrote (it says force / overwrite).
-    again = nbformat.read(NOTEBOOK, as_version=4)
-    _client(again, tmp_path, sockets, timeout=120).execute()
 
 
 TRAINING_NOTEBOOK = NOTEBOOK.with_name("training_run.ipynb")
 
 
-def test_training_notebook_runs(tmp_path, sockets):
+def test_training_notebook_runs(tmp_path, sockets, written):
     nb = nbformat.read(TRAINING_NOTEBOOK, as_version=4)
     client = _client(nb, tmp_path, sockets, timeout=180)
     client.execute()
+    work = _work_folder(nb, tmp_path, written)
     for mode in ("hybrid", "hotline"):
-        records = (tmp_path / f"{mode}.jsonl").read_text().splitlines()
+        records = (work / f"{mode}.jsonl").read_text().splitlines()
         assert len(records) == 20 + 3 + 1  # 200 steps / print-freq 10, 3 validations before the end, summary
-    assert (tmp_path / "run.png").read_bytes()[:4] == b"\x89PNG"
+    assert (work / "run.png").read_bytes()[:4] == b"\x89PNG"
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert (
         sum(
@@ -79,11 +108,12 @@ def test_training_notebook_runs(tmp_path, sockets):
 TORCHREC_NOTEBOOK = NOTEBOOK.with_name("torchrec_path.ipynb")
 
 
-def test_torchrec_notebook_runs(tmp_path, sockets):
+def test_torchrec_notebook_runs(tmp_path, sockets, written):
     pytest.importorskip("torchrec")
     nb = nbformat.read(TORCHREC_NOTEBOOK, as_version=4)
     client = _client(nb, tmp_path, sockets, timeout=300)
     client.execute()  # its last cell asserts torchrec's plain collection predicts what Hotline's does
+    assert (_work_folder(nb, tmp_path, written) / "synthetic-small" / "meta.json").is_file()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     assert sum(o.output_type == "display_data" and "image/png" in o.get("data", {}) for o in outputs) == 1
