@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -77,50 +78,63 @@ def random_params(table_sizes, dim: int, bottom: list[int], top: list[int], inte
     return {k: v.astype(np.float32) for k, v in out.items()}
 
 
-def _layers(params: dict[str, np.ndarray], prefix: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _layers(
+    params: dict[str, np.ndarray], prefix: str, dtype: torch.dtype
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     pattern = re.compile(rf"^model\.{prefix}\.mlp\.(\d+)\.weight$")
     idx = sorted(int(m.group(1)) for k in params if (m := pattern.match(k)))
     return [
         (
-            torch.tensor(params[f"model.{prefix}.mlp.{i}.weight"]),
-            torch.tensor(params[f"model.{prefix}.mlp.{i}.bias"]),
+            torch.tensor(params[f"model.{prefix}.mlp.{i}.weight"], dtype=dtype),
+            torch.tensor(params[f"model.{prefix}.mlp.{i}.bias"], dtype=dtype),
         )
         for i in idx
     ]
 
 
 class ReferenceDLRM:
-    """DLRM with its own tables, MLPs and optimizers (see the module docstring)."""
+    """DLRM with its own tables, MLPs and optimizers (see the module docstring).
+
+    ``dtype=torch.float64`` trains the same maths in double precision: the float32 run's distance from it is the
+    rounding noise of float32 on this CPU (:func:`noise_bound`)."""
 
     def __init__(
-        self, params: dict[str, np.ndarray], interaction: str, optimizer: str, lr: float, bag_sizes=None
+        self,
+        params: dict[str, np.ndarray],
+        interaction: str,
+        optimizer: str,
+        lr: float,
+        bag_sizes=None,
+        dtype: torch.dtype = torch.float32,
     ):
         assert interaction in ("dot", "cat", "dcn")
         assert optimizer in ("sgd", "rowwise-adagrad", "adagrad", "adam")
-        self.interaction, self.optimizer, self.lr = interaction, optimizer, lr
+        self.interaction, self.optimizer, self.lr, self.dtype = interaction, optimizer, lr, dtype
         # bag_sizes: ids come as [N, C], table t's bag in its own L_t columns, -1 an empty slot (no lookup)
         self.bag_sizes = bag_sizes
-        self.bottom = _layers(params, "dense_arch")
-        self.top = _layers(params, "over_arch")
+        self.bottom = _layers(params, "dense_arch", dtype)
+        self.top = _layers(params, "over_arch", dtype)
         self.cross = []  # (W, V, b) per cross layer
         while interaction == "dcn" and f"model.inter_arch.crossnet.W_kernels.{len(self.cross)}" in params:
             self.cross.append(
                 tuple(
-                    torch.tensor(params[f"model.inter_arch.crossnet.{name}.{len(self.cross)}"])
+                    torch.tensor(params[f"model.inter_arch.crossnet.{name}.{len(self.cross)}"], dtype=dtype)
                     for name in ("W_kernels", "V_kernels", "bias")
                 )
             )
         assert (interaction == "dcn") == bool(self.cross), "dcn needs cross layers, dot and cat have none"
         T = sum(1 for k in params if k.startswith("embedding.table_"))
-        self.tables = [torch.tensor(params[f"embedding.table_{t}"]) for t in range(T)]
+        self.tables = [torch.tensor(params[f"embedding.table_{t}"], dtype=dtype) for t in range(T)]
         self.dense_params = [p for layer in self.bottom + self.cross + self.top for p in layer]
         self.dense_state = [torch.zeros_like(p) for p in self.dense_params]
         self.dense_m = [torch.zeros_like(p) for p in self.dense_params]  # Adam's first moments
         self.steps = 0
-        self.row_state = [torch.zeros(t.shape[0]) for t in self.tables]
+        self.row_state = [torch.zeros(t.shape[0], dtype=dtype) for t in self.tables]
         self.elem_state = [torch.zeros_like(t) for t in self.tables]  # Adagrad's accumulators, Adam's v
         self.row_m = [torch.zeros_like(t) for t in self.tables]  # Adam's m
-        self.row_t = [torch.zeros(t.shape[0]) for t in self.tables]  # Adam's per-row update count
+        self.row_t = [
+            torch.zeros(t.shape[0], dtype=dtype) for t in self.tables
+        ]  # Adam's per-row update count
 
     # -- the model ----------------------------------------------------------------------------------------
     def logits(self, dense: torch.Tensor, sparse: np.ndarray, tables: list[torch.Tensor]) -> torch.Tensor:
@@ -167,8 +181,10 @@ class ReferenceDLRM:
             p.requires_grad_(True)
             p.grad = None
         tables = [t.clone().requires_grad_(True) for t in self.tables]
-        y = torch.from_numpy(np.asarray(labels, np.float32))
-        loss = self.bce_sum(self.logits(torch.from_numpy(np.asarray(dense, np.float32)), sparse, tables), y)
+        y = torch.as_tensor(np.asarray(labels), dtype=self.dtype)
+        loss = self.bce_sum(
+            self.logits(torch.as_tensor(np.asarray(dense), dtype=self.dtype), sparse, tables), y
+        )
         (loss / len(labels)).backward()
         self.steps += 1
         with torch.no_grad():
@@ -210,22 +226,35 @@ class ReferenceDLRM:
             p.requires_grad_(False)
         return float(loss.detach())
 
-    def train(self, dataset_dir, batch_size: int, nepochs: int = 1, num_batches: int = 0) -> list[float]:
-        """Trains over the train split in file order; returns each step's summed loss."""
+    def train(
+        self,
+        dataset_dir,
+        batch_size: int,
+        nepochs: int = 1,
+        num_batches: int = 0,
+        order_seed: int | None = None,
+    ) -> list[float]:
+        """Trains over the train split in file order; returns each step's summed loss.
+
+        ``order_seed``: the samples of each mini-batch in a seeded random order. The maths is the same (every
+        sum over a batch is order-free in exact arithmetic); only the float rounding differs."""
         dense, sparse, labels = read_split(dataset_dir, "train")
         n, losses = len(labels), []
+        rng = np.random.default_rng(order_seed)
         for _ in range(nepochs):
             for start in range(0, n, batch_size):
                 if num_batches and len(losses) == num_batches:
                     return losses
-                stop = min(start + batch_size, n)
-                losses.append(self.step(dense[start:stop], sparse[start:stop], labels[start:stop]))
+                rows = np.arange(start, min(start + batch_size, n))
+                if order_seed is not None:
+                    rows = rng.permutation(rows)
+                losses.append(self.step(dense[rows], sparse[rows], labels[rows]))
         return losses
 
     @torch.no_grad()
     def predict(self, dataset_dir, split: str) -> tuple[np.ndarray, np.ndarray]:
         dense, sparse, labels = read_split(dataset_dir, split)
-        z = self.logits(torch.from_numpy(np.asarray(dense, np.float32)), sparse, self.tables)
+        z = self.logits(torch.as_tensor(np.asarray(dense), dtype=self.dtype), sparse, self.tables)
         return torch.sigmoid(z).numpy(), np.asarray(labels)
 
     def named_arrays(self) -> dict[str, np.ndarray]:
@@ -251,3 +280,96 @@ def max_rel_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> tuple[fl
         if d > worst:
             worst, name = d, k
     return worst, name
+
+
+# -- the float32 noise floor ------------------------------------------------------------------------------
+NOISE_FACTOR = 4.0
+"""How far a float32 run may stand from the float64 run of the same maths, in units of the noise floor.
+
+The noise floor is the largest distance from the float64 run among float32 runs of the reference that differ
+only in rounding order (each mini-batch's samples permuted: :data:`NOISE_ORDERS` orders and file order).
+Another float32 implementation (Hotline, another BLAS code path, another CPU) rounds in yet another order.
+Training amplifies rounding chaotically (row-wise Adagrad divides by the root of tiny accumulated squares),
+so one order's distance is a sample of a heavy-tailed spread: over the cases of tests/test_reference.py with
+ATEN_CPU_CAPABILITY avx2 / avx512 / default and MKL_CBWR=COMPATIBLE, Hotline's runs stood at most 2x the floor.
+4x leaves room for a CPU not measured; a real error (a missed update, a stale row) is orders of magnitude
+larger."""
+NOISE_ORDERS = 4
+"""Permuted-batch float32 runs behind a noise floor (besides the run in file order)."""
+
+
+@dataclass
+class NoiseFloor:
+    """The float64 reference run and the float32 rounding spread around it (:func:`noise_floor`)."""
+
+    losses: np.ndarray
+    """The float64 run's per-step summed losses."""
+    params: dict[str, np.ndarray]
+    """The float64 run's parameters after training."""
+    probs: np.ndarray
+    """The float64 run's predictions of the ``predict_split`` after training."""
+    param_floor: float
+    """The largest :func:`max_rel_diff` of a float32 run's parameters from the float64 run's."""
+    loss_floor: float
+    """The largest relative difference of a float32 run's per-step loss from the float64 run's."""
+    prob_floor: float
+    """The largest absolute difference of a float32 run's prediction from the float64 run's."""
+
+    def check(self, losses, params: dict[str, np.ndarray], probs=None, what: str = "") -> None:
+        """Asserts a float32 run (losses, parameters, predictions; ``None`` for one not kept) stands within
+        :data:`NOISE_FACTOR` floors of the float64 run, naming the worst tensor."""
+        err, where = max_rel_diff(self.params, {k: params[k] for k in self.params})
+        bound = NOISE_FACTOR * self.param_floor
+        assert err <= bound, (
+            f"{what}: {where} differs from the float64 reference by {err:.2e} of its scale, more than "
+            f"{NOISE_FACTOR:g} x the float32 noise floor {self.param_floor:.2e}"
+        )
+        if losses is None:
+            return self._check_probs(probs, what)
+        losses = np.asarray(losses, np.float64)
+        assert losses.shape == self.losses.shape, (what, losses.shape, self.losses.shape)
+        loss_err = float(np.max(np.abs(losses - self.losses) / np.abs(self.losses)))
+        assert loss_err <= NOISE_FACTOR * self.loss_floor, (
+            f"{what}: a step's loss differs from the float64 reference by {loss_err:.2e} (relative), more than "
+            f"{NOISE_FACTOR:g} x the float32 noise floor {self.loss_floor:.2e}"
+        )
+        self._check_probs(probs, what)
+
+    def _check_probs(self, probs, what: str) -> None:
+        if probs is not None:
+            prob_err = float(np.max(np.abs(np.asarray(probs, np.float64) - self.probs)))
+            assert prob_err <= NOISE_FACTOR * self.prob_floor, (
+                f"{what}: a prediction differs from the float64 reference by {prob_err:.2e}, more than "
+                f"{NOISE_FACTOR:g} x the float32 noise floor {self.prob_floor:.2e}"
+            )
+
+
+def noise_floor(
+    params: dict[str, np.ndarray],
+    interaction: str,
+    optimizer: str,
+    lr: float,
+    dataset_dir,
+    batch_size: int,
+    nepochs: int = 1,
+    num_batches: int = 0,
+    predict_split: str = "val",
+    **kw,
+) -> NoiseFloor:
+    """Trains the reference in float64 and in float32 in 1 + :data:`NOISE_ORDERS` rounding orders; returns the
+    float64 run and how far the float32 runs stood from it (each floor at least float32's epsilon)."""
+    exact = ReferenceDLRM(params, interaction, optimizer, lr, dtype=torch.float64, **kw)
+    losses = np.array(exact.train(dataset_dir, batch_size, nepochs, num_batches))
+    out = NoiseFloor(
+        losses, exact.named_arrays(), exact.predict(dataset_dir, predict_split)[0], 0.0, 0.0, 0.0
+    )
+    eps = float(np.finfo(np.float32).eps)
+    out.param_floor = out.loss_floor = out.prob_floor = eps
+    for order in (None, *range(NOISE_ORDERS)):
+        run = ReferenceDLRM(params, interaction, optimizer, lr, **kw)
+        got = np.array(run.train(dataset_dir, batch_size, nepochs, num_batches, order_seed=order))
+        out.param_floor = max(out.param_floor, max_rel_diff(out.params, run.named_arrays())[0])
+        out.loss_floor = max(out.loss_floor, float(np.max(np.abs(got - losses) / np.abs(losses))))
+        probs = run.predict(dataset_dir, predict_split)[0]
+        out.prob_floor = max(out.prob_floor, float(np.max(np.abs(probs - out.probs))))
+    return out

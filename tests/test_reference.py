@@ -4,20 +4,26 @@ Every run starts from the same parameters, drawn by the reference (not by Hotlin
 ``--init-params`` (``TrainConfig.init_params_path``), and trains two epochs over 480 samples in batches of 64:
 7 full batches and a short last one of 32 per epoch, 16 steps.
 
-Measured on these cases (max over tensors of max|diff| / max|tensor|, float32):
-- SGD: <= 1.5e-7 against the reference; row-wise Adagrad: <= 3.6e-6 (dense Adagrad divides by sqrt of tiny
-  accumulated squares, which amplifies rounding). Asserted: 1e-6 and 1e-5.
+- Against the reference: Hotline's float32 run stands within ``reference.NOISE_FACTOR`` (4) times the float32
+  noise floor of the float64 reference run: its parameters (max over tensors of max|diff| / max|tensor|), its
+  per-step losses and its predictions. The floor is measured in each case, on this CPU: the float32 reference's
+  distance from the float64 one in file order and with each mini-batch's samples in 4 other orders (the same
+  maths rounded in other orders, as another BLAS code path or another CPU rounds it). A round-number bound
+  held on one CPU and not on another (row-wise Adagrad with DCN measured 1.27e-5 against a bound of 1e-5 on an
+  Intel Xeon; the floor there is up to 1.9e-5).
 - ``hybrid`` and ``hotline`` with one fused pass (look-ahead K > 0, or ``--micro-batches fused``) are
-  BIT-IDENTICAL to ``device`` (parameters, per-step losses, predictions): asserted with np.array_equal.
+  BIT-IDENTICAL to ``device`` (parameters, per-step losses, predictions): asserted with np.array_equal (the same
+  code path on one machine).
 - ``hotline`` with split micro-batches (K = 0 auto, or ``--micro-batches split``) sums the popular and the
-  non-popular micro-batches' dense gradients in another order: within the same tolerances, not bit-identical.
+  non-popular micro-batches' dense gradients in another order: within the noise floor, not bit-identical.
 """
 
 import math
 
 import numpy as np
 import pytest
-from reference import ReferenceDLRM, max_rel_diff, random_params
+import torch
+from reference import NOISE_FACTOR, ReferenceDLRM, max_rel_diff, noise_floor, random_params
 
 from hotline import TrainConfig, Trainer
 from hotline.datasets.format import Dataset
@@ -29,7 +35,6 @@ TABLES = [30, 200, 12, 500, 60, 5, 90, 40]
 BATCH, EPOCHS, LR, DIM = 64, 2, 0.05, 8
 BOTTOM, TOP = [13, 32, 8], [32, 1]
 DCN = {"dcn_num_layers": 2, "dcn_low_rank_dim": 6}  # the cross net of the dcn cases (random_params' shape)
-TOLERANCE = {"sgd": 1e-6, "rowwise-adagrad": 1e-5}
 # name -> (mode, look-ahead, micro-batches, bit-identical to device)
 MODES = {
     "device": ("device", 0, "auto", True),
@@ -90,14 +95,13 @@ _cache: dict = {}
 
 
 def reference(setup, opt, L, op):
-    """The reference's losses, parameters and val predictions after the run (cached)."""
+    """The float64 reference run and the float32 noise floor around it (cached)."""
     key = ("ref", opt, L, op)
     if key not in _cache:
         _, sets, inits, _ = setup
         with np.load(inits[L, op]) as z:
-            ref = ReferenceDLRM({k: z[k] for k in z.files}, op, opt, LR)
-        losses = ref.train(sets[L].path, BATCH, nepochs=EPOCHS)
-        _cache[key] = np.array(losses), ref.named_arrays(), ref.predict(sets[L].path, "val")[0]
+            params = {k: z[k] for k in z.files}
+        _cache[key] = noise_floor(params, op, opt, LR, sets[L].path, BATCH, nepochs=EPOCHS)
     return _cache[key]
 
 
@@ -128,14 +132,12 @@ def hotline_run(setup, name, opt, L, op):
 @pytest.mark.parametrize("opt", OPTIMIZERS)
 @pytest.mark.parametrize("name", list(MODES))
 def test_mode_equals_reference(setup, name, opt, L, op):
-    ref_losses, ref_params, ref_probs = reference(setup, opt, L, op)
+    ref = reference(setup, opt, L, op)
     losses, params, probs, metrics, stale = hotline_run(setup, name, opt, L, op)
-    tol = TOLERANCE[opt]
-    assert len(losses) == len(ref_losses) == 2 * math.ceil(480 / BATCH)
-    np.testing.assert_allclose(losses, ref_losses, rtol=tol)
-    err, where = max_rel_diff(ref_params, params)
-    assert err <= tol, f"{name}: {where} differs from the reference by {err:.2e} of its scale (> {tol})"
-    np.testing.assert_allclose(probs, ref_probs, rtol=tol, atol=tol)
+    assert len(losses) == len(ref.losses) == 2 * math.ceil(480 / BATCH)
+    ref.check(losses, params, probs, what=name)
+    moved, _ = max_rel_diff(ref.params, _initial(setup, L, op))
+    assert moved > 100 * NOISE_FACTOR * ref.param_floor  # training moved the parameters far past the bound
     if (
         MODES[name][1] > 0 and L == 1
     ):  # rows shared with in-flight steps were refreshed: the case that matters
@@ -151,6 +153,11 @@ def test_mode_equals_reference(setup, name, opt, L, op):
         for s in ("val", "test"):
             for m in ("auc", "logloss", "accuracy"):
                 assert abs(metrics[s][m] - d_metrics[s][m]) <= 1e-4, (s, m)
+
+
+def _initial(setup, L, op) -> dict[str, np.ndarray]:
+    with np.load(setup[2][L, op]) as z:
+        return {k: z[k] for k in z.files}
 
 
 def fresh_predictions(setup, name) -> dict[str, np.ndarray]:
@@ -169,12 +176,16 @@ def fresh_predictions(setup, name) -> dict[str, np.ndarray]:
 def test_same_parameters_same_predictions(setup, name):
     """Evaluation of the same (loaded) parameters in every mode: the same predictions as device mode, bit for
     bit, and the reference's up to rounding; the hot tier's rows are read (placement: 40% of rows hot)."""
-    _, sets, inits, _ = setup
-    with np.load(inits[3, "dot"]) as z:
-        ref = ReferenceDLRM({k: z[k] for k in z.files}, "dot", "sgd", LR)
+    sets, params = setup[1], _initial(setup, 3, "dot")
+    exact = ReferenceDLRM(params, "dot", "sgd", LR, dtype=torch.float64)
+    single = ReferenceDLRM(params, "dot", "sgd", LR)
     probs, device = fresh_predictions(setup, name), fresh_predictions(setup, "device")
     for s in ("val", "test"):
-        np.testing.assert_allclose(probs[s], ref.predict(sets[3].path, s)[0], rtol=1e-6, atol=1e-7)
+        want = exact.predict(sets[3].path, s)[0]
+        floor = max(
+            float(np.abs(single.predict(sets[3].path, s)[0] - want).max()), float(np.finfo(np.float32).eps)
+        )
+        assert float(np.abs(probs[s] - want).max()) <= NOISE_FACTOR * floor, s
         assert np.array_equal(probs[s], device[s])
 
 
@@ -268,17 +279,13 @@ def test_two_ranks_resume_is_bit_identical(setup, two_ranks):
         setup[2][RESUME_CASE[2], RESUME_CASE[3]]
     ) as z:  # --init-params in, --dump-init out: the same
         assert z.files and all(np.array_equal(two_ranks["init"][k], z[k]) for k in z.files)
-    err, where = max_rel_diff(reference(setup, *RESUME_CASE[1:])[1], straight)
-    assert err <= TOLERANCE[RESUME_CASE[1]], where
+    reference(setup, *RESUME_CASE[1:]).check(None, straight, what="2 ranks, straight")
 
 
 @pytest.mark.parametrize("case", TWO_RANKS, ids=["-".join(map(str, c)) for c in TWO_RANKS])
 def test_two_ranks_equal_reference(setup, two_ranks, case):
     name, opt, L, op = case
-    ref_losses, ref_params, _ = reference(setup, opt, L, op)
     got = two_ranks[case]
-    np.testing.assert_allclose(got["losses"], ref_losses, rtol=TOLERANCE[opt])
-    err, where = max_rel_diff(ref_params, {k: got[k] for k in ref_params})
-    assert err <= TOLERANCE[opt], f"2 ranks {case}: {where} differs by {err:.2e}"
+    reference(setup, opt, L, op).check(got["losses"], got, what=f"2 ranks {case}")
     if MODES[name][1] > 0:
         assert got["stale_rows"].sum() > 0
