@@ -118,6 +118,7 @@ def test_train_without_flags_prints_and_records_its_choice(tmp_path, capsys):
     assert "because all tables fit in device memory" in err
     record = json.loads(out.strip().splitlines()[-1])
     assert record["mode"] == record["auto"]["mode"] == "device"
+    assert "priced only" not in err  # the CPU priced is the CPU it trains on
     assert record["auto"]["measured_samples_per_s"] == record["samples_per_s"]
     # this CPU's calibration, with the run's own dense pass timed for it (the compute is priced from it)
     assert "timing this model's dense pass on this CPU" in err
@@ -127,6 +128,16 @@ def test_train_without_flags_prints_and_records_its_choice(tmp_path, capsys):
     out, err = capsys.readouterr()
     record = json.loads(out.strip().splitlines()[-1])
     assert record["mode"] == "hybrid" and "auto" not in record and "--mode auto" not in err
+    # a known GPU by name on a CPU-only machine: priced, and the line says the run trains on the CPU; every
+    # line of the choice fits a terminal of 100 columns
+    assert main(["train", str(ds), *arch, "--num-batches", "3", "--no-progress", "--hardware", "H100"]) == 0
+    err = capsys.readouterr().err
+    lines = err[err.index("--mode auto:") :].splitlines()
+    choice = lines[: next((i for i, x in enumerate(lines[1:], 1) if not x.startswith("  ")), len(lines))]
+    assert "on H100" in choice[0] and "(priced only: this run trains on this machine's CPU)" in " ".join(
+        choice
+    )
+    assert any(x.startswith("  because ") for x in choice) and all(len(x) <= 100 for x in choice), choice
 
 
 def test_a_cpu_is_priced_with_its_cached_calibration(tmp_path, monkeypatch):

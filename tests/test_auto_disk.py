@@ -151,6 +151,15 @@ def test_the_disk_is_timed_once_per_filesystem_and_record(tmp_path, monkeypatch)
 
 
 # -- hotline train --cold-store disk with --mode auto ---------------------------------------------------
+def _choice(err: str) -> tuple[str, str]:
+    """The choice ``hotline train`` printed, as its two paragraphs (each wrapped to 100 columns): the choice,
+    and the reason (from ``  because``)."""
+    lines = err[err.index("--mode auto:") :].splitlines()
+    end = next((i for i, x in enumerate(lines[1:], 1) if not x.startswith("  ")), len(lines))
+    at = next(i for i in range(end) if lines[i].startswith("  because "))
+    return " ".join(x.strip() for x in lines[:at]), "  " + " ".join(x.strip() for x in lines[at:end])
+
+
 def test_train_with_the_disk_store_chooses_with_the_disk_and_records_it(tmp_path, capsys):
     from hotline.cli import main
     from hotline.datasets.synthetic import generate
@@ -163,9 +172,7 @@ def test_train_with_the_disk_store_chooses_with_the_disk_and_records_it(tmp_path
     argv = ["train", str(ds), *ARCH, "--num-batches", "3", "--no-progress", "--hardware", str(hw)]
     assert main([*argv, "--cold-store", "disk", "--cold-dir", str(cold)]) == 0
     out, err = capsys.readouterr()
-    first, because = next(
-        (a, b) for a, b in zip(err.splitlines(), err.splitlines()[1:]) if "--mode auto:" in a
-    )
+    first, because = _choice(err)
     assert "on test CPU with a disk" in first and "samples/s" in first
     assert because.startswith(f"  because cold rows on disk in {cold} (1 page of 4 KiB read per cold row")
     assert "device mode not considered" in because

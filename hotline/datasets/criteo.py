@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from hotline._paths import file_problem
+from hotline._progress import bar_disable
 from hotline.datasets.criteo_raw import (
     BLOCK_BYTES,
     CHUNK_ROWS,
@@ -294,7 +295,11 @@ def _pass1(
         open(tmp["dense"], "wb") as df,
         open(tmp["cats"], "wb") as cf,
         tqdm(
-            total=total_bytes, unit="B", unit_scale=True, desc="criteo pass 1 (parse)", disable=not progress
+            total=total_bytes,
+            unit="B",
+            unit_scale=True,
+            desc="criteo pass 1 (parse)",
+            disable=bar_disable(progress),
         ) as bar,
     ):
         sink = _Pass1Sink(lf, df, cf)
@@ -343,7 +348,7 @@ def _pass2(
             unit="rows",
             unit_scale=True,
             desc="criteo pass 2 (map ids)",
-            disable=not progress,
+            disable=bar_disable(progress),
         ) as bar,
     ):
         ids = np.empty((CHUNK_ROWS, NUM_CATEGORICAL), np.int32)

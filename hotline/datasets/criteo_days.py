@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hotline._progress import bar_disable
 from hotline.datasets.format import NUM_DENSE, DatasetWriter
 
 NUM_FEATURES = 26
@@ -191,7 +192,9 @@ def convert_days(
     )
     total = sum(hi - lo for p in parts.values() for _, lo, hi in p)
     with writer:
-        bar = tqdm(total=total, unit="rows", unit_scale=True, desc="criteo days", disable=not progress)
+        bar = tqdm(
+            total=total, unit="rows", unit_scale=True, desc="criteo days", disable=bar_disable(progress)
+        )
         for name, pieces in parts.items():
             n = sum(hi - lo for _, lo, hi in pieces)
             dense, sparse, labels = writer.create_split(name, n)

@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from hotline._io import temporary_name
+from hotline._progress import bar_disable
 from hotline.datasets.drift import RankDrift
 from hotline.datasets.format import NUM_DENSE, SPLITS, DatasetWriter
 from hotline.datasets.zipf import sample_zipf, zipf_pmf, zipf_top_share  # noqa: F401 - re-exported
@@ -495,7 +496,9 @@ def _write(cfg, writer, tables, model, drift, sizes, bounds, tsv, progress, raw_
     lookups = np.zeros(cfg.num_tables, np.int64)
     with writer:
         arrays = {name: writer.create_split(name, sizes[name]) for name in SPLITS}
-        bar = tqdm(total=cfg.rows, unit="rows", unit_scale=True, desc="synthetic", disable=not progress)
+        bar = tqdm(
+            total=cfg.rows, unit="rows", unit_scale=True, desc="synthetic", disable=bar_disable(progress)
+        )
         for c, lo in enumerate(range(0, cfg.rows, CHUNK_ROWS)):
             hi = min(lo + CHUNK_ROWS, cfg.rows)
             chunk = _make_rows(cfg, model, np.random.SeedSequence([cfg.seed, 0, c]), hi - lo, lo, drift)

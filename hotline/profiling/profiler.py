@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hotline._progress import bar_disable
 from hotline.datasets.format import Dataset, DatasetError
 from hotline.kernels import profile as kernels
 from hotline.placement import bytes_per_row_for
@@ -116,7 +117,12 @@ class Profiler:
 
         def chunks(desc: str) -> Iterator[np.ndarray]:
             bar = tqdm(
-                total=n, desc=desc, unit="samples", unit_scale=True, disable=not self.progress, leave=False
+                total=n,
+                desc=desc,
+                unit="samples",
+                unit_scale=True,
+                disable=bar_disable(self.progress),
+                leave=False,
             )
             try:
                 if keep is not None and keep and desc != "counting":
@@ -222,7 +228,7 @@ class Profiler:
         step = max(B, (int(self.chunk_size) // B) * B)
 
         def chunks() -> Iterator[np.ndarray]:
-            bar = tqdm(total=total, desc="held-out", unit="samples", unit_scale=True, disable=not self.progress,
+            bar = tqdm(total=total, desc="held-out", unit="samples", unit_scale=True, disable=bar_disable(self.progress),
                        leave=False)  # fmt: skip
             try:
                 for start in range(0, total, step):

@@ -115,12 +115,25 @@ class AutoChoice:
     dense_pass: dict | None = None
     """This CPU's timing of the run's dense pass the compute was priced from (:func:`with_timed_pass`), else
     None (the calibration's fit alone, or a GPU)."""
+    trains_on: str = ""
+    """Where the run trains when that is not the hardware priced (``--hardware H100`` on a CPU), else empty."""
 
-    def line(self) -> str:
-        """The one or two lines ``hotline train`` prints."""
+    def line(self, width: int = 100) -> str:
+        """What ``hotline train`` prints: the choice, then why, wrapped to ``width`` columns."""
+        import textwrap
+
         best = self.candidates[0]
-        return f"--mode auto: {best.label}, predicted {self.predicted_samples_per_s:,.0f} samples/s on " \
-            f"{self.hardware}\n  because {self.reason}"  # fmt: skip
+        head = f"--mode auto: {best.label}, predicted {self.predicted_samples_per_s:,.0f} samples/s on {self.hardware}"
+        if self.trains_on:
+            head += f" (priced only: this run trains on {self.trains_on})"
+        return "\n".join(
+            [
+                *textwrap.wrap(head, width, subsequent_indent="    "),
+                *textwrap.wrap(
+                    f"because {self.reason}", width, initial_indent="  ", subsequent_indent="    "
+                ),
+            ]
+        )
 
     def code(self) -> list[float]:
         """The decision as numbers (mode, look-ahead, budget), for ranks to agree on one choice."""
@@ -388,7 +401,7 @@ def with_timed_pass(
     recalibrate: bool = False,
 ) -> dict:
     """``hw`` (this CPU's calibration) with the run's own dense pass timed on this CPU and added to
-    ``device.passes`` (:func:`~hotline.profiling.calibrate.time_pass`, a second or two), unless it holds one
+    ``device.passes`` (:func:`~hotline.profiling.calibrate.time_pass`, a few passes), unless it holds one
     for this model already: the cost model then prices every mode's compute from the run's own model, not
     only from the calibration's fit over 13 other shapes (see :func:`~hotline.profiling.costmodel.pass_key`).
     Timed each run, not cached: it is the largest phase of a CPU step. Timed beside the calibration's
@@ -408,7 +421,8 @@ def with_timed_pass(
         return hw
     say = say or (lambda m: print(m, file=sys.stderr, flush=True))
     say(
-        f"timing this model's dense pass on this CPU for --mode auto (batch {w.batch_size:,}, a second or two)"
+        f"timing this model's dense pass on this CPU for --mode auto (batch {w.batch_size:,}: a few passes of"
+        " the run's own model, longer for a larger one)"
     )
     timed = time_pass(w, threads=threads or None, reference_us=hw["device"].get("reference_pass_us"))
     slower = timed["reference_scale"]
@@ -549,12 +563,13 @@ def choose_for_run(
     # the checks training makes first, made before the profiling: bad input is named before any long work
     from hotline.training.preflight import MemoryShortfall, available_memory, check_ids, check_memory
 
-    check_ids(dataset)
     if dataset.train.num_batches(config.mini_batch_size) == 0:
         raise ValueError(f"the training split of {dataset.path} has no rows to train on")
-    # hybrid needs the least host memory of the modes: the rows (memory store) or their index arrays (disk)
+    # hybrid needs the least host memory of the modes: the rows (memory store) or their index arrays (disk);
+    # checked first, from the sizes alone: a run that cannot fit is refused before the ids are read
     available = available_memory() if available is None else available
     check_memory(replace(config, mode="hybrid", hbm_budget=None), dataset, max(1, nodes), available)
+    check_ids(dataset)  # reads every id of every split once
 
     def in_memory(budget: int) -> bool:
         """Whether hotline at ``budget`` passes the check training makes (the disk store's hot rows and DRAM
