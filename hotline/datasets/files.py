@@ -4,7 +4,7 @@ A memory-mapped file that shrinks while a run reads it kills the process with SI
 An :class:`ArrayFile` instead validates the file at open (the ``.npy`` header against meta.json's shape and
 dtype, and the file's size against the header: nothing missing, nothing extra) and reads rows with ``pread``
 into fresh arrays: a short read, or a file whose size, time or identity changed since it was opened, is a
-:class:`~hotline.datasets.format.DatasetError` naming the file. It also gives each file a cheap content digest
+:class:`DatasetError` naming the file. It also gives each file a cheap content digest
 (:func:`sampled_digest`), so that a file swapped for (or linked to) another dataset's is refused.
 """
 
@@ -15,6 +15,11 @@ import os
 from pathlib import Path
 
 import numpy as np
+
+
+class DatasetError(ValueError):
+    """A dataset directory is missing, incomplete, or does not match its meta.json."""
+
 
 DIGEST_BLOCK = 1 << 16
 DIGEST_BLOCKS = 16
@@ -49,8 +54,6 @@ class ArrayFile:
     is still the one opened (:meth:`check_unchanged`)."""
 
     def __init__(self, path: str | os.PathLike, shape: tuple[int, ...], dtype):
-        from hotline.datasets.format import DatasetError
-
         self.path = Path(path)
         self.shape, self.dtype = tuple(int(n) for n in shape), np.dtype(dtype)
         self._file = open(self.path, "rb")  # noqa: SIM115 - held for the life of the object; closed in close()
@@ -74,8 +77,6 @@ class ArrayFile:
 
     def _read_header(self) -> str | None:
         """Reads and checks the ``.npy`` header (sets ``offset``); returns what is wrong with it, or None."""
-        from hotline.datasets.format import DatasetError
-
         f = self._file
         start = f.read(6)
         if start[:2] == b"PK":
@@ -127,8 +128,6 @@ class ArrayFile:
     # ----------------------------------------------------------------------------------------- reads
     def check_unchanged(self) -> None:
         """Raises DatasetError if the file was truncated, rewritten or replaced since it was opened."""
-        from hotline.datasets.format import DatasetError
-
         st = os.fstat(self._file.fileno())
         now = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         try:
@@ -151,8 +150,6 @@ class ArrayFile:
 
     def _read_rows(self, out: np.ndarray, first: int) -> None:
         """Fills ``out`` (C-contiguous, rows of this file) with rows ``first..`` read from the file."""
-        from hotline.datasets.format import DatasetError
-
         view = memoryview(out.reshape(-1).view(np.uint8))
         offset, done = self.offset + first * self.row_bytes, 0
         while done < len(view):

@@ -38,7 +38,7 @@ import numpy as np
 
 from hotline._io import TMP_MARKER, remove_stale_temporaries, write_json
 from hotline._paths import file_problem
-from hotline.datasets.files import ArrayFile, sampled_digest
+from hotline.datasets.files import ArrayFile, DatasetError, sampled_digest
 from hotline.table_layout import BagLayout, TableLayout
 
 FORMAT_TAG = "hotline-dataset/1"
@@ -48,10 +48,6 @@ FORMAT_TAGS = (FORMAT_TAG, FORMAT_TAG_BAGS)
 SPLITS = ("train", "val", "test")
 NUM_DENSE = 13
 ID_DTYPE = np.int32
-
-
-class DatasetError(ValueError):
-    """A dataset directory is missing, incomplete, or does not match its meta.json."""
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,9 +24,7 @@ from hotline._progress import bar_disable
 from hotline.datasets.format import Dataset, DatasetError
 from hotline.kernels import profile as kernels
 from hotline.placement import bytes_per_row_for
-
-if TYPE_CHECKING:
-    from hotline.profiling.profile import Profile
+from hotline.profiling.profile import Profile
 
 # Keep the sampled ids in memory for the later passes (ranking, evaluate) when they are at most this big; else
 # re-read them from the memory map. A Profile holds this cache for its lifetime (Kaggle at 5%: about 240 MB).
@@ -159,9 +156,6 @@ class Profiler:
                 raise bad_id(e, done) from e
             done += c.shape[0]
         t1 = time.perf_counter()
-
-        from hotline.profiling.profile import Profile
-
         profile = Profile(
             counts=counts,
             table_sizes=sizes,
