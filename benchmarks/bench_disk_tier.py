@@ -459,7 +459,7 @@ def disk_calibration(args, root: Path) -> dict:
 def hardware(args, root: Path, dataset=None, disk_before: dict | None = None) -> dict | None:
     import json
 
-    from hotline.profiling.disk_calibrate import STEP_FORMAT
+    from hotline.profiling.costmodel import STEP_FORMAT
     from hotline.table_layout import bytes_per_row
 
     if args.hardware:
@@ -495,13 +495,8 @@ def pool_penalties(step: dict, *calibrations: dict) -> None:
     :func:`~hotline.profiling.disk_calibrate.pipeline_penalty`), not the mean of the two priced figures: a gain
     one calibration shows beyond its noise and the other does not is weighed by its pairs, not taken at half its
     size."""
-    from hotline.profiling.disk_calibrate import (
-        BESIDE_SHARES,
-        beside_name,
-        penalty_curve,
-        pipeline_penalty,
-        pooled_penalty,
-    )
+    from hotline.profiling.disk_calibrate import BESIDE_SHARES, beside_name, penalty_curve, pipeline_penalty
+    from hotline.profiling.fitting import pooled_penalty
 
     def pairs(name: str) -> list | None:
         parts = [c.get("penalties_measured", {}).get(name, {}).get("pairs") for c in calibrations]

@@ -13,7 +13,7 @@ from test_auto import BUDGETS, CPU, GIB, GPU, W, skewed
 from test_disk_tier import DISK
 
 from hotline.profiling import costmodel as cm
-from hotline.profiling.disk_calibrate import STEP_FORMAT
+from hotline.profiling.costmodel import STEP_FORMAT
 from hotline.training.auto import ColdDisk, choose
 
 CPU_DISK = {**CPU, "name": "test CPU with a disk", "disk": DISK}

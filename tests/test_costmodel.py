@@ -268,7 +268,7 @@ def test_costmodel_benchmarks_smoke(tmp_path, monkeypatch):
 def test_nonnegative_fit_recovers_and_clamps():
     import numpy as np
 
-    from hotline.profiling.calibrate import _nnls
+    from hotline.profiling.fitting import nnls as _nnls
 
     x = np.array([[1e9, 1e6, 1.0], [4e9, 2e6, 1.0], [2e8, 8e6, 1.0], [3e9, 3e7, 1.0]])
     truth = np.array([2e-11, 5e-10, 3e-4])

@@ -19,7 +19,7 @@ from hotline.datasets.synthetic import generate
 from hotline.distributed.launcher import spawn, train_and_dump
 from hotline.models.dlrm import init_embedding_table
 from hotline.placement import Placement
-from hotline.profiling.disk_calibrate import STEP_FORMAT
+from hotline.profiling.costmodel import STEP_FORMAT
 from hotline.table_layout import OPTIMIZERS, bytes_per_row, state_floats_per_row
 from hotline.tiers.disk_file import (
     PAGE,
@@ -782,8 +782,8 @@ def test_step_fit_and_penalty():
     timings: 2 ms + 10 us/request with one outlier per size that the median drops, the sizes interleaved as
     the calibration times them (rounds in a random order; a size's requests vary a little from draw to
     draw)."""
-    from hotline.profiling.calibrate import overlap_penalty as _penalty
     from hotline.profiling.disk_calibrate import _fit
+    from hotline.profiling.fitting import overlap_penalty as _penalty
 
     sizes = [1000, 100, 5000, 5000, 1000, 100, 100, 5000, 1000]
     calls = [990, 100, 4990, 5000, 1000, 99, 100, 5010, 1010]
@@ -1070,7 +1070,7 @@ def test_bench_disk_io_shape_smoke(tmp_path, monkeypatch):
 def test_pooled_penalty_credits_only_the_overlap_its_timings_show():
     """Golden: pooled over pairs (sums, not a vote of each pair); a gain within the pairs' noise is priced as
     none (1); a clear gain, and a loss (worse than one after the other), as measured."""
-    from hotline.profiling.disk_calibrate import pooled_penalty
+    from hotline.profiling.fitting import pooled_penalty
 
     clear = [(1.5, 1.0, 1.0), (1.52, 1.0, 1.0), (1.48, 1.0, 1.0), (1.5, 1.0, 1.0), (1.5, 1.0, 1.0)]
     got = pooled_penalty(clear)
@@ -1131,8 +1131,7 @@ def test_pipeline_penalty_is_the_read_write_penalty_that_prices_the_timed_pipeli
 def _piped(read: float, compute: float, write: float, p_rw: float, curve: list) -> float:
     """The cost model's look-ahead step of a disk lane (reads beside writes at ``p_rw``) beside the compute, at
     the penalty ``curve`` gives their ratio."""
-    from hotline.profiling.costmodel import _overlapped
-    from hotline.profiling.disk_calibrate import penalty_at
+    from hotline.profiling.costmodel import _overlapped, penalty_at
 
     disk = _overlapped(read, write, p_rw)
     return _overlapped(disk, compute, penalty_at(curve, min(disk, compute) / max(disk, compute)))
@@ -1142,8 +1141,8 @@ def test_the_io_beside_compute_is_priced_by_the_lanes_ratio():
     """Timed at two compute lengths, the I/O beside compute is priced at the lanes' ratio: linear between the two
     points, the nearer one's beyond them (golden); the pipeline's fit and the cost model's look-ahead step price
     with the same points, and one figure (an older calibration) prices every ratio alike."""
-    from hotline.profiling.costmodel import _beside
-    from hotline.profiling.disk_calibrate import _lane_ratio, _read_write_fit, penalty_at, pipeline_penalty
+    from hotline.profiling.costmodel import _beside, penalty_at
+    from hotline.profiling.disk_calibrate import _lane_ratio, _read_write_fit, pipeline_penalty
 
     points = [[0.25, 0.1], [1.0, 0.85]]
     assert penalty_at(points, 0.25) == pytest.approx(0.1) and penalty_at(points, 1.0) == pytest.approx(0.85)
@@ -1184,7 +1183,8 @@ def test_bench_disk_tier_pools_the_two_calibrations_pairs(monkeypatch):
     )
     import bench_disk_tier
 
-    from hotline.profiling.disk_calibrate import pipeline_penalty, pooled_penalty
+    from hotline.profiling.disk_calibrate import pipeline_penalty
+    from hotline.profiling.fitting import pooled_penalty
 
     clear = [(1.5, 1.0, 1.0), (1.52, 1.0, 1.0), (1.48, 1.0, 1.0)]  # 0.5, tight: shown alone
     # look-ahead pipelines (pipelined, reads, compute, write-backs) at a compute penalty of 0.5: the disk lane

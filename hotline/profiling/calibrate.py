@@ -22,6 +22,7 @@ from collections.abc import Callable
 import numpy as np
 
 from hotline.profiling.costmodel import Workload, arch_of, compute_terms
+from hotline.profiling.fitting import nnls, overlap_penalty, pooled_penalty
 
 VERSION = 1
 
@@ -62,28 +63,6 @@ def _flusher(big: np.ndarray, nbytes: int = 96 << 20) -> Callable[[], None]:
     """Reads ``nbytes`` of ``big`` (more than any last-level cache), evicting what the last call left there."""
     part = big[: nbytes // big.itemsize]
     return lambda: float(part.sum())
-
-
-def _nnls(features: list[list[float]], seconds: list[float]) -> np.ndarray:
-    """Non-negative least squares (active set: drop the most negative coefficient, solve again), each row
-    weighted by 1/seconds so relative errors count, not absolute ones. numpy only: the GPU image has no scipy."""
-    a = np.asarray(features, dtype=np.float64)
-    y = np.asarray(seconds, dtype=np.float64)
-    w = 1.0 / y
-    scale = a.max(axis=0)
-    scale[scale == 0] = 1.0
-    a = a / scale * w[:, None]
-    b = y * w
-    free = np.ones(a.shape[1], dtype=bool)
-    coef = np.zeros(a.shape[1])
-    while free.any():
-        sol = np.linalg.lstsq(a[:, free], b, rcond=None)[0]
-        if (sol >= 0).all():
-            coef[free] = sol
-            break
-        idx = np.flatnonzero(free)
-        free[idx[np.argmin(sol)]] = False
-    return coef / scale
 
 
 @contextlib.contextmanager
@@ -165,7 +144,7 @@ def _dispatch_timer(
         return np.asarray(secs)
 
     def fit(secs: np.ndarray) -> dict:
-        per_lookup, per_cold = _nnls(feats, list(secs))
+        per_lookup, per_cold = nnls(feats, list(secs))
         return {"per_lookup": 1e9 * per_lookup, "per_cold_lookup": 1e9 * per_cold}
 
     return time_round, fit
@@ -266,12 +245,6 @@ def _pass(
     return one, assemble, Workload(B, T, L, D, **arch_of(cfg)), model
 
 
-def overlap_penalty(together: float, a: float, b: float) -> float:
-    """The part of the shorter of two lanes, timed alone (``a``, ``b``) and together, that still costs time:
-    (together - longer) / shorter, in [0, 3] (0: free overlap, 1: none, more: worse than one after the other)."""
-    return float(min(3.0, max(0.0, (together - max(a, b)) / max(min(a, b), 1e-9))))
-
-
 def overlapped_pass(rng: np.random.Generator) -> Callable[[], None]:
     """One forward and backward of a small tiered DLRM step on this CPU (batch 1024, 26 tables, dim 64): the
     compute the overlap penalties time host work and disk I/O beside."""
@@ -339,12 +312,10 @@ def _overlap_timings(rng: np.random.Generator, big: np.ndarray) -> tuple[float, 
 def _pooled_overlap(rounds: list[tuple[float, float, float]]) -> dict:
     """The overlap penalty the cost model prices, from each round's :func:`_overlap_timings`: pooled over the
     rounds (the sums of their timings), and a gain within the rounds' noise priced as none (1), as the disk
-    calibration prices its penalties (:func:`hotline.profiling.disk_calibrate.pooled_penalty`). One round's
+    calibration prices its penalties (:func:`~hotline.profiling.fitting.pooled_penalty`). One round's
     penalty is a small difference of two noisy times over a third: the median round priced 0.93, 1.30, 0.86
     and 0.03 in four calibrations of one hour on the 2-core host (the last with a spread of 6.3 between its
     rounds), and a K=2 step priced at 0.03 is its device work alone."""
-    from hotline.profiling.disk_calibrate import pooled_penalty
-
     return pooled_penalty(rounds)
 
 
@@ -401,7 +372,7 @@ def _dense_timer(
                     q.grad = torch.randn_like(q)
                 opt = SparseOptimizer("sgd", 0.01).dense_optimizer(params)
                 dense_upd.append((w, _mean_s(opt.step, repeats=20, warmup=3)))
-        inv_mlp, inv_inter, inv_bw, overhead = _nnls(feats, secs)
+        inv_mlp, inv_inter, inv_bw, overhead = nnls(feats, secs)
         predicted = np.asarray(feats) @ np.array([inv_mlp, inv_inter, inv_bw, overhead])
         mem_gbps = 1e-9 / max(inv_bw, 1e-18)
         # the dense step: what streaming its parameters (the cost model's 12 bytes each) does not explain, per tensor
@@ -574,7 +545,7 @@ def _update_timer(
         return np.asarray([_mean_s(one, repeats=_REPEATS, warmup=1, flush=flush) for one in calls])
 
     def fit(secs: np.ndarray) -> dict:
-        per_lookup, per_lookup_float, per_row_float, overhead = _nnls(feats, list(secs))
+        per_lookup, per_lookup_float, per_row_float, overhead = nnls(feats, list(secs))
         return {
             "update_ns_per_lookup": 1e9 * per_lookup,
             "update_ns_per_lookup_float": 1e9 * per_lookup_float,

@@ -40,6 +40,8 @@ from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
+import numpy as np
+
 from hotline.table_layout import bytes_per_row
 
 MODES = ("device", "hybrid", "hotline_k0", "hotline_k1")
@@ -231,11 +233,16 @@ class DiskTier:
         return cls(pages_per_record(bytes_per_row(embedding_dim, optimizer)), cached_share)
 
 
+STEP_FORMAT = 6
+"""The version of the ``step`` section (a description without it predates step-shaped timing; format 2 timed
+the I/O alone, not after a compute pass as training issues it; 2 and 3 priced pages, not requests; 4 requests
+alone, not the pages a request reads beyond its first; 5 priced reads beside write-backs from a pair of
+threads, not from a timed look-ahead pipeline)."""
+
+
 def disk_timing(hw: dict) -> dict:
     """The step-shaped disk figures of ``hw`` (its ``disk`` section's ``step``, from ``hotline calibrate --disk
     DIR``); a one-line error where there are none, or only the per-page figures of an older calibration."""
-    from hotline.profiling.disk_calibrate import STEP_FORMAT
-
     d = hw.get("disk")
     if d is None:
         raise ValueError("the hardware description has no disk section: run `hotline calibrate --disk DIR`")
@@ -276,11 +283,34 @@ def _overlapped(a: float, b: float, penalty: float) -> float:
     return max(a, b) + penalty * min(a, b)
 
 
+def overlapped_at(a: float, b: float, penalty: float | list) -> float:
+    """Seconds of two lanes run together: the longer plus, of the shorter, ``penalty`` at their ratio
+    (:func:`penalty_at`: one figure, or points by the ratio)."""
+    longer, shorter = max(a, b), min(a, b)
+    return longer + penalty_at(penalty, shorter / longer if longer > 0 else 1.0) * shorter
+
+
+def penalty_at(penalty: float | list, ratio: float) -> float:
+    """The overlap penalty of two lanes whose shorter is ``ratio`` of the longer: ``penalty`` itself where it is
+    one figure, or, where it is points ``[[ratio, penalty], ...]`` (``compute_penalties``, timed at
+    :data:`BESIDE_SHARES`), linear between them and the nearest one's beyond them. Between two points the
+    penalty rises with the ratio by at most the ratio's own rise (a point above that, or below the one before
+    it, is taken at that bound): the step, the longer lane plus the penalty of the shorter, then never shrinks
+    as either lane grows (its slope in the longer lane is 1 - slope * ratio^2), which the fit of reads beside
+    write-backs relies on, and a noisy point cannot price the shorter compute dearer than the longer."""
+    if not isinstance(penalty, list):
+        return float(penalty)
+    points = sorted(penalty)
+    ratios, penalties = [float(points[0][0])], [float(points[0][1])]
+    for r, p in points[1:]:
+        ratios.append(float(r))
+        penalties.append(min(max(float(p), penalties[-1]), penalties[-1] + ratios[-1] - ratios[-2]))
+    return float(np.interp(ratio, ratios, penalties))
+
+
 def _beside(io: float, compute: float, timing: dict) -> float:
     """Seconds of the disk lane beside the compute lane: :func:`_overlapped` at the calibrated penalty of the I/O
     beside compute, at the two lanes' ratio where it was timed at several (``compute_penalties``)."""
-    from hotline.profiling.disk_calibrate import overlapped_at
-
     return overlapped_at(io, compute, timing.get("compute_penalties", timing["compute_penalty"]))
 
 

@@ -17,7 +17,7 @@ Two kinds of figures:
   ``bench_disk_tier``, and its cost moved with the pages, not the requests: 22-25 us a page against 24-29 us
   a request over its rows on 2026-12-02); and how the store's concurrent work overlaps (``*_penalty``: the part
   of the shorter of two lanes that still costs time, 0 free, 1 none,
-  :func:`hotline.profiling.calibrate.overlap_penalty`; pooled over pairs timed in ABBA order, and a gain the
+  :func:`~hotline.profiling.fitting.overlap_penalty`; pooled over pairs timed in ABBA order, and a gain the
   pairs do not show beyond their noise priced as none, :func:`pooled_penalty`): the I/O (reads beside
   write-backs) beside a forward and backward pass on the main thread, as long as the I/O (``compute_penalty``)
   and a quarter as long (``compute_penalties``: both, by the compute's share of the I/O), and a step's reads
@@ -40,18 +40,15 @@ from pathlib import Path
 
 import numpy as np
 
-from hotline.profiling.calibrate import overlap_penalty, overlapped_pass
+from hotline.profiling.calibrate import overlapped_pass
+from hotline.profiling.costmodel import STEP_FORMAT, overlapped_at
+from hotline.profiling.fitting import nnls, pooled_penalty, priced
 from hotline.tiers.disk_file import PAGE, PageSet, RowFile, aligned_bytes, manifest_path, order_path
 
 _SCRATCH = "hotline-disk-calibration.bin"
 _STEP_SCRATCH = "hotline-disk-calibration-step.bin"
 _SCRATCH_DIR = ".hotline-disk-calibration-"
 """The scratch files' folder in the directory timed (a fresh one per calibration, removed at its end)."""
-STEP_FORMAT = 6
-"""The version of the ``step`` section (a description without it predates step-shaped timing; format 2 timed
-the I/O alone, not after a compute pass as training issues it; 2 and 3 priced pages, not requests; 4 requests
-alone, not the pages a request reads beyond its first; 5 priced reads beside write-backs from a pair of
-threads, not from a timed look-ahead pipeline)."""
 STEP_ROWS = (256, 1024, 2048, 4096, 8192)
 """Distinct rows per timed step-shaped batch (each about one page: uniform over a file many times larger)."""
 PROBE_ROWS = 2048
@@ -127,11 +124,9 @@ def _fit(
     x = np.array([np.median(calls[sizes == g]) for g in groups])
     y = np.array([np.median(seconds[sizes == g]) for g in groups])
     if pages is not None:
-        from hotline.profiling.calibrate import _nnls
-
         pg = np.asarray(pages, float)
         z = np.array([np.median(pg[sizes == g]) for g in groups])
-        per_call, per_page, fixed = _nnls(np.stack([x, z, np.ones_like(x)], axis=1).tolist(), list(y))
+        per_call, per_page, fixed = nnls(np.stack([x, z, np.ones_like(x)], axis=1).tolist(), list(y))
         if per_call + per_page > 0:
             return {"fixed_us": 1e6 * float(fixed), "us_per_call": 1e6 * float(per_call),
                     "us_per_page": 1e6 * float(per_page)}  # fmt: skip
@@ -386,31 +381,6 @@ def penalty_curve(measured: dict) -> list:
     return sorted([_lane_ratio(m["pairs"]), m["penalty"]] for m in got)
 
 
-def overlapped_at(a: float, b: float, penalty: float | list) -> float:
-    """Seconds of two lanes run together: the longer plus, of the shorter, ``penalty`` at their ratio
-    (:func:`penalty_at`: one figure, or points by the ratio)."""
-    longer, shorter = max(a, b), min(a, b)
-    return longer + penalty_at(penalty, shorter / longer if longer > 0 else 1.0) * shorter
-
-
-def penalty_at(penalty: float | list, ratio: float) -> float:
-    """The overlap penalty of two lanes whose shorter is ``ratio`` of the longer: ``penalty`` itself where it is
-    one figure, or, where it is points ``[[ratio, penalty], ...]`` (``compute_penalties``, timed at
-    :data:`BESIDE_SHARES`), linear between them and the nearest one's beyond them. Between two points the
-    penalty rises with the ratio by at most the ratio's own rise (a point above that, or below the one before
-    it, is taken at that bound): the step, the longer lane plus the penalty of the shorter, then never shrinks
-    as either lane grows (its slope in the longer lane is 1 - slope * ratio^2), which the fit of reads beside
-    write-backs relies on, and a noisy point cannot price the shorter compute dearer than the longer."""
-    if not isinstance(penalty, list):
-        return float(penalty)
-    points = sorted(penalty)
-    ratios, penalties = [float(points[0][0])], [float(points[0][1])]
-    for r, p in points[1:]:
-        ratios.append(float(r))
-        penalties.append(min(max(float(p), penalties[-1]), penalties[-1] + ratios[-1] - ratios[-2]))
-    return float(np.interp(ratio, ratios, penalties))
-
-
 def beside_penalties(step: dict, one=None) -> str:
     """The calibrated penalty of the I/O beside compute in words: one per compute length timed, by its share of
     the I/O's (``compute_penalties``), or the one figure of an older calibration (``one(step, "compute")``
@@ -461,34 +431,7 @@ def pipeline_penalty(timings: list[tuple[float, float, float, float]], compute_p
     each = [_read_write_fit(*t, compute_penalty) for t in timings]
     pairs = [[float(x) for x in t] for t in timings]
     pc = compute_penalty if isinstance(compute_penalty, list) else float(compute_penalty)
-    return {**_priced(pooled, each), "pairs": pairs, "compute_penalty": pc}
-
-
-def pooled_penalty(timings: list[tuple[float, float, float]]) -> dict:
-    """The overlap penalty of paired timings ``(together, a alone, b alone)``
-    (:func:`hotline.profiling.calibrate.overlap_penalty`'s terms: 0 free overlap, 1 none, more: worse than one
-    after the other): ``pooled``, (sum of together - sum of the longer) / sum of the shorter; ``se``, the
-    standard error of the per-pair penalties (None for one pair); ``pairs``, the timings (so that two
-    calibrations can be pooled as one); and ``penalty``, what the cost model prices with: ``pooled``,
-    except that an overlap the timings do not show beyond their noise (``pooled`` < 1 but ``pooled + 2 se`` >= 1)
-    is not credited: 1. A penalty is a small difference of two noisy times over a third (a 15% swing of the
-    disk's speed moves one pair's penalty by 0.3), so a gain within the noise is priced as none."""
-    if not timings:
-        return {"penalty": 1.0, "pooled": 1.0, "se": None, "pairs": []}  # nothing timed shows no gain
-    together = sum(t for t, _, _ in timings)
-    longer = sum(max(a, b) for _, a, b in timings)
-    shorter = sum(min(a, b) for _, a, b in timings)
-    priced = _priced(overlap_penalty(together, longer, shorter), [overlap_penalty(*t) for t in timings])
-    return {**priced, "pairs": [[float(t), float(a), float(b)] for t, a, b in timings]}
-
-
-def _priced(pooled: float, each: list[float]) -> dict:
-    """``pooled``, a penalty from the sums of paired timings, with ``se`` (the standard error of ``each``, the
-    pairs' own penalties; None for one pair: no noise known) and ``penalty``, what the cost model prices: ``pooled``
-    where the timings show it (a loss, or a gain beyond 2 se), else 1 (a gain within the noise priced as none)."""
-    se = float(np.std(each, ddof=1) / np.sqrt(len(each))) if len(each) > 1 else None
-    shown = pooled >= 1.0 or (se is not None and pooled + 2.0 * se < 1.0)
-    return {"penalty": pooled if shown else 1.0, "pooled": pooled, "se": se}
+    return {**priced(pooled, each), "pairs": pairs, "compute_penalty": pc}
 
 
 def _timed(fn) -> float:

@@ -479,7 +479,8 @@ def disk_hardware_path(cold_dir: str | os.PathLike, record_bytes: int, depth: in
     import platform
 
     from hotline.datasets.default import cache_root
-    from hotline.profiling.disk_calibrate import BESIDE_SHARES, STEP_FORMAT
+    from hotline.profiling.costmodel import STEP_FORMAT
+    from hotline.profiling.disk_calibrate import BESIDE_SHARES
 
     key = json.dumps([platform.node(), filesystem_of(cold_dir), int(record_bytes), int(depth), STEP_FORMAT,
                       list(BESIDE_SHARES)])  # fmt: skip
@@ -500,7 +501,8 @@ def disk_hardware(
     ``cold_dir`` (scratch files, removed with it afterwards: nothing of the user's is touched; made by
     :func:`~hotline.profiling.disk_calibrate.calibrate_disk`); ``timing``:
     :func:`~hotline.profiling.disk_calibrate.calibrate_disk`'s sizes (tests time a small file)."""
-    from hotline.profiling.disk_calibrate import STEP_FORMAT, calibrate_disk
+    from hotline.profiling.costmodel import STEP_FORMAT
+    from hotline.profiling.disk_calibrate import calibrate_disk
 
     path = disk_hardware_path(cold_dir, record_bytes, depth)
     try:
