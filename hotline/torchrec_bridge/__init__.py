@@ -38,7 +38,7 @@ from hotline.torchrec_bridge.cache_stats import (  # noqa: E402
     sampled_trace,
 )
 from hotline.torchrec_bridge.fused_optim import HotlineFusedOptimizer, sparse_optimizer  # noqa: E402
-from hotline.torchrec_bridge.model_plans import model_tables, plan_model  # noqa: E402
+from hotline.torchrec_bridge.model_plans import model_tables, plan, plan_model  # noqa: E402
 from hotline.torchrec_bridge.module import HotlineEmbeddingBagCollection, kjt_from_sparse  # noqa: E402
 from hotline.torchrec_bridge.pipelines import CpuPrefetchTrainPipelineSparseDist  # noqa: E402
 from hotline.torchrec_bridge.plan_files import (  # noqa: E402
@@ -60,7 +60,6 @@ from hotline.torchrec_bridge.planning import (  # noqa: E402
     default_names,
     embedding_bag_configs,
     parameter_shardings,
-    plan,
     plan_inputs,
     plan_summary,
     topology,

@@ -4,7 +4,7 @@
 DLRM, or several anywhere), checks their tables against the profile's (in module order), and plans them:
 
 - ``target="torchrec"``: torchrec's ``EmbeddingShardingPlanner`` over the model with Hotline's constraints
-  (``FUSED`` or ``FUSED_UVM_CACHING`` sized from the profile, as :func:`~hotline.torchrec_bridge.planning.plan`);
+  (``FUSED`` or ``FUSED_UVM_CACHING`` sized from the profile, as :func:`plan`);
 - ``target="hotline"``: every table on Hotline's sharder (``row_wise`` / ``customized_kernel`` on every rank),
   with the hot rows Hotline chose. The model may still hold torchrec's collections: the plan names module
   paths, and the user builds ``HotlineEmbeddingBagCollection(tables, placement=hot_rows.to_placement())`` at
@@ -74,3 +74,17 @@ def plan_model(model: nn.Module, profile, config: PlanConfig, target: str = "tor
             "torchrec's EmbeddingBagCollection)"
         )
     return plan_inputs(inputs, config, module=model, sharders=sharders), inputs
+
+
+def plan(first, second, *args, **kwargs):
+    """A torchrec ``ShardingPlan``, two ways:
+
+    - ``plan(model, profile, config=PlanConfig(), target="torchrec" | "hotline", placement=None)``: every
+      embedding-bag collection inside ``model`` (see :func:`plan_model`); returns ``(plan, inputs)``;
+    - ``plan(inputs, config, module=None, sharders=None)``: torchrec's planner on Hotline's constraints
+      (:func:`plan_inputs`); returns the plan.
+    """
+    if isinstance(first, PlanInputs):
+        return plan_inputs(first, second, *args, **kwargs)
+    config = args[0] if args else kwargs.pop("config", None)
+    return plan_model(first, second, config if config is not None else PlanConfig(), *args[1:], **kwargs)

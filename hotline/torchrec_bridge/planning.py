@@ -271,22 +271,6 @@ def topology(config: PlanConfig) -> Topology:
     )
 
 
-def plan(first, second, *args, **kwargs):
-    """A torchrec ``ShardingPlan``, two ways:
-
-    - ``plan(model, profile, config=PlanConfig(), target="torchrec" | "hotline", placement=None)``: every
-      embedding-bag collection inside ``model`` (see ``model_plans.plan_model``); returns ``(plan, inputs)``;
-    - ``plan(inputs, config, module=None, sharders=None)``: torchrec's planner on Hotline's constraints
-      (:func:`plan_inputs`); returns the plan.
-    """
-    if isinstance(first, PlanInputs):
-        return plan_inputs(first, second, *args, **kwargs)
-    from hotline.torchrec_bridge.model_plans import plan_model
-
-    config = args[0] if args else kwargs.pop("config", None)
-    return plan_model(first, second, config if config is not None else PlanConfig(), *args[1:], **kwargs)
-
-
 def plan_inputs(
     inputs: PlanInputs, config: PlanConfig, module: torch.nn.Module | None = None, sharders=None
 ) -> ShardingPlan:
