@@ -137,3 +137,34 @@ def test_sparse_update_sums_do_not_depend_on_numba_threads():
         want[i] += g
     uniq = sparse_update.coalesce(ids, grads, rows=rows)[0]
     assert np.array_equal(one["coalesce"], want[uniq])
+
+
+def test_a_trainer_computes_on_the_threads_its_config_gives_and_restores_them(tmp_path):
+    """``Trainer(TrainConfig(threads=n))`` through the Python API runs torch (and numba) on ``n`` threads for
+    its steps, and its ``close`` gives the process its counts back; ``threads=0`` leaves them as they are; a
+    Trainer that fails to start restores them too."""
+    import torch
+
+    from hotline.training.config import TrainConfig
+    from hotline.training.trainer import Trainer
+
+    arch, tables = MODELS["small"]
+    data = generate(tmp_path / "data", 600, seed=3, table_sizes=tables, zipf=1.3, progress=False)
+    before = (torch.get_num_threads(), numba.get_num_threads())
+    for threads in (1 if before[0] != 1 else 2, 0):
+        want = (threads, min(threads, numba.config.NUMBA_NUM_THREADS)) if threads else before
+        trainer = Trainer(TrainConfig(mode="device", mini_batch_size=64, num_batches=3, progress=False,
+                                      threads=threads, **arch), data)  # fmt: skip
+        seen: list[tuple[int, int]] = []
+        trainer.model.register_forward_pre_hook(
+            lambda *_, seen=seen: seen.append((torch.get_num_threads(), numba.get_num_threads()))
+        )
+        try:
+            assert len(list(trainer.progress(trainer.batches()))) == 3
+        finally:
+            trainer.close()
+        assert len(seen) == 3 and set(seen) == {want}, (threads, seen)
+        assert (torch.get_num_threads(), numba.get_num_threads()) == before
+    with pytest.raises(ValueError, match="mode 'auto' is chosen before training"):
+        Trainer(TrainConfig(mode="auto", threads=1 if before[0] != 1 else 2, progress=False, **arch), data)
+    assert (torch.get_num_threads(), numba.get_num_threads()) == before
