@@ -49,7 +49,7 @@ class Calls:
         def renamer(name):
             def rename(src, dst, *args, **kwargs):
                 real[name](src, dst, *args, **kwargs)
-                self.log.append(("replace", Path(src).absolute(), Path(dst).absolute()))
+                self.log.append(("replace", Path(os.path.realpath(src)), Path(os.path.realpath(dst))))
 
             return rename
 
@@ -95,8 +95,9 @@ def test_atomic_write_fsyncs_the_file_then_renames_it_then_fsyncs_the_directory(
     _io.write_json(target, {"a": 1})
     assert [e[0] for e in calls.log] == ["fsync", "replace", "fsync"], calls.log
     (_, synced), (_, src, dst), (_, directory) = calls.log
-    assert synced == src and src.parent == tmp_path and _io.TMP_MARKER in src.name
-    assert dst == target and directory == tmp_path
+    here = tmp_path.resolve()
+    assert synced == src and src.parent == here and _io.TMP_MARKER in src.name
+    assert dst == target.resolve() and directory == here
     assert json.loads(target.read_text()) == {"a": 1}
 
 
@@ -110,8 +111,9 @@ def test_the_disk_files_flush_and_close_fsync_after_writing_the_dram_tier(tmp_pa
         for finish in (f.flush, f.close):
             calls.log.clear()
             finish()
-            mine = [e for e in calls.log if e[1] == f.path]
-            assert mine[0] == ("write", f.path) and mine[-1] == ("fsync", f.path), (finish.__name__, mine)
+            path = f.path.resolve()
+            mine = [e for e in calls.log if e[1] == path]
+            assert mine[0] == ("write", path) and mine[-1] == ("fsync", path), (finish.__name__, mine)
     finally:
         f.close()
 
@@ -143,18 +145,18 @@ def test_every_output_of_a_run_is_durable_before_it_replaces_anything(dataset, t
             *(x for flag, path in outputs.items() for x in (flag, str(path)))]  # fmt: skip
     assert main(argv) == 0
     log = calls.log
-    here = tmp_path.absolute()  # not numba's cache
+    here = tmp_path.resolve()  # not numba's cache
     ours = [(i, dst) for i, _, dst in calls.replaces() if here in dst.parents]
     renamed = {dst: i for i, dst in ours}
     for path in outputs.values():
-        assert path.absolute() in renamed, f"{path.name} did not take its name by a rename"
+        assert path.resolve() in renamed, f"{path.name} did not take its name by a rename"
     for i, _ in ours:
         assert_atomic(log, i)
-    checkpoints = [p.absolute() for p in ck.iterdir() if p.suffix == ".pt"]
+    checkpoints = [p.resolve() for p in ck.iterdir() if p.suffix == ".pt"]
     assert len(CheckpointManager(ck).complete()) >= 1 and checkpoints
     for p in checkpoints:
         digest = renamed[_io.digest_path(p)]
-        assert renamed[p] < digest and ("fsync", ck.absolute()) in log[renamed[p] + 1 : digest]
-    cold_file = next(p for p in cold.iterdir() if p.suffix == ".bin").absolute()
+        assert renamed[p] < digest and ("fsync", ck.resolve()) in log[renamed[p] + 1 : digest]
+    cold_file = next(p for p in cold.iterdir() if p.suffix == ".bin").resolve()
     mine = [k for k, e in enumerate(log) if e[0] in ("write", "fsync") and e[1] == cold_file]
     assert mine and log[mine[-1]] == ("fsync", cold_file)
