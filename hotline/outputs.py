@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hotline._io import temporary_name
+from hotline._io import fsync_dir, temporary_name
 
 LOCK_SUFFIX = ".hotline-lock"
 KINDS = ("file", "dir", "dataset")
@@ -403,10 +403,13 @@ class LineFile:
             ) from None
 
     def _publish(self) -> None:
-        """The file takes ``path``'s place (an existing one is replaced only now)."""
+        """The file takes ``path``'s place (an existing one is replaced only now, by bytes already durable: a
+        power loss leaves the old file or the new one, never an empty one in its place)."""
         if self._tmp is not None:
+            os.fsync(self._fd)
             os.replace(self._tmp, self.path)
             self._tmp = None
+            fsync_dir(self.path.parent)
 
     def write_line(self, line: str) -> None:
         """Appends ``line`` and a newline, whole or not at all."""
@@ -420,7 +423,8 @@ class LineFile:
         if self._fd is None:
             return
         try:
-            os.fsync(self._fd)
+            if self._tmp is None:  # published: the lines since
+                os.fsync(self._fd)
             self._publish()
         finally:
             os.close(self._fd)

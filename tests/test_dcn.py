@@ -70,6 +70,24 @@ def test_crossnet_initialisation_is_torchrecs():
     assert all(torch.equal(a, b) for a, b in zip(net.parameters(), again.parameters()))
 
 
+def test_crossnet_draws_torchrecs_initial_weights_for_the_same_seed():
+    """torchrec draws every W, then every V, from the global generator; ours from the model's generator in the
+    same order: the same seed gives the same initial weights, bit for bit."""
+    from torchrec.modules.crossnet import LowRankCrossNet as TorchrecLowRankCrossNet
+
+    N, layers, rank = 24, 3, 5
+    state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(4)
+        theirs = TorchrecLowRankCrossNet(in_features=N, num_layers=layers, low_rank=rank).state_dict()
+    finally:
+        torch.random.set_rng_state(state)
+    ours = LowRankCrossNet(N, layers, rank, torch.Generator().manual_seed(4)).state_dict()
+    assert list(ours) == list(theirs)
+    for name in ours:
+        assert torch.equal(ours[name], theirs[name]), name
+
+
 def test_dcn_model_has_torchrecs_shapes_and_names():
     from torchrec.models.dlrm import DLRM_DCN
     from torchrec.modules.embedding_configs import EmbeddingBagConfig

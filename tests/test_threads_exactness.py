@@ -86,6 +86,40 @@ def test_device_mode_is_bit_identical_at_1_and_2_threads(model, tmp_path):
             )
 
 
+def test_every_optimizer_and_interaction_is_bit_identical_at_1_and_2_threads(tmp_path):
+    """The small model in device mode with every optimizer that normalises its steps (row-wise Adagrad, Adagrad,
+    Adam: a rounding difference in a near-zero gradient, which SGD's small step hides, becomes a full-size step)
+    and every interaction (``dot``, ``cat``, ``dcn``), one-hot and multi-hot (3 ids a bag): the same bits at 1
+    and 2 threads."""
+    arch, tables = MODELS["small"]
+    data = {
+        "onehot": generate(tmp_path / "onehot", 64 * STEPS * 7 // 6 + 300, seed=5, table_sizes=tables,
+                           zipf=1.3, progress=False),
+        "multihot": generate(tmp_path / "multihot", 64 * STEPS * 7 // 6 + 300, seed=6, table_sizes=tables,
+                             zipf=1.3, pooling_factor=3, progress=False),
+    }  # fmt: skip
+    cases = [
+        (opt, op, "onehot") for opt in ("rowwise-adagrad", "adagrad", "adam") for op in ("dot", "cat", "dcn")
+    ]
+    cases += [(opt, "dot", "multihot") for opt in ("rowwise-adagrad", "adam")]
+    for threads in (1, 2):
+        jobs = [
+            ({"mode": "device", "optimizer": opt, "learning_rate": 0.01 if opt == "adam" else 0.1,
+              "mini_batch_size": 64, "num_batches": STEPS, "progress": False, "interaction": op, **arch},
+             str(data[d]), str(tmp_path / f"{opt}-{op}-{d}-t{threads}.npz"))
+            for opt, op, d in cases
+        ]  # fmt: skip
+        _train(threads, jobs, tmp_path)
+    for opt, op, d in cases:
+        one, two = (np.load(tmp_path / f"{opt}-{op}-{d}-t{t}.npz") for t in (1, 2))
+        assert one.files == two.files and len(one["losses"]) == STEPS
+        for name in one.files:
+            a, b = one[name], two[name]
+            assert np.array_equal(a, b), (
+                f"{opt} {op} {d}: {name} differs at 2 threads by {float(np.abs(a.astype(np.float64) - b).max()):.3e}"
+            )
+
+
 def _at_threads(threads: int, fn):
     before = numba.get_num_threads()
     numba.set_num_threads(threads)
@@ -137,3 +171,34 @@ def test_sparse_update_sums_do_not_depend_on_numba_threads():
         want[i] += g
     uniq = sparse_update.coalesce(ids, grads, rows=rows)[0]
     assert np.array_equal(one["coalesce"], want[uniq])
+
+
+def test_a_trainer_computes_on_the_threads_its_config_gives_and_restores_them(tmp_path):
+    """``Trainer(TrainConfig(threads=n))`` through the Python API runs torch (and numba) on ``n`` threads for
+    its steps, and its ``close`` gives the process its counts back; ``threads=0`` leaves them as they are; a
+    Trainer that fails to start restores them too."""
+    import torch
+
+    from hotline.training.config import TrainConfig
+    from hotline.training.trainer import Trainer
+
+    arch, tables = MODELS["small"]
+    data = generate(tmp_path / "data", 600, seed=3, table_sizes=tables, zipf=1.3, progress=False)
+    before = (torch.get_num_threads(), numba.get_num_threads())
+    for threads in (1 if before[0] != 1 else 2, 0):
+        want = (threads, min(threads, numba.config.NUMBA_NUM_THREADS)) if threads else before
+        trainer = Trainer(TrainConfig(mode="device", mini_batch_size=64, num_batches=3, progress=False,
+                                      threads=threads, **arch), data)  # fmt: skip
+        seen: list[tuple[int, int]] = []
+        trainer.model.register_forward_pre_hook(
+            lambda *_, seen=seen: seen.append((torch.get_num_threads(), numba.get_num_threads()))
+        )
+        try:
+            assert len(list(trainer.progress(trainer.batches()))) == 3
+        finally:
+            trainer.close()
+        assert len(seen) == 3 and set(seen) == {want}, (threads, seen)
+        assert (torch.get_num_threads(), numba.get_num_threads()) == before
+    with pytest.raises(ValueError, match="mode 'auto' is chosen before training"):
+        Trainer(TrainConfig(mode="auto", threads=1 if before[0] != 1 else 2, progress=False, **arch), data)
+    assert (torch.get_num_threads(), numba.get_num_threads()) == before

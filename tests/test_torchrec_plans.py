@@ -102,6 +102,24 @@ def test_models_with_several_or_no_collections_and_mismatched_tables(prof):
         tb.plan(dlrm(prof), prof, tb.PlanConfig(), target="gpu")
 
 
+@pytest.mark.parametrize("missing", [0, 2, 3])
+def test_hotline_sharder_refuses_a_plan_missing_any_table(missing):
+    """A plan for Hotline's collection with no entry for one of its tables (the first, a middle one, the last)
+    is refused by the sharder, naming the table, before anything is sharded."""
+    from torchrec.distributed.types import ShardingEnv
+
+    configs = tb.embedding_bag_configs([40, 300, 3, 20], 8)
+    ebc = tb.HotlineEmbeddingBagCollection(configs)
+    whole = tb.hotline_sharding_plan(ebc, world_size=1).plan[""]
+    assert list(whole) == [c.name for c in configs]
+    name = configs[missing].name
+    partial = type(whole)({k: v for k, v in whole.items() if k != name})
+    with pytest.raises(ValueError, match=f"the sharding plan of {PATH} has no entry for table '{name}'"):
+        tb.HotlineEmbeddingBagCollectionSharder().shard(
+            ebc, partial, ShardingEnv(world_size=1, rank=0), module_fqn=PATH
+        )
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -143,6 +143,27 @@ def configure_threads(threads: int) -> int:
     return n
 
 
+def hold_threads(threads: int) -> Callable[[], None]:
+    """Sets torch's and this thread's numba thread counts to ``threads`` (:func:`configure_threads`; 0 changes
+    nothing) and returns what puts back the counts they had (once; later calls do nothing): a library object
+    that applies its own thread setting gives the process's back when it is done."""
+    if not threads:
+        return lambda: None
+    import numba
+    import torch
+
+    before = [(torch.get_num_threads(), numba.get_num_threads())]
+    configure_threads(threads)
+
+    def restore() -> None:
+        if before:
+            torch_threads, numba_threads_ = before.pop()
+            torch.set_num_threads(torch_threads)
+            numba.set_num_threads(numba_threads_)
+
+    return restore
+
+
 BUSY_CORE_SLACK = 0.25
 """Part of a core the producer may keep busy without taking it from torch (an idle fraction torch's threads
 absorb at little cost; past it, a torch thread would lose its core and stall its parallel region)."""

@@ -76,7 +76,9 @@ class TrainConfig:
     """Compute device: cpu, cuda (cuda:N), or auto: cuda when torch sees a GPU, else cpu (resolved here; on
     one of several local ranks cuda and auto mean the rank's own GPU, cuda:LOCAL_RANK)."""
     threads: int = 0
-    """torch and numba threads (0: all cores)."""
+    """torch and numba threads (0: all cores). A :class:`~hotline.training.trainer.Trainer` sets them while it
+    lives (its :meth:`close` restores the counts before); with 0 it leaves the process's counts (``hotline
+    train`` sets all cores, or each rank's share of them, first)."""
     progress: bool = True
     """Show a tqdm progress bar."""
     quiet: bool = False

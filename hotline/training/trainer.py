@@ -33,7 +33,7 @@ from hotline._paths import check_file
 from hotline.datasets.format import Batch, Dataset, Split
 from hotline.distributed.comm import Comm, shard_bounds
 from hotline.models.dlrm import DLRM
-from hotline.pipeline.threads import bind_device
+from hotline.pipeline.threads import bind_device, hold_threads
 from hotline.tiers.base import DeferredLoss, StepStats, TrainMode, step_loss
 from hotline.tiers.sparse_optim import SparseOptimizer
 from hotline.training.config import TrainConfig, resolve_device
@@ -70,6 +70,15 @@ class Trainer:
         if resolve_device(config.device) != config.device:  # made before this rank's LOCAL_RANK was known
             config = replace(config, device=resolve_device(config.device))
         bind_device(config.device)  # the process's CUDA device: nothing implicit lands on GPU 0
+        self._restore_threads = hold_threads(config.threads)  # before --mode auto times anything
+        try:
+            self._start(config, dataset, choose)
+        except BaseException:
+            self._restore_threads()
+            raise
+
+    def _start(self, config: TrainConfig, dataset, choose) -> None:
+        """The rest of :meth:`__init__`, under the thread counts of ``config.threads``."""
         self.config = config
         self.dataset = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
         if self.dataset.num_dense != config.bottom_mlp[0]:
@@ -513,9 +522,13 @@ class Trainer:
         )
 
     def close(self) -> None:
-        if self._checkpoints is not None:
-            self._checkpoints.close()  # the checkpoint directory's lock
-        self.mode.close()
+        """Releases the tiers, the checkpoint directory's lock and the thread counts (``config.threads``)."""
+        try:
+            if self._checkpoints is not None:
+                self._checkpoints.close()  # the checkpoint directory's lock
+            self.mode.close()
+        finally:
+            self._restore_threads()
 
 
 def read_params(path: str | os.PathLike) -> dict[str, np.ndarray]:
