@@ -11,14 +11,20 @@ anything, naming the one that binds:
   smallest) less ``memory.usage_in_bytes``; the usage counts reclaimable file pages (``inactive_file``) as free,
   as the kernel does before it kills anything.
 
+:func:`per_row_bytes` finds the host structures of a built mode that grow with the row count (the claim of
+at most 8 bytes a row, ``tests/test_host_bytes.py``, ``benchmarks/bench_scale.py``).
+
 The cgroup files are read under a root (``/sys/fs/cgroup``), with the process's cgroup paths from
 ``/proc/self/cgroup``: tests pass a directory of fixture files.
 """
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 UNLIMITED = 1 << 62
 """A cgroup v1 limit at or above this is no limit (the kernel writes 2**63 - 4096 rounded to its page size)."""
@@ -206,3 +212,57 @@ def host_memory(
 ) -> HostMemory:
     """The machine's available memory and the process's cgroup limit (files read under the given paths)."""
     return HostMemory(machine_available(meminfo), cgroup_limit(cgroup_root, proc_cgroup))
+
+
+def _buffer(a: np.ndarray):
+    """The object that owns ``a``'s memory (an ndarray, or the mmap of a memory map)."""
+    while isinstance(a, np.ndarray) and a.base is not None:
+        a = a.base
+    return a
+
+
+def _address(a) -> int:
+    """Where the memory of ``a`` (an array or a tensor) starts: views of one buffer from its start agree."""
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        return a.untyped_storage().data_ptr()
+    owner = _buffer(a)
+    return (owner if isinstance(owner, np.ndarray) else a).__array_interface__["data"][0]
+
+
+def per_row_bytes(root, rows: int, exclude=()) -> dict[str, int]:
+    """The host structures that grow with the row count: bytes of every array (or CPU tensor) reachable from
+    ``root`` through the attributes of Hotline's objects that holds at least a byte per row, by the attribute
+    path that first reached it (anonymous memory only: memory maps are on disk); ``exclude``: arrays not
+    counted (a memory store's table and state)."""
+    import torch
+
+    skip = {_address(x) for x in exclude}
+    seen, found = set(), {}
+    stack = [("mode", root)]
+    while stack:
+        path, o = stack.pop()
+        if id(o) in seen:
+            continue
+        seen.add(id(o))
+        if isinstance(o, torch.Tensor):
+            o = o.detach().cpu().numpy() if o.device.type == "cpu" else None
+            if o is None:
+                continue
+        if isinstance(o, np.ndarray):
+            owner = _buffer(o)
+            if isinstance(o, np.memmap) or isinstance(owner, mmap.mmap) or _address(o) in skip:
+                continue
+            nbytes = owner.nbytes if isinstance(owner, np.ndarray) else o.nbytes
+            if nbytes >= rows and ("buffer", _address(o)) not in seen:
+                seen.add(("buffer", _address(o)))
+                found[path] = nbytes
+            continue
+        if isinstance(o, dict):
+            stack += [(f"{path}[{k!r}]", v) for k, v in o.items()]
+        elif isinstance(o, (list, tuple, set, frozenset)):
+            stack += [(f"{path}[{i}]", v) for i, v in enumerate(o)]
+        elif type(o).__module__.startswith(("hotline", "kernels")) and hasattr(o, "__dict__"):
+            stack += [(f"{path}.{k}", v) for k, v in vars(o).items()]
+    return found

@@ -148,9 +148,15 @@ def memory_needed(config, dataset, world_size: int = 1) -> int:
     if (
         getattr(config, "cold_store", "memory") == "disk"
     ):  # rows on disk: their index arrays and the DRAM tier
-        tables = -(-rows // world_size) * 8 * 4 + config.cold_cache + (config.hbm_budget or 0)
+        tables = -(-rows // world_size) * HOST_BYTES_PER_ROW + config.cold_cache + (config.hbm_budget or 0)
     buffers = ring * lookups * (row_bytes + 8 * 8)  # staging rows, dispatch index arrays (int64)
     return tables + buffers
+
+
+HOST_BYTES_PER_ROW = 8
+"""Host bytes per row of a disk-store run's structures that grow with the row count: each row's int32 place in
+the file and its int32 hot slot in the dispatcher (the file order stays on disk, the claim book holds the rows
+in flight only; measured in ``tests/test_host_bytes.py``)."""
 
 
 def available_memory() -> int | None:
