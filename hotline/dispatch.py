@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hotline._malloc import huge_copy, huge_full, huge_zeros
+from hotline._malloc import huge_copy, huge_zeros
 from hotline.kernels import dispatch
 from hotline.placement import Placement
 from hotline.table_layout import BagLayout, TableLayout
@@ -85,8 +85,8 @@ class Dispatcher:
             remap = self._padded_remap(layout, remap)
             self._kernel_cols = (self.col_offset + bags.col_table, self.col_size + 1)
         self.remap = remap
-        self.slot_map = huge_full(remap.shape[0], -1, np.int32)
         self.max_batch_size = int(max_batch_size)
+        self.slot_map = dispatch.new_slot_map(self.max_batch_size * bags.num_columns)
         self.counts = None  # an OnlineCounts to count every lookup of every split (re-placement)
         self._ring = [
             dispatch.new_buffers(self.max_batch_size * bags.num_columns, self.max_batch_size)

@@ -33,6 +33,25 @@ def bytes_per_row_for(embedding_dim: int, optimizer: str) -> int:
     return _bytes_per_row(embedding_dim, optimizer)
 
 
+class _Remaps(Sequence):
+    """Per table, int32 [table_size]: row -> hot slot within that table, or -1 if the row is cold; each made from
+    the hot ids when asked for, never kept (4 bytes a row of every table otherwise)."""
+
+    def __init__(self, table_sizes: list[int], hot_ids: list[np.ndarray]):
+        self._sizes, self._ids = table_sizes, hot_ids
+
+    def __len__(self) -> int:
+        return len(self._sizes)
+
+    def __getitem__(self, t):
+        if isinstance(t, slice):
+            return [self[i] for i in range(len(self))[t]]
+        ids = self._ids[t]
+        remap = np.full(self._sizes[t], -1, np.int32)
+        remap[ids] = np.arange(ids.size, dtype=np.int32)
+        return remap
+
+
 class Placement:
     """Hot rows per table under a byte budget, with the remap arrays the training engine indexes with.
 
@@ -58,7 +77,7 @@ class Placement:
     ):
         self.table_sizes: list[int] = [int(s) for s in table_sizes]
         self.hot_ids: list[np.ndarray] = list(hot_ids)
-        self.remap: list[np.ndarray] = list(remap)
+        self.remap: Sequence[np.ndarray] = list(remap)  # checked against the hot ids, then made on demand
         self.dataset_fingerprint: str = str(dataset_fingerprint)
         self.embedding_dim: int = int(embedding_dim)
         self.bytes_per_row: int = int(bytes_per_row)
@@ -66,6 +85,7 @@ class Placement:
         counts = np.array([len(h) for h in self.hot_ids], dtype=np.int64)
         self.hot_offsets: np.ndarray = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self._validate()
+        self.remap = _Remaps(self.table_sizes, self.hot_ids)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -148,12 +168,14 @@ class Placement:
         return self.num_hot * self.bytes_per_row
 
     def fused_remap(self) -> np.ndarray:
-        """int64 [sum(table_sizes)]: fused row id (table offset + row) -> fused hot slot, or -1 if cold."""
-        parts = []
-        for t, remap in enumerate(self.remap):
-            r = remap.astype(np.int64)
-            parts.append(np.where(r >= 0, r + self.hot_offsets[t], -1))
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        """int32 [sum(table_sizes)] (int64 from 2**31 hot rows): fused row id (table offset + row) -> fused hot
+        slot, or -1 if cold; made from the hot ids with no wider temporary."""
+        dtype = np.int32 if self.num_hot < 2**31 - 1 else np.int64
+        out = np.full(sum(self.table_sizes), -1, dtype)
+        for t, offset in enumerate(TableLayout(self.table_sizes).offsets.tolist()):
+            ids = self.hot_ids[t]
+            out[offset + ids] = np.arange(self.hot_offsets[t], self.hot_offsets[t + 1], dtype=dtype)
+        return out
 
     def fused_hot_ids(self) -> np.ndarray:
         """int64 [num_hot]: the fused row id (table offset + row) of every hot row, in fused hot-slot order."""

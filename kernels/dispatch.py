@@ -13,8 +13,8 @@ this pass is bound by memory latency) and writes one int32 slot per lookup, coun
 samples and cold lookups. From those counts every chunk knows where its outputs start, so the write pass reads
 its slots back (sequential, cache-resident) and writes each sample straight into its micro-batch at its final
 place: nothing is moved afterwards. A short sequential pass then numbers the cold rows in first-occurrence
-order with a scratch array ``slot_map`` over the fused row space (-1 everywhere between calls) instead of a
-sort or a hash table. Every kernel releases the GIL (``nogil``): the look-ahead producer runs them beside the
+order with a scratch hash table ``slot_map`` sized by the batch (-1 everywhere between calls) instead of a
+sort, or of an array over the fused row space (4 bytes a row). Every kernel releases the GIL (``nogil``): the look-ahead producer runs them beside the
 training step.
 
 A compact hot-row structure in place of the remap (a bitmap of hot rows with per-word ranks, 1.4 MB, and a
@@ -166,27 +166,55 @@ def _write_chunks(
     return n_pop, n_np, n_np * C - n_cold, n_cold
 
 
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _home(fid, shift, mask):
+    """The first probe of ``fid`` in a slot table of ``mask + 1`` entries (Fibonacci hashing)."""
+    return np.int64((np.uint64(fid) * _GOLDEN) >> np.uint64(shift)) & mask
+
+
 @njit(cache=True, nogil=True)
 def _assign_cold_slots(cold_fid, slot_map, cold_slot, working_set):
     """Numbers the distinct cold rows in first-occurrence order (the working set); returns how many.
 
-    Sequential, but over the cold lookups only (a few percent of a skewed batch), prefetching ``slot_map``."""
-    u = 0
+    ``slot_map`` [M, 2] (M a power of two, at least twice the cold lookups) is an open-addressing table of
+    (fused row, slot) pairs, all -1 between calls: sized by the batch, not the row count. Sequential, but over
+    the cold lookups only (a few percent of a skewed batch)."""
     n = cold_fid.shape[0]
+    M = slot_map.shape[0]
+    bits = 0
+    while (1 << bits) < M:
+        bits += 1
+    shift, mask = 64 - bits, M - 1
+    u = 0
     for j in range(n):
-        if j + 16 < n:
-            _prefetch(slot_map, cold_fid[j + 16])
         fid = cold_fid[j]
-        s = slot_map[fid]
-        if s < 0:
-            s = u
-            slot_map[fid] = u
+        i = _home(fid, shift, mask)
+        while slot_map[i, 0] != fid and slot_map[i, 0] != -1:
+            i = (i + 1) & mask
+        if slot_map[i, 0] == -1:
+            slot_map[i, 0] = fid
+            slot_map[i, 1] = u
             working_set[u] = fid
             u += 1
-        cold_slot[j] = s
-    for j in range(u):  # leave the scratch map clean for the next call
-        slot_map[working_set[j]] = -1
+        cold_slot[j] = slot_map[i, 1]
+    # leave the table clean for the next call: latest first, so every earlier row's probe chain stays whole
+    for j in range(u - 1, -1, -1):
+        fid = working_set[j]
+        i = _home(fid, shift, mask)
+        while slot_map[i, 0] != fid:
+            i = (i + 1) & mask
+        slot_map[i, 0] = -1
+        slot_map[i, 1] = -1
     return u
+
+
+def new_slot_map(max_lookups: int) -> np.ndarray:
+    """The scratch table of :func:`split_batch` for batches of up to ``max_lookups`` lookups: all -1."""
+    M = 1 << max(4, (2 * max(1, int(max_lookups)) - 1).bit_length())
+    return np.full((M, 2), -1, np.int64)
 
 
 def new_buffers(max_lookups: int, max_samples: int) -> dict[str, np.ndarray]:
@@ -225,7 +253,7 @@ def split_batch(ids, col_offset, col_size, remap, slot_map, buffers, fused=False
     ``(popular_samples, non_popular_samples, pop_ids, hot_pos, hot_slot, cold_pos, cold_slot, working_set,
     bad)`` where ``bad`` is per-sample the first out-of-range column (-1 if none); when any is >= 0 the other
     outputs are empty (the first sample with ``bad >= 0`` is the batch's first bad sample; samples after it
-    may be unchecked). ``slot_map`` (int32, fused rows, all -1) is scratch and left all -1. ``chunks``
+    may be unchecked). ``slot_map`` (:func:`new_slot_map`, all -1) is scratch and left all -1. ``chunks``
     overrides :func:`num_chunks` (the result does not depend on it).
 
     ``fused=True`` classifies as usual (``buffers["is_popular"]``) but returns one micro-batch: every sample
@@ -248,6 +276,8 @@ def split_batch(ids, col_offset, col_size, remap, slot_map, buffers, fused=False
         pop_samples, pop_ids, np_samples, hot_pos, hot_slot, cold_pos, cold_fid,
     )  # fmt: skip
     cold_slot, working_set = b["cold_slot"], b["working_set"]
+    if 2 * nc > slot_map.shape[0]:  # more lookups than the table was sized for: one of their size
+        slot_map = new_slot_map(nc)
     u = _assign_cold_slots(cold_fid[:nc], slot_map, cold_slot, working_set)
     return (
         pop_samples[:n_pop],
@@ -260,52 +290,6 @@ def split_batch(ids, col_offset, col_size, remap, slot_map, buffers, fused=False
         working_set[:u],
         bad,
     )
-
-
-UNKNOWN_SLOT = (1 << 32) - 1
-"""The low half of a ``held`` entry whose row's slot in its holder's working set is not known."""
-
-
-@njit(cache=True, nogil=True)
-def _claim_rows(working_set, held, step, fresh_before, stale, owner, slot):
-    """Marks ``working_set`` as read by ``step``; returns how many of its slots went to ``stale``.
-
-    ``held[row]`` packs the last step whose working set held the row (the high 32 bits; -1: none) and the row's
-    slot in that working set (the low 32 bits). A row last held by a step that had not finished writing back
-    (``>= fresh_before``) may be read from host memory before its update lands, so its slot is listed in
-    ``stale`` for a refresh just before the step computes, with that step (``owner``) and the row's slot in
-    that step's working set (``slot``): where the fresh value is, with no search.
-    """
-    n = 0
-    tag = step << 32
-    for s in range(working_set.shape[0]):
-        r = working_set[s]
-        h = held[r]
-        if (h >> 32) >= fresh_before:
-            stale[n] = s
-            owner[n] = h >> 32
-            slot[n] = h & 0xFFFFFFFF
-            n += 1
-        held[r] = tag | s
-    return n
-
-
-def check_claim_step(step: int) -> None:
-    """The claim book packs a step in the high 32 bits of an int64 beside a slot: ``0 <= step < 2**31``."""
-    if not 0 <= step < 1 << 31:
-        raise ValueError(f"step must be in [0, 2**31), got {step}")
-
-
-def claim_rows(
-    working_set: np.ndarray, held: np.ndarray, step: int, fresh_before: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Slots of ``working_set`` whose rows an unfinished earlier step may still update, that step for each,
-    and each row's slot in that step's working set (see ``_claim_rows``; ``0 <= step < 2**31``)."""
-    check_claim_step(step)
-    n = working_set.shape[0]
-    stale, owner, slot = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
-    k = _claim_rows(working_set, held, np.int64(step), fresh_before, stale, owner, slot)
-    return stale[:k], owner[:k], slot[:k]
 
 
 @njit(cache=True, nogil=True)

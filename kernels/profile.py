@@ -246,6 +246,49 @@ def plan_count_work(table_sizes, num_slots: int) -> tuple[np.ndarray, np.ndarray
     return item_table, item_lo, item_hi, slot_ptr
 
 
+COUNT_DTYPES = (np.dtype(np.int64), np.dtype(np.uint32))
+
+
+def count_dtype(lookups: int) -> np.dtype:
+    """The narrowest count that holds ``lookups`` lookups of one row: uint32 below 2**32, else int64."""
+    return np.dtype(np.uint32) if lookups < 2**32 else np.dtype(np.int64)
+
+
+@njit(cache=True, nogil=True)
+def _order_by_count(counts, hist, order):
+    """Writes into ``order`` the rows with a count, most counted first, ties in id order (a counting sort:
+    ``hist`` [max count + 1] zeros is its scratch)."""
+    for r in range(counts.shape[0]):
+        if counts[r] > 0:
+            hist[counts[r]] += 1
+    at = 0
+    for c in range(hist.shape[0] - 1, 0, -1):
+        n = hist[c]
+        hist[c] = at
+        at += n
+    for r in range(counts.shape[0]):
+        c = counts[r]
+        if c > 0:
+            order[hist[c]] = r
+            hist[c] += 1
+
+
+def order_by_count(counts: np.ndarray) -> np.ndarray:
+    """The rows with a count, most counted first, ties in id order: ``np.argsort(-counts[accessed],
+    kind="stable")`` of the accessed rows, without sorting them (a counting sort over the counts' values, when
+    the largest count is below the row count; a stable sort otherwise). int32 below 2**31 rows."""
+    counts = np.ascontiguousarray(counts)
+    dtype = np.int32 if counts.shape[0] < 2**31 else np.int64
+    top = int(counts.max(initial=0))
+    accessed = int(np.count_nonzero(counts))
+    if top > max(counts.shape[0], 1 << 16):
+        rows = np.flatnonzero(counts)
+        return rows[np.argsort(-counts[rows].astype(np.int64), kind="stable")].astype(dtype)
+    order = np.empty(accessed, dtype)
+    _order_by_count(counts, np.zeros(top + 1, np.int64), order)
+    return order
+
+
 def count_lookups(
     sparse: np.ndarray,
     table_sizes,
@@ -255,8 +298,8 @@ def count_lookups(
     bag_sizes=None,
     padded: bool = False,
 ) -> None:
-    """Adds the lookups of ``sparse`` (int [n, T, L], or [n, C] with ``bag_sizes``) into ``counts`` (int64
-    [total rows], fused ids); with ``padded`` the id -1 (an empty bag slot) is skipped.
+    """Adds the lookups of ``sparse`` (int [n, T, L], or [n, C] with ``bag_sizes``) into ``counts`` (int64, or
+    uint32 where the lookups counted stay below 2**32: :func:`count_dtype`; [total rows], fused ids); with ``padded`` the id -1 (an empty bag slot) is skipped.
 
     Call it once per chunk of a dataset. ``num_slots`` (default: Numba's thread count) is how many parallel
     work slots share the work; ``method`` is "private" or "owned" (default: private up to PRIVATE_MAX_ROWS
@@ -269,8 +312,10 @@ def count_lookups(
     sparse, start = _as_sparse(sparse, sizes.shape[0], bag_sizes)
     offsets = table_offsets(sizes)
     total = int(offsets[-1])
-    if counts.shape != (total,) or counts.dtype != np.int64 or not counts.flags.c_contiguous:
-        raise ValueError(f"counts must be C-contiguous int64 [{total}], got {counts.dtype} {counts.shape}")
+    if counts.shape != (total,) or counts.dtype not in COUNT_DTYPES or not counts.flags.c_contiguous:
+        raise ValueError(
+            f"counts must be C-contiguous int64 or uint32 [{total}], got {counts.dtype} {counts.shape}"
+        )
     slots = int(num_slots or numba.get_num_threads())
     if method is None:
         # Private arrays cost P * R zeroing and reduction per call: worth it only while that is small next to
@@ -278,7 +323,7 @@ def count_lookups(
         small = total <= PRIVATE_MAX_ROWS and slots * total <= sparse.size
         method = "private" if small else "owned"
     if method == "private":
-        private = np.zeros((max(1, slots), total), dtype=np.int64)
+        private = np.zeros((max(1, slots), total), dtype=counts.dtype)
         bad = _count_lookups_private(sparse, start, bool(padded), sizes, offsets[:-1], private)
         if bad < 0:
             _add_private(private, counts)

@@ -221,3 +221,27 @@ def test_rank_probe_matches_the_remap_probe():
     np.testing.assert_array_equal(rank_gather(ids, col_offset, hot_rank_index(remap), out), want)
     with pytest.raises(ValueError, match="out must be int32"):
         rank_gather(ids, col_offset, hot_rank_index(remap), np.empty(ids.size, np.int64))
+
+
+def test_the_slot_table_is_sized_by_the_batch_not_the_rows():
+    """The cold rows are numbered through a hash table sized by the batch's lookups (not an array over the 50
+    million fused rows), left clean after each split, with the same working set as first occurrence gives;
+    more cold lookups than it was sized for go through a table of their own."""
+    rows = 50_000_000
+    d = Dispatcher(Placement.all_cold([rows]), 1, 64)
+    assert d.slot_map.nbytes <= 64 * 2 * 16 * 2
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, rows, (64, 1, 1)).astype(np.int64)
+    ids[1::3] = ids[0]  # repeats
+    got = d.split(ids)
+    flat = ids.reshape(-1)
+    first = flat[np.sort(np.unique(flat, return_index=True)[1])]
+    assert got.working_set.tolist() == first.tolist() and (d.slot_map == -1).all()
+    assert np.array_equal(got.working_set[got.cold_slot], flat[got.cold_pos])
+    big = rng.integers(0, rows, (64, 40)).astype(np.int64)  # 2,560 lookups, twice the table's room
+    out = dispatch.split_batch(
+        big, np.zeros(40, np.int64), np.full(40, rows), d.remap, d.slot_map, dispatch.new_buffers(64 * 40, 64)
+    )
+    order = big.reshape(-1)
+    assert out[7].tolist() == order[np.sort(np.unique(order, return_index=True)[1])].tolist()
+    assert (d.slot_map == -1).all()

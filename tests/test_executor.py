@@ -9,7 +9,7 @@ import pytest
 import naive
 from hotline import TrainConfig, Trainer
 from hotline.datasets.synthetic import generate
-from hotline.kernels.dispatch import claim_rows
+from hotline.kernels.claim_book import UNKNOWN_SLOT, RowsInFlight
 from hotline.pipeline.executor import Executor, overlap_ratio
 from hotline.placement import Placement
 
@@ -100,43 +100,53 @@ def test_early_close_and_full_run_leave_nothing(trainer_factory):
     assert _hotline_threads() == []
 
 
-def test_claim_rows_matches_twin():
-    """The kernel against its twin over the packed (step, slot) array: stale slots, their holder steps and the
-    rows' slots in the holders' working sets; rows never held (-1) and the slot half's top bit included."""
-    from hotline.kernels.dispatch import UNKNOWN_SLOT
-
+def test_the_rows_in_flight_match_the_twin_over_many_steps():
+    """The hash-table claim book against its twin over a dense (step, slot) array per row, step after step with
+    the landed steps moving on: stale slots, their holder steps and the rows' slots in the holders' working sets.
+    The table is rebuilt as it fills (keeping the live steps only), so it stays sized by the rows in flight."""
     rng = np.random.default_rng(0)
-    steps = rng.integers(-1, 6, 30)
-    slots = rng.integers(0, 1 << 32, 30)
-    slots[steps < 0] = UNKNOWN_SLOT
-    held = (steps << 32) | slots
-    ws = rng.permutation(30)[:12]
-    expect = naive.claim_rows(ws, list(zip(steps.tolist(), slots.tolist())), 7, 3)
-    stale, owner, slot = claim_rows(ws, held, 7, 3)
-    assert (stale.tolist(), owner.tolist(), slot.tolist()) == expect[:3] and len(expect[0]) > 0
-    assert [(int(h) >> 32, int(h) & UNKNOWN_SLOT) for h in held] == expect[3]
+    rows, depth = 100_000, 4
+    held = [(-1, UNKNOWN_SLOT)] * rows
+    book = RowsInFlight()
+    flagged = 0
+    for step in range(60):
+        ws = rng.choice(np.r_[rng.integers(0, rows, 400), rng.integers(0, 50, 100)], 300, replace=False)
+        ws = np.unique(ws)[rng.permutation(np.unique(ws).shape[0])]
+        applied = max(0, step - depth)  # the steps before it have landed
+        expect = naive.claim_rows(ws, held, step, applied)
+        held = expect[3]
+        stale, owner, slot = book.claim(ws, step, applied)
+        assert (stale.tolist(), owner.tolist(), slot.tolist()) == expect[:3]
+        flagged += len(expect[0])
+        probe = rng.integers(0, rows, 200)
+        live = [(s << 32) | t if s >= applied else None for s, t in (held[r] for r in probe.tolist())]
+        got = book.entries(probe).tolist()
+        assert all(g == e for g, e in zip(got, live) if e is not None)
+        assert all(g == -1 or (g >> 32) < applied for g, e in zip(got, live) if e is None)
+    assert flagged > 100  # the look-ahead overlapped (the popular rows 0..49)
+    in_flight = (depth + 1) * 300
+    assert book.keys.shape[0] <= 8 * in_flight  # sized by the rows in flight, not the 100,000 rows
     with pytest.raises(ValueError, match="step must be in"):
-        claim_rows(ws, held, 1 << 31, 3)
+        book.claim(np.array([1]), 1 << 31, 3)
 
 
 def test_the_claim_book_bounds_the_step_on_both_paths():
     """The claim book's repeated-rows path (``distinct=False``, the sharded store) packs the step as the
     distinct path does and refuses the same steps, before it records anything."""
-    from hotline.kernels.dispatch import UNKNOWN_SLOT
     from hotline.tiers.cold_store import ClaimBook
 
     book = ClaimBook(10)
     book.start_claims()
     rows = np.array([1, 4, 4, 7])
     assert book.claim(rows, 3, distinct=False).tolist() == []
-    assert [int(h) >> 32 for h in book._held[[1, 4, 7]]] == [3, 3, 3]
+    assert [int(h) >> 32 for h in book.held(np.array([1, 4, 7]))] == [3, 3, 3]
     assert book.claim(np.array([4, 5]), 4, distinct=False).tolist() == [0]  # step 3 has not landed
-    assert int(book._held[4]) & UNKNOWN_SLOT == UNKNOWN_SLOT
-    before = book._held.copy()
+    assert int(book.held(np.array([4]))[0]) & UNKNOWN_SLOT == UNKNOWN_SLOT
+    before = book.held(np.arange(10))
     for step, distinct in [(1 << 31, False), (-1, False), (1 << 31, True)]:
         with pytest.raises(ValueError, match="step must be in"):
             book.claim(np.array([2, 2]) if not distinct else np.array([2]), step, distinct=distinct)
-    assert np.array_equal(book._held, before)
+    assert np.array_equal(book.held(np.arange(10)), before)
 
 
 def test_overlap_ratio():

@@ -53,7 +53,7 @@ def test_from_hot_ids_builds_remaps_offsets_and_fused_remap():
     assert p.hot_offsets.tolist() == [0, 2, 2, 3] and p.hot_offsets.dtype == np.int64
     assert all(h.dtype == np.int64 for h in p.hot_ids)
     fused = p.fused_remap()
-    assert fused.dtype == np.int64 and fused.tolist() == [1, -1, 0, -1, -1, -1, -1, -1, -1, -1, -1, 2]
+    assert fused.dtype == np.int32 and fused.tolist() == [1, -1, 0, -1, -1, -1, -1, -1, -1, -1, -1, 2]
 
 
 def test_all_cold_and_all_hot():
@@ -171,7 +171,7 @@ def test_save_load_round_trip_and_fingerprint_refusal(tmp_path):
     q = Placement.load(path, ds)
     assert q.table_sizes == [6, 4] and q.dataset_fingerprint == ds.fingerprint
     assert (q.bytes_per_row, q.embedding_dim, q.hbm_budget_bytes) == (68, 16, 1000)
-    for a, b in zip(p.hot_ids + p.remap, q.hot_ids + q.remap, strict=True):
+    for a, b in zip(p.hot_ids + list(p.remap), q.hot_ids + list(q.remap), strict=True):
         np.testing.assert_array_equal(a, b)
         assert a.dtype == b.dtype
     np.testing.assert_array_equal(q.hot_offsets, p.hot_offsets)

@@ -463,3 +463,28 @@ def test_table_coverage_is_over_each_tables_own_lookups(tmp_path):
         counts = prof.table_counts(t)
         assert stats.loc[t, "coverage"] == pytest.approx(counts[placement.hot_ids[t]].sum() / counts.sum())
     assert (stats["coverage"] <= 1).all() and (stats["coverage"] > 0).all()
+
+
+def test_counts_are_no_wider_than_the_sample_and_the_order_is_a_counting_sort():
+    """The counts of a sample with fewer than 2**32 lookups are uint32; the ranking is the stable sort of the
+    counts, most first and ties in id order, made without sorting the rows (int32 ids)."""
+    from hotline.kernels import profile as pk
+
+    assert pk.count_dtype(2**32 - 1) == np.uint32 and pk.count_dtype(2**32) == np.int64
+    rng = np.random.default_rng(0)
+    for counts in (
+        rng.integers(0, 7, 5000),
+        rng.zipf(1.5, 5000) * (rng.random(5000) < 0.6),
+        np.zeros(9, int),
+    ):
+        for dtype in (np.uint32, np.int64):
+            c = counts.astype(dtype)
+            rows = np.flatnonzero(c)
+            expect = rows[np.argsort(-c[rows].astype(np.int64), kind="stable")]
+            got = pk.order_by_count(c)
+            assert got.dtype == np.int32 and np.array_equal(got, expect)
+    big = np.array([0, 3, 10**7, 3], np.uint32)  # a count above the row count: the stable sort instead
+    assert pk.order_by_count(big).tolist() == [2, 1, 3]
+    counts = np.zeros(20, np.uint32)
+    pk.count_lookups(np.array([[[1], [2]], [[1], [0]]], np.int32), [10, 10], counts)
+    assert counts.tolist()[:3] == [0, 2, 0] and counts[12] == 1 and counts[10] == 1

@@ -29,7 +29,8 @@ class Profile:
     """Access counts of one profiled sample and the global popularity ranking of rows derived from them."""
 
     counts: np.ndarray
-    """int64 [total rows]: accesses per fused row (table offset + row id) in the sample."""
+    """int64, or uint32 where the sample's lookups stay below 2**32, [total rows]: accesses per fused row (table
+    offset + row id) in the sample."""
     table_sizes: list[int]
     """Rows per table."""
     num_samples: int
@@ -52,17 +53,21 @@ class Profile:
     def __post_init__(self) -> None:
         self.offsets = kernels.table_offsets(self.table_sizes)
         counts = self.counts
-        accessed = np.flatnonzero(counts)
-        # Most accessed first; the stable sort keeps ascending fused ids (= table, then row) among ties.
-        self.order: np.ndarray = accessed[np.argsort(-counts[accessed], kind="stable")]
-        """Fused ids of the accessed rows, best rank first."""
+        # Most accessed first, ascending fused ids (= table, then row) among ties; a counting sort, no row sort
+        self.order: np.ndarray = kernels.order_by_count(counts)
+        """Fused ids of the accessed rows, best rank first (int32 below 2**31 rows)."""
         # int32 when it fits: the max-rank pass reads it at random, and half the bytes is half the cache misses.
         rank_dtype = np.int32 if self.order.shape[0] < 2**31 - 1 else np.int64
         self.rank = np.full(counts.shape[0], self.order.shape[0], dtype=rank_dtype)
         """[total rows]: global rank of each fused row (0 = most accessed); unaccessed rows get num_accessed."""
         self.rank[self.order] = np.arange(self.order.shape[0], dtype=rank_dtype)
-        self.table_of_order = np.searchsorted(self.offsets, self.order, side="right") - 1
-        self._cum_counts = np.concatenate([[0], np.cumsum(counts[self.order])])
+        table_dtype = np.int16 if len(self.table_sizes) < 2**15 else np.int64
+        self.table_of_order = np.empty(self.order.shape[0], table_dtype)  # the table of each, chunk by chunk
+        for lo in range(0, self.order.shape[0], 1 << 22):
+            chunk = self.order[lo : lo + (1 << 22)]
+            self.table_of_order[lo : lo + chunk.shape[0]] = np.searchsorted(self.offsets, chunk, "right") - 1
+        self._cum_counts = np.zeros(self.order.shape[0] + 1, np.int64)
+        np.cumsum(counts[self.order], dtype=np.int64, out=self._cum_counts[1:])
 
     def __repr__(self) -> str:
         where = (

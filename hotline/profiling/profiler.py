@@ -147,7 +147,7 @@ class Profiler:
             )
 
         t0 = time.perf_counter()
-        counts = np.zeros(total_rows, dtype=np.int64)
+        counts = np.zeros(total_rows, dtype=kernels.count_dtype(n * ds.lookups_per_sample))  # no wider
         done = 0
         for c in chunks("counting"):
             try:

@@ -28,10 +28,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from hotline._malloc import huge_full
 from hotline.distributed.comm import Comm
 from hotline.kernels import sparse_update
-from hotline.kernels.dispatch import UNKNOWN_SLOT, check_claim_step, claim_rows
+from hotline.kernels.claim_book import RowsInFlight
 from hotline.kernels.gather import copy_rows, gather_rows, scatter_rows
 from hotline.tiers.pinning import pin_in_place
 from hotline.tiers.sparse_optim import SparseOptimizer
@@ -176,20 +175,20 @@ def with_hot_rows(
 
 
 class ClaimBook:
-    """The claim rule's bookkeeping over ``num_rows`` rows (see :meth:`claim`), whatever holds the rows."""
+    """The claim rule's bookkeeping over ``num_rows`` rows (see :meth:`claim`), whatever holds the rows: the rows
+    of the live steps' working sets only (:class:`hotline.kernels.claim_book.RowsInFlight`), so its size
+    follows the rows in flight, not the table."""
 
     def __init__(self, num_rows: int):
         self.num_rows = int(num_rows)
-        # int64 [rows] (look-ahead): the last step whose working set held each row (high 32 bits) and the row's
-        # slot in that working set (low 32 bits), packed so the bookkeeping costs one array, not two
-        self._held = None
+        self._book: RowsInFlight | None = None  # during a look-ahead run
         self.applied = 0  # steps < applied have their updates where the rows live
 
     def claim_with_owners(self, rows: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`claim` of distinct ``rows``, also returning for each stale row the step that last held it
         and the row's slot in that step's working set."""
         applied = self.applied
-        return claim_rows(rows, self._held, step, applied)
+        return self._book.claim(rows, step, applied)
 
     def claim(self, rows: np.ndarray, step: int, distinct: bool = True) -> np.ndarray:
         """The claim rule: positions in ``rows`` of rows that an earlier step, whose update has not landed,
@@ -197,20 +196,20 @@ class ClaimBook:
         rows: ``applied`` is read first, so a row not flagged was last updated by a step that had finished.
         ``distinct=False``: ``rows`` may repeat (several ranks asked for one row); each copy gets the flag
         of the row, and the rows' slots are recorded as unknown."""
-        if distinct:
-            return self.claim_with_owners(rows, step)[0]
-        check_claim_step(step)
         applied = self.applied
-        stale = np.flatnonzero((self._held[rows] >> 32) >= applied)
-        self._held[rows] = (int(step) << 32) | UNKNOWN_SLOT
-        return stale
+        return self._book.claim(rows, step, applied, distinct)[0]
+
+    def held(self, rows: np.ndarray) -> np.ndarray:
+        """int64: each row's last holder step (high 32 bits) and slot (low 32) while that step is in the book,
+        -1 where none (for tests and diagnostics)."""
+        return self._book.entries(rows)
 
     def start_claims(self) -> None:
-        self._held = huge_full(self.num_rows, -1, np.int64)  # read at random rows: huge pages
+        self._book = RowsInFlight()
         self.applied = 0
 
     def end_claims(self) -> None:
-        self._held = None
+        self._book = None
 
 
 class HostRows(ClaimBook):

@@ -192,10 +192,12 @@ class RowFile:
         self.order = (
             np.arange(self.num_rows, dtype=np.int64) if order is None else np.asarray(order, np.int64)
         )
+        """int64 [rows]: the row at each file position; read from its file on disk (``FILE.order.npy``,
+        memory-mapped) once the file is made, so it costs no host memory per row."""
         if self.order.shape != (self.num_rows,):
             raise ValueError(f"the row order has {self.order.shape[0]} rows, the file {self.num_rows}")
-        self.positions = np.empty(self.num_rows, np.int64)
-        self.positions[self.order] = np.arange(self.num_rows, dtype=np.int64)
+        self.positions = positions_of(self.order)
+        """int32 (int64 beyond 2**31 rows) [rows]: each row's file position."""
         self.num_pages = -(-self.num_rows * self.record // PAGE)
         self.size = self.num_pages * PAGE
         self.io_depth = int(io_depth)
@@ -233,7 +235,7 @@ class RowFile:
         if not isinstance(rows, int) or rows < 0:
             raise ValueError(f"cold store {path}: its manifest gives no row count ({rows!r})")
         try:
-            order = np.load(order_path(path))
+            order = np.load(order_path(path), mmap_mode="r")
         except (OSError, ValueError) as e:
             raise ValueError(
                 f"cold store {path}: its row order {order_path(path).name} cannot be read: {e}"
@@ -268,6 +270,7 @@ class RowFile:
              "state_floats": self.S, "record_bytes": self.record, "order": order_path(path).name},
         )  # fmt: skip
         _io.atomic_write(order_path(path), lambda f: np.save(f, self.order))
+        self.order = np.load(order_path(path), mmap_mode="r")  # read in chunks (export, load): on disk
         try:
             os.ftruncate(self._bulk, 0)
             os.posix_fallocate(self._bulk, 0, self.size)  # a full disk is found now, not mid-run
@@ -368,7 +371,7 @@ class RowFile:
     def put_rows(self, rows: np.ndarray, records: np.ndarray) -> None:
         """Records [U, floats] of ``rows`` (bulk, buffered: a run of consecutive file positions is one write;
         the initial fill, load)."""
-        pos = self.positions[rows]
+        pos = self.positions[rows].astype(np.int64)
         order = np.argsort(pos, kind="stable")
         pos, records = pos[order], records[order]
         breaks = np.flatnonzero(np.diff(pos) != 1) + 1
@@ -399,7 +402,7 @@ class RowFile:
     # -- a step's rows: coalesced page reads on the I/O threads ----------------------------------------
     def _split(self, rows: np.ndarray):
         """``rows`` split into those in the DRAM cache and those on disk (their indices and positions)."""
-        pos = self.positions[rows]
+        pos = self.positions[rows].astype(np.int64)  # byte offsets are int64
         cached = pos < self.cache_rows
         if not self.cache_rows:
             return np.zeros(0, np.int64), pos[:0], np.arange(rows.shape[0]), pos
@@ -591,6 +594,18 @@ class RowFile:
                 with live.lock:
                     live.buffer.reshape(-1, PAGE)[theirs] = src[ours]
                     live.read_at[theirs] = stamp
+
+
+def positions_of(order, chunk: int = 1 << 22) -> np.ndarray:
+    """Each row's place in ``order`` (a permutation, read in chunks: it may be a memory map), in the narrowest
+    integer that holds it: int32 below 2**31 rows."""
+    n = order.shape[0]
+    dtype = np.int32 if n < 1 << 31 else np.int64
+    out = np.empty(n, dtype)
+    for lo in range(0, n, chunk):
+        hi = min(n, lo + chunk)
+        out[np.asarray(order[lo:hi])] = np.arange(lo, hi, dtype=dtype)
+    return out
 
 
 def _ranges(counts: np.ndarray) -> np.ndarray:

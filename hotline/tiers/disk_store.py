@@ -56,7 +56,7 @@ def popularity_order(counts: np.ndarray | None, num_rows: int, last: np.ndarray 
     if last is not None:
         tail[last] = True
     seen = np.flatnonzero((counts > 0) & ~tail)
-    head = seen[np.argsort(-counts[seen], kind="stable")]
+    head = seen[np.argsort(-counts[seen].astype(np.int64), kind="stable")]  # counts may be unsigned
     return np.concatenate([head, np.flatnonzero((counts == 0) & ~tail), np.flatnonzero(tail)]).astype(
         np.int64
     )

@@ -556,20 +556,22 @@ def choose_for_run(
     store in ``config.cold_dir`` (the hardware's ``disk`` section, else :func:`disk_hardware`). Before any
     long work it refuses a run whose rows cannot fit in this machine's memory, and prices only the hot budgets
     that fit it (``nodes``: machines the ranks run on, each holding its share; ``available``: the memory figure,
-    default ``MemAvailable``, as :func:`~hotline.training.preflight.check_memory` takes it)."""
+    default the smaller of the machine's ``MemAvailable`` and the cgroup's room, as
+    :func:`~hotline.training.preflight.check_memory` takes it)."""
     from hotline.datasets.format import Dataset
     from hotline.profiling.costmodel import arch_of, disk_timing, timed_pass, workload_for
     from hotline.table_layout import bytes_per_row
 
     dataset = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
     # the checks training makes first, made before the profiling: bad input is named before any long work
-    from hotline.training.preflight import MemoryShortfall, available_memory, check_ids, check_memory
+    from hotline.training.host_memory import host_memory
+    from hotline.training.preflight import MemoryShortfall, check_ids, check_memory
 
     if dataset.train.num_batches(config.mini_batch_size) == 0:
         raise ValueError(f"the training split of {dataset.path} has no rows to train on")
     # hybrid needs the least host memory of the modes: the rows (memory store) or their index arrays (disk);
     # checked first, from the sizes alone: a run that cannot fit is refused before the ids are read
-    available = available_memory() if available is None else available
+    available = host_memory() if available is None else available  # the machine's and the cgroup's
     check_memory(replace(config, mode="hybrid", hbm_budget=None), dataset, max(1, nodes), available)
     check_ids(dataset)  # reads every id of every split once
 

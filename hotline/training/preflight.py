@@ -148,21 +148,23 @@ def memory_needed(config, dataset, world_size: int = 1) -> int:
     if (
         getattr(config, "cold_store", "memory") == "disk"
     ):  # rows on disk: their index arrays and the DRAM tier
-        tables = -(-rows // world_size) * 8 * 4 + config.cold_cache + (config.hbm_budget or 0)
+        tables = -(-rows // world_size) * HOST_BYTES_PER_ROW + config.cold_cache + (config.hbm_budget or 0)
     buffers = ring * lookups * (row_bytes + 8 * 8)  # staging rows, dispatch index arrays (int64)
     return tables + buffers
 
 
+HOST_BYTES_PER_ROW = 8
+"""Host bytes per row of a disk-store run's structures that grow with the row count: each row's int32 place in
+the file and its int32 hot slot in the dispatcher (the file order stays on disk, the claim book holds the rows
+in flight only; measured in ``tests/test_host_bytes.py``)."""
+
+
 def available_memory() -> int | None:
-    """Bytes the kernel says can be allocated without swapping (Linux ``MemAvailable``), or None."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    """Bytes a new allocation can get now: the smaller of the machine's ``MemAvailable`` and the room left under
+    the process's cgroup memory limit (:func:`hotline.training.host_memory.host_memory`), or None."""
+    from hotline.training.host_memory import host_memory
+
+    return host_memory().available
 
 
 MEMORY_MARGIN = 0.10
@@ -201,14 +203,23 @@ def memory_advice(config) -> str:
     )
 
 
-def check_memory(config, dataset, world_size: int = 1, available: int | None = None) -> None:
-    """Raises :class:`MemoryShortfall` with the figures when the run cannot fit in this machine's available
-    memory (Linux ``MemAvailable``, ``available`` when given: what a new allocation can get without swapping,
-    not the physical memory other processes hold part of) less :func:`usable_memory`'s margin."""
+def check_memory(config, dataset, world_size: int = 1, available=None) -> None:
+    """Raises :class:`MemoryShortfall` with the figures when the run cannot fit in the memory it may allocate,
+    less :func:`usable_memory`'s margin. ``available``: bytes, or a
+    :class:`~hotline.training.host_memory.HostMemory`; by default both figures are read now, the machine's
+    ``MemAvailable`` (what a new allocation can get without swapping, not the physical memory other processes
+    hold part of) and the room under the process's cgroup memory limit (v2 or v1), and the smaller one binds."""
     from hotline.table_layout import bytes_per_row
+    from hotline.training.host_memory import HostMemory, host_memory
     from hotline.units import format_size
 
-    available = available_memory() if available is None else available
+    memory = host_memory() if available is None else available
+    if isinstance(memory, HostMemory):
+        available = memory.available
+        source = memory.describe() if memory.cgroup is not None else "MemAvailable; no cgroup memory limit"
+        change = ", or raise the cgroup's memory limit" if memory.limited_by_cgroup else ""
+    else:
+        available, source, change = memory, "MemAvailable", ""
     need = memory_needed(config, dataset, world_size)
     if available is None or need <= usable_memory(available):
         return
@@ -219,6 +230,6 @@ def check_memory(config, dataset, world_size: int = 1, available: int | None = N
     raise MemoryShortfall(
         f"this run needs about {format_size(need)} of host memory up front ({what}), more than the "
         f"{format_size(usable_memory(available))} it may take of the {format_size(available)} available "
-        f"(MemAvailable, less {MEMORY_MARGIN:.0%} and {format_size(MEMORY_HEADROOM)} for torch and the steps): "
-        f"{memory_advice(config)}"
+        f"({source}, less {MEMORY_MARGIN:.0%} and {format_size(MEMORY_HEADROOM)} for torch and the steps): "
+        f"{memory_advice(config)}{change}"
     )

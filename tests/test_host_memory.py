@@ -1,0 +1,173 @@
+"""The memory a run may take: the machine's MemAvailable and the cgroup limit the process lives under (v2
+memory.max, v1 memory.limit_in_bytes), read from fixture cgroup trees, and once under a real cgroup v1 limit
+where this machine lets a test make one."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hotline.training.host_memory import CgroupLimit, HostMemory, cgroup_limit, host_memory
+
+GIB, MIB = 1 << 30, 1 << 20
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _write(path: Path, text) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{text}\n")
+
+
+def _v2(tmp_path, limits: dict[str, object], current: int, inactive_file: int = 0, hybrid: bool = False):
+    """A cgroup v2 tree (``limits``: path -> memory.max) and a /proc/self/cgroup placing us in its deepest path."""
+    root = tmp_path / "sys"
+    unified = root / "unified" if hybrid else root
+    _write(unified / "cgroup.controllers", "cpu memory")
+    leaf = max(limits, key=len)
+    for path, limit in limits.items():
+        _write(unified / path.lstrip("/") / "memory.max", limit)
+    _write(unified / leaf.lstrip("/") / "memory.current", current)
+    _write(unified / leaf.lstrip("/") / "memory.stat", f"anon {current}\ninactive_file {inactive_file}")
+    proc = tmp_path / "cgroup"
+    _write(proc, f"0::{leaf}")
+    return root, proc
+
+
+def test_v2_limit_is_the_smallest_up_the_tree_less_what_is_in_use(tmp_path):
+    root, proc = _v2(tmp_path, {"/": "max", "/jobs": 6 * GIB, "/jobs/run": "max"}, 2 * GIB, 512 * MIB)
+    c = cgroup_limit(root, proc)
+    assert c == CgroupLimit(6 * GIB, 2 * GIB - 512 * MIB, f"cgroup v2 {root / 'jobs' / 'memory.max'}")
+    assert c.free == 6 * GIB - (2 * GIB - 512 * MIB)  # the reclaimable file pages count as free
+    tighter, proc = _v2(tmp_path / "b", {"/jobs": 8 * GIB, "/jobs/run": 3 * GIB}, 0)
+    assert cgroup_limit(tighter, proc).limit == 3 * GIB
+
+
+def test_v2_below_a_hybrid_mount_and_no_limit(tmp_path):
+    root, proc = _v2(tmp_path, {"/a": 4 * GIB}, GIB, hybrid=True)
+    assert cgroup_limit(root, proc).limit == 4 * GIB
+    root, proc = _v2(tmp_path / "none", {"/a": "max"}, GIB)
+    assert cgroup_limit(root, proc) is None
+
+
+def test_v1_limit_with_the_hierarchy_and_a_container_view(tmp_path):
+    root = tmp_path / "sys"
+    group = root / "memory" / "batch" / "job7"
+    _write(group / "memory.limit_in_bytes", 9223372036854771712)  # unlimited here...
+    _write(group / "memory.usage_in_bytes", 3 * GIB)
+    _write(group / "memory.stat", f"cache 5\nhierarchical_memory_limit {6 * GIB}\ntotal_inactive_file {GIB}")
+    proc = tmp_path / "cgroup"
+    _write(proc, "9:name=systemd:/\n4:memory:/batch/job7\n0::/")
+    c = cgroup_limit(root, proc)  # ...but an ancestor's 6 GiB binds
+    assert (c.limit, c.used, c.free) == (6 * GIB, 2 * GIB, 4 * GIB)
+    assert c.where == f"cgroup v1 {group / 'memory.limit_in_bytes'}"
+    # inside a container the process's own cgroup is the hierarchy's root: the path is not visible there
+    _write(root / "memory" / "memory.limit_in_bytes", 2 * GIB)
+    _write(proc, "4:memory:/docker/abc123")
+    assert cgroup_limit(root, proc).limit == 2 * GIB
+    _write(root / "memory" / "memory.limit_in_bytes", 9223372036854771712)
+    assert cgroup_limit(root, proc) is None  # unlimited
+    assert cgroup_limit(tmp_path / "absent", tmp_path / "absent-proc") is None
+
+
+def test_host_memory_takes_the_smaller_figure_and_names_both(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    _write(meminfo, f"MemTotal: {32 * GIB // 1024} kB\nMemAvailable: {20 * GIB // 1024} kB")
+    root, proc = _v2(tmp_path, {"/job": 6 * GIB}, GIB)
+    m = host_memory(root, proc, meminfo)
+    assert (m.machine, m.available, m.limited_by_cgroup) == (20 * GIB, 5 * GIB, True)
+    assert m.describe() == (
+        f"the 6 GiB memory limit of cgroup v2 {root / 'job' / 'memory.max'} (1 GiB of it in use, "
+        "5 GiB free), below the machine's 20 GiB MemAvailable"
+    )
+    roomy = HostMemory(4 * GIB, m.cgroup)
+    assert roomy.available == 4 * GIB and not roomy.limited_by_cgroup
+    assert roomy.describe().startswith("4 GiB MemAvailable, below the 6 GiB memory limit of cgroup v2")
+    assert (
+        HostMemory(None).available is None
+        and HostMemory(3).describe() == "3 B MemAvailable; no cgroup memory limit"
+    )
+
+
+def _tables(path, rows: int):
+    from hotline.datasets.format import Dataset, DatasetWriter
+
+    rng = np.random.default_rng(0)
+    with DatasetWriter(path, [rows]) as w:
+        for name, n in (("train", 256), ("val", 64), ("test", 64)):
+            dense, sparse, labels = w.create_split(name, n)
+            dense[:] = rng.random(dense.shape, np.float32)
+            sparse[:] = rng.integers(0, rows, sparse.shape)
+            labels[:] = rng.integers(0, 2, n)
+        w.finish(source={"kind": "test", "seed": 0})
+    return Dataset(path)
+
+
+def test_check_memory_names_the_cgroup_and_what_to_change(tmp_path):
+    from hotline import TrainConfig
+    from hotline.training.preflight import MemoryShortfall, check_memory, memory_needed
+
+    tables = _tables(tmp_path / "ds", 10_000_000)  # 2.38 GiB of rows at dim 64 with SGD
+    cfg = TrainConfig(
+        mode="hybrid", embedding_dim=64, bottom_mlp=[13, 64], top_mlp=[64, 1], mini_batch_size=128
+    )
+    limit = CgroupLimit(GIB, 100 * MIB, "cgroup v1 /sys/fs/cgroup/memory/job/memory.limit_in_bytes")
+    check_memory(cfg, tables, available=HostMemory(64 * GIB, CgroupLimit(64 * GIB, 0, "cgroup v2 x")))
+    with pytest.raises(MemoryShortfall) as e:
+        check_memory(cfg, tables, available=HostMemory(64 * GIB, limit))
+    line = str(e.value)
+    assert "\n" not in line and line.startswith("this run needs about 2.38 GiB")
+    assert memory_needed(cfg, tables) > GIB
+    assert "the 1 GiB memory limit of cgroup v1 /sys/fs/cgroup/memory/job/memory.limit_in_bytes" in line
+    assert "below the machine's 64 GiB MemAvailable" in line
+    assert line.endswith("or one with more memory, or raise the cgroup's memory limit")
+
+
+def _v1_group() -> Path | None:
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            d = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+            return d if (d / "memory.limit_in_bytes").exists() else None
+    return None
+
+
+def test_train_under_a_real_cgroup_v1_limit_is_refused_before_writing(tmp_path):
+    """``hotline train`` in a child memory cgroup limited to 1 GiB, with 2.4 GiB of rows: exit 2, one line naming
+    the cgroup's limit and the machine's memory, before any output is written (the machine has room)."""
+    parent = _v1_group()
+    if parent is None or os.geteuid() != 0:
+        pytest.skip("no cgroup v1 memory hierarchy this test may write to")
+    group = parent / f"hotline-test-{os.getpid()}"
+    try:
+        group.mkdir()
+        (group / "memory.limit_in_bytes").write_text(str(GIB))
+    except OSError as e:
+        pytest.skip(f"cannot make a memory cgroup under {parent}: {e}")
+    try:
+        ds = _tables(tmp_path / "ds", 10_000_000).path
+        metrics = tmp_path / "metrics.jsonl"
+        args = [sys.executable, "-m", "hotline", "train", str(ds), "--arch-sparse-feature-size", "64",
+                "--arch-mlp-bot", "13-64", "--arch-mlp-top", "64-1", "--mode", "hybrid",
+                "--num-batches", "2", "--no-progress", "--metrics", str(metrics)]  # fmt: skip
+        procs = group / "cgroup.procs"
+        run = subprocess.run(
+            args, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+            preexec_fn=lambda: procs.write_text(str(os.getpid())),
+        )  # fmt: skip
+    finally:
+        group.rmdir()
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 2, run.stderr
+    assert len(lines) == 1 and lines[0].startswith("hotline train: error: this run needs about 2.38 GiB")
+    assert f"the 1 GiB memory limit of cgroup v1 {group / 'memory.limit_in_bytes'}" in lines[0]
+    assert "below the machine's" in lines[0] and "raise the cgroup's memory limit" in lines[0]
+    assert not metrics.exists() or not metrics.read_text()
