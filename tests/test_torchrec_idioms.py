@@ -89,3 +89,46 @@ def test_sharder_takes_fused_params_as_torchrecs_and_refuses_what_it_cannot_do()
     )
     with pytest.raises(ValueError, match="device='meta'. is not supported"):
         HotlineEmbeddingBagCollection(w.configs(), device="meta")
+
+
+def test_hotline_planner_plans_hotline_collections_and_hands_the_rest_to_torchrecs_planner():
+    """torchrec's planner cannot price Hotline's kernel; HotlinePlanner (torchrec's planner arguments) plans
+    Hotline's collections as hotline_sharding_plan does and every other module with torchrec's planner."""
+    import torch.distributed as dist
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner import Topology
+
+    from hotline.distributed.comm import Comm
+    from hotline.distributed.launcher import free_port
+    from hotline.torchrec_bridge import (
+        HotlineEmbeddingBagCollection,
+        HotlineEmbeddingBagCollectionSharder,
+        HotlinePlanner,
+        hotline_sharding_plan,
+    )
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        model = w.dlrm(HotlineEmbeddingBagCollection(w.configs(), w.placement()))
+        table = EmbeddingBagConfig(name="u", embedding_dim=4, num_embeddings=10, feature_names=["g"])
+        both = torch.nn.ModuleDict(
+            {"dlrm": model, "other": EmbeddingBagCollection([table], device=torch.device("meta"))}
+        )
+        sharders = [HotlineEmbeddingBagCollectionSharder(), EmbeddingBagCollectionSharder()]
+        planner = HotlinePlanner(topology=Topology(world_size=1, compute_device="cpu"))
+        plan = planner.collective_plan(both, sharders, dist.group.WORLD)
+        path = "dlrm.model.sparse_arch.embedding_bag_collection"
+        assert sorted(plan.plan) == [path, "other"]
+        assert str(plan.plan[path]) == str(hotline_sharding_plan(model, 1).plan[path[5:]])
+        assert plan.plan["other"]["u"].compute_kernel != "customized_kernel"  # torchrec's planner chose it
+        with pytest.raises(ValueError, match="no HotlineEmbeddingBagCollectionSharder"):
+            planner.plan(model, [EmbeddingBagCollectionSharder()])
+        dmp = DistributedModelParallel(model, device=torch.device("cpu"), sharders=sharders,
+                                       plan=planner.collective_plan(model, sharders, dist.group.WORLD))  # fmt: skip
+        _, opt = w.idiom_optimizer(dmp)
+        w.train_steps(Comm(), dmp, opt, 0, 2, 8)
+        assert dmp.module.model.sparse_arch.embedding_bag_collection.last_stats["lookups"] > 0
+    finally:
+        dist.destroy_process_group()

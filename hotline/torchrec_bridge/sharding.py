@@ -10,6 +10,9 @@ by fused row over the ranks (``hotline.tiers.sharded_store.ShardedColdStore``; o
 KeyedTensor back; ``prefetch`` runs the look-ahead fetch for ``PrefetchTrainPipelineSparseDist``. The
 embedding gradients are divided by the world size when torchrec's gradient division is on (its default), as
 DDP averages the dense ones, so N ranks of batch B train like one process on the global batch of N * B.
+The sharder takes the optimizer ``apply_optimizer_in_backward`` gave the tables (or its own ``fused_params``),
+as torchrec's does; the sharded module's ``state_dict`` and fused optimizer hold row-wise ShardedTensors with
+torchrec's sharded keys (``sharded_state``), so torch.distributed.checkpoint saves, loads and reshards them.
 
 The plan entry of a table is torchrec's ``ParameterSharding`` with sharding type ``row_wise`` and compute
 kernel ``customized_kernel`` on every rank (what torchrec offers a backend it does not ship).
