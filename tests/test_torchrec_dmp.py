@@ -97,28 +97,22 @@ def test_dmp_with_hotline_sharder_trains_like_torchrec(world, references, tmp_pa
         drift = assert_matches_reference(results[(kind, "plain")], *references[kind][:2], w.TOLERANCE[kind])
         if world == 1 and kind == "sgd":  # one rank, SGD: every dense layer is bit-identical
             assert all(v == 0.0 for k, v in drift.items() if "embedding_bags" not in k), drift
-    # row-wise Adagrad's accumulators, in torchrec's FusedEmbeddingBagCollection convention
+    # row-wise Adagrad's accumulators as torchrec's sharded collection keys them (whole tables: the ranks' blocks)
+    prefix = "model.sparse_arch.embedding_bag_collection.embedding_bags"
     optim = results[("rowwise-adagrad", "plain")]["optim"]["state"]
-    key = "model.sparse_arch.embedding_bag_collection.t_1.weight"
-    rows = len(range(w.SIZES[0], w.SIZES[0] + w.SIZES[1], world))  # rank 0's rows of t_1 (all on one rank)
-    assert optim[key]["t_1.weight.momentum_1"].shape == (rows,)
+    assert optim[f"{prefix}.t_1.weight"]["t_1.momentum1"].shape == (w.SIZES[1],)
     assert results[("sgd", "plain")]["optim"]["state"] == {}
-    # Adagrad's accumulators and Adam's moments: [rows, D] each, named as torchrec's fused collection names
-    # them, and (one rank: every row here) equal to fbgemm's
+    # Adagrad's accumulators and Adam's moments: [rows, D] each, named as torchrec's sharded collection names
+    # them (fbgemm's momentum1, exp_avg_sq), equal to fbgemm's
     for kind, names in (("adagrad", ["momentum_1"]), ("adam", ["momentum_1", "momentum_2"])):
         optim, fbgemm = results[(kind, "plain")]["optim"]["state"], references[kind][2]["state"]
         for t in range(len(w.SIZES)):
-            ours = optim[f"model.sparse_arch.embedding_bag_collection.t_{t}.weight"]
-            assert sorted(ours) == sorted(fbgemm[f"t_{t}.weight"]) == [f"t_{t}.weight.{n}" for n in names]
-            for name, have in ours.items():
-                rows = len(
-                    range(-sum(w.SIZES[:t]) % world, w.SIZES[t], world)
-                )  # rank 0 holds fused rows 0 mod N
-                assert have.shape == (rows, w.D), (kind, name)
-                if world == 1:
-                    want = fbgemm[f"t_{t}.weight"][name]
-                    assert float((have - want).abs().max()) <= w.TOLERANCE[kind] * float(want.abs().max()), (
-                        kind,
-                        name,
-                    )
+            ours = optim[f"{prefix}.t_{t}.weight"]
+            sharded = {"momentum_1": "momentum1", "momentum_2": "exp_avg_sq"}
+            assert sorted(ours) == sorted(f"t_{t}.{sharded[n]}" for n in names)
+            for name in names:
+                have, want = ours[f"t_{t}.{sharded[name]}"], fbgemm[f"t_{t}.weight"][f"t_{t}.weight.{name}"]
+                assert have.shape == want.shape == (w.SIZES[t], w.D), (kind, name)
+                bound = w.TOLERANCE[kind] * float(want.abs().max())
+                assert float((have - want).abs().max()) <= bound, (kind, name)
     assert_pipelines_equal_plain(results)

@@ -258,12 +258,177 @@ def train_dmp(comm, jobs: list[tuple[str, str, int, int, str]]) -> None:
             pipe.detach()  # torchrec restores the modules' own forward
         ebc = dmp.module.model.sparse_arch.embedding_bag_collection
         refreshed = sum(g.refreshed_rows for g in ebc._core.groups)
-        state = {k: v.detach().clone() for k, v in dmp.state_dict().items()}
-        optim_state = copy.deepcopy(opt.state_dict())
-        dmp.eval()
-        with torch.no_grad():
-            _, (_, logits, _) = dmp(batch(999, size, r, N))
-        logits = comm.all_gather_varlen(logits.reshape(-1, 1), "eval")
-        if r == 0:
-            torch.save({"state": state, "optim": optim_state, "logits": torch.cat(logits).reshape(-1),
-                        "refreshed": refreshed}, out)  # fmt: skip
+        save_result(comm, dmp, opt, size, out, refreshed=refreshed)
+
+
+def full(value, rank: int):
+    """A ShardedTensor gathered whole on rank 0 (a collective; None elsewhere), anything else as it is."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    if not isinstance(value, ShardedTensor):
+        return value.detach().clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value)
+    out = torch.empty(value.shape, dtype=value.dtype) if rank == 0 else None
+    value.gather(dst=0, out=out)
+    return out
+
+
+def save_result(comm, dmp, opt, size: int, out: str, **extra) -> None:
+    """Rank 0 saves the model's and the optimizer's state (ShardedTensors gathered whole: test sizes only) and
+    the eval predictions of the global batch 999. ``opt`` None: no optimizer state (torchrec's table-wise
+    collection keys each table's state on its own rank only)."""
+    r, N = comm.rank, comm.world_size
+    state = {k: full(v, r) for k, v in dmp.state_dict().items()}
+    optim = (
+        {}
+        if opt is None
+        else {k: {n: full(t, r) for n, t in v.items()} for k, v in opt.state_dict()["state"].items()}
+    )
+    dmp.eval()
+    with torch.no_grad():
+        _, (_, logits, _) = dmp(batch(999, size, r, N))
+    logits = comm.all_gather_varlen(logits.reshape(-1, 1), "eval")
+    if r == 0:
+        torch.save({"state": state, "optim": {"state": optim}, "logits": torch.cat(logits).reshape(-1), **extra},
+                   out)  # fmt: skip
+
+
+def idiom_optimizer(dmp) -> tuple[dict, object]:
+    """torchrec's usual optimizer under DMP: the fused one plus SGD over what ``in_backward_optimizer_filter``
+    leaves (the dense parameters); the dense parameters too."""
+    from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    dense = dict(in_backward_optimizer_filter(dmp.named_parameters()))
+    opt = CombinedOptimizer(
+        [dmp.fused_optimizer, KeyedOptimizerWrapper(dense, lambda ps: torch.optim.SGD(ps, lr=LR))]
+    )
+    return dense, opt
+
+
+def in_backward_kwargs(kind: str) -> dict:
+    """apply_optimizer_in_backward's kwargs matching the reference (row-wise Adagrad: torchrec's class's eps)."""
+    return {"lr": LR, "eps": 1e-10} if kind == "rowwise-adagrad" else {"lr": LR}
+
+
+def hotline_dmp(comm, kind: str | None, fused_params: dict | None = None, seed: int = 0):
+    """torchrec's DLRM over Hotline's collection (built with the constructor's default SGD, lr 0.01) under DMP
+    with Hotline's sharder; ``kind``: the optimizer ``apply_optimizer_in_backward`` gives the tables first."""
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+    from hotline.torchrec_bridge.module import HotlineEmbeddingBagCollection
+    from hotline.torchrec_bridge.sharding import HotlineEmbeddingBagCollectionSharder, hotline_sharding_plan
+
+    ref = reference_model()
+    ebc = HotlineEmbeddingBagCollection(configs(), placement(), seed=seed)
+    model = dlrm(ebc)
+    if seed == 0:
+        model.load_state_dict(copy.deepcopy(ref.state_dict()))
+    if kind is not None:
+        apply_optimizer_in_backward(optimizer_type(kind), ebc.parameters(), in_backward_kwargs(kind))
+    return DistributedModelParallel(model, device=torch.device("cpu"),
+                                    sharders=[HotlineEmbeddingBagCollectionSharder(fused_params)],
+                                    plan=hotline_sharding_plan(model, comm.world_size))  # fmt: skip
+
+
+def torchrec_dmp(comm, kind: str):
+    """torchrec's DLRM over its own EmbeddingBagCollection under DMP: tables fused (fbgemm's CPU kernels),
+    table-wise (torchrec's CPU sharding), the optimizer given by ``apply_optimizer_in_backward``."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+    model = reference_model()
+    ebc = model.model.sparse_arch.embedding_bag_collection
+    apply_optimizer_in_backward(optimizer_type(kind), ebc.parameters(), in_backward_kwargs(kind))
+    cons = {
+        c.name: ParameterConstraints(sharding_types=["table_wise"], compute_kernels=["fused"])
+        for c in configs()
+    }
+    planner = EmbeddingShardingPlanner(
+        Topology(world_size=comm.world_size, compute_device="cpu"), constraints=cons
+    )
+    plan = planner.collective_plan(model, [EmbeddingBagCollectionSharder()])
+    dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan)
+    start = reference_model().state_dict()  # torchrec's sharded tables start from their own init: set them
+    with torch.no_grad():
+        for key, value in dmp.state_dict().items():
+            for shard in getattr(value, "local_shards", list)():  # views of fbgemm's weights
+                (r0, c0), (rows, cols) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
+                shard.tensor.copy_(start[key][r0 : r0 + rows, c0 : c0 + cols])
+    return dmp
+
+
+def train_steps(comm, dmp, opt, start: int, stop: int, size: int) -> None:
+    for s in range(start, stop):
+        loss, _ = dmp(batch(s, size, comm.rank, comm.world_size))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def train_in_backward(comm, jobs: list[tuple[str, str, int, int, str]]) -> None:
+    """Spawned rank: for each (kind, how, steps, global batch, out): the optimizer ``kind`` given by
+    ``apply_optimizer_in_backward`` (how ``in_backward``) or by the sharder's ``fused_params`` (``fused_params``),
+    torchrec's usual dense filter, trained plainly; rank 0 saves the result (and the dense keys)."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    for kind, how, steps, size, out in jobs:
+        if how == "in_backward":
+            dmp = hotline_dmp(comm, kind)
+        else:
+            emb = {"sgd": EmbOptimType.EXACT_SGD, "rowwise-adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+                   "adagrad": EmbOptimType.EXACT_ADAGRAD, "adam": EmbOptimType.ADAM}[kind]  # fmt: skip
+            fused = {"optimizer": emb, "learning_rate": LR}
+            dmp = hotline_dmp(comm, None, {**fused, **({"eps": 1e-10} if kind == "rowwise-adagrad" else {})})
+        dense, opt = idiom_optimizer(dmp)
+        train_steps(comm, dmp, opt, 0, steps, size)
+        save_result(comm, dmp, opt, size, out, dense=sorted(dense))
+
+
+def check_ranks_agree(comm, out: str) -> None:
+    """Spawned rank: (1) ranks that built different initial tables (seed = rank) agree once sharded: the same
+    batch gives the same predictions on every rank; (2) an unsharded collection trained on N ranks (DMP without
+    Hotline's sharder) is refused by its first training forward. Rank 0 saves both."""
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+
+    from hotline.torchrec_bridge.module import HotlineEmbeddingBagCollection
+
+    dmp = hotline_dmp(comm, "sgd", seed=comm.rank)
+    dmp.eval()
+    with torch.no_grad():
+        _, (_, logits, _) = dmp(batch(7, 8))  # every rank the whole batch
+    every = comm.all_gather_varlen(logits.reshape(-1, 1), "eval")
+    model = dlrm(HotlineEmbeddingBagCollection(configs(), placement()))
+    unsharded = DistributedModelParallel(model, device=torch.device("cpu"))  # torchrec's default sharders
+    try:
+        loss, _ = unsharded(batch(0, 8, comm.rank, comm.world_size))
+        refused = ""
+    except RuntimeError as e:
+        refused = str(e)
+    if comm.rank == 0:
+        torch.save({"logits": [t.reshape(-1) for t in every], "refused": refused}, out)
+
+
+def train_dcp(comm, jobs: list[tuple]) -> None:
+    """Spawned rank: for each (side, kind, start, stop, global batch, load_dir, save_dir, out): torchrec's DLRM
+    under DMP (side ``hotline``: Hotline's collection and sharder; ``torchrec``: torchrec's own), the optimizer by
+    ``apply_optimizer_in_backward``; loads a torch.distributed.checkpoint of model and optimizer (if
+    ``load_dir``), trains steps [start, stop), saves one (if ``save_dir``) and the result (if ``out``)."""
+    import torch.distributed.checkpoint as dcp
+
+    for side, kind, start, stop, size, load, save, out in jobs:
+        dmp = hotline_dmp(comm, kind) if side == "hotline" else torchrec_dmp(comm, kind)
+        _, opt = idiom_optimizer(dmp)
+        if load:
+            sd = {"model": dmp.state_dict(), "optim": opt.state_dict()}
+            dcp.load(sd, checkpoint_id=load)
+            dmp.load_state_dict(sd["model"])
+            opt.load_state_dict(sd["optim"])
+            opt.set_optimizer_step(start)
+        train_steps(comm, dmp, opt, start, stop, size)
+        if save:
+            dcp.save({"model": dmp.state_dict(), "optim": opt.state_dict()}, checkpoint_id=save)
+        if out:
+            save_result(comm, dmp, opt if side == "hotline" else None, size, out)

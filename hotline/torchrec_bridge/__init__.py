@@ -49,6 +49,7 @@ from hotline.torchrec_bridge.plan_files import (  # noqa: E402
     load_plan,
     save_hot_rows,
 )
+from hotline.torchrec_bridge.planner import HotlinePlanner  # noqa: E402
 from hotline.torchrec_bridge.planning import (  # noqa: E402
     ALGORITHMS,
     PlanConfig,
@@ -77,6 +78,7 @@ __all__ = [
     "HotlineEmbeddingBagCollection",
     "HotlineEmbeddingBagCollectionSharder",
     "HotlineFusedOptimizer",
+    "HotlinePlanner",
     "ShardedHotlineEmbeddingBagCollection",
     "find_collections",
     "hotline_sharding_plan",

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import get_embedding_names_by_table
+from torchrec.optim.fused import EmptyFusedOptimizer
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from hotline.distributed.comm import Comm
@@ -223,6 +224,23 @@ class CollectionCore:
             grp.close()
 
 
+def in_backward_request(bags: nn.ModuleDict) -> tuple[type, dict] | None:
+    """The optimizer class and kwargs ``torchrec.optim.apply_optimizer_in_backward`` gave the tables' parameters
+    (None when it was not called); a one-line error when the tables were given different ones."""
+    found = {(cls, tuple(sorted(kw.items())))
+             for view in bags.values()
+             for cls, kw in zip(getattr(view.weight, "_optimizer_classes", []),
+                                getattr(view.weight, "_optimizer_kwargs", []))}  # fmt: skip
+    if not found:
+        return None
+    if len(found) > 1:
+        raise ValueError(
+            "apply_optimizer_in_backward: Hotline's collection needs one optimizer for all tables"
+        )
+    cls, kw = found.pop()
+    return cls, dict(kw)
+
+
 class _TableView(nn.Module):
     """``embedding_bags[<table>]``: the table's weight parameter (this rank's rows, in host memory)."""
 
@@ -254,21 +272,27 @@ class TieredCollectionMixin:
         weights, states = core.table_views()
         bags = nn.ModuleDict({name: _TableView(w) for name, w in weights.items()})
         self.embedding_bags = bags
+        for (
+            view
+        ) in bags.values():  # torchrec's mark of a fused table: in_backward_optimizer_filter leaves it out
+            view.weight._in_backward_optimizers = [EmptyFusedOptimizer()]
+            view.weight._optimizer_classes, view.weight._optimizer_kwargs = [], []
+        self._fused_optimizer = self._new_fused_optimizer(bags, states)
+        self._in_backward_checked = False
+        self._update_iteration = 0  # the iteration of the last training forward (its update's, for Adam)
+
+    def _new_fused_optimizer(
+        self, bags: nn.ModuleDict, states: dict[str, torch.Tensor]
+    ) -> HotlineFusedOptimizer:
+        """The fused optimizer over ``bags``' parameters, with FusedEmbeddingBagCollection's keys."""
+        core = self._core
         params = {f"{name}.weight": view.weight for name, view in bags.items()}
         dims = {c.name: int(c.embedding_dim) for c in core.configs}
         momentum = {
             f"{name}.weight": state_views(core.optimizer, s, dims[name]) for name, s in states.items()
         }
-        self._fused_optimizer = HotlineFusedOptimizer(
-            params,
-            momentum,
-            core.optimizer,
-            self._apply_update,
-            core.sync_to_host,
-            self._after_optimizer_load,
-        )
-        self._in_backward_checked = False
-        self._update_iteration = 0  # the iteration of the last training forward (its update's, for Adam)
+        return HotlineFusedOptimizer(params, momentum, core.optimizer, self._apply_update, core.sync_to_host,
+                                     self._after_optimizer_load)  # fmt: skip
 
     # -- torchrec's view of the collection ---------------------------------------------------------------------
     @property
@@ -320,17 +344,10 @@ class TieredCollectionMixin:
         self._in_backward_checked = True
         from hotline.torchrec_bridge.fused_optim import sparse_optimizer
 
-        found = {(cls, tuple(sorted(kw.items())))
-                 for view in self.embedding_bags.values()
-                 for cls, kw in zip(getattr(view.weight, "_optimizer_classes", []),
-                                    getattr(view.weight, "_optimizer_kwargs", []))}  # fmt: skip
-        if not found:
+        found = in_backward_request(self.embedding_bags)
+        if found is None:
             return
-        if len(found) > 1:
-            raise ValueError(
-                "apply_optimizer_in_backward: Hotline's collection needs one optimizer for all tables"
-            )
-        cls, kw = found.pop()
+        cls, kw = found
         rule = sparse_optimizer(cls, dict(kw), self._core.dims[0])
         old = self._core.optimizer
         if (rule.kind, state_names(rule)) != (old.kind, state_names(old)):
@@ -343,7 +360,7 @@ class TieredCollectionMixin:
         for (
             view
         ) in self.embedding_bags.values():  # torch's in-backward hooks never fire (no .grad): drop them
-            view.weight._in_backward_optimizers = []
+            view.weight._in_backward_optimizers = [EmptyFusedOptimizer()]
 
     def _rebuild(self, rule: SparseOptimizer, cls, kwargs: dict) -> None:
         """The same tables (current weights) over a new core whose rows carry ``rule``'s optimizer state."""

@@ -127,6 +127,11 @@ class HotlineEmbeddingBagCollection(
         max_lookups: int = 1 << 16,
     ):
         super().__init__()
+        if device is not None and torch.device(device).type == "meta":
+            raise ValueError(
+                "HotlineEmbeddingBagCollection(device='meta') is not supported: build it on 'cpu' or 'cuda' (its "
+                "rows live in host memory either way; DistributedModelParallel then shards them)"
+            )
         tables = list(tables)
         self.placement = check_tables(tables, placement)
         dim = int(tables[0].embedding_dim) if tables else 1
@@ -173,4 +178,19 @@ class HotlineEmbeddingBagCollection(
         if isinstance(features, torch.fx.Proxy):  # traced: the collection is one leaf node of the graph
             tracer = features.tracer
             return tracer.create_proxy("call_module", tracer.path_of_module(self), (features,), {})
+        if self.training and torch.is_grad_enabled():
+            _refuse_unsharded_ranks()
         return self._tiered_forward(features)
+
+
+def _refuse_unsharded_ranks() -> None:
+    """An unsharded collection trained on N > 1 ranks updates each rank's own copy of every table: the copies
+    drift apart, silently. Refused, naming the fix."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        raise RuntimeError(
+            f"HotlineEmbeddingBagCollection is training unsharded on rank {dist.get_rank()} of "
+            f"{dist.get_world_size()}: each rank would update its own copy of the tables; shard it with "
+            "DistributedModelParallel(model, sharders=[HotlineEmbeddingBagCollectionSharder()], ...)"
+        )

@@ -10,6 +10,9 @@ by fused row over the ranks (``hotline.tiers.sharded_store.ShardedColdStore``; o
 KeyedTensor back; ``prefetch`` runs the look-ahead fetch for ``PrefetchTrainPipelineSparseDist``. The
 embedding gradients are divided by the world size when torchrec's gradient division is on (its default), as
 DDP averages the dense ones, so N ranks of batch B train like one process on the global batch of N * B.
+The sharder takes the optimizer ``apply_optimizer_in_backward`` gave the tables (or its own ``fused_params``),
+as torchrec's does; the sharded module's ``state_dict`` and fused optimizer hold row-wise ShardedTensors with
+torchrec's sharded keys (``sharded_state``), so torch.distributed.checkpoint saves, loads and reshards them.
 
 The plan entry of a table is torchrec's ``ParameterSharding`` with sharding type ``row_wise`` and compute
 kernel ``customized_kernel`` on every rank (what torchrec offers a backend it does not ship).
@@ -22,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torchrec.distributed.embedding_sharding import KJTListSplitsAwaitable
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel, KJTList
 from torchrec.distributed.types import (
@@ -41,8 +45,18 @@ from torchrec.optim.fused import FusedOptimizerModule
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from hotline.distributed.comm import Comm
-from hotline.torchrec_bridge.collection_core import CollectionCore, TieredCollectionMixin
+from hotline.tiers.sparse_optim import SparseOptimizer
+from hotline.torchrec_bridge.collection_core import CollectionCore, TieredCollectionMixin, in_backward_request
+from hotline.torchrec_bridge.fused_optim import sparse_optimizer, state_names, state_views
 from hotline.torchrec_bridge.module import HotlineEmbeddingBagCollection
+from hotline.torchrec_bridge.sharded_state import (
+    SHARDED_STATE_NAMES,
+    ShardedFusedOptimizer,
+    from_blocks,
+    local_block,
+    sharded_tensor,
+    to_blocks,
+)
 
 KERNEL = EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value
 SHARDING = ShardingType.ROW_WISE.value
@@ -55,9 +69,8 @@ class ShardedHotlineEmbeddingBagCollection(
 ):
     """A HotlineEmbeddingBagCollection sharded over the ranks of ``env`` (see the module docstring)."""
 
-    def __init__(
-        self, module: HotlineEmbeddingBagCollection, env: ShardingEnv, device: torch.device | None = None
-    ):
+    def __init__(self, module: HotlineEmbeddingBagCollection, env: ShardingEnv, device: torch.device | None = None,
+                 optimizer: SparseOptimizer | None = None, update_in_backward: bool | None = None):  # fmt: skip
         super().__init__()
         world, rank = int(env.world_size), int(env.rank)
         if world > 1:
@@ -67,19 +80,25 @@ class ShardedHotlineEmbeddingBagCollection(
             comm = Comm(rank, world, dist.new_group(backend="gloo"))
         else:
             comm = Comm()
+        self._pg = env.process_group
         src = module._core
-        tables, states = src.export()  # the module's current rows (identical on every rank)
-        rule = module.fused_optimizer.current_rule()
+        tables, states = src.export()  # the module's current rows
+        old = module.fused_optimizer.current_rule()
+        rule = optimizer if optimizer is not None else old
         device = torch.device(device) if device is not None else src.device
         core = CollectionCore(src.configs, [np.asarray(h) for h in module.placement.hot_ids],
                               [tables[c.name] for c in src.configs], rule, comm, device, src.is_weighted,
                               max(g._capacity for g in src.groups))  # fmt: skip
-        if any(s.size for s in states.values()):
+        if any(s.size for s in states.values()) and state_names(rule) == state_names(old):
             core.load(tables, states)
+        if world > 1:  # every replica of a hot row from the rank that owns the row: the ranks agree
+            for grp in core.groups:
+                grp.load_hot_from_host()
         src.close()  # the unsharded module's host rows are not needed any more
         self.placement = module.placement
-        self._init_tables(core, module.update_in_backward)
-        self._in_backward_checked = module._in_backward_checked
+        in_backward = module.update_in_backward if update_in_backward is None else update_in_backward
+        self._init_tables(core, in_backward)
+        self._in_backward_checked = True  # the sharder has read apply_optimizer_in_backward's request
         self._fused_optimizer.iteration = module.fused_optimizer.iteration  # Adam's bias correction goes on
 
     @property
@@ -118,14 +137,150 @@ class ShardedHotlineEmbeddingBagCollection(
         the step still in flight will update are read again just before this batch computes."""
         self._core.prefetch(dist_input[0])
 
+    # -- torchrec's sharded state --------------------------------------------------------------------------------
+    def _tables(self):
+        """(config, group, position in the group, this rank's rows of the table in the group's host arrays)."""
+        core = self._core
+        for t, c in enumerate(core.configs):
+            g, i = core.where[t]
+            grp = core.groups[g]
+            yield c, grp, int(grp.layout.offsets[i]), grp.local_rows(i)
+
+    def _sharded(self, local: torch.Tensor, lo: int, n: int) -> ShardedTensor:
+        comm = self._core.comm
+        block = to_blocks(comm, local, lo, n).contiguous()
+        return sharded_tensor(block, n, comm.rank, comm.world_size, self._pg)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        """``embedding_bags.<table>.weight`` as torchrec's sharded collection saves it: a row-wise ShardedTensor,
+        each rank its block of rows (hot rows' current values merged in; no rank gathers a whole table)."""
+        self._core.sync_to_host()
+        for c, grp, lo, rows in self._tables():
+            n = int(c.num_embeddings)
+            destination[f"{prefix}embedding_bags.{c.name}.weight"] = self._sharded(
+                grp.host_weight[rows], lo, n
+            )
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):  # fmt: skip
+        """Takes the ShardedTensors of :meth:`state_dict` (after torch.distributed.checkpoint loaded into them,
+        from any world size or torchrec's sharded collection) or full tables (a one-process checkpoint)."""
+        comm = self._core.comm
+        N, r = comm.world_size, comm.rank
+        rows_of = []
+        for c, grp, lo, rows in self._tables():
+            key = f"{prefix}embedding_bags.{c.name}.weight"
+            if key not in state_dict:
+                missing_keys.append(key)
+                continue
+            w, n, dim = state_dict[key], int(c.num_embeddings), int(c.embedding_dim)
+            if isinstance(w, ShardedTensor):
+                if tuple(w.shape) != (n, dim):
+                    error_msgs.append(f"size mismatch for {key}: the ShardedTensor is {tuple(w.shape)}, the table "
+                                      f"{(n, dim)}")  # fmt: skip
+                    continue
+                try:
+                    block = local_block(w, n, r, N, key)
+                except ValueError as e:
+                    error_msgs.append(str(e))
+                    continue
+                mine = from_blocks(comm, block, lo, n)
+            else:
+                w = w.full_tensor() if hasattr(w, "full_tensor") else w
+                if tuple(w.shape) != (n, dim):
+                    error_msgs.append(f"size mismatch for {key}: copying a param with shape {tuple(w.shape)}, the "
+                                      f"table is {(n, dim)}")  # fmt: skip
+                    continue
+                mine = w.detach().cpu()[(r - lo) % N :: N]
+            rows_of.append((grp, rows, mine))
+        if len(rows_of) == len(self._core.configs):
+            with torch.no_grad():
+                for grp, rows, mine in rows_of:
+                    grp.host_weight[rows] = mine.to(torch.float32)
+                for grp in self._core.groups:
+                    grp.load_hot_from_host(weights=True, state=False)
+
+    def _new_fused_optimizer(self, bags: nn.ModuleDict, states) -> ShardedFusedOptimizer:
+        params = {f"embedding_bags.{name}.weight": view.weight for name, view in bags.items()}
+        return ShardedFusedOptimizer(params, self._core.optimizer, self._apply_update, self._optimizer_state,
+                                     self._load_optimizer_state)  # fmt: skip
+
+    def _state_views(self):
+        """(parameter, table config, lo, its state views by torchrec's sharded names) of every table."""
+        core = self._core
+        for c, grp, lo, rows in self._tables():
+            views = state_views(core.optimizer, grp.host_state[rows], int(c.embedding_dim))
+            param = self._modules["embedding_bags"][c.name].weight
+            yield param, c, lo, {f"{c.name}.{SHARDED_STATE_NAMES[k]}": v for k, v in views.items()}
+
+    def _optimizer_state(self) -> dict:
+        self._core.sync_to_host()
+        state = {}
+        for param, c, lo, views in self._state_views():
+            if views:
+                state[param] = {k: self._sharded(v, lo, int(c.num_embeddings)) for k, v in views.items()}
+        return state
+
+    @torch.no_grad()
+    def _load_optimizer_state(self, built: dict) -> None:
+        comm = self._core.comm
+        for param, c, lo, views in self._state_views():
+            n = int(c.num_embeddings)
+            for k, view in views.items():
+                block = local_block(built[param][k], n, comm.rank, comm.world_size, k)
+                view.copy_(from_blocks(comm, block, lo, n))
+        self._after_optimizer_load()
+
     def sharded_parameter_names(self, prefix: str = ""):
         for name, _ in self.named_parameters(prefix):
             yield name
 
 
+_FUSED_PARAM_NAMES = {"optimizer": None, "learning_rate": "lr", "lr": "lr", "eps": "eps", "beta1": "beta1",
+                      "beta2": "beta2", "weight_decay": "weight_decay"}  # fmt: skip
+
+
+def requested_optimizer(module: HotlineEmbeddingBagCollection, fused_params: dict | None,
+                        where: str = "the collection") -> SparseOptimizer | None:  # fmt: skip
+    """The fused rule torchrec would give the sharded tables: ``apply_optimizer_in_backward``'s class and kwargs
+    on the tables' parameters over the sharder's ``fused_params`` (torchrec's precedence); None when neither
+    names one (the module's own rule stays). ``eps`` defaults to fbgemm's 1e-8, as under torchrec's sharder."""
+    fused = dict(fused_params or {})
+    unknown = sorted(set(fused) - set(_FUSED_PARAM_NAMES))
+    if unknown:
+        raise ValueError(f"fused_params {unknown} are not supported by Hotline's sharder (it takes "
+                         f"{', '.join(_FUSED_PARAM_NAMES)})")  # fmt: skip
+    kind = fused.pop("optimizer", None)
+    kwargs = {_FUSED_PARAM_NAMES[k]: v for k, v in fused.items()}
+    request = in_backward_request(module._modules["embedding_bags"])
+    if request is not None:
+        kind = request[0]
+        kwargs.update(request[1])
+    if kind is None:
+        if kwargs:
+            raise ValueError(f"fused_params of Hotline's sharder set {sorted(fused)} for {where} but no "
+                             "'optimizer' (an EmbOptimType)")  # fmt: skip
+        return None
+    kwargs.setdefault("eps", 1e-8)  # fbgemm's TBE default, what torchrec's sharded kernels use
+    return sparse_optimizer(kind, kwargs, int(module.embedding_bag_configs()[0].embedding_dim))
+
+
 class HotlineEmbeddingBagCollectionSharder(ModuleSharder[HotlineEmbeddingBagCollection]):
     """torchrec's ModuleSharder for :class:`HotlineEmbeddingBagCollection` (``row_wise`` /
-    ``customized_kernel``): hot rows replicated, cold rows sharded by row over the ranks."""
+    ``customized_kernel``): hot rows replicated, cold rows sharded by row over the ranks.
+
+    ``fused_params`` (as torchrec's ``EmbeddingBagCollectionSharder(fused_params)``): ``optimizer`` (an
+    ``EmbOptimType`` or an optimizer class), ``learning_rate``, ``eps``, ``beta1``, ``beta2``, ``weight_decay``;
+    the sharded tables then update inside ``backward()``, as torchrec's fused kernels do.
+    ``apply_optimizer_in_backward`` on the tables' parameters takes precedence, as in torchrec."""
+
+    def __init__(self, fused_params: dict[str, Any] | None = None, qcomm_codecs_registry: dict | None = None):
+        super().__init__(qcomm_codecs_registry)
+        self._fused_params = dict(fused_params or {})
+
+    @property
+    def fused_params(self) -> dict[str, Any]:
+        return self._fused_params
 
     @property
     def module_type(self) -> type[HotlineEmbeddingBagCollection]:
@@ -144,7 +299,10 @@ class HotlineEmbeddingBagCollectionSharder(ModuleSharder[HotlineEmbeddingBagColl
                     f"kernel {KERNEL!r}, the plan says {ps.sharding_type!r} / {ps.compute_kernel!r}"
                 )
         dev = device if device is not None and torch.device(device).type != "meta" else None
-        return ShardedHotlineEmbeddingBagCollection(module, env, dev)
+        rule = requested_optimizer(module, self._fused_params, where)
+        return ShardedHotlineEmbeddingBagCollection(
+            module, env, dev, rule, True if rule is not None else None
+        )
 
     def shardable_parameters(self, module: HotlineEmbeddingBagCollection) -> dict[str, nn.Parameter]:
         return {name: view.weight for name, view in module._modules["embedding_bags"].items()}
