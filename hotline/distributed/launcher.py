@@ -239,6 +239,7 @@ def launch(nproc: int, argv: list[str]) -> int:
                     )
                     return 2
     except SignalException as e:
+        # climbs a layer: a second Ctrl-C follows the CLI's one rule (docs/architecture.md, Layers)
         from hotline.cli.args import ignore_further_interrupts
 
         ignore_further_interrupts()

@@ -429,6 +429,7 @@ class Profile:
         :class:`hotline.profiling.costmodel.Workload`, default the Kaggle DLRM: ``costmodel.workload_for(prof,
         **costmodel.arch_of(config))`` prices a run's own model) and ``working_set`` (unique rows per mini-batch
         against its size, at ``budget``, default: no hot rows)."""
+        # climbs a layer: the figures price the budgets with the cost model (docs/architecture.md, Layers)
         from hotline.profiling.plots import profile_figures
 
         return profile_figures(self, budget, batch_sizes, hardware, label_tables, workload)

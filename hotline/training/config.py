@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hotline.models.dlrm import DLRMConfig
-from hotline.tiers.sparse_optim import SparseOptimizer
+from hotline.tiers.sparse_optim import SparseOptimizer  # climbs a layer: checked by the tiers' own rule
 
 MODES = ("device", "hybrid", "hotline", "auto")
 
