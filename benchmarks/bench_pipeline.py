@@ -59,6 +59,8 @@ CONFIGS = {
 MODES = {
     "device": {"mode": "device"},
     "hybrid": {"mode": "hybrid"},
+    # hybrid's all-cold tables under the look-ahead executor: hotline's gain over hybrid, less that of pipelining
+    "hybrid_k2": {"mode": "hotline", "lookahead": 2, "share_cores": True},
     "hotline_k0": {"mode": "hotline", "lookahead": 0},
     "hotline_k2": {"mode": "hotline", "lookahead": 2, "share_cores": True},  # the core-share rule on
 }
@@ -128,6 +130,22 @@ def make_placements(dataset, args, cfg, root: Path, prof=None) -> list[dict]:
     return out
 
 
+def all_cold_placement(dataset, cfg, args) -> str:
+    """A placement file with no hot rows for ``dataset`` (hybrid's), in a directory removed at exit."""
+    import atexit
+    import shutil
+
+    from hotline.placement import Placement, bytes_per_row_for
+
+    root = tempfile.mkdtemp(prefix="bench_all_cold_")
+    atexit.register(shutil.rmtree, root, True)
+    path = Path(root) / "all-cold.npz"
+    dim = cfg["embedding_dim"]
+    Placement.all_cold(dataset.table_sizes, dataset_fingerprint=dataset.fingerprint, embedding_dim=dim,
+                       bytes_per_row=bytes_per_row_for(dim, args.optimizer)).save(path)  # fmt: skip
+    return str(path)
+
+
 def run_mode(
     name, dataset, args, cfg, placement_path, device: str = "cpu", probe=None, speed_probe=None
 ) -> dict:
@@ -144,6 +162,8 @@ def run_mode(
     from hotline.pipeline.executor import overlap_ratio
     from hotline.pipeline.gpu_timing import StreamPhases
 
+    if name == "hybrid_k2":  # every row cold, as hybrid has it
+        placement_path = all_cold_placement(dataset, cfg, args)
     config = TrainConfig(
         **{**cfg, "mini_batch_size": args.batch},
         **MODES[name],
@@ -163,6 +183,10 @@ def run_mode(
         torch.cuda.empty_cache()  # the peaks below are this run's, not the cache of earlier runs
         torch.cuda.reset_peak_memory_stats()
     trainer = Trainer(config, dataset)
+    if getattr(args, "torch_updates", False) and hasattr(trainer.mode, "device_updates"):
+        trainer.mode.device_updates = (
+            True  # CUDA's update path (torch ops), its host work measured on the CPU
+        )
     times: dict[str, float] = {}
     phases = None
     try:
@@ -561,6 +585,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "rowwise-adagrad"])
     p.add_argument("--worker-threads", type=int, default=1, help="numba threads of the look-ahead worker")
     p.add_argument("--data", help="an existing dataset directory instead of generating one")
+    p.add_argument(
+        "--torch-updates",
+        action="store_true",
+        help="run the sparse updates as on CUDA (torch ops; device mode finds its distinct rows by a sort)",
+    )
     p.add_argument(
         "--hardware",
         help="--mode auto's pricing: a `hotline calibrate` JSON (default: this CPU's cached calibration)",

@@ -25,15 +25,17 @@ from tests.test_equivalence import STEPS, _device, _run, assert_equivalent, data
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "rowwise-adagrad"])
-def test_device_mode_host_distinct_path_equals_kernel_path(datasets, optimizer):  # noqa: F811
-    """Device mode on CUDA feeds the torch update with distinct rows found on the host (run here on CPU)."""
+def test_device_mode_sorted_update_path_equals_kernel_path(datasets, optimizer):  # noqa: F811
+    """Device mode on CUDA finds its distinct rows on the device by a sort, reading nothing back (run here on
+    CPU)."""
     ds = datasets[3]
     ref = _device(ds, optimizer)
     got = _run(ds, "device", optimizer, device_updates=True, pack_copies=True)  # and its copies packed
     assert len(got[0]) == STEPS
     assert_equivalent(ref, got)
-    # and it really took the host-distinct path: touched rows are counted from the distinct set
-    assert all(s.counters["rows_touched"] > 0 for s in got[2])
+    # and it really took the sorted path: the kernel path counts the rows it touched, this one reads no count back
+    assert all("rows_touched" not in s.counters for s in got[2])
+    assert all(s.counters["rows_touched"] > 0 for s in ref[2])
 
 
 def _layer_in_fresh_process(env_layer: str | None) -> subprocess.CompletedProcess:
