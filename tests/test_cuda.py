@@ -109,6 +109,26 @@ def test_cold_tier_is_pinned_in_place():
     assert not rows.weight.is_pinned()
 
 
+def test_a_refused_registration_is_cleared_and_falls_back_to_a_pinned_copy():
+    """Registering memory twice is refused (cudaErrorHostMemoryAlreadyRegistered): the error is cleared (the next
+    kernel runs) and the rows go on from a pinned copy, with a warning that says so."""
+    from hotline.tiers.pinning import PinnedRegion, pinned
+
+    t = torch.arange(4096.0)
+    first = PinnedRegion(t)
+    try:
+        with pytest.warns(RuntimeWarning, match="using a pinned copy"):
+            copy, region = pinned(t)
+        assert (
+            region is None and copy.is_pinned() and copy.data_ptr() != t.data_ptr() and torch.equal(copy, t)
+        )
+        x = torch.ones(8, device="cuda") * 2  # an unrelated kernel: no leftover error raised here
+        torch.cuda.synchronize()
+        assert float(x.sum()) == 16.0
+    finally:
+        first.close()
+
+
 # -- two ranks over NCCL, one GPU each -------------------------------------------------------------------
 # (name, mode, optimizer, look-ahead, global batch): the last case's batch leaves one sample for the last
 # global batch, so rank 0's shard of it is empty (its empty gradients must be on its GPU).

@@ -372,6 +372,21 @@ def test_a_failed_pin_warns_and_goes_on_unpinned(monkeypatch):
         assert pin_in_place(torch.zeros(10)) is None
 
 
+def test_a_refused_registration_falls_back_to_a_pinned_copy_and_says_so(monkeypatch):
+    """``pinned``: in place, else a pinned copy, else unpinned, each fallback a warning naming it. Here torch has
+    no CUDA, so both the registration and the copy are refused (tests/test_cuda.py refuses the registration
+    alone, and checks its CUDA error is cleared)."""
+    from hotline.tiers.pinning import clear_cuda_error, pinned
+
+    t = torch.arange(10.0)
+    assert pinned(t) == (t, None)  # no CUDA: nothing tried, nothing said
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.warns(RuntimeWarning, match="in place .* nor copy it to pinned memory .*going on unpinned"):
+        got, region = pinned(t)
+    assert got is t and region is None
+    assert clear_cuda_error() in (True, False)  # without a CUDA runtime library: nothing to clear, no error
+
+
 def test_a_finished_look_ahead_run_frees_its_mode_without_the_garbage_collector(datasets, tmp_path):  # noqa: F811
     """The executor and its writer thread referenced each other, keeping each trainer's tables (8.6 GB in
     the GPU benchmark) alive until a garbage collection; now the last reference frees them."""
