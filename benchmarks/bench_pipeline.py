@@ -173,7 +173,8 @@ def run_mode(
         progress=False,
         threads=args.threads,
         worker_threads=args.worker_threads,
-        num_batches=args.steps + args.warmup_steps,
+        num_batches=args.warmup_steps + max_steps(args),
+        nepochs=10**6,  # a timed window longer than the data goes round it again (num_batches ends it)
         device=device,
     )
     cuda = device == "cuda"
@@ -195,18 +196,25 @@ def run_mode(
         stats_iter = trainer.progress(trainer.batches())
         for _ in range(args.warmup_steps):
             next(stats_iter)
+        if getattr(trainer.mode, "_staging", None) and config.lookahead:
+            warm_stale_kernels(len(trainer.mode._staging))  # no compile inside the timed window
         if cuda:
             torch.cuda.synchronize()
         ru0, ticks0 = resource.getrusage(resource.RUSAGE_SELF), common.cpu_ticks()
         t0 = time.perf_counter()
         samples = 0
         counters: dict[str, float] = {}
+        steps = 0
         for s in stats_iter:
+            steps += 1
             samples += s.samples
             for k, v in s.counters.items():
                 counters[k] = counters.get(k, 0.0) + v
             for k, v in s.times.items():
                 times[k] = times.get(k, 0.0) + v
+            if steps >= args.steps and time.perf_counter() - t0 >= getattr(args, "min_seconds", 0.0):
+                break
+        stats_iter.close()  # a window that ended early: the look-ahead's threads stop and write back now
         if cuda:
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - t0
@@ -220,10 +228,11 @@ def run_mode(
     finally:
         trainer.close()
     after = speed_probe() if speed_probe is not None else None
-    steps = args.steps
     seen = common.measured(counters, samples, steps)
     rec = {
         "mode": name,
+        "steps": steps,
+        "seconds": elapsed,
         "samples_per_s": samples / elapsed,
         "step_ms": 1e3 * elapsed / steps,
         "stall_share": times.get("stall", 0.0) / elapsed if "stall" in times else None,
@@ -258,6 +267,42 @@ def run_mode(
     if before is not None:
         rec["cpu_probe"] = {"before": before, "after": after}
     return rec
+
+
+def max_steps(args) -> int:
+    """The most timed steps a run takes: ``--steps``, or with ``min_seconds`` (gpu_bench: at least that long
+    and ``--steps``) up to ``max_steps`` of them."""
+    return max(args.steps, getattr(args, "max_steps", 0)) if getattr(args, "min_seconds", 0) else args.steps
+
+
+def warm_stale_kernels(max_live: int) -> int:
+    """Compiles (or loads from Numba's cache) the look-ahead's stale-row kernel for every number of live steps
+    up to ``max_live``, from each signature the warm-up compiled: one of its arguments is a tuple per live step,
+    so each count is a compile of its own, which would otherwise land inside the timed steps the first time
+    that many steps are live. Returns how many it compiled."""
+    import numpy as np
+    from numba import types
+
+    from hotline.kernels import gather
+
+    kernel = gather._stale_holders
+    before = len(kernel.signatures)
+    one = np.zeros(1, np.int64)  # a working set of one row, stale, last held by every live step at slot 0
+    for n in range(1, max_live + 1):  # the types the tiers pass: int64 indices, float32 rows (state as rows)
+        steps = np.arange(n, dtype=np.int64)
+        gather.partition_stale(one, one, one, one, steps, [one] * n)
+        buffers = [(i, np.zeros((1, 1), np.float32), np.zeros(0, np.float32), one) for i in range(n)]
+        gather.forward_stale(
+            np.zeros((1, 1), np.float32), np.zeros(0, np.float32), one, one, one, one, buffers
+        )
+    done = len(kernel.signatures) - before
+    for sig in list(kernel.signatures):  # and any other layout the warm-up met, at every count
+        for n in range(1, max_live + 1):
+            new = tuple(types.UniTuple(a.dtype, n) if isinstance(a, types.UniTuple) else a for a in sig)
+            if new not in kernel.signatures:
+                kernel.compile(new)
+                done += 1
+    return done
 
 
 def recorded(name: str, run, *args, **kwargs) -> dict:
