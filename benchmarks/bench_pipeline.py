@@ -123,8 +123,13 @@ def make_placements(dataset, args, cfg, root: Path, prof=None) -> list[dict]:
     profiled_coverage, path, and the profile's summary at that budget (``summary``, with its held-out object)."""
     prof = prof or profile_run(dataset, args, cfg)
     out = []
-    for b in common.budgets_for_coverage(prof, args.coverages):
-        path = root / f"placement-{b['hot_rows']}.npz"
+    budgets = common.budgets_for_coverage(prof, args.coverages)
+    for share in getattr(args, "table_shares", None) or []:  # gpu_bench: budgets as shares of the table bytes
+        nbytes = int(share * dataset.total_rows) * prof.bytes_per_row
+        budgets.append({"target": None, "table_share": share, "hot_rows": prof.hot_rows_for(nbytes),
+                        "budget_bytes": nbytes})  # fmt: skip
+    for b in sorted(budgets, key=lambda b: b["budget_bytes"]):
+        path = root / f"placement-{b['budget_bytes']}.npz"
         prof.placement(b["budget_bytes"]).save(path, force=True)  # the run's own scratch
         out.append({**b, "path": str(path), "summary": prof.summary(b["budget_bytes"])})
     return out
@@ -354,6 +359,8 @@ def sweep(
                            speed_probe=speed_probe)  # fmt: skip
             if pl is not None:
                 rec.update(target=pl["target"], hot_rows=pl["hot_rows"], budget_bytes=pl["budget_bytes"])
+                if "table_share" in pl:
+                    rec["table_share"] = pl["table_share"]
                 rec["budget_mib"] = pl["budget_bytes"] / 2**20
             records[i].append(rec)
             if log:

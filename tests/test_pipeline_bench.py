@@ -57,7 +57,9 @@ def test_gpu_bench_smoke_checks_exactness_and_records_what_the_gpu_run_needs(tmp
     smoke = payload["stages"]["smoke"]
     assert smoke["exact"] is True
     modes = [r["mode"] for r in smoke["sweep"]]
-    assert modes[0] == "device" and "torch_embeddingbag" in modes and modes.count("hotline_k2") == 3
+    # budgets: three coverage targets and one share of the table bytes (--smoke's)
+    assert modes[0] == "device" and "torch_embeddingbag" in modes and modes.count("hotline_k2") == 4
+    assert [r.get("table_share") for r in smoke["sweep"] if r["mode"] == "hotline_k2"].count(0.02) == 1
     for r in smoke["sweep"][1:]:
         assert r["diff_dense"] <= 1e-4 and r["diff_probe_rows"] <= 1e-4, r["mode"]
     k2 = next(r for r in smoke["sweep"] if r["mode"] == "hotline_k2")
