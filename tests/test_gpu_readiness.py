@@ -476,7 +476,7 @@ def test_gpu_bench_plans_its_parts_in_order_and_calibrates_only_when_asked():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     plan = __import__("gpu_parts").plan
 
-    every = ["layer", "smoke", "full", "dcnv2", "calibrate", "torchrec", "tests"]
+    every = ["layer", "smoke", "full", "dcnv2", "torchrec", "calibrate", "tests"]
     assert plan(smoke=False, no_smoke=False, hardware=None) == every
     assert plan(smoke=False, no_smoke=True, hardware="h200.json") == [
         p for p in every if p not in ("smoke", "calibrate")

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import naive
@@ -181,6 +181,7 @@ def _opt_case(kind, seed, rows, n, dim, dup):
     dim=st.integers(1, 9),
     dup=st.integers(1, 50),
 )
+@example(kind="adagrad", seed=0, rows=1, n=1, dim=1, dup=1)  # per-element state of one float: [rows]
 def test_sorted_update_equals_the_update_fed_distinct_rows_bit_for_bit(kind, seed, rows, n, dim, dup):
     """step_sorted (no count read back) against step_coalesced given torch.unique's rows: every kind,
     duplicates, no lookups; equal bit for bit (the same sums in the same order, the padding adds zero)."""

@@ -205,9 +205,10 @@ class SparseOptimizer:
         """The update of rows ``rows`` by their summed gradients ``gsum`` (torch ops)."""
         if self.kind == "sgd":
             table.index_add_(0, rows, gsum, alpha=-self.lr)
-        elif self.kind == "adagrad":
-            state.index_add_(0, rows, gsum * gsum)
-            table.index_add_(0, rows, -self.lr * gsum / (state.index_select(0, rows).sqrt() + self.eps))
+        elif self.kind == "adagrad":  # at dim 1 the state is one float per row: [rows], not [rows, 1]
+            state.index_add_(0, rows, (gsum * gsum).reshape(-1, *state.shape[1:]))
+            acc = state.index_select(0, rows).reshape(gsum.shape)
+            table.index_add_(0, rows, -self.lr * gsum / (acc.sqrt() + self.eps))
         elif self.kind == "adam":
             self._adam_torch(table, state, rows, gsum)
         else:
