@@ -111,7 +111,7 @@ def _mlperf(args) -> dict:
 
 
 WORKLOADS = {"kaggle": _kaggle, mlperf.NAME: _mlperf}
-"""``--workload``: the model config of each (a function of the flags)."""
+"""Each sweep part's model config by the workload ``STAGES`` names (a function of the flags)."""
 EXTRA_MODES = {"torch_embeddingbag": gpu_extras.run_embedding_bag}
 """Baselines beside the Hotline modes: ``fn(dataset, args, cfg, device, probe) -> record`` (run after them)."""
 
