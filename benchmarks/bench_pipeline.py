@@ -59,6 +59,8 @@ CONFIGS = {
 MODES = {
     "device": {"mode": "device"},
     "hybrid": {"mode": "hybrid"},
+    # hybrid's all-cold tables under the look-ahead executor: hotline's gain over hybrid, less that of pipelining
+    "hybrid_k2": {"mode": "hotline", "lookahead": 2, "share_cores": True},
     "hotline_k0": {"mode": "hotline", "lookahead": 0},
     "hotline_k2": {"mode": "hotline", "lookahead": 2, "share_cores": True},  # the core-share rule on
 }
@@ -121,11 +123,32 @@ def make_placements(dataset, args, cfg, root: Path, prof=None) -> list[dict]:
     profiled_coverage, path, and the profile's summary at that budget (``summary``, with its held-out object)."""
     prof = prof or profile_run(dataset, args, cfg)
     out = []
-    for b in common.budgets_for_coverage(prof, args.coverages):
-        path = root / f"placement-{b['hot_rows']}.npz"
+    budgets = common.budgets_for_coverage(prof, args.coverages)
+    for share in getattr(args, "table_shares", None) or []:  # gpu_bench: budgets as shares of the table bytes
+        nbytes = int(share * dataset.total_rows) * prof.bytes_per_row
+        budgets.append({"target": None, "table_share": share, "hot_rows": prof.hot_rows_for(nbytes),
+                        "budget_bytes": nbytes})  # fmt: skip
+    for b in sorted(budgets, key=lambda b: b["budget_bytes"]):
+        path = root / f"placement-{b['budget_bytes']}.npz"
         prof.placement(b["budget_bytes"]).save(path, force=True)  # the run's own scratch
         out.append({**b, "path": str(path), "summary": prof.summary(b["budget_bytes"])})
     return out
+
+
+def all_cold_placement(dataset, cfg, args) -> str:
+    """A placement file with no hot rows for ``dataset`` (hybrid's), in a directory removed at exit."""
+    import atexit
+    import shutil
+
+    from hotline.placement import Placement, bytes_per_row_for
+
+    root = tempfile.mkdtemp(prefix="bench_all_cold_")
+    atexit.register(shutil.rmtree, root, True)
+    path = Path(root) / "all-cold.npz"
+    dim = cfg["embedding_dim"]
+    Placement.all_cold(dataset.table_sizes, dataset_fingerprint=dataset.fingerprint, embedding_dim=dim,
+                       bytes_per_row=bytes_per_row_for(dim, args.optimizer)).save(path)  # fmt: skip
+    return str(path)
 
 
 def run_mode(
@@ -144,6 +167,8 @@ def run_mode(
     from hotline.pipeline.executor import overlap_ratio
     from hotline.pipeline.gpu_timing import StreamPhases
 
+    if name == "hybrid_k2":  # every row cold, as hybrid has it
+        placement_path = all_cold_placement(dataset, cfg, args)
     config = TrainConfig(
         **{**cfg, "mini_batch_size": args.batch},
         **MODES[name],
@@ -153,7 +178,8 @@ def run_mode(
         progress=False,
         threads=args.threads,
         worker_threads=args.worker_threads,
-        num_batches=args.steps + args.warmup_steps,
+        num_batches=args.warmup_steps + max_steps(args),
+        nepochs=10**6,  # a timed window longer than the data goes round it again (num_batches ends it)
         device=device,
     )
     cuda = device == "cuda"
@@ -163,6 +189,10 @@ def run_mode(
         torch.cuda.empty_cache()  # the peaks below are this run's, not the cache of earlier runs
         torch.cuda.reset_peak_memory_stats()
     trainer = Trainer(config, dataset)
+    if getattr(args, "torch_updates", False) and hasattr(trainer.mode, "device_updates"):
+        trainer.mode.device_updates = (
+            True  # CUDA's update path (torch ops), its host work measured on the CPU
+        )
     times: dict[str, float] = {}
     phases = None
     try:
@@ -171,18 +201,25 @@ def run_mode(
         stats_iter = trainer.progress(trainer.batches())
         for _ in range(args.warmup_steps):
             next(stats_iter)
+        if getattr(trainer.mode, "_staging", None) and config.lookahead:
+            warm_stale_kernels(len(trainer.mode._staging))  # no compile inside the timed window
         if cuda:
             torch.cuda.synchronize()
         ru0, ticks0 = resource.getrusage(resource.RUSAGE_SELF), common.cpu_ticks()
         t0 = time.perf_counter()
         samples = 0
         counters: dict[str, float] = {}
+        steps = 0
         for s in stats_iter:
+            steps += 1
             samples += s.samples
             for k, v in s.counters.items():
                 counters[k] = counters.get(k, 0.0) + v
             for k, v in s.times.items():
                 times[k] = times.get(k, 0.0) + v
+            if steps >= args.steps and time.perf_counter() - t0 >= getattr(args, "min_seconds", 0.0):
+                break
+        stats_iter.close()  # a window that ended early: the look-ahead's threads stop and write back now
         if cuda:
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - t0
@@ -196,10 +233,11 @@ def run_mode(
     finally:
         trainer.close()
     after = speed_probe() if speed_probe is not None else None
-    steps = args.steps
     seen = common.measured(counters, samples, steps)
     rec = {
         "mode": name,
+        "steps": steps,
+        "seconds": elapsed,
         "samples_per_s": samples / elapsed,
         "step_ms": 1e3 * elapsed / steps,
         "stall_share": times.get("stall", 0.0) / elapsed if "stall" in times else None,
@@ -234,6 +272,42 @@ def run_mode(
     if before is not None:
         rec["cpu_probe"] = {"before": before, "after": after}
     return rec
+
+
+def max_steps(args) -> int:
+    """The most timed steps a run takes: ``--steps``, or with ``min_seconds`` (gpu_bench: at least that long
+    and ``--steps``) up to ``max_steps`` of them."""
+    return max(args.steps, getattr(args, "max_steps", 0)) if getattr(args, "min_seconds", 0) else args.steps
+
+
+def warm_stale_kernels(max_live: int) -> int:
+    """Compiles (or loads from Numba's cache) the look-ahead's stale-row kernel for every number of live steps
+    up to ``max_live``, from each signature the warm-up compiled: one of its arguments is a tuple per live step,
+    so each count is a compile of its own, which would otherwise land inside the timed steps the first time
+    that many steps are live. Returns how many it compiled."""
+    import numpy as np
+    from numba import types
+
+    from hotline.kernels import gather
+
+    kernel = gather._stale_holders
+    before = len(kernel.signatures)
+    one = np.zeros(1, np.int64)  # a working set of one row, stale, last held by every live step at slot 0
+    for n in range(1, max_live + 1):  # the types the tiers pass: int64 indices, float32 rows (state as rows)
+        steps = np.arange(n, dtype=np.int64)
+        gather.partition_stale(one, one, one, one, steps, [one] * n)
+        buffers = [(i, np.zeros((1, 1), np.float32), np.zeros(0, np.float32), one) for i in range(n)]
+        gather.forward_stale(
+            np.zeros((1, 1), np.float32), np.zeros(0, np.float32), one, one, one, one, buffers
+        )
+    done = len(kernel.signatures) - before
+    for sig in list(kernel.signatures):  # and any other layout the warm-up met, at every count
+        for n in range(1, max_live + 1):
+            new = tuple(types.UniTuple(a.dtype, n) if isinstance(a, types.UniTuple) else a for a in sig)
+            if new not in kernel.signatures:
+                kernel.compile(new)
+                done += 1
+    return done
 
 
 def recorded(name: str, run, *args, **kwargs) -> dict:
@@ -285,6 +359,8 @@ def sweep(
                            speed_probe=speed_probe)  # fmt: skip
             if pl is not None:
                 rec.update(target=pl["target"], hot_rows=pl["hot_rows"], budget_bytes=pl["budget_bytes"])
+                if "table_share" in pl:
+                    rec["table_share"] = pl["table_share"]
                 rec["budget_mib"] = pl["budget_bytes"] / 2**20
             records[i].append(rec)
             if log:
@@ -561,6 +637,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "rowwise-adagrad"])
     p.add_argument("--worker-threads", type=int, default=1, help="numba threads of the look-ahead worker")
     p.add_argument("--data", help="an existing dataset directory instead of generating one")
+    p.add_argument(
+        "--torch-updates",
+        action="store_true",
+        help="run the sparse updates as on CUDA (torch ops; device mode finds its distinct rows by a sort)",
+    )
     p.add_argument(
         "--hardware",
         help="--mode auto's pricing: a `hotline calibrate` JSON (default: this CPU's cached calibration)",

@@ -49,7 +49,11 @@ def zero_copy_probe() -> dict:
             out["cudaHostGetDevicePointer"] = hasattr(cudart, "cudaHostGetDevicePointer")
             torch.cuda.check_error(cudart.cudaHostUnregister(t.data_ptr()))
         except Exception as e:  # noqa: BLE001 - a probe: record what failed
+            from hotline.tiers.pinning import clear_cuda_error
+
+            # the refusal stays CUDA's last error, which the next unrelated kernel would raise: cleared here
             out["cudaHostRegister_mapped"] = f"failed: {e}"
+            out["cuda_error_cleared"] = clear_cuda_error()
     for name in ("numba.cuda", "triton", "cupy"):
         try:
             m = importlib.import_module(name)

@@ -1,5 +1,5 @@
 """The MLPerf DLRM-DCNv2 workload for the benchmarks (``bench_pipeline.py --config mlperf-dcnv2``,
-``gpu_bench.py --workload mlperf-dcnv2``), and the measurement of how much its multi-hot bags cut the share of
+``gpu_bench.py``'s dcnv2 part), and the measurement of how much its multi-hot bags cut the share of
 popular samples.
 
 A sample is popular when EVERY lookup hits a hot row: with MLPerf's 214 ids per sample (one-hot Criteo: 26) a

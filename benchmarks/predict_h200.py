@@ -1,6 +1,6 @@
 """The cost model's prediction for one GPU (default H200) with Kaggle-sized tables: the figures a GPU run checks.
 
-``--workload mlperf-dcnv2`` predicts MLPerf DLRM-DCNv2 instead, as ``gpu_bench.py --workload mlperf-dcnv2`` runs it
+``--workload mlperf-dcnv2`` predicts MLPerf DLRM-DCNv2 instead, as ``gpu_bench.py``'s dcnv2 part runs it
 (dim 128, bottom 13-512-256-128, DCN-v2 3 x rank 512, top 1024-1024-512-256-1, its 26 tables capped at 10M rows
 with its multi-hot bags, 500k samples): the cross layers priced as GEMMs at the dense rate.
 
@@ -35,8 +35,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--host", default=None, help="the GPU host's `hotline calibrate` JSON")
     p.add_argument("--workload", choices=["kaggle", mlperf.NAME], default="kaggle",
                    help="kaggle: the gpu_bench model on Kaggle-sized tables; mlperf-dcnv2: MLPerf DLRM-DCNv2 (dim 128, "
-                        "its MLPs and DCN-v2 cross layers) on its 26 tables with multi-hot bags, as gpu_bench "
-                        "--workload mlperf-dcnv2 runs it")  # fmt: skip
+                        "its MLPs and DCN-v2 cross layers) on its 26 tables with multi-hot bags, as gpu_bench's "
+                        "dcnv2 part runs it")  # fmt: skip
     p.add_argument(
         "--rows", type=int, default=0, help="synthetic samples generated (0: 4M; 500k for mlperf-dcnv2)"
     )
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--data", default=None, help="an existing dataset directory instead")
     args = p.parse_args(argv)
     shape: dict = {}
-    if args.workload == mlperf.NAME:  # the model and tables gpu_bench --workload mlperf-dcnv2 runs
+    if args.workload == mlperf.NAME:  # the model and tables gpu_bench's dcnv2 part runs
         model = {k: v for k, v in mlperf.config().items() if k != "mini_batch_size"}
         args.dim, shape = model["embedding_dim"], mlperf.data_options()
         args.rows = args.rows or 500_000

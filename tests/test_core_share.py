@@ -76,6 +76,25 @@ def test_core_share_follows_measurement_and_restores():
     assert share.threads == 2
 
 
+def test_core_share_leaves_torch_threads_alone_when_the_compute_runs_on_cuda(monkeypatch):
+    """On CUDA the step's compute is the device's: no change of torch's thread count per step (the rule needs
+    only the device's type, so this runs without a GPU)."""
+    calls, real = [], torch.set_num_threads
+    monkeypatch.setattr(
+        torch, "set_num_threads", lambda n: (calls.append(n), real(n))
+    )  # a spy: still sets it
+    before = torch.get_num_threads()
+    with CoreShare(worker_threads=1, cores=2).lowered():  # on the CPU: the rule's count, then restored
+        pass
+    assert calls == [1, before]
+    calls.clear()
+    share = CoreShare(worker_threads=1, cores=2, device="cuda")
+    with share.lowered() as n:
+        assert n == before and torch.get_num_threads() == before
+    assert calls == [] and share.on_device
+    assert not CoreShare(worker_threads=1, cores=2, device="cpu").on_device
+
+
 def test_core_share_averages_the_first_steps_then_runs_an_average():
     """The share is the mean of the steps after the fill until there are 1 / smoothing of them, then a running
     average with weight ``smoothing`` (golden values by hand)."""

@@ -109,6 +109,53 @@ def test_cold_tier_is_pinned_in_place():
     assert not rows.weight.is_pinned()
 
 
+@pytest.mark.parametrize("kind", ["sgd", "rowwise-adagrad", "adagrad", "adam"])
+def test_sorted_update_on_cuda_equals_the_cpu_kernels_without_a_sync(kind):
+    """Device mode's update on CUDA (distinct rows by a sort on the device; Adam's bias correction made there)
+    equals the CPU kernels, and queues with no synchronisation (torch's sync debug mode would raise)."""
+    from hotline.tiers.sparse_optim import SparseOptimizer
+
+    rng = np.random.default_rng(4)
+    rows, n, dim = 300, 4000, 16
+    opt = SparseOptimizer(kind, 0.05, dim=dim)
+    table = rng.normal(size=(rows, dim)).astype(np.float32)
+    ids = torch.from_numpy(rng.integers(0, rows, n))
+    grads = torch.from_numpy(rng.normal(size=(n, dim)).astype(np.float32))
+    t_cpu, s_cpu = torch.from_numpy(table.copy()), opt.new_state(rows)
+    t_dev, s_dev = torch.from_numpy(table).cuda(), opt.new_state(rows, "cuda")
+    ids_dev, grads_dev = ids.cuda(), grads.cuda()
+    torch.cuda.synchronize()
+    for _ in range(3):
+        opt.step(t_cpu, s_cpu, ids, grads)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            opt.step_sorted(t_dev, s_dev, ids_dev, grads_dev)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.testing.assert_close(t_dev.cpu(), t_cpu, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(s_dev.cpu(), s_cpu, rtol=1e-5, atol=1e-6)
+
+
+def test_a_refused_registration_is_cleared_and_falls_back_to_a_pinned_copy():
+    """Registering memory twice is refused (cudaErrorHostMemoryAlreadyRegistered): the error is cleared (the next
+    kernel runs) and the rows go on from a pinned copy, with a warning that says so."""
+    from hotline.tiers.pinning import PinnedRegion, pinned
+
+    t = torch.arange(4096.0)
+    first = PinnedRegion(t)
+    try:
+        with pytest.warns(RuntimeWarning, match="using a pinned copy"):
+            copy, region = pinned(t)
+        assert (
+            region is None and copy.is_pinned() and copy.data_ptr() != t.data_ptr() and torch.equal(copy, t)
+        )
+        x = torch.ones(8, device="cuda") * 2  # an unrelated kernel: no leftover error raised here
+        torch.cuda.synchronize()
+        assert float(x.sum()) == 16.0
+    finally:
+        first.close()
+
+
 # -- two ranks over NCCL, one GPU each -------------------------------------------------------------------
 # (name, mode, optimizer, look-ahead, global batch): the last case's batch leaves one sample for the last
 # global batch, so rank 0's shard of it is empty (its empty gradients must be on its GPU).

@@ -25,15 +25,17 @@ from tests.test_equivalence import STEPS, _device, _run, assert_equivalent, data
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "rowwise-adagrad"])
-def test_device_mode_host_distinct_path_equals_kernel_path(datasets, optimizer):  # noqa: F811
-    """Device mode on CUDA feeds the torch update with distinct rows found on the host (run here on CPU)."""
+def test_device_mode_sorted_update_path_equals_kernel_path(datasets, optimizer):  # noqa: F811
+    """Device mode on CUDA finds its distinct rows on the device by a sort, reading nothing back (run here on
+    CPU)."""
     ds = datasets[3]
     ref = _device(ds, optimizer)
     got = _run(ds, "device", optimizer, device_updates=True, pack_copies=True)  # and its copies packed
     assert len(got[0]) == STEPS
     assert_equivalent(ref, got)
-    # and it really took the host-distinct path: touched rows are counted from the distinct set
-    assert all(s.counters["rows_touched"] > 0 for s in got[2])
+    # and it really took the sorted path: the kernel path counts the rows it touched, this one reads no count back
+    assert all("rows_touched" not in s.counters for s in got[2])
+    assert all(s.counters["rows_touched"] > 0 for s in ref[2])
 
 
 def _layer_in_fresh_process(env_layer: str | None) -> subprocess.CompletedProcess:
@@ -370,6 +372,21 @@ def test_a_failed_pin_warns_and_goes_on_unpinned(monkeypatch):
         assert pin_in_place(torch.zeros(10)) is None
 
 
+def test_a_refused_registration_falls_back_to_a_pinned_copy_and_says_so(monkeypatch):
+    """``pinned``: in place, else a pinned copy, else unpinned, each fallback a warning naming it. Here torch has
+    no CUDA, so both the registration and the copy are refused (tests/test_cuda.py refuses the registration
+    alone, and checks its CUDA error is cleared)."""
+    from hotline.tiers.pinning import clear_cuda_error, pinned
+
+    t = torch.arange(10.0)
+    assert pinned(t) == (t, None)  # no CUDA: nothing tried, nothing said
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.warns(RuntimeWarning, match="in place .* nor copy it to pinned memory .*going on unpinned"):
+        got, region = pinned(t)
+    assert got is t and region is None
+    assert clear_cuda_error() in (True, False)  # without a CUDA runtime library: nothing to clear, no error
+
+
 def test_a_finished_look_ahead_run_frees_its_mode_without_the_garbage_collector(datasets, tmp_path):  # noqa: F811
     """The executor and its writer thread referenced each other, keeping each trainer's tables (8.6 GB in
     the GPU benchmark) alive until a garbage collection; now the last reference frees them."""
@@ -436,7 +453,7 @@ def test_gpu_bench_smoke_from_a_plain_checkout_survives_a_mode_that_raises(tmp_p
         "NUMBA_THREADING_LAYER": "workqueue",
     }
     out = tmp_path / "gpu.json"
-    args = ["--smoke", "--json", str(out), "--coverages", "0.85", "--modes",
+    args = ["--smoke", "--json", str(out), "--coverages", "0.85", "--table-shares", "", "--modes",
             "device,hybrid,hotline_k0,hotline_k2,torch_embeddingbag"]  # fmt: skip
     proc = subprocess.run([sys.executable, "-S", "on_the_image.py", "benchmarks/gpu_bench.py", *args], cwd=copy,
                           env=env, capture_output=True, text=True, timeout=900)  # fmt: skip
@@ -444,20 +461,43 @@ def test_gpu_bench_smoke_from_a_plain_checkout_survives_a_mode_that_raises(tmp_p
     payload = json.loads(out.read_text())
     assert payload["versions"]["hotline_path"] == str(copy / "hotline")
     assert payload["versions"]["kernels_path"] == str(copy / "kernels")
+    layer = payload["stages"]["layer"]  # checked first, named in one line; no look-ahead run tried
+    assert layer["ok"] is False and "'workqueue'" in layer["line"] and "\n" not in layer["line"]
     smoke = payload["stages"]["smoke"]
-    failed = [r for r in smoke["sweep"] if "error" in r]
-    assert [r["mode"] for r in failed] == ["hotline_k2"] and "workqueue" in failed[0]["error"]
-    assert smoke["failed_modes"] == ["hotline_k2"] and smoke["exact"] is True
-    ran = [r["mode"] for r in smoke["sweep"] if "error" not in r]
+    assert smoke["skipped_modes"] == ["hotline_k2"] and smoke["failed_modes"] == [] and smoke["exact"] is True
+    ran = [r["mode"] for r in smoke["sweep"]]
     assert ran == ["device", "hybrid", "hotline_k0", "torch_embeddingbag"]
-    assert all(r["samples_per_s"] > 0 for r in smoke["sweep"] if "error" not in r)
+    assert all(r["samples_per_s"] > 0 for r in smoke["sweep"])
     assert "hotline_k0" in payload and "hotline_k2" not in payload  # headline of what ran
+    assert all("error" not in payload["parts"][p] for p in ("layer", "smoke", "dcnv2", "torchrec", "tests"))
 
 
-def test_gpu_bench_calibrates_once_in_its_last_stage():
+def test_gpu_bench_plans_its_parts_in_order_and_calibrates_only_when_asked():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    plan = __import__("gpu_bench").stage_plan
+    plan = __import__("gpu_parts").plan
 
-    assert plan(smoke=False, no_smoke=False) == [("smoke", False), ("full", True)]
-    assert plan(smoke=False, no_smoke=True) == [("full", True)]
-    assert plan(smoke=True, no_smoke=False) == [("smoke", True)]
+    every = ["layer", "smoke", "full", "dcnv2", "torchrec", "calibrate", "tests"]
+    assert plan(smoke=False, no_smoke=False, hardware=None) == every
+    assert plan(smoke=False, no_smoke=True, hardware="h200.json") == [
+        p for p in every if p not in ("smoke", "calibrate")
+    ]
+    assert plan(smoke=True, no_smoke=False, hardware=None) == ["layer", "smoke", "dcnv2", "torchrec", "tests"]
+    assert sum(__import__("gpu_parts").PART_CAPS.values()) <= 540  # one run within 9 minutes
+
+
+def test_gpu_bench_smoke_records_a_failure_of_every_part_and_goes_on(tmp_path):
+    """``--simulate-failure`` makes each part raise at its start: every part is recorded with its error, the
+    next part still runs, and the run ends normally with its JSON."""
+    import json
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    parts = ["layer", "smoke", "dcnv2", "torchrec", "tests"]
+    out = tmp_path / "g.json"
+    payload = __import__("gpu_bench").main(
+        ["--smoke", "--json", str(out), "--simulate-failure", ",".join(parts)]
+    )
+    written = json.loads(out.read_text())
+    for part in parts:
+        assert f"simulated failure of part {part}" in payload["parts"][part]["error"], part
+        assert written["parts"][part]["error"] == payload["parts"][part]["error"]
+    assert "ratios" not in payload and set(written["parts"]) == set(parts)

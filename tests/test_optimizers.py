@@ -191,6 +191,8 @@ MODES = {  # name -> (mode, look-ahead, micro-batches, bit-identical to device)
     "hotline-k0-split": ("hotline", 0, "auto", False),
     "hotline-k2": ("hotline", 2, "auto", True),
     "hotline-k2-torch-updates": ("hotline", 2, "auto", False),
+    # CUDA's device mode: distinct rows found by a sort where the ids live, nothing read back (on the CPU here)
+    "device-torch-updates": ("device", 0, "auto", False),
 }
 
 

@@ -57,7 +57,9 @@ def test_gpu_bench_smoke_checks_exactness_and_records_what_the_gpu_run_needs(tmp
     smoke = payload["stages"]["smoke"]
     assert smoke["exact"] is True
     modes = [r["mode"] for r in smoke["sweep"]]
-    assert modes[0] == "device" and "torch_embeddingbag" in modes and modes.count("hotline_k2") == 3
+    # budgets: three coverage targets and one share of the table bytes (--smoke's)
+    assert modes[0] == "device" and "torch_embeddingbag" in modes and modes.count("hotline_k2") == 4
+    assert [r.get("table_share") for r in smoke["sweep"] if r["mode"] == "hotline_k2"].count(0.02) == 1
     for r in smoke["sweep"][1:]:
         assert r["diff_dense"] <= 1e-4 and r["diff_probe_rows"] <= 1e-4, r["mode"]
     k2 = next(r for r in smoke["sweep"] if r["mode"] == "hotline_k2")
@@ -158,3 +160,22 @@ def test_budget_ratios_pair_rounds_and_bound_what_lookahead_can_gain():
     assert met["k2_over_k0_paired_min"] == pytest.approx(1.1)
     assert (met["budgets"], met["budgets_ceiling_below_target"]) == (2, 1)
     assert bench.lookahead_ceiling({"step_ms": 10.0}) is None  # K=0 without its stall measured: no bound
+
+
+def test_timing_warms_every_stale_kernel_signature_first():
+    """Before timing a look-ahead run, the stale-row kernel is compiled for every number of live steps (one
+    signature each), not inside the timed steps; the steps a run timed are in its record."""
+    import argparse
+
+    from numba import types
+
+    from hotline.kernels import gather
+
+    bench = __import__("bench_pipeline")
+    payload = bench.main(["--smoke", "--modes", "hotline_k2", "--coverages", "0.85"])
+    sigs = gather._stale_holders.signatures
+    counts = {len(a) for sig in sigs for a in sig if isinstance(a, types.UniTuple)}
+    assert counts >= {1, 2, 3, 4, 5}  # K = 2: K + 3 staging slots, so up to 5 live steps
+    assert payload["hotline_k2"]["steps"] == 4  # --smoke's steps, no window asked for
+    window = argparse.Namespace(steps=3, min_seconds=0.5, max_steps=10_000)
+    assert bench.max_steps(window) == 10_000 and bench.max_steps(argparse.Namespace(steps=3)) == 3

@@ -3,14 +3,14 @@
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import naive
 from hotline.kernels import sparse_update
 from hotline.tiers.sparse_optim import SparseOptimizer
 
-# At most one state float per row here; adagrad and adam: tests/test_optimizers.py
+# At most one state float per row here (but the sorted update: every kind); adagrad and adam: tests/test_optimizers.py
 OPTS = ("sgd", "rowwise-adagrad")
 
 
@@ -132,3 +132,78 @@ def test_update_from_parts_equals_twin_on_the_concatenation(seed, n1, n2, kind):
     assert touched == len(set(ids.tolist()))
     np.testing.assert_allclose(table, exp_t, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(state, exp_s, rtol=1e-5, atol=1e-7)
+
+
+# -- the update CUDA's device mode runs: distinct rows found by a sort where the ids live -----------------
+HOST_BOUND_OPS = {"aten._local_scalar_dense.default", "aten.lift_fresh.default", "aten._unique2.default",
+                  "aten.unique_dim.default", "aten.nonzero.default", "aten.masked_select.default"}  # fmt: skip
+"""Ops that read a result back on the host (a synchronisation on CUDA), make a tensor from host data (a
+blocking copy to the device from pageable memory) or size an output by its data (torch.unique, nonzero)."""
+
+
+def _ops_of(fn) -> set[str]:
+    """The aten ops ``fn()`` dispatches."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops: set[str] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.add(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Record() as r:
+        fn()
+    return r.ops
+
+
+def _opt_case(kind, seed, rows, n, dim, dup):
+    table, ids, grads = _case(seed, rows, n, dim, dup)
+    opt = SparseOptimizer(
+        kind, 0.1, dim=dim, iteration=3 if seed % 2 else 0, weight_decay=0.01 * (kind == "adam")
+    )
+    rng = np.random.default_rng(seed + 1)
+    state = np.abs(rng.normal(size=opt.state_shape(rows))).astype(np.float32)
+    if kind == "adam":  # moments of either sign, whole step counts
+        state[:, :dim] = rng.normal(size=(rows, dim))
+        state[:, 2 * dim] = rng.integers(0, 5, rows)
+    return opt, table, state, torch.from_numpy(ids), torch.from_numpy(grads)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    kind=st.sampled_from(["sgd", "rowwise-adagrad", "adagrad", "adam"]),
+    seed=st.integers(0, 2**31),
+    rows=st.integers(1, 40),
+    n=st.integers(0, 150),
+    dim=st.integers(1, 9),
+    dup=st.integers(1, 50),
+)
+@example(kind="adagrad", seed=0, rows=1, n=1, dim=1, dup=1)  # per-element state of one float: [rows]
+def test_sorted_update_equals_the_update_fed_distinct_rows_bit_for_bit(kind, seed, rows, n, dim, dup):
+    """step_sorted (no count read back) against step_coalesced given torch.unique's rows: every kind,
+    duplicates, no lookups; equal bit for bit (the same sums in the same order, the padding adds zero)."""
+    opt, table, state, ids, grads = _opt_case(kind, seed, rows, n, dim, dup)
+    t1, s1 = torch.from_numpy(table.copy()), torch.from_numpy(state.copy())
+    t2, s2 = torch.from_numpy(table.copy()), torch.from_numpy(state.copy())
+    opt.step_sorted(t1, s1, ids, grads)
+    if n:
+        uniq, inverse = torch.unique(ids, return_inverse=True)
+        opt.step_coalesced(t2, s2, uniq, inverse, grads)
+    assert torch.equal(t1, t2) and torch.equal(s1, s2)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "rowwise-adagrad", "adagrad", "adam"])
+def test_device_updates_neither_read_back_nor_copy_host_data(kind):
+    """The torch updates CUDA runs queue without waiting: device mode's sorted update and the tiers' update
+    fed with distinct rows (Adam's bias correction included: no tensor made from host numbers per update)."""
+    opt, table, state, ids, grads = _opt_case(kind, 3, 30, 200, 8, 20)
+    t, s = torch.from_numpy(table), torch.from_numpy(state)
+    uniq, inverse = torch.unique(ids, return_inverse=True)
+    for update in (lambda: opt.step_sorted(t, s, ids, grads),
+                   lambda: opt.step_coalesced(t, s, uniq, inverse, grads)):  # fmt: skip
+        ops = _ops_of(update)
+        assert "aten.index_add_.default" in ops or "aten.index_copy_.default" in ops  # it recorded the update
+        assert not ops & HOST_BOUND_OPS, sorted(ops & HOST_BOUND_OPS)

@@ -88,7 +88,7 @@ class Executor:
         self._write_time = 0.0  # write-back seconds not yet reported (the writer runs behind the steps)
         self._live: dict[int, PreparedStep] = {}  # computed steps whose rows are not written back yet
         self._busy = 0.0  # seconds the producer and writer worked since the last step (the core-share rule)
-        share = CoreShare(self.worker_threads)
+        share = CoreShare(self.worker_threads, device=self.mode.device)  # on CUDA: torch's threads unchanged
         mode = self.mode
         copy_stream = torch.cuda.Stream(mode.device) if mode.device.type == "cuda" else None
         with mode.cold.lookahead() as channel:

@@ -231,10 +231,16 @@ class CoreShare:
     share is the mean of the records so far until there are ``1 / smoothing`` of them, then a running average
     with weight ``smoothing`` (one slow step does not flip it), so the rule follows the measurement from the
     second step instead of keeping the first steps on fewer cores while a share of 1 decays.
+
+    With a CUDA ``device`` :meth:`lowered` changes nothing: the compute runs on the device, torch's host threads
+    only launch its kernels, and setting their count twice a step would be work the step does not need.
     """
 
-    def __init__(self, worker_threads: int, cores: int | None = None, smoothing: float = 0.15):
+    def __init__(self, worker_threads: int, cores: int | None = None, smoothing: float = 0.15, device=None):
         import torch
+
+        self.on_device = device is not None and torch.device(device).type == "cuda"
+        """The compute runs on a CUDA device: torch's threads are left as they are."""
 
         warn_if_spinning()  # a producer is about to share the cores with torch
         self.worker_threads = int(worker_threads)
@@ -267,6 +273,9 @@ class CoreShare:
         import torch
 
         saved = torch.get_num_threads()
+        if self.on_device:
+            yield saved
+            return
         n = self.threads
         # Numba's count first: the call that starts Numba's OpenMP pool resets torch's count (measured)
         with numba_threads(n):

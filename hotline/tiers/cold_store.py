@@ -32,7 +32,7 @@ from hotline.distributed.comm import Comm
 from hotline.kernels import sparse_update
 from hotline.kernels.claim_book import RowsInFlight
 from hotline.kernels.gather import copy_rows, gather_rows, scatter_rows
-from hotline.tiers.pinning import pin_in_place
+from hotline.tiers.pinning import pinned
 from hotline.tiers.sparse_optim import SparseOptimizer
 
 _EMPTY = np.zeros(0, np.int64)
@@ -219,11 +219,15 @@ class HostRows(ClaimBook):
         super().__init__(weights.shape[0])
         self.weight = torch.from_numpy(weights)
         self.state = optimizer.new_state(weights.shape[0])
+        self._pinned = []
+        if pin:
+            # Pinned in place (cudaHostRegister), copied only where that is refused (with a warning): only the
+            # staging buffers are copied from, but a registered cold tier lets later versions read it from the
+            # device directly.
+            (self.weight, weight_region), (self.state, state_region) = map(pinned, (self.weight, self.state))
+            self._pinned = [weight_region, state_region]
         self.w = self.weight.numpy()  # numpy views for the Numba kernels (same memory)
         self.s = self.state.numpy()
-        # Pinned in place (cudaHostRegister), never copied: only the staging buffers are copied from, but a
-        # registered cold tier lets later versions read it from the device directly.
-        self._pinned = [pin_in_place(t) for t in (self.weight, self.state)] if pin else []
 
     def close(self) -> None:
         """Unregisters pinned memory."""

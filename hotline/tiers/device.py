@@ -11,7 +11,6 @@ import torch
 
 from hotline.datasets.format import Batch
 from hotline.distributed.comm import Comm
-from hotline.kernels import sparse_update
 from hotline.models.dlrm import DLRM
 from hotline.table_layout import BagLayout, TableLayout
 from hotline.tiers.base import (
@@ -56,10 +55,10 @@ class DeviceMode(TrainMode):
         self.weight = torch.from_numpy(initial_tables(layout, dim, seed)).to(self.device)
         self.state = optimizer.new_state(self.weight.shape[0], self.device)
         self.scratch = optimizer.new_scratch(self.weight.shape[0], self.device)
-        # Off the CPU the update runs as torch ops; its distinct rows are found on the host (as the tiered
-        # modes do), so the device never waits for a torch.unique (tests set it on CPU, too).
+        # Off the CPU the update runs as torch ops that find the distinct rows on the device by a sort and read
+        # nothing back (SparseOptimizer.step_sorted): no host work per lookup, no wait for a torch.unique, as an
+        # all-in-HBM trainer would do it (tests set it on CPU, too).
         self.device_updates = self.device.type != "cpu"
-        self._host_scratch = None
         # Off the CPU a step's ids (and distinct rows), dense inputs and labels go to the device in two
         # asynchronous copies from pinned packs, not five pageable ones that would each synchronise the
         # upper bound every mode is compared with (tests set it on CPU, too).
@@ -72,12 +71,6 @@ class DeviceMode(TrainMode):
         return (
             self.phases.phase(name, step=self._steps) if self.phases is not None else contextlib.nullcontext()
         )
-
-    def _distinct(self, fused: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The batch's distinct rows and each lookup's index into them, found on the host."""
-        if self._host_scratch is None:
-            self._host_scratch = sparse_update.new_scratch(self.layout.num_rows)
-        return sparse_update.distinct(fused, self._host_scratch)
 
     def _to_device(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         if self.pack_copies:
@@ -99,9 +92,6 @@ class DeviceMode(TrainMode):
         arrays = {"ids": fused, "dense": batch.dense, "labels": batch.labels}
         if pos is not None:  # padded bags: where the real lookups stand among the batch's id slots
             arrays["pos"] = pos
-        distinct = self.device_updates and self.comm.world_size == 1
-        if distinct:
-            arrays["rows"], arrays["inverse"] = self._distinct(arrays["ids"])
         ix = self._to_device(arrays)
         ids = ix["ids"]
         t1 = time.perf_counter()
@@ -119,10 +109,15 @@ class DeviceMode(TrainMode):
                     self.comm, [ids] if B else [], [grad] if B else [], self.dim, "sparse_allgather",
                     self.device,
                 )  # fmt: skip
-                touched = self.optimizer.step(self.weight, self.state, ids, grads) if ids.shape[0] else 0
-            elif distinct:
-                self.optimizer.step_coalesced(self.weight, self.state, ix["rows"], ix["inverse"], grad)
-                touched = int(arrays["rows"].shape[0])
+                touched = 0
+                if ids.shape[0] and self.device_updates:  # no torch.unique: its count would be a read back
+                    self.optimizer.step_sorted(self.weight, self.state, ids, grads)
+                    touched = None
+                elif ids.shape[0]:
+                    touched = self.optimizer.step(self.weight, self.state, ids, grads)
+            elif self.device_updates:  # the count of touched rows would be a read back: not counted
+                self.optimizer.step_sorted(self.weight, self.state, ids, grad)
+                touched = None
             else:
                 touched = self.optimizer.step(self.weight, self.state, ids, grad, self.scratch)
         t3 = time.perf_counter()
@@ -131,7 +126,7 @@ class DeviceMode(TrainMode):
             loss_sum=step_loss(loss),
             samples=B,
             times={"gather": t1 - t0, "compute": t2 - t1, "sparse_update": t3 - t2},
-            counters={"rows_touched": touched},
+            counters={} if touched is None else {"rows_touched": touched},
         )
 
     @torch.no_grad()

@@ -146,6 +146,36 @@ class SparseOptimizer:
             beta1=self.beta1, beta2=self.beta2, iteration=self.iteration, weight_decay=self.weight_decay,
         )  # fmt: skip
 
+    def step_sorted(
+        self, table: torch.Tensor, state: torch.Tensor, ids: torch.Tensor, grads: torch.Tensor
+    ) -> None:
+        """The torch update with the distinct rows found where ``ids`` live, by a sort, and nothing read back
+        on the host: on CUDA it queues without synchronising (``torch.unique`` waits for its count).
+
+        The ``n`` lookups are sorted; the first of each run of equal ids numbers a distinct row (a cumulative
+        sum), and the gradients are summed per distinct row in lookup order, as :meth:`step_coalesced` sums
+        them. The update then runs over ``n`` slots, not the unknown count ``U``: slot ``k < U`` holds distinct
+        row ``k`` and its summed gradient; a slot ``k >= U`` holds a row that is also among the first ``U`` and
+        a zero gradient, which adds exactly zero to its weights and state (SGD, both Adagrads). Adam writes
+        its state instead of adding to it: there every sorted lookup is a slot carrying its row's summed
+        gradient, so the slots of one row compute and write the same values. Equal to :meth:`step_coalesced`
+        fed with the distinct rows bit for bit on the CPU (tests/test_sparse_update.py)."""
+        n = int(ids.shape[0])
+        if n == 0:
+            return
+        sorted_ids, order = torch.sort(ids, stable=True)
+        first = torch.ones(n, dtype=torch.bool, device=ids.device)
+        torch.ne(sorted_ids[1:], sorted_ids[:-1], out=first[1:])
+        number = torch.cumsum(first, 0) - 1  # the distinct row of each sorted lookup, 0..U-1
+        inverse = torch.empty_like(number).index_copy_(0, order, number)  # ... of each lookup
+        gsum = torch.zeros((n, table.shape[1]), dtype=grads.dtype, device=grads.device)
+        gsum.index_add_(0, inverse, grads)  # rows >= U stay zero
+        if self.kind == "adam":
+            self._adam_torch(table, state, sorted_ids, gsum.index_select(0, number), duplicates=True)
+            return
+        rows = sorted_ids.clone().index_copy_(0, number, sorted_ids)  # slots of one row write the same id
+        self._apply_torch(table, state, rows, gsum)
+
     def _step_torch(self, table, state, ids, grads) -> int:
         rows, inverse = torch.unique(ids, return_inverse=True)  # synchronises on CUDA: see step_coalesced
         self.step_coalesced(table, state, rows, inverse, grads)
@@ -169,11 +199,16 @@ class SparseOptimizer:
         gsum.index_add_(0, inverse, grads)
         if rows is None:
             rows = torch.arange(n, device=table.device)
+        self._apply_torch(table, state, rows, gsum)
+
+    def _apply_torch(self, table, state, rows, gsum) -> None:
+        """The update of rows ``rows`` by their summed gradients ``gsum`` (torch ops)."""
         if self.kind == "sgd":
             table.index_add_(0, rows, gsum, alpha=-self.lr)
-        elif self.kind == "adagrad":
-            state.index_add_(0, rows, gsum * gsum)
-            table.index_add_(0, rows, -self.lr * gsum / (state.index_select(0, rows).sqrt() + self.eps))
+        elif self.kind == "adagrad":  # at dim 1 the state is one float per row: [rows], not [rows, 1]
+            state.index_add_(0, rows, (gsum * gsum).reshape(-1, *state.shape[1:]))
+            acc = state.index_select(0, rows).reshape(gsum.shape)
+            table.index_add_(0, rows, -self.lr * gsum / (acc.sqrt() + self.eps))
         elif self.kind == "adam":
             self._adam_torch(table, state, rows, gsum)
         else:
@@ -181,8 +216,11 @@ class SparseOptimizer:
             scale = self.lr / (state.index_select(0, rows).sqrt() + self.eps)
             table.index_add_(0, rows, -gsum * scale[:, None])
 
-    def _adam_torch(self, table, state, rows, gsum) -> None:
-        """FBGEMM's ADAM (row-wise bias correction) on distinct ``rows``, as the kernel's ``_adam_apply``."""
+    def _adam_torch(self, table, state, rows, gsum, duplicates: bool = False) -> None:
+        """FBGEMM's ADAM (row-wise bias correction) on distinct ``rows``, as the kernel's ``_adam_apply``.
+
+        ``duplicates``: a row may stand in several slots, each with the same summed gradient (see
+        :meth:`step_sorted`); the weights are then written (the same value from each slot), not added to."""
         D = table.shape[1]
         # 1 - beta in float32, as the kernel (and FBGEMM, from a float beta) has it: 1 - 0.999f != 0.001f
         a1, a2 = (float(np.float32(1) - np.float32(b)) for b in (self.beta1, self.beta2))
@@ -192,10 +230,16 @@ class SparseOptimizer:
         m = self.beta1 * old[:, :D] + a1 * gsum
         v = self.beta2 * old[:, D : 2 * D] + a2 * gsum * gsum
         state.index_copy_(0, rows, torch.cat([m, v, t[:, None]], dim=1))
-        betas = torch.tensor([self.beta1, self.beta2], dtype=torch.float32, device=t.device)
-        c1, c2 = (1 - betas[:, None] ** tc).unbind(0)
+        # beta ** t from a tensor filled on the device: no host-to-device copy (a blocking one from pageable
+        # memory) in every update
+        c1 = 1 - torch.full_like(tc, self.beta1) ** tc
+        c2 = 1 - torch.full_like(tc, self.beta2) ** tc
         if self.weight_decay:
             step = (m / c1[:, None]) / ((v / c2[:, None]).sqrt() + self.eps)
-            table.index_add_(0, rows, -self.lr * (step + self.weight_decay * table.index_select(0, rows)))
+            delta = -self.lr * (step + self.weight_decay * table.index_select(0, rows))
         else:
-            table.index_add_(0, rows, -self.lr * (m / c1[:, None]) / ((v / c2[:, None]).sqrt() + self.eps))
+            delta = -self.lr * (m / c1[:, None]) / ((v / c2[:, None]).sqrt() + self.eps)
+        if duplicates:
+            table.index_copy_(0, rows, table.index_select(0, rows) + delta)
+        else:
+            table.index_add_(0, rows, delta)
