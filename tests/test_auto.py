@@ -9,7 +9,7 @@ import pytest
 from test_costmodel import HW
 
 from hotline.profiling import costmodel as cm
-from hotline.training.auto import DEVICE_MEMORY_SHARE, AutoChoice, choose
+from hotline.training.auto import DEVICE_MEMORY_SHARE, choose
 
 GIB = 1 << 30
 
@@ -99,8 +99,6 @@ def test_bad_figures_and_rank_agreement():
     with pytest.raises(ValueError, match="must be positive"):
         choose(0, 8 * GIB, GPU, W, skewed, BUDGETS)
     c = choose(500 * GIB, 80 * GIB, GPU, W, skewed, BUDGETS)
-    back = AutoChoice.from_code(c.code())
-    assert (back.mode, back.lookahead, back.hbm_budget) == (c.mode, c.lookahead, c.hbm_budget)
     rec = c.record(measured_samples_per_s=c.predicted_samples_per_s / 2)
     assert rec["measured_over_predicted"] == pytest.approx(0.5) and rec["mode"] == "hotline"
 
@@ -138,6 +136,27 @@ def test_train_without_flags_prints_and_records_its_choice(tmp_path, capsys):
         choice
     )
     assert any(x.startswith("  because ") for x in choice) and all(len(x) <= 100 for x in choice), choice
+
+
+def test_the_library_resolves_auto_itself(tmp_path, capsys):
+    """``Trainer(TrainConfig(mode="auto"))`` from Python: the cost model chooses (as ``hotline train`` does),
+    the trainer keeps the choice, trains the chosen mode and prints the choice when training starts."""
+    from hotline.datasets.synthetic import generate
+    from hotline.training.config import TrainConfig
+    from hotline.training.trainer import Trainer
+
+    ds = generate(tmp_path / "ds", 600, seed=2, table_sizes=[40, 30, 500], zipf=1.2, progress=False)
+    arch = dict(embedding_dim=8, bottom_mlp=[13, 16, 8], top_mlp=[16, 1])
+    trainer = Trainer(TrainConfig(mode="auto", num_batches=3, progress=False, **arch), ds)
+    try:
+        choice = trainer.auto_choice
+        assert choice is not None and trainer.config.mode == choice.mode != "auto"
+        assert trainer.config.lookahead == choice.lookahead and trainer.config.hbm_budget == choice.hbm_budget
+        summary = trainer.fit()
+    finally:
+        trainer.close()
+    assert summary["mode"] == choice.mode and summary["steps"] == 3
+    assert "--mode auto: " in capsys.readouterr().err
 
 
 def test_a_cpu_is_priced_with_its_cached_calibration(tmp_path, monkeypatch):

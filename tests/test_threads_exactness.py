@@ -199,6 +199,7 @@ def test_a_trainer_computes_on_the_threads_its_config_gives_and_restores_them(tm
             trainer.close()
         assert len(seen) == 3 and set(seen) == {want}, (threads, seen)
         assert (torch.get_num_threads(), numba.get_num_threads()) == before
-    with pytest.raises(ValueError, match="mode 'auto' is chosen before training"):
-        Trainer(TrainConfig(mode="auto", threads=1 if before[0] != 1 else 2, progress=False, **arch), data)
+    wrong = {**arch, "bottom_mlp": [12, *arch["bottom_mlp"][1:]]}  # the data have 13 dense features
+    with pytest.raises(ValueError, match="dense features"):  # a start that fails gives the counts back too
+        Trainer(TrainConfig(mode="device", threads=1 if before[0] != 1 else 2, progress=False, **wrong), data)
     assert (torch.get_num_threads(), numba.get_num_threads()) == before

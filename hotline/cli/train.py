@@ -521,34 +521,18 @@ def _report_disk(trainer) -> None:
 
 
 def _choose(config, dataset, args: argparse.Namespace, comm=None, announce: bool = True):
-    """``--mode auto``'s choice for this run (rank 0 chooses and every rank takes its decision); printed by
-    rank 0 with ``announce`` (else the caller prints :meth:`AutoChoice.line` when training starts)."""
-    from hotline.training.auto import AutoChoice, choose_for_run
+    """``--mode auto``'s choice for this run (:func:`hotline.training.auto.resolve`: rank 0 chooses and every
+    rank takes its choice); printed by rank 0 with ``announce`` (else the caller prints
+    :meth:`AutoChoice.line` when training starts)."""
+    from hotline.training.auto import resolve, torch_device_type
     from hotline.training.logs import STEP_KERNELS, note_first_compile
 
     if comm is None or comm.rank == 0:  # the choice profiles and times kernels before the first step does
         note_first_compile((*STEP_KERNELS, "hotline.kernels.profile"))
-    # machines the ranks run on (--nproc N: one), each holding its ranks' share of the rows
-    world = comm.world_size if comm is not None else 1
-    nodes = max(1, world // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world))))
-    if comm is None or comm.world_size == 1:
-        choice = choose_for_run(config, dataset, args.hardware, progress=config.progress)
-    else:
-        import torch
-
-        code = torch.zeros(3, dtype=torch.float64)
-        choice = None
-        if comm.rank == 0:
-            choice = choose_for_run(config, dataset, args.hardware, progress=config.progress, nodes=nodes)
-            code[:] = torch.tensor(choice.code(), dtype=torch.float64)
-        comm.all_reduce_(code, "auto")
-        if choice is None:
-            choice = AutoChoice.from_code(code.tolist())
-    if args.hardware and not os.path.exists(args.hardware):  # a device by name: priced, maybe not present
-        from hotline.training.auto import torch_device_type
-
-        if torch_device_type(config.device) == "cpu":
-            choice.trains_on = "this machine's CPU"
+    _, choice = resolve(config, dataset, comm, args.hardware)
+    named = args.hardware and not os.path.exists(args.hardware)  # a device by name: priced, maybe not here
+    if named and torch_device_type(config.device) == "cpu":
+        choice.trains_on = "this machine's CPU"
     if announce and (comm is None or comm.rank == 0):
         print(choice.line(), file=sys.stderr)
     return choice

@@ -163,6 +163,17 @@ class Comm:
         self.bytes_sent[kind] += float((send_counts.sum() - send_counts[self.rank]) * row)
         return out.to(device), recv_counts
 
+    def broadcast_object(self, obj, src: int = 0):
+        """Rank ``src``'s ``obj`` (any picklable object) on every rank, over the host group (what ranks agree
+        on: a decision, not tensors)."""
+        if self.world_size == 1:
+            return obj
+        import torch.distributed as dist
+
+        box = [obj if self.rank == src else None]
+        dist.broadcast_object_list(box, group=self.host_group, group_src=src)  # src: a rank of this Comm
+        return box[0]
+
     def barrier(self) -> None:
         if self.world_size > 1:
             import torch.distributed as dist

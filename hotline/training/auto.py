@@ -135,17 +135,6 @@ class AutoChoice:
             ]
         )
 
-    def code(self) -> list[float]:
-        """The decision as numbers (mode, look-ahead, budget), for ranks to agree on one choice."""
-        return [float(_SIMPLER[self.mode]), float(self.lookahead), float(self.hbm_budget or 0)]
-
-    @classmethod
-    def from_code(cls, code: Sequence[float]) -> AutoChoice:
-        """The decision :meth:`code` made (no figures: another rank chose and printed them)."""
-        mode = next(m for m, i in _SIMPLER.items() if i == round(code[0]))
-        budget = int(round(code[2])) or None
-        return cls(mode, int(round(code[1])), budget, 0.0, "chosen by rank 0")
-
     def record(self, measured_samples_per_s: float | None = None) -> dict:
         """The choice as the run's summary keeps it: prediction beside the measured result."""
         rec = {
@@ -631,6 +620,21 @@ def torch_device_type(device: str) -> str:
     import torch
 
     return torch.device(device).type
+
+
+def resolve(config, dataset, comm=None, hardware: str | dict | None = None) -> tuple:
+    """``mode='auto'`` made concrete for every rank: rank 0 chooses (:func:`choose_for_run`, the ranks'
+    machines counted from ``LOCAL_WORLD_SIZE``, each holding its ranks' share of the rows) and every rank
+    takes that choice, figures and all (:meth:`~hotline.distributed.comm.Comm.broadcast_object`). Returns the
+    config to train (:func:`choice_fields` applied) and the :class:`AutoChoice`."""
+    world = comm.world_size if comm is not None else 1
+    nodes = max(1, world // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world))))
+    choice = None
+    if comm is None or comm.rank == 0:
+        choice = choose_for_run(config, dataset, hardware, progress=config.progress, nodes=nodes)
+    if comm is not None:
+        choice = comm.broadcast_object(choice)
+    return replace(config, **choice_fields(choice)), choice
 
 
 def choice_fields(choice: AutoChoice) -> dict:

@@ -61,8 +61,9 @@ class Trainer:
         comm: Comm | None = None,
         choose: Callable[[TrainConfig, Dataset], TrainConfig] | None = None,
     ):
-        """``choose(config, dataset)``: resolves ``mode='auto'`` to a concrete config (``hotline train``
-        passes --mode auto's chooser); it runs after the cheap checks of the config against the dataset."""
+        """``mode='auto'`` is resolved here, after the cheap checks of the config against the dataset: by
+        ``choose(config, dataset)`` when given, else by the cost model (:func:`hotline.training.auto.resolve`:
+        rank 0 chooses, every rank takes its choice; :attr:`auto_choice` keeps it and :meth:`fit` prints it)."""
         keep_freed_memory()  # a step's large buffers stay mapped between steps (see hotline._malloc)
         self.comm = comm if comm is not None else Comm()
         if self.comm.rank:  # one progress bar and one metrics file: rank 0's
@@ -86,14 +87,18 @@ class Trainer:
                 f"--arch-mlp-bot starts with {config.bottom_mlp[0]} but the dataset has "
                 f"{self.dataset.num_dense} dense features"
             )
+        self.auto_choice = None
+        """``mode='auto'``'s :class:`~hotline.training.auto.AutoChoice` (None for another mode, or a ``choose``
+        of the caller's)."""
         if config.mode == "auto":
-            if choose is None:
-                raise ValueError(
-                    "mode 'auto' is chosen before training: pass choose= (as `hotline train` does, with "
-                    "hotline.training.auto.choose_for_run) or give device, hybrid or hotline"
-                )
             self._check_data()  # before the choice profiles and times anything
-            config = self.config = choose(config, self.dataset)
+            if choose is None:  # the cost model's choice, rank 0's taken by every rank
+                from hotline.training.auto import resolve
+
+                config, self.auto_choice = resolve(config, self.dataset, self.comm)
+            else:
+                config = choose(config, self.dataset)
+            self.config = config
         self.model = DLRM(config.model_config(self.dataset.table_sizes), seed=config.seed).to(config.device)
         self.sparse_opt = SparseOptimizer(config.optimizer, config.learning_rate, dim=config.embedding_dim)
         self.dense_opt = self.sparse_opt.dense_optimizer(self.model.parameters())
@@ -107,7 +112,7 @@ class Trainer:
 
             start_counting(self.mode, config)
         self.step_count = 0
-        self.announce: str | None = None
+        self.announce: str | None = self.auto_choice.line() if self.auto_choice and not config.quiet else None
         """A line :meth:`fit` prints once its checks pass, before step 1 (``--mode auto``'s choice)."""
         self._executor = None
         self.history: list[dict] = []
