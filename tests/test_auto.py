@@ -4,6 +4,7 @@ flags printing and recording its choice."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from test_costmodel import HW
@@ -157,6 +158,39 @@ def test_the_library_resolves_auto_itself(tmp_path, capsys):
         trainer.close()
     assert summary["mode"] == choice.mode and summary["steps"] == 3
     assert "--mode auto: " in capsys.readouterr().err
+
+
+def _auto_on_a_rank(comm, dataset: str, out: str) -> None:
+    """A spawn target: a Trainer in mode auto on this rank; writes what the rank was told to train."""
+    from hotline.training.config import TrainConfig
+    from hotline.training.trainer import Trainer
+
+    arch = dict(embedding_dim=8, bottom_mlp=[13, 16, 8], top_mlp=[16, 1])
+    trainer = Trainer(
+        TrainConfig(mode="auto", num_batches=2, progress=False, quiet=True, **arch), dataset, comm
+    )
+    try:
+        c = trainer.auto_choice
+        got = [
+            trainer.config.mode,
+            trainer.config.lookahead,
+            trainer.config.hbm_budget,
+            c.predicted_samples_per_s,
+        ]
+        Path(out, f"rank{comm.rank}.json").write_text(json.dumps([*got, c.reason]))
+    finally:
+        trainer.close()
+
+
+def test_ranks_take_rank_0s_choice_whole(tmp_path):
+    """On 2 ranks rank 0 chooses and the other rank receives the same choice with its figures (not a code)."""
+    from hotline.datasets.synthetic import generate
+    from hotline.distributed.launcher import spawn
+
+    ds = generate(tmp_path / "ds", 600, seed=2, table_sizes=[40, 30, 500], zipf=1.2, progress=False)
+    spawn(2, _auto_on_a_rank, str(ds), str(tmp_path))
+    first, second = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert first == second and first[0] in ("device", "hybrid", "hotline") and first[3] > 0 and first[4]
 
 
 def test_a_cpu_is_priced_with_its_cached_calibration(tmp_path, monkeypatch):
