@@ -78,11 +78,12 @@ class DiskRows(ClaimBook):
     of a one-rank disk store and of a rank's shard on N ranks."""
 
     def __init__(self, path, num_rows: int, dim: int, optimizer: SparseOptimizer, order=None,
-                 io_depth: int = 32, direct: bool = True, cache_bytes: int = 0):  # fmt: skip
+                 io_depth: int = 32, direct: bool = True, cache_bytes: int = 0, force: bool = False):  # fmt: skip
         super().__init__(num_rows)
         self.dim, self.S = int(dim), optimizer.state_floats_per_row
         self.state_shape = optimizer.state_shape  # rows -> their state's shape ([U], [U, S] or [0])
-        self.file = RowFile(path, num_rows, dim, self.S, order, io_depth, direct, cache_bytes, optimizer.kind)
+        self.file = RowFile(path, num_rows, dim, self.S, order, io_depth, direct, cache_bytes, optimizer.kind,
+                            force=force)  # fmt: skip
 
     def _state(self, rows: int, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """A state array of ``rows`` rows (``out[:rows]`` when given) and its [rows, S] view (the records'
@@ -188,9 +189,11 @@ class DiskColdStore(OneRankStore):
 
     def __init__(self, path, layout: TableLayout, dim: int, optimizer: SparseOptimizer, seed: int,
                  order: np.ndarray | None = None, io_depth: int = 32, direct: bool = True,
-                 cache_bytes: int = 0, max_rows: int = 0):  # fmt: skip
+                 cache_bytes: int = 0, max_rows: int = 0, force: bool = False):  # fmt: skip
         self.comm = Comm()
-        self.host = DiskRows(path, layout.num_rows, dim, optimizer, order, io_depth, direct, cache_bytes)
+        self.host = DiskRows(
+            path, layout.num_rows, dim, optimizer, order, io_depth, direct, cache_bytes, force
+        )
         self.file = self.host.file
         self.dim, self.S = int(dim), optimizer.state_floats_per_row
         self._scratch = sparse_update.new_scratch(max_rows)

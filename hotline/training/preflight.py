@@ -17,7 +17,9 @@ import numpy as np
 def train_outputs(config, save=None, save_placement=None, world_size: int = 1) -> list:
     """The outputs of a training run, for :func:`hotline.outputs.claim`: ``--metrics`` (continued by a
     resumed run), ``--dump-init``, ``--dump-params``, ``--save-placement``, ``--save`` (every rank's file and
-    its digest), ``--checkpoint-dir`` (a directory checkpoints are added to) and ``--cold-dir``."""
+    its digest), ``--checkpoint-dir`` (a directory checkpoints are added to), ``--cold-dir`` and every rank's
+    disk store files in it (:func:`hotline.tiers.disk_file.store_outputs`: never through a link, replaced only
+    when provably the store's own)."""
     from hotline._io import digest_path
     from hotline.outputs import Output
     from hotline.training.checkpoint import rank_file
@@ -29,10 +31,15 @@ def train_outputs(config, save=None, save_placement=None, world_size: int = 1) -
         Output("--dump-params", config.dump_params_path),
         Output("--save-placement", save_placement),
         Output("--checkpoint-dir", config.checkpoint_dir, kind="dir"),
-        Output(
-            "--cold-dir", config.cold_dir, kind="dir"
-        ),  # its file: the disk store judges it (disk_file.py)
+        Output("--cold-dir", config.cold_dir, kind="dir"),
     ]
+    if config.cold_dir:
+        from hotline.tiers.disk_store import cold_file
+        from hotline.tiers.store_files import store_outputs
+
+        for r in range(world_size):
+            flag = "--cold-dir" if world_size == 1 else f"--cold-dir (rank {r})"
+            outs += store_outputs(cold_file(config.cold_dir, r, world_size), flag)
     if save is not None:
         for r in range(world_size):
             label = "--save" if r == 0 else f"--save (rank {r})"
