@@ -140,6 +140,32 @@ def _claim(args: argparse.Namespace):
     return outputs.claim(declared, inputs, force=getattr(args, "force", False))
 
 
+@contextlib.contextmanager
+def _terminate_unwinds(name: str):
+    """SIGTERM (``kill``, a scheduler's stop) unwinds the command as Ctrl-C does, so every ``finally`` runs
+    (scratch folders, temporary files, locks removed): one line ``NAME: terminated``, exit status 143. Where
+    signals cannot be set (not the main thread), and in a rank of ``--nproc`` (its launcher stops it, maybe
+    inside a collective that would not unwind), the default stays."""
+
+    def terminated(signum, frame) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM cannot cut the clean-up short
+        print(f"{name}: terminated", file=sys.stderr)
+        raise SystemExit(128 + signum)
+
+    if os.environ.get("HOTLINE_LAUNCHED") or "LOCAL_RANK" in os.environ:
+        yield
+        return
+    try:
+        previous = signal.signal(signal.SIGTERM, terminated)
+    except ValueError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _main(argv: list[str]) -> int:
     args = None
     try:
@@ -148,7 +174,7 @@ def _main(argv: list[str]) -> int:
         from hotline.cli.args import check_counts
 
         check_counts(args)  # every command's thread and process counts, bounded the same way
-        with _claim(args) as args.claim:
+        with _terminate_unwinds(_command_name(args)), _claim(args) as args.claim:
             return int(args.func(args) or 0)
     except KeyboardInterrupt:
         from hotline.cli.args import ignore_further_interrupts
