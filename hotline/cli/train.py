@@ -482,7 +482,9 @@ def _choose(config, dataset, args: argparse.Namespace, comm=None, announce: bool
     """``--mode auto``'s choice for this run (rank 0 chooses and every rank takes its decision); printed by
     rank 0 with ``announce`` (else the caller prints :meth:`AutoChoice.line` when training starts)."""
     from hotline.training.auto import AutoChoice, choose_for_run
+    from hotline.training.preflight import check_dense_memory
 
+    check_dense_memory(config, dataset, tables=False)  # before the choice builds the model to time it
     # machines the ranks run on (--nproc N: one), each holding its ranks' share of the rows
     world = comm.world_size if comm is not None else 1
     nodes = max(1, world // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world))))

@@ -41,6 +41,7 @@ from hotline.training.logs import LogLines
 from hotline.training.metrics import accuracy, log_loss, roc_auc
 from hotline.training.preflight import (
     check_all_values,
+    check_dense_memory,
     check_ids,
     check_memory,
     check_values,
@@ -84,7 +85,11 @@ class Trainer:
                     "hotline.training.auto.choose_for_run) or give device, hybrid or hotline"
                 )
             self._check_data()  # before the choice profiles and times anything
+            check_dense_memory(
+                config, self.dataset, self.comm.world_size, tables=False
+            )  # before it builds one
             config = self.config = choose(config, self.dataset)
+        check_dense_memory(config, self.dataset, self.comm.world_size)  # before the model is built
         self.model = DLRM(config.model_config(self.dataset.table_sizes), seed=config.seed).to(config.device)
         self.sparse_opt = SparseOptimizer(config.optimizer, config.learning_rate, dim=config.embedding_dim)
         self.dense_opt = self.sparse_opt.dense_optimizer(self.model.parameters())
