@@ -4,7 +4,6 @@ to rows) are one line naming the key, before anything is looked up."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
