@@ -248,7 +248,7 @@ def launch(nproc: int, argv: list[str]) -> int:
                     for f in e.failures.values()
                     if f.exitcode < 0
                 )
-                if killed:
+                if killed and not any(c > 0 for c in codes):  # a rank's own error (exit 2) says itself
                     print(_killed_line(argv[0], *killed[0][2:]), file=sys.stderr)
                     return 128 + killed[0][3]
                 if EXIT_TRANSIENT not in codes:
