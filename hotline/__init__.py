@@ -43,6 +43,46 @@ if not os.path.isdir(os.path.join(os.path.dirname(__file__), "kernels")) and os.
 ):
     __path__.append(_checkout)  # noqa: F821 (a package's __path__)
 
+
+def _writable(folder: str) -> bool:
+    """Whether a file can be made in ``folder`` (made first if missing), as Numba's cache locators probe it."""
+    import tempfile
+
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
+
+
+def _numba_cache() -> None:
+    """Numba caches compiled kernels beside their source (``kernels/__pycache__``) or in the user's cache
+    folder; where neither can be written (a read-only install, no writable HOME) and no ``NUMBA_CACHE_DIR`` is
+    set, every ``cache=True`` kernel failed to import ("no locator available"). Then the kernels are compiled
+    without a cache, said once on stderr (once for a run's ranks too)."""
+    if os.environ.get("NUMBA_CACHE_DIR") or os.environ.get("NUMBA_DISABLE_JIT"):
+        return
+    import importlib.util
+
+    spec = importlib.util.find_spec("hotline.kernels")
+    if spec is None or not spec.submodule_search_locations:
+        return
+    kernels = os.path.join(list(spec.submodule_search_locations)[0], "__pycache__")
+    user = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    if _writable(kernels) or _writable(os.path.join(user, "numba")):
+        return
+    from numba.core.dispatcher import Dispatcher
+
+    Dispatcher.enable_caching = lambda self: None  # compiled once per process, not kept
+    if not os.environ.get("HOTLINE_SAID_NO_CACHE"):
+        os.environ["HOTLINE_SAID_NO_CACHE"] = "1"
+        print(f"hotline: neither {kernels} nor {user} can be written: the kernels are compiled on every run "
+              "(no cache); set NUMBA_CACHE_DIR to a writable folder to keep them", file=sys.stderr)  # fmt: skip
+
+
+_numba_cache()
+
 _LAZY = {
     "Dataset": "hotline.datasets.format",
     "DatasetError": "hotline.datasets.format",

@@ -28,7 +28,27 @@ def temporary_name(path: Path) -> Path:
     return path.with_name(f".{path.name}{TMP_MARKER}{os.getpid()}-{secrets.token_hex(4)}")
 
 
-_TEMPORARY = re.compile(r"^\..+" + re.escape(TMP_MARKER) + r"(?:old-)?(?P<pid>\d+)-[0-9a-f]+$")
+_TEMPORARY = re.compile(
+    r"^\..+" + re.escape(TMP_MARKER) + r"(?:old-)?(?P<pid>\d+)-[0-9a-f]+(?:\.[A-Za-z0-9]{1,8})?$"
+)  # an optional suffix: a temporary that keeps its file's (synthetic's raw TSV, ``.tsv``)
+
+
+def scratch_folder(directory: str | os.PathLike, stem: str) -> Path:
+    """A fresh scratch folder in ``directory`` named as Hotline's temporaries are (``.STEM.hotline-tmp-PID-RANDOM``),
+    so that the next run finds and removes it if this process is killed before it removes it itself; what
+    killed runs left there is removed first (named on stderr)."""
+    say_removed(remove_stale_temporaries(directory))
+    path = temporary_name(Path(directory) / stem)
+    path.mkdir()
+    return path
+
+
+def say_removed(removed: list[Path]) -> None:
+    """One line on stderr per temporary file or folder of a killed Hotline run that was just removed."""
+    import sys
+
+    for path in removed:
+        print(f"hotline: removed {path}, left by a Hotline run that was killed (pid gone)", file=sys.stderr)
 
 
 def _alive(pid: int) -> bool:

@@ -4,14 +4,19 @@ Each command declares its outputs (flag, path, kind) and its inputs (flag, path)
 judges them all before the command does any work, in this order:
 
 - a symbolic link is resolved and its target judged (and written: what is judged is what is written); a
-  link loop is refused;
+  link loop is refused. An output declared ``follow=False`` (the disk store's files) is never written
+  through a link: a link there is refused, and with ``--force`` the link itself is replaced (its target is
+  left as it is);
 - an output that is, or lies inside, one of the command's inputs is refused even with ``--force`` (and a
   directory replaced as a whole may not hold an input either);
 - two outputs of one command on one path are refused;
 - an existing directory, FIFO or device where a file goes is refused; an existing file (or a Hotline
   dataset, for a dataset directory) is refused unless ``--force`` -- except a file that the run continues
-  (``continues``: only one Hotline wrote, see :func:`_continuable`);
-- the parent directories are created, unless something that is not a directory is in the way;
+  (``continues``: only one Hotline wrote, see :func:`_continuable`) or one that ``owned`` proves, by its
+  content, to be the writer's own (the disk store's files: a name beside it proves nothing);
+- the parent directories are created, unless something that is not a directory is in the way; the temporary
+  files and scratch folders that killed Hotline runs left in them (``.NAME.hotline-tmp-PID-RANDOM``, the pid
+  gone) are removed, one line on stderr each;
 - every output is locked (``flock`` on a lock file beside it, ``.NAME.hotline-lock``) until the command ends:
   a second run writing the same output while the first is alive is refused with one line.
 
@@ -34,7 +39,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hotline._io import fsync_dir, temporary_name
+from hotline._io import fsync_dir, remove_stale_temporaries, say_removed, temporary_name
 
 LOCK_SUFFIX = ".hotline-lock"
 KINDS = ("file", "dir", "dataset")
@@ -58,6 +63,11 @@ class Output:
     continues: str | None = None
     """A file that this run continues, existing is fine if Hotline wrote it: ``records`` (``--metrics`` on
     ``--resume``) or ``document`` (``calibrate --disk-only``'s ``--out``); None: a new file."""
+    follow: bool = True
+    """False: never written through a symbolic link (a link there is refused; ``--force`` replaces the link
+    itself, never its target)."""
+    owned: Callable[[Path], bool] | None = None
+    """Proves, by the file's content, that an existing file is the writer's own: replaced without ``--force``."""
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -73,6 +83,14 @@ def _resolve(flag: str, path: Path) -> Path:
         return Path(os.path.abspath(path)).resolve(strict=False)
     except (RuntimeError, OSError) as e:  # a symlink loop (RuntimeError before Python 3.13)
         raise OutputError(f"{flag} {path} is a symbolic link loop: give a file name") from e
+
+
+def _resolve_output(out: Output) -> Path:
+    """Where ``out`` is written: a link's target, or (``follow=False``) the path itself in its resolved folder."""
+    if out.follow:
+        return _resolve(out.flag, Path(out.path))
+    path = Path(out.path)
+    return _resolve(out.flag, path.parent) / path.name
 
 
 def _shown(given: Path, target: Path) -> str:
@@ -120,18 +138,28 @@ def _judge_existing(out: Output, given: Path, target: Path, force: bool, force_n
     """Refuses what is at ``target`` if this output would destroy it (``force_name``: how the caller says
     "replace it": the CLI's ``--force``, a library function's ``force=True``)."""
     try:
-        st = os.stat(target)
+        st = os.stat(target) if out.follow else os.lstat(target)
     except (FileNotFoundError, NotADirectoryError):  # nothing there (a file in the way: _make_parents says)
         return
     except OSError as e:
         raise OutputError(f"{out.flag} {given}: cannot use it ({e.strerror})") from None
     shown = _shown(given, target)
+    if stat.S_ISLNK(st.st_mode):  # follow=False only
+        if force:
+            return
+        raise OutputError(
+            f"{out.flag} {given} is a symbolic link (to {os.readlink(target)}): this file is never written "
+            f"through a link; pass {force_name} to replace the link itself (its target is left as it is), or "
+            f"remove it"
+        )
     if out.kind == "file":
         if stat.S_ISDIR(st.st_mode):
             raise OutputError(f"{out.flag} {shown} is a directory: give a file name")
         if not stat.S_ISREG(st.st_mode):
             raise OutputError(f"{out.flag} {shown} is {_kind_of(st.st_mode)}: give a regular file name")
         if out.continues and _continuable(target, out.continues):
+            return
+        if out.owned is not None and out.owned(target):
             return
         if not force:
             _refuse_if_held(out.flag, given, target)  # the more useful line: --force would not help
@@ -266,7 +294,7 @@ class Claim:
 
 def unclaimed(outputs: Iterable[Output]) -> Claim:
     """The outputs' targets without judging or locking them (a rank whose launcher claimed them)."""
-    return Claim({o.flag: _resolve(o.flag, Path(o.path)) for o in outputs if o.path is not None})
+    return Claim({o.flag: _resolve_output(o) for o in outputs if o.path is not None})
 
 
 def claim(
@@ -322,7 +350,7 @@ def _judge(
 ) -> list[tuple[Output, Path, Path]]:  # fmt: skip
     """Every output judged (the module docstring's rules, parents made): (output, path given, target)."""
     outs = [o for o in outputs if o.path is not None]
-    resolved = [(o, Path(o.path), _resolve(o.flag, Path(o.path))) for o in outs]
+    resolved = [(o, Path(o.path), _resolve_output(o)) for o in outs]
     ins = []
     for flag, p in inputs:  # an input that cannot be resolved (a link loop) is the input checks' to name
         if p is not None:
@@ -359,6 +387,8 @@ def _judge(
         _judge_existing(out, given, target, force, force_name)
     for out, given, target in resolved:
         _make_parents(out.flag, given, target if out.kind == "dir" else target.parent)
+    for folder in dict.fromkeys(t if o.kind == "dir" else t.parent for o, _, t in resolved):
+        say_removed(remove_stale_temporaries(folder))  # what killed runs left where this one writes
     return resolved
 
 

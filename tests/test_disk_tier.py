@@ -21,15 +21,9 @@ from hotline.models.dlrm import init_embedding_table
 from hotline.placement import Placement
 from hotline.profiling.costmodel import STEP_FORMAT
 from hotline.table_layout import OPTIMIZERS, bytes_per_row, state_floats_per_row
-from hotline.tiers.disk_file import (
-    PAGE,
-    RowFile,
-    made_by_hotline,
-    manifest_path,
-    order_path,
-    pages_per_record,
-)
+from hotline.tiers.disk_file import PAGE, RowFile, pages_per_record
 from hotline.tiers.disk_store import cold_file, popularity_order, table_chunks
+from hotline.tiers.store_files import made_by_hotline, manifest_path, order_path
 from hotline.training.checkpoint import CheckpointManager
 
 TABLES = [30, 200, 12, 500, 60, 5, 90, 40]
@@ -603,7 +597,7 @@ def test_refuses_a_file_hotline_did_not_make(data, tmp_path, capsys):
             "--cold-store", "disk", "--cold-dir", str(tmp_path)]  # fmt: skip
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "refusing to overwrite" in err[0] and str(mine) in err[0]
+    assert len(err) == 1 and "exists: pass --force" in err[0] and str(mine) in err[0]
     assert mine.read_bytes() == b"my thesis"
 
 
@@ -836,10 +830,10 @@ def test_disk_probe_times_and_cleans_up(tmp_path):
     mine = tmp_path / "hotline-disk-calibration-step.bin"
     mine.write_text("user data")
     with DiskProbe(tmp_path, 256, depth=4, file_bytes=4 << 20) as probe:
-        assert len(list(tmp_path.glob(".hotline-disk-calibration-*"))) == 1
+        assert len(list(tmp_path.glob(".hotline-disk-calibration*"))) == 1
         got = probe(repeats=2)
     assert got["rows"] == PROBE_ROWS and got["read_us"] > 0 and got["write_us"] > 0
-    assert not list(tmp_path.glob(".hotline-disk-calibration-*")) and mine.read_text() == "user data"
+    assert not list(tmp_path.glob(".hotline-disk-calibration*")) and mine.read_text() == "user data"
 
 
 def test_disk_probe_closes_its_file_when_writing_it_fails(tmp_path, monkeypatch):
@@ -866,7 +860,7 @@ def test_disk_probe_closes_its_file_when_writing_it_fails(tmp_path, monkeypatch)
     with pytest.raises(OSError, match="Input/output error"):
         DiskProbe(tmp_path, 256, depth=4, file_bytes=4 << 20)
     monkeypatch.undo()
-    assert fds() <= before and not list(tmp_path.glob(".hotline-disk-calibration-*"))
+    assert fds() <= before and not list(tmp_path.glob(".hotline-disk-calibration*"))
 
 
 def test_calibrate_disk_cli(tmp_path, capsys):
@@ -927,7 +921,7 @@ def test_calibrate_disk_cli(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "random 4 KiB reads" in printed and "a step's I/O (128-byte records)" in printed
     assert f"of the I/O beside compute {p_short:.2f} with the compute {r_short:.2f} of the I/O, " in printed
-    assert not list(tmp_path.glob(".hotline-disk-calibration-*"))  # its scratch folder is gone
+    assert not list(tmp_path.glob(".hotline-disk-calibration*"))  # its scratch folder is gone
     assert {p: p.read_text() for p in mine} == mine
     assert main(["calibrate", "--out", str(out), "--disk-only"]) == 2
     assert main(["calibrate", "--out", str(out), "--disk", str(tmp_path), "--disk-only",

@@ -99,7 +99,7 @@ def test_old_records_without_window_length_use_the_step_difference(tmp_path):
 
 def test_bad_metrics_files_are_named(tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"kind": "train"}\nnot json\n')
+    bad.write_text('{"kind": "train", "step": 1}\nnot json\n')
     assert main(["report", str(bad), "--out", str(tmp_path / "x.png")]) == 2
     assert "bad.jsonl, line 2: not a JSON record" in capsys.readouterr().err
     assert main(["report", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "x.png")]) == 2

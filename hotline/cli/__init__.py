@@ -140,6 +140,74 @@ def _claim(args: argparse.Namespace):
     return outputs.claim(declared, inputs, force=getattr(args, "force", False))
 
 
+UNWIND_SECONDS = 10
+"""Seconds a SIGTERM's clean-up may take before the process dies by the signal's default action."""
+
+
+def _die_by_sigterm(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _say_without_blocking(line: str) -> None:
+    """Writes ``line`` to stderr unless that would block (a pipe nobody reads is full): then it is dropped."""
+    import fcntl
+
+    try:
+        fd = sys.stderr.fileno()
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            fcntl.fcntl(fd, fcntl.F_SETFL, flags)
+    except (OSError, ValueError, AttributeError):  # full, closed, or not a real file (a test's capture)
+        with contextlib.suppress(Exception):
+            if not hasattr(sys.stderr, "fileno") or _not_a_file(sys.stderr):
+                print(line, end="", file=sys.stderr)
+
+
+def _not_a_file(stream) -> bool:
+    try:
+        stream.fileno()
+    except (OSError, ValueError, AttributeError):
+        return True
+    return False
+
+
+@contextlib.contextmanager
+def _terminate_unwinds(name: str):
+    """SIGTERM (``kill``, a scheduler's stop) unwinds the command as Ctrl-C does, so every ``finally`` runs
+    (scratch folders, temporary files, locks removed): one line ``NAME: terminated``, exit status 143. Where
+    signals cannot be set (not the main thread), and in a rank of ``--nproc`` (its launcher stops it, maybe
+    inside a collective that would not unwind), the default stays."""
+
+    fired = []
+
+    def terminated(signum, frame) -> None:
+        fired.append(signum)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM cannot cut the clean-up short
+        signal.signal(signal.SIGALRM, _die_by_sigterm)  # a clean-up that cannot finish (a full stderr pipe
+        signal.alarm(UNWIND_SECONDS)  # nobody reads) ends as SIGTERM always ended a run, within seconds
+        _say_without_blocking(f"{name}: terminated\n")
+        raise SystemExit(128 + signum)
+
+    if os.environ.get("HOTLINE_LAUNCHED") or "LOCAL_RANK" in os.environ:
+        yield
+        return
+    try:
+        previous = signal.signal(signal.SIGTERM, terminated)
+    except ValueError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if not fired:  # after a SIGTERM the watchdog stays: the exit's own flush may block too
+            signal.alarm(0)
+
+
 def _main(argv: list[str]) -> int:
     args = None
     try:
@@ -148,7 +216,7 @@ def _main(argv: list[str]) -> int:
         from hotline.cli.args import check_counts
 
         check_counts(args)  # every command's thread and process counts, bounded the same way
-        with _claim(args) as args.claim:
+        with _terminate_unwinds(_command_name(args)), _claim(args) as args.claim:
             return int(args.func(args) or 0)
     except KeyboardInterrupt:
         from hotline.cli.args import ignore_further_interrupts

@@ -67,15 +67,27 @@ COUNT_FLAGS = (
 )
 
 
+IO_DEPTH_FLAGS = (("--cold-io-depth", "cold_io_depth"), ("--disk-depth", "disk_depth"))
+"""Reads in flight (each an I/O thread, blocked on the disk most of the time: bounded apart from the cores)."""
+MAX_IO_DEPTH = 1024
+
+
 def check_counts(args: argparse.Namespace) -> None:
     """Raises ValueError naming the flag when a thread or process count of any command is out of bounds
-    (at most a small multiple of this machine's cores: ``hotline.pipeline.threads.max_threads``)."""
+    (at most a small multiple of this machine's cores: ``hotline.pipeline.threads.max_threads``; an I/O depth
+    at most :data:`MAX_IO_DEPTH`)."""
     from hotline.pipeline.threads import check_threads
 
     for flag, dest, least in COUNT_FLAGS:
         value = getattr(args, dest, None)
         if value is not None:
             check_threads(value, flag, least)
+    for flag, dest in IO_DEPTH_FLAGS:
+        value = getattr(args, dest, None)
+        if value is not None and not 1 <= value <= MAX_IO_DEPTH:
+            raise ValueError(
+                f"{flag} must be in [1, {MAX_IO_DEPTH}] (reads in flight, one I/O thread each), got {value}"
+            )
 
 
 def add_progress(parser: argparse.ArgumentParser) -> None:

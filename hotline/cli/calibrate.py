@@ -56,6 +56,27 @@ def declare(args: argparse.Namespace):
     ], []
 
 
+def _document(out) -> dict:
+    """The hardware description ``--disk-only`` adds its disk section to: ``out``'s when it is one (a JSON
+    object with a Hotline format tag), else a new one (a file of another kind is there only with --force,
+    which replaces it: said on stderr)."""
+    import json
+
+    if not out.exists():
+        return {"format": "hotline-hardware"}
+    try:
+        hw = json.loads(out.read_text())
+    except (OSError, ValueError):
+        hw = None
+    if isinstance(hw, dict) and str(hw.get("format", "")).startswith("hotline-"):
+        return hw
+    print(
+        f"hotline calibrate: {out} is not a Hotline hardware description: --force replaces it",
+        file=sys.stderr,
+    )
+    return {"format": "hotline-hardware"}
+
+
 def run(args: argparse.Namespace) -> int:
     from hotline._io import write_json
     from hotline.profiling.calibrate import calibrate
@@ -71,9 +92,7 @@ def run(args: argparse.Namespace) -> int:
     out = args.claim.path("--out")
     try:
         if args.disk_only:
-            import json
-
-            hw = json.loads(out.read_text()) if out.exists() else {"format": "hotline-hardware"}
+            hw = _document(out)
         else:
             hw = calibrate(
                 args.threads or None, args.seed, progress=lambda s: print(f"timing {s}", file=sys.stderr)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from hotline.cli.args import SubParsers, add_arch, add_device, add_progress, add_threads, error
 
@@ -74,6 +73,8 @@ def add_parser(subparsers: SubParsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hotline.training.preflight import finite_json
+
     try:
         trainer = scoring_trainer(args)
         try:
@@ -83,5 +84,5 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError, IndexError) as e:
         return error("evaluate", e)
     record = {"split": args.split, "checkpoint": str(args.load), "step": trainer.step_count, **metrics}
-    print(json.dumps(record))
+    print(finite_json(record))  # an empty split's AUC is NaN: null, as train writes it
     return 0

@@ -22,6 +22,8 @@ from hotline.cli.args import (
     ignore_further_interrupts,
     show_traceback,
 )
+from hotline.cli.effects import MODE_FLAGS, check_mode_flags  # noqa: F401  (the table, named here too)
+from hotline.cli.effects import given_dests as _given
 from hotline.table_layout import OPTIMIZERS
 
 SUMMARY_KEYS = (
@@ -195,42 +197,6 @@ def add_parser(subparsers: SubParsers) -> None:
     p.set_defaults(func=run, declare=declare, train_parser=p)
 
 
-# The one table of which flags have an effect in which --mode: a flag given for a mode it has no effect in is
-# refused, every one the same way (unset, these flags are None).
-# --mode auto accepts the hotline flags: they apply when it chooses hotline (--placement and --hbm-budget
-# choose it).
-_HOTLINE = ("hotline", "auto")
-MODE_FLAGS = {
-    "--placement": ("placement", _HOTLINE),
-    "--hbm-budget": ("hbm_budget", _HOTLINE),
-    "--lookahead": ("lookahead", _HOTLINE),
-    "--worker-threads": ("worker_threads", _HOTLINE),
-    "--micro-batches": ("micro_batches", _HOTLINE),
-    "--replace-every": ("replace_every", _HOTLINE),
-    "--replace": ("replace", _HOTLINE),
-    "--replace-threshold": ("replace_threshold", _HOTLINE),
-    "--count-decay": ("count_decay", _HOTLINE),
-    "--save-placement": ("save_placement", _HOTLINE),
-    "--hardware": ("hardware", ("auto",)),
-}
-
-
-def check_mode_flags(args: argparse.Namespace) -> None:
-    """Raises ValueError for the first flag of :data:`MODE_FLAGS` given with a ``--mode`` it has no effect in,
-    and for ``--load`` with ``--resume`` (two starting points)."""
-    for flag, (dest, modes) in MODE_FLAGS.items():
-        if getattr(args, dest, None) is not None and args.mode not in modes:
-            raise ValueError(
-                f"{flag} has an effect with --mode {' or '.join(modes)} only; --mode {args.mode} would ignore it"
-            )
-    if args.load and (args.resume or args.resume_if_present):
-        flag = "--resume" if args.resume else "--resume-if-present"
-        raise ValueError(
-            f"--load {args.load} and {flag} are two starting points (a checkpoint file, or the newest checkpoint "
-            f"in --checkpoint-dir): give one of them"
-        )
-
-
 # TrainConfig fields a preset may set -> the flag that overrides them (as argparse dests).
 PRESET_FLAGS = {
     "embedding_dim": "arch_sparse_feature_size", "bottom_mlp": "arch_mlp_bot", "top_mlp": "arch_mlp_top",
@@ -239,16 +205,6 @@ PRESET_FLAGS = {
     "lr_decay_start_step": "lr_decay_start_step", "lr_decay_steps": "lr_num_decay_steps",
     "mini_batch_size": "mini_batch_size",
 }  # fmt: skip
-
-
-def _given(args: argparse.Namespace, parser: argparse.ArgumentParser) -> set[str]:
-    """The dests of ``parser``'s options given on the command line."""
-    argv = getattr(args, "command_line", None) or []
-    return {
-        a.dest
-        for a in parser._actions
-        if any(tok == o or tok.startswith(o + "=") for o in a.option_strings for tok in argv)
-    }
 
 
 def apply_preset(
@@ -347,6 +303,7 @@ def _config_from_args(args: argparse.Namespace):
         threads=args.threads or 0,
         progress=not args.no_progress,
         metrics_path=args.metrics,
+        force=bool(getattr(args, "force", False)),  # the disk store's files (the rest are claimed above)
         dump_params_path=args.dump_params,
         init_params_path=args.init_params,
         dump_init_path=args.dump_init,
@@ -396,6 +353,7 @@ def _launch(args: argparse.Namespace) -> int:
             args.hbm_budget = str(choice.hbm_budget) if choice.hbm_budget else None
             if choice.mode == "device":  # nothing is cold (choice_fields)
                 args.cold_store, args.cold_dir, args.cold_cache = "memory", None, "0"
+                args.cold_io_depth, args.no_cold_direct = 32, False  # (MODE_FLAGS in the ranks)
     except ValueError as e:
         return error("train", e)
     return launch(args.nproc, ["train", *launcher_argv(args.train_parser, args, ("nproc", "train_parser"))])
@@ -526,7 +484,9 @@ def _choose(config, dataset, args: argparse.Namespace, comm=None, announce: bool
     :meth:`AutoChoice.line` when training starts)."""
     from hotline.training.auto import resolve, torch_device_type
     from hotline.training.logs import STEP_KERNELS, note_first_compile
+    from hotline.training.preflight import check_dense_memory
 
+    check_dense_memory(config, dataset, tables=False)  # before the choice builds the model to time it
     if comm is None or comm.rank == 0:  # the choice profiles and times kernels before the first step does
         note_first_compile((*STEP_KERNELS, "hotline.kernels.profile"))
     _, choice = resolve(config, dataset, comm, args.hardware)

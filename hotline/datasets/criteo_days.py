@@ -110,8 +110,17 @@ class _Day:
     """One day's arrays, memory-mapped: dense [n, 13], labels [n], and the bags (one [n, L_t] per table)."""
 
     def __init__(self, directory: Path, i: int, multi_hot: bool):
-        self.dense = _load(directory / f"day_{i}_dense.npy")
-        labels = _load(directory / f"day_{i}_labels.npy")
+        self.dense_path, self.labels_path = (
+            directory / f"day_{i}_dense.npy",
+            directory / f"day_{i}_labels.npy",
+        )
+        self.dense = _load(self.dense_path)
+        if self.dense.ndim and self.dense.shape[0] == 0:
+            raise DayFileError(
+                f"{self.dense_path} holds 0 rows: an empty day file (did its preprocessing fail?); every day gives "
+                f"rows (training rows, or the last day validation and test rows): remove it and renumber the days"
+            )
+        labels = _load(self.labels_path)
         self.labels = labels.reshape(labels.shape[0], -1)
         n = self.dense.shape[0]
         if self.dense.ndim != 2 or self.dense.shape[1] != NUM_DENSE or self.labels.shape != (n, 1):
@@ -128,8 +137,10 @@ class _Day:
                 raise DayFileError(f"{path}: members {sorted(members)}, expected '0' .. '{NUM_FEATURES - 1}'")
             self.bags = [members[str(t)] for t in range(NUM_FEATURES)]
             self.bags = [b.reshape(b.shape[0], -1) for b in self.bags]
+            self.bag_names = [f"{path} (member {t})" for t in range(NUM_FEATURES)]
         else:
             sparse = _load(directory / f"day_{i}_sparse.npy")
+            self.bag_names = [f"{directory / f'day_{i}_sparse.npy'}"] * NUM_FEATURES
             if sparse.ndim != 2 or sparse.shape[1] != NUM_FEATURES:
                 raise DayFileError(
                     f"{directory}/day_{i}_sparse.npy has shape {sparse.shape}, expected [n, 26]"
@@ -144,6 +155,34 @@ class _Day:
 
     def __len__(self) -> int:
         return int(self.dense.shape[0])
+
+    def check_rows(self, lo: int, hi: int) -> None:
+        """Raises DayFileError naming the file, the row (from 0) and the column of the first value of rows
+        ``lo:hi`` that is not data: a dense feature that is NaN or infinite, a label outside [0, 1] (or NaN),
+        a negative id (an id is taken modulo its table's size: a negative one would land on another row)."""
+        dense, labels = np.asarray(self.dense[lo:hi]), np.asarray(self.labels[lo:hi, 0])
+        bad = ~np.isfinite(dense) if dense.dtype.kind == "f" else np.zeros(dense.shape, bool)
+        if bad.any():
+            r, c = np.argwhere(bad)[0]
+            raise DayFileError(
+                f"{self.dense_path}, row {lo + int(r)}, column {int(c)}: the value is {dense[r, c]}; dense "
+                f"features must be finite numbers"
+            )
+        bad = ~((labels >= 0) & (labels <= 1))  # NaN too
+        if bad.any():
+            r = int(np.flatnonzero(bad)[0])
+            raise DayFileError(
+                f"{self.labels_path}, row {lo + r}: the label is {labels[r]}; labels must lie in [0, 1] (click "
+                f"labels are 0 or 1)"
+            )
+        for t, bag in enumerate(self.bags):
+            ids = np.asarray(bag[lo:hi])
+            if ids.size and ids.min() < 0:
+                r, c = np.argwhere(ids < 0)[0]
+                raise DayFileError(
+                    f"{self.bag_names[t]}, row {lo + int(r)}: table {t}'s id is {int(ids[r, c])}; ids must be "
+                    f">= 0 (each is taken modulo its table's size: a negative one would land on another row)"
+                )
 
 
 def convert_days(
@@ -179,6 +218,11 @@ def convert_days(
                 f"{src}/day_{i}: bag sizes {[b.shape[1] for b in d.bags]} differ from day_0's {bag_sizes}"
             )
     last = len(days[-1])
+    if last < 2:
+        raise DayFileError(
+            f"{days[-1].dense_path} holds {last} row: the last day is cut into validation and test (half each), "
+            f"so it needs at least 2 rows"
+        )
     half = (last + 1) // 2  # torchrec: val = the first ceil(n/2) rows of the last day, test = the rest
     parts = {
         "train": [(d, 0, len(d)) for d in days[:-1]],
@@ -204,6 +248,7 @@ def convert_days(
                 for a in range(lo, hi, CHUNK_ROWS):
                     b = min(hi, a + CHUNK_ROWS)
                     k = b - a
+                    day.check_rows(a, b)  # before any of the chunk is written: named, file and row
                     dense[at : at + k] = day.dense[a:b]
                     labels[at : at + k] = day.labels[a:b, 0]
                     for t, bag in enumerate(day.bags):

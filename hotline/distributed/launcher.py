@@ -199,6 +199,20 @@ def train_and_dump(comm: Comm, jobs: list[tuple[TrainConfig, str, str]]) -> None
             trainer.close()
 
 
+def _killed_line(command: str, rank: int, signum: int) -> str:
+    """The one line for a rank that a signal killed (the launcher then stops the others)."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    return (
+        f"hotline {command}: error: rank {rank} was killed by {name} (not by Hotline: out of memory, or a kill "
+        f"from outside); the other ranks were stopped. The last complete checkpoint in --checkpoint-dir is "
+        f"intact (a checkpoint counts only once every rank's file and its commit marker are written): "
+        f"--resume continues from it"
+    )
+
+
 def launch(nproc: int, argv: list[str]) -> int:
     """Starts ``python -m hotline <argv>`` on ``nproc`` local ranks through torch's elastic launcher (torchrun).
 
@@ -228,6 +242,15 @@ def launch(nproc: int, argv: list[str]) -> int:
                 break
             except ChildFailedError as e:
                 codes = [f.exitcode for f in e.failures.values()]
+                # the rank a signal killed (not the agent's SIGTERM that stops the others after it)
+                killed = sorted(
+                    (-f.exitcode == signal.SIGTERM, f.timestamp, f.local_rank, -f.exitcode)
+                    for f in e.failures.values()
+                    if f.exitcode < 0
+                )
+                if killed and not any(c > 0 for c in codes):  # a rank's own error (exit 2) says itself
+                    print(_killed_line(argv[0], *killed[0][2:]), file=sys.stderr)
+                    return 128 + killed[0][3]
                 if EXIT_TRANSIENT not in codes:
                     return next((c for c in codes if c and c > 0), 1)
                 if attempt == START_ATTEMPTS:

@@ -22,6 +22,8 @@ from torch import nn
 from hotline.models.crossnet import InteractionDCNArch
 
 INTERACTIONS = ("dot", "cat", "dcn")
+MAX_DCN_LAYERS = 1024
+"""The most cross layers ``--dcn-num-layers`` takes: each runs in sequence in every step (DCN-v2 uses 2 to 4)."""
 
 
 def parse_layers(spec: str, flag: str) -> list[int]:
@@ -62,11 +64,7 @@ class DLRMConfig:
             raise ValueError(f"embedding_dim must be positive, got {self.embedding_dim}")
         if self.interaction not in INTERACTIONS:
             raise ValueError(f"interaction must be one of {INTERACTIONS}, got {self.interaction!r}")
-        if self.dcn_num_layers < 1 or self.dcn_low_rank_dim < 1:
-            raise ValueError(
-                f"--dcn-num-layers and --dcn-low-rank-dim must be >= 1, got {self.dcn_num_layers} and "
-                f"{self.dcn_low_rank_dim}"
-            )
+        check_dcn(self.dcn_num_layers, self.dcn_low_rank_dim)
         if self.bottom_mlp[-1] != self.embedding_dim:
             raise ValueError(
                 f"--arch-mlp-bot ends with {self.bottom_mlp[-1]} but --arch-sparse-feature-size is "
@@ -89,6 +87,43 @@ class DLRMConfig:
         if self.interaction == "dot":
             return F * (F - 1) // 2 + D
         return F * D
+
+
+def check_dcn(num_layers: int, low_rank: int) -> None:
+    """Raises ValueError (one line naming the flag) for a cross net that cannot be: fewer than one layer or
+    rank, or more layers than :data:`MAX_DCN_LAYERS` (a size too large for memory is the memory preflight's to
+    name, :func:`hotline.training.preflight.check_dense_memory`)."""
+    if num_layers < 1 or low_rank < 1:
+        raise ValueError(
+            f"--dcn-num-layers and --dcn-low-rank-dim must be >= 1, got {num_layers} and {low_rank}"
+        )
+    if num_layers > MAX_DCN_LAYERS:
+        raise ValueError(
+            f"--dcn-num-layers must be at most {MAX_DCN_LAYERS}, got {num_layers}: every cross layer runs in "
+            f"sequence in every step (DCN-v2 uses 2 to 4)"
+        )
+
+
+def dense_parameters(config: DLRMConfig) -> int:
+    """The dense model's parameters (weights and biases of both MLPs and the cross net), counted without
+    building it."""
+    mlps = [config.bottom_mlp, [config.interaction_width, *config.top_mlp]]
+    n = sum(a * b + b for sizes in mlps for a, b in zip(sizes[:-1], sizes[1:]))
+    if config.interaction == "dcn":
+        width = (config.num_tables + 1) * config.embedding_dim
+        n += config.dcn_num_layers * (2 * width * config.dcn_low_rank_dim + width)
+    return n
+
+
+def dense_activations(config: DLRMConfig) -> int:
+    """Floats one sample's forward keeps for its backward (each layer's input and output, the cross net's
+    low-rank and full-width products), counted without building the model."""
+    n = sum(config.bottom_mlp) + config.interaction_width + sum(config.top_mlp)
+    F, D = config.num_tables + 1, config.embedding_dim
+    n += F * D + (F * F if config.interaction == "dot" else 0)  # the features and their pairwise products
+    if config.interaction == "dcn":
+        n += config.dcn_num_layers * (config.dcn_low_rank_dim + 3 * F * D)
+    return 2 * n  # the outputs and their gradients
 
 
 def _mlp(sizes: list[int], final_relu: bool, generator: torch.Generator) -> nn.Sequential:

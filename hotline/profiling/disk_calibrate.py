@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -47,8 +46,10 @@ from hotline.tiers.disk_file import PAGE, PageSet, RowFile, aligned_bytes, manif
 
 _SCRATCH = "hotline-disk-calibration.bin"
 _STEP_SCRATCH = "hotline-disk-calibration-step.bin"
-_SCRATCH_DIR = ".hotline-disk-calibration-"
-"""The scratch files' folder in the directory timed (a fresh one per calibration, removed at its end)."""
+_SCRATCH_DIR = "hotline-disk-calibration"
+"""The scratch files' folder in the directory timed (a fresh one per calibration, removed at its end; named
+``.hotline-disk-calibration.hotline-tmp-PID-RANDOM``: a run killed before its end leaves one that the next
+calibration in that directory removes, :func:`hotline._io.scratch_folder`)."""
 STEP_ROWS = (256, 1024, 2048, 4096, 8192)
 """Distinct rows per timed step-shaped batch (each about one page: uniform over a file many times larger)."""
 PROBE_ROWS = 2048
@@ -441,10 +442,13 @@ def _timed(fn) -> float:
 
 
 def _scratch_dir(directory: Path) -> Path:
-    """A fresh folder for scratch files in ``directory``, removed with everything in it afterwards: a file of
-    the user's there, whatever its name, is never opened, refused or removed."""
+    """A fresh folder for scratch files in ``directory``, removed with everything in it afterwards (a SIGTERM
+    unwinds to that too; after a ``kill -9`` the next calibration there removes it): a file of the user's
+    there, whatever its name, is never opened, refused or removed."""
+    from hotline._io import scratch_folder
+
     try:
-        return Path(tempfile.mkdtemp(prefix=_SCRATCH_DIR, dir=directory))
+        return scratch_folder(directory, _SCRATCH_DIR)
     except OSError as e:
         raise OSError(e.errno, f"cannot make a scratch folder in {directory} ({e.strerror or e})") from None
 

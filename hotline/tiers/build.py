@@ -25,17 +25,18 @@ def _stores(config, layout: TableLayout, placement: Placement, optimizer: Sparse
     pin = False  # nothing reads the cold tier in place (copies go through pinned staging): no registration
     disk = config.cold_store == "disk"
     if disk:  # refused before any long work (the profile of the file's order, the initial fill)
-        from hotline.tiers.disk_file import check_cold_path
         from hotline.tiers.disk_store import cold_file
+        from hotline.tiers.store_files import check_cold_path
 
-        check_cold_path(cold_file(config.cold_dir, r, N))
+        check_cold_path(cold_file(config.cold_dir, r, N), config.force)
     if N == 1 and disk:
         from hotline.tiers.disk_store import DiskColdStore, cold_file, popularity_order
 
         hot = placement.fused_hot_ids()
         order = popularity_order(_row_counts(config, dataset), layout.num_rows, hot)
         cold = DiskColdStore(cold_file(config.cold_dir), layout, dim, optimizer, seed, order,
-                             config.cold_io_depth, config.cold_direct, config.cold_cache, max_rows)  # fmt: skip
+                             config.cold_io_depth, config.cold_direct, config.cold_cache, max_rows,
+                             config.force)  # fmt: skip
         return cold, _hot_rows(layout, placement, dim, seed)
     if N == 1:
         weights = initial_tables(layout, dim, seed)
@@ -49,7 +50,7 @@ def _stores(config, layout: TableLayout, placement: Placement, optimizer: Sparse
         hot = placement.fused_hot_ids()
         order = popularity_order(counts[local], local.shape[0], hot[hot % N == r] // N)
         rows = DiskRows(cold_file(config.cold_dir, r, N), local.shape[0], dim, optimizer, order,
-                        config.cold_io_depth, config.cold_direct, config.cold_cache)  # fmt: skip
+                        config.cold_io_depth, config.cold_direct, config.cold_cache, config.force)  # fmt: skip
         rows.fill_initial(layout, seed, r, N)
         return ShardedColdStore(comm, rows, optimizer, layout.num_rows), _hot_rows(
             layout, placement, dim, seed

@@ -6,10 +6,13 @@ record ``i`` of the file holds row ``order[i]`` (rows counted most often first, 
 rows share pages), and ``positions[row]`` is where a row stands. A record is the row's weights followed by its
 whole optimizer state as the optimizer lays it out (row-wise Adagrad: one float; Adagrad: D accumulators;
 Adam: D first moments, D second moments, the row's step count). The order is kept beside the file
-(``FILE.order.npy``) with a manifest (``FILE.json``, the file's header) that marks the file as Hotline's and
-records its record: rows, dim, the optimizer and its state floats, the record's bytes. A file at the path
-that Hotline did not make is refused, never overwritten; :meth:`RowFile.open` takes an existing file as it
-stands and refuses, with one line, one made for another record (another optimizer's state, another dim).
+(``FILE.order.npy``) with a manifest (``FILE.json``, the file's header) that records its record: rows, dim,
+the optimizer and its state floats, the record's bytes, and the order file's sha256. :meth:`RowFile.open`
+takes an existing file as it stands and refuses, with one line, one made for another record (another
+optimizer's state, another dim).
+
+The file ends with one more page that names it (:mod:`hotline.tiers.store_files`: the three files as outputs
+under the one output policy, each replaced only when provably the store's own by its content).
 
 Reads and writes of a step's rows go through pages (4 KiB): the pages that hold the rows are read, rows of
 one step that share a page are fetched by one read, neighbouring pages form one read (up to ``MAX_RUN_PAGES``),
@@ -33,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import math
 import os
 import threading
@@ -45,11 +47,20 @@ from pathlib import Path
 import numpy as np
 
 from hotline import _io
+from hotline.tiers.store_files import (
+    FORMAT,
+    PAGE,
+    _tail,
+    check_cold_path,
+    check_record,
+    is_own_rows,
+    manifest_path,
+    order_path,
+    read_manifest,
+)
 
-PAGE = 4096
 MAX_RUN_PAGES = 64
 """The longest read or write one system call makes (256 KiB): longer runs are split across the I/O threads."""
-FORMAT = "hotline-cold-rows/1"
 _CHUNK_BYTES = 64 << 20  # bulk (sequential) reads and writes: export, load, initial fill
 
 
@@ -69,57 +80,6 @@ def aligned_bytes(n: int) -> np.ndarray:
     raw = np.empty(n + PAGE, np.uint8)
     off = (-raw.ctypes.data) % PAGE
     return raw[off : off + n]
-
-
-def manifest_path(path: Path) -> Path:
-    return path.with_name(path.name + ".json")
-
-
-def order_path(path: Path) -> Path:
-    return path.with_name(path.name + ".order.npy")
-
-
-def read_manifest(path: Path) -> dict | None:
-    """The manifest (header) of the cold-row file ``path`` if Hotline made it, else None."""
-    try:
-        manifest = json.loads(manifest_path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    return manifest if isinstance(manifest, dict) and manifest.get("format") == FORMAT else None
-
-
-def made_by_hotline(path: Path) -> bool:
-    """Whether ``path`` is a cold-row file that Hotline made (its manifest beside it says so)."""
-    return read_manifest(path) is not None
-
-
-def check_record(path: Path, manifest: dict, dim: int, state_floats: int, optimizer: str = "") -> None:
-    """Refuses, with one line, a file whose header says its records are not ``dim`` weights and
-    ``state_floats`` state floats of ``optimizer`` (a file made for another optimizer or dim)."""
-    theirs = (manifest.get("dim"), manifest.get("state_floats"), manifest.get("optimizer", ""))
-    if theirs[:2] != (dim, state_floats) or (optimizer and theirs[2] and theirs[2] != optimizer):
-        made = f"optimizer {theirs[2] or '(not recorded)'}, dim {theirs[0]}, {theirs[1]} state floats per row"
-        want = f"optimizer {optimizer or '(any)'}, dim {dim}, {state_floats} state floats per row"
-        raise ValueError(
-            f"cold store {path} was made for {made}; this run needs {want} (choose another --cold-dir)"
-        )
-
-
-def check_cold_path(path: str | os.PathLike) -> Path:
-    """``path`` as a cold-row file Hotline may (re)create: refuses, with one line, a directory or a file that
-    Hotline did not make (the file and its side files are the user's then)."""
-    path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"cold store file {path} is a directory")
-    owned = made_by_hotline(path)
-    for p in (path, manifest_path(path), order_path(path)):
-        if p.exists() and not owned:
-            raise ValueError(
-                f"refusing to overwrite {p}: it exists and Hotline did not make it (choose another --cold-dir)"
-            )
-    if not path.parent.is_dir():
-        raise ValueError(f"--cold-dir {path.parent} is not a directory")
-    return path
 
 
 def _named(e: OSError, path: Path, what: str) -> OSError:
@@ -177,14 +137,16 @@ class RowFile:
         cache_bytes: int = 0,
         optimizer: str = "",
         create: bool = True,
+        force: bool = False,
     ):
         """``optimizer`` names the state's layout in the header; ``create=False`` (:meth:`open`) keeps the file
-        as it stands instead of making it again."""
+        as it stands instead of making it again; ``force`` (``--force``) replaces files at the store's paths
+        that are not provably its own (:func:`check_cold_path`)."""
         if io_depth < 1:
             raise ValueError(f"--cold-io-depth must be >= 1, got {io_depth}")
         if cache_bytes < 0:
             raise ValueError(f"--cold-cache must be >= 0, got {cache_bytes}")
-        self.path = check_cold_path(path) if create else Path(path)
+        self.path = check_cold_path(path, force) if create else Path(path)
         self.num_rows, self.dim, self.S = int(num_rows), int(dim), int(state_floats)
         self.optimizer = optimizer
         self.floats = self.dim + self.S
@@ -226,7 +188,7 @@ class RowFile:
         dim) or the file is not the size its header says."""
         path = Path(path)
         manifest = read_manifest(path)
-        if manifest is None or not path.is_file():
+        if manifest is None or path.is_symlink() or not path.is_file():
             raise ValueError(
                 f"cold store {path} is not a cold-row file Hotline made (no manifest of its own)"
             )
@@ -263,33 +225,43 @@ class RowFile:
     def _create(self, direct: bool) -> None:
         """Creates (or re-creates, if Hotline made it) the file at its full size, locked against other runs."""
         path = self.path
-        self._lock(os.O_RDWR | os.O_CREAT, "create")
+        self._lock(os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, "create")
+        _io.atomic_write(order_path(path), lambda f: np.save(f, self.order))
+        self.order = np.load(order_path(path), mmap_mode="r")  # read in chunks (export, load): on disk
         _io.write_json(
             manifest_path(path),
             {"format": FORMAT, "rows": self.num_rows, "dim": self.dim, "optimizer": self.optimizer,
-             "state_floats": self.S, "record_bytes": self.record, "order": order_path(path).name},
+             "state_floats": self.S, "record_bytes": self.record, "order": order_path(path).name,
+             "order_sha256": _io.sha256(order_path(path))},
         )  # fmt: skip
-        _io.atomic_write(order_path(path), lambda f: np.save(f, self.order))
-        self.order = np.load(order_path(path), mmap_mode="r")  # read in chunks (export, load): on disk
         try:
             os.ftruncate(self._bulk, 0)
-            os.posix_fallocate(self._bulk, 0, self.size)  # a full disk is found now, not mid-run
+            os.posix_fallocate(self._bulk, 0, self.size + PAGE)  # a full disk is found now, not mid-run
+            if os.pwrite(self._bulk, _tail(self.num_rows, self.record), self.size) != PAGE:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         except OSError as e:
             os.close(self._bulk)
             self._bulk = -1
-            raise _named(e, path, f"reserving {self.size} bytes") from None
+            raise _named(e, path, f"reserving {self.size + PAGE} bytes") from None
         self._open_direct(direct)
 
     def _attach(self, direct: bool) -> None:
         """Opens the existing file as it stands (:meth:`open`), locked against other runs."""
         self._lock(os.O_RDWR, "open")
         size = os.fstat(self._bulk).st_size
-        if size != self.size:
+        if size != self.size + PAGE:
             os.close(self._bulk)
             self._bulk = -1
             raise ValueError(
-                f"cold store {self.path} is {size} bytes, its header says {self.size} ({self.num_rows} records "
-                f"of {self.record} bytes in 4 KiB pages): truncated or not this store's file"
+                f"cold store {self.path} is {size} bytes, its header says {self.size + PAGE} ({self.num_rows} "
+                f"records of {self.record} bytes in 4 KiB pages, and its last page): truncated or not this "
+                f"store's file"
+            )
+        if not is_own_rows(self.path):
+            os.close(self._bulk)
+            self._bulk = -1
+            raise ValueError(
+                f"cold store {self.path} does not end with the store's last page: not this store's file"
             )
         self._open_direct(direct)
 

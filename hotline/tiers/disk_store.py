@@ -78,11 +78,13 @@ class DiskRows(ClaimBook):
     of a one-rank disk store and of a rank's shard on N ranks."""
 
     def __init__(self, path, num_rows: int, dim: int, optimizer: SparseOptimizer, order=None,
-                 io_depth: int = 32, direct: bool = True, cache_bytes: int = 0):  # fmt: skip
+                 io_depth: int = 32, direct: bool = True, cache_bytes: int = 0, force: bool = False):  # fmt: skip
         super().__init__(num_rows)
         self.dim, self.S = int(dim), optimizer.state_floats_per_row
         self.state_shape = optimizer.state_shape  # rows -> their state's shape ([U], [U, S] or [0])
-        self.file = RowFile(path, num_rows, dim, self.S, order, io_depth, direct, cache_bytes, optimizer.kind)
+        self._wrote_nonfinite = False  # an update wrote NaN or infinity (a diverging run, not a damaged file)
+        self.file = RowFile(path, num_rows, dim, self.S, order, io_depth, direct, cache_bytes, optimizer.kind,
+                            force=force)  # fmt: skip
 
     def _state(self, rows: int, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """A state array of ``rows`` rows (``out[:rows]`` when given) and its [rows, S] view (the records'
@@ -115,11 +117,33 @@ class DiskRows(ClaimBook):
         values are not read (stale rows a refresh reads again); ``track``: the pages kept current by later
         writes until they are written back (see :meth:`RowFile.read_rows`)."""
         rec, pages = self.file.read_rows(rows, skip=skip, track=track)
+        self._check_read(rows, rec, skip)
         return (*self._split_records(rec, out_w, out_s), pages)
 
     def reread(self, rows: np.ndarray, pages, idx: np.ndarray):
         """Weights and state of ``rows[idx]`` read again into the fetch's pages (:meth:`RowFile.reread`)."""
-        return self._split_records(self.file.reread(rows, pages, idx))
+        rec = self.file.reread(rows, pages, idx)
+        self._check_read(rows[idx], rec)
+        return self._split_records(rec)
+
+    def _check_read(self, rows: np.ndarray, rec: np.ndarray, skip: np.ndarray | None = None) -> None:
+        """Raises ValueError naming the file and the row when a record read holds a value that is not finite
+        while this run never wrote one (:meth:`put` keeps count): the file was changed under the run, not a
+        diverging update (that is the loss check's to say)."""
+        if self._wrote_nonfinite or np.isfinite(rec).all():
+            return
+        bad = ~np.isfinite(rec).all(axis=1)
+        if skip is not None and skip.size:
+            bad[skip] = False  # not read: their values come with the refresh
+        if not bad.any():
+            return
+        i = int(np.flatnonzero(bad)[0])
+        row, value = int(rows[i]), rec[i][~np.isfinite(rec[i])][0]
+        raise ValueError(
+            f"cold store {self.file.path}: row {row} (record {int(self.file.positions[row])} of the file) holds "
+            f"{value}, which this run never wrote: the file was changed under the run or its disk returned bad "
+            f"data; resume from the last checkpoint (--resume) into a fresh --cold-dir"
+        )
 
     def _split_records(
         self, rec: np.ndarray, out_w: np.ndarray | None = None, out_s: np.ndarray | None = None
@@ -138,6 +162,8 @@ class DiskRows(ClaimBook):
         rec = np.empty((U, self.dim + self.S), np.float32)
         rec[:, : self.dim] = w
         rec[:, self.dim :] = s.reshape(U, self.S)
+        if not self._wrote_nonfinite and not np.isfinite(rec).all():
+            self._wrote_nonfinite = True  # a diverging update: the loss check names it, not the file
         return self.file.write_rows(rows, rec, pages)
 
     def apply(self, optimizer: SparseOptimizer, rows: np.ndarray, grads: torch.Tensor, pages=None) -> int:
@@ -175,6 +201,7 @@ class DiskRows(ClaimBook):
             rec = np.empty((rows.shape[0], self.dim + self.S), np.float32)
             rec[:, : self.dim] = weights[rows]
             rec[:, self.dim :] = cols[rows]
+            self._wrote_nonfinite |= not np.isfinite(rec).all()
             f.put_positions(lo, rec)
         f.flush()
         f.drop_page_cache()
@@ -188,9 +215,11 @@ class DiskColdStore(OneRankStore):
 
     def __init__(self, path, layout: TableLayout, dim: int, optimizer: SparseOptimizer, seed: int,
                  order: np.ndarray | None = None, io_depth: int = 32, direct: bool = True,
-                 cache_bytes: int = 0, max_rows: int = 0):  # fmt: skip
+                 cache_bytes: int = 0, max_rows: int = 0, force: bool = False):  # fmt: skip
         self.comm = Comm()
-        self.host = DiskRows(path, layout.num_rows, dim, optimizer, order, io_depth, direct, cache_bytes)
+        self.host = DiskRows(
+            path, layout.num_rows, dim, optimizer, order, io_depth, direct, cache_bytes, force
+        )
         self.file = self.host.file
         self.dim, self.S = int(dim), optimizer.state_floats_per_row
         self._scratch = sparse_update.new_scratch(max_rows)

@@ -23,6 +23,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 from hotline.distributed.comm import Comm
 from hotline.tiers.sparse_optim import SparseOptimizer
 from hotline.torchrec_bridge.fused_optim import HotlineFusedOptimizer, state_names, state_views
+from hotline.torchrec_bridge.kjt_checks import check_kjt
 from hotline.torchrec_bridge.tiered_tables import Lookup, TieredTables
 
 _POOLINGS = (PoolingType.SUM, PoolingType.MEAN)
@@ -86,6 +87,7 @@ class CollectionCore:
         of every bag [slots, B]; the batch size B."""
         if features.variable_stride_per_key():
             raise ValueError("KeyedJaggedTensor with a variable batch size per key is not supported")
+        check_kjt(features)  # ids, lengths and weights that make a batch, named by key (kjt_checks.py)
         B = int(features.stride())
         keys = features.keys()
         index = {k: i for i, k in enumerate(keys)}

@@ -575,6 +575,7 @@ def choose_for_run(
         return True
 
     hw = hardware_for(config.device, hardware, config.threads)
+    _say_gpu_on_cpu(hardware, config.device)
     disk = None
     if config.cold_store == "disk":
         disk = ColdDisk(str(config.cold_dir), int(config.cold_cache))
@@ -613,6 +614,24 @@ def choose_for_run(
     )
     choice.dense_pass = timed_pass(w, hw["device"])
     return choice
+
+
+def _say_gpu_on_cpu(hardware, device: str) -> None:
+    """One line on stderr when ``--hardware`` names a GPU and the run trains on the CPU: the choice prices the
+    GPU's speeds with this host's memory as the device's (the run is on this machine), not the GPU's."""
+    from hotline.profiling.costmodel import known_gpus
+    from hotline.units import format_size
+
+    if not isinstance(hardware, str) or torch_device_type(device) != "cpu":
+        return
+    gpu = next((k for k in known_gpus() if k.lower() == hardware.lower()), None)
+    if gpu is not None:
+        print(
+            f"hotline train: warning: --hardware {hardware} prices a {gpu}'s speeds, but this run trains on the CPU: "
+            f"the device memory priced is this host's ({format_size(device_memory(device))}), not the {gpu}'s; "
+            "run on the GPU (--device cuda) to price the GPU as it is",
+            file=sys.stderr,
+        )
 
 
 def torch_device_type(device: str) -> str:

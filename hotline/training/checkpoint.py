@@ -175,6 +175,34 @@ def save_checkpoint(trainer, base: str | os.PathLike) -> Path:
     return path
 
 
+def safe_load(path: str | os.PathLike, what: str, error: type[Exception] = ValueError):
+    """``torch.load(path, weights_only=True)``, and a file it cannot load as one line naming ``what``: cut
+    short, not a torch file, or holding Python objects a safe load refuses (said as that: never the advice to
+    load it unsafely that torch's message gives). Without its digest file the line says so too."""
+    import warnings
+
+    try:
+        with (
+            warnings.catch_warnings()
+        ):  # "Detected pickle protocol 4": a foreign pickle, refused below anyway
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises many types for truncated or crafted files
+        text = str(e)
+        if "WeightsUnpickler error:" in text:
+            detail = text.split("WeightsUnpickler error:", 1)[1].strip().splitlines()[0].strip()
+            why = (
+                f"the safe loader refuses it ({detail}): unsafe (a crafted pickle) or not a file torch wrote; "
+                f"it is never loaded unsafely"
+            )
+        else:
+            first = text.strip().splitlines()[0].split(". ")[0][:200] if text.strip() else type(e).__name__
+            why = f"truncated, corrupt or unsafe ({first})"
+        digest = _io.digest_path(path)
+        unchecked = "" if digest.is_file() else f"; it has no digest file {digest.name} to check it against"
+        raise error(f"{what} cannot be loaded: {why}{unchecked}") from None
+
+
 def read_checkpoint(path: str | os.PathLike) -> dict:
     """Loads and verifies one checkpoint file (digest, safe unpickling, format); touches no trainer."""
     path = Path(path)
@@ -185,12 +213,7 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
             f"checkpoint {path} is corrupt: its sha256 does not match {digest.name} "
             f"(delete both files to resume from the previous checkpoint)"
         )
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises many types for truncated or crafted files
-        raise CheckpointError(
-            f"checkpoint {path} cannot be loaded (truncated, corrupt or unsafe): {e}"
-        ) from e
+    payload = safe_load(path, f"checkpoint {path}", CheckpointError)
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path} is not a Hotline checkpoint (format {CHECKPOINT_FORMAT})")
     return payload

@@ -187,11 +187,9 @@ class TrainConfig:
             raise ValueError(
                 f"--cold-io-depth must be >= 1 and --cold-cache >= 0, got {self.cold_io_depth}, {self.cold_cache}"
             )
-        if self.dcn_num_layers < 1 or self.dcn_low_rank_dim < 1:
-            raise ValueError(
-                f"--dcn-num-layers and --dcn-low-rank-dim must be >= 1, got {self.dcn_num_layers} and "
-                f"{self.dcn_low_rank_dim}"
-            )
+        from hotline.models.dlrm import check_dcn
+
+        check_dcn(self.dcn_num_layers, self.dcn_low_rank_dim)
         self.device = resolve_device(self.device)
         try:
             device = torch.device(self.device)

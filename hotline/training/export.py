@@ -179,10 +179,9 @@ def export_torchrec_dlrm(
 
 def load_torchrec_dlrm(path: str | os.PathLike):
     """The torchrec DLRM of an exported file, and its config (feature names in table order)."""
-    try:
-        blob = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise ExportError(f"{path} cannot be loaded as an exported model: {e}") from e
+    from hotline.training.checkpoint import safe_load
+
+    blob = safe_load(path, f"exported model {path}", ExportError)
     if not isinstance(blob, dict) or blob.get("format") != EXPORT_FORMAT:
         raise ExportError(f"{path} is not a Hotline torchrec-DLRM export (format {EXPORT_FORMAT})")
     try:

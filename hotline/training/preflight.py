@@ -17,7 +17,9 @@ import numpy as np
 def train_outputs(config, save=None, save_placement=None, world_size: int = 1) -> list:
     """The outputs of a training run, for :func:`hotline.outputs.claim`: ``--metrics`` (continued by a
     resumed run), ``--dump-init``, ``--dump-params``, ``--save-placement``, ``--save`` (every rank's file and
-    its digest), ``--checkpoint-dir`` (a directory checkpoints are added to) and ``--cold-dir``."""
+    its digest), ``--checkpoint-dir`` (a directory checkpoints are added to), ``--cold-dir`` and every rank's
+    disk store files in it (:func:`hotline.tiers.disk_file.store_outputs`: never through a link, replaced only
+    when provably the store's own)."""
     from hotline._io import digest_path
     from hotline.outputs import Output
     from hotline.training.checkpoint import rank_file
@@ -29,10 +31,15 @@ def train_outputs(config, save=None, save_placement=None, world_size: int = 1) -
         Output("--dump-params", config.dump_params_path),
         Output("--save-placement", save_placement),
         Output("--checkpoint-dir", config.checkpoint_dir, kind="dir"),
-        Output(
-            "--cold-dir", config.cold_dir, kind="dir"
-        ),  # its file: the disk store judges it (disk_file.py)
+        Output("--cold-dir", config.cold_dir, kind="dir"),
     ]
+    if config.cold_dir:
+        from hotline.tiers.disk_store import cold_file
+        from hotline.tiers.store_files import store_outputs
+
+        for r in range(world_size):
+            flag = "--cold-dir" if world_size == 1 else f"--cold-dir (rank {r})"
+            outs += store_outputs(cold_file(config.cold_dir, r, world_size), flag)
     if save is not None:
         for r in range(world_size):
             label = "--save" if r == 0 else f"--save (rank {r})"
@@ -232,4 +239,46 @@ def check_memory(config, dataset, world_size: int = 1, available=None) -> None:
         f"{format_size(usable_memory(available))} it may take of the {format_size(available)} available "
         f"({source}, less {MEMORY_MARGIN:.0%} and {format_size(MEMORY_HEADROOM)} for torch and the steps): "
         f"{memory_advice(config)}{change}"
+    )
+
+
+DENSE_STATE_FLOATS = {"sgd": 0, "adagrad": 1, "rowwise-adagrad": 1, "adam": 2}
+"""Floats of dense optimizer state per parameter (the dense layers use Adagrad for both Adagrads)."""
+
+
+def dense_model_bytes(config, dataset) -> tuple[int, int]:
+    """Host bytes of the dense model, counted before it is built: its parameters with their gradients and
+    optimizer state, and one batch's activations (the batch clipped to the training split)."""
+    from hotline.models.dlrm import dense_activations, dense_parameters
+
+    model = config.model_config(dataset.table_sizes)
+    params = dense_parameters(model) * 4 * (2 + DENSE_STATE_FLOATS.get(config.optimizer, 2))
+    batch = max(1, min(config.mini_batch_size, len(dataset.train)))
+    return params, batch * dense_activations(model) * 4
+
+
+def check_dense_memory(
+    config, dataset, world_size: int = 1, tables: bool = True, available: int | None = None
+):
+    """Raises :class:`MemoryShortfall` with the figures, before the model is built, when the dense model (its
+    parameters, gradients, optimizer state and a batch's activations) does not fit in this machine's available
+    memory less :func:`usable_memory`'s margin; with ``tables``, together with what :func:`memory_needed`
+    counts (the tables and the look-ahead buffers). A size that could never be built (``--dcn-low-rank-dim
+    100000000``, an MLP layer of a billion units) is one line here, not an allocator's traceback."""
+    from hotline.units import format_size
+
+    available = available_memory() if available is None else available
+    params, activations = dense_model_bytes(config, dataset)
+    rest = memory_needed(config, dataset, world_size) if tables else 0
+    need = params + activations + rest
+    if available is None or need <= usable_memory(available):
+        return
+    batch = max(1, min(config.mini_batch_size, len(dataset.train)))
+    also = f", and {format_size(rest)} of tables and look-ahead buffers" if tables else ""
+    raise MemoryShortfall(
+        f"this run needs about {format_size(need)} of host memory up front: the dense model's parameters, "
+        f"gradients and optimizer state take {format_size(params)} and its activations at batch {batch} "
+        f"{format_size(activations)}{also}; more than the {format_size(usable_memory(available))} it may take "
+        f"of the {format_size(available)} available: use a smaller --arch-mlp-bot / --arch-mlp-top, "
+        f"--dcn-low-rank-dim, --dcn-num-layers or --mini-batch-size"
     )

@@ -28,27 +28,84 @@ PHASES = ("dispatch", "gather", "h2d", "popular_compute", "non_popular_compute",
 """Known phases in step order; each keeps one colour in every panel."""
 
 
-def read_metrics(path: str | os.PathLike) -> list[dict]:
-    """The records of a ``--metrics`` .jsonl file (ValueError naming the file and line of a bad one)."""
+NUMBERS = ("loss", "auc", "val_auc", "ms_per_step", "window_steps", *(k for k, _, _ in RATE_SERIES))
+"""Record fields the report draws: each a number (or null) where present."""
+STEPS = ("step", "steps")
+"""Record fields that count steps: each a whole number >= 0 where present."""
+
+
+def _check_record(path: Path, i: int, rec) -> None:
+    """Raises ValueError naming the file, line and field of a record the report cannot draw."""
+    where = f"{path}, line {i}"
+    if not isinstance(rec, dict) or not isinstance(rec.get("kind"), str):
+        raise ValueError(f"{where}: not a Hotline metrics record (no 'kind')")
+    for key in STEPS:
+        v = rec.get(key)
+        if key in rec and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise ValueError(f"{where}: {key!r} is {v!r}, not a step count (a whole number >= 0)")
+    if rec["kind"] == "train" and "step" not in rec:
+        raise ValueError(f"{where}: a training record without its 'step'")
+    for key in NUMBERS:
+        v = rec.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise ValueError(f"{where}: {key!r} is {v!r}, not a number")
+    for key in ("time_s", "phase_ms_per_step"):
+        v = rec.get(key)
+        if v is None:
+            continue
+        if not isinstance(v, dict) or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) for x in v.values()
+        ):
+            raise ValueError(f"{where}: {key!r} is not an object of phase names and numbers")
+    if "mode" in rec and not isinstance(rec["mode"], str):
+        raise ValueError(f"{where}: 'mode' is {rec['mode']!r}, not a name")
+
+
+def read_metrics(path: str | os.PathLike, warn=None) -> list[dict]:
+    """The records of a ``--metrics`` .jsonl file: ValueError naming the file, the line and the field of a
+    bad one (not JSON, not text, a field of the wrong type). A last line cut short (a run stopped while
+    writing it: no newline after it, not JSON) is skipped and named through ``warn`` (default: a line on
+    stderr)."""
     path = Path(path)
     check_file(path, "metrics file")  # missing, a directory, a FIFO, /dev/null: named
     records = []
-    with open(path) as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    for i, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        last = i == len(lines)  # no newline after it
+        try:
+            rec = json.loads(raw.decode())
+        except UnicodeDecodeError:
+            if last:
+                _skipped(path, i, warn)
                 continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}, line {i}: not a JSON record ({e.msg})") from None
-            if not isinstance(rec, dict) or "kind" not in rec:
-                raise ValueError(f"{path}, line {i}: not a Hotline metrics record (no 'kind')")
-            records.append(rec)
+            raise ValueError(
+                f"{path}, line {i}: not text (a metrics file holds JSON records, one a line)"
+            ) from None
+        except json.JSONDecodeError as e:
+            if last:
+                _skipped(path, i, warn)
+                continue
+            raise ValueError(f"{path}, line {i}: not a JSON record ({e.msg})") from None
+        _check_record(path, i, rec)
+        records.append(rec)
     if not any(r["kind"] == "train" for r in records):
         raise ValueError(
             f"{path} has no training records (kind 'train'): was it written by `hotline train --metrics`?"
         )
     return records
+
+
+def _skipped(path: Path, i: int, warn) -> None:
+    line = f"{path}, line {i}: its last line is cut short (the run was stopped while writing it?): skipped"
+    if warn is None:
+        import sys
+
+        print(f"hotline report: warning: {line}", file=sys.stderr)
+    else:
+        warn(line)
 
 
 def run_label(path: str | os.PathLike, records: list[dict]) -> str:
@@ -170,7 +227,8 @@ def _phase_panel(ax, label: str, records: list[dict]) -> float:
             ax.set_ylim(0, 1.15 * max(later))
     ax.set(title=f"{label}: time per step by phase", xlabel="step")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper right")
+    if ax.get_legend_handles_labels()[0]:  # records without phases: nothing to name (no warning line)
+        ax.legend(fontsize=7, loc="upper right")
     totals = [sum(v[j] for v in stacked.values()) for j in range(len(steps))]
     later = [x for x in [*wall[1:], *totals[1:]] if x == x]
     return max(later, default=0.0)

@@ -41,6 +41,7 @@ from hotline.training.logs import LogLines
 from hotline.training.metrics import accuracy, log_loss, roc_auc
 from hotline.training.preflight import (
     check_all_values,
+    check_dense_memory,
     check_ids,
     check_memory,
     check_values,
@@ -92,6 +93,8 @@ class Trainer:
         of the caller's)."""
         if config.mode == "auto":
             self._check_data()  # before the choice profiles and times anything
+            # the dense model's size, before the choice builds one to time it
+            check_dense_memory(config, self.dataset, self.comm.world_size, tables=False)
             if choose is None:  # the cost model's choice, rank 0's taken by every rank
                 from hotline.training.auto import resolve
 
@@ -99,6 +102,7 @@ class Trainer:
             else:
                 config = choose(config, self.dataset)
             self.config = config
+        check_dense_memory(config, self.dataset, self.comm.world_size)  # before the model is built
         self.model = DLRM(config.model_config(self.dataset.table_sizes), seed=config.seed).to(config.device)
         self.sparse_opt = SparseOptimizer(config.optimizer, config.learning_rate, dim=config.embedding_dim)
         self.dense_opt = self.sparse_opt.dense_optimizer(self.model.parameters())
