@@ -102,12 +102,12 @@ class Trainer:
             else:
                 config = choose(config, self.dataset)
             self.config = config
-        check_dense_memory(config, self.dataset, self.comm.world_size)  # before the model is built
+        check_memory(config, self.dataset, self.comm.world_size)  # the tables first: the usual shortfall
+        check_dense_memory(config, self.dataset, self.comm.world_size)  # with them, before the model is built
         self.model = DLRM(config.model_config(self.dataset.table_sizes), seed=config.seed).to(config.device)
         self.sparse_opt = SparseOptimizer(config.optimizer, config.learning_rate, dim=config.embedding_dim)
         self.dense_opt = self.sparse_opt.dense_optimizer(self.model.parameters())
         self._lr_schedule = config.lr_schedule
-        check_memory(config, self.dataset, self.comm.world_size)  # before the tables are allocated
         self.mode = self._build_mode()
         if config.init_params_path:
             self.load_params(read_params(config.init_params_path))
