@@ -36,6 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import common  # puts this checkout's hotline first on sys.path
 import numpy as np
 
 MLPERF_ROWS = 204_184_588
@@ -165,7 +166,7 @@ def child(args) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = common.parser(__doc__)
     p.add_argument("--rows", type=int, default=MLPERF_ROWS, help="rows in all (the 26 tables scaled alike)")
     p.add_argument("--dim", type=int, default=8)
     p.add_argument("--samples", type=int, default=40_000, help="training samples generated")
@@ -175,9 +176,8 @@ def main(argv=None) -> int:
     p.add_argument("--hbm-budget", type=int, default=256 << 20, help="bytes of hot rows")
     p.add_argument("--limit", type=int, default=3 << 30, help="the memory limit in bytes (cgroup v1)")
     p.add_argument(
-        "--work", required=True, help="a directory on local disk for the data, files and checkpoint"
+        "--work", default="bench-scale", help="a directory on local disk for the data, files and checkpoint"
     )
-    p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--data", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -243,8 +243,7 @@ def main(argv=None) -> int:
     print(f"checkpoint: {out['checkpoint_s']:.1f} s, {out['checkpoint_mb_per_s']:,.0f} MB/s; "
           f"resumed bit-identically: {out['resume_exact']}")  # fmt: skip
     print(f"baseline ({out['baseline']['what']}): {out['baseline']['samples_per_s']:,.0f} samples/s")
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2))
+    common.write_json(args.json, out)
     return 0
 
 
