@@ -47,6 +47,7 @@ threads, jobs = json.loads(sys.argv[1])
 configure_threads(threads)
 for fields, data, out in jobs:
     trainer = Trainer(TrainConfig(**fields), data)
+    np.savez(out[: -len(".npz")] + "-init.npz", **trainer.named_arrays())  # where training starts
     losses = [float(s.loss_sum) for s in trainer.progress(trainer.batches())]
     np.savez(out, losses=np.asarray(losses), **trainer.named_arrays())
     trainer.close()
@@ -86,11 +87,17 @@ def test_device_mode_is_bit_identical_at_1_and_2_threads(model, tmp_path):
             )
 
 
-def test_every_optimizer_and_interaction_is_bit_identical_at_1_and_2_threads(tmp_path):
+def test_every_optimizer_and_interaction_at_1_and_2_threads_within_the_noise_floor(tmp_path):
     """The small model in device mode with every optimizer that normalises its steps (row-wise Adagrad, Adagrad,
     Adam: a rounding difference in a near-zero gradient, which SGD's small step hides, becomes a full-size step)
-    and every interaction (``dot``, ``cat``, ``dcn``), one-hot and multi-hot (3 ids a bag): the same bits at 1
-    and 2 threads."""
+    and every interaction (``dot``, ``cat``, ``dcn``), one-hot and multi-hot (3 ids a bag), at 1 and 2 threads.
+
+    On the AMD EPYC these were measured on the two give the same bits; on another CPU the BLAS may partition a
+    product over its threads otherwise (a pass on another machine measured up to 4.8e-6 with Adam), so the bound
+    is the float32 noise floor of the same training (tests/reference.py: ``NOISE_FACTOR`` times the largest
+    distance of a float32 run of the reference from its float64 run), not the bits of one CPU."""
+    from reference import NOISE_FACTOR, max_rel_diff, noise_floor
+
     arch, tables = MODELS["small"]
     data = {
         "onehot": generate(tmp_path / "onehot", 64 * STEPS * 7 // 6 + 300, seed=5, table_sizes=tables,
@@ -102,22 +109,29 @@ def test_every_optimizer_and_interaction_is_bit_identical_at_1_and_2_threads(tmp
         (opt, op, "onehot") for opt in ("rowwise-adagrad", "adagrad", "adam") for op in ("dot", "cat", "dcn")
     ]
     cases += [(opt, "dot", "multihot") for opt in ("rowwise-adagrad", "adam")]
+    rate = {"adam": 0.01}
     for threads in (1, 2):
         jobs = [
-            ({"mode": "device", "optimizer": opt, "learning_rate": 0.01 if opt == "adam" else 0.1,
-              "mini_batch_size": 64, "num_batches": STEPS, "progress": False, "interaction": op, **arch},
+            ({"mode": "device", "optimizer": opt, "learning_rate": rate.get(opt, 0.1), "mini_batch_size": 64,
+              "num_batches": STEPS, "progress": False, "interaction": op, **arch},
              str(data[d]), str(tmp_path / f"{opt}-{op}-{d}-t{threads}.npz"))
             for opt, op, d in cases
         ]  # fmt: skip
         _train(threads, jobs, tmp_path)
+    exact = 0
     for opt, op, d in cases:
-        one, two = (np.load(tmp_path / f"{opt}-{op}-{d}-t{t}.npz") for t in (1, 2))
-        assert one.files == two.files and len(one["losses"]) == STEPS
-        for name in one.files:
-            a, b = one[name], two[name]
-            assert np.array_equal(a, b), (
-                f"{opt} {op} {d}: {name} differs at 2 threads by {float(np.abs(a.astype(np.float64) - b).max()):.3e}"
-            )
+        one, two = (dict(np.load(tmp_path / f"{opt}-{op}-{d}-t{t}.npz")) for t in (1, 2))
+        assert one.keys() == two.keys() and len(one["losses"]) == STEPS
+        exact += all(np.array_equal(one[k], two[k]) for k in one)
+        init = dict(np.load(tmp_path / f"{opt}-{op}-{d}-t1-init.npz"))
+        floor = noise_floor(init, op, opt, rate.get(opt, 0.1), data[d], 64, num_batches=STEPS)
+        params = {k: v for k, v in one.items() if k != "losses"}
+        err, where = max_rel_diff(params, {k: two[k] for k in params})
+        assert err <= NOISE_FACTOR * floor.param_floor, (
+            f"{opt} {op} {d}: {where} differs at 2 threads by {err:.2e} of its scale, more than "
+            f"{NOISE_FACTOR:g} x the float32 noise floor {floor.param_floor:.2e}"
+        )
+    print(f"{exact} of {len(cases)} cases bit-identical at 1 and 2 threads on this CPU")
 
 
 def _at_threads(threads: int, fn):
