@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 import common  # puts this checkout's hotline first on sys.path
+import memlimit
 import numpy as np
 
 MLPERF_ROWS = 204_184_588
@@ -47,18 +48,6 @@ def table_sizes(rows: int) -> list[int]:
     from hotline.datasets.mlperf import MLPERF_TABLE_SIZES
 
     return [max(1, round(s * rows / MLPERF_ROWS)) for s in MLPERF_TABLE_SIZES]
-
-
-def _v1_parent() -> Path | None:
-    try:
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            _, controllers, path = line.split(":", 2)
-            if "memory" in controllers.split(","):
-                d = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
-                return d if (d / "memory.limit_in_bytes").exists() else None
-    except OSError:
-        pass
-    return None
 
 
 def _config(args, cold_dir: str, steps: int):
@@ -204,7 +193,11 @@ def main(argv=None) -> int:
     result_file = Path(tempfile.mkstemp(suffix=".json", dir=work)[1])
     cmd = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--child",
            "--data", str(data), "--json", str(result_file)]  # fmt: skip
-    parent, group, how = _v1_parent(), None, "not limited: no cgroup v1 memory hierarchy this process may use"
+    parent, group, how = (
+        memlimit._v1_group(),
+        None,
+        "not limited: no cgroup v1 memory hierarchy this process may use",
+    )
     if parent is not None:
         group = parent / f"bench-scale-{os.getpid()}"
         try:

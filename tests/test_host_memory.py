@@ -14,6 +14,9 @@ import pytest
 
 from hotline.training.host_memory import CgroupLimit, HostMemory, cgroup_limit, host_memory
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import memlimit  # noqa: E402 - the cgroup helpers the benchmarks use
+
 GIB, MIB = 1 << 30, 1 << 20
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -127,23 +130,10 @@ def test_check_memory_names_the_cgroup_and_what_to_change(tmp_path):
     assert line.endswith("or one with more memory, or raise the cgroup's memory limit")
 
 
-def _v1_group() -> Path | None:
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            d = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
-            return d if (d / "memory.limit_in_bytes").exists() else None
-    return None
-
-
 def test_train_under_a_real_cgroup_v1_limit_is_refused_before_writing(tmp_path):
     """``hotline train`` in a child memory cgroup limited to 1 GiB, with 2.4 GiB of rows: exit 2, one line naming
     the cgroup's limit and the machine's memory, before any output is written (the machine has room)."""
-    parent = _v1_group()
+    parent = memlimit._v1_group()
     if parent is None or os.geteuid() != 0:
         pytest.skip("no cgroup v1 memory hierarchy this test may write to")
     group = parent / f"hotline-test-{os.getpid()}"

@@ -28,14 +28,7 @@ KINDS = ("rowwise-adagrad", "adam")
 
 @pytest.fixture(scope="module")
 def references() -> dict:
-    out = {}
-    for kind in KINDS:
-        model, _ = w.train_reference(kind, STOP, BATCH)
-        model.eval()
-        with torch.no_grad():
-            _, (_, logits, _) = model(w.batch(999, BATCH))
-        out[kind] = (model.state_dict(), logits.reshape(-1))
-    return out
+    return w.reference_results(KINDS, STOP, BATCH)
 
 
 def test_dcp_saves_on_two_ranks_and_resumes_on_one_two_and_three_and_across_backends(references, tmp_path):

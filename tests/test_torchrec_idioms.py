@@ -30,14 +30,7 @@ STEPS, BATCH = 12, 16
 
 @pytest.fixture(scope="module")
 def references() -> dict:
-    out = {}
-    for kind in KINDS:
-        model, _ = w.train_reference(kind, STEPS, BATCH)
-        model.eval()
-        with torch.no_grad():
-            _, (_, logits, _) = model(w.batch(999, BATCH))
-        out[kind] = (model.state_dict(), logits.reshape(-1))
-    return out
+    return w.reference_results(KINDS, STEPS, BATCH)
 
 
 @pytest.mark.parametrize("world", [1, 2])

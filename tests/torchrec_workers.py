@@ -194,6 +194,18 @@ def train_reference(kind: str, steps: int, size: int, seed: int = 0) -> tuple[DL
     return model, (opts[-1].state_dict() if kind == "adam" else None)
 
 
+def reference_results(kinds, steps: int, size: int) -> dict:
+    """kind -> (the reference's state_dict after ``steps`` steps of ``size``, its logits on a held-out batch)."""
+    out = {}
+    for kind in kinds:
+        model, _ = train_reference(kind, steps, size)
+        model.eval()
+        with torch.no_grad():
+            _, (_, logits, _) = model(batch(999, size))
+        out[kind] = (model.state_dict(), logits.reshape(-1))
+    return out
+
+
 def hotline_model(kind: str, seed: int = 0, **kwargs) -> DLRMTrain:
     """torchrec's DLRM over Hotline's collection, from the reference's initial state (strict load)."""
     from hotline.torchrec_bridge.module import HotlineEmbeddingBagCollection
