@@ -315,6 +315,8 @@ def write_json(path: Path | None, payload: dict) -> None:
 
 
 def _jsonable(x: object) -> object:
+    if isinstance(x, os.PathLike):  # a dataset or hardware path in a stage's args
+        return os.fspath(x)
     if hasattr(x, "__dataclass_fields__"):
         return asdict(x)
     if hasattr(x, "item"):  # numpy scalars

@@ -284,9 +284,12 @@ def _stage(stage: str, args, device: str, payload: dict, t_start: float) -> dict
             probed = r.pop("_probe", None)
             if probed is not None:
                 if r["mode"] == "device":
-                    reference.update(probed)
-                elif reference:
+                    reference.update(probed, steps=r.get("steps"))
+                elif reference and r.get("steps") == reference["steps"]:
                     r.update(gpu_extras.max_rel_diff(reference, probed))
+                elif reference:  # timed for --min-seconds: another number of steps, other parameters
+                    r["diff_note"] = (f"not compared: {r.get('steps')} steps against device mode's "
+                                      f"{reference['steps']} (the smoke part and tests/test_cuda.py compare)")  # fmt: skip
             cov = "" if r.get("coverage") is None else f" at coverage {r['coverage']:.3f}"
             diff = (
                 f", max diff from device {r['diff_probe_rows']:.1e} rows / {r['diff_dense']:.1e} dense"
