@@ -6,6 +6,7 @@ tests/test_torchrec_dmp.py on the same global batches:
   would leave them far from the reference), inside backward;
 - the optimizer named by the sharder's ``fused_params`` instead (torchrec's ``EmbeddingBagCollectionSharder(
   fused_params)``);
+- DMP given Hotline's sharder and no plan (torchrec's own planner prices and places Hotline's kernel);
 - ``in_backward_optimizer_filter(dmp.named_parameters())`` leaves Hotline's tables out of the dense optimizer,
   and ``CombinedOptimizer([dmp.fused_optimizer, dense])`` keeps working;
 - ranks that built different initial tables agree once sharded; an unsharded collection trained on 2 ranks (DMP
@@ -36,6 +37,9 @@ def references() -> dict:
 @pytest.mark.parametrize("world", [1, 2])
 def test_apply_optimizer_in_backward_and_fused_params_are_honoured_under_dmp(world, references, tmp_path):
     hows = [(kind, "in_backward") for kind in KINDS] + [("rowwise-adagrad", "fused_params")]
+    hows.append(
+        ("adam", "no_plan")
+    )  # DMP(model, sharders=[Hotline's]) with no plan: torchrec's planner plans
     jobs = [(kind, how, STEPS, BATCH, str(tmp_path / f"{kind}_{how}.pt")) for kind, how in hows]
     spawn(world, w.train_in_backward, jobs)
     for kind, _how, _, _, out in jobs:

@@ -236,6 +236,37 @@ class ShardedHotlineEmbeddingBagCollection(
             yield name
 
 
+def _rowwise_adagrad() -> type:
+    from torchrec.optim import RowWiseAdagrad
+
+    return RowWiseAdagrad
+
+
+_TORCH_CLASSES = {"sgd": lambda: torch.optim.SGD, "rowwise-adagrad": _rowwise_adagrad,
+                  "adagrad": lambda: torch.optim.Adagrad, "adam": lambda: torch.optim.Adam}  # fmt: skip
+"""The optimizer class torchrec's planner knows each of Hotline's sparse rules by (it sizes the state)."""
+
+
+def register_planner_prices() -> None:
+    """Lets torchrec's own planner (``DistributedModelParallel`` without a plan) price Hotline's kernel.
+
+    torchrec prices a compute kernel by a bandwidth per device (bytes/ms) from a table with no entry for
+    ``customized_kernel``, and its hardware config's ``kernel_device_bandwidths`` (the table's overrides) is where
+    a kernel it does not ship is given one. Hotline's: on a CPU rows are read from host memory (torchrec's figure
+    for its fused CPU kernel), on CUDA hot rows from HBM and the rest from host memory (its figure for UVM
+    caching). Entries already there (a user's own) are kept. Called when this module is imported."""
+    from torchrec.distributed.planner import constants as k
+    from torchrec.distributed.planner.estimator.types import HardwarePerfConfig
+
+    table = HardwarePerfConfig.kernel_device_bandwidths
+    table.setdefault(("cpu", KERNEL), k.DDR_MEM_BW)
+    caching = k.UVM_CACHING_RATIO * k.HBM_MEM_BW + (1 - k.UVM_CACHING_RATIO) * k.HBM_TO_DDR_MEM_BW
+    table.setdefault(("cuda", KERNEL), caching / 10)
+
+
+register_planner_prices()
+
+
 _FUSED_PARAM_NAMES = {"optimizer": None, "learning_rate": "lr", "lr": "lr", "eps": "eps", "beta1": "beta1",
                       "beta2": "beta2", "weight_decay": "weight_decay"}  # fmt: skip
 
@@ -305,7 +336,20 @@ class HotlineEmbeddingBagCollectionSharder(ModuleSharder[HotlineEmbeddingBagColl
         )
 
     def shardable_parameters(self, module: HotlineEmbeddingBagCollection) -> dict[str, nn.Parameter]:
-        return {name: view.weight for name, view in module._modules["embedding_bags"].items()}
+        """The tables' parameters. torchrec's planner sizes a table's optimizer state by the first class
+        ``apply_optimizer_in_backward`` gave it; a table without one is offered as an alias (the same rows, no
+        copy) naming the rule the sharded tables will apply."""
+        out = {}
+        rule = None
+        for name, view in module._modules["embedding_bags"].items():
+            w = view.weight
+            if not getattr(w, "_optimizer_classes", None):
+                if rule is None:
+                    rule = requested_optimizer(module, self._fused_params) or module.optimizer
+                w = nn.Parameter(w.detach(), requires_grad=False)
+                w._optimizer_classes = [_TORCH_CLASSES[rule.kind]()]
+            out[name] = w
+        return out
 
     def sharding_types(self, compute_device_type: str) -> list[str]:
         return [SHARDING]
