@@ -33,8 +33,10 @@ class CollectionCore:
     """The tables of a collection over Hotline's tiers (see the module docstring)."""
 
     def __init__(self, configs: Sequence[EmbeddingBagConfig], hot_ids: Sequence[np.ndarray],
-                 weights: Sequence[np.ndarray], optimizer: SparseOptimizer, comm: Comm, device: torch.device,
-                 is_weighted: bool, max_lookups: int):  # fmt: skip
+                 weights: Sequence[np.ndarray] | None, optimizer: SparseOptimizer, comm: Comm, device: torch.device,
+                 is_weighted: bool, max_lookups: int, init=None):  # fmt: skip
+        """``weights``: every table's rows; None: ``init(config, count)`` makes this rank's ``count`` rows of each
+        table (those its cold store keeps), and no rank ever holds a whole table."""
         self.configs = list(configs)
         self.optimizer = optimizer
         self.comm = comm
@@ -49,11 +51,19 @@ class CollectionCore:
         self.group_tables = list(order.values())
         self.where = {t: (g, i) for g, ts in enumerate(self.group_tables) for i, t in enumerate(ts)}
         self.groups = []
+        N, r = comm.world_size, comm.rank
         for ts in self.group_tables:
-            fused = np.concatenate([np.asarray(weights[t], dtype=np.float32) for t in ts])
+            if weights is None:  # the rank's rows of each table: fused rows lo + (r - lo) % N + k N
+                lo = np.concatenate([[0], np.cumsum([self.sizes[t] for t in ts])])
+                parts = [init(self.configs[t], len(range(lo[i] + (r - lo[i]) % N, lo[i + 1], N)))
+                         for i, t in enumerate(ts)]  # fmt: skip
+            else:
+                parts = [weights[t] for t in ts]
+            fused = np.concatenate([np.asarray(w, dtype=np.float32) for w in parts])
             rule = replace(optimizer, dim=self.dims[ts[0]])  # per-element state is sized by the group's dim
             self.groups.append(TieredTables([self.sizes[t] for t in ts], self.dims[ts[0]], [hot_ids[t] for t in ts],
-                                            np.ascontiguousarray(fused), rule, comm, self.device, max_lookups))  # fmt: skip
+                                            np.ascontiguousarray(fused), rule, comm, self.device, max_lookups,
+                                            local=weights is None))  # fmt: skip
         names = get_embedding_names_by_table(self.configs)
         # (table, feature, output name) per output slot, in torchrec's order
         self.slots = [

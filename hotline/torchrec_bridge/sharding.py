@@ -82,17 +82,19 @@ class ShardedHotlineEmbeddingBagCollection(
             comm = Comm()
         self._pg = env.process_group
         src = module._core
-        tables, states = src.export()  # the module's current rows
+        meta = src.device.type == "meta"  # no rows yet: each rank makes its own with torchrec's init
+        tables, states = ({}, {}) if meta else src.export()  # the module's current rows
         old = module.fused_optimizer.current_rule()
         rule = optimizer if optimizer is not None else old
-        device = torch.device(device) if device is not None else src.device
+        device = torch.device(device) if device is not None else torch.device("cpu") if meta else src.device
         core = CollectionCore(src.configs, [np.asarray(h) for h in module.placement.hot_ids],
-                              [tables[c.name] for c in src.configs], rule, comm, device, src.is_weighted,
-                              max(g._capacity for g in src.groups))  # fmt: skip
+                              None if meta else [tables[c.name] for c in src.configs], rule, comm, device,
+                              src.is_weighted, src.max_lookups if meta else max(g._capacity for g in src.groups),
+                              init=torchrec_init)  # fmt: skip
         if any(s.size for s in states.values()) and state_names(rule) == state_names(old):
             core.load(tables, states)
-        if world > 1:  # every replica of a hot row from the rank that owns the row: the ranks agree
-            for grp in core.groups:
+        if world > 1 and not meta:  # every replica of a hot row from the rank that owns it: the ranks agree
+            for grp in core.groups:  # (built from meta, the tiers read them from their owners already)
                 grp.load_hot_from_host()
         src.close()  # the unsharded module's host rows are not needed any more
         self.placement = module.placement
@@ -234,6 +236,14 @@ class ShardedHotlineEmbeddingBagCollection(
     def sharded_parameter_names(self, prefix: str = ""):
         for name, _ in self.named_parameters(prefix):
             yield name
+
+
+def torchrec_init(config, count: int) -> np.ndarray:
+    """``count`` new rows of a table as torchrec's sharded kernels initialise a shard: uniform in the config's
+    ``[weight_init_min, weight_init_max]`` (default +-sqrt(1 / num_embeddings)) from torch's generator."""
+    w = torch.empty((count, int(config.embedding_dim)), dtype=torch.float32)
+    w.uniform_(config.get_weight_init_min(), config.get_weight_init_max())
+    return w.numpy()
 
 
 def _rowwise_adagrad() -> type:

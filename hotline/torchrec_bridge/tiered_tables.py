@@ -75,10 +75,13 @@ class TieredTables:
         comm: the ranks the cold rows are sharded over (one rank: every row in this process).
         device: where the hot rows and the lookups live.
         max_lookups: lookups per batch to size the dispatcher for (it grows when a batch needs more).
+        local: ``weights`` holds this rank's rows only (fused rows ``rank, rank + N, ...``, what the cold store
+            keeps); the hot rows are then read from their owners (a collective on N ranks).
     """
 
     def __init__(self, sizes: list[int], dim: int, hot_ids: list[np.ndarray], weights: np.ndarray,
-                 optimizer: SparseOptimizer, comm: Comm, device: torch.device, max_lookups: int = 1 << 16):  # fmt: skip
+                 optimizer: SparseOptimizer, comm: Comm, device: torch.device, max_lookups: int = 1 << 16,
+                 local: bool = False):  # fmt: skip
         self.layout = TableLayout(sizes)
         self.dim = int(dim)
         self.optimizer = optimizer
@@ -93,9 +96,12 @@ class TieredTables:
                 weights, optimizer, pin=self.device.type == "cuda", max_rows=self._capacity
             )
         else:
-            shard = np.ascontiguousarray(weights[r::N])
+            shard = np.ascontiguousarray(weights if local else weights[r::N])
             self.store = ShardedColdStore(comm, shard, optimizer, self.num_rows)
-        self.hot_weight = torch.from_numpy(weights[self.hot_rows]).to(self.device)
+        if local:
+            self.hot_weight = torch.zeros((self.hot_rows.shape[0], self.dim), device=self.device)
+        else:
+            self.hot_weight = torch.from_numpy(weights[self.hot_rows]).to(self.device)
         self.hot_state = optimizer.new_state(self.hot_rows.shape[0], self.device)
         self._hot_scratch = sparse_update.new_scratch(self.hot_rows.shape[0])
         self._placement = Placement.from_hot_ids([self.num_rows], [self.hot_rows], embedding_dim=self.dim)
@@ -105,6 +111,8 @@ class TieredTables:
         self._next_step = 0  # the claim rule's step number of the next training lookup
         self.refreshed_rows = 0
         """Prefetched rows read again because an earlier step was still to update them (the claim rule)."""
+        if local:
+            self.load_hot_from_host()
 
     # -- storage views --------------------------------------------------------------------------------------
     def local_rows(self, t: int) -> slice:
