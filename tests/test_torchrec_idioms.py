@@ -22,6 +22,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchrec")
 
+import torchrec_idiom_workers as iw  # noqa: E402
 import torchrec_workers as w  # noqa: E402
 from test_torchrec_dmp import KINDS, assert_matches_reference  # noqa: E402
 
@@ -94,7 +95,7 @@ def test_meta_device_collection_is_materialised_on_the_shards_and_ranks_agree(tm
     with torchrec's sharded init (each rank seeded differently), and every rank's hot replicas come from their
     owners: the same batch gives the same predictions on both ranks, before and after training."""
     out = str(tmp_path / "meta.pt")
-    spawn(2, w.check_meta_construction, out)
+    spawn(2, iw.check_meta_construction, out)
     got = torch.load(out)
     assert "built on the meta device and holds no rows" in got["refused"]
     assert got["before_dmp"] == {f"t_{t}": ("meta", (n, w.D)) for t, n in enumerate(w.SIZES)}

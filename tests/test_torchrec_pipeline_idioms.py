@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchrec")
 
-import torchrec_workers as w  # noqa: E402
+import torchrec_idiom_workers as iw  # noqa: E402
 from reference import NOISE_FACTOR  # noqa: E402
 
 from hotline.distributed.launcher import spawn  # noqa: E402
@@ -44,7 +44,7 @@ def test_apply_optimizer_in_backward_through_train_pipeline_sparse_dist_equals_t
         for kind in KINDS
         for side, order in [("hotline", None), ("torchrec", None), *[("torchrec", o) for o in range(ORDERS)]]
     ]
-    spawn(2, w.train_pipelined, jobs)
+    spawn(2, iw.train_pipelined, jobs)
     got = {(side, kind, order): torch.load(out) for side, kind, order, _, _, out in jobs}
     eps = float(np.finfo(np.float32).eps)
     for kind in KINDS:

@@ -24,9 +24,35 @@ from hotline.distributed.comm import Comm
 from hotline.tiers.sparse_optim import SparseOptimizer
 from hotline.torchrec_bridge.fused_optim import HotlineFusedOptimizer, state_names, state_views
 from hotline.torchrec_bridge.kjt_checks import check_kjt
-from hotline.torchrec_bridge.tiered_tables import Lookup, TieredTables
+from hotline.torchrec_bridge.tiered_tables import Lookup, TieredTables, to_device
 
 _POOLINGS = (PoolingType.SUM, PoolingType.MEAN)
+
+
+def host_features(features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+    """The KJT in host memory: itself when it is there; the host copy an earlier :func:`start_host_copy` made,
+    once that copy has landed (waiting for it alone, not for the device); else a copy made now (a device
+    KJT handed straight to a forward: that copy waits for the stream)."""
+    ready = getattr(features, "_hotline_host", None)
+    if ready is not None:
+        host, event = ready
+        event.synchronize()
+        return host
+    if features.values().device.type == "cpu":
+        return features
+    return features.to(torch.device("cpu"))
+
+
+def start_host_copy(features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+    """Starts copying a device KJT's ids to (pinned) host memory without blocking, and marks the KJT with the
+    copy and its event (:func:`host_features` picks it up); a host KJT is returned as it is."""
+    if features.values().device.type == "cpu":
+        return features
+    host = features.to(torch.device("cpu"), non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    features._hotline_host = (host, event)
+    return features
 
 
 class CollectionCore:
@@ -97,6 +123,7 @@ class CollectionCore:
         of every bag [slots, B]; the batch size B."""
         if features.variable_stride_per_key():
             raise ValueError("KeyedJaggedTensor with a variable batch size per key is not supported")
+        features = host_features(features)  # the ids are read on the host (the dispatcher runs there)
         check_kjt(features)  # ids, lengths and weights that make a batch, named by key (kjt_checks.py)
         B = int(features.stride())
         keys = features.keys()
@@ -151,17 +178,17 @@ class CollectionCore:
         for g, (grp, look) in enumerate(zip(self.groups, looks)):
             contrib = look.rows
             if weights[g] is not None:
-                contrib = contrib * torch.from_numpy(weights[g]).to(dev, torch.float32)[:, None]
+                contrib = contrib * to_device(weights[g].astype(np.float32, copy=False), dev)[:, None]
             S = self.group_slots[g]
             mine = np.array(self.slot_group) == g
             if bags[g].shape[0] == S * B and (bag_len[mine] == 1).all():  # one lookup per bag, in bag order
                 pooled = contrib.view(S, B, grp.dim)
             else:
                 pooled = torch.zeros((S * B, grp.dim), dtype=torch.float32, device=dev)
-                pooled = pooled.index_add(0, torch.from_numpy(bags[g]).to(dev), contrib).view(S, B, grp.dim)
+                pooled = pooled.index_add(0, to_device(bags[g], dev), contrib).view(S, B, grp.dim)
             if self.mean[mine].any():  # mean bags divided by their length (an empty bag stays 0)
                 div = np.where(self.mean[mine][:, None], np.maximum(bag_len[mine], 1), 1).astype(np.float32)
-                pooled = pooled / torch.from_numpy(div).to(dev)[:, :, None]
+                pooled = pooled / to_device(div, dev)[:, :, None]
             outs.append(pooled)
             stats["lookups"] += int(ids[g].shape[0])
             stats["hot_lookups"] += int(look.hot_pos.numel())

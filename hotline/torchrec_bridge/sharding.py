@@ -46,7 +46,12 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from hotline.distributed.comm import Comm
 from hotline.tiers.sparse_optim import SparseOptimizer
-from hotline.torchrec_bridge.collection_core import CollectionCore, TieredCollectionMixin, in_backward_request
+from hotline.torchrec_bridge.collection_core import (
+    CollectionCore,
+    TieredCollectionMixin,
+    in_backward_request,
+    start_host_copy,
+)
 from hotline.torchrec_bridge.fused_optim import sparse_optimizer, state_names, state_views
 from hotline.torchrec_bridge.module import HotlineEmbeddingBagCollection
 from hotline.torchrec_bridge.sharded_state import (
@@ -125,8 +130,10 @@ class ShardedHotlineEmbeddingBagCollection(
         self, ctx: NullShardedModuleContext, features: KeyedJaggedTensor
     ) -> KJTListSplitsAwaitable:
         """Nothing to distribute: every rank looks its own batch up (cold rows come from their owners). The
-        awaitable is torchrec's own kind, so its train pipelines can fuse it with other modules' input dists."""
-        return KJTListSplitsAwaitable([NoWait(NoWait(features))], ctx)
+        awaitable is torchrec's own kind, so its train pipelines can fuse it with other modules' input dists.
+        A device KJT's ids start their copy to the host here (the lookup reads them there), so under a train
+        pipeline the copy overlaps the step before and the lookup waits for that copy only."""
+        return KJTListSplitsAwaitable([NoWait(NoWait(start_host_copy(features)))], ctx)
 
     def compute(self, ctx: NullShardedModuleContext, dist_input: KJTList) -> KeyedTensor:
         return self._tiered_forward(dist_input[0])

@@ -37,6 +37,16 @@ from hotline.tiers.sharded_store import ShardedColdStore
 from hotline.tiers.sparse_optim import SparseOptimizer
 
 
+def to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array on ``device``: on a CPU the array itself (no copy); on CUDA staged through a pinned buffer
+    of torch's caching host allocator (the size of this array, reused) and copied without blocking the host,
+    so a lookup never waits for the device (a pageable copy would synchronise the stream)."""
+    t = torch.from_numpy(a)
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 @dataclass
 class Lookup:
     """One batch's lookups of a :class:`TieredTables`, from dispatch to the update."""
@@ -92,9 +102,8 @@ class TieredTables:
         N, r = comm.world_size, comm.rank
         self._capacity = max(1, int(max_lookups))
         if N == 1:
-            self.store = LocalColdStore(
-                weights, optimizer, pin=self.device.type == "cuda", max_rows=self._capacity
-            )
+            # pageable: each working set is copied through a pinned staging buffer (to_device), no table pinned
+            self.store = LocalColdStore(weights, optimizer, max_rows=self._capacity)
         else:
             shard = np.ascontiguousarray(weights if local else weights[r::N])
             self.store = ShardedColdStore(comm, shard, optimizer, self.num_rows)
@@ -187,7 +196,7 @@ class TieredTables:
         )
         dev = self.device
         hot_pos, hot_slot = index(micro.popular_samples), index(micro.pop_ids)
-        return Lookup(ids, torch.from_numpy(hot_pos).to(dev), torch.from_numpy(hot_slot).to(dev),
+        return Lookup(ids, to_device(hot_pos, dev), to_device(hot_slot, dev),
                       index(micro.non_popular_samples), index(micro.cold_slot), fetch, (hot_pos, hot_slot))  # fmt: skip
 
     def prefetch(self, ids: np.ndarray) -> None:
@@ -231,16 +240,16 @@ class TieredTables:
                 look.fetch.values[slots] = w
                 if s.size:
                     look.fetch.state[slots] = s
-        look.work = torch.from_numpy(look.fetch.values).to(dev)
-        look.work_state = torch.from_numpy(look.fetch.state).to(dev)
+        look.work = to_device(look.fetch.values, dev)
+        look.work_state = to_device(look.fetch.state, dev)
         rows = torch.empty((ids.shape[0], self.dim), dtype=torch.float32, device=dev)
         if dev.type == "cpu":  # one parallel pass over both tiers
             assemble_rows(rows.numpy(), self.hot_weight.numpy(), *look.hot_index, look.fetch.values,
                           look.cold_pos, look.cold_slot)  # fmt: skip
         else:
             rows[look.hot_pos] = self.hot_weight.index_select(0, look.hot_slot)
-            cold_pos = torch.from_numpy(look.cold_pos).to(dev)
-            rows[cold_pos] = look.work.index_select(0, torch.from_numpy(look.cold_slot).to(dev))
+            cold_pos = to_device(look.cold_pos, dev)
+            rows[cold_pos] = look.work.index_select(0, to_device(look.cold_slot, dev))
         if training:
             rows.requires_grad_(True)
         look.rows = rows
@@ -281,7 +290,7 @@ class TieredTables:
             store._scratch = np.full(2 * look.work.shape[0], -1, dtype=np.int32)  # the update's row scratch
         device_index = None
         if self.device.type != "cpu":
-            device_index = tuple(torch.from_numpy(a).to(self.device) for a in (look.cold_slot, look.cold_pos))
+            device_index = tuple(to_device(a, self.device) for a in (look.cold_slot, look.cold_pos))
         touched += store.update(look.fetch, optimizer, look.work, look.work_state, look.cold_slot, g,
                                 look.cold_pos, device_index)  # fmt: skip
         if store.writes_back:
