@@ -88,6 +88,14 @@ def test_sharder_takes_fused_params_as_torchrecs_and_refuses_what_it_cannot_do()
     )
     with pytest.raises(ValueError, match="device='meta'. takes no weights"):
         HotlineEmbeddingBagCollection(w.configs(), device="meta", weights=[None] * 3)
+    from torchrec import EmbeddingBagCollection
+
+    meta = HotlineEmbeddingBagCollection.from_embedding_bag_collection(
+        EmbeddingBagCollection(w.configs(), device=torch.device("meta")), w.placement()
+    )  # torchrec's collection on the meta device: Hotline's is too, rows made by the sharder
+    assert meta.device.type == "meta" and {p.device.type for p in meta.parameters()} == {"meta"}
+    with pytest.raises(RuntimeError, match="built on the meta device and holds no rows"):
+        meta.export_tables()
 
 
 def test_meta_device_collection_is_materialised_on_the_shards_and_ranks_agree(tmp_path):

@@ -171,10 +171,14 @@ class HotlineEmbeddingBagCollection(
     def from_embedding_bag_collection(
         cls, ebc, placement: Placement | None = None, **kwargs
     ) -> HotlineEmbeddingBagCollection:
-        """The same tables and current weights as a torchrec ``EmbeddingBagCollection``."""
+        """The same tables and current weights as a torchrec ``EmbeddingBagCollection`` (one on the meta device
+        gives one on the meta device: no rows until DMP materialises them)."""
         configs = ebc.embedding_bag_configs()
-        weights = [ebc.embedding_bags[c.name].weight.detach().cpu().numpy() for c in configs]
         kwargs.setdefault("is_weighted", ebc.is_weighted())
+        params = [ebc.embedding_bags[c.name].weight for c in configs]
+        if any(p.device.type == "meta" for p in params):
+            return cls(configs, placement, device="meta", **kwargs)
+        weights = [p.detach().cpu().numpy() for p in params]
         return cls(configs, placement, weights=weights, **kwargs)
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
