@@ -24,7 +24,8 @@ from reference import NOISE_FACTOR  # noqa: E402
 from hotline.distributed.launcher import spawn  # noqa: E402
 
 STEPS, BATCH, ORDERS = 10, 16, 3
-KINDS = ("sgd", "rowwise-adagrad")  # fbgemm's CPU kernels have these (not Adam: "not supported in CPU mode")
+KINDS = ("sgd", "rowwise-adagrad", "adagrad")
+"""The optimizers fbgemm's CPU kernels have (not Adam: "Optimizer adam is not supported in CPU mode")."""
 
 
 def distance(a: dict, b: dict) -> float:
