@@ -44,9 +44,9 @@ def host_features(features: KeyedJaggedTensor) -> KeyedJaggedTensor:
 
 
 def start_host_copy(features: KeyedJaggedTensor) -> KeyedJaggedTensor:
-    """Starts copying a device KJT's ids to (pinned) host memory without blocking, and marks the KJT with the
-    copy and its event (:func:`host_features` picks it up); a host KJT is returned as it is."""
-    if features.values().device.type == "cpu":
+    """Starts copying a CUDA KJT's ids to (pinned) host memory without blocking, and marks the KJT with the
+    copy and its event (:func:`host_features` picks it up); any other KJT is returned as it is."""
+    if features.values().device.type != "cuda":
         return features
     host = features.to(torch.device("cpu"), non_blocking=True)
     event = torch.cuda.Event()
