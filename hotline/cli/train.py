@@ -22,6 +22,8 @@ from hotline.cli.args import (
     show_traceback,
 )
 from hotline.cli.effects import MODE_FLAGS, check_mode_flags, flag_given
+from hotline.kinds import ColdStoreKind, Mode
+from hotline.training.presets import PRESETS
 
 SUMMARY_KEYS = (
     "mode",
@@ -67,7 +69,7 @@ def add_parser(subparsers: SubParsers) -> None:
 
 EXTRA_FLAGS = {
     "model": {
-        "--preset": dict(choices=["mlperf-dcnv2"], default=None,
+        "--preset": dict(choices=sorted(PRESETS), default=None,
                          help="mlperf-dcnv2: MLPerf DLRM-DCNv2 (dim 128, 13-512-256-128, 1024-1024-512-256-1, dcn 3 x "
                               "512, row-wise Adagrad at 0.005, its LR schedule, batch 65536 scaled to the machine); "
                               "an explicit flag overrides its part"),
@@ -164,8 +166,8 @@ def _config_from_args(args: argparse.Namespace):
     from hotline.training.config import TrainConfig
 
     apply_preset(args)
-    if args.mode == "auto" and (args.placement or args.hbm_budget):
-        args.mode = "hotline"  # the hot rows are given: nothing left to choose but hotline
+    if args.mode == Mode.AUTO and (args.placement or args.hbm_budget):
+        args.mode = Mode.HOTLINE.value  # the hot rows are given: nothing left to choose but hotline
     check_mode_flags(args)
     warn = not os.environ.get("HOTLINE_LAUNCHED") and os.environ.get("RANK", "0") == "0"  # once per run
     if warn and args.threads and args.threads > (os.cpu_count() or 1):
@@ -206,18 +208,16 @@ def _launch(args: argparse.Namespace) -> int:
             from hotline.datasets.default import default_dataset
 
             args.dataset = str(default_dataset())  # made once here, not raced by the ranks
-        if config.mode == "auto":  # chosen once, here: every rank trains the same configuration
+        if config.mode == Mode.AUTO:  # chosen once, here: every rank trains the same configuration
             from hotline.datasets.format import Dataset
 
             choice = _choose(config, Dataset(args.dataset), args)
             args.mode, args.hardware = choice.mode, None
-            args.lookahead = choice.lookahead if choice.mode == "hotline" else None  # MODE_FLAGS in the ranks
+            # A flag the chosen mode ignores stays unset: the ranks refuse one given (MODE_FLAGS).
+            args.lookahead = choice.lookahead if choice.mode == Mode.HOTLINE else None
             args.hbm_budget = str(choice.hbm_budget) if choice.hbm_budget else None
-            if choice.mode == "device":  # nothing is cold (choice_fields)
-                args.cold_store, args.cold_dir = (
-                    "memory",
-                    None,
-                )  # the disk flags unset (MODE_FLAGS in the ranks)
+            if choice.mode == Mode.DEVICE:  # nothing is cold (choice_fields)
+                args.cold_store, args.cold_dir = ColdStoreKind.MEMORY.value, None
                 args.cold_cache = args.cold_io_depth = args.no_cold_direct = None
     except ValueError as e:
         return error("train", e)
@@ -283,7 +283,7 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
                 if comm.rank == 0:
                     print(f"loaded {args.load} (step {step})", file=sys.stderr)
             summary = trainer.fit(claim)
-            if trainer.config.cold_store == "disk":  # as run: --mode auto may choose device mode
+            if trainer.config.cold_store == ColdStoreKind.DISK:  # as run: --mode auto may choose device mode
                 _report_disk(trainer)
             if args.save:
                 save_checkpoint(trainer, claim.path("--save") if comm.world_size == 1 else args.save)
