@@ -11,12 +11,12 @@ import time
 import numpy as np
 import pytest
 import torch
+from ranks import spawn, train_and_dump
 
 from hotline import TrainConfig, Trainer
 from hotline.cli import main
 from hotline.datasets.format import Dataset
 from hotline.datasets.synthetic import generate
-from hotline.distributed.launcher import spawn, train_and_dump
 from hotline.models.dlrm import init_embedding_table
 from hotline.placement import Placement
 from hotline.profiling.costmodel import STEP_FORMAT
