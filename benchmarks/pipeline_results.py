@@ -139,8 +139,13 @@ def auto_margin(choice, rows: list[dict]) -> dict:
     candidates = []
     for c in choice.candidates:
         _, run = _run_of(c, rows)
-        candidates.append({"label": c.label, "predicted_samples_per_s": c.prediction.samples_per_s,
-                           "measured_samples_per_s": None if run is None else run["samples_per_s"]})  # fmt: skip
+        candidates.append(
+            {
+                "label": c.label,
+                "predicted_samples_per_s": c.prediction.samples_per_s,
+                "measured_samples_per_s": None if run is None else run["samples_per_s"],
+            }
+        )
     live = [r for r in rows if not r.get("saturated")]
     fastest = max(live, key=lambda r: r["samples_per_s"]) if live else None
     if chosen is None or fastest is None:
@@ -177,8 +182,14 @@ def pool_runs(reports: list[dict]) -> dict:
     ratios: dict[str, list[float]] = {}
     for i, rep in enumerate(reports):
         auto, rows = rep.get("auto") or {}, [r for r in rep.get("sweep", []) if "error" not in r]
-        chosen = next((r for r in rows if r["mode"] == auto.get("choice")
-                       and r.get("budget_mib") == auto.get("budget_mib")), None)  # fmt: skip
+        chosen = next(
+            (
+                r
+                for r in rows
+                if r["mode"] == auto.get("choice") and r.get("budget_mib") == auto.get("budget_mib")
+            ),
+            None,
+        )
         if chosen is None:
             raise ValueError(
                 f"run {i + 1}: auto's choice ({auto.get('choice')}) is not among its measured runs"
@@ -188,12 +199,24 @@ def pool_runs(reports: list[dict]) -> dict:
             if not r.get("saturated"):
                 ratios.setdefault(common.config_name(r), []).append(_median_round(r) / ref)
     table, margin = common.over_choice(ratios)
-    table = [{"configuration": t["configuration"], "runs": t["draws"],
-              **{k: t[k] for k in ("mean_over_choice", "lowest", "highest")}} for t in table]  # fmt: skip
+    table = [
+        {
+            "configuration": t["configuration"],
+            "runs": t["draws"],
+            **{k: t[k] for k in ("mean_over_choice", "lowest", "highest")},
+        }
+        for t in table
+    ]
     best = table[0]
-    return {"config": configs.pop(), "runs": len(reports), "choices": [rep["auto"]["choice"] for rep in reports],
-            "configurations": table, "fastest": best["configuration"], "pooled_margin": margin,
-            "pooled_margin_met": margin <= 0.05}  # fmt: skip
+    return {
+        "config": configs.pop(),
+        "runs": len(reports),
+        "choices": [rep["auto"]["choice"] for rep in reports],
+        "configurations": table,
+        "fastest": best["configuration"],
+        "pooled_margin": margin,
+        "pooled_margin_met": margin <= 0.05,
+    }
 
 
 def pool_main(files: list[Path], out: Path | None) -> dict:
@@ -209,13 +232,19 @@ def pool_main(files: list[Path], out: Path | None) -> dict:
     pooled = pool_runs(reports)
     common.print_table(
         pooled["configurations"],
-        [("configuration", "configuration", ""), ("runs", "runs", "d"),
-         ("mean_over_choice", "median round / auto's choice (geomean)", ".3f"),
-         ("lowest", "lowest", ".3f"), ("highest", "highest", ".3f")],
+        [
+            ("configuration", "configuration", ""),
+            ("runs", "runs", "d"),
+            ("mean_over_choice", "median round / auto's choice (geomean)", ".3f"),
+            ("lowest", "lowest", ".3f"),
+            ("highest", "highest", ".3f"),
+        ],
         title=f"config {pooled['config']}: {pooled['runs']} runs pooled (auto chose {', '.join(pooled['choices'])})",
-    )  # fmt: skip
-    print(f"pooled: fastest configuration {pooled['fastest']}; auto's choice {pooled['pooled_margin']:.1%} below it "
-          f"(target <= 5%: {'met' if pooled['pooled_margin_met'] else 'MISSED'})")  # fmt: skip
+    )
+    print(
+        f"pooled: fastest configuration {pooled['fastest']}; auto's choice {pooled['pooled_margin']:.1%} below it "
+        f"(target <= 5%: {'met' if pooled['pooled_margin_met'] else 'MISSED'})"
+    )
     common.write_json(out, pooled)
     return pooled
 
@@ -228,8 +257,9 @@ def mark_saturated(rows: list[dict]) -> None:
             r["note"] = "SATURATED (not a hotline result)" if r.get("saturated") else ""
 
 
-def print_report(args, dataset, rows: list[dict], ratios: dict, per_budget: list[dict], met: dict, auto: dict,
-                 load) -> None:  # fmt: skip
+def print_report(
+    args, dataset, rows: list[dict], ratios: dict, per_budget: list[dict], met: dict, auto: dict, load
+) -> None:
     """Prints a sweep's table, the ratios at the middle budget and at every budget against their targets, and
     ``--mode auto``'s choice beside the fastest measured run."""
     common.print_table(
@@ -273,8 +303,10 @@ def print_report(args, dataset, rows: list[dict], ratios: dict, per_budget: list
         (f"K=2 / {b}", met[f"k2_over_{k}_paired_min"]) for b, k in (("K=0", "k0"), ("hybrid", "hybrid"))
     ]
     if any(v is not None for _, v in lowest):
-        print("  paired round by round (median of each round's ratio): " + ", ".join(
-            f"lowest {name} {v:.2f}x" for name, v in lowest if v is not None))  # fmt: skip
+        print(
+            "  paired round by round (median of each round's ratio): "
+            + ", ".join(f"lowest {name} {v:.2f}x" for name, v in lowest if v is not None)
+        )
     if met["budgets"]:
         print(
             f"  ceiling: K=0's step without the row movement it leaves exposed (K=2 hiding all of it at no cost "
@@ -291,9 +323,17 @@ def print_report(args, dataset, rows: list[dict], ratios: dict, per_budget: list
             f"{'met' if auto['margin'] <= 0.05 else 'MISSED'}; with each run's median round instead of its fastest: "
             f"{auto['margin_median_rounds']:.1%}); load average {load}"
         )
-        print("  what auto priced, beside the runs: " + "; ".join(
-            f"{c['label']} {c['predicted_samples_per_s']:,.0f}"
-            + ("" if c["measured_samples_per_s"] is None else f" (measured {c['measured_samples_per_s']:,.0f})")
-            for c in auto["candidates"]))  # fmt: skip
+        print(
+            "  what auto priced, beside the runs: "
+            + "; ".join(
+                f"{c['label']} {c['predicted_samples_per_s']:,.0f}"
+                + (
+                    ""
+                    if c["measured_samples_per_s"] is None
+                    else f" (measured {c['measured_samples_per_s']:,.0f})"
+                )
+                for c in auto["candidates"]
+            )
+        )
     else:
         print(f"--mode auto chose {auto['choice']}, which this sweep did not run (--modes)")

@@ -116,8 +116,14 @@ class PlantedModel:
         logit = self.logit(sample["dense"], sample["table_logit"], sample["interactions"])
         self.bias = _calibrate_bias(logit, TARGET_CTR)
 
-    def add_table_terms(self, t: int, ranks: np.ndarray, table_logit: np.ndarray, interactions: dict,
-                        lengths: np.ndarray | None = None) -> None:  # fmt: skip
+    def add_table_terms(
+        self,
+        t: int,
+        ranks: np.ndarray,
+        table_logit: np.ndarray,
+        interactions: dict,
+        lengths: np.ndarray | None = None,
+    ) -> None:
         """Adds table t's main effect (bags [m, L] averaged) to ``table_logit`` [m] and keeps its second effect
         in ``interactions`` if an interaction pair uses it. Tables without either cost nothing. ``lengths``
         [m]: the bags are variable, only their first ``lengths`` ids count."""
@@ -158,8 +164,14 @@ def _calibrate_bias(logit: np.ndarray, ctr: float) -> float:
     return 0.5 * (lo + hi)
 
 
-def make_rows(cfg: SyntheticConfig, model: PlantedModel, seq: np.random.SeedSequence, m: int,
-               start: int = 0, drift: RankDrift | None = None) -> dict:  # fmt: skip
+def make_rows(
+    cfg: SyntheticConfig,
+    model: PlantedModel,
+    seq: np.random.SeedSequence,
+    m: int,
+    start: int = 0,
+    drift: RankDrift | None = None,
+) -> dict:
     """The first ``m`` rows of the chunk drawn from ``seq``: raw and log dense, row ids, effects, labels.
 
     Every random array comes from its own stream in one call of ``m`` rows, so these rows are the first ``m``
@@ -211,5 +223,14 @@ def make_rows(cfg: SyntheticConfig, model: PlantedModel, seq: np.random.SeedSequ
     labels = (np.random.default_rng(label_seq).random(m) < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
     if cfg.uniform:
         rows = rows.reshape(m, T, bags[0])
-    return {"counts": counts, "dense": dense, "rows": rows, "table_logit": table_logit, "interactions": interactions,
-            "top_hits": top_hits, "lookups": lookups, "logit": logit, "labels": labels}  # fmt: skip
+    return {
+        "counts": counts,
+        "dense": dense,
+        "rows": rows,
+        "table_logit": table_logit,
+        "interactions": interactions,
+        "top_hits": top_hits,
+        "lookups": lookups,
+        "logit": logit,
+        "labels": labels,
+    }

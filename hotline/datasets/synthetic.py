@@ -235,9 +235,13 @@ def generate(
 
 
 def generate_config(
-    cfg: SyntheticConfig, out: str | os.PathLike, *, raw_tsv: str | os.PathLike | None = None,
-    progress: bool = True, overwrite: bool = False,
-) -> Path:  # fmt: skip
+    cfg: SyntheticConfig,
+    out: str | os.PathLike,
+    *,
+    raw_tsv: str | os.PathLike | None = None,
+    progress: bool = True,
+    overwrite: bool = False,
+) -> Path:
     """Generates the dataset described by ``cfg`` at ``out``; see :func:`generate`."""
     from hotline.datasets.format import check_output_dir
     from hotline.outputs import guard
@@ -272,10 +276,14 @@ def generate_config(
         bounds[name] = (start, start + sizes[name])
         start += sizes[name]
     writer = DatasetWriter(
-        out, list(cfg.sizes), pooling_factor=cfg.pooling_factor, overwrite=overwrite,
+        out,
+        list(cfg.sizes),
+        pooling_factor=cfg.pooling_factor,
+        overwrite=overwrite,
         inputs=[raw_tsv] if raw_tsv is not None else [],
-        bag_sizes=None if cfg.uniform else list(cfg.bags), padded=cfg.variable_bags,
-    )  # fmt: skip
+        bag_sizes=None if cfg.uniform else list(cfg.bags),
+        padded=cfg.variable_bags,
+    )
     try:
         return _write(cfg, writer, tables, model, drift, sizes, bounds, raw_tsv and tsv, progress, raw_tsv)
     finally:
@@ -328,8 +336,13 @@ def _write(cfg, writer, tables, model, drift, sizes, bounds, tsv, progress, raw_
             bar.update(hi - lo)
         bar.close()
         if tsv and cfg.rows == 0:
-            write_raw_tsv(tsv, np.zeros(0, np.int64), np.zeros((0, NUM_DENSE), np.int64),
-                          np.zeros((0, cfg.num_tables), np.int64), append=False)  # fmt: skip
+            write_raw_tsv(
+                tsv,
+                np.zeros(0, np.int64),
+                np.zeros((0, NUM_DENSE), np.int64),
+                np.zeros((0, cfg.num_tables), np.int64),
+                append=False,
+            )
         for dense, sparse, labels in arrays.values():
             for a in (dense, sparse, labels):
                 a.flush()

@@ -96,8 +96,16 @@ def named_error(e: OSError, path: Path, what: str) -> OSError:
     return OSError(e.errno, f"{e.strerror or e}: cold store {path} ({what})")
 
 
-def transfer(fd: int, path: Path, pool: Executor, io_depth: int, write: bool, pages: np.ndarray,
-             buffer: np.ndarray, which: np.ndarray | None = None) -> tuple[int, int]:  # fmt: skip
+def transfer(
+    fd: int,
+    path: Path,
+    pool: Executor,
+    io_depth: int,
+    write: bool,
+    pages: np.ndarray,
+    buffer: np.ndarray,
+    which: np.ndarray | None = None,
+) -> tuple[int, int]:
     """Reads (or writes) ``pages`` of the file open as ``fd`` into (from) ``buffer`` in runs, spread over up to
     ``io_depth`` threads of ``pool``; returns the system calls made and the bytes moved. ``which``: only these
     indices of ``pages``."""

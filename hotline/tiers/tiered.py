@@ -267,8 +267,15 @@ class TieredMode(TrainMode):
                 alloc = torch.zeros if self.bags.padded else torch.empty  # padding slots stay zero
                 rows = alloc((micro.num_non_popular * C, D), dtype=torch.float32, device=self.device)
                 if host:
-                    assemble_rows(rows.numpy(), self.hot_w.numpy(), micro.hot_pos, micro.hot_slot,
-                                  prep.work.numpy(), micro.cold_pos, micro.cold_slot)  # fmt: skip
+                    assemble_rows(
+                        rows.numpy(),
+                        self.hot_w.numpy(),
+                        micro.hot_pos,
+                        micro.hot_slot,
+                        prep.work.numpy(),
+                        micro.cold_pos,
+                        micro.cold_slot,
+                    )
                 else:
                     rows[ix["hot_pos"]] = self.hot_w.index_select(0, ix["hot_slot"])
                     rows[ix["cold_pos"]] = prep.work.index_select(0, ix["cold_slot"])
@@ -281,10 +288,15 @@ class TieredMode(TrainMode):
             touched = self._hot_update(prep, grad_p, grad_n, host)
             empty = torch.zeros((0, D), dtype=torch.float32, device=self.device)
             touched += self.cold.update(
-                prep.fetch, self.optimizer, prep.work, prep.work_state, micro.cold_slot,
-                grad_n if grad_n is not None else empty, micro.cold_pos,
+                prep.fetch,
+                self.optimizer,
+                prep.work,
+                prep.work_state,
+                micro.cold_slot,
+                grad_n if grad_n is not None else empty,
+                micro.cold_pos,
                 None if host else (ix["cold_slot"], ix["cold_pos"]),
-            )  # fmt: skip
+            )
         t3 = time.perf_counter()
         times = {
             **prep.times,
