@@ -20,9 +20,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torchrec")
 
 import torchrec_workers as w  # noqa: E402
+from ranks import spawn  # noqa: E402
 from test_torchrec_dmp import assert_matches_reference  # noqa: E402
-
-from hotline.distributed.launcher import spawn  # noqa: E402
 
 START, STOP, BATCH = 5, 10, 12  # a global batch of 12 splits over 1, 2 and 3 ranks
 KINDS = ("rowwise-adagrad", "adagrad", "adam")

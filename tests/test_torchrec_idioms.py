@@ -24,9 +24,8 @@ pytest.importorskip("torchrec")
 
 import torchrec_idiom_workers as iw  # noqa: E402
 import torchrec_workers as w  # noqa: E402
+from ranks import spawn  # noqa: E402
 from test_torchrec_dmp import KINDS, assert_matches_reference  # noqa: E402
-
-from hotline.distributed.launcher import spawn  # noqa: E402
 
 STEPS, BATCH = 12, 16
 
@@ -120,13 +119,13 @@ def test_hotline_planner_plans_hotline_collections_and_hands_the_rest_to_torchre
     """torchrec's planner cannot price Hotline's kernel; HotlinePlanner (torchrec's planner arguments) plans
     Hotline's collections as hotline_sharding_plan does and every other module with torchrec's planner."""
     import torch.distributed as dist
+    from ranks import free_port
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import Topology
 
     from hotline.distributed.comm import Comm
-    from hotline.distributed.launcher import free_port
     from hotline.torchrec_bridge import (
         HotlineEmbeddingBagCollection,
         HotlineEmbeddingBagCollectionSharder,
