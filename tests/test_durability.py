@@ -175,3 +175,12 @@ def test_a_dataset_directory_is_durable_before_and_after_it_takes_its_name(tmp_p
         assert ("fsync", dst.parent) in calls.log[i + 1 :], "the parent is not fsynced after the rename"
         synced = {e[1] for e in calls.log[:i] if e[0] == "fsync"}
         assert {src / f.name for f in out.glob("*.npy")} <= synced  # (meta.json: an atomic write of its own)
+
+
+def test_the_raw_criteo_text_of_a_synthetic_set_is_durable_before_it_takes_its_name(tmp_path, calls):
+    """``generate(raw_tsv=...)`` writes the Criteo text under a temporary name: fsynced before the rename, the
+    directory after."""
+    tsv = tmp_path / "day_0.tsv"
+    generate(tmp_path / "ds", 300, seed=1, table_sizes=[20] * 26, progress=False, raw_tsv=tsv)
+    i = next(i for i, src, dst in calls.replaces() if dst == tsv.resolve())
+    assert_atomic(calls.log, i)

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hotline._io import temporary_name
+from hotline._io import fsync_dir, temporary_name
 from hotline._progress import bar_disable
 from hotline.datasets.drift import RankDrift
 from hotline.datasets.format import NUM_DENSE, SPLITS, DatasetWriter
@@ -351,8 +351,11 @@ def _write(cfg, writer, tables, model, drift, sizes, bounds, tsv, progress, raw_
         if drift is not None:
             extra["drift"] = drift.meta(cfg.rows)
         path = writer.finish(source=cfg.source(), extra=extra)
-        if tsv:
+        if tsv:  # durable before it takes the name, and the name after
+            with open(tsv, "rb") as fh:
+                os.fsync(fh.fileno())
             os.replace(tsv, raw_tsv)
+            fsync_dir(Path(raw_tsv).parent)
         return path
 
 
