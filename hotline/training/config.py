@@ -33,7 +33,7 @@ class TrainConfig:
 
     mode: str = "device"
     """Where embedding rows live: ``device`` (all on the compute device), ``hybrid`` or ``hotline``; ``auto``
-    (``hotline train``'s default) is resolved to one of them before training (:mod:`hotline.training.auto`)."""
+    (``hotline train``'s default) is resolved to one of them before training (:mod:`hotline.costmodel.auto`)."""
     embedding_dim: int = 16
     """``--arch-sparse-feature-size``."""
     bottom_mlp: list[int] = field(default_factory=lambda: [13, 512, 256, 64, 16])
@@ -173,7 +173,7 @@ class TrainConfig:
         if self.cold_store not in ("memory", "disk"):
             raise ValueError(f"--cold-store must be memory or disk, got {self.cold_store!r}")
         if self.cold_store == "disk":
-            if self.mode == "device":  # auto prices the disk store (hotline.training.auto)
+            if self.mode == "device":  # auto prices the disk store (hotline.costmodel.auto)
                 raise ValueError(
                     "--cold-store disk keeps the cold rows of --mode hybrid, hotline or auto (not --mode device)"
                 )
