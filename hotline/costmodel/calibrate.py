@@ -207,9 +207,8 @@ def _pooled_overlap(rounds: list[tuple[float, float, float]]) -> dict:
     """The overlap penalty the cost model prices, from each round's :func:`_overlap_timings`: pooled over the
     rounds (the sums of their timings), and a gain within the rounds' noise priced as none (1), as the disk
     calibration prices its penalties (:func:`~hotline.costmodel.fitting.pooled_penalty`). One round's
-    penalty is a small difference of two noisy times over a third: the median round priced 0.93, 1.30, 0.86
-    and 0.03 in four calibrations of one hour on the 2-core host (the last with a spread of 6.3 between its
-    rounds), and a K=2 step priced at 0.03 is its device work alone."""
+    penalty is a small difference of two noisy times over a third: a median round can price the host work
+    as nearly free, and a look-ahead step as its device work alone."""
     return pooled_penalty(rounds)
 
 

@@ -33,8 +33,8 @@ LOOKAHEAD = 2
 
 TIE_SHARE = 0.10
 """Predictions within this share of the fastest are not told apart, and the simplest of them is chosen: the
-cost model is checked to 0.8-1.25 of measured runs (``benchmarks/bench_costmodel.py``), and two runs of one
-configuration differed by up to 12% on the 2-core machine this was measured on (``bench_pipeline``'s rounds)."""
+cost model's error against measured runs (``benchmarks/bench_costmodel.py``) and the spread of runs of one
+configuration (``bench_pipeline``'s rounds) are of that order (their figures: ``docs/performance.md``)."""
 
 _SIMPLER = {"device": 0, "hybrid": 1, "hotline": 2}
 

@@ -137,7 +137,7 @@ def dense_timer(
 
 
 REFERENCE = 2
-"""The shape of :data:`SHAPES` (batch 1024, 26 tables, dim 64, 13-64-64 / 64-1: about 20 ms here) whose pass
+"""The shape of :data:`SHAPES` (batch 1024, 26 tables, dim 64, 13-64-64 / 64-1) whose pass
 :func:`calibrate` keeps (``device.reference_pass_us``, its median round) and :func:`time_pass` times beside the
 run's own, to tell this machine's speed at that moment from the run's model."""
 
@@ -192,10 +192,10 @@ def time_pass(
     backward of :func:`_tiered_pass`, its row assembly timed apart), for the cost model's ``device.passes`` (see
     :func:`hotline.costmodel.phases.pass_key`).
 
-    The fit of :func:`dense_timer` spans 13 shapes with four coefficients, and on this 2-core host it misses
-    single shapes by up to 40%; anchored to this timing, the model keeps the fit's shape over batch sizes and
+    The fit of :func:`dense_timer` spans 13 shapes with four coefficients and can miss a single shape by far
+    more than the timings' noise; anchored to this timing, the model keeps the fit's shape over batch sizes and
     passes but takes its scale from the run's own model. A timing of a second or two, though, lands on
-    whatever speed this machine has then (a VM's speed moved 20-30% within minutes here), where the
+    whatever speed this machine has then (a VM's speed moves within minutes), where the
     calibration's figures are medians of three rounds. So, given the calibration's ``reference_us`` (the pass
     of shape :data:`REFERENCE`), the run's pass and that reference are timed in alternation, each call
     timed alone, and the run's pass is the calibration's reference scaled by the ratio of their medians: a slow

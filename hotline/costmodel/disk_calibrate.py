@@ -13,16 +13,9 @@ Two kinds of figures:
   timed right after a forward and backward pass as a sequential step issues it, each direction fitted as
   ``fixed + per request + per page`` (a request, one system call, reads a run of neighbouring pages; uniform
   draws over a large file make about one per page, so each size is also timed as pairs of rows in neighbouring
-  pages, one request per two pages: a step of skewed ids reads runs of pages, 1.04-1.19 pages a request in
-  ``bench_disk_tier``, and its cost moved with the pages, not the requests: 22-25 us a page against 24-29 us
-  a request over its rows on 2026-12-02); and how the store's concurrent work overlaps (``*_penalty``: the part
-  of the shorter of two lanes that still costs time, 0 free, 1 none,
-  :func:`~hotline.costmodel.fitting.overlap_penalty`; pooled over pairs timed in ABBA order, and a gain the
-  pairs do not show beyond their noise priced as none, :func:`pooled_penalty`): the I/O (reads beside
-  write-backs) beside a forward and backward pass on the main thread, as long as the I/O (``compute_penalty``)
-  and a quarter as long (``compute_penalties``: both, by the compute's share of the I/O), and a step's reads
-  beside the previous steps' write-backs (``read_write_penalty``), fitted to a timed look-ahead pipeline of
-  the executor's own producer and writer threads beside the compute (:func:`pipeline_penalty`); and a
+  pages, one request per two pages: a step of skewed ids reads runs of pages, and its cost moves with the
+  pages more than with the requests); how the store's concurrent work overlaps
+  (:mod:`~hotline.costmodel.disk_overlap`: the I/O beside the compute, reads beside write-backs); and a
   ``probe``, the median times of one of those batches (:data:`PROBE_ROWS`), which :class:`DiskProbe` times
   again at another moment so that :func:`at_probe` prices at the disk's speed then.
 
@@ -233,9 +226,8 @@ def calibrate_disk(directory: str | os.PathLike, depth: int = 32, file_bytes: in
 def _calibrate_in(scratch: Path, directory: Path, depth: int, file_bytes: int, reads: int, record_bytes: int,
                   repeats: int, rows: int, rng: np.random.Generator) -> dict:  # fmt: skip
     """:func:`calibrate_disk`'s timings, its scratch files in ``scratch``."""
-    # What was written before (a training run's write-backs, hundreds of MB) flushed first: measured in
-    # bench_disk_tier, a calibration right after its runs read at 36 us a request where the one before them, and
-    # the runs, read at 22-24.
+    # What was written before (a training run's write-backs, hundreds of MB) flushed first: a calibration right
+    # after bench_disk_tier's runs, unflushed, read far slower than the one before them and the runs did.
     os.sync()
     path = scratch / _SCRATCH
     try:
@@ -292,8 +284,8 @@ class DiskProbe:
     filesystem allows) in a fresh folder in ``directory``, removed by :meth:`close`. Calling it returns the
     medians of ``repeats`` timings, in the calibration's ``probe`` fields; :func:`at_probe` prices with them.
 
-    On a virtual disk the speed moves 20% to 2x within minutes (``bench_disk_tier``: the step timed at 13 us a
-    request before a run and 21 after it): a probe beside a run says what the disk did then."""
+    On a virtual disk the speed moves within minutes (``bench_disk_tier`` times a probe beside each run): a
+    probe beside a run says what the disk did then."""
 
     def __init__(self, directory: str | os.PathLike, record_bytes: int, depth: int = 32,
                  file_bytes: int = 512 << 20, seed: int = 0) -> None:  # fmt: skip

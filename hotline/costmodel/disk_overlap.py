@@ -19,8 +19,8 @@ from hotline.costmodel.phases import overlapped_at
 from hotline.tiers.disk_file import PageSet, RowFile
 
 PIPELINE_ROWS = 4096
-"""Distinct rows per step of the timed look-ahead pipeline (:func:`_pipeline_timings`): ``bench_disk_tier``'s
-steps read 2,400-5,500 rows from disk."""
+"""Distinct rows per step of the timed look-ahead pipeline (:func:`_pipeline_timings`): of the order of what a
+step of ``bench_disk_tier`` reads from disk."""
 PIPELINE_STEPS = 4
 """Steps per timing of the look-ahead pipeline (each pair: that many steps one after the other, and pipelined)."""
 PIPELINE_LOOKAHEAD = 2
@@ -28,10 +28,9 @@ PIPELINE_LOOKAHEAD = 2
 BESIDE_SHARES = (1.0, 0.25)
 """The compute lane's length, as a share of the I/O's, at which the I/O beside a forward and backward pass is
 timed (``compute_penalties``: one point each; the cost model interpolates between them by the lanes' ratio).
-The part of the compute that costs time moves with that ratio: timed in one sitting on 2026-12-03 (8,192 rows
-read beside 8,192 written, 12 pairs each), a compute as long as the I/O cost 0.80 of itself and one a quarter
-as long 0.06 (2,048 rows: 0.89 and 0.10); a look-ahead step on the disk store has a compute a tenth to a
-quarter of its I/O (``bench_disk_tier``)."""
+The part of the compute that costs time moves with that ratio (a compute as long as the I/O costs most of
+itself, one a quarter as long little), and a look-ahead step on the disk store has a compute shorter than its
+I/O (``bench_disk_tier``)."""
 
 
 def overlap_penalties(f: RowFile, rng: np.random.Generator, repeats: int, compute, n: int) -> dict:
@@ -42,9 +41,9 @@ def overlap_penalties(f: RowFile, rng: np.random.Generator, repeats: int, comput
     # pipeline below prices them), and that I/O beside the compute (``compute_penalty``, priced).
     # Look-ahead: the producer reads step j+1 while the writer writes step j back (one file, one pool). Every
     # timed write-back is of rows just read (untimed), as a step's is: a page written since is read again.
-    # One batch of each per timing, three pairs per repeat: the disk's speed swings over about a second here, and
-    # a short pair times alone and together at nearly one speed (k=3 batches a timing, 5 pairs: se 0.25-0.39
-    # of the pooled read-beside-write penalty in three calibrations; k=1, 15 pairs: 0.12-0.18, in the same time).
+    # One batch of each per timing, three pairs per repeat: a virtual disk's speed swings within a second or so,
+    # and a short pair times alone and together at nearly one speed (more, shorter pairs gave the pooled
+    # penalty a smaller standard error than fewer, longer ones in the same time).
     k = 1
 
     def draws() -> list[np.ndarray]:
@@ -75,9 +74,8 @@ def overlap_penalties(f: RowFile, rng: np.random.Generator, repeats: int, comput
 
     # Each penalty pools ``3 * repeats`` paired measurements (:func:`pooled_penalty`), alone and together in ABBA
     # order: a drift of the disk's speed over the section weighs both sides alike, and one pair's burst is a
-    # share of the sums, not a vote. (The median of per-repeat penalties it replaces gave 0.83, 0.63 and 0.28 in
-    # three calibrations in a row on 2026-12-02, where 8 paired serial/together timings of the same shapes
-    # were within 0.97-1.21 of each other: reads beside write-backs gained nothing on that disk.)
+    # share of the sums, not a vote (a median of per-repeat penalties swung between calibrations in a row where
+    # paired serial and together timings showed no gain).
     rw, beside = [], {share: [] for share in BESIDE_SHARES}
     compute()
     t_one = _timed(compute)
@@ -129,11 +127,9 @@ def _pipeline_timings(f: RowFile, rng: np.random.Generator, repeats: int, comput
     :data:`PIPELINE_LOOKAHEAD` steps ahead, :class:`~hotline.pipeline.threads.Worker` writing each step back
     after its compute, the compute on this thread), in ABBA order. The compute of a step is as many forward and
     backward passes as make it the shorter share of :data:`BESIDE_SHARES` (a quarter) of the step's I/O (a read
-    and its write-back): the disk lane the longest, as in a look-ahead step on the disk store (its compute a
-    tenth to a quarter of its I/O in ``bench_disk_tier``), and the compute beside it at the ratio whose penalty
-    the calibration timed rather than one it interpolates. (One read's time of compute, half the I/O, fitted
-    reads beside write-backs at 1.45 on 2026-12-03 12:43 with the penalties interpolated there, where the K=2
-    rows of ``bench_disk_tier`` right after were priced at 0.85-0.90 of what they ran.)"""
+    and its write-back): the disk lane the longest, as in a look-ahead step on the disk store (its compute
+    shorter than its I/O in ``bench_disk_tier``), and the compute beside it at the ratio whose penalty the
+    calibration timed rather than one it interpolates."""
     from hotline.pipeline.threads import Producer, Worker
 
     n = min(PIPELINE_ROWS, f.num_rows // 2)
@@ -227,7 +223,8 @@ def beside_penalties(step: dict, one=None) -> str:
 def _read_write_fit(together: float, read: float, compute: float, write: float, compute_penalty: float | list) -> float:  # fmt: skip
     """The reads-beside-write-backs penalty with which the cost model's look-ahead step (the reads beside the
     write-backs, :func:`hotline.costmodel.phases.overlapped`, and that beside the compute at
-    ``compute_penalty``, one figure or points by the lanes' ratio: :func:`penalty_at`) takes ``together``
+    ``compute_penalty``, one figure or points by the lanes' ratio:
+    :func:`~hotline.costmodel.phases.penalty_at`) takes ``together``
     seconds, in [0, 3]: the disk lane solved by bisection, the largest with which the step is no longer than
     ``together`` (where the compute lane is the longer and its penalty is 0, any disk lane up to the compute's
     gives the same step)."""
@@ -249,14 +246,14 @@ def pipeline_penalty(timings: list[tuple[float, float, float, float]], compute_p
     """The reads-beside-write-backs penalty the cost model prices look-ahead with, from paired timings
     ``(pipelined, reads, compute, write-backs)`` of a look-ahead pipeline (:func:`_pipeline_timings`): the
     penalty with which the model's step, at ``compute_penalty`` for the I/O beside the compute (one figure, or
-    points by the lanes' ratio: :func:`penalty_at`), takes the pipelined seconds (:func:`_read_write_fit`).
+    points by the lanes' ratio: :func:`~hotline.costmodel.phases.penalty_at`), takes the pipelined seconds
+    (:func:`_read_write_fit`).
     ``pooled`` from the sums of the pairs, ``se`` the standard error of the pairs' own fits, and ``penalty`` by
     :func:`pooled_penalty`'s rule (a gain within the noise priced as none).
 
-    A pair of threads, one reading and one writing a batch, priced it before (format 5): in three calibrations
-    on 2026-12-02 the pairs credited a gain (0.72-0.83) and ``bench_disk_tier``'s K=2 rows came out up to 1.27x
-    optimistic, where in the runs the pairs credited none the rows were within 0.86-1.12. The pipeline times
-    what look-ahead does: the producer's reads, the writer's write-backs and the compute together, each
+    A pair of threads, one reading and one writing a batch, priced it before (format 5) and credited a gain
+    that ``bench_disk_tier``'s look-ahead runs did not show. The pipeline times what look-ahead does: the
+    producer's reads, the writer's write-backs and the compute together, each
     waiting on the others as the executor's threads do."""
     if not timings:
         return {"penalty": 1.0, "pooled": 1.0, "se": None, "pairs": [], "compute_penalty": compute_penalty}

@@ -53,8 +53,8 @@ def hardware_for(device: str, spec: str | None = None, threads: int = 0) -> dict
 def cpu_hardware_path(threads: int = 0) -> Path:
     """Where :func:`cpu_hardware` keeps this host's calibration at ``threads``: the cache directory
     (:func:`hotline.datasets.default.cache_root`), one file per host, CPU model, core and thread count,
-    calibration version, torch version and OpenMP wait policy (a Numba or torch region's start cost 51 us with
-    no spin against 2 us with hotline's short one: the timings depend on it)."""
+    calibration version, torch version and OpenMP wait policy (a Numba or torch parallel region's start cost
+    depends on it, and the timings with it)."""
     import platform
 
     import torch

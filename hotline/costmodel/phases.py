@@ -91,8 +91,8 @@ def overlapped_at(a: float, b: float, penalty: float | list) -> float:
 def penalty_at(penalty: float | list, ratio: float) -> float:
     """The overlap penalty of two lanes whose shorter is ``ratio`` of the longer: ``penalty`` itself where it is
     one figure, or, where it is points ``[[ratio, penalty], ...]`` (``compute_penalties``, timed at
-    :data:`~hotline.costmodel.disk_overlap.BESIDE_SHARES`), linear between them and the nearest one's beyond them. Between two points the
-    penalty rises with the ratio by at most the ratio's own rise (a point above that, or below the one before
+    :data:`~hotline.costmodel.disk_overlap.BESIDE_SHARES`), linear between them and the nearest one's beyond
+    them. Between two points the penalty rises with the ratio by at most the ratio's own rise (a point above that, or below the one before
     it, is taken at that bound): the step, the longer lane plus the penalty of the shorter, then never shrinks
     as either lane grows (its slope in the longer lane is 1 - slope * ratio^2), which the fit of reads beside
     write-backs relies on, and a noisy point cannot price the shorter compute dearer than the longer."""
