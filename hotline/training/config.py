@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hotline.models.dlrm import DLRMConfig
-from hotline.tiers.sparse_optim import SparseOptimizer  # climbs a layer: checked by the tiers' own rule
+from hotline.table_layout import check_optimizer
 
 MODES = ("device", "hybrid", "hotline", "auto")
 
@@ -199,9 +199,7 @@ class TrainConfig:
             raise ValueError(
                 f"--device {self.device}: CUDA is not available to this torch ({torch.__version__})"
             )
-        SparseOptimizer(
-            self.optimizer, self.learning_rate, dim=self.embedding_dim
-        )  # validates optimizer and lr
+        check_optimizer(self.optimizer, self.learning_rate, self.embedding_dim)  # the tiers' rule
         _ = self.lr_schedule  # validates the schedule's steps
 
     @property
