@@ -51,9 +51,10 @@ PREDICTED_AS = {
 def main(argv: list[str] | None = None) -> dict:
     import numpy as np
 
-    from hotline.profiling import costmodel
-    from hotline.profiling.calibrate import calibrate, speed_probe
-    from hotline.training.auto import with_timed_pass
+    from hotline import costmodel
+    from hotline.costmodel.calibrate import calibrate
+    from hotline.costmodel.dense_timing import speed_probe
+    from hotline.costmodel.machine import with_timed_pass
 
     p = common.parser(__doc__)
     p.add_argument(

@@ -91,7 +91,7 @@ def _config(args, **kw):
 
 def run_trainer(name: str, dataset, args, probe=None, **kw) -> dict:
     """One timed Hotline run (device, hybrid or hotline; the disk store where ``cold_store='disk'``).
-    ``probe``: a :class:`~hotline.profiling.disk_calibrate.DiskProbe`, timed right before the run's trainer is
+    ``probe``: a :class:`~hotline.costmodel.disk_calibrate.DiskProbe`, timed right before the run's trainer is
     made and right after it is closed (JSON ``disk_probe``: each, and their mean; the cost model prices the row
     at :func:`row_probe`). Not between the warm-up and the clock: there a look-ahead run's producer and writer
     threads are still reading and writing, and the probe timed 1.3-2.3x slower beside K=2 than before or after
@@ -344,7 +344,7 @@ def run_mmap_dram(dataset, args, root: Path, dram: int) -> dict:
 def predict(rec: dict, hybrid: dict | None, dataset, args, hw: dict):
     """The cost model's prediction for a disk row, from the run's measured figures (None for the others), with
     the disk figures of ``hw`` (the row's own: :func:`row_probe`)."""
-    from hotline.profiling.costmodel import DiskTier, Stats, predict
+    from hotline.costmodel import DiskTier, Stats, predict
 
     if rec.get("coverage") is None or hybrid is None:
         return None
@@ -379,7 +379,7 @@ def row_probe(rec: dict, hw: dict) -> dict | None:
 def price(r: dict, hybrid: dict | None, dataset, args, hw: dict) -> None:
     """A disk row's (one round's) prediction, at the disk beside it (the calibration's step fits scaled by how
     the disk timed the calibration's probe beside the row against during the calibration), in its record."""
-    from hotline.profiling.disk_calibrate import at_probe
+    from hotline.costmodel.disk_calibrate import at_probe
 
     if "error" in r:
         return
@@ -431,7 +431,7 @@ def exposed_s(p) -> float:
 
 def workload(dataset, args):
     """The cost model's workload: the model the runs train."""
-    from hotline.profiling.costmodel import Workload, arch_of
+    from hotline.costmodel import Workload, arch_of
 
     return Workload(batch_size=args.batch, num_tables=dataset.num_tables, pooling_factor=dataset.pooling_factor,
                     embedding_dim=args.dim, **arch_of(_config(args)))  # fmt: skip
@@ -448,7 +448,7 @@ def mean_of(a, b):
 
 
 def disk_calibration(args, root: Path) -> dict:
-    from hotline.profiling.disk_calibrate import calibrate_disk
+    from hotline.costmodel.disk_calibrate import calibrate_disk
     from hotline.table_layout import bytes_per_row
 
     record = bytes_per_row(args.dim, "sgd")
@@ -459,7 +459,7 @@ def disk_calibration(args, root: Path) -> dict:
 def hardware(args, root: Path, dataset=None, disk_before: dict | None = None) -> dict | None:
     import json
 
-    from hotline.profiling.costmodel import STEP_FORMAT
+    from hotline.costmodel import STEP_FORMAT
     from hotline.table_layout import bytes_per_row
 
     if args.hardware:
@@ -467,8 +467,8 @@ def hardware(args, root: Path, dataset=None, disk_before: dict | None = None) ->
     elif args.smoke:
         return None
     else:
-        from hotline.profiling.calibrate import calibrate
-        from hotline.training.auto import with_timed_pass
+        from hotline.costmodel.calibrate import calibrate
+        from hotline.costmodel.machine import with_timed_pass
 
         print("calibrating the host (hotline calibrate) for the cost model ...", flush=True)
         hw = calibrate(args.threads, args.seed)
@@ -490,13 +490,13 @@ def hardware(args, root: Path, dataset=None, disk_before: dict | None = None) ->
 
 def pool_penalties(step: dict, *calibrations: dict) -> None:
     """The overlap penalties of ``step`` (the mean of two calibrations') from every pair both timed, pooled as
-    one calibration of twice the pairs (:func:`~hotline.profiling.disk_calibrate.pooled_penalty`; reads beside
+    one calibration of twice the pairs (:func:`~hotline.costmodel.fitting.pooled_penalty`; reads beside
     write-backs, fitted to the timed look-ahead pipelines, at the pooled compute penalty:
-    :func:`~hotline.profiling.disk_calibrate.pipeline_penalty`), not the mean of the two priced figures: a gain
+    :func:`~hotline.costmodel.disk_overlap.pipeline_penalty`), not the mean of the two priced figures: a gain
     one calibration shows beyond its noise and the other does not is weighed by its pairs, not taken at half its
     size."""
-    from hotline.profiling.disk_calibrate import BESIDE_SHARES, beside_name, penalty_curve, pipeline_penalty
-    from hotline.profiling.fitting import pooled_penalty
+    from hotline.costmodel.disk_overlap import BESIDE_SHARES, beside_name, penalty_curve, pipeline_penalty
+    from hotline.costmodel.fitting import pooled_penalty
 
     def pairs(name: str) -> list | None:
         parts = [c.get("penalties_measured", {}).get(name, {}).get("pairs") for c in calibrations]
@@ -523,8 +523,9 @@ def pool_penalties(step: dict, *calibrations: dict) -> None:
 def auto_row(rows: list[dict], prof, dataset, args, hw: dict, dram: int, placements: list[dict]) -> dict:
     """What ``--mode auto`` chooses from the same calibration, priced with the disk store and the runs' DRAM
     tier among the measured budgets (so its choice is a measured row), and its margin to the fastest disk row."""
-    from hotline.profiling.costmodel import Stats
-    from hotline.training.auto import ColdDisk, choose, device_memory
+    from hotline.costmodel import Stats
+    from hotline.costmodel.choose import ColdDisk, choose
+    from hotline.costmodel.machine import device_memory
 
     w = workload(dataset, args)
     choice = choose(dataset.total_rows * w.row_bytes, device_memory("cpu"), hw, w,
@@ -645,7 +646,7 @@ def io_summary(mmap: dict | None, k2: dict | None) -> str:
 
 def why_missed(base: str, k2: dict, k0: dict | None, other: dict, hw: dict | None) -> str:
     """Why hotline K>=2 on disk missed its target against ``base``, in the run's measured figures."""
-    from hotline.profiling.disk_calibrate import beside_penalties
+    from hotline.costmodel.disk_overlap import beside_penalties
 
     io = f"{k2['disk_read_ms']:.0f} ms of reads and {k2['write_back_ms']:.0f} ms of write-back per step"
     step = f"{k2['mode'].split('_')[1].upper()} takes {k2['step_ms']:.0f} ms/step, {k2['exposed_read_ms']:.0f} ms of it waiting for reads"
@@ -742,7 +743,7 @@ def main(argv: list[str] | None = None) -> dict:
         disk_before = disk_calibration(args, root) if not (args.hardware or args.smoke) else None
         # the calibration's probe, timed beside each disk row (a scratch file of the calibration's size; small in
         # --smoke, which only checks that it runs)
-        from hotline.profiling.disk_calibrate import DiskProbe
+        from hotline.costmodel.disk_calibrate import DiskProbe
 
         probe = stack.enter_context(DiskProbe(root, bytes_per_row(args.dim, "sgd"), args.io_depth, seed=args.seed,
                                               file_bytes=(8 << 20) if args.smoke else 512 << 20))  # fmt: skip

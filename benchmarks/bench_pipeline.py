@@ -158,7 +158,7 @@ def run_mode(
     hide the overlap it measures), phases are timed with CUDA events on their streams, and peak memory is
     recorded. ``probe`` (a Batch): the run's pooled embeddings of it and its dense parameters are returned
     under ``_probe`` (to compare modes: same batches, same initial weights). ``speed_probe``
-    (:func:`hotline.profiling.calibrate.speed_probe`): timed right before the run's trainer is made and right
+    (:func:`hotline.costmodel.dense_timing.speed_probe`): timed right before the run's trainer is made and right
     after it is closed (``cpu_probe``: before and after, microseconds; not beside the timed steps, where a
     look-ahead run's threads would slow it)."""
     import torch
@@ -370,8 +370,10 @@ def sweep(
 
 def auto_choice(dataset, args, cfg, prof, placements: list[dict]):
     """What ``hotline train --mode auto`` chooses for this data on this machine, among the sweep's budgets."""
-    from hotline.profiling.costmodel import Stats, arch_of, workload_for
-    from hotline.training.auto import choose, device_memory, hardware_for, table_bytes, with_timed_pass
+    from hotline.costmodel import Stats, arch_of, workload_for
+    from hotline.costmodel.auto import table_bytes
+    from hotline.costmodel.choose import choose
+    from hotline.costmodel.machine import device_memory, hardware_for, with_timed_pass
 
     # what `hotline train` prices with: this CPU's cached calibration and the model's pass timed now, or --hardware
     hw = hardware_for("cpu", args.hardware, args.threads)

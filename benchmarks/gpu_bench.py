@@ -247,7 +247,7 @@ def _stage(stage: str, args, device: str, payload: dict, t_start: float) -> dict
     each."""
     import torch
 
-    from hotline.profiling import costmodel
+    from hotline import costmodel
 
     args.max_rows_per_table = args.max_rows_per_table or None
     cfg = {**WORKLOADS[args.workload](args), "mini_batch_size": args.batch}
@@ -381,7 +381,7 @@ def _stage(stage: str, args, device: str, payload: dict, t_start: float) -> dict
 
 
 def _gpu_name(args, device: str) -> str | None:
-    from hotline.profiling import costmodel
+    from hotline import costmodel
 
     if args.gpu:
         return args.gpu
@@ -394,7 +394,7 @@ def _gpu_name(args, device: str) -> str | None:
 
 
 def _workload(cfg, args, prof):
-    from hotline.profiling import costmodel
+    from hotline import costmodel
 
     return costmodel.workload_for(prof, worker_threads=args.worker_threads, **costmodel.arch_of(cfg))
 
@@ -426,7 +426,7 @@ def _link_gbps(device: str) -> dict:
 def _hardware(args, device) -> dict | None:
     """The hardware description predictions use: ``--hardware``'s, else the shipped table's GPU with
     ``--host``'s figures (the calibration part, which runs after the sweeps, writes a calibrated one)."""
-    from hotline.profiling import costmodel
+    from hotline import costmodel
 
     if args.hardware:
         return costmodel.load_hardware(args.hardware)
@@ -441,9 +441,8 @@ def _calibrate(args, device: str) -> dict:
     """The calibration part: this host's timings, the link, and the device's fixed cost per dense pass from
     the full part's device mode (its compute on the device's clock less what FLOPs and bytes explain); written
     to ``--hardware-out`` (without it: nothing to do)."""
-    from hotline import _io
-    from hotline.profiling import costmodel
-    from hotline.profiling.calibrate import calibrate
+    from hotline import _io, costmodel
+    from hotline.costmodel.calibrate import calibrate
 
     if not args.hardware_out:
         return {"skipped": "no --hardware-out"}
@@ -470,7 +469,7 @@ def _calibrate(args, device: str) -> dict:
 
 def _predict(rows, hw, prof, placements, cfg, args) -> None:
     """Adds the cost model's prediction (from the held-out figures at each run's budget) to each run."""
-    from hotline.profiling import costmodel
+    from hotline import costmodel
 
     w = _workload(cfg, args, prof)
     as_mode = {

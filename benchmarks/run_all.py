@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's hotline, installed or not
 from hotline._io import write_json, write_text  # noqa: E402 - every file through the one atomic writer
-from hotline.profiling.calibrate import cpu_model  # noqa: E402
+from hotline.costmodel.timing import cpu_model  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_page  # noqa: E402 - the GPU section, beside this script

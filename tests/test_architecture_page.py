@@ -55,11 +55,6 @@ def test_architecture_page_names_every_module():
 # -- the layers: imports only go down ---------------------------------------------------------------------
 CLIMBS = {
     ("hotline.distributed.launcher", "hotline.cli.args"): "a second Ctrl-C is ignored by the CLI's one rule",
-    ("hotline.profiling.profile", "hotline.profiling.plots"): "Profile.plot draws the cost model's curves",
-    (
-        "hotline.training.config",
-        "hotline.tiers.sparse_optim",
-    ): "optimizer parameters checked by SparseOptimizer",
 }
 """The imports allowed against the layers, each with its reason (docs/architecture.md names them)."""
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from test_costmodel import HW
 
+from hotline import costmodel as cm
 from hotline.models.dlrm import DLRM, DLRMConfig
-from hotline.profiling import costmodel as cm
 
 TABLES = (50, 40, 30, 20)
 D = 8
@@ -110,7 +110,7 @@ def small(tmp_path_factory):
 def test_auto_prices_a_dcn_run_as_dcn(small):
     """``--mode auto`` (choose_for_run, the code path ``hotline train`` takes) prices each run's own model: the
     hybrid candidate's compute of a DCN config exceeds a dot config's by the FLOPs counted in the two models."""
-    from hotline.training.auto import choose_for_run
+    from hotline.costmodel.auto import choose_for_run
     from hotline.training.config import TrainConfig
     from hotline.training.placing import profile_for
 

@@ -146,8 +146,8 @@ def test_bench_disk_tier_pools_the_two_calibrations_pairs(monkeypatch):
     )
     import bench_disk_tier
 
-    from hotline.profiling.disk_calibrate import pipeline_penalty
-    from hotline.profiling.fitting import pooled_penalty
+    from hotline.costmodel.disk_overlap import pipeline_penalty
+    from hotline.costmodel.fitting import pooled_penalty
 
     clear = [(1.5, 1.0, 1.0), (1.52, 1.0, 1.0), (1.48, 1.0, 1.0)]  # 0.5, tight: shown alone
     # look-ahead pipelines (pipelined, reads, compute, write-backs) at a compute penalty of 0.5: the disk lane

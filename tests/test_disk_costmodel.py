@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from hotline.cli import main
-from hotline.profiling.costmodel import STEP_FORMAT
+from hotline.costmodel import STEP_FORMAT
 
 STEP = {"version": STEP_FORMAT, "record_bytes": 256, "rows": [256], "repeats": 1,
         "read": {"fixed_us": 1000.0, "us_per_call": 20.0, "cpu_us_per_call": 5.0},
@@ -23,7 +23,7 @@ def test_cost_model_prices_the_disk_tier():
     11 us/request = 220 ms (inside them)."""
     from test_costmodel import HW, W, stats
 
-    from hotline.profiling import costmodel as cm
+    from hotline import costmodel as cm
 
     hw = {**HW, "disk": DISK}
     s = stats(cold=20_000, unique=60_000)
@@ -100,8 +100,8 @@ def test_step_fit_and_penalty():
     timings: 2 ms + 10 us/request with one outlier per size that the median drops, the sizes interleaved as
     the calibration times them (rounds in a random order; a size's requests vary a little from draw to
     draw)."""
-    from hotline.profiling.disk_calibrate import _fit
-    from hotline.profiling.fitting import overlap_penalty as _penalty
+    from hotline.costmodel.disk_calibrate import _fit
+    from hotline.costmodel.fitting import overlap_penalty as _penalty
 
     sizes = [1000, 100, 5000, 5000, 1000, 100, 100, 5000, 1000]
     calls = [990, 100, 4990, 5000, 1000, 99, 100, 5010, 1010]
@@ -127,7 +127,7 @@ def test_step_fit_and_penalty():
 def test_at_probe_scales_the_step_fits():
     """A disk section priced at a probe: each direction's fit scaled by the probe's time over the
     calibration's (golden), the CPU per request and the penalties as calibrated; no probe: unchanged."""
-    from hotline.profiling.disk_calibrate import at_probe
+    from hotline.costmodel.disk_calibrate import at_probe
 
     step = {"read": {"fixed_us": 100.0, "us_per_call": 20.0, "us_per_page": 2.0, "cpu_us_per_call": 25.0},
             "write": {"fixed_us": 50.0, "us_per_call": 30.0, "us_per_page": 0.0, "cpu_us_per_call": 28.0},
@@ -149,7 +149,7 @@ def test_at_probe_scales_the_step_fits():
 def test_disk_probe_times_and_cleans_up(tmp_path):
     """The probe beside a run: step-shaped read and write-back times of its rows, on a scratch file in a folder
     of its own that close removes (a user's file of the scratch file's name untouched)."""
-    from hotline.profiling.disk_calibrate import PROBE_ROWS, DiskProbe
+    from hotline.costmodel.disk_calibrate import PROBE_ROWS, DiskProbe
 
     mine = tmp_path / "hotline-disk-calibration-step.bin"
     mine.write_text("user data")
@@ -165,7 +165,7 @@ def test_disk_probe_closes_its_file_when_writing_it_fails(tmp_path, monkeypatch)
     descriptors and its folder are gone (a calibration or probe that fails leaks nothing)."""
     import errno
 
-    from hotline.profiling.disk_calibrate import DiskProbe
+    from hotline.costmodel.disk_calibrate import DiskProbe
 
     real = os.pwrite
 
@@ -256,7 +256,7 @@ def test_calibrate_disk_cli(tmp_path, capsys):
 def test_pooled_penalty_credits_only_the_overlap_its_timings_show():
     """Golden: pooled over pairs (sums, not a vote of each pair); a gain within the pairs' noise is priced as
     none (1); a clear gain, and a loss (worse than one after the other), as measured."""
-    from hotline.profiling.fitting import pooled_penalty
+    from hotline.costmodel.fitting import pooled_penalty
 
     clear = [(1.5, 1.0, 1.0), (1.52, 1.0, 1.0), (1.48, 1.0, 1.0), (1.5, 1.0, 1.0), (1.5, 1.0, 1.0)]
     got = pooled_penalty(clear)
@@ -282,8 +282,8 @@ def test_pipeline_penalty_is_the_read_write_penalty_that_prices_the_timed_pipeli
     each branch), and the model's own step at the fitted penalty gives the timing back (property)."""
     import numpy as np
 
-    from hotline.profiling.costmodel import _overlapped
-    from hotline.profiling.disk_calibrate import _read_write_fit, pipeline_penalty
+    from hotline.costmodel.disk_overlap import _read_write_fit, pipeline_penalty
+    from hotline.costmodel.phases import overlapped
 
     # the disk lane the longer: 2.0 = disk + 0.5 * 1.0, disk = 1.5 = 1.0 + p * 1.0
     assert _read_write_fit(2.0, 1.0, 1.0, 1.0, 0.5) == pytest.approx(0.5)
@@ -297,10 +297,10 @@ def test_pipeline_penalty_is_the_read_write_penalty_that_prices_the_timed_pipeli
     for _ in range(200):
         r, c, w = rng.uniform(0.1, 2.0, 3)
         p_rw, p_c = rng.uniform(0.0, 1.5, 2)
-        together = _overlapped(_overlapped(r, w, p_rw), c, p_c)
+        together = overlapped(overlapped(r, w, p_rw), c, p_c)
         got = _read_write_fit(together, r, c, w, p_c)
-        assert _overlapped(_overlapped(r, w, got), c, p_c) == pytest.approx(together)
-        if p_c > 0 and _overlapped(r, w, p_rw) != c:
+        assert overlapped(overlapped(r, w, got), c, p_c) == pytest.approx(together)
+        if p_c > 0 and overlapped(r, w, p_rw) != c:
             assert got == pytest.approx(p_rw)
     tight = [(2.0, 1.0, 1.0, 1.0), (2.04, 1.0, 1.0, 1.0), (1.96, 1.0, 1.0, 1.0)]
     got = pipeline_penalty(tight, 0.5)
@@ -317,18 +317,18 @@ def test_pipeline_penalty_is_the_read_write_penalty_that_prices_the_timed_pipeli
 def _piped(read: float, compute: float, write: float, p_rw: float, curve: list) -> float:
     """The cost model's look-ahead step of a disk lane (reads beside writes at ``p_rw``) beside the compute, at
     the penalty ``curve`` gives their ratio."""
-    from hotline.profiling.costmodel import _overlapped, penalty_at
+    from hotline.costmodel.phases import overlapped, penalty_at
 
-    disk = _overlapped(read, write, p_rw)
-    return _overlapped(disk, compute, penalty_at(curve, min(disk, compute) / max(disk, compute)))
+    disk = overlapped(read, write, p_rw)
+    return overlapped(disk, compute, penalty_at(curve, min(disk, compute) / max(disk, compute)))
 
 
 def test_the_io_beside_compute_is_priced_by_the_lanes_ratio():
     """Timed at two compute lengths, the I/O beside compute is priced at the lanes' ratio: linear between the two
     points, the nearer one's beyond them (golden); the pipeline's fit and the cost model's look-ahead step price
     with the same points, and one figure (an older calibration) prices every ratio alike."""
-    from hotline.profiling.costmodel import _beside, penalty_at
-    from hotline.profiling.disk_calibrate import _lane_ratio, _read_write_fit, pipeline_penalty
+    from hotline.costmodel.disk_overlap import _lane_ratio, _read_write_fit, pipeline_penalty
+    from hotline.costmodel.phases import beside, penalty_at
 
     points = [[0.25, 0.1], [1.0, 0.85]]
     assert penalty_at(points, 0.25) == pytest.approx(0.1) and penalty_at(points, 1.0) == pytest.approx(0.85)
@@ -341,9 +341,9 @@ def test_the_io_beside_compute_is_priced_by_the_lanes_ratio():
     assert penalty_at([[0.25, 0.4], [1.0, 0.1]], 1.0) == pytest.approx(0.4)
     assert _lane_ratio([(1.2, 1.0, 0.2), (1.1, 1.0, 0.3)]) == pytest.approx(0.25)  # 0.5 s beside 2 s
     # the cost model: 200 ms of I/O beside 40 ms of compute (ratio 0.2: 0.1 of it), and beside 150 ms (0.75: 0.6)
-    assert _beside(0.2, 0.04, {"compute_penalty": 0.85, "compute_penalties": points}) == pytest.approx(0.204)
-    assert _beside(0.15, 0.2, {"compute_penalty": 0.85, "compute_penalties": points}) == pytest.approx(0.29)
-    assert _beside(0.2, 0.04, {"compute_penalty": 0.85}) == pytest.approx(0.234)
+    assert beside(0.2, 0.04, {"compute_penalty": 0.85, "compute_penalties": points}) == pytest.approx(0.204)
+    assert beside(0.15, 0.2, {"compute_penalty": 0.85, "compute_penalties": points}) == pytest.approx(0.29)
+    assert beside(0.2, 0.04, {"compute_penalty": 0.85}) == pytest.approx(0.234)
     # the fit: a disk lane of 2 s (1 s of reads, 1 s of writes at 1.0) beside 1 s of compute (ratio 0.5: 0.35)
     assert _read_write_fit(2.35, 1.0, 1.0, 1.0, points) == pytest.approx(1.0)
     rng = np.random.default_rng(4)

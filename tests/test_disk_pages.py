@@ -112,8 +112,8 @@ def test_the_header_records_the_optimizer_and_refuses_a_file_made_for_another(tm
 
 def test_pages_per_record_and_the_cost_models_default_disk_tier():
     """A row read alone costs the pages its record spans: the mean over the file's packed records (counted
-    here record by record), which the cost model's DiskTier.of_records takes from the optimizer's record."""
-    from hotline.profiling.costmodel import DiskTier
+    here record by record), which the cost model's records_tier takes from the optimizer's record."""
+    from hotline.costmodel.choose import records_tier
 
     for record in (16, 100, 1540, PAGE, PAGE + 4, 3 * PAGE - 8):
         start = np.arange(PAGE, dtype=np.int64) * record  # a whole period of offsets within a page
@@ -121,11 +121,11 @@ def test_pages_per_record_and_the_cost_models_default_disk_tier():
         assert pages_per_record(record) == pytest.approx(spans.mean())
     assert pages_per_record(PAGE) == 1.0 and pages_per_record(64) == 1.0
     for opt in OPTIMIZERS:
-        tier = DiskTier.of_records(128, opt, cached_share=0.25)
+        tier = records_tier(128, opt, cached_share=0.25)
         assert tier.pages_per_cold_row == pytest.approx(pages_per_record(bytes_per_row(128, opt)))
         assert tier.cached_share == 0.25
     # Adam at dim 128: 1540-byte records at offsets 4 bytes apart, 384 of each 1024 across a page boundary
-    assert DiskTier.of_records(128, "adam").pages_per_cold_row == 1.375
+    assert records_tier(128, "adam").pages_per_cold_row == 1.375
 
 
 def test_direct_io_mode_is_reported(tmp_path):

@@ -446,7 +446,7 @@ def _hardware():
 )
 def test_hardware_json_is_checked_field_by_field(tmp_path, capsys, data, edit, text):
     """A hardware JSON with NaN, negative, zero or missing figures gave a prediction or a traceback."""
-    from hotline.profiling.costmodel import load_hardware
+    from hotline.costmodel import load_hardware
 
     hw = _hardware()
     edit(hw)
@@ -471,7 +471,7 @@ def test_hardware_json_is_checked_field_by_field(tmp_path, capsys, data, edit, t
 
 
 def test_hardware_json_that_is_not_an_object_is_one_line(tmp_path):
-    from hotline.profiling.costmodel import load_hardware
+    from hotline.costmodel import load_hardware
 
     f = tmp_path / "hw.json"
     f.write_text("[1, 2]")

@@ -121,6 +121,21 @@ def test_state_shapes_are_checked():
 
 
 @pytest.mark.parametrize(
+    "kind, lr, match",
+    [("adamw", 0.1, "optimizer must be one of"), ("sgd", 0.0, "must be positive"),
+     ("adam", math.nan, "must be positive"), ("adagrad", 1e39, r"at most 3.403e\+38")],
+)  # fmt: skip
+def test_the_config_refuses_an_optimizer_by_the_tiers_rule(kind, lr, match):
+    """TrainConfig checks its optimizer fields without importing the tiers (table_layout.check_optimizer): the
+    same one line the tiers' SparseOptimizer gives, when the config is made."""
+    with pytest.raises(ValueError, match=match) as config:
+        TrainConfig(optimizer=kind, learning_rate=lr)
+    with pytest.raises(ValueError, match=match) as tiers:
+        SparseOptimizer(kind, lr, dim=16)
+    assert str(config.value) == str(tiers.value)
+
+
+@pytest.mark.parametrize(
     "kind,iteration,wd", [("adagrad", 0, 0.0), ("adam", 0, 0.0), ("adam", 5, 0.0), ("adam", 5, 0.01)]
 )
 def test_torch_path_equals_numba_path(kind, iteration, wd):

@@ -258,7 +258,7 @@ def _limited(limit_bytes: int):
 # calibrate times the host for a minute: its figures are replaced by fixed ones, its writing is what is tried.
 _CALIBRATE = """
 import sys
-from hotline.profiling import calibrate
+from hotline.costmodel import calibrate
 hw = {"format": "hotline-hardware", "name": "x", "calibration_s": 1.0, "host": {}, "device": {}, "pad": "x" * 999}
 calibrate.calibrate = lambda *a, **k: hw
 from hotline.cli import main

@@ -79,7 +79,7 @@ def _document(out) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from hotline._io import write_json
-    from hotline.profiling.calibrate import calibrate
+    from hotline.costmodel.calibrate import calibrate
 
     if args.disk_only and not args.disk:
         return error("calibrate", "--disk-only needs --disk DIR")
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
                 args.threads or None, args.seed, progress=lambda s: print(f"timing {s}", file=sys.stderr)
             )
         if args.disk:
-            from hotline.profiling.disk_calibrate import calibrate_disk
+            from hotline.costmodel.disk_calibrate import calibrate_disk
 
             print(f"timing the disk in {args.disk}", file=sys.stderr)
             hw["disk"] = calibrate_disk(
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         return error("calibrate", e)
     if "disk" in hw:
-        from hotline.profiling.disk_calibrate import beside_penalties
+        from hotline.costmodel.disk_overlap import beside_penalties
 
         k = hw["disk"]
         print(

@@ -133,7 +133,7 @@ def _table_text(stats) -> str:
 
 
 def _arch(args) -> dict:
-    """The model --predict prices (:data:`hotline.profiling.costmodel.ARCH_FIELDS`), its flags checked before
+    """The model --predict prices (:data:`hotline.costmodel.ARCH_FIELDS`), its flags checked before
     the profile runs: a wrong one is named before the long work."""
     from hotline.models.dlrm import parse_layers
 
@@ -159,7 +159,7 @@ def _model_text(w) -> str:
 
 
 def _prediction_text(prof, args, arch: dict) -> str:
-    from hotline.profiling import costmodel
+    from hotline import costmodel
 
     hw = costmodel.load_hardware(args.hardware, args.host_hardware)
     w = costmodel.workload_for(prof, worker_threads=args.worker_threads, **arch)
@@ -216,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         arch = None
         if args.predict:  # a bad hardware description or model is named before the profile, not after it
-            from hotline.profiling import costmodel
+            from hotline import costmodel
 
             costmodel.load_hardware(args.hardware, args.host_hardware)
             arch = _arch(args)

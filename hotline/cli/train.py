@@ -268,7 +268,7 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
         chosen = []
 
         def choose(cfg, ds):
-            from hotline.training.auto import choice_fields
+            from hotline.costmodel.auto import choice_fields
 
             chosen.append(_choose(cfg, ds, args, comm, announce=False))
             return replace(cfg, **choice_fields(chosen[0]))
@@ -344,10 +344,11 @@ def _report_disk(trainer) -> None:
 
 
 def _choose(config, dataset, args: argparse.Namespace, comm=None, announce: bool = True):
-    """``--mode auto``'s choice for this run (:func:`hotline.training.auto.resolve`: rank 0 chooses and every
+    """``--mode auto``'s choice for this run (:func:`hotline.costmodel.auto.resolve`: rank 0 chooses and every
     rank takes its choice); printed by rank 0 with ``announce`` (else the caller prints
     :meth:`AutoChoice.line` when training starts)."""
-    from hotline.training.auto import resolve, torch_device_type
+    from hotline.costmodel.auto import resolve
+    from hotline.costmodel.machine import torch_device_type
     from hotline.training.logs import STEP_KERNELS, note_first_compile
     from hotline.training.preflight import check_dense_memory
 

@@ -20,7 +20,7 @@ from hotline.kinds import (
     Replace,
 )
 from hotline.models.dlrm import DLRMConfig
-from hotline.tiers.sparse_optim import SparseOptimizer  # climbs a layer: checked by the tiers' own rule
+from hotline.table_layout import check_optimizer
 from hotline.training.sections import (
     DataSection,
     ModelSection,
@@ -104,7 +104,7 @@ class TrainConfig(
         if self.cold_store not in COLD_STORES:
             raise ValueError(f"--cold-store must be memory or disk, got {self.cold_store!r}")
         if self.cold_store == ColdStoreKind.DISK:
-            if self.mode == Mode.DEVICE:  # auto prices the disk store (hotline.training.auto)
+            if self.mode == Mode.DEVICE:  # auto prices the disk store (hotline.costmodel.auto)
                 raise ValueError(
                     "--cold-store disk keeps the cold rows of --mode hybrid, hotline or auto (not --mode device)"
                 )
@@ -130,9 +130,7 @@ class TrainConfig(
             raise ValueError(
                 f"--device {self.device}: CUDA is not available to this torch ({torch.__version__})"
             )
-        SparseOptimizer(
-            self.optimizer, self.learning_rate, dim=self.embedding_dim
-        )  # validates optimizer and lr
+        check_optimizer(self.optimizer, self.learning_rate, self.embedding_dim)  # the tiers' rule
         _ = self.lr_schedule  # validates the schedule's steps
 
     @property

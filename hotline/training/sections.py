@@ -146,7 +146,7 @@ class PlacementSection:
         cli_default=Mode.AUTO.value,
     )
     """The library's default is ``device``; ``auto`` (``hotline train``'s) is resolved to one of the others
-    before training (:mod:`hotline.training.auto`)."""
+    before training (:mod:`hotline.costmodel.auto`)."""
     placement_path: str | None = option(
         None, "hot rows for --mode hotline (from `hotline profile`)", "--placement", metavar="FILE.npz"
     )

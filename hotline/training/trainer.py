@@ -61,7 +61,7 @@ class Trainer:
         choose: Callable[[TrainConfig, Dataset], TrainConfig] | None = None,
     ):
         """``mode='auto'`` is resolved here, after the cheap checks of the config against the dataset: by
-        ``choose(config, dataset)`` when given, else by the cost model (:func:`hotline.training.auto.resolve`:
+        ``choose(config, dataset)`` when given, else by the cost model (:func:`hotline.costmodel.auto.resolve`:
         rank 0 chooses, every rank takes its choice; :attr:`auto_choice` keeps it and :meth:`fit` prints it)."""
         keep_freed_memory()  # a step's large buffers stay mapped between steps (see hotline._malloc)
         self.comm = comm if comm is not None else Comm()
@@ -87,14 +87,14 @@ class Trainer:
                 f"{self.dataset.num_dense} dense features"
             )
         self.auto_choice = None
-        """``mode='auto'``'s :class:`~hotline.training.auto.AutoChoice` (None for another mode, or a ``choose``
+        """``mode='auto'``'s :class:`~hotline.costmodel.choose.AutoChoice` (None for another mode, or a ``choose``
         of the caller's)."""
         if config.mode == "auto":
             self._check_data()  # before the choice profiles and times anything
             # the dense model's size, before the choice builds one to time it
             check_dense_memory(config, self.dataset, self.comm.world_size, tables=False)
             if choose is None:  # the cost model's choice, rank 0's taken by every rank
-                from hotline.training.auto import resolve
+                from hotline.costmodel.auto import resolve
 
                 config, self.auto_choice = resolve(config, self.dataset, self.comm)
             else:
