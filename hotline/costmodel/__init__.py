@@ -30,7 +30,7 @@ from hotline.costmodel.phases import (
     timed_pass,
 )
 from hotline.costmodel.price import (
-    MODES,
+    PRICED_MODES,
     Prediction,
     predict,
     predict_all,
@@ -43,7 +43,7 @@ from hotline.costmodel.workload import ARCH_FIELDS, INTERACTIONS, Workload, arch
 __all__ = [
     "ARCH_FIELDS",
     "INTERACTIONS",
-    "MODES",
+    "PRICED_MODES",
     "STEP_FORMAT",
     "DiskTier",
     "Prediction",

@@ -16,6 +16,7 @@ import numpy as np
 
 from hotline.costmodel.fitting import pooled_penalty, priced
 from hotline.costmodel.phases import overlapped_at
+from hotline.kinds import DEFAULT_LOOKAHEAD, Mode, staging_slots
 from hotline.tiers.disk_file import PageSet, RowFile
 
 PIPELINE_ROWS = 4096
@@ -23,7 +24,7 @@ PIPELINE_ROWS = 4096
 step of ``bench_disk_tier`` reads from disk."""
 PIPELINE_STEPS = 4
 """Steps per timing of the look-ahead pipeline (each pair: that many steps one after the other, and pipelined)."""
-PIPELINE_LOOKAHEAD = 2
+PIPELINE_LOOKAHEAD = DEFAULT_LOOKAHEAD
 """The timed pipeline's look-ahead K (the producer reads at most K steps ahead of the compute)."""
 BESIDE_SHARES = (1.0, 0.25)
 """The compute lane's length, as a share of the I/O's, at which the I/O beside a forward and backward pass is
@@ -159,7 +160,9 @@ def _pipeline_timings(f: RowFile, rng: np.random.Generator, repeats: int, comput
 
     def pipelined() -> float:
         steps = batches()
-        writer = Worker("hotline-calibrate-write-back", _write_back(f), PIPELINE_LOOKAHEAD + 3)
+        writer = Worker(
+            "hotline-calibrate-write-back", _write_back(f), staging_slots(Mode.HOTLINE, PIPELINE_LOOKAHEAD)
+        )
         producer = Producer("hotline-calibrate-prepare", PIPELINE_LOOKAHEAD)
         try:
             t0 = time.perf_counter()

@@ -227,7 +227,7 @@ def _host(hw: dict, key: str, threads: int | None, default: float | None = None)
 
 
 def phases(mode: str, w: Workload, s: Stats, hw: dict, disk: DiskTier | None = None) -> dict[str, float]:
-    """Seconds per step of each phase of ``mode`` (one of :data:`MODES`); ``disk``: the cold rows live in the
+    """Seconds per step of each phase of ``mode`` (one of :data:`PRICED_MODES`); ``disk``: the cold rows live in the
     disk store (reads, page writes and the CPU issuing them: ``disk_read``, ``disk_write``, ``disk_cpu``)."""
     dev = hw["device"]
     B, N, R = w.batch_size, w.lookups, w.row_bytes

@@ -24,7 +24,7 @@ from hotline.costmodel.estimate import DiskTier, Stats
 from hotline.costmodel.phases import beside, disk_timing, overlapped, phases
 from hotline.costmodel.workload import Workload, workload_for
 
-MODES = ("device", "hybrid", "hotline_k0", "hotline_k1")
+PRICED_MODES = ("device", "hybrid", "hotline_k0", "hotline_k1")
 """The modes predicted: ``hotline_k1`` stands for any look-ahead K >= 1 (the pipelined step)."""
 
 
@@ -75,8 +75,8 @@ def shared_cores_lane(t_host: float, t_device: float, host: dict, worker_threads
 def predict(mode: str, w: Workload, s: Stats, hw: dict, disk: DiskTier | None = None) -> Prediction:
     """Predicted samples/s of ``mode`` (``hotline_k1``: any look-ahead K >= 1) and its bottleneck; ``disk``:
     with the cold rows in the disk store."""
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode not in PRICED_MODES:
+        raise ValueError(f"mode must be one of {PRICED_MODES}, got {mode!r}")
     ph = phases(mode, w, s, hw, disk)
     if mode != "hotline_k1":
         # disk_cpu is inside the reads' and writes' wall time; a sequential step reads nothing again
@@ -125,7 +125,7 @@ def predict(mode: str, w: Workload, s: Stats, hw: dict, disk: DiskTier | None = 
 
 
 def predict_all(
-    w: Workload, s: Stats, hw: dict, modes=MODES, disk: DiskTier | None = None
+    w: Workload, s: Stats, hw: dict, modes=PRICED_MODES, disk: DiskTier | None = None
 ) -> dict[str, Prediction]:
     """:func:`predict` for each mode."""
     return {m: predict(m, w, s, hw, disk) for m in modes}

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hotline.kinds import INTERACTIONS
 from hotline.table_layout import bytes_per_row
-
-INTERACTIONS = ("dot", "cat", "dcn")
-"""The interactions priced (``hotline.models.dlrm.INTERACTIONS``, kept here so pricing needs no torch)."""
 
 ARCH_FIELDS = ("bottom_mlp", "top_mlp", "interaction", "dcn_num_layers", "dcn_low_rank_dim")
 """The model fields a :class:`Workload` takes from a training config (:func:`arch_of`)."""
