@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import MISSING, fields, replace
+from dataclasses import MISSING, fields
 
 from hotline.cli.args import (
     SubParsers,
@@ -265,18 +265,10 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
             from hotline._paths import check_file
 
             check_file(args.init_params, "--init-params")
-        chosen = []
-
-        def choose(cfg, ds):
-            from hotline.costmodel.auto import choice_fields
-
-            chosen.append(_choose(cfg, ds, args, comm, announce=False))
-            return replace(cfg, **choice_fields(chosen[0]))
-
-        trainer = Trainer(config, dataset, comm, choose=choose)
-        choice = chosen[0] if chosen else None
-        if choice is not None:  # printed when training starts, after every check of the run's inputs
-            trainer.announce = choice.line()
+        # --mode auto: the library chooses (rank 0, taken by every rank); fit() prints the choice when
+        # training starts, after every check of the run's inputs
+        trainer = Trainer(config, dataset, comm, hardware=args.hardware)
+        choice = trainer.auto_choice
         try:
             if args.load:
                 step = load_checkpoint(trainer, args.load)
@@ -343,24 +335,15 @@ def _report_disk(trainer) -> None:
           f"on disk; peak RSS {format_size(rss)}", file=sys.stderr)  # fmt: skip
 
 
-def _choose(config, dataset, args: argparse.Namespace, comm=None, announce: bool = True):
-    """``--mode auto``'s choice for this run (:func:`hotline.costmodel.auto.resolve`: rank 0 chooses and every
-    rank takes its choice); printed by rank 0 with ``announce`` (else the caller prints
-    :meth:`AutoChoice.line` when training starts)."""
+def _choose(config, dataset, args: argparse.Namespace):
+    """``--nproc``'s ``--mode auto``: the library's choice (:func:`hotline.costmodel.auto.resolve`), made once
+    by the launcher and printed, so that every rank it starts trains the same flags."""
     from hotline.costmodel.auto import resolve
-    from hotline.costmodel.machine import torch_device_type
-    from hotline.training.logs import STEP_KERNELS, note_first_compile
     from hotline.training.preflight import check_dense_memory
 
     check_dense_memory(config, dataset, tables=False)  # before the choice builds the model to time it
-    if comm is None or comm.rank == 0:  # the choice profiles and times kernels before the first step does
-        note_first_compile((*STEP_KERNELS, "hotline.kernels.profile"))
-    _, choice = resolve(config, dataset, comm, args.hardware)
-    named = args.hardware and not os.path.exists(args.hardware)  # a device by name: priced, maybe not here
-    if named and torch_device_type(config.device) == "cpu":
-        choice.trains_on = "this machine's CPU"
-    if announce and (comm is None or comm.rank == 0):
-        print(choice.line(), file=sys.stderr)
+    _, choice = resolve(config, dataset, None, args.hardware)
+    print(choice.line(), file=sys.stderr)
     return choice
 
 

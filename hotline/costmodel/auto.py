@@ -142,11 +142,20 @@ def resolve(config, dataset, comm=None, hardware: str | dict | None = None) -> t
     machines counted from ``LOCAL_WORLD_SIZE``, each holding its ranks' share of the rows) and every rank
     takes that choice, figures and all (:meth:`~hotline.distributed.comm.Comm.broadcast_object`). Returns the
     config to train (:func:`choice_fields` applied) and the :class:`AutoChoice`."""
+    from hotline.costmodel.machine import torch_device_type
+    from hotline.training.logs import STEP_KERNELS, note_first_compile
+
     world = comm.world_size if comm is not None else 1
     nodes = max(1, world // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world))))
     choice = None
     if comm is None or comm.rank == 0:
+        note_first_compile(
+            (*STEP_KERNELS, "hotline.kernels.profile")
+        )  # the choice profiles and times kernels
         choice = choose_for_run(config, dataset, hardware, progress=config.progress, nodes=nodes)
+        named = isinstance(hardware, str) and not os.path.exists(hardware)  # a device by name: priced only
+        if named and torch_device_type(config.device) == "cpu":
+            choice.trains_on = "this machine's CPU"
     if comm is not None:
         choice = comm.broadcast_object(choice)
     return replace(config, **choice_fields(choice)), choice

@@ -20,7 +20,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 
 import numpy as np
@@ -58,11 +58,12 @@ class Trainer:
         config: TrainConfig,
         dataset: Dataset | str | os.PathLike,
         comm: Comm | None = None,
-        choose: Callable[[TrainConfig, Dataset], TrainConfig] | None = None,
+        hardware: str | dict | None = None,
     ):
-        """``mode='auto'`` is resolved here, after the cheap checks of the config against the dataset: by
-        ``choose(config, dataset)`` when given, else by the cost model (:func:`hotline.costmodel.auto.resolve`:
-        rank 0 chooses, every rank takes its choice; :attr:`auto_choice` keeps it and :meth:`fit` prints it)."""
+        """``mode='auto'`` is resolved here, after the cheap checks of the config against the dataset, by the
+        cost model (:func:`hotline.costmodel.auto.resolve`: rank 0 chooses, every rank takes its choice;
+        :attr:`auto_choice` keeps it and :meth:`fit` prints it). ``hardware``: the description it prices (a
+        JSON file, a known GPU's name such as ``"H100"``, or a dict; None: this machine, calibrated)."""
         keep_freed_memory()  # a step's large buffers stay mapped between steps (see hotline._malloc)
         self.comm = comm if comm is not None else Comm()
         if self.comm.rank:  # one progress bar and one metrics file: rank 0's
@@ -72,12 +73,12 @@ class Trainer:
         bind_device(config.device)  # the process's CUDA device: nothing implicit lands on GPU 0
         self._restore_threads = hold_threads(config.threads)  # before --mode auto times anything
         try:
-            self._start(config, dataset, choose)
+            self._start(config, dataset, hardware)
         except BaseException:
             self._restore_threads()
             raise
 
-    def _start(self, config: TrainConfig, dataset, choose) -> None:
+    def _start(self, config: TrainConfig, dataset, hardware) -> None:
         """The rest of :meth:`__init__`, under the thread counts of ``config.threads``."""
         self.config = config
         self.dataset = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
@@ -87,18 +88,14 @@ class Trainer:
                 f"{self.dataset.num_dense} dense features"
             )
         self.auto_choice = None
-        """``mode='auto'``'s :class:`~hotline.costmodel.choose.AutoChoice` (None for another mode, or a ``choose``
-        of the caller's)."""
+        """``mode='auto'``'s :class:`~hotline.costmodel.choose.AutoChoice` (None for another mode)."""
         if config.mode == "auto":
             self._check_data()  # before the choice profiles and times anything
             # the dense model's size, before the choice builds one to time it
             check_dense_memory(config, self.dataset, self.comm.world_size, tables=False)
-            if choose is None:  # the cost model's choice, rank 0's taken by every rank
-                from hotline.costmodel.auto import resolve
+            from hotline.costmodel.auto import resolve  # rank 0's choice, taken by every rank
 
-                config, self.auto_choice = resolve(config, self.dataset, self.comm)
-            else:
-                config = choose(config, self.dataset)
+            config, self.auto_choice = resolve(config, self.dataset, self.comm, hardware)
             self.config = config
         check_memory(config, self.dataset, self.comm.world_size)  # the tables first: the usual shortfall
         check_dense_memory(config, self.dataset, self.comm.world_size)  # with them, before the model is built
