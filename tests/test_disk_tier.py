@@ -24,7 +24,7 @@ from hotline.table_layout import OPTIMIZERS, bytes_per_row, state_floats_per_row
 from hotline.tiers.disk_file import PAGE, RowFile, pages_per_record
 from hotline.tiers.disk_store import cold_file, popularity_order, table_chunks
 from hotline.tiers.store_files import made_by_hotline, manifest_path, order_path
-from hotline.training.checkpoint import CheckpointManager
+from hotline.training.checkpoint_dir import CheckpointManager
 
 TABLES = [30, 200, 12, 500, 60, 5, 90, 40]
 BATCH, STEPS = 64, 24
