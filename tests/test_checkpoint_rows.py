@@ -110,13 +110,30 @@ def test_the_rows_go_to_a_rows_file_and_the_checkpoint_holds_no_table(data, tmp_
     )
 
 
-@pytest.mark.parametrize("optimizer", ["rowwise-adagrad", "adam"])
-def test_resume_from_the_rows_file_is_bit_identical(data, tmp_path, optimizer):
+@pytest.mark.parametrize("optimizer,cache", [("rowwise-adagrad", 0), ("adam", 4096)])
+def test_resume_from_the_rows_file_is_bit_identical(data, tmp_path, optimizer, cache):
+    """With the DRAM tier too (its rows saved from memory and loaded into it)."""
     ds, placement, _ = data
-    ck = _checkpointed(ds, placement, tmp_path, optimizer=optimizer)
+    ck = _checkpointed(ds, placement, tmp_path, optimizer=optimizer, cold_cache=cache)
     resumed = _arrays(ds, _config(placement, tmp_path / "cold", checkpoint_dir=str(ck), resume=True,
-                                  optimizer=optimizer))  # fmt: skip
+                                  optimizer=optimizer, cold_cache=cache))  # fmt: skip
     _equal(_device(ds, optimizer), resumed)
+
+
+def test_a_users_file_at_the_rows_path_is_kept(data, tmp_path):
+    ds, placement, _ = data
+    cold = tmp_path / "cold"
+    cold.mkdir()
+    ck = tmp_path / "mine.pt"
+    rows_path(ck).write_text("my notes")
+    tr = Trainer(_config(placement, cold, steps=2), ds)
+    try:
+        tr.fit()
+        with pytest.raises(ValueError, match="mine.pt.rows exists and is not a checkpoint's rows file"):
+            save_checkpoint(tr, ck)
+    finally:
+        tr.close()
+    assert rows_path(ck).read_text() == "my notes" and not ck.exists()
 
 
 def test_the_rows_load_into_another_file_order_and_into_the_memory_store(data, tmp_path):

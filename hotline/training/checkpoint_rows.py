@@ -117,8 +117,14 @@ def write_rows(
     host, checkpoint: str | os.PathLike, step: int, run: dict, chunk_bytes: int | None = None
 ) -> dict:
     """Writes the side file of ``checkpoint`` from the store ``host`` (its file in order, in chunks; the DRAM
-    tier's rows from memory), atomically; returns what the checkpoint records of it (name, bytes, sha256)."""
+    tier's rows from memory), atomically; returns what the checkpoint records of it (name, bytes, sha256).
+    A file there that is not a rows file by its content (or a link) is refused (ValueError), and kept."""
     path = rows_path(checkpoint)
+    if path.is_symlink() or (path.exists() and read_header(path) is None):
+        raise ValueError(
+            f"checkpoint {checkpoint}: {path} exists and is not a checkpoint's rows file: move it away (a "
+            f"disk-store checkpoint writes its rows there); nothing was written"
+        )
     f_rows = host.file
     chunk = max(1, (chunk_bytes or CHUNK_BYTES) // f_rows.record)
     digest = hashlib.sha256()
