@@ -38,6 +38,8 @@ CHUNK_BYTES = 64 << 20
 """The chunk of a copy (read when a copy starts): the host memory a checkpoint's rows take while they are
 written or loaded."""
 _PAGE = 4096
+_SYNC_CHUNKS = 4
+"""A copy writes its bytes out and drops them from the page cache every this many chunks."""
 
 
 def rows_path(checkpoint: str | os.PathLike) -> Path:
@@ -132,13 +134,17 @@ def write_rows(
 
     def out(f) -> None:
         nonlocal size
+        synced = 0
 
         def put(data) -> None:
-            nonlocal size
+            nonlocal size, synced
             view = memoryview(data).cast("B")
             f.write(view)
             digest.update(view)
             size += view.nbytes
+            if size - synced >= _SYNC_CHUNKS * chunk * f_rows.record:
+                _written_out(f)
+                synced = size
 
         put(_header(host, step, run))
         for _, rec in f_rows.read_all(chunk):  # the rows it yields are the order's memory map: not touched
@@ -156,6 +162,14 @@ def record_of(num_rows: int, dim: int, state_floats: int) -> dict:
     side file's header."""
     return {"rows": int(num_rows), "dim": int(dim), "state_floats": int(state_floats),
             "record_bytes": 4 * (int(dim) + int(state_floats))}  # fmt: skip
+
+
+def _written_out(f) -> None:
+    """Makes what was written to ``f`` durable and drops it from the page cache: a copy of a table larger than
+    the memory limit must not fill that memory with dirty pages (a cgroup counts them)."""
+    f.flush()
+    os.fdatasync(f.fileno())
+    os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 def check_rows(checkpoint: str | os.PathLike, info, step: int, want: dict, error: type[Exception]) -> None:
@@ -224,6 +238,8 @@ def load_rows(host, checkpoint: str | os.PathLike, chunk_bytes: int | None = Non
         else:
             f.put_rows(order, rec)  # another order (another placement's file): row by row
         lo += order.shape[0]
+        if (lo // chunk) % _SYNC_CHUNKS == 0:
+            f.drop_page_cache()  # written out, dropped: no memory-limit's worth of dirty pages
     f.flush()
     f.drop_page_cache()
 
