@@ -21,7 +21,8 @@ JSON says so in ``limit.how``). Printed, and written as JSON to ``--json``:
   ``checkpoint_peak_rss_bytes``: the child's peak resident set during the save (``VmHWM``, reset before it
   through ``/proc/self/clear_refs``), beside ``rss_before_checkpoint_bytes``; ``load_s``: the resume's load;
 - ``resume_exact``: whether a second run, resumed from that checkpoint, ends bit-identical to the first
-  (every named array's SHA-256);
+  (the SHA-256 of the dense parameters and of every record of the store's file, the hot rows' from the hot
+  tier: streamed, as the tables are never whole in memory);
 - ``baseline``: what a user would otherwise try at the same limit: the same rows as one memory-mapped float32
   table under ``nn.EmbeddingBag`` (sparse gradients, SGD), the same batches' ids, forward, backward and
   step of the embedding alone: its samples/s.
@@ -67,10 +68,24 @@ def _config(args, cold_dir: str, steps: int):
 
 
 def _digest(trainer) -> str:
+    """SHA-256 of the run's state, streamed (the tables never whole in memory): the dense model's parameters,
+    then every record of the disk store's file in its order, the hot rows' records from the hot tier."""
     h = hashlib.sha256()
-    for name, a in sorted(trainer.named_arrays().items()):
+    for name, p in sorted(trainer.model.named_parameters()):
         h.update(name.encode())
-        h.update(np.ascontiguousarray(a).tobytes())
+        h.update(p.detach().cpu().numpy().tobytes())
+    mode = trainer.mode
+    f = mode.cold.host.file
+    hot_pos = f.positions[mode.hot_rows].astype(np.int64)
+    H = hot_pos.shape[0]
+    hot = np.concatenate([mode.hot_w.cpu().numpy(), mode.hot_s.cpu().numpy().reshape(H, -1)], axis=1)
+    lo = 0
+    for _, rec in f.read_all():
+        n = rec.shape[0]
+        mine = (hot_pos >= lo) & (hot_pos < lo + n)
+        rec[hot_pos[mine] - lo] = hot[mine]
+        h.update(rec.tobytes())
+        lo += n
     return h.hexdigest()
 
 
