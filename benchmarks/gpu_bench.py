@@ -85,6 +85,7 @@ import gpu_extras  # noqa: E402
 import gpu_parts  # noqa: E402
 import gpu_torchrec  # noqa: E402
 import mlperf  # noqa: E402
+import pipeline_results  # noqa: E402
 
 GOALS = {"hotline/hybrid": 2.2, "hotline/device": 0.7, "hotline/hybrid_k2": 1.0}
 
@@ -284,9 +285,12 @@ def _stage(stage: str, args, device: str, payload: dict, t_start: float) -> dict
             probed = r.pop("_probe", None)
             if probed is not None:
                 if r["mode"] == "device":
-                    reference.update(probed)
-                elif reference:
+                    reference.update(probed, steps=r.get("steps"))
+                elif reference and r.get("steps") == reference["steps"]:
                     r.update(gpu_extras.max_rel_diff(reference, probed))
+                elif reference:  # timed for --min-seconds: another number of steps, other parameters
+                    r["diff_note"] = (f"not compared: {r.get('steps')} steps against device mode's "
+                                      f"{reference['steps']} (the smoke part and tests/test_cuda.py compare)")  # fmt: skip
             cov = "" if r.get("coverage") is None else f" at coverage {r['coverage']:.3f}"
             diff = (
                 f", max diff from device {r['diff_probe_rows']:.1e} rows / {r['diff_dense']:.1e} dense"
@@ -316,7 +320,7 @@ def _stage(stage: str, args, device: str, payload: dict, t_start: float) -> dict
             for m in (m for m in modes if m in EXTRA_MODES):
                 log(bench_pipeline.recorded(m, EXTRA_MODES[m], dataset, args, cfg, device, probe))
         rows = out.get("sweep", [])
-    bench_pipeline.mark_saturated(rows)
+    pipeline_results.mark_saturated(rows)
     wrong = [r["mode"] for r in rows if max(r.get("diff_probe_rows", 0), r.get("diff_dense", 0)) > EXACT_RTOL]
     failed = list(dict.fromkeys(r["mode"] for r in rows if "error" in r))
     compared = reference and any("diff_dense" in r for r in rows)
@@ -334,7 +338,7 @@ def _stage(stage: str, args, device: str, payload: dict, t_start: float) -> dict
     if hw is not None:
         _predict(rows, hw, prof, placements, cfg, args)
     out["hardware"] = hw
-    by, _ = bench_pipeline.headline([r for r in rows if r["mode"] in bench_pipeline.MODES])
+    by, _ = pipeline_results.headline([r for r in rows if r["mode"] in bench_pipeline.MODES])
     live = [by[m] for m in ("hotline_k0", "hotline_k2") if m in by and not by[m].get("saturated")]
     candidates = live or [by[m] for m in ("hotline_k0", "hotline_k2") if m in by]
     best = max(candidates, key=lambda r: r["samples_per_s"]) if candidates else None
@@ -347,7 +351,7 @@ def _stage(stage: str, args, device: str, payload: dict, t_start: float) -> dict
         ratios["hotline/hybrid_k2"] = best["samples_per_s"] / by["hybrid_k2"]["samples_per_s"]
     common.print_table(
         rows,
-        bench_pipeline.SWEEP_COLUMNS[:9]
+        pipeline_results.SWEEP_COLUMNS[:9]
         + [("h2d_ms", "h2d", ".2f"), ("gather_ms", "gather", ".2f")]
         + [("device_busy_share", "dev busy", ".2f"), ("copy_overlap_share", "copy ovl", ".2f")]
         + [("stale_rows_per_step", "stale", ".0f"), ("peak_allocated_gib", "peak GiB", ".2f")]

@@ -124,6 +124,7 @@ def run_embedding_bag(dataset, args, cfg, device: str, probe=None) -> dict:
     elapsed = time.perf_counter() - t0
     rec = {
         "mode": "torch_embeddingbag",
+        "steps": args.steps,
         "samples_per_s": samples / elapsed,
         "step_ms": 1e3 * elapsed / args.steps,
     }

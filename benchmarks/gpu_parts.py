@@ -49,7 +49,8 @@ def orchestrate(args, argv: list[str], script: Path) -> dict:
     t_start = time.perf_counter()
     slack = SMOKE_SLACK if args.smoke else 1
     deadline = t_start + slack * args.budget_s
-    payload: dict = {"stages": {}, "parts": {}, "budget_s": args.budget_s}
+    payload: dict = {"stages": {}, "parts": {}, "budget_s": args.budget_s,
+                     "command": " ".join(["python", "benchmarks/gpu_bench.py", *argv])}  # fmt: skip
     parts = plan(args.smoke, args.no_smoke, args.hardware)
     skipped = list(PART_CAPS.keys() - set(parts))
     payload["skipped_parts"] = sorted(skipped)

@@ -29,6 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from hotline._io import write_json, write_text  # noqa: E402 - every file through the one atomic writer
 from hotline.profiling.calibrate import cpu_model  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu_page  # noqa: E402 - the GPU section, beside this script
+
 ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
 
@@ -301,13 +304,14 @@ def page(records: dict[str, dict], json_dir: Path) -> str:
         "machine and the load average around the run. Compare ratios within one run, never absolute figures across",
         "machines or days. A hotline throughput is always printed beside the coverage, popular share and cold rows",
         "it measured; a run at >= 99.9% coverage is marked saturated and is not a hotline result. GPU figures come",
-        "from `benchmarks/gpu_bench.py` ([GPU.md](../benchmarks/GPU.md)); none has run yet.",
+        "from `benchmarks/gpu_bench.py` ([GPU.md](../benchmarks/GPU.md)), run on a lent GPU: the last sections.",
         "",
     ]
     for bench in BENCHES:
         data_path = json_dir / f"{bench.name}.json"
         data = json.loads(data_path.read_text()) if data_path.exists() else None
         lines += section(bench, records.get(bench.name), data)
+    lines += gpu_page.section(json_dir)
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -15,9 +15,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from hotline.kinds import OPTIMIZERS
+
 PAD_ID = -1
 """The id that fills a bag shorter than its table's bag size: every kernel skips it, pooling ignores it."""
-OPTIMIZERS = ("sgd", "rowwise-adagrad", "adagrad", "adam")
 # State floats of a row as (per row, per element): Adam keeps two moments per element and a step count per row.
 _STATE_FLOATS = {"sgd": (0, 0), "rowwise-adagrad": (1, 0), "adagrad": (0, 1), "adam": (1, 2)}
 

@@ -184,8 +184,9 @@ def _auto_on_a_rank(comm, dataset: str, out: str) -> None:
 
 def test_ranks_take_rank_0s_choice_whole(tmp_path):
     """On 2 ranks rank 0 chooses and the other rank receives the same choice with its figures (not a code)."""
+    from ranks import spawn
+
     from hotline.datasets.synthetic import generate
-    from hotline.distributed.launcher import spawn
 
     ds = generate(tmp_path / "ds", 600, seed=2, table_sizes=[40, 30, 500], zipf=1.2, progress=False)
     spawn(2, _auto_on_a_rank, str(ds), str(tmp_path))

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 from test_auto import BUDGETS, CPU, GIB, GPU, W, skewed
-from test_disk_tier import DISK
+from test_disk_costmodel import DISK
 
 from hotline.profiling import costmodel as cm
 from hotline.profiling.costmodel import STEP_FORMAT

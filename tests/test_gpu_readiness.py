@@ -228,8 +228,9 @@ def test_the_collective_backend_follows_the_device():
     """NCCL on CUDA, gloo on the CPU; on an NCCL Comm a tensor on the device is collected on the device (its
     NCCL group), a host tensor on the gloo group beside it; a gloo Comm takes every tensor to host memory.
     (No NCCL here: a tensor on the meta device stands for one that is not in host memory.)"""
+    from ranks import rank_device
+
     from hotline.distributed.comm import Comm, backend_for
-    from hotline.distributed.launcher import rank_device
 
     assert backend_for("cuda") == backend_for("cuda:1") == backend_for(torch.device("cuda", 0)) == "nccl"
     assert backend_for("cpu") == "gloo" and rank_device("cpu", 1) == "cpu"

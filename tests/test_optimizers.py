@@ -19,6 +19,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from ranks import spawn, train_and_dump
 from reference import NOISE_FACTOR, max_rel_diff, noise_floor, random_params
 
 import naive
@@ -26,7 +27,6 @@ from hotline import TrainConfig, Trainer
 from hotline.cli import main
 from hotline.datasets.format import Dataset
 from hotline.datasets.synthetic import generate
-from hotline.distributed.launcher import spawn, train_and_dump
 from hotline.kernels import sparse_update
 from hotline.placement import Placement
 from hotline.table_layout import bytes_per_row, state_floats_per_row

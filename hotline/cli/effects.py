@@ -57,17 +57,21 @@ MODE_FLAGS = {
 }
 
 
-def _flag_given(args: argparse.Namespace, effect: Effect) -> bool:
-    """Whether the flag was given: set at all (a flag unset is None), or, for a flag with a default, on the
-    command line (a value equal to the default counts: it is still ignored)."""
-    parser = getattr(args, "train_parser", None)
-    default = parser.get_default(effect.dest) if parser is not None else None
-    value = getattr(args, effect.dest, None)
+def flag_given(args: argparse.Namespace, parser: argparse.ArgumentParser | None, dest: str) -> bool:
+    """Whether the flag of ``dest`` was given: set at all (a flag unset by default is None: every flag of
+    ``hotline train`` this asks about), or, for a flag with a default, on the command line (a value equal to
+    the default counts: it is still ignored)."""
+    default = parser.get_default(dest) if parser is not None else None
+    value = getattr(args, dest, None)
     if default is None:
         return value is not None
     if getattr(args, "command_line", None) is not None:
-        return effect.dest in given_dests(args, parser)
+        return dest in given_dests(args, parser)
     return value != default
+
+
+def _flag_given(args: argparse.Namespace, effect: Effect) -> bool:
+    return flag_given(args, getattr(args, "train_parser", None), effect.dest)
 
 
 def check_mode_flags(args: argparse.Namespace) -> None:

@@ -7,6 +7,7 @@ import numpy as np
 
 from hotline.datasets.format import Dataset
 from hotline.distributed.comm import Comm
+from hotline.kinds import staging_slots
 from hotline.models.dlrm import init_embedding_table
 from hotline.placement import Placement
 from hotline.table_layout import TableLayout
@@ -123,6 +124,6 @@ def build_mode(
         hot_w,
         max_batch,
         config.device,
-        in_flight=1 if config.mode == "hybrid" else config.lookahead + 3,
+        in_flight=staging_slots(config.mode, config.lookahead),
         fused=config.fused_micro_batches,
     )

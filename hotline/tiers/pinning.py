@@ -104,6 +104,8 @@ def pinned(tensor: torch.Tensor) -> tuple[torch.Tensor, PinnedRegion | None]:
     warning. Without CUDA (or empty): ``(tensor, None)``, silently."""
     if not torch.cuda.is_available() or tensor.numel() == 0:
         return tensor, None
+    if tensor.is_pinned():  # already page-locked (registered or from the pinned allocator): nothing to do
+        return tensor, None
     try:
         return tensor, PinnedRegion(tensor)
     except Exception as e:  # noqa: BLE001 - the registration refused (its CUDA error is cleared): copy

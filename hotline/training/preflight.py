@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hotline.kinds import staging_slots
+
 
 def train_outputs(config, save=None, save_placement=None, world_size: int = 1) -> list:
     """The outputs of a training run, for :func:`hotline.outputs.claim`: ``--metrics`` (continued by a
@@ -150,7 +152,7 @@ def memory_needed(config, dataset, world_size: int = 1) -> int:
     if config.mode == "device":
         return rows * row_bytes + rows * 4  # the table, its state, the update's scratch
     lookups = -(-batch // world_size) * dataset.lookups_per_sample
-    ring = 1 if config.mode == "hybrid" else config.lookahead + 3
+    ring = staging_slots(config.mode, config.lookahead)
     tables = -(-rows // world_size) * row_bytes
     if (
         getattr(config, "cold_store", "memory") == "disk"
