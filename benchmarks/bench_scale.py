@@ -279,6 +279,7 @@ def main(argv=None) -> int:
         failcnt = int((group / "memory.failcnt").read_text())
         group.rmdir()
     if run.returncode != 0:
+        result_file.unlink(missing_ok=True)
         print(f"bench_scale: the run failed (exit {run.returncode}) under {how}", file=sys.stderr)
         return 1
     out = json.loads(result_file.read_text())
