@@ -25,7 +25,8 @@ from hotline.cli import main
 from hotline.datasets.format import Dataset, DatasetError, record_arrays
 from hotline.datasets.synthetic import generate
 from hotline.placement import Placement, PlacementError
-from hotline.training.checkpoint import CheckpointManager, read_checkpoint
+from hotline.training.checkpoint import read_checkpoint
+from hotline.training.checkpoint_dir import CheckpointManager
 
 TESTS = Path(__file__).resolve().parent
 ARCH = ["--arch-sparse-feature-size", "8", "--arch-mlp-bot", "13-16-8", "--arch-mlp-top", "16-1"]

@@ -22,7 +22,7 @@ from hotline.table_layout import OPTIMIZERS
 from hotline.tiers.disk_file import PAGE, RowFile
 from hotline.tiers.disk_store import cold_file
 from hotline.tiers.store_files import made_by_hotline, order_path
-from hotline.training.checkpoint import CheckpointManager
+from hotline.training.checkpoint_dir import CheckpointManager
 
 TABLES = [30, 200, 12, 500, 60, 5, 90, 40]
 BATCH, STEPS = 64, 24

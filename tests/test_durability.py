@@ -22,7 +22,7 @@ from hotline import _io
 from hotline.cli import main
 from hotline.datasets.synthetic import generate
 from hotline.tiers.disk_file import RowFile
-from hotline.training.checkpoint import CheckpointManager
+from hotline.training.checkpoint_dir import CheckpointManager
 
 CLI_ARCH = ["--arch-sparse-feature-size", "8", "--arch-mlp-bot", "13-16-8", "--arch-mlp-top", "16-1"]
 

@@ -195,7 +195,7 @@ def test_resume_with_changed_flags_or_nothing_to_resume_is_refused(data, tmp_pat
 
 
 def test_a_second_live_run_is_refused(data, tmp_path, capsys):
-    from hotline.training.checkpoint import CheckpointManager
+    from hotline.training.checkpoint_dir import CheckpointManager
 
     ck = tmp_path / "ck"
     live = CheckpointManager(ck)

@@ -88,12 +88,13 @@ def _hot_rows(layout: TableLayout, placement: Placement, dim: int, seed: int) ->
 
 
 def _row_counts(config, dataset: Dataset) -> np.ndarray:
-    """Access counts of every fused row over a sample of the training split (the disk file's order)."""
-    from hotline.profiling.profiler import profile
+    """Access counts of every fused row over the sample of the training split a profile counts (the disk
+    file's order): the counting pass alone, not a whole profile (no ranks, no held-out figures)."""
+    from hotline.profiling.profiler import Profiler
 
-    prof = profile(dataset, embedding_dim=config.embedding_dim, optimizer=config.optimizer,
-                   mini_batch_size=config.mini_batch_size, seed=config.seed, progress=False)  # fmt: skip
-    return prof.counts
+    profiler = Profiler(embedding_dim=config.embedding_dim, optimizer=config.optimizer,
+                        mini_batch_size=config.mini_batch_size, seed=config.seed, progress=False)  # fmt: skip
+    return profiler.count(dataset)
 
 
 def build_mode(

@@ -130,7 +130,7 @@ class Trainer:
 
     def _checkpoint_manager(self):
         """The periodic checkpoint manager, or None."""
-        from hotline.training.checkpoint import CheckpointManager
+        from hotline.training.checkpoint_dir import CheckpointManager
 
         d = self.config.checkpoint_dir
         return CheckpointManager(d, self.comm) if d else None
