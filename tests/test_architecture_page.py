@@ -152,3 +152,13 @@ def test_imports_go_down_the_layers_without_cycles():
     for module in sorted(graph):
         if module not in state:
             visit(module, [module])
+
+
+MAX_LINES = 500
+
+
+def test_no_module_of_the_package_or_the_kernels_is_over_500_lines():
+    """Each file is one concept (docs/architecture.md): a module that grows past MAX_LINES is split along one."""
+    files = [*ROOT.joinpath("hotline").rglob("*.py"), *ROOT.joinpath("kernels").glob("*.py")]
+    long = {str(f.relative_to(ROOT)): n for f in files if (n := len(f.read_text().splitlines())) > MAX_LINES}
+    assert len(files) > 50 and not long, f"over {MAX_LINES} lines: {long}"
