@@ -47,6 +47,10 @@ def train_outputs(config, save=None, save_placement=None, world_size: int = 1) -
             label = "--save" if r == 0 else f"--save (rank {r})"
             f = rank_file(save, r, world_size)
             outs += [Output(label, f), Output(f"{label} (its digest)", digest_path(f))]
+            if config.cold_store == "disk":  # the store's rows stream into a file beside it
+                from hotline.training.checkpoint_rows import rows_path
+
+                outs.append(Output(f"{label} (its rows)", rows_path(f)))
     return outs
 
 
