@@ -51,9 +51,9 @@ def test_lookups_queue_without_a_sync_and_cold_tables_stay_pageable():
 
 def test_sharded_compute_waits_only_for_its_ids():
     import torch.distributed as dist
+    from ranks import free_port
     from torchrec.distributed.model_parallel import DistributedModelParallel
 
-    from hotline.distributed.launcher import free_port
     from hotline.torchrec_bridge.module import HotlineEmbeddingBagCollection
     from hotline.torchrec_bridge.sharding import HotlineEmbeddingBagCollectionSharder
 

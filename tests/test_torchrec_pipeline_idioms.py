@@ -19,9 +19,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torchrec")
 
 import torchrec_idiom_workers as iw  # noqa: E402
+from ranks import spawn  # noqa: E402
 from reference import NOISE_FACTOR  # noqa: E402
-
-from hotline.distributed.launcher import spawn  # noqa: E402
 
 STEPS, BATCH, ORDERS = 10, 16, 3
 KINDS = ("sgd", "rowwise-adagrad", "adagrad")
