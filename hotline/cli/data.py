@@ -133,8 +133,13 @@ def _add_criteo(sub: SubParsers) -> None:
 
 def _run_criteo(args: argparse.Namespace) -> int:
     """Runs ``hotline data criteo`` and prints a summary; returns the exit status."""
+    from hotline.cli.effects import check_flag_effects
     from hotline.datasets.criteo import CriteoFormatError, preprocess
 
+    try:  # the day-file flags with raw files, and the raw files' flags with days
+        check_flag_effects(args, "data criteo")
+    except ValueError as e:
+        return error("data criteo", e)
     if args.day_files is not None:
         return _run_criteo_days(args)
     if not args.raw:
