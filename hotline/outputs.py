@@ -68,6 +68,9 @@ class Output:
     itself, never its target)."""
     owned: Callable[[Path], bool] | None = None
     """Proves, by the file's content, that an existing file is the writer's own: replaced without ``--force``."""
+    explain: Callable[[Path], str | None] | None = None
+    """What an existing file that ``owned`` does not prove is, when the writer can tell (an older format of
+    its own): the refusal says it instead of only "exists"."""
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -163,6 +166,9 @@ def _judge_existing(out: Output, given: Path, target: Path, force: bool, force_n
             return
         if not force:
             _refuse_if_held(out.flag, given, target)  # the more useful line: --force would not help
+            note = out.explain(target) if out.explain is not None else None
+            if note:
+                raise OutputError(f"{out.flag} {shown} is {note}")
             raise OutputError(
                 f"{out.flag} {shown} exists: pass {force_name} to replace it, or choose another name"
             )
