@@ -275,6 +275,10 @@ def _run_synthetic(args: argparse.Namespace) -> int:
         )
     if not 0 <= args.seed < 2**32:
         return error("data synthetic", f"--seed must be in [0, 2**32), got {args.seed}")
+    if args.rows < 1:  # a dataset of no rows was written, exit 0, for train to refuse later
+        return error(
+            "data synthetic", f"--rows must be >= 1 (a dataset needs rows to train on), got {args.rows}"
+        )
     if args.preset is not None:
         from hotline.datasets.mlperf import MLPERF_BAG_SIZES, MLPERF_TABLE_SIZES
 
