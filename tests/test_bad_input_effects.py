@@ -156,7 +156,9 @@ def test_arch_flags_of_another_model_than_the_checkpoints_are_one_line_before_it
     the model first (an allocator traceback for a billion units, torch's many-line size mismatch else)."""
     assert main([*_scoring(command, trained, "old.pt"), *SMALL, *flags]) == 2  # the last of a flag wins
     line = _one_error(capsys, command)
-    assert f"checkpoint {trained / 'old.pt'} holds a dense model of " in line
+    assert (
+        f"checkpoint {trained / 'old.pt'} does not match this model's architecture: it holds a dense " in line
+    )
     assert "describe one of " in line and "give the --arch-* flags it was trained with" in line
     assert all(f in line for f in flags if f.startswith("--")), line
 

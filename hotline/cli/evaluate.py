@@ -92,7 +92,8 @@ def _check_dense_size(args: argparse.Namespace, payload: dict) -> None:
             f"the flag{'s' * (len(given) > 1)} {', '.join(given)}" if given else "the default --arch-* flags"
         )
         raise ValueError(
-            f"checkpoint {args.load} holds a dense model of {have:,} parameters, but {flags} describe one of "
+            f"checkpoint {args.load} does not match this model's architecture: it holds a dense model of {have:,} "
+            f"parameters, but {flags} describe{'s' * (len(given) == 1)} one of "
             f"{want:,}: give the --arch-* flags it was trained with"
         )
 
