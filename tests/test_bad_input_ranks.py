@@ -91,3 +91,25 @@ def test_a_collective_that_lost_its_peer_exits_quietly_with_its_status(monkeypat
 def test_another_collective_error_is_left_alone():
     with pytest.raises(RuntimeError, match="tensor size mismatch"), peer_guard(0):
         raise RuntimeError("tensor size mismatch")
+
+
+def test_sigterm_to_the_launcher_is_one_line_not_torch_elastics_warning(tmp_path):
+    """SIGTERM to ``--nproc 2``'s launcher printed torch elastic's "Received 15 death signal, shutting down
+    workers" warning before ``hotline train: terminated``."""
+    ds = generate(tmp_path / "ds", 20000, seed=1, table_sizes=[40, 300, 25], progress=False)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    metrics = tmp_path / "m.jsonl"
+    cmd = [sys.executable, "-m", "hotline", "train", str(ds), *SMALL, "--mode", "hybrid", "--nproc", "2",
+           "--mini-batch-size", "8", "--nepochs", "50", "--threads", "1", "--metrics", str(metrics)]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 600
+    lines = lambda: metrics.read_bytes().count(b"\n") if metrics.exists() else 0  # noqa: E731
+    while proc.poll() is None and time.monotonic() < deadline and lines() < 2:  # training, not starting
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.stderr.read()
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=300)[1]
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert [x for x in err.strip().splitlines() if not x.startswith("step ")] == [
+        "hotline train: terminated"
+    ], err

@@ -227,7 +227,9 @@ def launch(nproc: int, argv: list[str]) -> int:
         ["--standalone", "--nproc-per-node", str(nproc), "--module", "hotline", *argv]
     )
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default; we set threads per rank ourselves
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)  # a failed rank: our one line
+    for name in ["torch.distributed.elastic", *logging.root.manager.loggerDict]:  # each sets its own level
+        if name.startswith("torch.distributed.elastic"):  # a failed rank, a signal: our one line, no log
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     # The elastic agent turns SIGINT/SIGTERM into a SignalException here (and leaves its handlers behind);
     # the ranks see HOTLINE_LAUNCHED and leave the one "interrupted" line to this process.
     handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
