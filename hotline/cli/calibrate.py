@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from hotline.cli.args import SubParsers, add_force, add_output, add_seed, add_threads, error
+from hotline.cli.effects import check_flag_effects
 
 
 def _penalty(step: dict, name: str) -> str:
@@ -83,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.disk_only and not args.disk:
         return error("calibrate", "--disk-only needs --disk DIR")
+    check_flag_effects(args, "calibrate")  # --disk-depth and --disk-record-bytes without --disk
     if args.disk_depth < 1:
         return error("calibrate", f"--disk-depth must be >= 1, got {args.disk_depth}")
     if args.disk_record_bytes < 4 or args.disk_record_bytes % 4:

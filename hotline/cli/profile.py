@@ -18,6 +18,7 @@ from hotline.cli.args import (
     flags,
     sample_fraction,
 )
+from hotline.cli.effects import check_flag_effects
 from hotline.cli.train import PRESET_FLAGS, apply_preset
 from hotline.units import format_size
 
@@ -205,6 +206,7 @@ def run(args: argparse.Namespace) -> int:
         set_numba_threads(args.threads)
     try:
         apply_preset(args, args.profile_parser, PRESET_DESTS, "hotline profile")
+        check_flag_effects(args, "profile")  # the --predict flags without it; --dcn-* for another interaction
     except ValueError as e:
         return error("profile", e)
     if (

@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 
-from hotline.distributed.comm import Comm, backend_for
+from hotline.distributed.comm import EXIT_PEER_LOST, Comm, backend_for
 
 
 def _init_process_group(*args, **kwargs) -> None:
@@ -130,7 +130,9 @@ def launch(nproc: int, argv: list[str]) -> int:
         ["--standalone", "--nproc-per-node", str(nproc), "--module", "hotline", *argv]
     )
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default; we set threads per rank ourselves
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)  # no per-signal warnings
+    for name in ["torch.distributed.elastic", *logging.root.manager.loggerDict]:  # each sets its own level
+        if name.startswith("torch.distributed.elastic"):  # a failed rank, a signal: our one line, no log
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     # The elastic agent turns SIGINT/SIGTERM into a SignalException here (and leaves its handlers behind);
     # the ranks see HOTLINE_LAUNCHED and leave the one "interrupted" line to this process.
     handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -151,11 +153,12 @@ def launch(nproc: int, argv: list[str]) -> int:
                     for f in e.failures.values()
                     if f.exitcode < 0
                 )
-                if killed and not any(c > 0 for c in codes):  # a rank's own error (exit 2) says itself
+                own = [c for c in codes if c > 0 and c != EXIT_PEER_LOST]  # the others lost it: a consequence
+                if killed and not own:  # a rank's own error (exit 2) says itself
                     print(_killed_line(argv[0], *killed[0][2:]), file=sys.stderr)
                     return 128 + killed[0][3]
                 if EXIT_TRANSIENT not in codes:
-                    return next((c for c in codes if c and c > 0), 1)
+                    return next(iter(own), 2 if EXIT_PEER_LOST in codes else 1)
                 if attempt == START_ATTEMPTS:
                     print(
                         f"hotline {argv[0]}: error: the ranks could not form their process group after "
