@@ -419,7 +419,11 @@ def _cli_cases(data, tmp_path) -> list[tuple[list[str], str, str]]:
     bad_raw = tmp_path / "bad.txt"
     bad_raw.write_bytes(b"1\t2\n")
     return [
-        (["train", ds, *SMALL, "--mini-batch-size", "0"], "train", "mini_batch_size must be positive"),
+        (
+            ["train", ds, *SMALL, "--mini-batch-size", "0"],
+            "train",
+            "mini_batch_size (--mini-batch-size) must be positive",
+        ),
         (["train", ds, *SMALL, "--arch-mlp-bot", "abc"], "train", "--arch-mlp-bot 'abc'"),
         (["train", ds, *SMALL, "--arch-mlp-bot", "12-16-8"], "train", "dataset has 13 dense features"),
         (["train", ds, *SMALL, "--mode", "hotline", "--hbm-budget", "lots"], "train", "cannot read 'lots'"),

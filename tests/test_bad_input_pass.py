@@ -244,9 +244,12 @@ CASES = [
     (["train", "ds", "@SMALL", "--nproc", "0"], "--nproc must be >= 1, got 0"),
     (
         ["train", "ds", "@SMALL", "--num-batches", "-1"],
-        "num_batches, test_freq, lookahead and checkpoint_every must be >= 0",
+        "num_batches (--num-batches) must be >= 0, got -1",
     ),
-    (["train", "ds", "@SMALL", "--mini-batch-size", "0"], "mini_batch_size must be positive, got 0"),
+    (
+        ["train", "ds", "@SMALL", "--mini-batch-size", "0"],
+        "mini_batch_size (--mini-batch-size) must be positive, got 0",
+    ),
     (
         ["train", "ds", "@SMALL", "--learning-rate", "nan"],
         "learning rate (--learning-rate) must be positive and at most 3.403e+38 (float32's largest), got nan",

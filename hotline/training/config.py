@@ -66,6 +66,13 @@ class TrainConfig(
     dataclass, checked when made. A kind (``mode``, ``optimizer``, ``interaction``, ``cold_store``, ...) may be
     given as its :mod:`hotline.kinds` enum member or its string; the config keeps the string."""
 
+    @classmethod
+    def named(cls, name: str) -> str:
+        """Field ``name`` as a user knows it: its flag of ``hotline train`` (``mini_batch_size (--mini-batch-size)``),
+        or its name alone for a library-only field."""
+        flag = cls.__dataclass_fields__[name].metadata.get("flag")
+        return f"{name} ({flag})" if flag else name
+
     def __post_init__(self) -> None:
         for name, kind in _KINDS.items():
             value = getattr(self, name)
@@ -75,9 +82,10 @@ class TrainConfig(
             raise ValueError(f"--mode must be one of {MODES}, got {self.mode!r}")
         for name in ("mini_batch_size", "nepochs", "print_freq", "eval_batch_size"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.num_batches < 0 or self.test_freq < 0 or self.lookahead < 0 or self.checkpoint_every < 0:
-            raise ValueError("num_batches, test_freq, lookahead and checkpoint_every must be >= 0")
+                raise ValueError(f"{self.named(name)} must be positive, got {getattr(self, name)}")
+        for name in ("num_batches", "test_freq", "lookahead", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{self.named(name)} must be >= 0, got {getattr(self, name)}")
         if self.replace not in tuple(Replace) or self.replace_every < 0:
             raise ValueError(
                 f"--replace must be off or auto and --replace-every >= 0, got {self.replace!r}, {self.replace_every}"
