@@ -4,8 +4,8 @@ One run, the same data, model and batches for every row (each from the same init
 come from a profile of the train split's first ``--profile-batches`` mini-batches (Hotline's learning phase),
 and every row trains on the batches after them: its coverage is that of data the profile did not count, as in
 a run whose profile read a sample. The budgets are chosen on the held-out curve (the validation split), which
-is what ``--mode auto`` prices with. Until 2026-12-02 13:49 the whole train split was profiled and the rows
-trained on counted batches: 95% coverage at the budget whose held-out coverage is 90%.
+is what ``--mode auto`` prices with (rows that trained on the batches the profile counted would overstate the
+coverage).
 
 - ``device``: every row in memory (the upper bound);
 - ``mmap``: plain PyTorch ``nn.EmbeddingBag`` (sum, sparse gradients, SGD) over one memory-mapped file of all
@@ -33,8 +33,8 @@ as both beside the row agree; a ``--hardware`` file without a probe is priced as
 ``--rounds`` times (default 3), one round after another, each round priced at its own probes; the round with the
 median samples/s stands for the row (every round's samples/s and predicted/measured in the JSON): the cost model
 prices a typical step, and one 20-step run on this disk is one draw of how its reads and write-backs overlapped
-and how a sustained stream of write-backs went (2026-12-02: K=2 at 80% at 0.75 in a run whose other six rows
-were within 0.8-1.25; five minutes earlier all seven were within 0.98-1.16). From the
+and how a sustained stream of write-backs went (one row of a run can fall well outside the others that the
+next run agrees with). From the
 same calibration, ``--mode auto``'s choice (priced with the disk store and the DRAM tier, among the measured
 budgets: a measured row) and its margin to the fastest disk row (JSON ``auto``).
 

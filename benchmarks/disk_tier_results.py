@@ -49,8 +49,7 @@ def predict(rec: dict, hybrid: dict | None, dataset, args, hw: dict):
 def row_probe(rec: dict, hw: dict) -> dict | None:
     """The probe a disk row is priced at: per direction, the median of the two probes beside it and the
     calibration's own, so that a probe moves the price only as far as both agree. A stall of the disk during
-    one probe, between two rows, then does not price the rows beside it (2026-12-02 06:48: one probe at 6x the
-    others, 277.7 against 42-66 ms, priced the row before it at 3.65x the calibrated disk and gave 0.48).
+    one probe, between two rows (a probe several times the others), then does not price the rows beside it.
     None where the row or the calibration has no probe."""
     import numpy as np
 
@@ -193,8 +192,7 @@ def paired_margin(rounds: list[list[dict]], choice: str, budget: int | None) -> 
     spell of the disk lands on one round of several rows; within a round, each row's samples/s over the chosen
     row's, per row their geometric mean over the rounds both ran (:func:`common.over_choice`), and how far the
     choice lies below the row with the highest mean. The median-round margin compares two rows' medians drawn
-    from different rounds (2026-12-02 13:49: K=2 at 95% over K=0 at 95% was 0.73, 1.02 and 1.27 in three rounds, and
-    their median rounds gave a margin of 21.5%). None where the choice was not measured."""
+    from different rounds, which a spell in one round can tip either way. None where the choice was not measured."""
     per_round: dict[int, dict[str, float]] = {}
     chosen = None
     for got in rounds:

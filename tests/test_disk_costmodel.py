@@ -261,7 +261,7 @@ def test_pooled_penalty_credits_only_the_overlap_its_timings_show():
     clear = [(1.5, 1.0, 1.0), (1.52, 1.0, 1.0), (1.48, 1.0, 1.0), (1.5, 1.0, 1.0), (1.5, 1.0, 1.0)]
     got = pooled_penalty(clear)
     assert got["pooled"] == pytest.approx(0.5) and got["penalty"] == got["pooled"] and got["se"] < 0.02
-    # pairs as spread as those timed here on 2026-12-02 (0.3-1.45 each): pooled 0.8, but not beyond the noise
+    # pairs as spread as timings on a shared 2-core VM (0.3-1.45 each): pooled 0.8, but not beyond the noise
     noisy = [(1.3, 1.0, 1.0), (2.0, 1.0, 1.0), (1.9, 1.0, 1.0), (1.35, 1.0, 1.0), (2.45, 1.0, 1.0)]
     got = pooled_penalty(noisy)
     assert (
