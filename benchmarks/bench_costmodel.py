@@ -18,14 +18,14 @@ beside them: the config's own dense pass (the one its predictions are priced fro
 scaled to the calibration's speed) is timed again right before each run's trainer is made and right after it
 is closed, and the row's prediction is divided by the median of those two over the priced pass and 1
 (``cpu now/cal``: a probe moves the price only as far as both beside the row agree; with a ``--hardware``
-file, the calibration's reference pass against its ``device.reference_pass_us``). A spell of this VM between
-the calibration and a row (the whole sweep of 2026-12-03 04:24 came out 0.98-1.39, eight minutes later
-0.78-0.95) then moves the price with the row. The target counts the ratios at that speed (``at probe``); the
+file, the calibration's reference pass against its ``device.reference_pass_us``). A slow spell of the machine between
+the calibration and a row (a whole sweep can move by a third within minutes on a shared VM) then moves the
+price with the row. The target counts the ratios at that speed (``at probe``); the
 ratios at the calibration's speed are printed and counted beside them. A ``--hardware`` file without a
 reference pass is priced as it is.
 
-Run: ``python benchmarks/bench_costmodel.py --json costmodel.json`` (about 7 minutes on an idle 2-core host:
-6-7 in the five runs of 2026-12-03 16:07-16:56).
+Run: ``python benchmarks/bench_costmodel.py --json costmodel.json`` (minutes on an idle 2-core host; its
+``.run.json`` records how long).
 """
 
 from __future__ import annotations
@@ -51,9 +51,10 @@ PREDICTED_AS = {
 def main(argv: list[str] | None = None) -> dict:
     import numpy as np
 
-    from hotline.profiling import costmodel
-    from hotline.profiling.calibrate import calibrate, speed_probe
-    from hotline.training.auto import with_timed_pass
+    from hotline import costmodel
+    from hotline.costmodel.calibrate import calibrate
+    from hotline.costmodel.dense_timing import speed_probe
+    from hotline.costmodel.machine import with_timed_pass
 
     p = common.parser(__doc__)
     p.add_argument(

@@ -1,11 +1,11 @@
 """The disk store's step I/O right after a forward and backward pass, against the same I/O after a pause.
 
 Why the disk calibration times each step-shaped read and write-back right after a compute pass
-(:mod:`hotline.profiling.disk_calibrate`): the store's I/O threads need this CPU's cores, and what a parallel
+(:mod:`hotline.costmodel.disk_calibrate`): the store's I/O threads need this CPU's cores, and what a parallel
 region leaves on them (an OpenMP team spin-waiting for its next region) takes them. Paired timings, ABBA
 order, each pair the same number of distinct rows read (``RowFile.read_rows``) and written back
 (``RowFile.write_rows``) from a file of ``--file-rows`` 256-byte records: once right after a forward and
-backward pass (:func:`hotline.profiling.calibrate.overlapped_pass`), once after a 30 ms pause. Printed: the
+backward pass (:func:`hotline.costmodel.dense_timing.overlapped_pass`), once after a 30 ms pause. Printed: the
 median ratio of each pair (after compute / after pause) with its interquartile range, and the median times.
 
 ``--torch-first`` loads torch before ``hotline`` (as a script that imports torch first does, and
@@ -47,8 +47,8 @@ def main(argv: list[str] | None = None) -> dict:
         args.rows, args.pairs, args.file_rows = 64, 2, 20_000
     import numpy as np
 
-    from hotline.profiling.calibrate import overlapped_pass
-    from hotline.profiling.disk_calibrate import _step_once
+    from hotline.costmodel.dense_timing import overlapped_pass
+    from hotline.costmodel.disk_calibrate import _step_once
     from hotline.tiers.disk_file import RowFile
 
     common.setup_threads(args.threads)

@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--dim", type=int, default=16, help="embedding dim (sets bytes per row; rows scale alike)")
     p.add_argument("--profile-samples", type=int, default=200_000, help="samples counted for the placement")
     # a timed run is 8 batches, about 5 ms: the median of 41 (about 10 s in all) instead of the common 7, which
-    # a second of a VM's slow spell moved by 10-20% (2026-12-02: 188 to 238 M lookups/s over six runs of 7)
+    # a second of a VM's slow spell moved by 10-20%
     p.set_defaults(repeats=41)
     args = p.parse_args(argv)
     if args.smoke:

@@ -31,10 +31,10 @@ from pathlib import Path
 
 import common
 import numpy as np
+from ranks import spawn, train_and_dump
 
 from hotline import TrainConfig
 from hotline.datasets.format import Dataset
-from hotline.distributed.launcher import spawn, train_and_dump
 
 KINDS = (
     "dense_allreduce",

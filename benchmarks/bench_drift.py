@@ -107,7 +107,7 @@ def _unique_rows_per_batch(ds, args, batches: int = 20) -> float:
 def _predicted(ds, args, run: dict, unique: float) -> dict:
     """The cost model's samples/s on ``args.gpu`` from what the run measured (hot share, popular share, cold
     rows per step), hotline K=0 and K>=1."""
-    from hotline.profiling import costmodel
+    from hotline import costmodel
 
     work = costmodel.Workload(args.batch, ds.num_tables, ds.pooling_factor, args.dim, worker_threads=4,
                               **costmodel.arch_of(_model(args)))  # fmt: skip

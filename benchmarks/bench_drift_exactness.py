@@ -37,11 +37,11 @@ from pathlib import Path
 import common
 import numpy as np
 import torch
+from ranks import spawn
 
 from hotline import _io
 from hotline.datasets.format import Dataset
 from hotline.distributed.comm import shard_bounds
-from hotline.distributed.launcher import spawn
 from hotline.placement import Placement
 from hotline.training.config import TrainConfig
 from hotline.training.trainer import Trainer

@@ -1,5 +1,5 @@
 """Benchmark: OpenMP wait policies side by side: torch imported before hotline (libgomp's default, a long
-spin), a passive wait with no spin (``OMP_WAIT_POLICY=PASSIVE`` alone, Hotline's setting until 2026-12-02), and
+spin), a passive wait with no spin (``OMP_WAIT_POLICY=PASSIVE`` alone, Hotline's earlier setting), and
 hotline imported first (its setting: a passive wait after ``GOMP_SPINCOUNT`` = ``hotline._SPIN_COUNT`` spins).
 
 Each setting runs in a fresh Python process (an OpenMP runtime reads the policy once, when it loads; no

@@ -15,9 +15,14 @@ JSON says so in ``limit.how``). Printed, and written as JSON to ``--json``:
   resident set (``ru_maxrss``);
 - ``first_step_s``: seconds from the Trainer's construction (profile, placement, the file's fill) to the end of
   the first step; ``samples_per_s`` over the steps after it;
-- ``checkpoint_s`` and ``checkpoint_mb_per_s``: one ``save_checkpoint`` at the half-way step;
+- ``checkpoint_s`` and ``checkpoint_mb_per_s``: one ``save_checkpoint`` at the half-way step (its rows
+  streamed into the rows file beside it), beside ``disk_write_mb_per_s``, the disk's sequential write rate
+  timed on a scratch file of the same size just before (written in 64 MiB blocks, fsynced);
+  ``checkpoint_peak_rss_bytes``: the child's peak resident set during the save (``VmHWM``, reset before it
+  through ``/proc/self/clear_refs``), beside ``rss_before_checkpoint_bytes``; ``load_s``: the resume's load;
 - ``resume_exact``: whether a second run, resumed from that checkpoint, ends bit-identical to the first
-  (every named array's SHA-256);
+  (the SHA-256 of the dense parameters and of every record of the store's file, the hot rows' from the hot
+  tier: streamed, as the tables are never whole in memory);
 - ``baseline``: what a user would otherwise try at the same limit: the same rows as one memory-mapped float32
   table under ``nn.EmbeddingBag`` (sparse gradients, SGD), the same batches' ids, forward, backward and
   step of the embedding alone: its samples/s.
@@ -63,10 +68,24 @@ def _config(args, cold_dir: str, steps: int):
 
 
 def _digest(trainer) -> str:
+    """SHA-256 of the run's state, streamed (the tables never whole in memory): the dense model's parameters,
+    then every record of the disk store's file in its order, the hot rows' records from the hot tier."""
     h = hashlib.sha256()
-    for name, a in sorted(trainer.named_arrays().items()):
+    for name, p in sorted(trainer.model.named_parameters()):
         h.update(name.encode())
-        h.update(np.ascontiguousarray(a).tobytes())
+        h.update(p.detach().cpu().numpy().tobytes())
+    mode = trainer.mode
+    f = mode.cold.host.file
+    hot_pos = f.positions[mode.hot_rows].astype(np.int64)
+    H = hot_pos.shape[0]
+    hot = np.concatenate([mode.hot_w.cpu().numpy(), mode.hot_s.cpu().numpy().reshape(H, -1)], axis=1)
+    lo = 0
+    for _, rec in f.read_all():
+        n = rec.shape[0]
+        mine = (hot_pos >= lo) & (hot_pos < lo + n)
+        rec[hot_pos[mine] - lo] = hot[mine]
+        h.update(rec.tobytes())
+        lo += n
     return h.hexdigest()
 
 
@@ -107,6 +126,42 @@ def _baseline(args, ds, work: Path) -> dict:
             "steps": steps, "samples_per_s": steps * args.batch / seconds if seconds else 0.0}  # fmt: skip
 
 
+def _vm(field: str) -> int | None:
+    """A ``/proc/self/status`` figure in bytes (``VmRSS``, ``VmHWM``), or None where there is none."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    """Resets this process's ``VmHWM`` to its resident set now (Linux ``clear_refs`` 5)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def _disk_write_rate(directory: Path, size: int) -> float:
+    """MB/s of writing ``size`` bytes sequentially to a scratch file in ``directory`` (64 MiB blocks, fsync),
+    as the checkpoint writes its rows file."""
+    block = np.random.default_rng(0).integers(0, 255, 64 << 20, dtype=np.uint8).tobytes()
+    path = directory / "disk-rate.scratch"
+    t0 = time.perf_counter()
+    with open(path, "wb") as f:
+        for lo in range(0, size, len(block)):
+            f.write(block[: min(len(block), size - lo)])
+        f.flush()
+        os.fsync(f.fileno())
+    seconds = time.perf_counter() - t0
+    path.unlink()
+    return size / 1e6 / seconds
+
+
 def child(args) -> dict:
     """Everything that runs under the limit: the run, its checkpoint, the resumed run, the baseline."""
     from hotline.datasets.format import Dataset
@@ -132,10 +187,16 @@ def child(args) -> dict:
         next(stats)
     stats.close()  # the look-ahead drains: steps [0, half) done
     out["samples_per_s"] = (half - 1) * args.batch / (time.perf_counter() - t1) if half > 1 else 0.0
+    record = tr.mode.cold.host.file.record
+    out["disk_write_mb_per_s"] = _disk_write_rate(work, ds.total_rows * (record + 4))
+    out["rss_before_checkpoint_bytes"] = _vm("VmRSS")
+    reset = _reset_peak_rss()
     t2 = time.perf_counter()
     ckpt = save_checkpoint(tr, work / "ckpt")
     out["checkpoint_s"] = time.perf_counter() - t2
+    out["checkpoint_peak_rss_bytes"] = _vm("VmHWM") if reset else None
     size = sum(p.stat().st_size for p in ckpt.parent.glob(ckpt.name + "*"))
+    out["checkpoint_bytes"] = size
     out["checkpoint_mb_per_s"] = size / 1e6 / out["checkpoint_s"]
     for _ in tr.progress(tr.batches(tr.step_count)):
         pass
@@ -143,7 +204,9 @@ def child(args) -> dict:
     tr.close()
     del tr, mode, stats
     tr = Trainer(_config(args, str(work / "cold-b"), args.steps), ds)
+    t3 = time.perf_counter()
     start = load_checkpoint(tr, work / "ckpt")
+    out["load_s"] = time.perf_counter() - t3
     for _ in tr.progress(tr.batches(start)):
         pass
     out["resume_exact"] = _digest(tr) == straight
@@ -216,6 +279,7 @@ def main(argv=None) -> int:
         failcnt = int((group / "memory.failcnt").read_text())
         group.rmdir()
     if run.returncode != 0:
+        result_file.unlink(missing_ok=True)
         print(f"bench_scale: the run failed (exit {run.returncode}) under {how}", file=sys.stderr)
         return 1
     out = json.loads(result_file.read_text())
@@ -233,8 +297,12 @@ def main(argv=None) -> int:
     peak_text = "n/a" if peak is None else f"{peak / gib:.2f} GiB"
     print(f"peak: cgroup {peak_text} (failcnt {failcnt}), child RSS {out['ru_maxrss_bytes'] / gib:.2f} GiB")
     print(f"first step after {out['first_step_s']:.1f} s; {out['samples_per_s']:,.0f} samples/s")
-    print(f"checkpoint: {out['checkpoint_s']:.1f} s, {out['checkpoint_mb_per_s']:,.0f} MB/s; "
-          f"resumed bit-identically: {out['resume_exact']}")  # fmt: skip
+    hwm = out["checkpoint_peak_rss_bytes"]
+    print(f"checkpoint: {out['checkpoint_bytes'] / 1e6:,.0f} MB in {out['checkpoint_s']:.1f} s, "
+          f"{out['checkpoint_mb_per_s']:,.0f} MB/s (the disk's sequential write: "
+          f"{out['disk_write_mb_per_s']:,.0f} MB/s); RSS {out['rss_before_checkpoint_bytes'] / gib:.2f} GiB "
+          f"before it, peak {'n/a' if hwm is None else f'{hwm / gib:.2f} GiB'} during it; load "
+          f"{out['load_s']:.1f} s; resumed bit-identically: {out['resume_exact']}")  # fmt: skip
     print(f"baseline ({out['baseline']['what']}): {out['baseline']['samples_per_s']:,.0f} samples/s")
     common.write_json(args.json, out)
     return 0

@@ -29,6 +29,11 @@ from pathlib import Path
 _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:
     sys.path.insert(1, _ROOT)
+# tests/ranks.py starts the ranks of a multi-rank benchmark as it does a test's (`from ranks import spawn`): tests/
+# goes last on sys.path, so no module of its shadows one of the benchmarks' or an installed package.
+_TESTS = str(Path(_ROOT) / "tests")
+if _TESTS not in sys.path:
+    sys.path.append(_TESTS)
 
 # Hotline's process settings, made on its import, before torch or Numba loads (its OpenMP wait policy: an
 # OpenMP runtime reads it once, when it loads): a benchmark runs under the settings `hotline train` runs

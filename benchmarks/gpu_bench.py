@@ -85,6 +85,7 @@ import gpu_extras  # noqa: E402
 import gpu_parts  # noqa: E402
 import gpu_torchrec  # noqa: E402
 import mlperf  # noqa: E402
+import pipeline_results  # noqa: E402
 
 GOALS = {"hotline/hybrid": 2.2, "hotline/device": 0.7, "hotline/hybrid_k2": 1.0}
 
@@ -246,7 +247,7 @@ def _stage(stage: str, args, device: str, payload: dict, t_start: float) -> dict
     each."""
     import torch
 
-    from hotline.profiling import costmodel
+    from hotline import costmodel
 
     args.max_rows_per_table = args.max_rows_per_table or None
     cfg = {**WORKLOADS[args.workload](args), "mini_batch_size": args.batch}
@@ -319,7 +320,7 @@ def _stage(stage: str, args, device: str, payload: dict, t_start: float) -> dict
             for m in (m for m in modes if m in EXTRA_MODES):
                 log(bench_pipeline.recorded(m, EXTRA_MODES[m], dataset, args, cfg, device, probe))
         rows = out.get("sweep", [])
-    bench_pipeline.mark_saturated(rows)
+    pipeline_results.mark_saturated(rows)
     wrong = [r["mode"] for r in rows if max(r.get("diff_probe_rows", 0), r.get("diff_dense", 0)) > EXACT_RTOL]
     failed = list(dict.fromkeys(r["mode"] for r in rows if "error" in r))
     compared = reference and any("diff_dense" in r for r in rows)
@@ -337,7 +338,7 @@ def _stage(stage: str, args, device: str, payload: dict, t_start: float) -> dict
     if hw is not None:
         _predict(rows, hw, prof, placements, cfg, args)
     out["hardware"] = hw
-    by, _ = bench_pipeline.headline([r for r in rows if r["mode"] in bench_pipeline.MODES])
+    by, _ = pipeline_results.headline([r for r in rows if r["mode"] in bench_pipeline.MODES])
     live = [by[m] for m in ("hotline_k0", "hotline_k2") if m in by and not by[m].get("saturated")]
     candidates = live or [by[m] for m in ("hotline_k0", "hotline_k2") if m in by]
     best = max(candidates, key=lambda r: r["samples_per_s"]) if candidates else None
@@ -350,7 +351,7 @@ def _stage(stage: str, args, device: str, payload: dict, t_start: float) -> dict
         ratios["hotline/hybrid_k2"] = best["samples_per_s"] / by["hybrid_k2"]["samples_per_s"]
     common.print_table(
         rows,
-        bench_pipeline.SWEEP_COLUMNS[:9]
+        pipeline_results.SWEEP_COLUMNS[:9]
         + [("h2d_ms", "h2d", ".2f"), ("gather_ms", "gather", ".2f")]
         + [("device_busy_share", "dev busy", ".2f"), ("copy_overlap_share", "copy ovl", ".2f")]
         + [("stale_rows_per_step", "stale", ".0f"), ("peak_allocated_gib", "peak GiB", ".2f")]
@@ -380,7 +381,7 @@ def _stage(stage: str, args, device: str, payload: dict, t_start: float) -> dict
 
 
 def _gpu_name(args, device: str) -> str | None:
-    from hotline.profiling import costmodel
+    from hotline import costmodel
 
     if args.gpu:
         return args.gpu
@@ -393,7 +394,7 @@ def _gpu_name(args, device: str) -> str | None:
 
 
 def _workload(cfg, args, prof):
-    from hotline.profiling import costmodel
+    from hotline import costmodel
 
     return costmodel.workload_for(prof, worker_threads=args.worker_threads, **costmodel.arch_of(cfg))
 
@@ -425,7 +426,7 @@ def _link_gbps(device: str) -> dict:
 def _hardware(args, device) -> dict | None:
     """The hardware description predictions use: ``--hardware``'s, else the shipped table's GPU with
     ``--host``'s figures (the calibration part, which runs after the sweeps, writes a calibrated one)."""
-    from hotline.profiling import costmodel
+    from hotline import costmodel
 
     if args.hardware:
         return costmodel.load_hardware(args.hardware)
@@ -440,9 +441,8 @@ def _calibrate(args, device: str) -> dict:
     """The calibration part: this host's timings, the link, and the device's fixed cost per dense pass from
     the full part's device mode (its compute on the device's clock less what FLOPs and bytes explain); written
     to ``--hardware-out`` (without it: nothing to do)."""
-    from hotline import _io
-    from hotline.profiling import costmodel
-    from hotline.profiling.calibrate import calibrate
+    from hotline import _io, costmodel
+    from hotline.costmodel.calibrate import calibrate
 
     if not args.hardware_out:
         return {"skipped": "no --hardware-out"}
@@ -469,7 +469,7 @@ def _calibrate(args, device: str) -> dict:
 
 def _predict(rows, hw, prof, placements, cfg, args) -> None:
     """Adds the cost model's prediction (from the held-out figures at each run's budget) to each run."""
-    from hotline.profiling import costmodel
+    from hotline import costmodel
 
     w = _workload(cfg, args, prof)
     as_mode = {

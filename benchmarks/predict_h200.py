@@ -27,8 +27,8 @@ import mlperf  # noqa: E402
 
 def main(argv: list[str] | None = None) -> dict:
     import hotline
+    from hotline import costmodel
     from hotline.datasets.synthetic import generate
-    from hotline.profiling import costmodel
 
     p = common.parser(__doc__)
     p.add_argument("--gpu", default="H200")

@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's hotline, installed or not
 from hotline._io import write_json, write_text  # noqa: E402 - every file through the one atomic writer
-from hotline.profiling.calibrate import cpu_model  # noqa: E402
+from hotline.costmodel.timing import cpu_model  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_page  # noqa: E402 - the GPU section, beside this script
@@ -183,8 +183,8 @@ def settle(
     """Waits until the machine has been quiet (:func:`quiet`) for ``quiet_s`` one-second intervals in a row, or
     ``limit_s`` seconds have passed; returns how long it waited and whether it settled. What one benchmark leaves
     behind (a disk-heavy one's deferred writes and deletions, a process still exiting) would otherwise be
-    measured by the next. (On 2026-12-02 it found the machine quiet within 5 s after every benchmark, also right
-    after bench_disk_tier, whose load average of 9.9 was its own I/O threads averaged over the last minute.)"""
+    measured by the next. (The load average lags: after bench_disk_tier it counts its own I/O threads over the
+    last minute, so quiet is judged from the CPU and disk counters, not from it.)"""
     start = clock()
     prev = sample()
     if prev is None:

@@ -68,6 +68,8 @@ class Output:
     itself, never its target)."""
     owned: Callable[[Path], bool] | None = None
     """Proves, by the file's content, that an existing file is the writer's own: replaced without ``--force``."""
+    explain: Callable[[Path], str | None] | None = None
+    """What an existing file ``owned`` does not prove is, if the writer can tell (its own older format)."""
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -157,12 +159,20 @@ def _judge_existing(out: Output, given: Path, target: Path, force: bool, force_n
             raise OutputError(f"{out.flag} {shown} is a directory: give a file name")
         if not stat.S_ISREG(st.st_mode):
             raise OutputError(f"{out.flag} {shown} is {_kind_of(st.st_mode)}: give a regular file name")
+        from hotline.datasets.format import is_dataset_dir  # a dataset's file goes only with the dataset
+
+        if (target.name == "meta.json" or target.suffix == ".npy") and is_dataset_dir(target.parent):
+            raise OutputError(f"{out.flag} {shown} is a file of dataset {target.parent}: refused even with --force "
+                              f"(a dataset is replaced only whole, by `hotline data ... --force`); choose another name")  # fmt: skip
         if out.continues and _continuable(target, out.continues):
             return
         if out.owned is not None and out.owned(target):
             return
         if not force:
             _refuse_if_held(out.flag, given, target)  # the more useful line: --force would not help
+            note = out.explain(target) if out.explain is not None else None
+            if note:
+                raise OutputError(f"{out.flag} {shown} is {note}")
             raise OutputError(
                 f"{out.flag} {shown} exists: pass {force_name} to replace it, or choose another name"
             )

@@ -15,9 +15,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from hotline.kinds import OPTIMIZERS
+
 PAD_ID = -1
 """The id that fills a bag shorter than its table's bag size: every kernel skips it, pooling ignores it."""
-OPTIMIZERS = ("sgd", "rowwise-adagrad", "adagrad", "adam")
 # State floats of a row as (per row, per element): Adam keeps two moments per element and a step count per row.
 _STATE_FLOATS = {"sgd": (0, 0), "rowwise-adagrad": (1, 0), "adagrad": (0, 1), "adam": (1, 2)}
 
@@ -32,6 +33,29 @@ def state_floats_per_row(optimizer: str, embedding_dim: int = 0) -> int:
     if per_element and embedding_dim <= 0:
         raise ValueError(f"the state of optimizer {optimizer!r} depends on the embedding dim: give it (> 0)")
     return per_row + per_element * embedding_dim
+
+
+MAX_LEARNING_RATE = float(np.finfo(np.float32).max)
+"""The largest learning rate accepted: float32's largest number (3.4e38), which the tables' updates take it
+as. A larger one is not a number there (a traceback inside torch); a merely huge one diverges, and the run
+stops at the first non-finite loss with its one line (exit 3)."""
+
+
+def check_optimizer(optimizer: str, lr: float, embedding_dim: int | None = None) -> None:
+    """Raises ValueError, in one line naming the field, unless ``optimizer`` is one of :data:`OPTIMIZERS` and
+    ``lr`` a learning rate the tables take (positive, at most :data:`MAX_LEARNING_RATE`); with
+    ``embedding_dim``, also unless it is what the optimizer's state needs (:func:`state_floats_per_row`). The
+    rule :class:`hotline.tiers.sparse_optim.SparseOptimizer` applies, kept here so that a config can check its
+    fields without the tiers."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+    if not 0 < lr <= MAX_LEARNING_RATE:  # NaN fails too
+        raise ValueError(
+            f"learning rate (--learning-rate) must be positive and at most {MAX_LEARNING_RATE:.4g} (float32's "
+            f"largest), got {lr}"
+        )
+    if embedding_dim is not None:
+        state_floats_per_row(optimizer, embedding_dim)
 
 
 def bytes_per_row(embedding_dim: int, optimizer: str) -> int:

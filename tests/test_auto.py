@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from test_costmodel import HW
 
-from hotline.profiling import costmodel as cm
-from hotline.training.auto import DEVICE_MEMORY_SHARE, choose
+from hotline import costmodel as cm
+from hotline.costmodel.choose import DEVICE_MEMORY_SHARE, choose
 
 GIB = 1 << 30
 
@@ -184,8 +184,9 @@ def _auto_on_a_rank(comm, dataset: str, out: str) -> None:
 
 def test_ranks_take_rank_0s_choice_whole(tmp_path):
     """On 2 ranks rank 0 chooses and the other rank receives the same choice with its figures (not a code)."""
+    from ranks import spawn
+
     from hotline.datasets.synthetic import generate
-    from hotline.distributed.launcher import spawn
 
     ds = generate(tmp_path / "ds", 600, seed=2, table_sizes=[40, 30, 500], zipf=1.2, progress=False)
     spawn(2, _auto_on_a_rank, str(ds), str(tmp_path))
@@ -196,7 +197,7 @@ def test_ranks_take_rank_0s_choice_whole(tmp_path):
 def test_a_cpu_is_priced_with_its_cached_calibration(tmp_path, monkeypatch):
     """On a CPU, ``auto`` prices with `hotline calibrate`'s figures, timed once and kept in the cache
     directory per host and thread count: a kept description is read back, not timed again."""
-    from hotline.training.auto import cpu_hardware, cpu_hardware_path, hardware_for
+    from hotline.costmodel.machine import cpu_hardware, cpu_hardware_path, hardware_for
 
     monkeypatch.setenv("HOTLINE_CACHE", str(tmp_path))
     path = cpu_hardware_path(2)
@@ -213,8 +214,8 @@ def test_a_cached_calibration_timed_slow_is_timed_again(tmp_path, monkeypatch):
     work, or in a slow spell) would price every mode 10x too slow: `--mode auto` times this CPU again, keeps
     the faster calibration and prices with it. One whose reference ran 10x faster is kept as it is (this CPU
     is the slow one now: the run's pass is scaled to the calibration's speed instead)."""
-    from hotline.profiling.calibrate import time_pass
-    from hotline.training.auto import cpu_hardware, cpu_hardware_path, with_timed_pass
+    from hotline.costmodel.dense_timing import time_pass
+    from hotline.costmodel.machine import cpu_hardware, cpu_hardware_path, with_timed_pass
 
     monkeypatch.setenv("HOTLINE_CACHE", str(tmp_path))
     w = cm.Workload(256, 4, 1, 8, (13, 16, 8), (16, 1))
@@ -250,7 +251,7 @@ def test_a_cached_calibration_timed_slow_is_timed_again(tmp_path, monkeypatch):
 def test_predictions_closer_than_the_models_error_go_to_the_simpler_configuration():
     """Of configurations predicted within TIE_SHARE of the fastest, the simplest is chosen (device before
     hybrid before hotline; K=0 before K=2; the smaller budget), and the reason says which one was faster."""
-    from hotline.training.auto import TIE_SHARE
+    from hotline.costmodel.choose import TIE_SHARE
 
     free = choose(2 * GIB, 16 * GIB, CPU, W, skewed, BUDGETS)
     fastest = max(free.candidates, key=lambda c: c.prediction.samples_per_s)

@@ -10,11 +10,11 @@ import math
 import numpy as np
 import pytest
 from test_auto import BUDGETS, CPU, GIB, GPU, W, skewed
-from test_disk_tier import DISK
+from test_disk_costmodel import DISK
 
-from hotline.profiling import costmodel as cm
-from hotline.profiling.costmodel import STEP_FORMAT
-from hotline.training.auto import ColdDisk, choose
+from hotline import costmodel as cm
+from hotline.costmodel import STEP_FORMAT
+from hotline.costmodel.choose import ColdDisk, choose
 
 CPU_DISK = {**CPU, "name": "test CPU with a disk", "disk": DISK}
 GPU_DISK = {**GPU, "disk": DISK}
@@ -75,7 +75,7 @@ def test_the_disk_store_given_prices_every_candidate_with_the_disk():
     assert mem.mode == "device" and mem.cold_store == "memory" and "disk" not in mem.reason
     gpu = choose(40 * GIB, 80 * GIB, GPU_DISK, W, skewed, BUDGETS, disk=COLD)
     assert gpu.mode == "device" and "--cold-store disk (cold) is not used: no row is cold" in gpu.reason
-    from hotline.training.auto import choice_fields
+    from hotline.costmodel.auto import choice_fields
 
     assert choice_fields(gpu) == {"mode": "device", "lookahead": 0, "hbm_budget": None, "cold_store": "memory",
                                   "cold_dir": None, "cold_cache": 0}  # fmt: skip
@@ -112,7 +112,7 @@ def test_the_dram_tier_serves_the_next_rows_by_popularity():
 def test_the_disk_is_timed_once_per_filesystem_and_record(tmp_path, monkeypatch):
     """The first run times the disk of the cold dir (said once, on scratch files in a directory of its own,
     removed: the user's files stay as they were) and keeps the figures in the cache; the next reads them."""
-    from hotline.training.auto import disk_hardware, disk_hardware_path, filesystem_of
+    from hotline.costmodel.machine import disk_hardware, disk_hardware_path, filesystem_of
 
     monkeypatch.setenv("HOTLINE_CACHE", str(tmp_path / "cache"))
     cold = tmp_path / "cold"
@@ -136,7 +136,7 @@ def test_the_disk_is_timed_once_per_filesystem_and_record(tmp_path, monkeypatch)
     assert disk_hardware_path(cold, 1540, 4) != path and disk_hardware_path(cold, 256, 32) != path
     assert "compute_penalties" in d["step"]  # the I/O beside compute at each length timed
     # a timing kept before the I/O beside compute was timed at these lengths is not read: timed anew
-    import hotline.profiling.disk_calibrate as dc
+    import hotline.costmodel.disk_overlap as dc
 
     with monkeypatch.context() as m:
         m.setattr(dc, "BESIDE_SHARES", (1.0,))
@@ -190,7 +190,7 @@ def test_train_with_the_disk_store_chooses_with_the_disk_and_records_it(tmp_path
     assert auto["cold_store"] == "memory" and auto["cold_dir"] is None and "on disk" not in err
     # the Python API alike: TrainConfig(mode="auto", cold_store="disk") is priced with the disk
     from hotline import TrainConfig
-    from hotline.training.auto import choose_for_run
+    from hotline.costmodel.auto import choose_for_run
 
     cfg = TrainConfig(mode="auto", embedding_dim=8, bottom_mlp=[13, 16, 8], top_mlp=[16, 1], progress=False,
                       cold_store="disk", cold_dir=str(cold))  # fmt: skip
@@ -322,10 +322,11 @@ def test_auto_prices_only_the_hot_budgets_that_fit_in_memory(tmp_path):
     from dataclasses import replace
 
     from hotline import TrainConfig
+    from hotline.costmodel.auto import choose_for_run
+    from hotline.costmodel.choose import LOOKAHEAD
     from hotline.datasets.format import Dataset
     from hotline.datasets.synthetic import generate
     from hotline.profiling.profiler import profile
-    from hotline.training.auto import LOOKAHEAD, choose_for_run
     from hotline.training.preflight import MEMORY_HEADROOM, MEMORY_MARGIN, memory_needed
 
     ds = generate(tmp_path / "ds", 3000, seed=2, table_sizes=[40, 300, 20000], zipf=1.2, progress=False)
@@ -353,9 +354,9 @@ def test_device_mode_only_where_training_would_let_it_hold_the_tables(tmp_path):
     from dataclasses import replace
 
     from hotline import TrainConfig
+    from hotline.costmodel.auto import choose_for_run
     from hotline.datasets.format import Dataset
     from hotline.datasets.synthetic import generate
-    from hotline.training.auto import choose_for_run
     from hotline.training.preflight import MEMORY_HEADROOM, MEMORY_MARGIN, memory_needed
 
     c = choose(2 * GIB, 16 * GIB, CPU, W, skewed, BUDGETS, device_in_memory=False)

@@ -25,7 +25,8 @@ from hotline.cli import main
 from hotline.datasets.format import Dataset, DatasetError, record_arrays
 from hotline.datasets.synthetic import generate
 from hotline.placement import Placement, PlacementError
-from hotline.training.checkpoint import CheckpointManager, read_checkpoint
+from hotline.training.checkpoint import read_checkpoint
+from hotline.training.checkpoint_dir import CheckpointManager
 
 TESTS = Path(__file__).resolve().parent
 ARCH = ["--arch-sparse-feature-size", "8", "--arch-mlp-bot", "13-16-8", "--arch-mlp-top", "16-1"]
@@ -418,7 +419,11 @@ def _cli_cases(data, tmp_path) -> list[tuple[list[str], str, str]]:
     bad_raw = tmp_path / "bad.txt"
     bad_raw.write_bytes(b"1\t2\n")
     return [
-        (["train", ds, *SMALL, "--mini-batch-size", "0"], "train", "mini_batch_size must be positive"),
+        (
+            ["train", ds, *SMALL, "--mini-batch-size", "0"],
+            "train",
+            "mini_batch_size (--mini-batch-size) must be positive",
+        ),
         (["train", ds, *SMALL, "--arch-mlp-bot", "abc"], "train", "--arch-mlp-bot 'abc'"),
         (["train", ds, *SMALL, "--arch-mlp-bot", "12-16-8"], "train", "dataset has 13 dense features"),
         (["train", ds, *SMALL, "--mode", "hotline", "--hbm-budget", "lots"], "train", "cannot read 'lots'"),

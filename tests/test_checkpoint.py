@@ -19,11 +19,11 @@ from hotline.datasets.synthetic import generate
 from hotline.placement import Placement
 from hotline.training.checkpoint import (
     CheckpointError,
-    CheckpointManager,
     load_checkpoint,
     read_checkpoint,
     save_checkpoint,
 )
+from hotline.training.checkpoint_dir import CheckpointManager
 
 ARCH = ["--arch-sparse-feature-size", "8", "--arch-mlp-bot", "13-16-8", "--arch-mlp-top", "16-1"]
 

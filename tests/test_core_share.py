@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import hotline.kernels
+from hotline import costmodel as cm
 from hotline.datasets.synthetic import generate
 from hotline.pipeline.threads import (
     BETWEEN_STEPS_THREADS,
@@ -21,7 +22,6 @@ from hotline.pipeline.threads import (
     compute_threads,
     numba_threads,
 )
-from hotline.profiling import costmodel as cm
 
 
 def test_every_compiled_kernel_releases_the_gil():

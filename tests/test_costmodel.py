@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from hotline.profiling import costmodel as cm
+from hotline import costmodel as cm
 
 HW = {
     "name": "test host",
@@ -133,7 +133,7 @@ def test_gpu_table_ships_as_package_data():
     tomllib = pytest.importorskip("tomllib")
 
     pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
-    assert "gpus.json" in pyproject["tool"]["setuptools"]["package-data"]["hotline.profiling"]
+    assert "gpus.json" in pyproject["tool"]["setuptools"]["package-data"]["hotline.costmodel"]
 
 
 def test_stats_come_from_heldout_figures(tmp_path):
@@ -153,7 +153,7 @@ def test_stats_come_from_heldout_figures(tmp_path):
 
 def test_calibrate_cli_writes_and_refuses_existing_files(tmp_path, monkeypatch, capsys):
     from hotline.cli import main
-    from hotline.profiling import calibrate
+    from hotline.costmodel import calibrate
 
     fake = {"format": "hotline-hardware", "name": "x", "calibration_s": 1.0, **HW}
     fake["host"] = {**HW["host"], "dispatch_ns_per_lookup": {"1": 1.0, "n": 1.0}}
@@ -175,7 +175,7 @@ def test_calibrate_cli_writes_and_refuses_existing_files(tmp_path, monkeypatch, 
 def test_calibrate_times_this_host():
     """The real calibration (small): every figure positive and finite. How long it took is not asserted: a
     busy machine makes any wall-clock bound fail (timing belongs to benchmarks/)."""
-    from hotline.profiling.calibrate import calibrate
+    from hotline.costmodel.calibrate import calibrate
 
     hw = calibrate(threads=1)
     assert hw["calibration_s"] > 0
@@ -199,7 +199,7 @@ def test_the_cpu_overlap_is_pooled_over_the_rounds_and_a_gain_within_their_noise
     """Golden values: (together, device alone, host alone) per round; the penalty (together - longer) /
     shorter of the sums, priced where the rounds show it (a loss, or a gain beyond 2 standard errors of the
     rounds' own penalties), else 1."""
-    from hotline.profiling.calibrate import _pooled_overlap
+    from hotline.costmodel.calibrate import _pooled_overlap
 
     noisy = _pooled_overlap([(1.0, 1.0, 0.5), (1.5, 1.0, 0.5), (1.25, 1.0, 0.5)])  # 0, 1 and 0.5
     assert noisy["pooled"] == pytest.approx(0.5) and noisy["se"] == pytest.approx(0.5 / 3**0.5)
@@ -214,7 +214,7 @@ def test_the_cpu_overlap_is_pooled_over_the_rounds_and_a_gain_within_their_noise
 def test_a_speed_probe_times_the_reference_or_the_runs_own_pass():
     """The probe a benchmark times beside each row: the calibration's reference pass, or the pass of the model
     a workload prices (the shape time_pass times); each call gives the median of its calls, in microseconds."""
-    from hotline.profiling.calibrate import speed_probe
+    from hotline.costmodel.dense_timing import speed_probe
 
     small = cm.Workload(batch_size=64, num_tables=4, embedding_dim=8, bottom_mlp=(13, 16, 8), top_mlp=(16, 1))
     for probe in (speed_probe(threads=1, calls=1), speed_probe(threads=1, calls=3, workload=small)):
@@ -258,7 +258,7 @@ def test_costmodel_benchmarks_smoke(tmp_path, monkeypatch):
             assert x["ratio_at_probe"] == pytest.approx(x["ratio"] / x["cpu_scale"])
             assert x["in_target"] == (0.8 <= x["ratio_at_probe"] <= 1.25)
         p = predict_h200.main(["--smoke", "--threads", "1"])
-        assert {x["mode"] for x in p["results"]} == set(cm.MODES) and len(p["results"]) == 12
+        assert {x["mode"] for x in p["results"]} == set(cm.PRICED_MODES) and len(p["results"]) == 12
     finally:
         torch.set_num_threads(threads[0])
         numba.set_num_threads(threads[1])
@@ -268,7 +268,7 @@ def test_costmodel_benchmarks_smoke(tmp_path, monkeypatch):
 def test_nonnegative_fit_recovers_and_clamps():
     import numpy as np
 
-    from hotline.profiling.fitting import nnls as _nnls
+    from hotline.costmodel.fitting import nnls as _nnls
 
     x = np.array([[1e9, 1e6, 1.0], [4e9, 2e6, 1.0], [2e8, 8e6, 1.0], [3e9, 3e7, 1.0]])
     truth = np.array([2e-11, 5e-10, 3e-4])
@@ -282,15 +282,17 @@ def test_a_timed_pass_anchors_the_compute_and_the_assembly():
     fitted formula scaled to give that timing at the timed batch (micro-batches keep the formula's shape and
     its cost per pass), and the row assembly scales with lookups from the timed one; another model keeps the
     fit alone."""
+    from hotline.costmodel.phases import _compute_s
+
     key = cm.pass_key(W)
     timed = {"batch": 2048, "pooling_factor": 1, "pass_us": 30_000.0, "assemble_us": 3_000.0}
     hw = {**HW, "device": {**HW["device"], "passes": {key: timed}}}
     at = cm.Workload(2048, 26, 1, 64, (13, 64, 64), (64, 1))
-    scale = 30e-3 / cm._compute_s(at, HW["device"], 2048)
+    scale = 30e-3 / _compute_s(at, HW["device"], 2048)
     for mode in ("device", "hybrid"):
         fit = cm.phases(mode, W, stats(), HW)["compute"]
         assert cm.phases(mode, W, stats(), hw)["compute"] == pytest.approx(fit * scale)
-    assert cm._compute_s(at, hw["device"], 2048) == pytest.approx(30e-3)  # the timing itself, at its batch
+    assert _compute_s(at, hw["device"], 2048) == pytest.approx(30e-3)  # the timing itself, at its batch
     k0, fit_k0 = cm.phases("hotline_k0", W, stats(), hw), cm.phases("hotline_k0", W, stats(), HW)
     assert k0["compute"] == pytest.approx(fit_k0["compute"] * scale)
     assert k0["assemble"] == pytest.approx(3e-3 * 4096 / 2048)  # twice the lookups of the timed pass
@@ -325,7 +327,7 @@ def test_time_pass_times_the_models_pass_on_this_cpu():
     description holding it prices that model's compute from it."""
     import torch
 
-    from hotline.profiling.calibrate import time_pass
+    from hotline.costmodel.dense_timing import time_pass
 
     before = torch.get_num_threads()
     w = cm.Workload(64, 3, 2.4, 8, (13, 8), (8, 1))

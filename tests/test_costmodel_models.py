@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from test_costmodel import HW
 
+from hotline import costmodel as cm
 from hotline.models.dlrm import DLRM, DLRMConfig
-from hotline.profiling import costmodel as cm
 
 TABLES = (50, 40, 30, 20)
 D = 8
@@ -77,7 +77,7 @@ def test_dcn_costs_more_than_dot_by_its_cross_layers():
     arch = cm.arch_of(PRESETS["mlperf-dcnv2"])
     big = {i: cm.Workload(1024, 26, 1, 128, **{**arch, "interaction": i}) for i in ("dot", "dcn")}
     s = cm.Stats(0.8, 0.1, 5000, 20_000)
-    for mode in cm.MODES:
+    for mode in cm.PRICED_MODES:
         p = {i: cm.predict(mode, w, s, HW) for i, w in big.items()}
         assert p["dcn"].phases_s["compute"] > p["dot"].phases_s["compute"]
         assert p["dcn"].samples_per_s < p["dot"].samples_per_s
@@ -110,7 +110,7 @@ def small(tmp_path_factory):
 def test_auto_prices_a_dcn_run_as_dcn(small):
     """``--mode auto`` (choose_for_run, the code path ``hotline train`` takes) prices each run's own model: the
     hybrid candidate's compute of a DCN config exceeds a dot config's by the FLOPs counted in the two models."""
-    from hotline.training.auto import choose_for_run
+    from hotline.costmodel.auto import choose_for_run
     from hotline.training.config import TrainConfig
     from hotline.training.placing import profile_for
 

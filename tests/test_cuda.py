@@ -235,8 +235,9 @@ def _batch_leaving_one(n: int) -> int:
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_two_ranks_over_nccl_equal_one_process(dataset, tmp_path):
+    from ranks import spawn, train_and_dump
+
     from hotline.distributed.comm import backend_for
-    from hotline.distributed.launcher import spawn, train_and_dump
 
     assert backend_for("cuda") == "nccl"
     jobs, refs = [], {}

@@ -1,6 +1,6 @@
 """The disk cold store's file across a close and a reopen with its DRAM tier, and the bytes a one-rank store's
-look-ahead fetch reads (``tests/test_disk_tier.py`` has the file's reads and writes and the store's
-exactness)."""
+look-ahead fetch reads (``tests/test_disk_pages.py`` has the file's reads and writes,
+``tests/test_disk_tier.py`` the store's exactness)."""
 
 from __future__ import annotations
 

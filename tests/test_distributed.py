@@ -9,6 +9,7 @@ import argparse
 
 import numpy as np
 import pytest
+from ranks import spawn, train_and_dump
 
 from hotline import TrainConfig, Trainer
 from hotline.cli import main
@@ -16,7 +17,7 @@ from hotline.cli.train import add_parser
 from hotline.datasets.format import Dataset
 from hotline.datasets.synthetic import generate
 from hotline.distributed.comm import Comm, shard_bounds
-from hotline.distributed.launcher import launcher_argv, spawn, train_and_dump
+from hotline.distributed.launcher import launcher_argv
 from hotline.placement import Placement
 from hotline.training.checkpoint import CheckpointError
 

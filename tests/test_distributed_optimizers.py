@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from ranks import spawn, train_and_dump
 
 from hotline import TrainConfig, Trainer
 from hotline.datasets.format import Dataset
 from hotline.datasets.synthetic import generate
-from hotline.distributed.launcher import spawn, train_and_dump
 from tests.reference import max_rel_diff, noise_floor
 from tests.test_distributed import ARCH, BATCH, STEPS, TABLES, _placement
 

@@ -185,7 +185,7 @@ def test_two_ranks_replace_the_same_rows_and_stay_exact(drifting, tmp_path):
     """--replace-every on 2 gloo ranks: global counts, the same re-placement on every rank (hot replicas
     identical, cold shards consistent), parameters equal one process in device mode (SGD at K=0, row-wise
     Adagrad at K=2)."""
-    from hotline.distributed.launcher import spawn, train_and_dump
+    from ranks import spawn, train_and_dump
 
     ds, placement = drifting
     cases = {"sgd": 0, "rowwise-adagrad": 2}
@@ -208,7 +208,7 @@ def test_two_ranks_replace_auto_on_the_steps_one_process_does(drifting, tmp_path
     """--replace auto on 2 gloo ranks decides from the hot-lookup share of both ranks' lookups: it re-places
     at the very steps one process does on the global batch (K=0 and K=2, where the look-ahead producers must
     stop the segment at the same step and give back a batch taken too many), and stays equal to device mode."""
-    from hotline.distributed.launcher import spawn, train_and_dump
+    from ranks import spawn, train_and_dump
 
     ds, placement = drifting
     cases = {"sgd": 0, "rowwise-adagrad": 2}

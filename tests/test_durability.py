@@ -22,7 +22,7 @@ from hotline import _io
 from hotline.cli import main
 from hotline.datasets.synthetic import generate
 from hotline.tiers.disk_file import RowFile
-from hotline.training.checkpoint import CheckpointManager
+from hotline.training.checkpoint_dir import CheckpointManager
 
 CLI_ARCH = ["--arch-sparse-feature-size", "8", "--arch-mlp-bot", "13-16-8", "--arch-mlp-top", "16-1"]
 
@@ -160,3 +160,27 @@ def test_every_output_of_a_run_is_durable_before_it_replaces_anything(dataset, t
     cold_file = next(p for p in cold.iterdir() if p.suffix == ".bin").resolve()
     mine = [k for k, e in enumerate(log) if e[0] in ("write", "fsync") and e[1] == cold_file]
     assert mine and log[mine[-1]] == ("fsync", cold_file)
+
+
+def test_a_dataset_directory_is_durable_before_and_after_it_takes_its_name(tmp_path, calls):
+    """The dataset writer builds the directory under a temporary name: its files and entries are fsynced before
+    it is renamed into place, and the parent directory after (also when it replaces an earlier dataset)."""
+    out = tmp_path / "ds"
+    for overwrite in (False, True):
+        calls.log.clear()
+        generate(out, 300, seed=1, table_sizes=[20, 50], progress=False, overwrite=overwrite)
+        i, src, dst = next(r for r in calls.replaces() if r[2] == out.resolve())
+        meta = max(k for k, e in enumerate(calls.log[:i]) if e[0] == "replace" and e[2].parent == src)
+        assert ("fsync", src) in calls.log[meta + 1 : i], "the directory's entries are not fsynced before"
+        assert ("fsync", dst.parent) in calls.log[i + 1 :], "the parent is not fsynced after the rename"
+        synced = {e[1] for e in calls.log[:i] if e[0] == "fsync"}
+        assert {src / f.name for f in out.glob("*.npy")} <= synced  # (meta.json: an atomic write of its own)
+
+
+def test_the_raw_criteo_text_of_a_synthetic_set_is_durable_before_it_takes_its_name(tmp_path, calls):
+    """``generate(raw_tsv=...)`` writes the Criteo text under a temporary name: fsynced before the rename, the
+    directory after."""
+    tsv = tmp_path / "day_0.tsv"
+    generate(tmp_path / "ds", 300, seed=1, table_sizes=[20] * 26, progress=False, raw_tsv=tsv)
+    i = next(i for i, src, dst in calls.replaces() if dst == tsv.resolve())
+    assert_atomic(calls.log, i)

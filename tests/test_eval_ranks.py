@@ -13,12 +13,12 @@ import json
 
 import numpy as np
 import pytest
+from ranks import spawn
 from test_distributed import ARCH, BATCH, TABLES, _placement, assert_close
 
 from hotline import TrainConfig, Trainer
 from hotline.datasets.format import Dataset
 from hotline.datasets.synthetic import generate
-from hotline.distributed.launcher import spawn
 
 STEPS = 24
 PROB_ATOL = 1e-5

@@ -82,8 +82,8 @@ def test_evaluate_of_an_empty_split_is_strict_json(tmp_path, capsys):
 
 def test_a_gpu_named_as_hardware_on_a_cpu_is_said(tmp_path, capsys):
     from hotline import TrainConfig
+    from hotline.costmodel.auto import choose_for_run
     from hotline.datasets.format import Dataset
-    from hotline.training.auto import choose_for_run
 
     ds = Dataset(generate(tmp_path / "ds", 3000, seed=1, table_sizes=[40, 300, 25], progress=False))
     cfg = TrainConfig(mode="auto", embedding_dim=4, bottom_mlp=[13, 8, 4], top_mlp=[8, 1], progress=False)

@@ -259,7 +259,7 @@ def test_replacement_on_variable_bags_equals_device(setup):
 
 
 def test_two_ranks_on_variable_bags_equal_device(setup, tmp_path):
-    from hotline.distributed.launcher import spawn, train_and_dump
+    from ranks import spawn, train_and_dump
 
     _, dev, _, _ = _run(setup, "device", "sgd")
     jobs = [(_config(setup, mode, "sgd", k), str(setup[0].path), str(tmp_path / f"{mode}.npz"))

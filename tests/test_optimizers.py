@@ -19,6 +19,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from ranks import spawn, train_and_dump
 from reference import NOISE_FACTOR, max_rel_diff, noise_floor, random_params
 
 import naive
@@ -26,7 +27,6 @@ from hotline import TrainConfig, Trainer
 from hotline.cli import main
 from hotline.datasets.format import Dataset
 from hotline.datasets.synthetic import generate
-from hotline.distributed.launcher import spawn, train_and_dump
 from hotline.kernels import sparse_update
 from hotline.placement import Placement
 from hotline.table_layout import bytes_per_row, state_floats_per_row
@@ -118,6 +118,21 @@ def test_state_shapes_are_checked():
     with pytest.raises(ValueError, match="embedding dim"):
         SparseOptimizer("adam", 0.1)  # the state width needs the dim
     assert bytes_per_row(16, "adagrad") == 4 * 32 and bytes_per_row(16, "adam") == 4 * (16 + 33)
+
+
+@pytest.mark.parametrize(
+    "kind, lr, match",
+    [("adamw", 0.1, "optimizer must be one of"), ("sgd", 0.0, "must be positive"),
+     ("adam", math.nan, "must be positive"), ("adagrad", 1e39, r"at most 3.403e\+38")],
+)  # fmt: skip
+def test_the_config_refuses_an_optimizer_by_the_tiers_rule(kind, lr, match):
+    """TrainConfig checks its optimizer fields without importing the tiers (table_layout.check_optimizer): the
+    same one line the tiers' SparseOptimizer gives, when the config is made."""
+    with pytest.raises(ValueError, match=match) as config:
+        TrainConfig(optimizer=kind, learning_rate=lr)
+    with pytest.raises(ValueError, match=match) as tiers:
+        SparseOptimizer(kind, lr, dim=16)
+    assert str(config.value) == str(tiers.value)
 
 
 @pytest.mark.parametrize(

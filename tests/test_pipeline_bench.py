@@ -87,12 +87,12 @@ def test_pool_runs_weighs_the_choice_against_each_configuration_over_runs(tmp_pa
     import json
     import math
 
-    bench = __import__("bench_pipeline")
+    bench, results = __import__("bench_pipeline"), __import__("pipeline_results")
     a = _report("kaggle", ("device", None), {("device", None): [100.0, 90.0, 80.0],
                                              ("hotline_k0", 0.7): [130.0, 99.0, 81.0]})  # fmt: skip
     b = _report("kaggle", ("device", None), {("device", None): [100.0, 100.0, 100.0],
                                              ("hotline_k0", 0.7): [90.0, 100.0, 92.0]})  # fmt: skip
-    got = bench.pool_runs([a, b])
+    got = results.pool_runs([a, b])
     k0 = next(c for c in got["configurations"] if c["configuration"] == "hotline_k0 at 70%")
     assert k0["mean_over_choice"] == pytest.approx(math.sqrt(99.0 / 90.0 * 92.0 / 100.0))
     assert (k0["lowest"], k0["highest"], k0["runs"]) == (pytest.approx(0.92), pytest.approx(1.1), 2)
@@ -113,11 +113,11 @@ def test_pool_runs_weighs_the_choice_against_each_configuration_over_runs(tmp_pa
 def test_pool_runs_refuses_runs_of_different_configs(tmp_path, capsys):
     import json
 
-    bench = __import__("bench_pipeline")
+    bench, results = __import__("bench_pipeline"), __import__("pipeline_results")
     a = _report("kaggle", ("device", None), {("device", None): [1.0]})
     b = _report("emb-heavy", ("device", None), {("device", None): [1.0]})
     with pytest.raises(ValueError, match="different configs"):
-        bench.pool_runs([a, b])
+        results.pool_runs([a, b])
     with pytest.raises(SystemExit) as e:
         bench.main(["--pool", str(tmp_path / "missing.json")])
     assert e.value.code == 2
@@ -136,7 +136,7 @@ def test_budget_ratios_pair_rounds_and_bound_what_lookahead_can_gain():
     """Golden, worked by hand: the paired ratio is the median of each round's K=2 / K=0; the ceiling is K=0's
     step over the same step less its exposed movement (60 / (60 - 3) = 1.0526...); a run that lost a round
     does not pair up; the 1.05x target counts as above the ceiling only where it is."""
-    bench = __import__("bench_pipeline")
+    bench = __import__("pipeline_results")
 
     def run(mode, budget, rounds, **extra):
         return {"mode": mode, "budget_bytes": budget, "budget_mib": budget and budget / 2**20, "target": 0.7,

@@ -23,12 +23,12 @@ import math
 import numpy as np
 import pytest
 import torch
+from ranks import spawn, train_and_dump
 from reference import NOISE_FACTOR, ReferenceDLRM, max_rel_diff, noise_floor, random_params
 
 from hotline import TrainConfig, Trainer
 from hotline.datasets.format import Dataset
 from hotline.datasets.synthetic import generate
-from hotline.distributed.launcher import spawn, train_and_dump
 from hotline.placement import Placement
 
 TABLES = [30, 200, 12, 500, 60, 5, 90, 40]

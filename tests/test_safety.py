@@ -1,9 +1,9 @@
 """Nothing a user owns is lost: every path that used to delete or replace a user's file is tried here, and the
-file is checked byte for byte afterwards; plus the top-level error handler and the checks before step 1."""
+file is checked byte for byte afterwards; plus the checks before step 1 (the top-level error handler is tried
+in test_error_handler.py)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import resource
@@ -195,7 +195,7 @@ def test_resume_with_changed_flags_or_nothing_to_resume_is_refused(data, tmp_pat
 
 
 def test_a_second_live_run_is_refused(data, tmp_path, capsys):
-    from hotline.training.checkpoint import CheckpointManager
+    from hotline.training.checkpoint_dir import CheckpointManager
 
     ck = tmp_path / "ck"
     live = CheckpointManager(ck)
@@ -254,76 +254,6 @@ def test_dump_params_on_a_full_disk_keeps_the_previous_file(data, tmp_path, caps
     assert err[0].startswith("hotline train: error: [Errno 27] File too large: cannot write ")
     assert dump.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params"]  # no temporary file left
-
-
-# ------------------------------------------------------------------------------ the top-level handler
-
-
-def test_debug_shows_the_traceback_behind_the_line(data, capsys, monkeypatch):
-    monkeypatch.delenv("HOTLINE_DEBUG", raising=False)
-    argv = ["train", str(data["ds"]), *SMALL, "--mini-batch-size", "0"]
-    assert main([*argv, "--debug"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err[0] == "Traceback (most recent call last):" and "ValueError" in err[-2]
-    assert err[-1] == "hotline train: error: mini_batch_size must be positive, got 0"
-    assert "HOTLINE_DEBUG" not in os.environ  # --debug held for that call only
-    assert main(argv) == 2
-    _one_error(capsys, "train")
-    monkeypatch.setenv("HOTLINE_DEBUG", "1")
-    assert main(argv) == 2
-    assert "Traceback" in capsys.readouterr().err
-
-
-def test_missing_optional_package_names_the_install_command(data):
-    code = (
-        "import sys; sys.modules['torchrec'] = None\n"  # as if torchrec were not installed
-        "from hotline.cli import main\n"
-        f"sys.exit(main(['plan', {str(data['ds'])!r}, '--no-progress']))"
-    )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2, r.stderr
-    assert r.stderr.strip().splitlines() == [
-        "hotline plan: error: this needs the optional package 'torchrec': "
-        'pip install "hotline-dlrm[torchrec]" && pip install --no-deps torchrec==1.8.0'
-    ]
-
-
-def test_memory_error_is_one_line(tmp_path, capsys, monkeypatch):
-    import hotline.datasets.synthetic as synthetic
-
-    def no_memory(*args, **kwargs):
-        raise MemoryError("Unable to allocate 80.0 GiB for an array with shape (10000000000, 2)")
-
-    monkeypatch.setattr(synthetic, "generate", no_memory)
-    assert main(["data", "synthetic", "--out", str(tmp_path / "ds"), *SYNTH]) == 2
-    line = _one_error(capsys, "data synthetic")
-    assert line.startswith("hotline data synthetic: error: out of memory (Unable to allocate 80.0 GiB")
-
-
-@pytest.mark.parametrize("presses", [1, 2])
-def test_ctrl_c_is_one_line_and_exit_130(data, tmp_path, presses):
-    """Waits on events, not on time: the run's first log line says it trains; the presses follow at once (a
-    second press inside the first one's handling must not matter)."""
-    cmd = [sys.executable, "-m", "hotline", "train", str(data["ds"]), *SMALL, "--nepochs", "100000"]
-    cmd += ["--print-freq", "1"]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        lines = []
-        while not lines or not lines[-1].startswith("step "):  # until it trains (a log line per step)
-            line = proc.stderr.readline()
-            assert line, f"the run ended before its first step: {''.join(lines)}"
-            lines.append(line)
-        for _ in range(presses):
-            with contextlib.suppress(ProcessLookupError):  # already gone after the first: fine
-                os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group
-        after = proc.communicate(timeout=600)[1]  # (a hang guard, not a time bound)
-    finally:
-        proc.kill()
-    assert proc.returncode == 130, "".join(lines) + after
-    # what the presses made it print: one line, the last (no traceback, no second message)
-    out = after.strip().splitlines()
-    assert out[-1] == "hotline train: interrupted" and "Traceback" not in after, after
-    assert sum("interrupted" in line or "rror" in line for line in out) == 1, after
 
 
 # ------------------------------------------------------------------------------ before the first step

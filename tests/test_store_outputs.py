@@ -121,3 +121,18 @@ def test_the_stores_own_files_are_made_again_without_force(env, tmp_path):
     cold = tmp_path / "cold"
     shutil.copytree(root / "made", cold)
     assert main(_train(ds, cold)) == 0 and main(_train(ds, cold)) == 0
+
+
+def test_a_users_file_where_save_streams_the_rows_is_refused_before_training(env, tmp_path, capsys):
+    """``--save M.pt`` of a disk-store run also writes ``M.pt.rows``: a user's file there is named before any
+    step (not after the training), its bytes unchanged."""
+    root, ds = env
+    cold = tmp_path / "cold"
+    cold.mkdir()
+    save = tmp_path / "model.pt"
+    rows = tmp_path / "model.pt.rows"
+    rows.write_bytes(USER)
+    assert main(_train(ds, cold, "--save", str(save))) == 2
+    line = _one_line(capsys)
+    assert "--save (its rows)" in line and str(rows) in line, line
+    assert rows.read_bytes() == USER and not save.exists() and not any(cold.iterdir())

@@ -27,8 +27,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torchrec")
 
 import torchrec_workers as w  # noqa: E402
-
-from hotline.distributed.launcher import spawn  # noqa: E402
+from ranks import spawn  # noqa: E402
 
 STEPS, BATCH = 20, 16
 JOBS = [("sgd", "plain"), ("rowwise-adagrad", "plain"), ("sgd", "sparse_dist"), ("sgd", "prefetch"),

@@ -6,10 +6,12 @@ tests/test_torchrec_dmp.py on the same global batches:
   would leave them far from the reference), inside backward;
 - the optimizer named by the sharder's ``fused_params`` instead (torchrec's ``EmbeddingBagCollectionSharder(
   fused_params)``);
+- DMP given Hotline's sharder and no plan (torchrec's own planner prices and places Hotline's kernel);
 - ``in_backward_optimizer_filter(dmp.named_parameters())`` leaves Hotline's tables out of the dense optimizer,
   and ``CombinedOptimizer([dmp.fused_optimizer, dense])`` keeps working;
 - ranks that built different initial tables agree once sharded; an unsharded collection trained on 2 ranks (DMP
-  without Hotline's sharder) is refused by its first training forward.
+  without Hotline's sharder) is refused by its first training forward;
+- a collection built on the meta device is materialised on the shards (no rank makes a whole table).
 Bounds: torchrec_workers.TOLERANCE (1e-6 relative; Adam 1e-5), as in tests/test_torchrec_dmp.py.
 """
 
@@ -20,10 +22,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchrec")
 
+import torchrec_idiom_workers as iw  # noqa: E402
 import torchrec_workers as w  # noqa: E402
+from ranks import spawn  # noqa: E402
 from test_torchrec_dmp import KINDS, assert_matches_reference  # noqa: E402
-
-from hotline.distributed.launcher import spawn  # noqa: E402
 
 STEPS, BATCH = 12, 16
 
@@ -36,6 +38,9 @@ def references() -> dict:
 @pytest.mark.parametrize("world", [1, 2])
 def test_apply_optimizer_in_backward_and_fused_params_are_honoured_under_dmp(world, references, tmp_path):
     hows = [(kind, "in_backward") for kind in KINDS] + [("rowwise-adagrad", "fused_params")]
+    hows.append(
+        ("adam", "no_plan")
+    )  # DMP(model, sharders=[Hotline's]) with no plan: torchrec's planner plans
     jobs = [(kind, how, STEPS, BATCH, str(tmp_path / f"{kind}_{how}.pt")) for kind, how in hows]
     spawn(world, w.train_in_backward, jobs)
     for kind, _how, _, _, out in jobs:
@@ -80,21 +85,47 @@ def test_sharder_takes_fused_params_as_torchrecs_and_refuses_what_it_cannot_do()
         "adagrad",
         0.3,
     )
-    with pytest.raises(ValueError, match="device='meta'. is not supported"):
-        HotlineEmbeddingBagCollection(w.configs(), device="meta")
+    with pytest.raises(ValueError, match="device='meta'. takes no weights"):
+        HotlineEmbeddingBagCollection(w.configs(), device="meta", weights=[None] * 3)
+    from torchrec import EmbeddingBagCollection
+
+    meta = HotlineEmbeddingBagCollection.from_embedding_bag_collection(
+        EmbeddingBagCollection(w.configs(), device=torch.device("meta")), w.placement()
+    )  # torchrec's collection on the meta device: Hotline's is too, rows made by the sharder
+    assert meta.device.type == "meta" and {p.device.type for p in meta.parameters()} == {"meta"}
+    with pytest.raises(RuntimeError, match="built on the meta device and holds no rows"):
+        meta.export_tables()
+
+
+def test_meta_device_collection_is_materialised_on_the_shards_and_ranks_agree(tmp_path):
+    """Built on the meta device (dense layers too), no plan: DMP with Hotline's sharder makes each rank's rows
+    with torchrec's sharded init (each rank seeded differently), and every rank's hot replicas come from their
+    owners: the same batch gives the same predictions on both ranks, before and after training."""
+    out = str(tmp_path / "meta.pt")
+    spawn(2, iw.check_meta_construction, out)
+    got = torch.load(out)
+    assert "built on the meta device and holds no rows" in got["refused"]
+    assert got["before_dmp"] == {f"t_{t}": ("meta", (n, w.D)) for t, n in enumerate(w.SIZES)}
+    for when in ("initial", "trained"):
+        assert torch.equal(got[when][0], got[when][1]), when
+    for t, n in enumerate(w.SIZES):
+        table = got["tables"][f"model.sparse_arch.embedding_bag_collection.embedding_bags.t_{t}.weight"]
+        bound = (1.0 / n) ** 0.5  # torchrec's default weight_init_min / max
+        assert table.shape == (n, w.D) and table.abs().max() <= bound
+        assert (table != 0).all(), f"t_{t}: rows never materialised (or hot rows not read from their owners)"
 
 
 def test_hotline_planner_plans_hotline_collections_and_hands_the_rest_to_torchrecs_planner():
     """torchrec's planner cannot price Hotline's kernel; HotlinePlanner (torchrec's planner arguments) plans
     Hotline's collections as hotline_sharding_plan does and every other module with torchrec's planner."""
     import torch.distributed as dist
+    from ranks import free_port
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import Topology
 
     from hotline.distributed.comm import Comm
-    from hotline.distributed.launcher import free_port
     from hotline.torchrec_bridge import (
         HotlineEmbeddingBagCollection,
         HotlineEmbeddingBagCollectionSharder,

@@ -40,9 +40,10 @@ def placement() -> Placement:
 
 
 def global_batch(
-    step: int, size: int
+    step: int, size: int, order: int | None = None
 ) -> tuple[torch.Tensor, list[np.ndarray], list[np.ndarray], torch.Tensor]:
-    """Dense [size, DENSE], ids and lengths per feature [size] (jagged, skewed to low ids), labels."""
+    """Dense [size, DENSE], ids and lengths per feature [size] (jagged, skewed to low ids), labels; ``order``: the
+    same samples permuted by that seed (the same maths, summed in another order)."""
     rng = np.random.default_rng(1000 + step)
     dense = torch.from_numpy(rng.random((size, DENSE), dtype=np.float32))
     lengths = [rng.integers(0, 4, size=size) for _ in FEATURES]
@@ -51,12 +52,18 @@ def global_batch(
         for n, t in zip(lengths, FEATURES.values())
     ]
     labels = torch.from_numpy((rng.random(size) < 0.4).astype(np.float32))
+    if order is not None:
+        perm = np.random.default_rng(order).permutation(size)
+        bags = [np.split(v, np.cumsum(n)[:-1]) for v, n in zip(ids, lengths)]
+        ids = [np.concatenate([b[i] for i in perm]).astype(np.int64) for b in bags]
+        lengths = [n[perm] for n in lengths]
+        dense, labels = dense[perm], labels[perm]
     return dense, ids, lengths, labels
 
 
-def batch(step: int, size: int, rank: int = 0, world: int = 1) -> Batch:
+def batch(step: int, size: int, rank: int = 0, world: int = 1, order: int | None = None) -> Batch:
     """Rank ``rank``'s contiguous slice of the global batch of step ``step`` as torchrec's Batch."""
-    dense, ids, lengths, labels = global_batch(step, size)
+    dense, ids, lengths, labels = global_batch(step, size, order)
     lo, hi = rank * size // world, (rank + 1) * size // world
     values, lens = [], []
     for v, n in zip(ids, lengths):
@@ -322,9 +329,10 @@ def in_backward_kwargs(kind: str) -> dict:
     return {"lr": LR, "eps": 1e-10} if kind == "rowwise-adagrad" else {"lr": LR}
 
 
-def hotline_dmp(comm, kind: str | None, fused_params: dict | None = None, seed: int = 0):
+def hotline_dmp(comm, kind: str | None, fused_params: dict | None = None, seed: int = 0, plan: bool = True):
     """torchrec's DLRM over Hotline's collection (built with the constructor's default SGD, lr 0.01) under DMP
-    with Hotline's sharder; ``kind``: the optimizer ``apply_optimizer_in_backward`` gives the tables first."""
+    with Hotline's sharder; ``kind``: the optimizer ``apply_optimizer_in_backward`` gives the tables first;
+    ``plan`` False: no plan (torchrec's own planner plans, the 2-line switch)."""
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
@@ -338,8 +346,10 @@ def hotline_dmp(comm, kind: str | None, fused_params: dict | None = None, seed: 
         model.load_state_dict(copy.deepcopy(ref.state_dict()))
     if kind is not None:
         apply_optimizer_in_backward(optimizer_type(kind), ebc.parameters(), in_backward_kwargs(kind))
-    return DistributedModelParallel(model, device=torch.device("cpu"),
-                                    sharders=[HotlineEmbeddingBagCollectionSharder(fused_params)],
+    sharders = [HotlineEmbeddingBagCollectionSharder(fused_params)]
+    if not plan:
+        return DistributedModelParallel(model, device=torch.device("cpu"), sharders=sharders)
+    return DistributedModelParallel(model, device=torch.device("cpu"), sharders=sharders,
                                     plan=hotline_sharding_plan(model, comm.world_size))  # fmt: skip
 
 
@@ -382,13 +392,14 @@ def train_steps(comm, dmp, opt, start: int, stop: int, size: int) -> None:
 
 def train_in_backward(comm, jobs: list[tuple[str, str, int, int, str]]) -> None:
     """Spawned rank: for each (kind, how, steps, global batch, out): the optimizer ``kind`` given by
-    ``apply_optimizer_in_backward`` (how ``in_backward``) or by the sharder's ``fused_params`` (``fused_params``),
-    torchrec's usual dense filter, trained plainly; rank 0 saves the result (and the dense keys)."""
+    ``apply_optimizer_in_backward`` (how ``in_backward``; ``no_plan``: DMP given no plan) or by the sharder's
+    ``fused_params`` (``fused_params``), torchrec's usual dense filter, trained plainly; rank 0 saves the result
+    (and the dense keys)."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
     for kind, how, steps, size, out in jobs:
-        if how == "in_backward":
-            dmp = hotline_dmp(comm, kind)
+        if how in ("in_backward", "no_plan"):
+            dmp = hotline_dmp(comm, kind, plan=how == "in_backward")
         else:
             emb = {"sgd": EmbOptimType.EXACT_SGD, "rowwise-adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
                    "adagrad": EmbOptimType.EXACT_ADAGRAD, "adam": EmbOptimType.ADAM}[kind]  # fmt: skip

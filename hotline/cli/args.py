@@ -11,10 +11,11 @@ import os
 import signal
 import sys
 import traceback
+from dataclasses import MISSING, Field, fields
 from pathlib import Path
 
-from hotline.table_layout import OPTIMIZERS
-from hotline.units import size_arg
+from hotline.kinds import OPTIMIZERS, names
+from hotline.units import parse_size, size_arg
 
 SubParsers = argparse._SubParsersAction
 
@@ -163,61 +164,86 @@ def add_embedding(parser: argparse.ArgumentParser) -> None:
 
 def add_arch(parser: argparse.ArgumentParser, default=True) -> None:
     """The DLRM architecture flags of ``hotline train`` (``default=False``: unset, taken from a checkpoint)."""
-
-    def d(value):
-        return value if default else None
-
-    parser.add_argument(
-        "--arch-sparse-feature-size", type=int, default=d(16), metavar="D", help="embedding dimension D"
-    )
-    parser.add_argument(
-        "--arch-mlp-bot",
-        default=d("13-512-256-64-16"),
-        metavar="SIZES",
-        help="bottom MLP sizes (dense in ... D)",
-    )
-    parser.add_argument(
-        "--arch-mlp-top",
-        default=d("512-256-1"),
-        metavar="SIZES",
-        help="top MLP sizes after the interaction (... 1)",
-    )
+    for name in ("embedding_dim", "bottom_mlp", "top_mlp"):
+        add_field(parser, section_field(name), unset=not default)
     add_interaction(parser, default)
 
 
 def add_interaction(parser: argparse.ArgumentParser, default=True, what: str = "") -> None:
     """``--arch-interaction-op``, ``--dcn-num-layers`` and ``--dcn-low-rank-dim`` (``default=False``: unset;
     ``what``: a prefix of their help, e.g. "for --predict: ")."""
-    parser.add_argument(
-        "--arch-interaction-op",
-        default="dot" if default else None,
-        choices=["dot", "cat", "dcn"],
-        help=what
-        + "feature interaction: dot (DLRM), cat, or dcn (DCN-v2 low-rank cross net, torchrec's DLRM_DCN)",
-    )
-    parser.add_argument(
-        "--dcn-num-layers",
-        type=int,
-        default=3 if default else None,
-        metavar="N",
-        help=what + "cross layers of --arch-interaction-op dcn",
-    )
-    parser.add_argument(
-        "--dcn-low-rank-dim",
-        type=int,
-        default=512 if default else None,
-        metavar="R",
-        help=what + "rank of each cross layer of --arch-interaction-op dcn",
-    )
+    for name in ("interaction", "dcn_num_layers", "dcn_low_rank_dim"):
+        add_field(parser, section_field(name), unset=not default, prefix=what)
 
 
 def add_device(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--device",
-        default="auto",
-        metavar="DEVICE",
-        help="compute device: auto (cuda when available, else cpu), cpu, cuda, cuda:1",
-    )
+    add_field(parser, section_field("device"))
+
+
+# -- flags made from the config's fields (hotline.training.sections) -----------------------------------------
+def section_field(name: str) -> Field:
+    """The field ``name`` of one of the config's sections."""
+    from hotline.training.sections import SECTIONS
+
+    for section in SECTIONS.values():
+        for f in fields(section):
+            if f.name == name:
+                return f
+    raise KeyError(name)
+
+
+def field_dest(f: Field) -> str:
+    """The argparse dest of field ``f``'s flag (``--arch-mlp-bot`` -> ``arch_mlp_bot``)."""
+    return f.metadata["flag"].lstrip("-").replace("-", "_")
+
+
+def add_field(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    f: Field,
+    unset: bool = False,
+    show_default: bool = False,
+    prefix: str = "",
+) -> None:
+    """Adds the flag of config field ``f`` as its metadata describes it (:func:`hotline.training.sections.option`).
+    ``unset``: the flag's default is None, so that a value given can be told from none (a ``--preset`` yields
+    to it, a flag of another mode is refused); ``show_default``: its help still names the config's default."""
+    from hotline.training.sections import cli_default
+
+    meta = f.metadata
+    default = cli_default(f)
+    if meta["shared"]:  # a flag of every command: one definition here
+        {"--threads": add_threads, "--force": add_force}[meta["flag"]](parser)
+        return
+    kw: dict = {"help": prefix + meta["help"], "default": None if unset else default}
+    if meta["negate"] or isinstance(default, bool):
+        kw["action"] = "store_true"
+        kw["default"] = None if unset else False
+    else:
+        kw["metavar"] = meta["metavar"]
+        if meta["choices"] is not None:
+            kw["choices"] = list(names(meta["choices"]))
+        elif meta["parse"] is not None or default is None:
+            kw["default"] = None if unset or default is None else str(default)
+        else:
+            kw["type"] = type(default)
+        if unset and show_default and default is not None:
+            kw["help"] += f" (default: {default})"
+    parser.add_argument(meta["flag"], **kw)
+
+
+def field_value(args: argparse.Namespace, f: Field):
+    """The value of config field ``f`` that the parsed flags give (MISSING: unset, the config's default)."""
+    meta = f.metadata
+    value = getattr(args, field_dest(f), None)
+    if value is None:
+        return MISSING
+    if meta["parse"] == "layers":
+        from hotline.models.dlrm import parse_layers
+
+        value = parse_layers(value, meta["flag"])
+    elif meta["parse"] == "size":
+        value = parse_size(value)
+    return not value if meta["negate"] else value
 
 
 def add_budget(parser: argparse.ArgumentParser, flag: str = "--hbm-budget", **kw) -> None:

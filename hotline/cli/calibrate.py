@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from hotline.cli.args import SubParsers, add_force, add_output, add_seed, add_threads, error
+from hotline.cli.effects import check_flag_effects
 
 
 def _penalty(step: dict, name: str) -> str:
@@ -79,10 +80,11 @@ def _document(out) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from hotline._io import write_json
-    from hotline.profiling.calibrate import calibrate
+    from hotline.costmodel.calibrate import calibrate
 
     if args.disk_only and not args.disk:
         return error("calibrate", "--disk-only needs --disk DIR")
+    check_flag_effects(args, "calibrate")  # --disk-depth and --disk-record-bytes without --disk
     if args.disk_depth < 1:
         return error("calibrate", f"--disk-depth must be >= 1, got {args.disk_depth}")
     if args.disk_record_bytes < 4 or args.disk_record_bytes % 4:
@@ -98,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
                 args.threads or None, args.seed, progress=lambda s: print(f"timing {s}", file=sys.stderr)
             )
         if args.disk:
-            from hotline.profiling.disk_calibrate import calibrate_disk
+            from hotline.costmodel.disk_calibrate import calibrate_disk
 
             print(f"timing the disk in {args.disk}", file=sys.stderr)
             hw["disk"] = calibrate_disk(
@@ -108,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         return error("calibrate", e)
     if "disk" in hw:
-        from hotline.profiling.disk_calibrate import beside_penalties
+        from hotline.costmodel.disk_overlap import beside_penalties
 
         k = hw["disk"]
         print(

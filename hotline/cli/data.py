@@ -133,8 +133,13 @@ def _add_criteo(sub: SubParsers) -> None:
 
 def _run_criteo(args: argparse.Namespace) -> int:
     """Runs ``hotline data criteo`` and prints a summary; returns the exit status."""
+    from hotline.cli.effects import check_flag_effects
     from hotline.datasets.criteo import CriteoFormatError, preprocess
 
+    try:  # the day-file flags with raw files, and the raw files' flags with days
+        check_flag_effects(args, "data criteo")
+    except ValueError as e:
+        return error("data criteo", e)
     if args.day_files is not None:
         return _run_criteo_days(args)
     if not args.raw:
@@ -270,6 +275,10 @@ def _run_synthetic(args: argparse.Namespace) -> int:
         )
     if not 0 <= args.seed < 2**32:
         return error("data synthetic", f"--seed must be in [0, 2**32), got {args.seed}")
+    if args.rows < 1:  # a dataset of no rows was written, exit 0, for train to refuse later
+        return error(
+            "data synthetic", f"--rows must be >= 1 (a dataset needs rows to train on), got {args.rows}"
+        )
     if args.preset is not None:
         from hotline.datasets.mlperf import MLPERF_BAG_SIZES, MLPERF_TABLE_SIZES
 

@@ -43,6 +43,61 @@ def arch_flags(args: argparse.Namespace) -> dict:
     }
 
 
+def check_checkpoint_flags(args: argparse.Namespace, command: str) -> None:
+    """Before any model is built: refuses a ``--dcn-*`` flag where the interaction (``--arch-interaction-op``,
+    else the checkpoint's) ignores it, from the one table (:data:`hotline.cli.effects.FLAG_EFFECTS`), and
+    ``--arch-*`` flags that describe another dense model than the checkpoint holds (a size that could not
+    even be allocated among them), naming the flags, in one line."""
+    from hotline.cli.effects import check_flag_effects
+
+    payload = _peek(args.load)
+    stored = payload.get("model_config") if payload is not None else None
+    interaction = args.arch_interaction_op
+    if interaction is None and payload is not None:
+        interaction = str((stored or {}).get("interaction", "dot"))
+        interaction = interaction if interaction == "dcn" else f"{interaction} (the checkpoint's)"
+    if interaction is not None:
+        check_flag_effects(args, command, {"--arch-interaction-op": interaction})
+    if payload is not None:
+        _check_dense_size(args, payload)
+
+
+def _peek(path) -> dict | None:
+    """A checkpoint's payload with its tensors mapped, not read (its architecture and their shapes); None
+    where it cannot be read so: its own load then says why, with its checks (digest, safe loader)."""
+    import torch
+
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 -- any failure is the real load's to name
+        return None
+    ok = isinstance(payload, dict) and isinstance(payload.get("model"), dict) and "table_sizes" in payload
+    return payload if ok else None
+
+
+def _check_dense_size(args: argparse.Namespace, payload: dict) -> None:
+    """ValueError when the dense model of the checkpoint's architecture with the ``--arch-*`` flags has
+    another parameter count than the checkpoint's weights: counted, not built."""
+    from hotline.models.dlrm import DLRMConfig, dense_parameters
+    from hotline.training.inference import model_spec
+
+    spec = model_spec(payload, args.load, arch_flags(args))
+    want = dense_parameters(DLRMConfig(table_sizes=[int(n) for n in payload["table_sizes"]], **spec.arch()))
+    have = sum(int(t.numel()) for t in payload["model"].values())
+    if want != have:
+        given = sorted(f for f in ("--arch-sparse-feature-size", "--arch-mlp-bot", "--arch-mlp-top",
+                                   "--arch-interaction-op", "--dcn-num-layers", "--dcn-low-rank-dim")
+                       if getattr(args, f[2:].replace("-", "_")) is not None)  # fmt: skip
+        flags = (
+            f"the flag{'s' * (len(given) > 1)} {', '.join(given)}" if given else "the default --arch-* flags"
+        )
+        raise ValueError(
+            f"checkpoint {args.load} does not match this model's architecture: it holds a dense model of {have:,} "
+            f"parameters, but {flags} describe{'s' * (len(given) == 1)} one of "
+            f"{want:,}: give the --arch-* flags it was trained with"
+        )
+
+
 def scoring_trainer(args: argparse.Namespace):
     """The checkpoint's model on the dataset (ValueError / OSError for a user's mistake)."""
     from hotline.pipeline.threads import configure_threads
@@ -50,6 +105,7 @@ def scoring_trainer(args: argparse.Namespace):
 
     if args.eval_max_samples < 0:
         raise ValueError(f"--eval-max-samples must be >= 0, got {args.eval_max_samples}")
+    check_checkpoint_flags(args, args.command)  # before the model is built
     configure_threads(args.threads or 0)
     return trainer_from_checkpoint(
         args.dataset,

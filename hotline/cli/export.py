@@ -37,9 +37,10 @@ def declare(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from hotline.cli.evaluate import arch_flags
+    from hotline.cli.evaluate import arch_flags, check_checkpoint_flags
 
     try:
+        check_checkpoint_flags(args, "export")  # before the model is built
         from hotline.training.export import export_torchrec_dlrm
 
         config = export_torchrec_dlrm(args.load, args.claim.path("OUT"), arch_flags(args), force=True)

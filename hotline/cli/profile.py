@@ -18,6 +18,7 @@ from hotline.cli.args import (
     flags,
     sample_fraction,
 )
+from hotline.cli.effects import check_flag_effects
 from hotline.cli.train import PRESET_FLAGS, apply_preset
 from hotline.units import format_size
 
@@ -133,7 +134,7 @@ def _table_text(stats) -> str:
 
 
 def _arch(args) -> dict:
-    """The model --predict prices (:data:`hotline.profiling.costmodel.ARCH_FIELDS`), its flags checked before
+    """The model --predict prices (:data:`hotline.costmodel.ARCH_FIELDS`), its flags checked before
     the profile runs: a wrong one is named before the long work."""
     from hotline.models.dlrm import parse_layers
 
@@ -159,7 +160,7 @@ def _model_text(w) -> str:
 
 
 def _prediction_text(prof, args, arch: dict) -> str:
-    from hotline.profiling import costmodel
+    from hotline import costmodel
 
     hw = costmodel.load_hardware(args.hardware, args.host_hardware)
     w = costmodel.workload_for(prof, worker_threads=args.worker_threads, **arch)
@@ -205,6 +206,7 @@ def run(args: argparse.Namespace) -> int:
         set_numba_threads(args.threads)
     try:
         apply_preset(args, args.profile_parser, PRESET_DESTS, "hotline profile")
+        check_flag_effects(args, "profile")  # the --predict flags without it; --dcn-* for another interaction
     except ValueError as e:
         return error("profile", e)
     if (
@@ -216,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         arch = None
         if args.predict:  # a bad hardware description or model is named before the profile, not after it
-            from hotline.profiling import costmodel
+            from hotline import costmodel
 
             costmodel.load_hardware(args.hardware, args.host_hardware)
             arch = _arch(args)

@@ -9,22 +9,21 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import replace
+from dataclasses import MISSING, fields
 
 from hotline.cli.args import (
     SubParsers,
-    add_arch,
-    add_device,
-    add_force,
-    add_threads,
+    add_field,
     error,
-    flags,
+    field_dest,
+    field_value,
     ignore_further_interrupts,
+    section_field,
     show_traceback,
 )
-from hotline.cli.effects import MODE_FLAGS, check_mode_flags  # noqa: F401  (the table, named here too)
-from hotline.cli.effects import given_dests as _given
-from hotline.table_layout import OPTIMIZERS
+from hotline.cli.effects import MODE_FLAGS, check_mode_flags, flag_given
+from hotline.kinds import ColdStoreKind, Mode
+from hotline.training.presets import PRESETS
 
 SUMMARY_KEYS = (
     "mode",
@@ -40,6 +39,10 @@ SUMMARY_KEYS = (
 
 
 def add_parser(subparsers: SubParsers) -> None:
+    """``hotline train``: one argument group per section of the config (:data:`SECTIONS`), each field's flag
+    made from its metadata, plus the flags that are not config fields (:data:`EXTRA_FLAGS`)."""
+    from hotline.training.sections import SECTIONS
+
     p = subparsers.add_parser(
         "train",
         help="train DLRM (on the built-in synthetic default when no dataset is given)",
@@ -51,159 +54,50 @@ def add_parser(subparsers: SubParsers) -> None:
         metavar="DATASET",
         help="dataset directory (default: the built-in synthetic dataset)",
     )
-    p.add_argument(
-        "--mode",
-        default="auto",
-        choices=["auto", "device", "hybrid", "hotline"],
-        help="where embedding rows live: all on the device, all in host memory, or hot/cold (hotline); auto: "
-        "the mode, hot budget and look-ahead the cost model predicts fastest on this hardware (printed)",
-    )
-    p.add_argument(
-        "--hardware",
-        metavar="FILE|GPU",
-        help="--mode auto: price with this `hotline calibrate` JSON or known GPU (default: the GPU torch "
-        "names, or this CPU calibrated once, under a minute, and cached in $HOTLINE_CACHE or ~/.cache/hotline)",
-    )
-    add_arch(p)
-    p.add_argument("--mini-batch-size", type=int, default=128, metavar="B", help="samples per optimizer step")
-    p.add_argument(
-        "--learning-rate", type=float, default=0.1, metavar="LR", help="dense and sparse learning rate"
-    )
-    p.add_argument(
-        "--optimizer",
-        default="sgd",
-        choices=list(OPTIMIZERS),
-        help="sparse optimizer (FBGEMM's: rowwise-adagrad = EXACT_ROWWISE_ADAGRAD, adagrad = ADAGRAD, adam = ADAM "
-        "with row-wise bias correction); dense layers get SGD, Adagrad (both Adagrads) or Adam to match",
-    )
-    p.add_argument("--lr-num-warmup-steps", type=int, default=0, metavar="W",
-                   help="dense and sparse learning rate ramps up linearly over the first W steps (dlrm's schedule)")  # fmt: skip
-    p.add_argument("--lr-decay-start-step", type=int, default=0, metavar="S",
-                   help="the learning rate's quadratic decay starts at step S")  # fmt: skip
-    p.add_argument("--lr-num-decay-steps", type=int, default=0, metavar="N",
-                   help="and decays over N steps (0: no decay)")  # fmt: skip
-    p.add_argument("--preset", choices=["mlperf-dcnv2"], default=None,
-                   help="mlperf-dcnv2: MLPerf DLRM-DCNv2 (dim 128, 13-512-256-128, 1024-1024-512-256-1, dcn 3 x "
-                        "512, row-wise Adagrad at 0.005, its LR schedule, batch 65536 scaled to the machine); "
-                        "an explicit flag overrides its part")  # fmt: skip
-    p.add_argument("--nepochs", type=int, default=1, metavar="N", help="passes over the training split")
-    p.add_argument("--num-batches", type=int, default=0, metavar="N", help="stop after N steps (0: all)")
-    p.add_argument(
-        "--print-freq",
-        type=int,
-        default=256,
-        metavar="N",
-        help="steps between reports (metrics records, log lines)",
-    )
-    p.add_argument(
-        "--test-freq", type=int, default=0, metavar="N", help="steps between validations (0: at the end only)"
-    )
-    p.add_argument(
-        "--eval-max-samples", type=int, default=0, metavar="N", help="evaluate on at most N samples (0: all)"
-    )
-    p.add_argument(
-        "--seed", type=int, default=0, metavar="N", help="seed of the model and embedding initialisation"
-    )
-    add_device(p)
-    add_threads(p)
-    p.add_argument("--metrics", metavar="FILE.jsonl", help="write one JSON record per report to this file")
-    p.add_argument(
-        "--dump-params", metavar="FILE.npz", help="write every parameter by name to this file at the end"
-    )
-    p.add_argument(
-        "--init-params",
-        metavar="FILE.npz",
-        help="start from these parameters (names and layout as --dump-params)",
-    )
-    p.add_argument(
-        "--dump-init",
-        metavar="FILE.npz",
-        help="write every parameter by name to this file before the first step",
-    )
-    p.add_argument("--save", metavar="CKPT.pt", help="write a checkpoint here at the end")
-    p.add_argument("--load", metavar="CKPT.pt", help="start from this checkpoint")
-    p.add_argument(
-        "--placement", metavar="FILE.npz", help="hot rows for --mode hotline (from `hotline profile`)"
-    )
-    p.add_argument(
-        "--hbm-budget",
-        metavar="SIZE",
-        help="--mode hotline without --placement: profile first, this budget (256MiB)",
-    )
-    # --mode hotline's own flags: unset (None) unless given, so that one given for another mode is refused
-    # (MODE_FLAGS); an unset one takes TrainConfig's default, named in its help.
-    p.add_argument("--lookahead", type=int, metavar="K",
-                   help="hotline: steps gathered ahead (0: sequential; default 2)")  # fmt: skip
-    p.add_argument("--worker-threads", type=int, metavar="N",
-                   help="hotline: numba threads of the look-ahead worker (default 1)")  # fmt: skip
-    p.add_argument(
-        "--share-cores",
-        action="store_true",
-        help="hotline look-ahead: torch gives the producer the cores it is measured to keep busy (faster on "
-        "few cores; equal to device mode up to reassociation instead of bit-identical)",
-    )
-    p.add_argument(
-        "--micro-batches",
-        choices=["auto", "split", "fused"],
-        help="hotline: popular and non-popular passes (split), one pass (fused), or auto: split at "
-        "--lookahead 0, fused when the cold rows were gathered ahead (default auto)",
-    )
-    p.add_argument("--replace-every", type=int, metavar="N",
-                   help="hotline: re-choose the hot rows from online access counts every N steps (default 0: never)")  # fmt: skip
-    p.add_argument("--replace", choices=["off", "auto"],
-                   help="hotline: auto re-chooses when the hot-lookup share falls --replace-threshold below "
-                   "what the placement delivered (default off)")  # fmt: skip
-    p.add_argument("--replace-threshold", type=float, metavar="P",
-                   help="hotline: fall in hot-lookup share that triggers --replace auto (default 0.05: 5 points)")  # fmt: skip
-    p.add_argument("--count-decay", type=float, metavar="D",
-                   help="hotline: per-step decay of the online access counts (default 0.99)")  # fmt: skip
-    p.add_argument("--save-placement", metavar="FILE",
-                   help="hotline: write the placement in force at the end (.npz, as `hotline profile --out`)")  # fmt: skip
-    p.add_argument(
-        "--checkpoint-dir", metavar="DIR", help="directory for periodic checkpoints (and --resume)"
-    )
-    p.add_argument(
-        "--checkpoint-every", type=int, default=0, metavar="N", help="steps between checkpoints (0: none)"
-    )
-    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
-    add_force(p)
-    p.add_argument(
-        "--resume-if-present",
-        action="store_true",
-        help="resume if --checkpoint-dir holds a checkpoint of this run, else start (for job schedulers)",
-    )
-    p.add_argument("--cold-store", choices=("memory", "disk"), default="memory",
-                   help="hybrid/hotline: cold rows in host memory, or in a file on local disk (tables beyond DRAM; "
-                        "--mode auto prices the store given)")  # fmt: skip
-    p.add_argument("--cold-dir", metavar="DIR", help="--cold-store disk: the directory of its file")
-    p.add_argument("--cold-io-depth", type=int, default=32, metavar="N",
-                   help="--cold-store disk: reads in flight (I/O threads)")  # fmt: skip
-    p.add_argument("--cold-cache", default="0", metavar="SIZE",
-                   help="--cold-store disk: DRAM kept for its most popular rows (e.g. 2GiB; 0: none)")  # fmt: skip
-    p.add_argument("--no-cold-direct", action="store_true",
-                   help="--cold-store disk: through the OS page cache instead of O_DIRECT")  # fmt: skip
-    p.add_argument(
-        "--no-progress",
-        action="store_true",
-        help="no progress bar: a log line every --print-freq steps instead",
-    )
-    p.add_argument(
-        "--nproc",
-        type=int,
-        default=None,
-        metavar="N",
-        help="train on N local ranks (data-parallel, through torch.distributed.run, as torchrun does; unset: one process)",
-    )
+    unset = {e.dest for e in MODE_FLAGS.values()} | set(PRESET_FLAGS.values())
+    for name, section in SECTIONS.items():
+        group = p.add_argument_group(name, (section.__doc__ or "").splitlines()[0])
+        for f in fields(section):
+            if f.metadata["flag"] is not None:
+                # A flag of another mode, or one a preset yields to: unset (None) unless given, its default
+                # named in its help (MODE_FLAGS refuses it given where it has no effect).
+                add_field(group, f, unset=field_dest(f) in unset, show_default=True)
+        for flag, kw in EXTRA_FLAGS.get(name, {}).items():
+            group.add_argument(flag, **kw)
     p.set_defaults(func=run, declare=declare, train_parser=p)
 
 
+EXTRA_FLAGS = {
+    "model": {
+        "--preset": dict(choices=sorted(PRESETS), default=None,
+                         help="mlperf-dcnv2: MLPerf DLRM-DCNv2 (dim 128, 13-512-256-128, 1024-1024-512-256-1, dcn 3 x "
+                              "512, row-wise Adagrad at 0.005, its LR schedule, batch 65536 scaled to the machine); "
+                              "an explicit flag overrides its part"),
+    },
+    "placement": {
+        "--hardware": dict(metavar="FILE|GPU",
+                           help="--mode auto: price with this `hotline calibrate` JSON or known GPU (default: the GPU "
+                                "torch names, or this CPU calibrated once, under a minute, and cached in $HOTLINE_CACHE "
+                                "or ~/.cache/hotline)"),
+        "--save-placement": dict(metavar="FILE",
+                                 help="hotline: write the placement in force at the end (.npz, as `hotline profile --out`)"),
+    },
+    "run": {
+        "--save": dict(metavar="CKPT.pt", help="write a checkpoint here at the end"),
+        "--load": dict(metavar="CKPT.pt", help="start from this checkpoint"),
+        "--nproc": dict(type=int, default=None, metavar="N",
+                        help="train on N local ranks (data-parallel, through torch.distributed.run, as torchrun does; "
+                             "unset: one process)"),
+    },
+}  # fmt: skip
+"""The flags of ``hotline train`` that are not config fields, by the section whose group shows them."""
+
 # TrainConfig fields a preset may set -> the flag that overrides them (as argparse dests).
 PRESET_FLAGS = {
-    "embedding_dim": "arch_sparse_feature_size", "bottom_mlp": "arch_mlp_bot", "top_mlp": "arch_mlp_top",
-    "interaction": "arch_interaction_op", "dcn_num_layers": "dcn_num_layers", "dcn_low_rank_dim": "dcn_low_rank_dim",
-    "optimizer": "optimizer", "learning_rate": "learning_rate", "lr_warmup_steps": "lr_num_warmup_steps",
-    "lr_decay_start_step": "lr_decay_start_step", "lr_decay_steps": "lr_num_decay_steps",
-    "mini_batch_size": "mini_batch_size",
+    name: field_dest(section_field(name))
+    for name in ("embedding_dim", "bottom_mlp", "top_mlp", "interaction", "dcn_num_layers", "dcn_low_rank_dim",
+                 "optimizer", "learning_rate", "lr_warmup_steps", "lr_decay_start_step", "lr_decay_steps",
+                 "mini_batch_size")
 }  # fmt: skip
 
 
@@ -226,7 +120,7 @@ def apply_preset(
         return
     parser = parser if parser is not None else args.train_parser
     dests = PRESET_FLAGS if dests is None else dests
-    given = _given(args, parser)
+    given = {dest for dest in dests.values() if flag_given(args, parser, dest)}
     values = preset_values(args.preset, {f.name for f in fields(TrainConfig)})
     for field_name, value in values.items():
         dest = dests[field_name]
@@ -269,51 +163,21 @@ def config_from_args(args: argparse.Namespace):
 
 
 def _config_from_args(args: argparse.Namespace):
-    from hotline.models.dlrm import parse_layers
     from hotline.training.config import TrainConfig
 
     apply_preset(args)
-    if args.mode == "auto" and (args.placement or args.hbm_budget):
-        args.mode = "hotline"  # the hot rows are given: nothing left to choose but hotline
+    if args.mode == Mode.AUTO and (args.placement or args.hbm_budget):
+        args.mode = Mode.HOTLINE.value  # the hot rows are given: nothing left to choose but hotline
     check_mode_flags(args)
     warn = not os.environ.get("HOTLINE_LAUNCHED") and os.environ.get("RANK", "0") == "0"  # once per run
     if warn and args.threads and args.threads > (os.cpu_count() or 1):
         print(f"hotline train: warning: --threads {args.threads} is more than the {os.cpu_count()} cores",
               file=sys.stderr)  # fmt: skip
-    from hotline.units import parse_size
-
-    hbm_budget = None
-    if args.hbm_budget:
-        hbm_budget = parse_size(args.hbm_budget)
-    same = ("mode", "mini_batch_size", "learning_rate", "optimizer", "nepochs", "num_batches", "print_freq",
-            "test_freq", "eval_max_samples", "seed", "device", "share_cores", "checkpoint_dir", "checkpoint_every",
-            "resume", "resume_if_present", "cold_store", "cold_dir", "cold_io_depth", "lr_decay_start_step")  # fmt: skip
-    hotline_only = ("lookahead", "worker_threads", "micro_batches", "replace_every", "replace",
-                    "replace_threshold", "count_decay")  # fmt: skip
-    given = {k: v for k, v in flags(args, *hotline_only).items() if v is not None}  # the rest: defaults
-    return TrainConfig(
-        **flags(args, *same),
-        **given,
-        embedding_dim=args.arch_sparse_feature_size,
-        bottom_mlp=parse_layers(args.arch_mlp_bot, "--arch-mlp-bot"),
-        top_mlp=parse_layers(args.arch_mlp_top, "--arch-mlp-top"),
-        interaction=args.arch_interaction_op,
-        dcn_num_layers=args.dcn_num_layers,
-        dcn_low_rank_dim=args.dcn_low_rank_dim,
-        threads=args.threads or 0,
-        progress=not args.no_progress,
-        metrics_path=args.metrics,
-        force=bool(getattr(args, "force", False)),  # the disk store's files (the rest are claimed above)
-        dump_params_path=args.dump_params,
-        init_params_path=args.init_params,
-        dump_init_path=args.dump_init,
-        placement_path=args.placement,
-        hbm_budget=hbm_budget,
-        cold_cache=parse_size(args.cold_cache),
-        cold_direct=not args.no_cold_direct,
-        lr_warmup_steps=args.lr_num_warmup_steps,
-        lr_decay_steps=args.lr_num_decay_steps,
-    )
+    given = {}  # every field with a flag; an unset flag (None) leaves the config's default
+    for f in fields(TrainConfig):
+        if f.metadata["flag"] is not None and (value := field_value(args, f)) is not MISSING:
+            given[f.name] = value
+    return TrainConfig(**given)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -344,16 +208,17 @@ def _launch(args: argparse.Namespace) -> int:
             from hotline.datasets.default import default_dataset
 
             args.dataset = str(default_dataset())  # made once here, not raced by the ranks
-        if config.mode == "auto":  # chosen once, here: every rank trains the same configuration
+        if config.mode == Mode.AUTO:  # chosen once, here: every rank trains the same configuration
             from hotline.datasets.format import Dataset
 
             choice = _choose(config, Dataset(args.dataset), args)
             args.mode, args.hardware = choice.mode, None
-            args.lookahead = choice.lookahead if choice.mode == "hotline" else None  # MODE_FLAGS in the ranks
+            # A flag the chosen mode ignores stays unset: the ranks refuse one given (MODE_FLAGS).
+            args.lookahead = choice.lookahead if choice.mode == Mode.HOTLINE else None
             args.hbm_budget = str(choice.hbm_budget) if choice.hbm_budget else None
-            if choice.mode == "device":  # nothing is cold (choice_fields)
-                args.cold_store, args.cold_dir, args.cold_cache = "memory", None, "0"
-                args.cold_io_depth, args.no_cold_direct = 32, False  # (MODE_FLAGS in the ranks)
+            if choice.mode == Mode.DEVICE:  # nothing is cold (choice_fields)
+                args.cold_store, args.cold_dir = ColdStoreKind.MEMORY.value, None
+                args.cold_cache = args.cold_io_depth = args.no_cold_direct = None
     except ValueError as e:
         return error("train", e)
     return launch(args.nproc, ["train", *launcher_argv(args.train_parser, args, ("nproc", "train_parser"))])
@@ -400,25 +265,17 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
             from hotline._paths import check_file
 
             check_file(args.init_params, "--init-params")
-        chosen = []
-
-        def choose(cfg, ds):
-            from hotline.training.auto import choice_fields
-
-            chosen.append(_choose(cfg, ds, args, comm, announce=False))
-            return replace(cfg, **choice_fields(chosen[0]))
-
-        trainer = Trainer(config, dataset, comm, choose=choose)
-        choice = chosen[0] if chosen else None
-        if choice is not None:  # printed when training starts, after every check of the run's inputs
-            trainer.announce = choice.line()
+        # --mode auto: the library chooses (rank 0, taken by every rank); fit() prints the choice when
+        # training starts, after every check of the run's inputs
+        trainer = Trainer(config, dataset, comm, hardware=args.hardware)
+        choice = trainer.auto_choice
         try:
             if args.load:
                 step = load_checkpoint(trainer, args.load)
                 if comm.rank == 0:
                     print(f"loaded {args.load} (step {step})", file=sys.stderr)
             summary = trainer.fit(claim)
-            if trainer.config.cold_store == "disk":  # as run: --mode auto may choose device mode
+            if trainer.config.cold_store == ColdStoreKind.DISK:  # as run: --mode auto may choose device mode
                 _report_disk(trainer)
             if args.save:
                 save_checkpoint(trainer, claim.path("--save") if comm.world_size == 1 else args.save)
@@ -478,23 +335,15 @@ def _report_disk(trainer) -> None:
           f"on disk; peak RSS {format_size(rss)}", file=sys.stderr)  # fmt: skip
 
 
-def _choose(config, dataset, args: argparse.Namespace, comm=None, announce: bool = True):
-    """``--mode auto``'s choice for this run (:func:`hotline.training.auto.resolve`: rank 0 chooses and every
-    rank takes its choice); printed by rank 0 with ``announce`` (else the caller prints
-    :meth:`AutoChoice.line` when training starts)."""
-    from hotline.training.auto import resolve, torch_device_type
-    from hotline.training.logs import STEP_KERNELS, note_first_compile
+def _choose(config, dataset, args: argparse.Namespace):
+    """``--nproc``'s ``--mode auto``: the library's choice (:func:`hotline.costmodel.auto.resolve`), made once
+    by the launcher and printed, so that every rank it starts trains the same flags."""
+    from hotline.costmodel.auto import resolve
     from hotline.training.preflight import check_dense_memory
 
     check_dense_memory(config, dataset, tables=False)  # before the choice builds the model to time it
-    if comm is None or comm.rank == 0:  # the choice profiles and times kernels before the first step does
-        note_first_compile((*STEP_KERNELS, "hotline.kernels.profile"))
-    _, choice = resolve(config, dataset, comm, args.hardware)
-    named = args.hardware and not os.path.exists(args.hardware)  # a device by name: priced, maybe not here
-    if named and torch_device_type(config.device) == "cpu":
-        choice.trains_on = "this machine's CPU"
-    if announce and (comm is None or comm.rank == 0):
-        print(choice.line(), file=sys.stderr)
+    _, choice = resolve(config, dataset, None, args.hardware)
+    print(choice.line(), file=sys.stderr)
     return choice
 
 

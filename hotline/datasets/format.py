@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hotline._io import TMP_MARKER, remove_stale_temporaries, write_json
+from hotline._io import TMP_MARKER, fsync_dir, remove_stale_temporaries, write_json
 from hotline._paths import file_problem
 from hotline.datasets.files import ArrayFile, DatasetError, sampled_digest
 from hotline.table_layout import BagLayout, TableLayout
@@ -446,6 +446,7 @@ class DatasetWriter:
                 size = os.fstat(fh.fileno()).st_size
                 meta["arrays"][f.name] = {"bytes": size, "sha256_sampled": sampled_digest(fh.fileno(), size)}
         write_json(self.tmp / "meta.json", meta)
+        fsync_dir(self.tmp)  # its entries durable before it takes the name
         check_output_dir(self.out, self.overwrite, self.inputs)  # again: it may have changed meanwhile
         if self.out.exists() and any(self.out.iterdir()):
             old = self.out.parent / f".{self.out.name}{TMP_MARKER}old-{os.getpid()}-{secrets.token_hex(4)}"
@@ -456,5 +457,6 @@ class DatasetWriter:
             if self.out.exists():
                 self.out.rmdir()  # empty
             self.tmp.rename(self.out)
+        fsync_dir(self.out.parent)  # the rename itself durable
         self._finished = True
         return self.out

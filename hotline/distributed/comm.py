@@ -14,6 +14,9 @@ copy at the owner and a device-to-host copy at the requester, and queue them beh
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 from collections import defaultdict
 
 import numpy as np
@@ -28,6 +31,37 @@ def shard_bounds(n: int, rank: int, world_size: int) -> tuple[int, int]:
 def backend_for(device: torch.device | str) -> str:
     """The process-group backend of ranks that compute on ``device``: ``nccl`` on CUDA, ``gloo`` elsewhere."""
     return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+EXIT_PEER_LOST = 76
+"""A rank's exit status when a collective failed because another rank is gone (BSD's EX_PROTOCOL): the rank
+that stopped first is the cause, and the ``--nproc`` launcher names it (a signal's kill, or its own error)."""
+PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "closed by peer", "Broken pipe",
+             "Read error", "Write error", "NCCL communicator was aborted", "remote process exited")  # fmt: skip
+"""What a gloo or NCCL collective's error says when a peer rank's process is gone."""
+
+
+class PeerLost(SystemExit):
+    """A collective failed because another rank is gone: exits the rank (every ``finally`` runs) with
+    :data:`EXIT_PEER_LOST` and no traceback; one line names it unless Hotline's launcher, which names the
+    rank that stopped first, started this rank."""
+
+
+@contextlib.contextmanager
+def peer_guard(rank: int):
+    """Turns a collective's error that says a peer is gone into :class:`PeerLost`."""
+    try:
+        yield
+    except RuntimeError as e:  # torch.distributed.DistBackendError among them
+        text = str(e)
+        if not any(p in text for p in PEER_GONE):
+            raise
+        if not os.environ.get("HOTLINE_LAUNCHED"):
+            first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
+            print(f"hotline: error: rank {rank} lost its connection to another rank in a collective ({first[:200]}): "
+                  f"that rank stopped first (killed, out of memory, or its own error: see its lines); the last "
+                  f"complete checkpoint in --checkpoint-dir is intact", file=sys.stderr)  # fmt: skip
+        raise PeerLost(EXIT_PEER_LOST) from None
 
 
 class Comm:
@@ -85,7 +119,8 @@ class Comm:
             return Comm(self.rank, 1)
         import torch.distributed as dist
 
-        return Comm(self.rank, self.world_size, dist.new_group(backend="gloo"))  # host tensors only
+        with peer_guard(self.rank):
+            return Comm(self.rank, self.world_size, dist.new_group(backend="gloo"))  # host tensors only
 
     def destroy(self) -> None:
         """Destroys this Comm's own group (from :meth:`new_group`; the default group is left alone)."""
@@ -109,7 +144,8 @@ class Comm:
 
             group, where = self.route(t)
             buffer = t.to(where)  # gloo: collectives on host memory (a no-op for host tensors and on NCCL)
-            dist.all_reduce(buffer, group=group)
+            with peer_guard(self.rank):
+                dist.all_reduce(buffer, group=group)
             if buffer is not t:
                 t.copy_(buffer)
             N = self.world_size
@@ -125,7 +161,8 @@ class Comm:
         group, where = self.route(t)
         n = torch.tensor([t.shape[0]], dtype=torch.int64, device=where)
         sizes = [torch.zeros(1, dtype=torch.int64, device=where) for _ in range(self.world_size)]
-        dist.all_gather(sizes, n, group=group)
+        with peer_guard(self.rank):
+            dist.all_gather(sizes, n, group=group)
         sizes = [int(s) for s in torch.cat(sizes).tolist()]  # one read (on NCCL: one wait for the device)
         self.bytes_sent["control"] += 8 * (self.world_size - 1)
         if max(sizes) == 0:  # every rank sees the same sizes: none sends an empty collective
@@ -134,7 +171,8 @@ class Comm:
         padded = torch.zeros((max(sizes), *t.shape[1:]), dtype=t.dtype, device=where)
         padded[: t.shape[0]] = t
         parts = [torch.empty_like(padded) for _ in range(self.world_size)]
-        dist.all_gather(parts, padded, group=group)
+        with peer_guard(self.rank):
+            dist.all_gather(parts, padded, group=group)
         self.bytes_sent[kind] += (self.world_size - 1) * padded.numel() * padded.element_size()
         return [p[:s].to(t.device) for p, s in zip(parts, sizes)]
 
@@ -151,14 +189,16 @@ class Comm:
         group, where = self.route(t)
         if recv_counts is None:
             got = torch.empty(self.world_size, dtype=torch.int64, device=where)
-            dist.all_to_all_single(got, torch.from_numpy(send_counts).to(where), group=group)
+            with peer_guard(self.rank):
+                dist.all_to_all_single(got, torch.from_numpy(send_counts).to(where), group=group)
             recv_counts = got.cpu().numpy().copy()
             self.bytes_sent["control"] += 8 * (self.world_size - 1)
         device, t = t.device, t.to(where).contiguous()
         out = torch.empty((int(recv_counts.sum()), *t.shape[1:]), dtype=t.dtype, device=where)
-        dist.all_to_all_single(
-            out, t, [int(c) for c in recv_counts], [int(c) for c in send_counts], group=group
-        )
+        with peer_guard(self.rank):
+            dist.all_to_all_single(
+                out, t, [int(c) for c in recv_counts], [int(c) for c in send_counts], group=group
+            )
         row = int(np.prod(t.shape[1:])) * t.element_size()
         self.bytes_sent[kind] += float((send_counts.sum() - send_counts[self.rank]) * row)
         return out.to(device), recv_counts
@@ -171,14 +211,16 @@ class Comm:
         import torch.distributed as dist
 
         box = [obj if self.rank == src else None]
-        dist.broadcast_object_list(box, group=self.host_group, group_src=src)  # src: a rank of this Comm
+        with peer_guard(self.rank):
+            dist.broadcast_object_list(box, group=self.host_group, group_src=src)  # src: a rank of this Comm
         return box[0]
 
     def barrier(self) -> None:
         if self.world_size > 1:
             import torch.distributed as dist
 
-            dist.barrier(group=self.host_group)  # on the host: an NCCL barrier guesses a device
+            with peer_guard(self.rank):
+                dist.barrier(group=self.host_group)  # on the host: an NCCL barrier guesses a device
 
     def all_ok(self, ok: bool) -> bool:
         """True when ``ok`` holds on every rank (so that all ranks raise together, none waits forever)."""

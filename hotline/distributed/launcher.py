@@ -1,5 +1,5 @@
-"""Starting the ranks of a data-parallel run: torch's elastic launcher for ``hotline train --nproc N``, a
-process-group join for ``torchrun -m hotline train``, and a local spawn for tests and benchmarks.
+"""Starting the ranks of a data-parallel run: torch's elastic launcher for ``hotline train --nproc N`` and a
+process-group join for ``torchrun -m hotline train`` (tests and benchmarks spawn ranks with tests/ranks.py).
 
 The backend follows the compute device (:func:`~hotline.distributed.comm.backend_for`): gloo on the CPU,
 NCCL (with a gloo group beside it for host tensors) on CUDA, where each process binds its own GPU first."""
@@ -10,21 +10,9 @@ import argparse
 import logging
 import os
 import signal
-import socket
 import sys
-import time
 
-import numpy as np
-
-from hotline.distributed.comm import Comm, backend_for
-from hotline.training.config import TrainConfig
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from hotline.distributed.comm import EXIT_PEER_LOST, Comm, backend_for
 
 
 def _init_process_group(*args, **kwargs) -> None:
@@ -114,91 +102,6 @@ def worker_threads(threads: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, local))
 
 
-def rank_device(device: str, local_rank: int) -> str:
-    """The device local rank ``local_rank`` computes on: on CUDA its own GPU (modulo the GPUs there are)."""
-    import torch
-
-    if torch.device(device).type != "cuda":
-        return device
-    return f"cuda:{local_rank % max(1, torch.cuda.device_count())}"
-
-
-def _spawned(rank: int, world_size: int, port: int, threads: int, device: str, fn, args: tuple) -> None:
-    import torch.distributed as dist
-
-    from hotline.pipeline.threads import bind_device, configure_threads
-
-    # As torchrun does: a config's "cuda" (or "auto") resolves to this rank's GPU (training.config).
-    os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"] = str(rank), str(world_size)
-    configure_threads(threads)
-    bind_device(rank_device(device, rank))
-    _init_process_group(
-        backend_for(device), init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
-    )
-    try:
-        comm = Comm.from_process_group()
-        fn(comm, *args)
-        comm.barrier()  # no rank tears the group down while a peer still uses it
-    finally:
-        dist.destroy_process_group()
-
-
-def spawn(world_size: int, fn, *args, threads: int = 1, device: str = "cpu") -> None:
-    """Runs ``fn(comm, *args)`` on ``world_size`` fresh processes in a process group on 127.0.0.1 (tests,
-    benchmarks): gloo for ``device`` cpu; for cuda NCCL, rank r on GPU r (and a gloo group for host tensors).
-
-    ``fn`` must be importable by name (a module-level function); ``threads`` torch/numba threads per rank.
-    """
-    import torch.multiprocessing as mp
-
-    mp.spawn(
-        _spawned, args=(world_size, free_port(), threads, device, fn, args), nprocs=world_size, join=True
-    )
-
-
-# Step counters train_and_dump records per step (summed over ranks), in this order.
-MEASURED = ("lookups", "hot_lookups", "popular_samples", "working_set_rows")
-
-
-def train_and_dump(comm: Comm, jobs: list[tuple[TrainConfig, str, str]]) -> None:
-    """Trains each ``(config, dataset, out)`` job in turn (no evaluation); rank 0 writes every parameter and
-    the per-step losses and seconds to ``out`` (.npz). A spawn target for tests and benchmarks."""
-    from hotline.training.trainer import Trainer
-
-    for config, dataset, out in jobs:
-        trainer = Trainer(config, dataset, comm)
-        try:
-            losses, seconds, sent, stale, seen = [], [], [], [], []
-            comm.barrier()
-            for stats in trainer.progress(trainer.batches()):
-                losses.append(float(stats.loss_sum))
-                stale.append(stats.counters.get("stale_rows", 0))
-                seen.append([stats.counters.get(k, 0.0) for k in MEASURED])
-                seconds.append(time.perf_counter())
-                sent.append({k: v for k, v in stats.counters.items() if k.startswith("bytes_sent_")})
-            arrays = trainer.named_arrays()
-            if comm.rank == 0:
-                kinds = sorted({k for s in sent for k in s})
-                np.savez(
-                    out,
-                    losses=np.asarray(losses),
-                    stale_rows=np.asarray(stale),
-                    measured=np.asarray(seen, dtype=np.float64).reshape(len(seen), len(MEASURED)),
-                    measured_kinds=np.asarray(MEASURED),
-                    step_end_s=np.asarray(seconds),
-                    bytes_kinds=np.asarray(kinds),
-                    bytes_sent=np.asarray([[s.get(k, 0.0) for k in kinds] for s in sent]).reshape(
-                        len(sent), -1
-                    ),
-                    replace_steps=np.asarray(
-                        [r["step"] for r in trainer.history if r.get("kind") == "replace"], dtype=np.int64
-                    ),
-                    **arrays,
-                )
-        finally:
-            trainer.close()
-
-
 def _killed_line(command: str, rank: int, signum: int) -> str:
     """The one line for a rank that a signal killed (the launcher then stops the others)."""
     try:
@@ -227,7 +130,9 @@ def launch(nproc: int, argv: list[str]) -> int:
         ["--standalone", "--nproc-per-node", str(nproc), "--module", "hotline", *argv]
     )
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default; we set threads per rank ourselves
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)  # no per-signal warnings
+    for name in ["torch.distributed.elastic", *logging.root.manager.loggerDict]:  # each sets its own level
+        if name.startswith("torch.distributed.elastic"):  # a failed rank, a signal: our one line, no log
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     # The elastic agent turns SIGINT/SIGTERM into a SignalException here (and leaves its handlers behind);
     # the ranks see HOTLINE_LAUNCHED and leave the one "interrupted" line to this process.
     handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -248,11 +153,12 @@ def launch(nproc: int, argv: list[str]) -> int:
                     for f in e.failures.values()
                     if f.exitcode < 0
                 )
-                if killed and not any(c > 0 for c in codes):  # a rank's own error (exit 2) says itself
+                own = [c for c in codes if c > 0 and c != EXIT_PEER_LOST]  # the others lost it: a consequence
+                if killed and not own:  # a rank's own error (exit 2) says itself
                     print(_killed_line(argv[0], *killed[0][2:]), file=sys.stderr)
                     return 128 + killed[0][3]
                 if EXIT_TRANSIENT not in codes:
-                    return next((c for c in codes if c and c > 0), 1)
+                    return next(iter(own), 2 if EXIT_PEER_LOST in codes else 1)
                 if attempt == START_ATTEMPTS:
                     print(
                         f"hotline {argv[0]}: error: the ranks could not form their process group after "

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from hotline.kinds import INTERACTIONS
 from hotline.models.crossnet import InteractionDCNArch
 
-INTERACTIONS = ("dot", "cat", "dcn")
 MAX_DCN_LAYERS = 1024
 """The most cross layers ``--dcn-num-layers`` takes: each runs in sequence in every step (DCN-v2 uses 2 to 4)."""
 

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 import torch
 
 from hotline.datasets.format import Batch
+from hotline.kinds import DEFAULT_LOOKAHEAD, Mode, staging_slots
 from hotline.pipeline.threads import END, POLL_S, CoreShare, Producer, Worker, check_concurrent_kernels
 from hotline.tiers.base import StepStats
 from hotline.tiers.tiered import PreparedStep, TieredMode
@@ -45,7 +46,7 @@ class Executor:
         self,
         mode: TieredMode,
         compute_step: Callable[[PreparedStep], StepStats],
-        lookahead: int = 2,
+        lookahead: int = DEFAULT_LOOKAHEAD,
         worker_threads: int = 1,
         forward_stale: bool = True,
         share_cores: bool = False,
@@ -64,10 +65,8 @@ class Executor:
             forward_stale  # stale rows from a live earlier step's buffer, not after its write-back
         )
         self.ring = len(mode._staging)
-        if lookahead and self.ring < lookahead + 3:
-            raise ValueError(
-                f"the mode has {self.ring} staging buffers; look-ahead {lookahead} needs {lookahead + 3}"
-            )
+        if lookahead and self.ring < (need := staging_slots(Mode.HOTLINE, lookahead)):
+            raise ValueError(f"the mode has {self.ring} staging buffers; look-ahead {lookahead} needs {need}")
         self._cond: threading.Condition | None = None
         self._computed = 0
         # Tests only (None in production): called as hook(point, step) at "prepared" (producer, step j is in its

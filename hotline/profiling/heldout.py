@@ -31,10 +31,8 @@ from hotline.table_layout import PAD_ID, BagLayout
 
 STALE_WINDOW = 3
 """Mini-batches before a step whose rows count as stale for it: the look-ahead of ``hotline train`` (K=2) claims
-step j's rows while steps j-2 and j-1 wait in its queue and step j-3 computes or is written back. On
-bench_pipeline's runs (emb-heavy and kaggle at 70% and 85% coverage, :func:`stale_rows` over the runs' own
-batches, 2026-12-03) the executor flagged 0-16% more rows than a window of 3 gives, and 5-20% fewer than one
-of 4."""
+step j's rows while steps j-2 and j-1 wait in its queue and step j-3 computes or is written back: the rows
+the executor flags on bench_pipeline's runs lie between a window of 3 and one of 4."""
 
 _MAX_STALE_BATCHES = 2**16 - 1
 """Held-out mini-batches the stale count reads (the count of mini-batches per row is kept in 16 bits)."""

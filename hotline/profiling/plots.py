@@ -79,7 +79,7 @@ def profile_figures(
     ax.set(xlabel="HBM budget", ylabel="share", ylim=(0, 1.02), title="What an HBM budget buys")
     ax.legend(fontsize="small")
     if hardware is not None:
-        from hotline.profiling import costmodel
+        from hotline import costmodel
 
         hw = costmodel.load_hardware(hardware) if not isinstance(hardware, dict) else hardware
         sp = costmodel.speedup_curve(prof, hw, workload, budgets=list(curve.budget_bytes))

@@ -426,7 +426,7 @@ class Profile:
         labelled, the rest grouped), ``budget`` (coverage and popular-sample share against the HBM budget,
         held-out solid and in-sample dashed, ``budget`` marked; with ``hardware`` a second panel: the cost
         model's predicted speed-up of hotline over hybrid for ``workload``, a
-        :class:`hotline.profiling.costmodel.Workload`, default the Kaggle DLRM: ``costmodel.workload_for(prof,
+        :class:`hotline.costmodel.Workload`, default the Kaggle DLRM: ``costmodel.workload_for(prof,
         **costmodel.arch_of(config))`` prices a run's own model) and ``working_set`` (unique rows per mini-batch
         against its size, at ``budget``, default: no hot rows)."""
         # climbs a layer: the figures price the budgets with the cost model (docs/architecture.md, Layers)

@@ -139,12 +139,7 @@ class Profiler:
                 bar.close()
 
         def bad_id(e: kernels.BadIdError, chunk_start: int) -> DatasetError:
-            i = chunk_start + e.sample
-            row = i if indices is None else int(indices[i])
-            return DatasetError(
-                f"{ds.path / f'{self.split}_sparse.npy'}: sample {row}, table {e.table}, lookup {e.lookup}: "
-                f"row id {e.row_id} is outside the table (meta.json: 0 <= id < {e.table_size})"
-            )
+            return self._bad_id(ds, indices, e, chunk_start)
 
         t0 = time.perf_counter()
         counts = np.zeros(total_rows, dtype=kernels.count_dtype(n * ds.lookups_per_sample))  # no wider
@@ -175,6 +170,39 @@ class Profiler:
         profile.heldout = self.measure_heldout(ds, indices, n, profile.rank, profile.num_accessed)
         profile.timings = {"count_s": t1 - t0, "rank_s": t2 - t1, "heldout_s": time.perf_counter() - t2}
         return profile
+
+    def _bad_id(self, ds: Dataset, indices, e: kernels.BadIdError, chunk_start: int) -> DatasetError:
+        """The one-line error of an id outside its table, naming the file, the sample, the table and the id."""
+        i = chunk_start + e.sample
+        row = i if indices is None else int(indices[i])
+        return DatasetError(
+            f"{ds.path / f'{self.split}_sparse.npy'}: sample {row}, table {e.table}, lookup {e.lookup}: "
+            f"row id {e.row_id} is outside the table (meta.json: 0 <= id < {e.table_size})"
+        )
+
+    def count(self, dataset: Dataset | str | os.PathLike) -> np.ndarray:
+        """The access counts alone over this profiler's sample (fused ids [total rows], no wider than the
+        sample's lookups need: :func:`~hotline.kernels.profile.count_dtype`): the first pass of
+        :meth:`profile`, the same numbers, without the ranking, the held-out figures or a cache of the sample
+        (what the disk store's file order needs)."""
+        ds = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
+        split = ds.split(self.split)
+        indices = self.sample_indices(len(split))
+        n = self.sample_size(len(split))
+        if n == 0:
+            raise DatasetError(f"dataset {ds.path}: split {self.split!r} has no samples to profile")
+        layout = {} if ds.uniform else {"bag_sizes": ds.bag_sizes, "padded": ds.padded}
+        counts = np.zeros(sum(ds.table_sizes), dtype=kernels.count_dtype(n * ds.lookups_per_sample))
+        for start in range(0, n, self.chunk_size):
+            stop = min(n, start + self.chunk_size)
+            rows = slice(start, stop) if indices is None else indices[start:stop]
+            try:
+                kernels.count_lookups(
+                    np.ascontiguousarray(split.sparse[rows]), ds.table_sizes, counts, **layout
+                )
+            except kernels.BadIdError as e:
+                raise self._bad_id(ds, indices, e, start) from e
+        return counts
 
     def heldout_indices(self, num_samples: int, indices: np.ndarray | None, n: int) -> np.ndarray | None:
         """Sorted indices of the held-out samples in a split of ``num_samples`` rows of which ``indices`` (or

@@ -7,6 +7,7 @@ import numpy as np
 
 from hotline.datasets.format import Dataset
 from hotline.distributed.comm import Comm
+from hotline.kinds import staging_slots
 from hotline.models.dlrm import init_embedding_table
 from hotline.placement import Placement
 from hotline.table_layout import TableLayout
@@ -87,12 +88,13 @@ def _hot_rows(layout: TableLayout, placement: Placement, dim: int, seed: int) ->
 
 
 def _row_counts(config, dataset: Dataset) -> np.ndarray:
-    """Access counts of every fused row over a sample of the training split (the disk file's order)."""
-    from hotline.profiling.profiler import profile
+    """Access counts of every fused row over the sample of the training split a profile counts (the disk
+    file's order): the counting pass alone, not a whole profile (no ranks, no held-out figures)."""
+    from hotline.profiling.profiler import Profiler
 
-    prof = profile(dataset, embedding_dim=config.embedding_dim, optimizer=config.optimizer,
-                   mini_batch_size=config.mini_batch_size, seed=config.seed, progress=False)  # fmt: skip
-    return prof.counts
+    profiler = Profiler(embedding_dim=config.embedding_dim, optimizer=config.optimizer,
+                        mini_batch_size=config.mini_batch_size, seed=config.seed, progress=False)  # fmt: skip
+    return profiler.count(dataset)
 
 
 def build_mode(
@@ -122,6 +124,6 @@ def build_mode(
         hot_w,
         max_batch,
         config.device,
-        in_flight=1 if config.mode == "hybrid" else config.lookahead + 3,
+        in_flight=staging_slots(config.mode, config.lookahead),
         fused=config.fused_micro_batches,
     )

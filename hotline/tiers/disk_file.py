@@ -36,17 +36,27 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import math
 import os
 import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from hotline import _io
+from hotline.tiers.disk_pages import (  # noqa: F401 - pages_per_record re-exported
+    PageSet,
+    aligned_bytes,
+    get_records,
+    named_error,
+    pages_of,
+    pages_per_record,
+    put_records,
+    runs,
+    spanned,
+    transfer,
+)
 from hotline.tiers.store_files import (
     FORMAT,
     PAGE,
@@ -59,67 +69,7 @@ from hotline.tiers.store_files import (
     read_manifest,
 )
 
-MAX_RUN_PAGES = 64
-"""The longest read or write one system call makes (256 KiB): longer runs are split across the I/O threads."""
 _CHUNK_BYTES = 64 << 20  # bulk (sequential) reads and writes: export, load, initial fill
-
-
-def pages_per_record(record_bytes: int) -> float:
-    """4 KiB pages one record of ``record_bytes`` spans, on average over the file's packed records (a record
-    straddles a page boundary where it falls across one): the pages a row read alone costs."""
-    if record_bytes <= 0:
-        raise ValueError(f"record_bytes must be positive, got {record_bytes}")
-    n = PAGE // math.gcd(int(record_bytes), PAGE)  # records until their offsets in a page repeat
-    start = np.arange(n, dtype=np.int64) * int(record_bytes)
-    return float(np.mean((start + record_bytes - 1) // PAGE - start // PAGE + 1))
-
-
-def aligned_bytes(n: int) -> np.ndarray:
-    """A uint8 array of ``n`` bytes whose address is a multiple of 4096 (O_DIRECT's rule), from an
-    over-allocated buffer."""
-    raw = np.empty(n + PAGE, np.uint8)
-    off = (-raw.ctypes.data) % PAGE
-    return raw[off : off + n]
-
-
-def _named(e: OSError, path: Path, what: str) -> OSError:
-    """``e`` as one line naming the file and what was being done."""
-    return OSError(e.errno, f"{e.strerror or e}: cold store {path} ({what})")
-
-
-@dataclass(eq=False)  # compared and hashed by identity (the write's set of page sets still to write)
-class PageSet:
-    """The pages a set of rows lives in, read into one aligned buffer (a fetch's, reused by its write)."""
-
-    pages: np.ndarray
-    """int64 [P] sorted distinct page numbers."""
-    buffer: np.ndarray
-    """uint8 [P * 4096] their bytes, page i of ``pages`` at ``i * 4096``."""
-    offsets: np.ndarray
-    """int64 [U] where each record of the rows on disk starts in ``buffer`` (in the order of ``on_disk``)."""
-    read_at: np.ndarray
-    """int64 [P] for each page, the writes completed before it was read (a page a later write changed is read
-    again before a write); -1 for a page not read (only skipped rows need it: the write reads it first)."""
-    on_disk: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    """int64 [U] the indices, in the rows asked for, of the rows on disk (the rest are in the DRAM tier)."""
-    reads: int = 0
-    """System calls the read took."""
-    disk_rows: int = 0
-    """Rows on disk (the rest came from the DRAM tier), skipped ones included."""
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-    """Held while the pages' bytes and ``read_at`` change (a refresh on one thread, a write on another)."""
-
-    @property
-    def pages_read(self) -> int:
-        """Pages the fetch read (the rest only skipped rows need)."""
-        return int((self.read_at >= 0).sum())
-
-    def records_of(self, idx: np.ndarray) -> np.ndarray:
-        """For each index ``idx`` into the rows asked for, its record's place in ``offsets`` (-1: in the DRAM
-        tier)."""
-        slot = np.full(max(int(idx.max(initial=-1)), int(self.on_disk.max(initial=-1))) + 1, -1, np.int64)
-        slot[self.on_disk] = np.arange(self.on_disk.shape[0])
-        return slot[idx]
 
 
 class RowFile:
@@ -212,7 +162,7 @@ class RowFile:
         try:
             self._bulk = os.open(path, flags, 0o644)
         except OSError as e:
-            raise _named(e, path, what) from None
+            raise named_error(e, path, what) from None
         try:
             fcntl.flock(self._bulk, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -242,7 +192,7 @@ class RowFile:
         except OSError as e:
             os.close(self._bulk)
             self._bulk = -1
-            raise _named(e, path, f"reserving {self.size + PAGE} bytes") from None
+            raise named_error(e, path, f"reserving {self.size + PAGE} bytes") from None
         self._open_direct(direct)
 
     def _attach(self, direct: bool) -> None:
@@ -303,7 +253,7 @@ class RowFile:
         try:
             os.fsync(self._bulk)
         except OSError as e:
-            raise _named(e, self.path, "fsync") from None
+            raise named_error(e, self.path, "fsync") from None
 
     def drop_page_cache(self) -> None:
         """Asks the kernel to drop the file's pages from the page cache (after bulk buffered I/O)."""
@@ -321,7 +271,7 @@ class RowFile:
             try:
                 n = os.pwrite(self._bulk, view[:_CHUNK_BYTES], at)
             except OSError as e:
-                raise _named(e, self.path, f"write at byte {at}") from None
+                raise named_error(e, self.path, f"write at byte {at}") from None
             view, at = view[n:], at + n
             self.bytes_written += n
 
@@ -334,7 +284,7 @@ class RowFile:
             try:
                 n = os.preadv(self._bulk, [view[:_CHUNK_BYTES]], at)
             except OSError as e:
-                raise _named(e, self.path, f"read at byte {at}") from None
+                raise named_error(e, self.path, f"read at byte {at}") from None
             if n <= 0:
                 raise OSError(errno.EIO, f"short read: cold store {self.path} ends at byte {at}")
             view, at = view[n:], at + n
@@ -380,81 +330,14 @@ class RowFile:
             return np.zeros(0, np.int64), pos[:0], np.arange(rows.shape[0]), pos
         return np.flatnonzero(cached), pos[cached], np.flatnonzero(~cached), pos[~cached]
 
-    def _pages_of(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The sorted distinct pages that hold records ``pos``, and each record's offset in their buffer."""
-        start = pos * self.record
-        pages = np.unique(self._spanned(start))
-        offsets = np.searchsorted(pages, start // PAGE) * PAGE + start % PAGE
-        return pages, offsets
-
-    def _spanned(self, start: np.ndarray) -> np.ndarray:
-        """Every page (of the file, or of a page set's buffer) that the records starting at bytes ``start`` touch:
-        one each, or two where a record straddles a page boundary (more for huge rows); repeats kept."""
-        first, last = start // PAGE, (start + self.record - 1) // PAGE
-        spans = last - first + 1
-        if spans.max(initial=1) == 1:
-            return first
-        return np.repeat(first, spans) + _ranges(spans)
-
-    @staticmethod
-    def _runs(pages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Runs of consecutive pages (at most MAX_RUN_PAGES each): first index into ``pages`` and length."""
-        if not pages.shape[0]:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        breaks = np.flatnonzero(np.diff(pages) != 1) + 1
-        starts = np.concatenate([[0], breaks])
-        lengths = np.diff(np.concatenate([starts, [pages.shape[0]]]))
-        if lengths.max() > MAX_RUN_PAGES:
-            pieces = -(-lengths // MAX_RUN_PAGES)
-            sub = _ranges(pieces)
-            starts = np.repeat(starts, pieces) + sub * MAX_RUN_PAGES
-            lengths = np.minimum(np.repeat(lengths, pieces) - sub * MAX_RUN_PAGES, MAX_RUN_PAGES)
-        return starts, lengths
-
     def _io(self, write: bool, pages: np.ndarray, buffer: np.ndarray, which: np.ndarray | None = None) -> int:
-        """Reads (or writes) ``pages`` into (from) ``buffer`` in runs, spread over the I/O threads; returns
-        the number of system calls. ``which``: only these indices of ``pages``."""
-        idx = np.arange(pages.shape[0]) if which is None else which
-        starts, lengths = self._runs(pages[idx])
-        if not starts.shape[0]:
-            return 0
-        mem = memoryview(buffer)
-        at = idx[starts] * PAGE  # buffer offsets (pages of a run are consecutive in the buffer too)
-        off = pages[idx[starts]] * PAGE
-        size = lengths * PAGE
-        call = os.pwritev if write else os.preadv
-        fd, path = self._fd, self.path
-
-        def run(lo: int, hi: int) -> None:
-            for a, o, n in zip(at[lo:hi].tolist(), off[lo:hi].tolist(), size[lo:hi].tolist()):
-                try:
-                    done = call(fd, [mem[a : a + n]], o)
-                except OSError as e:
-                    raise _named(
-                        e, path, f"{'write' if write else 'read'} of {n} bytes at byte {o}"
-                    ) from None
-                if done != n:
-                    raise OSError(
-                        errno.EIO, f"short {'write' if write else 'read'}: cold store {path} at byte {o}"
-                    )
-
-        n = starts.shape[0]
-        k = min(self.io_depth, n)
-        if k == 1:
-            run(0, n)
-        else:
-            bounds = np.linspace(0, n, k + 1).astype(np.int64)
-            futures = [
-                self._pool.submit(run, int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a
-            ]
-            for f in futures:
-                f.result()
-        moved = int(size.sum())
+        """Reads (or writes) ``pages`` into (from) ``buffer`` (:func:`transfer`); returns the system calls."""
+        calls, moved = transfer(self._fd, self.path, self._pool, self.io_depth, write, pages, buffer, which)
         if write:
             self.bytes_written += moved
         else:
             self.bytes_read += moved
-        return n
+        return calls
 
     def read_rows(self, rows: np.ndarray, out: np.ndarray | None = None, skip: np.ndarray | None = None,
                   track: bool = False) -> tuple[np.ndarray, PageSet]:  # fmt: skip
@@ -467,7 +350,7 @@ class RowFile:
         out = np.empty((rows.shape[0], self.floats), np.float32) if out is None else out
         ci, cpos, di, dpos = self._split(rows)
         version = self._writes  # read before the pages: a write completing later re-stamps them
-        pages, offsets = self._pages_of(dpos)
+        pages, offsets = pages_of(dpos, self.record)
         buffer = aligned_bytes(pages.shape[0] * PAGE)
         read_at = np.full(pages.shape[0], version, np.int64)
         keep = np.ones(di.shape[0], bool)
@@ -476,13 +359,13 @@ class RowFile:
             skipped[skip] = True
             keep = ~skipped[di]
             read_at[:] = -1
-            read_at[self._spanned(offsets[keep])] = version
+            read_at[spanned(offsets[keep], self.record)] = version
         which = np.flatnonzero(read_at >= 0)
         reads = self._io(False, pages, buffer, which)
         if ci.shape[0]:
             out[ci] = self.cache[cpos]
         if keep.any():
-            out[di[keep]] = _get(buffer, offsets[keep], self.record).view(np.float32)
+            out[di[keep]] = get_records(buffer, offsets[keep], self.record).view(np.float32)
         ps = PageSet(pages, buffer, offsets, read_at, di, reads, int(di.shape[0]))
         if track and pages.shape[0]:
             with self._write_lock:  # from the next write on (one under way now stamps its pages: read again)
@@ -501,7 +384,7 @@ class RowFile:
             out[~disk] = self.cache[self.positions[rows[idx[~disk]]]]
         if disk.any():
             offsets = pages.offsets[where[disk]]
-            which = np.unique(self._spanned(offsets))
+            which = np.unique(spanned(offsets, self.record))
             version = self._writes  # before the read, as read_rows
             with pages.lock:  # pages a write has copied its bytes into since they were read: current
                 which = which[pages.read_at[which] < self._page_stamp[pages.pages[which]]]
@@ -512,7 +395,7 @@ class RowFile:
                 take = which[~newer]
                 pages.buffer.reshape(-1, PAGE)[take] = fresh.reshape(-1, PAGE)[~newer]
                 pages.read_at[take] = version
-                out[disk] = _get(pages.buffer, offsets, self.record).view(np.float32)
+                out[disk] = get_records(pages.buffer, offsets, self.record).view(np.float32)
         return out
 
     def pages_of_subset(self, pages: PageSet, idx: np.ndarray) -> PageSet:
@@ -540,14 +423,14 @@ class RowFile:
             return 0
         with self._write_lock:
             if pages is None or pages.offsets.shape[0] != di.shape[0]:
-                page_ids, offsets = self._pages_of(dpos)
+                page_ids, offsets = pages_of(dpos, self.record)
                 buffer = aligned_bytes(page_ids.shape[0] * PAGE)
                 calls = self._io(False, page_ids, buffer)
             else:
                 page_ids, offsets, buffer = pages.pages, pages.offsets, pages.buffer
                 changed = np.flatnonzero(self._page_stamp[page_ids] > pages.read_at)  # or not read (-1)
                 calls = self._io(False, page_ids, buffer, changed) if changed.shape[0] else 0
-            _put(buffer, offsets, records[di])
+            put_records(buffer, offsets, records[di])
             stamp = self._writes + 1
             self._page_stamp[page_ids] = stamp
             calls += self._io(True, page_ids, buffer)
@@ -578,20 +461,3 @@ def positions_of(order, chunk: int = 1 << 22) -> np.ndarray:
         hi = min(n, lo + chunk)
         out[np.asarray(order[lo:hi])] = np.arange(lo, hi, dtype=dtype)
     return out
-
-
-def _ranges(counts: np.ndarray) -> np.ndarray:
-    """0..c-1 for each c of ``counts``, concatenated."""
-    ends = np.cumsum(counts)
-    return np.arange(int(ends[-1]) if ends.shape[0] else 0) - np.repeat(ends - counts, counts)
-
-
-def _get(buffer: np.ndarray, offsets: np.ndarray, record: int) -> np.ndarray:
-    """uint8 [U, record]: the records at byte ``offsets`` of ``buffer`` (a copy)."""
-    return buffer[offsets[:, None] + np.arange(record)]
-
-
-def _put(buffer: np.ndarray, offsets: np.ndarray, records: np.ndarray) -> None:
-    """Writes float32 records [U, floats] at byte ``offsets`` of ``buffer``."""
-    raw = np.ascontiguousarray(records).view(np.uint8).reshape(records.shape[0], -1)
-    buffer[offsets[:, None] + np.arange(raw.shape[1])] = raw

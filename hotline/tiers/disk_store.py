@@ -47,19 +47,35 @@ def cold_file(cold_dir: str | os.PathLike, rank: int = 0, world_size: int = 1) -
 
 
 def popularity_order(counts: np.ndarray | None, num_rows: int, last: np.ndarray | None = None) -> np.ndarray:
-    """Rows in file order: counted rows by count, most first (ties by id), then the never-counted rows in id
-    order, then ``last`` (the hot rows: their copies in the file are not read while they are hot)."""
-    counts = np.zeros(num_rows, np.int64) if counts is None else np.asarray(counts)
+    """Rows in file order (int64): counted rows by count, most first (ties by id), then the never-counted rows
+    in id order, then ``last`` (the hot rows, in id order: their copies in the file are not read while they
+    are hot). The counted rows are ordered by a counting sort over the counts' values
+    (:func:`~hotline.kernels.profile.order_by_count`), the rest in chunks: besides the order itself it holds
+    two arrays of the counted rows (int32 below 2**31 rows) at most, never a sort of every row."""
+    from hotline.kernels.profile import order_by_count
+
+    counts = np.zeros(num_rows, np.uint8) if counts is None else np.asarray(counts)
     if counts.shape != (num_rows,):
         raise ValueError(f"the profile counts {counts.shape[0]} rows, the store holds {num_rows}")
-    tail = np.zeros(num_rows, bool)
-    if last is not None:
-        tail[last] = True
-    seen = np.flatnonzero((counts > 0) & ~tail)
-    head = seen[np.argsort(-counts[seen].astype(np.int64), kind="stable")]  # counts may be unsigned
-    return np.concatenate([head, np.flatnonzero((counts == 0) & ~tail), np.flatnonzero(tail)]).astype(
-        np.int64
-    )
+    last = np.zeros(0, np.int64) if last is None else np.unique(np.asarray(last, np.int64))
+    head = order_by_count(counts)
+    if last.size:  # the hot rows go last, whatever their counts
+        head = head[~np.isin(head, last)]
+    out = np.empty(num_rows, np.int64)
+    out[: head.shape[0]] = head
+    at = head.shape[0]
+    del head
+    chunk = 1 << 20
+    for lo in range(0, num_rows, chunk):
+        hi = min(num_rows, lo + chunk)
+        free = counts[lo:hi] == 0
+        a, b = np.searchsorted(last, [lo, hi])
+        free[last[a:b] - lo] = False
+        ids = lo + np.flatnonzero(free)
+        out[at : at + ids.shape[0]] = ids
+        at += ids.shape[0]
+    out[at:] = last
+    return out
 
 
 def table_chunks(rows: int, dim: int, seed: int, table: int, chunk: int | None = None):

@@ -13,12 +13,7 @@ import torch
 
 from hotline._malloc import huge_full, huge_zeros
 from hotline.kernels import sparse_update
-from hotline.table_layout import OPTIMIZERS, state_floats_per_row
-
-MAX_LEARNING_RATE = float(np.finfo(np.float32).max)
-"""The largest learning rate accepted: float32's largest number (3.4e38), which the tables' updates take it
-as. A larger one is not a number there (a traceback inside torch); a merely huge one diverges, and the run
-stops at the first non-finite loss with its one line (exit 3)."""
+from hotline.table_layout import check_optimizer, state_floats_per_row
 
 
 @dataclass(frozen=True)
@@ -48,13 +43,7 @@ class SparseOptimizer:
     weight_decay * w)`` (the other optimizers have none: 0)."""
 
     def __post_init__(self) -> None:
-        if self.kind not in OPTIMIZERS:
-            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.kind!r}")
-        if not 0 < self.lr <= MAX_LEARNING_RATE:  # NaN fails too
-            raise ValueError(
-                f"learning rate (--learning-rate) must be positive and at most {MAX_LEARNING_RATE:.4g} (float32's "
-                f"largest), got {self.lr}"
-            )
+        check_optimizer(self.kind, self.lr)
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
             raise ValueError(f"Adam's betas must be in [0, 1), got {self.beta1} and {self.beta2}")
         if not isinstance(self.iteration, int) or self.iteration < 0:

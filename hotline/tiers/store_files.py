@@ -98,6 +98,31 @@ def is_own_order(path: Path) -> bool:
     return manifest is not None and manifest.get("order_sha256") == _io.sha256(path)
 
 
+def older_store(path: Path) -> str | None:
+    """What ``path`` (one of a store's three files) is when the header beside it is an older Hotline's (format
+    ``hotline-cold-rows/1``, whose files cannot prove by their content that they are the store's): said
+    instead of a bare "exists"; the header is only read to say so, never trusted to replace anything."""
+    path = Path(path)
+    rows = path
+    for side in (".json", ".order.npy"):
+        if path.name.endswith(side):
+            rows = path.with_name(path.name[: -len(side)])
+    m = manifest_path(rows)
+    try:
+        head = json.loads(m.read_text()) if not m.is_symlink() else None
+    except (OSError, ValueError):
+        return None
+    fmt = head.get("format") if isinstance(head, dict) else None
+    if not isinstance(fmt, str) or not fmt.startswith("hotline-cold-rows/") or fmt == FORMAT:
+        return None
+    return (
+        f"a disk store of an older Hotline (its header {m.name} says {fmt}; this one writes {FORMAT}, whose "
+        f"files prove by their content that they are the store's): nothing in it needs converting, the store "
+        f"is rebuilt at every run's start (its rows from the model or the checkpoint): pass --force to rebuild "
+        f"it, or choose another --cold-dir"
+    )
+
+
 def store_outputs(path: str | os.PathLike, flag: str = "--cold-dir") -> list:
     """The row file ``path`` and its two side files as outputs of the run, for :func:`hotline.outputs.claim`:
     judged against the run's inputs and other outputs, never followed through a link, replaced only when
@@ -105,10 +130,11 @@ def store_outputs(path: str | os.PathLike, flag: str = "--cold-dir") -> list:
     from hotline.outputs import Output
 
     path = Path(path)
+    policy = {"follow": False, "explain": older_store}  # an older Hotline's store is named as one
     return [
-        Output(f"{flag} (the disk store's rows)", path, follow=False, owned=is_own_rows),
-        Output(f"{flag} (the disk store's header)", manifest_path(path), follow=False, owned=is_own_manifest),
-        Output(f"{flag} (the disk store's row order)", order_path(path), follow=False, owned=is_own_order),
+        Output(f"{flag} (the disk store's rows)", path, owned=is_own_rows, **policy),
+        Output(f"{flag} (the disk store's header)", manifest_path(path), owned=is_own_manifest, **policy),
+        Output(f"{flag} (the disk store's row order)", order_path(path), owned=is_own_order, **policy),
     ]
 
 
@@ -155,8 +181,8 @@ def check_cold_path(path: str | os.PathLike, force: bool = False) -> Path:
         elif not stat.S_ISREG(st.st_mode):
             raise ValueError(f"refusing to write {p}: it is not a regular file (choose another --cold-dir)")
         elif not force and not own(p):
-            raise ValueError(
-                f"refusing to overwrite {p}: it exists and is not the disk store's own file by its content "
-                f"(pass --force to replace it, or choose another --cold-dir)"
-            )
+            older = older_store(p)
+            what = (f"it is {older}" if older else "it exists and is not the disk store's own file by its content "
+                    "(pass --force to replace it, or choose another --cold-dir)")  # fmt: skip
+            raise ValueError(f"refusing to overwrite {p}: {what}")
     return path

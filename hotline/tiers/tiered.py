@@ -22,17 +22,16 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch.profiler import record_function
 
 from hotline.datasets.format import Batch
-from hotline.dispatch import Dispatcher, MicroBatches
+from hotline.dispatch import Dispatcher
 from hotline.distributed.comm import Comm
 from hotline.kernels import sparse_update
-from hotline.kernels.gather import assemble_rows, forward_stale, partition_stale
+from hotline.kernels.gather import assemble_rows
 from hotline.models.dlrm import DLRM
 from hotline.pipeline.gpu_timing import StreamPhases
 from hotline.placement import Placement
@@ -46,55 +45,11 @@ from hotline.tiers.base import (
     real_positions,
     step_loss,
 )
-from hotline.tiers.cold_store import ColdFetch, ColdStore, staging_tensor
+from hotline.tiers.cold_store import ColdStore, staging_tensor
 from hotline.tiers.packing import CopyPack
+from hotline.tiers.prepared import INDEX_NAMES, PreparedStep, on_stream, refresh_stale
 from hotline.tiers.replicated import all_ranks_gradients
 from hotline.tiers.sparse_optim import SparseOptimizer
-
-
-@contextlib.contextmanager
-def _on_stream(stream):
-    if stream is None:
-        yield
-    else:
-        with torch.cuda.stream(stream):
-            yield
-
-
-@dataclass
-class PreparedStep:
-    """A batch after dispatch and fetch: what the compute of one step needs, already on the device."""
-
-    batch: Batch
-    micro: MicroBatches
-    fetch: ColdFetch
-    """The working set's rows as the cold store fetched them (and its bookkeeping)."""
-    work: torch.Tensor
-    """[U, D] working rows on the device (updated in place by the step)."""
-    work_state: torch.Tensor
-    """[U] their optimizer state (empty for SGD)."""
-    index: dict[str, torch.Tensor]
-    """The micro-batches' index arrays and dense inputs as device tensors (copied with the rows)."""
-    staging: tuple[torch.Tensor, torch.Tensor]
-    """The host staging buffers the rows came through (reused for the write-back)."""
-    ready: object | None = None
-    """A CUDA event recorded after the copies (None on CPU)."""
-    slot: int = 0
-    """The staging slot (and copy packs) the step uses."""
-    seq: int = 0
-    """The step's position among the mode's prepared steps (tags its device-clock phases)."""
-    times: dict[str, float] = field(default_factory=dict)
-    counters: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def step(self) -> int:
-        """Position of the step in a look-ahead run (-1: prepared when due)."""
-        return self.fetch.step
-
-    @property
-    def stale(self) -> np.ndarray:
-        """Working-buffer slots an earlier, unfinished step may update: refreshed just before compute."""
-        return self.fetch.stale
 
 
 def measured_figures(counters: dict, samples: int, steps: int) -> dict:
@@ -112,17 +67,6 @@ def measured_figures(counters: dict, samples: int, steps: int) -> dict:
         "cold_rows_per_step": counters["working_set_rows"] / steps,
         "cold_bytes_per_step": counters["bytes_gathered"] / steps,
     }
-
-
-_INDEX_NAMES = (
-    "popular_samples",
-    "non_popular_samples",
-    "pop_ids",
-    "hot_pos",
-    "hot_slot",
-    "cold_pos",
-    "cold_slot",
-)
 
 
 class TieredMode(TrainMode):
@@ -210,7 +154,7 @@ class TieredMode(TrainMode):
             nb = self.device.type == "cuda"
             n = micro.working_set.shape[0]
             seq, self._prepared = self._prepared, self._prepared + 1
-            arrays = {k: getattr(micro, k) for k in _INDEX_NAMES}
+            arrays = {k: getattr(micro, k) for k in INDEX_NAMES}
             if micro.pop_pos is not None:  # padded bags: where the popular lookups stand among the id slots
                 arrays["pop_pos"] = micro.pop_pos
             if self.device_updates:
@@ -221,7 +165,7 @@ class TieredMode(TrainMode):
             arrays["dense"], arrays["labels"] = batch.dense, batch.labels
             if self.pack_copies:  # two copies (int64, float32) from pinned packs instead of one per array
                 self._packs[slot].load(arrays)
-            with _on_stream(copy_stream), self._phase("h2d", copy_stream, seq):
+            with on_stream(copy_stream), self._phase("h2d", copy_stream, seq):
                 work = torch.from_numpy(fetch.values).to(self.device, non_blocking=nb)
                 work_state = torch.from_numpy(fetch.state).to(self.device, non_blocking=nb)
                 if self.pack_copies:
@@ -283,69 +227,13 @@ class TieredMode(TrainMode):
             prep.ready = None
 
     def refresh(self, prep: PreparedStep, live: dict[int, PreparedStep] | None = None) -> int:
-        """Re-reads the stale working rows; returns how many were forwarded.
-
-        ``live``: the computed steps whose rows are not written back yet (by step), with their working buffers
-        still on the device. A stale row whose last holder is among them is copied from that buffer (device to
-        device: its value is final, the holder computed before this step), the rest come from the cold store,
-        whose copy is fresh (their holders were written back). Without ``live`` every stale row comes from the
-        cold store, which the caller must let every earlier step write back to first.
-        """
+        """Re-reads the stale working rows; returns how many were forwarded. ``live``: the computed steps whose
+        rows are not written back yet (by step); see :func:`~hotline.tiers.prepared.refresh_stale`."""
         self._await_copies(prep)
-        fetch, forwarded = prep.fetch, 0
-        slots = fetch.stale
-        if self.device.type == "cpu" and not (self.pack_copies or self.device_updates):
-            # on a CPU (unless the tests run the device paths there): straight into the working buffer, one
-            # pass over the stale slots for the live holders, one for the rest
-            work, state = prep.work.numpy(), prep.work_state.numpy()
-            if live and slots.size and self.cold.forwards_stale:
-                buffers = [(o, h.work.numpy(), h.work_state.numpy(), h.fetch.rows) for o, h in live.items()]
-                forwarded, slots = forward_stale(
-                    work, state, slots, fetch.stale_owner, fetch.stale_slot, fetch.rows, buffers
-                )
-            self.cold.refresh_into(fetch, slots, work, state)
-            return forwarded
-        arrays: dict[str, np.ndarray] = {}
-        holders: list[PreparedStep] = []
-        if live and slots.size and self.cold.forwards_stale:
-            steps = list(live)  # each live step's slots checked to hold the rows (a kernel, tested on CPU)
-            held = [live[o].fetch.rows for o in steps]
-            groups, slots = partition_stale(
-                slots, fetch.stale_owner, fetch.stale_slot, fetch.rows, steps, held
-            )
-            for o, (mine, theirs) in zip(steps, groups):
-                if mine.size:
-                    arrays[f"mine{len(holders)}"], arrays[f"theirs{len(holders)}"] = mine, theirs
-                    holders.append(live[o])
-                    forwarded += int(mine.size)
-        slots, w, s = self.cold.refresh(fetch, slots)
-        if slots.size:
-            arrays["slots"], arrays["w"] = slots, w
-            if s.size:
-                arrays["s"] = s
-        if not arrays:
-            return forwarded
-        # Every index and row goes to the device in one or two asynchronous copies from this slot's pinned
-        # refresh pack, queued on the compute stream (no pageable copy that would synchronise it).
-        if self.pack_copies:
-            dev = self._refresh_packs[prep.slot].copy(arrays, self.device, self.device.type == "cuda")
-        else:
-            dev = {k: torch.from_numpy(a).to(self.device) for k, a in arrays.items()}
-        with torch.no_grad():
-            for i, src in enumerate(holders):  # device to device: the holder computed before this step
-                theirs = dev[f"theirs{i}"]
-                state = src.work_state.index_select(0, theirs) if src.work_state.numel() else None
-                self._copy_rows(prep, dev[f"mine{i}"], src.work.index_select(0, theirs), state)
-            if "slots" in dev:
-                self._copy_rows(prep, dev["slots"], dev["w"], dev.get("s"))
-        return forwarded
-
-    @staticmethod
-    def _copy_rows(prep: PreparedStep, idx: torch.Tensor, w: torch.Tensor, s: torch.Tensor | None) -> None:
-        with torch.no_grad():
-            prep.work.index_copy_(0, idx, w)
-            if s is not None:
-                prep.work_state.index_copy_(0, idx, s)
+        # on a CPU (unless the tests run the device paths there): straight into the working buffer
+        host = self.device.type == "cpu" and not (self.pack_copies or self.device_updates)
+        pack = self._refresh_packs[prep.slot] if self.pack_copies else None
+        return refresh_stale(prep, live, self.cold, self.device, host, pack)
 
     def compute(self, model: DLRM, prep: PreparedStep) -> StepStats:
         """Forward/backward of both micro-batches and one sparse update per tier (write-back is separate)."""
@@ -379,8 +267,15 @@ class TieredMode(TrainMode):
                 alloc = torch.zeros if self.bags.padded else torch.empty  # padding slots stay zero
                 rows = alloc((micro.num_non_popular * C, D), dtype=torch.float32, device=self.device)
                 if host:
-                    assemble_rows(rows.numpy(), self.hot_w.numpy(), micro.hot_pos, micro.hot_slot,
-                                  prep.work.numpy(), micro.cold_pos, micro.cold_slot)  # fmt: skip
+                    assemble_rows(
+                        rows.numpy(),
+                        self.hot_w.numpy(),
+                        micro.hot_pos,
+                        micro.hot_slot,
+                        prep.work.numpy(),
+                        micro.cold_pos,
+                        micro.cold_slot,
+                    )
                 else:
                     rows[ix["hot_pos"]] = self.hot_w.index_select(0, ix["hot_slot"])
                     rows[ix["cold_pos"]] = prep.work.index_select(0, ix["cold_slot"])
@@ -393,10 +288,15 @@ class TieredMode(TrainMode):
             touched = self._hot_update(prep, grad_p, grad_n, host)
             empty = torch.zeros((0, D), dtype=torch.float32, device=self.device)
             touched += self.cold.update(
-                prep.fetch, self.optimizer, prep.work, prep.work_state, micro.cold_slot,
-                grad_n if grad_n is not None else empty, micro.cold_pos,
+                prep.fetch,
+                self.optimizer,
+                prep.work,
+                prep.work_state,
+                micro.cold_slot,
+                grad_n if grad_n is not None else empty,
+                micro.cold_pos,
                 None if host else (ix["cold_slot"], ix["cold_pos"]),
-            )  # fmt: skip
+            )
         t3 = time.perf_counter()
         times = {
             **prep.times,

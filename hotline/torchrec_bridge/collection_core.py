@@ -24,17 +24,45 @@ from hotline.distributed.comm import Comm
 from hotline.tiers.sparse_optim import SparseOptimizer
 from hotline.torchrec_bridge.fused_optim import HotlineFusedOptimizer, state_names, state_views
 from hotline.torchrec_bridge.kjt_checks import check_kjt
-from hotline.torchrec_bridge.tiered_tables import Lookup, TieredTables
+from hotline.torchrec_bridge.tiered_tables import Lookup, TieredTables, to_device
 
 _POOLINGS = (PoolingType.SUM, PoolingType.MEAN)
+
+
+def host_features(features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+    """The KJT in host memory: itself when it is there; the host copy an earlier :func:`start_host_copy` made,
+    once that copy has landed (waiting for it alone, not for the device); else a copy made now (a device
+    KJT handed straight to a forward: that copy waits for the stream)."""
+    ready = getattr(features, "_hotline_host", None)
+    if ready is not None:
+        host, event = ready
+        event.synchronize()
+        return host
+    if features.values().device.type == "cpu":
+        return features
+    return features.to(torch.device("cpu"))
+
+
+def start_host_copy(features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+    """Starts copying a CUDA KJT's ids to (pinned) host memory without blocking, and marks the KJT with the
+    copy and its event (:func:`host_features` picks it up); any other KJT is returned as it is."""
+    if features.values().device.type != "cuda":
+        return features
+    host = features.to(torch.device("cpu"), non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    features._hotline_host = (host, event)
+    return features
 
 
 class CollectionCore:
     """The tables of a collection over Hotline's tiers (see the module docstring)."""
 
     def __init__(self, configs: Sequence[EmbeddingBagConfig], hot_ids: Sequence[np.ndarray],
-                 weights: Sequence[np.ndarray], optimizer: SparseOptimizer, comm: Comm, device: torch.device,
-                 is_weighted: bool, max_lookups: int):  # fmt: skip
+                 weights: Sequence[np.ndarray] | None, optimizer: SparseOptimizer, comm: Comm, device: torch.device,
+                 is_weighted: bool, max_lookups: int, init=None):  # fmt: skip
+        """``weights``: every table's rows; None: ``init(config, count)`` makes this rank's ``count`` rows of each
+        table (those its cold store keeps), and no rank ever holds a whole table."""
         self.configs = list(configs)
         self.optimizer = optimizer
         self.comm = comm
@@ -49,11 +77,19 @@ class CollectionCore:
         self.group_tables = list(order.values())
         self.where = {t: (g, i) for g, ts in enumerate(self.group_tables) for i, t in enumerate(ts)}
         self.groups = []
+        N, r = comm.world_size, comm.rank
         for ts in self.group_tables:
-            fused = np.concatenate([np.asarray(weights[t], dtype=np.float32) for t in ts])
+            if weights is None:  # the rank's rows of each table: fused rows lo + (r - lo) % N + k N
+                lo = np.concatenate([[0], np.cumsum([self.sizes[t] for t in ts])])
+                parts = [init(self.configs[t], len(range(lo[i] + (r - lo[i]) % N, lo[i + 1], N)))
+                         for i, t in enumerate(ts)]  # fmt: skip
+            else:
+                parts = [weights[t] for t in ts]
+            fused = np.concatenate([np.asarray(w, dtype=np.float32) for w in parts])
             rule = replace(optimizer, dim=self.dims[ts[0]])  # per-element state is sized by the group's dim
             self.groups.append(TieredTables([self.sizes[t] for t in ts], self.dims[ts[0]], [hot_ids[t] for t in ts],
-                                            np.ascontiguousarray(fused), rule, comm, self.device, max_lookups))  # fmt: skip
+                                            np.ascontiguousarray(fused), rule, comm, self.device, max_lookups,
+                                            local=weights is None))  # fmt: skip
         names = get_embedding_names_by_table(self.configs)
         # (table, feature, output name) per output slot, in torchrec's order
         self.slots = [
@@ -87,6 +123,7 @@ class CollectionCore:
         of every bag [slots, B]; the batch size B."""
         if features.variable_stride_per_key():
             raise ValueError("KeyedJaggedTensor with a variable batch size per key is not supported")
+        features = host_features(features)  # the ids are read on the host (the dispatcher runs there)
         check_kjt(features)  # ids, lengths and weights that make a batch, named by key (kjt_checks.py)
         B = int(features.stride())
         keys = features.keys()
@@ -141,17 +178,17 @@ class CollectionCore:
         for g, (grp, look) in enumerate(zip(self.groups, looks)):
             contrib = look.rows
             if weights[g] is not None:
-                contrib = contrib * torch.from_numpy(weights[g]).to(dev, torch.float32)[:, None]
+                contrib = contrib * to_device(weights[g].astype(np.float32, copy=False), dev)[:, None]
             S = self.group_slots[g]
             mine = np.array(self.slot_group) == g
             if bags[g].shape[0] == S * B and (bag_len[mine] == 1).all():  # one lookup per bag, in bag order
                 pooled = contrib.view(S, B, grp.dim)
             else:
                 pooled = torch.zeros((S * B, grp.dim), dtype=torch.float32, device=dev)
-                pooled = pooled.index_add(0, torch.from_numpy(bags[g]).to(dev), contrib).view(S, B, grp.dim)
+                pooled = pooled.index_add(0, to_device(bags[g], dev), contrib).view(S, B, grp.dim)
             if self.mean[mine].any():  # mean bags divided by their length (an empty bag stays 0)
                 div = np.where(self.mean[mine][:, None], np.maximum(bag_len[mine], 1), 1).astype(np.float32)
-                pooled = pooled / torch.from_numpy(div).to(dev)[:, :, None]
+                pooled = pooled / to_device(div, dev)[:, :, None]
             outs.append(pooled)
             stats["lookups"] += int(ids[g].shape[0])
             stats["hot_lookups"] += int(look.hot_pos.numel())

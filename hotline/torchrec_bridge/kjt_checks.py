@@ -1,7 +1,7 @@
 """The checks of a ``KeyedJaggedTensor`` the tiered collection takes, before any of it is read: one line naming
 the key (a ValueError) for what would otherwise pass silently or fail in numpy's words.
 
-- ids (``values``) must be integers: a float id would be truncated to a row;
+- ids (``values``) must be integers, one per value (1-D): a float id would be truncated to a row;
 - every length must be >= 0;
 - the lengths must account for the values exactly: lengths summing to less than the values would leave the
   rest in no bag (silently), more would read past them;
@@ -21,6 +21,10 @@ def check_kjt(features) -> None:
     if not keys or features.variable_stride_per_key():
         return  # nothing to read; a variable batch size is refused by the collection itself
     values, lengths = features.values(), features.lengths()
+    if values.dim() != 1:  # numpy's "cannot reshape" naming nothing
+        raise ValueError(
+            f"KeyedJaggedTensor: its values have shape {tuple(values.shape)}, not one id per value (1-D)"
+        )
     if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
         raise ValueError(
             f"KeyedJaggedTensor key {keys[0]!r}: its ids are {values.dtype}, not integers (a float id would be "

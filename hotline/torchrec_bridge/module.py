@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -45,7 +46,7 @@ from hotline.models.dlrm import init_embedding_table  # noqa: E402
 from hotline.placement import Placement  # noqa: E402
 from hotline.tiers.sparse_optim import SparseOptimizer  # noqa: E402
 from hotline.torchrec_bridge.collection_core import _POOLINGS, CollectionCore, TieredCollectionMixin  # noqa: E402
-from hotline.torchrec_bridge.fused_optim import sparse_optimizer  # noqa: E402
+from hotline.torchrec_bridge.fused_optim import sparse_optimizer, state_names  # noqa: E402
 
 
 def kjt_from_sparse(sparse: np.ndarray, feature_names: Sequence[str]) -> KeyedJaggedTensor:
@@ -103,7 +104,8 @@ class HotlineEmbeddingBagCollection(
         optimizer_kwargs: its ``lr``, ``eps``, and Adam's ``beta1``/``beta2`` (or ``betas``), ``weight_decay``
             and ``use_rowwise_bias_correction``.
         is_weighted: multiply each looked-up row by the KJT's per-value weight before pooling.
-        device: where the hot rows and the computation live (default cpu).
+        device: where the hot rows and the computation live (default cpu); ``"meta"``: no rows at all until
+            DistributedModelParallel with Hotline's sharder materialises them on the shards (torchrec's init).
         optimizer: Hotline's :class:`SparseOptimizer` instead of ``optimizer_type``/``optimizer_kwargs``.
         weights: initial weights per table ([rows, dim] arrays); default ``hotline.models.dlrm.init_embedding_table``.
         seed: seed of the default initial weights.
@@ -127,16 +129,19 @@ class HotlineEmbeddingBagCollection(
         max_lookups: int = 1 << 16,
     ):
         super().__init__()
-        if device is not None and torch.device(device).type == "meta":
-            raise ValueError(
-                "HotlineEmbeddingBagCollection(device='meta') is not supported: build it on 'cpu' or 'cuda' (its "
-                "rows live in host memory either way; DistributedModelParallel then shards them)"
-            )
         tables = list(tables)
         self.placement = check_tables(tables, placement)
         dim = int(tables[0].embedding_dim) if tables else 1
         rule = optimizer if optimizer is not None else sparse_optimizer(optimizer_type, optimizer_kwargs, dim)
         sizes = [int(t.num_embeddings) for t in tables]
+        self.table_sizes = sizes
+        if device is not None and torch.device(device).type == "meta":
+            if weights is not None:
+                raise ValueError(
+                    "HotlineEmbeddingBagCollection(device='meta') takes no weights (it holds no rows)"
+                )
+            self._init_tables(MetaCore(tables, rule, is_weighted, max_lookups), update_in_backward)
+            return
         if weights is None:
             weights = [
                 init_embedding_table(n, int(c.embedding_dim), seed, t)
@@ -149,7 +154,6 @@ class HotlineEmbeddingBagCollection(
                 raise ValueError(
                     f"weights of table {c.name} must be [{c.num_embeddings}, {c.embedding_dim}], got {np.shape(w)}"
                 )
-        self.table_sizes = sizes
         core = CollectionCore(tables, self.placement.hot_ids, weights, rule, Comm(), torch.device(device or "cpu"),
                               is_weighted, max_lookups)  # fmt: skip
         self._init_tables(core, update_in_backward)
@@ -167,10 +171,14 @@ class HotlineEmbeddingBagCollection(
     def from_embedding_bag_collection(
         cls, ebc, placement: Placement | None = None, **kwargs
     ) -> HotlineEmbeddingBagCollection:
-        """The same tables and current weights as a torchrec ``EmbeddingBagCollection``."""
+        """The same tables and current weights as a torchrec ``EmbeddingBagCollection`` (one on the meta device
+        gives one on the meta device: no rows until DMP materialises them)."""
         configs = ebc.embedding_bag_configs()
-        weights = [ebc.embedding_bags[c.name].weight.detach().cpu().numpy() for c in configs]
         kwargs.setdefault("is_weighted", ebc.is_weighted())
+        params = [ebc.embedding_bags[c.name].weight for c in configs]
+        if any(p.device.type == "meta" for p in params):
+            return cls(configs, placement, device="meta", **kwargs)
+        weights = [p.detach().cpu().numpy() for p in params]
         return cls(configs, placement, weights=weights, **kwargs)
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
@@ -178,9 +186,60 @@ class HotlineEmbeddingBagCollection(
         if isinstance(features, torch.fx.Proxy):  # traced: the collection is one leaf node of the graph
             tracer = features.tracer
             return tracer.create_proxy("call_module", tracer.path_of_module(self), (features,), {})
+        if self._core.device.type == "meta":
+            raise RuntimeError(
+                "HotlineEmbeddingBagCollection was built on the meta device and holds no rows: shard it with "
+                "DistributedModelParallel(model, sharders=[HotlineEmbeddingBagCollectionSharder(), ...]) first"
+            )
         if self.training and torch.is_grad_enabled():
             _refuse_unsharded_ranks()
         return self._tiered_forward(features)
+
+
+class MetaCore:
+    """The tables of a collection built on the meta device: configs, shapes and the rule, no rows.
+
+    Its parameters are meta tensors (so ``apply_optimizer_in_backward`` and torchrec's planner see the tables);
+    Hotline's sharder materialises the rows on the shards, each rank only its own (``sharding.torchrec_init``).
+    Anything that needs rows (a forward, a state load or export) is refused with one line."""
+
+    def __init__(self, configs, optimizer: SparseOptimizer, is_weighted: bool, max_lookups: int):
+        self.configs = list(configs)
+        self.optimizer = optimizer
+        self.is_weighted = bool(is_weighted)
+        self.max_lookups = int(max_lookups)
+        self.device = torch.device("meta")
+        self.comm = Comm()
+        self.dims = [int(c.embedding_dim) for c in self.configs]
+        self.groups: list = []
+        self.pending = None
+        self.last_stats: dict[str, int] = {}
+
+    def table_views(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        weights, states = {}, {}
+        for c, d in zip(self.configs, self.dims):
+            n = int(c.num_embeddings)
+            weights[c.name] = torch.empty((n, d), device="meta")
+            if state_names(self.optimizer):
+                states[c.name] = torch.empty(replace(self.optimizer, dim=d).state_shape(n), device="meta")
+        return weights, states
+
+    def sync_to_host(self) -> None:
+        """Nothing to sync: no rows."""
+
+    def _refuse(self, *args, **kwargs):
+        raise RuntimeError(
+            "HotlineEmbeddingBagCollection was built on the meta device and holds no rows: shard it with "
+            "DistributedModelParallel (Hotline's sharder materialises the rows) before reading or loading them"
+        )
+
+    export = load = forward = prefetch = _refuse
+
+    def step(self, optimizer=None, grad_scale: float = 1.0) -> int:
+        return 0
+
+    def close(self) -> None:
+        """Nothing to release."""
 
 
 def _refuse_unsharded_ranks() -> None:

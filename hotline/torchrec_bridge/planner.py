@@ -1,9 +1,9 @@
 """A drop-in for torchrec's ``EmbeddingShardingPlanner`` that plans Hotline's collections too.
 
-torchrec's planner prices each table's compute kernel from a table of bandwidths that has no entry for
-``customized_kernel`` (the kernel torchrec offers backends it does not ship), so it cannot plan Hotline's
-collections ("Unrecognized or unsupported compute kernel"), and ``DistributedModelParallel`` without a plan
-runs it. :class:`HotlinePlanner` takes the planner's arguments and has its two verbs: every
+torchrec's planner prices Hotline's ``customized_kernel`` by the figure ``sharding.register_planner_prices``
+gives it, but its storage estimate counts every row of a table in the compute device's memory: on CUDA it
+refuses tables larger than HBM that Hotline holds mostly in host memory. :class:`HotlinePlanner` takes the
+planner's arguments and has its two verbs: every
 ``HotlineEmbeddingBagCollection`` of the model gets Hotline's layout (:func:`~hotline.torchrec_bridge.sharding.
 hotline_sharding_plan`: cold rows sharded over every rank, hot rows replicated), and torchrec's planner, built
 from the same arguments, plans every other module with the other sharders::

@@ -46,7 +46,12 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from hotline.distributed.comm import Comm
 from hotline.tiers.sparse_optim import SparseOptimizer
-from hotline.torchrec_bridge.collection_core import CollectionCore, TieredCollectionMixin, in_backward_request
+from hotline.torchrec_bridge.collection_core import (
+    CollectionCore,
+    TieredCollectionMixin,
+    in_backward_request,
+    start_host_copy,
+)
 from hotline.torchrec_bridge.fused_optim import sparse_optimizer, state_names, state_views
 from hotline.torchrec_bridge.module import HotlineEmbeddingBagCollection
 from hotline.torchrec_bridge.sharded_state import (
@@ -82,17 +87,19 @@ class ShardedHotlineEmbeddingBagCollection(
             comm = Comm()
         self._pg = env.process_group
         src = module._core
-        tables, states = src.export()  # the module's current rows
+        meta = src.device.type == "meta"  # no rows yet: each rank makes its own with torchrec's init
+        tables, states = ({}, {}) if meta else src.export()  # the module's current rows
         old = module.fused_optimizer.current_rule()
         rule = optimizer if optimizer is not None else old
-        device = torch.device(device) if device is not None else src.device
+        device = torch.device(device) if device is not None else torch.device("cpu") if meta else src.device
         core = CollectionCore(src.configs, [np.asarray(h) for h in module.placement.hot_ids],
-                              [tables[c.name] for c in src.configs], rule, comm, device, src.is_weighted,
-                              max(g._capacity for g in src.groups))  # fmt: skip
+                              None if meta else [tables[c.name] for c in src.configs], rule, comm, device,
+                              src.is_weighted, src.max_lookups if meta else max(g._capacity for g in src.groups),
+                              init=torchrec_init)  # fmt: skip
         if any(s.size for s in states.values()) and state_names(rule) == state_names(old):
             core.load(tables, states)
-        if world > 1:  # every replica of a hot row from the rank that owns the row: the ranks agree
-            for grp in core.groups:
+        if world > 1 and not meta:  # every replica of a hot row from the rank that owns it: the ranks agree
+            for grp in core.groups:  # (built from meta, the tiers read them from their owners already)
                 grp.load_hot_from_host()
         src.close()  # the unsharded module's host rows are not needed any more
         self.placement = module.placement
@@ -123,8 +130,10 @@ class ShardedHotlineEmbeddingBagCollection(
         self, ctx: NullShardedModuleContext, features: KeyedJaggedTensor
     ) -> KJTListSplitsAwaitable:
         """Nothing to distribute: every rank looks its own batch up (cold rows come from their owners). The
-        awaitable is torchrec's own kind, so its train pipelines can fuse it with other modules' input dists."""
-        return KJTListSplitsAwaitable([NoWait(NoWait(features))], ctx)
+        awaitable is torchrec's own kind, so its train pipelines can fuse it with other modules' input dists.
+        A device KJT's ids start their copy to the host here (the lookup reads them there), so under a train
+        pipeline the copy overlaps the step before and the lookup waits for that copy only."""
+        return KJTListSplitsAwaitable([NoWait(NoWait(start_host_copy(features)))], ctx)
 
     def compute(self, ctx: NullShardedModuleContext, dist_input: KJTList) -> KeyedTensor:
         return self._tiered_forward(dist_input[0])
@@ -236,6 +245,45 @@ class ShardedHotlineEmbeddingBagCollection(
             yield name
 
 
+def torchrec_init(config, count: int) -> np.ndarray:
+    """``count`` new rows of a table as torchrec's sharded kernels initialise a shard: uniform in the config's
+    ``[weight_init_min, weight_init_max]`` (default +-sqrt(1 / num_embeddings)) from torch's generator."""
+    w = torch.empty((count, int(config.embedding_dim)), dtype=torch.float32)
+    w.uniform_(config.get_weight_init_min(), config.get_weight_init_max())
+    return w.numpy()
+
+
+def _rowwise_adagrad() -> type:
+    from torchrec.optim import RowWiseAdagrad
+
+    return RowWiseAdagrad
+
+
+_TORCH_CLASSES = {"sgd": lambda: torch.optim.SGD, "rowwise-adagrad": _rowwise_adagrad,
+                  "adagrad": lambda: torch.optim.Adagrad, "adam": lambda: torch.optim.Adam}  # fmt: skip
+"""The optimizer class torchrec's planner knows each of Hotline's sparse rules by (it sizes the state)."""
+
+
+def register_planner_prices() -> None:
+    """Lets torchrec's own planner (``DistributedModelParallel`` without a plan) price Hotline's kernel.
+
+    torchrec prices a compute kernel by a bandwidth per device (bytes/ms) from a table with no entry for
+    ``customized_kernel``, and its hardware config's ``kernel_device_bandwidths`` (the table's overrides) is where
+    a kernel it does not ship is given one. Hotline's: on a CPU rows are read from host memory (torchrec's figure
+    for its fused CPU kernel), on CUDA hot rows from HBM and the rest from host memory (its figure for UVM
+    caching). Entries already there (a user's own) are kept. Called when this module is imported."""
+    from torchrec.distributed.planner import constants as k
+    from torchrec.distributed.planner.estimator.types import HardwarePerfConfig
+
+    table = HardwarePerfConfig.kernel_device_bandwidths
+    table.setdefault(("cpu", KERNEL), k.DDR_MEM_BW)
+    caching = k.UVM_CACHING_RATIO * k.HBM_MEM_BW + (1 - k.UVM_CACHING_RATIO) * k.HBM_TO_DDR_MEM_BW
+    table.setdefault(("cuda", KERNEL), caching / 10)
+
+
+register_planner_prices()
+
+
 _FUSED_PARAM_NAMES = {"optimizer": None, "learning_rate": "lr", "lr": "lr", "eps": "eps", "beta1": "beta1",
                       "beta2": "beta2", "weight_decay": "weight_decay"}  # fmt: skip
 
@@ -305,7 +353,20 @@ class HotlineEmbeddingBagCollectionSharder(ModuleSharder[HotlineEmbeddingBagColl
         )
 
     def shardable_parameters(self, module: HotlineEmbeddingBagCollection) -> dict[str, nn.Parameter]:
-        return {name: view.weight for name, view in module._modules["embedding_bags"].items()}
+        """The tables' parameters. torchrec's planner sizes a table's optimizer state by the first class
+        ``apply_optimizer_in_backward`` gave it; a table without one is offered as an alias (the same rows, no
+        copy) naming the rule the sharded tables will apply."""
+        out = {}
+        rule = None
+        for name, view in module._modules["embedding_bags"].items():
+            w = view.weight
+            if not getattr(w, "_optimizer_classes", None):
+                if rule is None:
+                    rule = requested_optimizer(module, self._fused_params) or module.optimizer
+                w = nn.Parameter(w.detach(), requires_grad=False)
+                w._optimizer_classes = [_TORCH_CLASSES[rule.kind]()]
+            out[name] = w
+        return out
 
     def sharding_types(self, compute_device_type: str) -> list[str]:
         return [SHARDING]

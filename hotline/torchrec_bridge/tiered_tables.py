@@ -37,6 +37,16 @@ from hotline.tiers.sharded_store import ShardedColdStore
 from hotline.tiers.sparse_optim import SparseOptimizer
 
 
+def to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array on ``device``: on a CPU the array itself (no copy); on CUDA staged through a pinned buffer
+    of torch's caching host allocator (the size of this array, reused) and copied without blocking the host,
+    so a lookup never waits for the device (a pageable copy would synchronise the stream)."""
+    t = torch.from_numpy(a)
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 @dataclass
 class Lookup:
     """One batch's lookups of a :class:`TieredTables`, from dispatch to the update."""
@@ -75,10 +85,13 @@ class TieredTables:
         comm: the ranks the cold rows are sharded over (one rank: every row in this process).
         device: where the hot rows and the lookups live.
         max_lookups: lookups per batch to size the dispatcher for (it grows when a batch needs more).
+        local: ``weights`` holds this rank's rows only (fused rows ``rank, rank + N, ...``, what the cold store
+            keeps); the hot rows are then read from their owners (a collective on N ranks).
     """
 
     def __init__(self, sizes: list[int], dim: int, hot_ids: list[np.ndarray], weights: np.ndarray,
-                 optimizer: SparseOptimizer, comm: Comm, device: torch.device, max_lookups: int = 1 << 16):  # fmt: skip
+                 optimizer: SparseOptimizer, comm: Comm, device: torch.device, max_lookups: int = 1 << 16,
+                 local: bool = False):  # fmt: skip
         self.layout = TableLayout(sizes)
         self.dim = int(dim)
         self.optimizer = optimizer
@@ -89,13 +102,15 @@ class TieredTables:
         N, r = comm.world_size, comm.rank
         self._capacity = max(1, int(max_lookups))
         if N == 1:
-            self.store = LocalColdStore(
-                weights, optimizer, pin=self.device.type == "cuda", max_rows=self._capacity
-            )
+            # pageable: each working set is copied through a pinned staging buffer (to_device), no table pinned
+            self.store = LocalColdStore(weights, optimizer, max_rows=self._capacity)
         else:
-            shard = np.ascontiguousarray(weights[r::N])
+            shard = np.ascontiguousarray(weights if local else weights[r::N])
             self.store = ShardedColdStore(comm, shard, optimizer, self.num_rows)
-        self.hot_weight = torch.from_numpy(weights[self.hot_rows]).to(self.device)
+        if local:
+            self.hot_weight = torch.zeros((self.hot_rows.shape[0], self.dim), device=self.device)
+        else:
+            self.hot_weight = torch.from_numpy(weights[self.hot_rows]).to(self.device)
         self.hot_state = optimizer.new_state(self.hot_rows.shape[0], self.device)
         self._hot_scratch = sparse_update.new_scratch(self.hot_rows.shape[0])
         self._placement = Placement.from_hot_ids([self.num_rows], [self.hot_rows], embedding_dim=self.dim)
@@ -105,6 +120,8 @@ class TieredTables:
         self._next_step = 0  # the claim rule's step number of the next training lookup
         self.refreshed_rows = 0
         """Prefetched rows read again because an earlier step was still to update them (the claim rule)."""
+        if local:
+            self.load_hot_from_host()
 
     # -- storage views --------------------------------------------------------------------------------------
     def local_rows(self, t: int) -> slice:
@@ -179,7 +196,7 @@ class TieredTables:
         )
         dev = self.device
         hot_pos, hot_slot = index(micro.popular_samples), index(micro.pop_ids)
-        return Lookup(ids, torch.from_numpy(hot_pos).to(dev), torch.from_numpy(hot_slot).to(dev),
+        return Lookup(ids, to_device(hot_pos, dev), to_device(hot_slot, dev),
                       index(micro.non_popular_samples), index(micro.cold_slot), fetch, (hot_pos, hot_slot))  # fmt: skip
 
     def prefetch(self, ids: np.ndarray) -> None:
@@ -223,16 +240,16 @@ class TieredTables:
                 look.fetch.values[slots] = w
                 if s.size:
                     look.fetch.state[slots] = s
-        look.work = torch.from_numpy(look.fetch.values).to(dev)
-        look.work_state = torch.from_numpy(look.fetch.state).to(dev)
+        look.work = to_device(look.fetch.values, dev)
+        look.work_state = to_device(look.fetch.state, dev)
         rows = torch.empty((ids.shape[0], self.dim), dtype=torch.float32, device=dev)
         if dev.type == "cpu":  # one parallel pass over both tiers
             assemble_rows(rows.numpy(), self.hot_weight.numpy(), *look.hot_index, look.fetch.values,
                           look.cold_pos, look.cold_slot)  # fmt: skip
         else:
             rows[look.hot_pos] = self.hot_weight.index_select(0, look.hot_slot)
-            cold_pos = torch.from_numpy(look.cold_pos).to(dev)
-            rows[cold_pos] = look.work.index_select(0, torch.from_numpy(look.cold_slot).to(dev))
+            cold_pos = to_device(look.cold_pos, dev)
+            rows[cold_pos] = look.work.index_select(0, to_device(look.cold_slot, dev))
         if training:
             rows.requires_grad_(True)
         look.rows = rows
@@ -273,7 +290,7 @@ class TieredTables:
             store._scratch = np.full(2 * look.work.shape[0], -1, dtype=np.int32)  # the update's row scratch
         device_index = None
         if self.device.type != "cpu":
-            device_index = tuple(torch.from_numpy(a).to(self.device) for a in (look.cold_slot, look.cold_pos))
+            device_index = tuple(to_device(a, self.device) for a in (look.cold_slot, look.cold_pos))
         touched += store.update(look.fetch, optimizer, look.work, look.work_state, look.cold_slot, g,
                                 look.cold_pos, device_index)  # fmt: skip
         if store.writes_back:

@@ -10,29 +10,16 @@ checkpoint in place and resumes from it. Loading uses ``torch.load(weights_only=
 runs), checks everything against the trainer first, and only then changes the trainer: a corrupt or
 mismatched checkpoint is refused with a clear error and never half-loaded (on N ranks: on none of them).
 
-A checkpoint directory belongs to one run. Every checkpoint records the run's fingerprint (model, optimizer,
-dataset, mini-batch size, number of ranks, and on N ranks the placement): :class:`CheckpointManager` refuses a
-new run into a directory that holds checkpoints (resume it, or choose another directory), refuses a
-``--resume`` whose fingerprint differs, holds an ``fcntl`` lock on the directory so that a second live run is
-refused, and its rotation removes only checkpoints of its own run.
-
-A checkpoint is trusted by its content, never by its name: the step, the run fingerprint and the digest inside
-decide what it is. A file whose name says another step than the one inside (copied or renamed) is refused;
-rotation removes only checkpoints verified as this run's and older than the newest verified one. A checkpoint
-of N ranks is complete only with its commit marker (``step-000000123.of-002.commit``), which rank 0 writes
-after every rank's file and digest are written; the parts of one a crash left without its marker are removed
-by the next run of the same fingerprint.
+The rows of a run on the disk store are streamed into a file beside the checkpoint's
+(:mod:`hotline.training.checkpoint_rows`): never the whole table in memory. A directory of one run's
+checkpoints, their rotation and resume: :mod:`hotline.training.checkpoint_dir`.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
-import json
 import os
 import re
-import sys
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +28,9 @@ import torch
 from hotline import _io
 from hotline._paths import check_file
 from hotline.distributed.comm import Comm
+from hotline.table_layout import TableLayout
+from hotline.training import checkpoint_rows
+from hotline.training.checkpoint_rows import disk_rows
 
 CHECKPOINT_FORMAT = "hotline-checkpoint/1"
 COMMIT_FORMAT = "hotline-checkpoint-commit/1"
@@ -122,7 +112,18 @@ def _check_run(trainer, payload: dict, path: Path) -> None:
         )
 
 
-def _payload(trainer) -> dict:
+def _hot_tier(mode) -> dict:
+    """The hot rows (fused ids), their weights and state: what a disk-store checkpoint keeps in its file."""
+    return {
+        "rows": torch.from_numpy(np.asarray(mode.hot_rows, np.int64).copy()),
+        "w": mode.hot_w.detach().cpu().clone(),
+        "s": mode.hot_s.detach().cpu().clone(),
+    }
+
+
+def _payload(trainer, rows: dict | None = None) -> dict:
+    """This rank's checkpoint; ``rows``: the record of its rows file (a disk-store run), whose rows it then
+    does not hold."""
     comm: Comm = trainer.comm
     placement = getattr(trainer.mode, "placement", None)
     payload = {
@@ -149,7 +150,11 @@ def _payload(trainer) -> dict:
     if counts is not None:  # re-placement: the placement in force and the counts it will choose from
         payload["hot_rows"] = torch.from_numpy(trainer.mode.hot_rows.copy())
         payload["online_counts"] = {k: torch.from_numpy(np.asarray(v)) for k, v in counts.state().items()}
-    if comm.world_size == 1:
+    if rows is not None:  # the rows are in the rows file; the hot tier (rank 0's on N ranks) here
+        payload["rows"] = rows
+        if comm.world_size == 1 or comm.rank == 0:
+            payload["hot"] = _hot_tier(trainer.mode)
+    elif comm.world_size == 1:
         tables, states = trainer.mode.export_tables_and_state()
         payload["tables"] = [torch.from_numpy(np.ascontiguousarray(t)) for t in tables]
         payload["states"] = [torch.from_numpy(np.ascontiguousarray(s)) for s in states]
@@ -166,11 +171,22 @@ def _payload(trainer) -> dict:
 
 def save_checkpoint(trainer, base: str | os.PathLike) -> Path:
     """Writes this rank's file of checkpoint ``base`` and its digest, each atomically (a collective on N
-    ranks: it ends when every rank's file is written); returns this rank's file."""
+    ranks: it ends when every rank's file is written); returns this rank's file. A disk-store run's rows are
+    streamed into the rows file first (:func:`~hotline.training.checkpoint_rows.write_rows`), which the
+    checkpoint's file, written after it, records."""
     path = rank_file(base, trainer.comm.rank, trainer.comm.world_size)
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = _payload(trainer)
-    _io.write_with_digest(path, lambda f: torch.save(payload, f))
+    host = disk_rows(trainer.mode)
+    rows = None
+    if host is not None:
+        rows = checkpoint_rows.write_rows(host, path, trainer.step_count, run_fingerprint(trainer))
+    payload = _payload(trainer, rows)
+    try:
+        _io.write_with_digest(path, lambda f: torch.save(payload, f))
+    except BaseException:
+        if rows is not None:  # this call's own: no rows file is left without its checkpoint
+            checkpoint_rows.rows_path(path).unlink(missing_ok=True)
+        raise
     trainer.comm.barrier()
     return path
 
@@ -246,8 +262,13 @@ def _check(trainer, payload: dict, path: Path) -> None:
             raise CheckpointError(
                 f"{path} was written in --mode {payload['mode']}, this run is {trainer.config.mode}"
             )
+        if "rows" in payload and "model" in payload:
+            _check_hot(trainer, payload.get("hot"), path)
         return
     dim = trainer.config.embedding_dim
+    if "rows" in payload:  # a disk-store checkpoint: its rows file is checked by _check_rows
+        _check_hot(trainer, payload.get("hot"), path)
+        return
     for t, (w, s, n) in enumerate(zip(payload["tables"], payload["states"], trainer.dataset.table_sizes)):
         if tuple(w.shape) != (n, dim) or w.dtype != torch.float32:
             raise CheckpointError(
@@ -259,6 +280,35 @@ def _check(trainer, payload: dict, path: Path) -> None:
                 f"{path}: optimizer state of table {t} has shape {tuple(s.shape)}, expected {want} "
                 f"for --optimizer {trainer.config.optimizer}"
             )
+
+
+def _check_hot(trainer, hot, path: Path) -> None:
+    """Raises CheckpointError unless ``hot`` (a disk-store checkpoint's hot tier) is rows of this model."""
+    dim, total = trainer.config.embedding_dim, sum(int(n) for n in trainer.dataset.table_sizes)
+    ok = isinstance(hot, dict) and {"rows", "w", "s"} <= hot.keys()
+    if ok:
+        rows, w, s = hot["rows"], hot["w"], hot["s"]
+        H = int(rows.shape[0]) if rows.dim() == 1 else -1
+        ok = (
+            H >= 0
+            and tuple(w.shape) == (H, dim)
+            and tuple(s.shape) == tuple(trainer.sparse_opt.state_shape(H))
+            and (H == 0 or (int(rows.min()) >= 0 and int(rows.max()) < total))
+        )
+    if not ok:
+        raise CheckpointError(f"{path}: its hot rows do not fit this model (--arch-* flags, --optimizer)")
+
+
+def _rows_record(trainer) -> dict:
+    """What this rank's store needs of a disk-store checkpoint's rows file."""
+    host = disk_rows(trainer.mode)
+    if host is not None:
+        return checkpoint_rows.record_of(host.num_rows, host.dim, host.S)
+    N, r = trainer.comm.world_size, trainer.comm.rank
+    total = sum(int(n) for n in trainer.dataset.table_sizes)
+    return checkpoint_rows.record_of(
+        len(range(r, total, N)), trainer.config.embedding_dim, trainer.sparse_opt.state_floats_per_row
+    )
 
 
 def _read_for(trainer, base: Path, same_run: bool = False, step: int | None = None) -> tuple[dict, dict]:
@@ -278,6 +328,8 @@ def _read_for(trainer, base: Path, same_run: bool = False, step: int | None = No
             raise CheckpointError(f"checkpoint {base}: the ranks' files are of different steps")
         if step is not None and p.get("step") != step:
             raise _misnamed(path, step, p.get("step"))
+    if "rows" in own:  # read once whole (its sha256) before anything changes
+        checkpoint_rows.check_rows(own_path, own["rows"], own["step"], _rows_record(trainer), CheckpointError)
     return own, rank0
 
 
@@ -313,7 +365,9 @@ def load_checkpoint(trainer, base: str | os.PathLike, same_run: bool = False, st
     if "hot_rows" in own and counts is not None:  # the placement in force when it was written, first
         trainer.mode.replace(own["hot_rows"].numpy())
         counts.load({k: v.numpy() for k, v in own["online_counts"].items()})
-    if comm.world_size == 1:
+    if "rows" in own:
+        _load_rows(trainer, rank_file(base, comm.rank, comm.world_size), rank0["hot"])
+    elif comm.world_size == 1:
         tables = [np.ascontiguousarray(t.numpy()) for t in own["tables"]]
         states = [np.ascontiguousarray(s.numpy()) for s in own["states"]]
         trainer.mode.load_tables(tables, states)
@@ -327,251 +381,29 @@ def load_checkpoint(trainer, base: str | os.PathLike, same_run: bool = False, st
     return trainer.step_count
 
 
-class CheckpointManager:
-    """Periodic checkpoints of ONE run in a directory shared by the ranks; keeps the newest ``keep`` complete
-    ones of this run. A step counts when the files and digests of all N ranks are there, and on N ranks its
-    commit marker.
-
-    :meth:`start` claims the directory (an ``fcntl`` lock held until :meth:`close`; rank 0 holds it), removes
-    the incomplete checkpoints of this run a crash left, and refuses a directory that holds checkpoints unless
-    the run resumes them; :meth:`save` writes a checkpoint and removes only this run's old ones, verified."""
-
-    def __init__(self, directory: str | os.PathLike, comm: Comm | None = None, keep: int = 2):
-        self.directory = Path(directory)
-        self.comm = comm if comm is not None else Comm()
-        self.keep = max(1, keep)
-        self._own: set[int] = set()  # steps of this run (written here, or resumed and verified)
-        self._lock_fd: int | None = None
-
-    def _steps(self) -> dict[int, dict[int, set[int]]]:
-        """world size -> step -> ranks whose file and digest exist."""
-        found: dict[int, dict[int, set[int]]] = defaultdict(lambda: defaultdict(set))
-        if self.directory.is_dir():
-            for p in self.directory.iterdir():
-                m = _STEP_NAME.match(p.name)
-                if m and _io.digest_path(p).is_file():
-                    n = int(m.group(3) or 1)
-                    found[n][int(m.group(1))].add(int(m.group(2) or 0))
-        return found
-
-    def _base(self, step: int) -> Path:
-        """The checkpoint of ``step``: the file itself for one rank, the common stem of the rank files else."""
-        return self.directory / (f"step-{step:09d}.pt" if self.comm.world_size == 1 else f"step-{step:09d}")
-
-    def _marker(self, step: int) -> Path:
-        """The commit marker of an N-rank checkpoint (written by rank 0 after every rank's file)."""
-        return self.directory / f"step-{step:09d}.of-{self.comm.world_size:03d}.commit"
-
-    @staticmethod
-    def _step_of(base: Path) -> int:
-        return int(base.name.split("-")[1].split(".")[0])
-
-    def _committed(self, step: int) -> bool:
-        if self.comm.world_size == 1:
-            return True  # one file: its digest, written after it, is its commit
-        try:
-            marker = json.loads(self._marker(step).read_text())
-        except (OSError, ValueError):
-            return False
-        return (
-            isinstance(marker, dict) and marker.get("step") == step and marker.get("format") == COMMIT_FORMAT
-        )
-
-    def complete(self) -> list[Path]:
-        """The checkpoints complete for this run's number of ranks, oldest first (one rank: the files)."""
-        N = self.comm.world_size
-        steps = self._steps().get(N, {})
-        done = [s for s in sorted(steps) if len(steps[s]) == N and self._committed(s)]
-        return [self._base(s) for s in done]
-
-    def latest(self) -> Path | None:
-        done = self.complete()
-        return done[-1] if done else None
-
-    def _content(self, base: Path, rank: int = 0) -> dict | None:
-        """The small fields of ``rank``'s file of checkpoint ``base`` (memory-mapped: no tensor is read), or
-        None when it cannot be read."""
-        try:
-            payload = torch.load(
-                rank_file(base, rank, self.comm.world_size), map_location="cpu", weights_only=True, mmap=True
-            )
-        except Exception:  # unreadable: not provably anything, so never removed
-            return None
-        return payload if isinstance(payload, dict) and payload.get("format") == CHECKPOINT_FORMAT else None
-
-    def _verified(self, base: Path, run: dict, digest: bool = False) -> bool:
-        """Whether checkpoint ``base`` is provably this run's and of the step its name says (every rank's
-        file; ``digest``: their sha256 too)."""
-        step = self._step_of(base)
-        for r in range(self.comm.world_size):
-            payload = self._content(base, r)
-            if payload is None or payload.get("run") != run or payload.get("step") != step:
-                return False
-            f = rank_file(base, r, self.comm.world_size)
-            if digest and _io.sha256(f) != _io.read_digest(f):
-                return False
-        return True
-
-    # -- one run per directory -----------------------------------------------------------------------------
-    def _lock(self) -> None:
-        """Takes the directory's lock (no lock file: ``flock`` on the directory itself) or raises."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise CheckpointError(
-                f"--checkpoint-dir {self.directory} is in use by another run that is still going: wait for "
-                f"it to end, or choose another --checkpoint-dir"
-            ) from None
-        self._lock_fd = fd
-
-    def close(self) -> None:
-        """Releases the directory's lock."""
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # closing the descriptor releases the flock
-            self._lock_fd = None
-
-    def _remove_incomplete(self, run: dict) -> None:
-        """Removes the parts of this run's checkpoints that a crash left incomplete (rank 0, under the lock):
-        rank files without their commit marker (or a marker without all its files), a file without its
-        digest. Parts of other runs, or unreadable ones, are left alone."""
-        N = self.comm.world_size
-        parts: dict[int, list[Path]] = defaultdict(list)
-        for p in self.directory.iterdir():
-            m = _STEP_NAME.match(p.name)
-            if m and int(m.group(3) or 1) == N:
-                parts[int(m.group(1))].append(p)
-        complete = {self._step_of(b) for b in self.complete()}
-        for step, files in parts.items():
-            if step in complete:
-                continue
-            payload = None
-            for f in files:  # any readable part tells whose it is
-                try:
-                    payload = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
-                    break
-                except Exception:
-                    continue
-            if not isinstance(payload, dict) or payload.get("run") != run or payload.get("step") != step:
-                continue
-            if N > 1:
-                self._marker(step).unlink(missing_ok=True)
-            for f in files:
-                _io.digest_path(f).unlink(missing_ok=True)
-                f.unlink(missing_ok=True)
-            print(f"removed the incomplete checkpoint of step {step} a stopped run left in {self.directory}",
-                  file=sys.stderr)  # fmt: skip
-
-    def start(self, trainer, resume: bool, if_present: bool = False) -> int | None:
-        """Claims the directory for this run and resumes it if asked (a collective on N ranks); returns the
-        step resumed at, or None for a fresh start.
-
-        Refused (CheckpointError): a directory in use by a live run; a fresh run into a directory holding
-        checkpoints; ``resume`` without a checkpoint (unless ``if_present``); a checkpoint of another run; a
-        checkpoint whose name says another step than its content."""
-        error = None
-        if self.comm.rank == 0:
-            try:
-                self._lock()
-                self._remove_incomplete(run_fingerprint(trainer))
-            except (CheckpointError, OSError) as e:
-                error = e
-        if not self.comm.all_ok(error is None):
-            self.close()
-            raise error or CheckpointError(f"--checkpoint-dir {self.directory}: rank 0 could not claim it")
-        try:
-            if not resume:
-                found = {n: max(steps) for n, steps in self._steps().items() if steps}
-                refusal = None
-                if found:
-                    n, step = max(found.items(), key=lambda kv: kv[1])
-                    ranks = f" of {n} ranks" if n > 1 else ""
-                    refusal = CheckpointError(
-                        f"--checkpoint-dir {self.directory} holds checkpoints of another run (newest: step {step}"
-                        f"{ranks}): pass --resume to continue that run (same dataset, model, optimizer, "
-                        f"--mini-batch-size and --nproc), or choose another --checkpoint-dir"
-                    )
-                if not self.comm.all_ok(refusal is None):  # all ranks refuse together, none waits
-                    raise refusal or CheckpointError(
-                        f"--checkpoint-dir {self.directory}: another rank found checkpoints there"
-                    )
-                return None
-            step = self.resume(trainer)
-            if step is None and not if_present:
-                raise CheckpointError(
-                    f"--resume: {self.directory} holds no complete checkpoint to resume: run without --resume "
-                    f"to start (or pass --resume-if-present to start when there is none)"
-                )
-            return step
-        except BaseException:
-            self.close()
-            raise
-
-    def _write_marker(self, step: int) -> None:
-        N = self.comm.world_size
-        files = {}
-        for r in range(N):
-            f = rank_file(self._base(step), r, N)
-            files[f.name] = _io.read_digest(f)
-        marker = {"format": COMMIT_FORMAT, "step": step, "world_size": N, "files": files}
-        _io.write_json(self._marker(step), marker)
-
-    def save(self, trainer) -> Path:
-        """Writes the checkpoint of this step (every rank its file, then rank 0 the commit marker), then
-        removes this run's checkpoints beyond the newest ``keep``: only those verified by content as this
-        run's and older than the one just written."""
-        step = trainer.step_count
-        base = self._base(step)
-        save_checkpoint(trainer, base)  # ends when every rank's file and digest are written
-        r, N = self.comm.rank, self.comm.world_size
-        if N > 1:
-            if r == 0:
-                self._write_marker(step)
-            self.comm.barrier()
-        self._own.add(step)
-        run = run_fingerprint(trainer)
-        own = [b for b in self.complete() if self._step_of(b) in self._own and self._step_of(b) < step]
-        for old in own[: max(0, len(own) - (self.keep - 1))]:
-            if not self._verified(old, run):  # replaced under us: not provably ours any more, left alone
-                self._own.discard(self._step_of(old))
-                continue
-            if N > 1 and r == 0:
-                self._marker(self._step_of(old)).unlink(missing_ok=True)  # first: never complete-looking
-            f = rank_file(old, r, N)  # each rank removes its own old file
-            _io.digest_path(f).unlink(missing_ok=True)
-            f.unlink(missing_ok=True)
-            self._own.discard(self._step_of(old))
-        return base
-
-    def resume(self, trainer) -> int | None:
-        """Loads the newest checkpoint complete on all ranks (refused if another run wrote it, or if a
-        checkpoint's name disagrees with the step inside it); None when there is none (for any N). The older
-        checkpoints of the same run, verified by content and digest, become this run's to rotate."""
-        done = self.complete()
-        for base in done:  # a copied or renamed checkpoint would be believed, and rotate the real ones away
-            payload = self._content(base)
-            if payload is not None and payload.get("step") != self._step_of(base):
-                raise _misnamed(
-                    rank_file(base, 0, self.comm.world_size), self._step_of(base), payload.get("step")
-                )
-        latest = done[-1] if done else None
-        step = -1 if latest is None else self._step_of(latest)
-        agreed = self.comm.all_gather_varlen(torch.tensor([step], dtype=torch.int64), "control")
-        if len({int(a) for a in agreed}) > 1:
-            raise CheckpointError(
-                f"ranks see different checkpoints in {self.directory}: it must be one directory shared by all ranks"
-            )
-        if latest is None:
-            others = sorted(n for n in self._steps() if n != self.comm.world_size)
-            if others:
-                raise CheckpointError(
-                    f"{self.directory} holds checkpoints written by {others[0]} ranks, this run has "
-                    f"{self.comm.world_size}: resume with --nproc {others[0]}"
-                )
-            return None
-        resumed = load_checkpoint(trainer, latest, same_run=True, step=step)
-        run = run_fingerprint(trainer)
-        self._own = {self._step_of(b) for b in done if b == latest or self._verified(b, run, digest=True)}
-        return resumed
+def _load_rows(trainer, path: Path, hot: dict) -> None:
+    """Loads a disk-store checkpoint's rows (the rows file of ``path``) and its hot tier ``hot``: streamed
+    into this run's disk store, or whole into a store that keeps its rows in memory."""
+    mode, N = trainer.mode, trainer.comm.world_size
+    host = disk_rows(mode)
+    hot_rows, hot_w, hot_s = hot["rows"].numpy(), hot["w"], hot["s"]
+    if host is not None:
+        checkpoint_rows.load_rows(host, path)
+        if N == 1:  # the file's copies of the checkpoint's hot rows are stale: theirs first, then this tier's
+            host.put(hot_rows, hot_w.numpy(), hot_s.numpy())
+            w, s, _ = host.get(mode.hot_rows)
+            hot_w, hot_s = torch.from_numpy(w), torch.from_numpy(s)
+        with torch.no_grad():  # N ranks: the same placement (the run's fingerprint), so the same hot tier
+            mode.hot_w.copy_(hot_w)
+            mode.hot_s.copy_(hot_s)
+        return
+    w, s = checkpoint_rows.read_tables(path, trainer.sparse_opt.state_shape)
+    if N > 1:
+        cold = {"cold_w": torch.from_numpy(w), "cold_s": torch.from_numpy(s)}
+        mode.load_shard_state(cold, {"hot_w": hot_w, "hot_s": hot_s})
+        return
+    w[hot_rows] = hot_w.numpy()
+    if s.size:
+        s[hot_rows] = hot_s.numpy()
+    layout = TableLayout(trainer.dataset.table_sizes)
+    mode.load_tables(layout.split(w), layout.split_state(s))

@@ -1,16 +1,46 @@
-"""The configuration of a training run: one dataclass whose fields are the flags of ``hotline train``."""
+"""The configuration of a training run: :class:`TrainConfig`, the sections of
+:mod:`hotline.training.sections` in one flat dataclass whose fields are the flags of ``hotline train``,
+checked when it is made."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
+from hotline.kinds import (
+    COLD_STORES,
+    MODES,
+    ColdStoreKind,
+    Interaction,
+    MicroBatches,
+    Mode,
+    Optimizer,
+    Replace,
+)
 from hotline.models.dlrm import DLRMConfig
-from hotline.tiers.sparse_optim import SparseOptimizer  # climbs a layer: checked by the tiers' own rule
+from hotline.table_layout import check_optimizer
+from hotline.training.sections import (
+    DataSection,
+    ModelSection,
+    OptimizerSection,
+    PipelineSection,
+    PlacementSection,
+    RunSection,
+    StoreSection,
+)
 
-MODES = ("device", "hybrid", "hotline", "auto")
+_KINDS = {
+    "mode": Mode,
+    "optimizer": Optimizer,
+    "interaction": Interaction,
+    "cold_store": ColdStoreKind,
+    "micro_batches": MicroBatches,
+    "replace": Replace,
+}
+"""The fields whose values are kinds: an enum member given is kept as its string (a checkpoint records
+the config's strings, and ``torch.load(weights_only=True)`` refuses an enum class)."""
 
 
 def resolve_device(device: str) -> str:
@@ -28,130 +58,39 @@ def resolve_device(device: str) -> str:
 
 
 @dataclass
-class TrainConfig:
-    """Everything a training run needs besides the dataset (flags keep the reference DLRM's names)."""
+class TrainConfig(
+    RunSection, StoreSection, PipelineSection, PlacementSection, DataSection, OptimizerSection, ModelSection
+):
+    """Everything a training run needs besides the dataset: the fields of every section of
+    :mod:`hotline.training.sections` (model, optimizer, data, placement, pipeline, store, run) in one flat
+    dataclass, checked when made. A kind (``mode``, ``optimizer``, ``interaction``, ``cold_store``, ...) may be
+    given as its :mod:`hotline.kinds` enum member or its string; the config keeps the string."""
 
-    mode: str = "device"
-    """Where embedding rows live: ``device`` (all on the compute device), ``hybrid`` or ``hotline``; ``auto``
-    (``hotline train``'s default) is resolved to one of them before training (:mod:`hotline.training.auto`)."""
-    embedding_dim: int = 16
-    """``--arch-sparse-feature-size``."""
-    bottom_mlp: list[int] = field(default_factory=lambda: [13, 512, 256, 64, 16])
-    """``--arch-mlp-bot``."""
-    top_mlp: list[int] = field(default_factory=lambda: [512, 256, 1])
-    """``--arch-mlp-top``."""
-    interaction: str = "dot"
-    """``--arch-interaction-op``: dot, cat or dcn (DCN-v2's low-rank cross net, torchrec's DLRM_DCN)."""
-    dcn_num_layers: int = 3
-    """``--dcn-num-layers``: cross layers of the dcn interaction."""
-    dcn_low_rank_dim: int = 512
-    """``--dcn-low-rank-dim``: rank of each cross layer of the dcn interaction."""
-    mini_batch_size: int = 128
-    """Samples per mini-batch (one optimizer step each)."""
-    learning_rate: float = 0.1
-    """Learning rate of dense and sparse optimizers (the schedule's base rate)."""
-    lr_warmup_steps: int = 0
-    """``--lr-num-warmup-steps``: linear warm-up of both learning rates (hotline.training.schedule)."""
-    lr_decay_start_step: int = 0
-    """``--lr-decay-start-step``: first step of the quadratic decay."""
-    lr_decay_steps: int = 0
-    """``--lr-num-decay-steps``: steps the decay lasts (0: none)."""
-    optimizer: str = "sgd"
-    """``sgd`` or ``rowwise-adagrad`` (dense layers get plain Adagrad with it)."""
-    nepochs: int = 1
-    """Passes over the training split."""
-    num_batches: int = 0
-    """Stop after this many steps in total (0: run all epochs)."""
-    print_freq: int = 256
-    """Steps between progress reports (metrics records)."""
-    test_freq: int = 0
-    """Steps between validation runs (0: only at the end)."""
-    eval_batch_size: int = 16384
-    """Samples per evaluation forward pass."""
-    eval_max_samples: int = 0
-    """Evaluate on at most this many samples of val/test (0: all)."""
-    seed: int = 0
-    """Seed of model and embedding initialisation."""
-    device: str = "cpu"
-    """Compute device: cpu, cuda (cuda:N), or auto: cuda when torch sees a GPU, else cpu (resolved here; on
-    one of several local ranks cuda and auto mean the rank's own GPU, cuda:LOCAL_RANK)."""
-    threads: int = 0
-    """torch and numba threads (0: all cores). A :class:`~hotline.training.trainer.Trainer` sets them while it
-    lives (its :meth:`close` restores the counts before); with 0 it leaves the process's counts (``hotline
-    train`` sets all cores, or each rank's share of them, first)."""
-    progress: bool = True
-    """Show a tqdm progress bar."""
-    quiet: bool = False
-    """Print nothing while training: no bar, no log lines (a notebook reads the metrics file instead)."""
-    metrics_path: str | None = None
-    """``--metrics``: write one JSON record per report to this .jsonl file."""
-    force: bool = False
-    """``--force``: a library caller of :meth:`Trainer.fit` may replace existing output files (the CLI judges
-    its outputs itself; never an input of the run, see :mod:`hotline.outputs`)."""
-    dump_params_path: str | None = None
-    """``--dump-params``: write every parameter by name to this .npz at the end."""
-    init_params_path: str | None = None
-    """``--init-params``: start from the parameters in this .npz (names and layout as ``--dump-params``)."""
-    dump_init_path: str | None = None
-    """``--dump-init``: write every parameter by name to this .npz before the first step."""
-    placement_path: str | None = None
-    """``--placement``: a Placement .npz for ``--mode hotline``."""
-    hbm_budget: int | None = None
-    """``--hbm-budget`` in bytes: profile first and place hot rows under it (``--mode hotline``)."""
-    lookahead: int = 2
-    """``--lookahead``: steps whose cold rows are gathered ahead of compute (hotline mode)."""
-    worker_threads: int = 1
-    """Numba threads of the look-ahead worker that dispatches and gathers (the rest compute)."""
-    share_cores: bool = False
-    """``--share-cores``: with look-ahead, torch's threads give up the cores the producer is measured to keep
-    busy (:class:`hotline.pipeline.threads.CoreShare`); faster where they share few cores, but torch's
-    reductions then run on fewer threads: equal to device mode up to reassociation, not bit-identical."""
-    micro_batches: str = "auto"
-    """hotline: ``split`` (popular then non-popular forward/backward), ``fused`` (one pass over the batch in
-    order, hot rows and working rows together), or ``auto`` (split at look-ahead 0, where the popular
-    micro-batch computes while the cold rows are gathered; fused with look-ahead, where they are ready)."""
-    replace_every: int = 0
-    """``--replace-every``: hotline re-chooses its hot rows from online access counts every N steps (0: never)."""
-    replace: str = "off"
-    """``--replace auto``: re-choose when the measured hot-lookup share falls ``replace_threshold`` below
-    what the placement delivered in its first steps (``off``: only ``replace_every``)."""
-    replace_threshold: float = 0.05
-    """``--replace-threshold``: the fall in hot-lookup share (absolute, 0.05 = 5 points) that triggers auto."""
-    count_decay: float = 0.99
-    """``--count-decay``: per-step decay of the online access counts re-placement chooses from."""
-    checkpoint_dir: str | None = None
-    """``--checkpoint-dir``: where periodic checkpoints go (and ``--resume`` looks)."""
-    checkpoint_every: int = 0
-    """``--checkpoint-every``: steps between checkpoints (0: none)."""
-    resume: bool = False
-    """``--resume``: continue from the newest complete checkpoint in ``checkpoint_dir`` (an error if none)."""
-    resume_if_present: bool = False
-    """``--resume-if-present``: resume if ``checkpoint_dir`` holds a checkpoint, else start (job schedulers)."""
-    cold_store: str = "memory"
-    """``--cold-store``: where hybrid/hotline keep the cold rows: ``memory`` (host memory) or ``disk`` (a file
-    in ``cold_dir``, read and written in place: tables beyond DRAM)."""
-    cold_dir: str | None = None
-    """``--cold-dir``: the directory of the disk store's file (``--cold-store disk``)."""
-    cold_io_depth: int = 32
-    """``--cold-io-depth``: I/O threads (reads in flight) of the disk store."""
-    cold_cache: int = 0
-    """``--cold-cache`` in bytes: the disk store's DRAM tier (its most popular rows kept in memory; 0: none)."""
-    cold_direct: bool = True
-    """``--no-cold-direct`` sets False: the disk store goes through the OS page cache instead of O_DIRECT."""
+    @classmethod
+    def named(cls, name: str) -> str:
+        """Field ``name`` as a user knows it: its flag of ``hotline train`` (``mini_batch_size (--mini-batch-size)``),
+        or its name alone for a library-only field."""
+        flag = cls.__dataclass_fields__[name].metadata.get("flag")
+        return f"{name} ({flag})" if flag else name
 
     def __post_init__(self) -> None:
+        for name, kind in _KINDS.items():
+            value = getattr(self, name)
+            if isinstance(value, kind):
+                setattr(self, name, value.value)
         if self.mode not in MODES:
             raise ValueError(f"--mode must be one of {MODES}, got {self.mode!r}")
         for name in ("mini_batch_size", "nepochs", "print_freq", "eval_batch_size"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.num_batches < 0 or self.test_freq < 0 or self.lookahead < 0 or self.checkpoint_every < 0:
-            raise ValueError("num_batches, test_freq, lookahead and checkpoint_every must be >= 0")
-        if self.replace not in ("off", "auto") or self.replace_every < 0:
+                raise ValueError(f"{self.named(name)} must be positive, got {getattr(self, name)}")
+        for name in ("num_batches", "test_freq", "lookahead", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{self.named(name)} must be >= 0, got {getattr(self, name)}")
+        if self.replace not in tuple(Replace) or self.replace_every < 0:
             raise ValueError(
                 f"--replace must be off or auto and --replace-every >= 0, got {self.replace!r}, {self.replace_every}"
             )
-        if (self.replace_every or self.replace == "auto") and self.mode != "hotline":
+        if (self.replace_every or self.replace == Replace.AUTO) and self.mode != Mode.HOTLINE:
             raise ValueError(
                 "--replace-every and --replace auto re-place the hot rows of --mode hotline only"
             )
@@ -161,7 +100,7 @@ class TrainConfig:
             raise ValueError(f"--eval-max-samples must be >= 0 (0: all samples), got {self.eval_max_samples}")
         if not 0 <= self.seed < 2**32:
             raise ValueError(f"--seed must be in [0, 2**32), got {self.seed}")
-        if self.micro_batches not in ("auto", "split", "fused"):
+        if self.micro_batches not in tuple(MicroBatches):
             raise ValueError(f"--micro-batches must be auto, split or fused, got {self.micro_batches!r}")
         if (self.checkpoint_every or self.resume or self.resume_if_present) and not self.checkpoint_dir:
             raise ValueError("--checkpoint-every and --resume need --checkpoint-dir")
@@ -170,10 +109,10 @@ class TrainConfig:
                 f"--threads must be >= 0 (0: all cores) and --worker-threads >= 1, got {self.threads} "
                 f"and {self.worker_threads}"
             )
-        if self.cold_store not in ("memory", "disk"):
+        if self.cold_store not in COLD_STORES:
             raise ValueError(f"--cold-store must be memory or disk, got {self.cold_store!r}")
-        if self.cold_store == "disk":
-            if self.mode == "device":  # auto prices the disk store (hotline.training.auto)
+        if self.cold_store == ColdStoreKind.DISK:
+            if self.mode == Mode.DEVICE:  # auto prices the disk store (hotline.costmodel.auto)
                 raise ValueError(
                     "--cold-store disk keeps the cold rows of --mode hybrid, hotline or auto (not --mode device)"
                 )
@@ -199,9 +138,7 @@ class TrainConfig:
             raise ValueError(
                 f"--device {self.device}: CUDA is not available to this torch ({torch.__version__})"
             )
-        SparseOptimizer(
-            self.optimizer, self.learning_rate, dim=self.embedding_dim
-        )  # validates optimizer and lr
+        check_optimizer(self.optimizer, self.learning_rate, self.embedding_dim)  # the tiers' rule
         _ = self.lr_schedule  # validates the schedule's steps
 
     @property
@@ -216,14 +153,14 @@ class TrainConfig:
     @property
     def replaces(self) -> bool:
         """Whether the hot rows follow the data during the run."""
-        return bool(self.replace_every) or self.replace == "auto"
+        return bool(self.replace_every) or self.replace == Replace.AUTO
 
     @property
     def fused_micro_batches(self) -> bool:
         """Whether hotline steps run one fused pass instead of popular and non-popular micro-batches."""
-        if self.micro_batches == "auto":
+        if self.micro_batches == MicroBatches.AUTO:
             return self.lookahead > 0
-        return self.micro_batches == "fused"
+        return self.micro_batches == MicroBatches.FUSED
 
     def model_config(self, table_sizes: list[int]) -> DLRMConfig:
         return DLRMConfig(

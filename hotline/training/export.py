@@ -24,7 +24,7 @@ from torch import nn
 
 from hotline import _io
 from hotline.models.dlrm import DLRM, DLRMConfig
-from hotline.training.inference import checkpoint_payload, model_spec
+from hotline.training.inference import checkpoint_payload, checkpoint_tables, model_spec
 
 EXPORT_FORMAT = "hotline-torchrec-dlrm/1"
 TARGETS = ("torchrec-dlrm",)
@@ -160,7 +160,7 @@ def export_torchrec_dlrm(
     out = guard("export_torchrec_dlrm out", out, [("checkpoint", checkpoint)], force=force)
     payload = checkpoint_payload(checkpoint)
     model = hotline_model(payload, checkpoint, flags)
-    tables = [t.numpy() for t in payload["tables"]]
+    tables = checkpoint_tables(payload, checkpoint)
     module = torchrec_dlrm(model, tables)
     config = {
         "table_sizes": [int(n) for n in payload["table_sizes"]],

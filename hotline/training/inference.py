@@ -64,7 +64,7 @@ def checkpoint_payload(path: str | os.PathLike) -> dict:
                 f"export read one-process checkpoints (train without --nproc, or --save from one process)"
             )
     payload = read_checkpoint(path)
-    if payload.get("world_size", 1) != 1 or "tables" not in payload:
+    if payload.get("world_size", 1) != 1 or ("tables" not in payload and "rows" not in payload):
         raise CheckpointError(
             f"checkpoint {path} is one rank's file of a run of {payload.get('world_size')} ranks: "
             f"evaluate, predict and export read one-process checkpoints"
@@ -88,7 +88,7 @@ def model_spec(payload: dict, path: str | os.PathLike, flags: dict | None = None
         optimizer = stored.get("optimizer", "sgd")
     else:
         arch = {**ARCH_DEFAULTS, **{k: v for k, v in flags.items() if k in ARCH_DEFAULTS}}
-        optimizer = "rowwise-adagrad" if any(s.numel() for s in payload["states"]) else "sgd"
+        optimizer = "rowwise-adagrad" if any(s.numel() for s in payload.get("states", [])) else "sgd"
     return ModelSpec(
         embedding_dim=int(arch["embedding_dim"]),
         bottom_mlp=[int(x) for x in arch["bottom_mlp"]],
@@ -108,29 +108,61 @@ def trainer_from_checkpoint(
     eval_max_samples: int = 0,
     progress: bool = True,
 ):
-    """A Trainer (``--mode device``) on ``dataset`` holding checkpoint ``checkpoint``'s model and rows; a
-    checkpoint made for another dataset or model is refused (CheckpointError) before anything loads."""
+    """A Trainer on ``dataset`` holding checkpoint ``checkpoint``'s model and rows; a checkpoint made for
+    another dataset or model is refused (CheckpointError) before anything loads.
+
+    A checkpoint of a disk-store run (its rows in a rows file, :mod:`hotline.training.checkpoint_rows`) loads
+    into ``--mode hybrid`` on the disk store, in a scratch folder beside the checkpoint: the rows are copied
+    there in chunks and read from there as the split's lookups need them, so the host memory is the disk
+    store's (a few bytes a row), never the tables. The folder's files are unlinked once open (the space is
+    freed when the trainer closes; a killed process's folder is removed by the next Hotline run there). Any
+    other checkpoint loads into ``--mode device``."""
+    import shutil
+
     from hotline.training.checkpoint import load_checkpoint
     from hotline.training.config import TrainConfig
     from hotline.training.trainer import Trainer
 
     payload = checkpoint_payload(checkpoint)
     spec = model_spec(payload, checkpoint, flags)
+    scratch = None
+    store = {}
+    if "rows" in payload:
+        scratch = _io.scratch_folder(Path(checkpoint).parent, "hotline-scoring-rows")
+        store = {"mode": "hybrid", "cold_store": "disk", "cold_dir": str(scratch)}
     config = TrainConfig(
-        mode="device",
+        **{"mode": "device", **store},
         **spec.arch(),
         optimizer=spec.optimizer,
         device=device,
         eval_max_samples=eval_max_samples,
         progress=progress,
     )
-    trainer = Trainer(config, dataset)
     try:
-        load_checkpoint(trainer, checkpoint)
-    except BaseException:
-        trainer.close()
-        raise
+        trainer = Trainer(config, dataset)
+        try:
+            load_checkpoint(trainer, checkpoint)
+        except BaseException:
+            trainer.close()
+            raise
+    finally:
+        if scratch is not None:  # open: the store reads its file through its descriptors
+            shutil.rmtree(scratch, ignore_errors=True)
     return trainer
+
+
+def checkpoint_tables(payload: dict, path: str | os.PathLike) -> list[np.ndarray]:
+    """The checkpoint's tables in row order, whole in memory (a disk-store checkpoint's from its rows file,
+    with its hot rows' current values)."""
+    if "rows" not in payload:
+        return [t.numpy() for t in payload["tables"]]
+    from hotline.table_layout import TableLayout
+    from hotline.training import checkpoint_rows
+
+    hot = payload["hot"]
+    w, _ = checkpoint_rows.read_tables(path, lambda n: (0,), state=False)
+    w[hot["rows"].numpy()] = hot["w"].numpy()
+    return TableLayout(payload["table_sizes"]).split(w)
 
 
 def write_predictions(

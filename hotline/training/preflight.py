@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hotline.kinds import staging_slots
+
 
 def train_outputs(config, save=None, save_placement=None, world_size: int = 1) -> list:
     """The outputs of a training run, for :func:`hotline.outputs.claim`: ``--metrics`` (continued by a
@@ -45,6 +47,10 @@ def train_outputs(config, save=None, save_placement=None, world_size: int = 1) -
             label = "--save" if r == 0 else f"--save (rank {r})"
             f = rank_file(save, r, world_size)
             outs += [Output(label, f), Output(f"{label} (its digest)", digest_path(f))]
+            if config.cold_store == "disk":  # the store's rows stream into a file beside it
+                from hotline.training.checkpoint_rows import rows_path
+
+                outs.append(Output(f"{label} (its rows)", rows_path(f)))
     return outs
 
 
@@ -150,7 +156,7 @@ def memory_needed(config, dataset, world_size: int = 1) -> int:
     if config.mode == "device":
         return rows * row_bytes + rows * 4  # the table, its state, the update's scratch
     lookups = -(-batch // world_size) * dataset.lookups_per_sample
-    ring = 1 if config.mode == "hybrid" else config.lookahead + 3
+    ring = staging_slots(config.mode, config.lookahead)
     tables = -(-rows // world_size) * row_bytes
     if (
         getattr(config, "cold_store", "memory") == "disk"

@@ -20,8 +20,7 @@ import math
 import os
 import sys
 import time
-import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 
 import numpy as np
@@ -29,16 +28,17 @@ import torch
 
 from hotline import _io
 from hotline._malloc import keep_freed_memory
-from hotline._paths import check_file
 from hotline.datasets.format import Batch, Dataset, Split
 from hotline.distributed.comm import Comm, shard_bounds
 from hotline.models.dlrm import DLRM
 from hotline.pipeline.threads import bind_device, hold_threads
-from hotline.tiers.base import DeferredLoss, StepStats, TrainMode, step_loss
+from hotline.tiers.base import StepStats, TrainMode
 from hotline.tiers.sparse_optim import SparseOptimizer
 from hotline.training.config import TrainConfig, resolve_device
+from hotline.training.dense_sync import all_reduce_dense
 from hotline.training.logs import LogLines
 from hotline.training.metrics import accuracy, log_loss, roc_auc
+from hotline.training.params import check_params, read_params
 from hotline.training.preflight import (
     check_all_values,
     check_dense_memory,
@@ -47,9 +47,7 @@ from hotline.training.preflight import (
     check_values,
     finite_json,
 )
-
-# Step counters that are summed over ranks (in the dense all-reduce); the rest are this rank's own.
-SUMMED_COUNTERS = ("popular_samples", "working_set_rows", "stale_rows", "lookups", "hot_lookups")
+from hotline.training.window import StepWindow
 
 
 class Trainer:
@@ -60,11 +58,12 @@ class Trainer:
         config: TrainConfig,
         dataset: Dataset | str | os.PathLike,
         comm: Comm | None = None,
-        choose: Callable[[TrainConfig, Dataset], TrainConfig] | None = None,
+        hardware: str | dict | None = None,
     ):
-        """``mode='auto'`` is resolved here, after the cheap checks of the config against the dataset: by
-        ``choose(config, dataset)`` when given, else by the cost model (:func:`hotline.training.auto.resolve`:
-        rank 0 chooses, every rank takes its choice; :attr:`auto_choice` keeps it and :meth:`fit` prints it)."""
+        """``mode='auto'`` is resolved here, after the cheap checks of the config against the dataset, by the
+        cost model (:func:`hotline.costmodel.auto.resolve`: rank 0 chooses, every rank takes its choice;
+        :attr:`auto_choice` keeps it and :meth:`fit` prints it). ``hardware``: the description it prices (a
+        JSON file, a known GPU's name such as ``"H100"``, or a dict; None: this machine, calibrated)."""
         keep_freed_memory()  # a step's large buffers stay mapped between steps (see hotline._malloc)
         self.comm = comm if comm is not None else Comm()
         if self.comm.rank:  # one progress bar and one metrics file: rank 0's
@@ -74,12 +73,12 @@ class Trainer:
         bind_device(config.device)  # the process's CUDA device: nothing implicit lands on GPU 0
         self._restore_threads = hold_threads(config.threads)  # before --mode auto times anything
         try:
-            self._start(config, dataset, choose)
+            self._start(config, dataset, hardware)
         except BaseException:
             self._restore_threads()
             raise
 
-    def _start(self, config: TrainConfig, dataset, choose) -> None:
+    def _start(self, config: TrainConfig, dataset, hardware) -> None:
         """The rest of :meth:`__init__`, under the thread counts of ``config.threads``."""
         self.config = config
         self.dataset = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
@@ -89,18 +88,14 @@ class Trainer:
                 f"{self.dataset.num_dense} dense features"
             )
         self.auto_choice = None
-        """``mode='auto'``'s :class:`~hotline.training.auto.AutoChoice` (None for another mode, or a ``choose``
-        of the caller's)."""
+        """``mode='auto'``'s :class:`~hotline.costmodel.choose.AutoChoice` (None for another mode)."""
         if config.mode == "auto":
             self._check_data()  # before the choice profiles and times anything
             # the dense model's size, before the choice builds one to time it
             check_dense_memory(config, self.dataset, self.comm.world_size, tables=False)
-            if choose is None:  # the cost model's choice, rank 0's taken by every rank
-                from hotline.training.auto import resolve
+            from hotline.costmodel.auto import resolve  # rank 0's choice, taken by every rank
 
-                config, self.auto_choice = resolve(config, self.dataset, self.comm)
-            else:
-                config = choose(config, self.dataset)
+            config, self.auto_choice = resolve(config, self.dataset, self.comm, hardware)
             self.config = config
         check_memory(config, self.dataset, self.comm.world_size)  # the tables first: the usual shortfall
         check_dense_memory(config, self.dataset, self.comm.world_size)  # with them, before the model is built
@@ -135,7 +130,7 @@ class Trainer:
 
     def _checkpoint_manager(self):
         """The periodic checkpoint manager, or None."""
-        from hotline.training.checkpoint import CheckpointManager
+        from hotline.training.checkpoint_dir import CheckpointManager
 
         d = self.config.checkpoint_dir
         return CheckpointManager(d, self.comm) if d else None
@@ -192,7 +187,7 @@ class Trainer:
         """The dense all-reduce (N > 1) and optimizer step that finish a step."""
         if self.comm.world_size > 1:
             t0 = time.perf_counter()
-            self._all_reduce_dense(stats)
+            all_reduce_dense(self.comm, self.model, stats)
             stats.times["dense_allreduce"] = time.perf_counter() - t0
             stats.samples = batch.loss_normaliser
         t1 = time.perf_counter()
@@ -205,43 +200,6 @@ class Trainer:
             stats.counters[f"bytes_sent_{k}"] = stats.counters.get(f"bytes_sent_{k}", 0.0) + v
         self.step_count += 1
         return stats
-
-    def _all_reduce_dense(self, stats: StepStats) -> None:
-        """Sums the dense gradients and the step's loss and counters over ranks in ONE all-reduce (on host
-        memory over gloo). Over NCCL the gradients and the loss are summed on the device and the counters
-        (host numbers) apart on the host: reading them back from the device would wait for the step."""
-        params = list(self.model.parameters())
-        summed = [k for k in SUMMED_COUNTERS if k in stats.counters]
-        dev = params[0].device
-        grads = [
-            p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), device=dev) for p in params
-        ]
-        counts = [stats.counters[k] for k in summed]
-        on_device = self.comm.on_device(grads[0])
-        if on_device:
-            loss = stats.loss_sum
-            loss = (
-                loss.device_value if isinstance(loss, DeferredLoss) else torch.tensor(float(loss), device=dev)
-            )
-            flat = torch.cat(grads + [loss.reshape(1).to(dev, torch.float32)])
-            if counts:  # the same counters on every rank (same mode): all skip it or none
-                host = torch.tensor(counts, dtype=torch.float64)
-                self.comm.all_reduce_(host, "control")
-                counts = host.tolist()
-        else:
-            flat = torch.cat(grads + [torch.tensor([float(stats.loss_sum), *counts], device=dev)])
-        self.comm.all_reduce_(flat, "dense_allreduce")
-        at = 0
-        for p in params:
-            p.grad = flat[at : at + p.numel()].view_as(p).clone()
-            at += p.numel()
-        if on_device:
-            stats.loss_sum = step_loss(flat[at])  # read late, like a single rank's
-        else:
-            stats.loss_sum = float(flat[at])
-            counts = [float(flat[at + 1 + i]) for i in range(len(summed))]
-        for k, v in zip(summed, counts):
-            stats.counters[k] = float(v)
 
     def _check_data(self) -> None:
         """Every split's ids, dense values and labels, read once (before the first step, or before --mode
@@ -307,8 +265,8 @@ class Trainer:
         log = LogLines(self.comm.rank == 0 and not cfg.quiet, bar=cfg.progress and not cfg.quiet)
         bar = tqdm(total=total, initial=self.step_count, disable=not log.bar, unit="step", dynamic_ncols=True)
         log.before_first_step()
-        window = _Window()
-        run = _Window()  # the whole run's counters: the summary's measured figures
+        window = StepWindow()
+        run = StepWindow()  # the whole run's counters: the summary's measured figures
         start = time.perf_counter()
         samples_total = 0
         try:
@@ -338,7 +296,7 @@ class Trainer:
                     bar.set_postfix(postfix)
                     log.report(rec, total)
                     self._emit(rec)
-                    window = _Window()
+                    window = StepWindow()
                 paused = time.perf_counter()
                 if saves:
                     self.quiesce()
@@ -500,21 +458,7 @@ class Trainer:
         expected = {f"model.{k}": tuple(v.shape) for k, v in self.model.named_parameters()}
         for t, n in enumerate(self.dataset.table_sizes):
             expected[f"embedding.table_{t}"] = (n, self.config.embedding_dim)
-        missing = [k for k in expected if k not in arrays]
-        extra = [k for k in arrays if k not in expected]
-        if missing or extra:
-            raise ValueError(
-                f"initial parameters: missing tensor(s) {missing[:4]}, unexpected tensor(s) {extra[:4]} "
-                f"(expected the names --dump-params writes for this model and dataset)"
-            )
-        for k, shape in expected.items():
-            a = arrays[k]
-            if tuple(a.shape) != shape or not np.issubdtype(a.dtype, np.floating):
-                raise ValueError(
-                    f"initial parameters: tensor {k} is {a.dtype}{list(a.shape)}, expected float32{list(shape)}"
-                )
-            if not np.isfinite(a).all():
-                raise ValueError(f"initial parameters: tensor {k} has non-finite values")
+        check_params(arrays, expected)
         state = {
             k[len("model.") :]: torch.from_numpy(np.asarray(arrays[k], np.float32))
             for k in expected
@@ -538,61 +482,3 @@ class Trainer:
             self.mode.close()
         finally:
             self._restore_threads()
-
-
-def read_params(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """The arrays of a parameter .npz (as ``--dump-params`` writes), no pickles; ValueError if unreadable."""
-    check_file(path, "--init-params")  # a FIFO would block np.load forever
-    try:
-        z = np.load(path, allow_pickle=False)
-        if not isinstance(z, np.lib.npyio.NpzFile):
-            raise ValueError("a single array, not an .npz archive of named arrays")
-        with z:
-            return {k: z[k] for k in z.files}
-    except (ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise ValueError(f"--init-params {path}: not a readable parameter .npz ({e})") from None
-
-
-class _Window:
-    """Accumulates step stats between two reports."""
-
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-        self._losses: list = []  # floats, or DeferredLoss read only when the window reports
-        self.samples = 0
-        self.steps = 0
-        self.times: dict[str, float] = {}
-        self.counters: dict[str, float] = {}
-
-    def add(self, s: StepStats) -> None:
-        self._losses.append(s.loss_sum)
-        self.samples += s.samples
-        self.steps += 1
-        for k, v in s.times.items():
-            self.times[k] = self.times.get(k, 0.0) + v
-        for k, v in s.counters.items():
-            self.counters[k] = self.counters.get(k, 0.0) + v
-
-    def report(self, step: int) -> dict:
-        from hotline.pipeline.executor import overlap_ratio
-
-        elapsed = time.perf_counter() - self.start
-        steps = max(self.steps, 1)
-        rec = {
-            "kind": "train",
-            "step": step,
-            "loss": sum(float(x) for x in self._losses) / max(self.samples, 1),
-            "samples_per_s": self.samples / elapsed if elapsed > 0 else 0.0,
-            "window_steps": self.steps,  # steps since the previous record: time_s / window_steps = per step
-            "ms_per_step": 1e3 * elapsed / steps,
-            "phase_ms_per_step": {k: round(1e3 * v / steps, 6) for k, v in self.times.items()},
-            "time_s": {k: round(v, 6) for k, v in self.times.items()},
-            **{k: v for k, v in self.counters.items()},
-        }
-        if "popular_samples" in self.counters:
-            rec["popular_sample_share"] = self.counters["popular_samples"] / max(self.samples, 1)
-        if self.counters.get("lookups"):  # tiered modes: the share of this window's lookups that hit hot rows
-            rec["hot_lookup_share"] = self.counters["hot_lookups"] / self.counters["lookups"]
-        if "stall" in self.times:
-            rec["overlap_ratio"] = overlap_ratio(self.times)
-        return rec

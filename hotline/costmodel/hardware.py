@@ -1,10 +1,15 @@
 """The fields of a hardware description (``hotline calibrate`` JSON, or the shipped GPU table), checked one by
 one: a missing, NaN, infinite, negative or zero figure is named with its section and field, instead of
-becoming a prediction of nonsense or a KeyError deep inside the cost model."""
+becoming a prediction of nonsense or a KeyError deep inside the cost model; and where descriptions come from:
+a JSON file, or the shipped table of known GPUs (``gpus.json``, :func:`known_gpus`)."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+from importlib import resources
+from pathlib import Path
 
 RATE = "rate"
 """A throughput (GB/s, GFLOP/s): a finite number > 0 (a step is priced by dividing by it)."""
@@ -99,7 +104,7 @@ def check_hardware(hw, source: str) -> dict:
 
 
 PASS_FIELDS = {"batch": RATE, "pooling_factor": RATE, "pass_us": RATE, "assemble_us": COST}
-"""The figures of each timed dense pass in ``device.passes`` (:func:`hotline.profiling.calibrate.time_pass`)."""
+"""The figures of each timed dense pass in ``device.passes`` (:func:`hotline.costmodel.dense_timing.time_pass`)."""
 
 
 def _check_passes(passes, source: str) -> None:
@@ -119,3 +124,45 @@ def _check_passes(passes, source: str) -> None:
             problem = _number_problem(timed[name], kind)
             if problem:
                 raise ValueError(f"{where}[{key!r}].{name} {problem}")
+
+
+def known_gpus() -> dict:
+    """The shipped table of GPUs (``hotline/costmodel/gpus.json``): device and link figures, with sources."""
+    text = resources.files("hotline.costmodel").joinpath("gpus.json").read_text()
+    return json.loads(text)["gpus"]
+
+
+def load_hardware(spec: str | os.PathLike | dict, host: str | os.PathLike | dict | None = None) -> dict:
+    """A hardware description: a dict, a JSON file (from ``hotline calibrate``), or the name of a known GPU
+    (``H100``, ``H200``, ...), whose host side comes from ``host`` (a calibration JSON; default: the typical
+    host figures shipped with the GPU table)."""
+    from hotline._paths import file_problem
+
+    source = str(spec)
+    if isinstance(spec, dict):
+        hw, source = dict(spec), "(given as a dict)"
+    elif Path(spec).exists() or Path(spec).is_symlink() or str(spec).endswith(".json"):
+        problem = file_problem(spec)
+        if problem is not None:
+            raise ValueError(f"hardware file {spec} {problem}")
+        try:
+            hw = json.loads(Path(spec).read_text())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ValueError(f"hardware file {spec} is not valid JSON: {e}") from None
+    else:
+        gpus = known_gpus()
+        name = str(spec)
+        match = next((k for k in gpus if k.lower() == name.lower()), None)
+        if match is None:
+            raise ValueError(f"hardware {name!r}: neither a JSON file nor a known GPU ({', '.join(gpus)})")
+        gpu = gpus[match]
+        base = (
+            load_hardware(host)
+            if host is not None
+            else json.loads(resources.files("hotline.costmodel").joinpath("gpus.json").read_text())[
+                "typical_host"
+            ]
+        )
+        hw = {**base, "name": f"{match} + {base.get('name', 'host')}", "device": gpu["device"],
+              "link": gpu["link"], "sources": gpu.get("sources", [])}  # fmt: skip
+    return check_hardware(hw, source)

@@ -41,8 +41,8 @@ def pooled_penalty(timings: list[tuple[float, float, float]]) -> dict:
     standard error of the per-pair penalties (None for one pair); ``pairs``, the timings (so that two
     calibrations can be pooled as one); and ``penalty``, what the cost model prices with: ``pooled``,
     except that an overlap the timings do not show beyond their noise (``pooled`` < 1 but ``pooled + 2 se`` >= 1)
-    is not credited: 1. A penalty is a small difference of two noisy times over a third (a 15% swing of the
-    disk's speed moves one pair's penalty by 0.3), so a gain within the noise is priced as none."""
+    is not credited: 1. A penalty is a small difference of two noisy times over a third (a swing of the
+    disk's speed moves one pair's penalty far), so a gain within the noise is priced as none."""
     if not timings:
         return {"penalty": 1.0, "pooled": 1.0, "se": None, "pairs": []}  # nothing timed shows no gain
     together = sum(t for t, _, _ in timings)

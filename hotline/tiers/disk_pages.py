@@ -1,0 +1,179 @@
+"""The 4 KiB pages of a :class:`~hotline.tiers.disk_file.RowFile`: which pages hold which packed records, runs
+of consecutive pages (one system call each), page-aligned buffers (O_DIRECT's rule), records read from and
+written into a buffer of pages, runs read or written on the I/O threads, and the :class:`PageSet` a fetch read
+(reused by its write)."""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+import threading
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from hotline.tiers.store_files import PAGE
+
+MAX_RUN_PAGES = 64
+"""The longest read or write one system call makes (256 KiB): longer runs are split across the I/O threads."""
+
+
+def pages_per_record(record_bytes: int) -> float:
+    """4 KiB pages one record of ``record_bytes`` spans, on average over the file's packed records (a record
+    straddles a page boundary where it falls across one): the pages a row read alone costs."""
+    if record_bytes <= 0:
+        raise ValueError(f"record_bytes must be positive, got {record_bytes}")
+    n = PAGE // math.gcd(int(record_bytes), PAGE)  # records until their offsets in a page repeat
+    start = np.arange(n, dtype=np.int64) * int(record_bytes)
+    return float(np.mean((start + record_bytes - 1) // PAGE - start // PAGE + 1))
+
+
+def aligned_bytes(n: int) -> np.ndarray:
+    """A uint8 array of ``n`` bytes whose address is a multiple of 4096 (O_DIRECT's rule), from an
+    over-allocated buffer."""
+    raw = np.empty(n + PAGE, np.uint8)
+    off = (-raw.ctypes.data) % PAGE
+    return raw[off : off + n]
+
+
+def pages_of(pos: np.ndarray, record: int) -> tuple[np.ndarray, np.ndarray]:
+    """The sorted distinct pages that hold the ``record``-byte records at file positions ``pos``, and each
+    record's offset in a buffer of those pages."""
+    start = pos * record
+    pages = np.unique(spanned(start, record))
+    offsets = np.searchsorted(pages, start // PAGE) * PAGE + start % PAGE
+    return pages, offsets
+
+
+def spanned(start: np.ndarray, record: int) -> np.ndarray:
+    """Every page (of the file, or of a page set's buffer) that the ``record``-byte records starting at bytes
+    ``start`` touch: one each, or two where a record straddles a page boundary (more for huge rows); repeats
+    kept."""
+    first, last = start // PAGE, (start + record - 1) // PAGE
+    spans = last - first + 1
+    if spans.max(initial=1) == 1:
+        return first
+    return np.repeat(first, spans) + _ranges(spans)
+
+
+def runs(pages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Runs of consecutive pages (at most MAX_RUN_PAGES each): first index into ``pages`` and length."""
+    if not pages.shape[0]:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    breaks = np.flatnonzero(np.diff(pages) != 1) + 1
+    starts = np.concatenate([[0], breaks])
+    lengths = np.diff(np.concatenate([starts, [pages.shape[0]]]))
+    if lengths.max() > MAX_RUN_PAGES:
+        pieces = -(-lengths // MAX_RUN_PAGES)
+        sub = _ranges(pieces)
+        starts = np.repeat(starts, pieces) + sub * MAX_RUN_PAGES
+        lengths = np.minimum(np.repeat(lengths, pieces) - sub * MAX_RUN_PAGES, MAX_RUN_PAGES)
+    return starts, lengths
+
+
+def _ranges(counts: np.ndarray) -> np.ndarray:
+    """0..c-1 for each c of ``counts``, concatenated."""
+    ends = np.cumsum(counts)
+    return np.arange(int(ends[-1]) if ends.shape[0] else 0) - np.repeat(ends - counts, counts)
+
+
+def get_records(buffer: np.ndarray, offsets: np.ndarray, record: int) -> np.ndarray:
+    """uint8 [U, record]: the records at byte ``offsets`` of ``buffer`` (a copy)."""
+    return buffer[offsets[:, None] + np.arange(record)]
+
+
+def put_records(buffer: np.ndarray, offsets: np.ndarray, records: np.ndarray) -> None:
+    """Writes float32 records [U, floats] at byte ``offsets`` of ``buffer``."""
+    raw = np.ascontiguousarray(records).view(np.uint8).reshape(records.shape[0], -1)
+    buffer[offsets[:, None] + np.arange(raw.shape[1])] = raw
+
+
+def named_error(e: OSError, path: Path, what: str) -> OSError:
+    """``e`` as one line naming the file and what was being done."""
+    return OSError(e.errno, f"{e.strerror or e}: cold store {path} ({what})")
+
+
+def transfer(
+    fd: int,
+    path: Path,
+    pool: Executor,
+    io_depth: int,
+    write: bool,
+    pages: np.ndarray,
+    buffer: np.ndarray,
+    which: np.ndarray | None = None,
+) -> tuple[int, int]:
+    """Reads (or writes) ``pages`` of the file open as ``fd`` into (from) ``buffer`` in runs, spread over up to
+    ``io_depth`` threads of ``pool``; returns the system calls made and the bytes moved. ``which``: only these
+    indices of ``pages``."""
+    idx = np.arange(pages.shape[0]) if which is None else which
+    starts, lengths = runs(pages[idx])
+    if not starts.shape[0]:
+        return 0, 0
+    mem = memoryview(buffer)
+    at = idx[starts] * PAGE  # buffer offsets (pages of a run are consecutive in the buffer too)
+    off = pages[idx[starts]] * PAGE
+    size = lengths * PAGE
+    call = os.pwritev if write else os.preadv
+
+    def run(lo: int, hi: int) -> None:
+        for a, o, n in zip(at[lo:hi].tolist(), off[lo:hi].tolist(), size[lo:hi].tolist()):
+            try:
+                done = call(fd, [mem[a : a + n]], o)
+            except OSError as e:
+                raise named_error(
+                    e, path, f"{'write' if write else 'read'} of {n} bytes at byte {o}"
+                ) from None
+            if done != n:
+                raise OSError(
+                    errno.EIO, f"short {'write' if write else 'read'}: cold store {path} at byte {o}"
+                )
+
+    n = starts.shape[0]
+    k = min(io_depth, n)
+    if k == 1:
+        run(0, n)
+    else:
+        bounds = np.linspace(0, n, k + 1).astype(np.int64)
+        futures = [pool.submit(run, int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+        for f in futures:
+            f.result()
+    return n, int(size.sum())
+
+
+@dataclass(eq=False)  # compared and hashed by identity (the write's set of page sets still to write)
+class PageSet:
+    """The pages a set of rows lives in, read into one aligned buffer (a fetch's, reused by its write)."""
+
+    pages: np.ndarray
+    """int64 [P] sorted distinct page numbers."""
+    buffer: np.ndarray
+    """uint8 [P * 4096] their bytes, page i of ``pages`` at ``i * 4096``."""
+    offsets: np.ndarray
+    """int64 [U] where each record of the rows on disk starts in ``buffer`` (in the order of ``on_disk``)."""
+    read_at: np.ndarray
+    """int64 [P] for each page, the writes completed before it was read (a page a later write changed is read
+    again before a write); -1 for a page not read (only skipped rows need it: the write reads it first)."""
+    on_disk: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """int64 [U] the indices, in the rows asked for, of the rows on disk (the rest are in the DRAM tier)."""
+    reads: int = 0
+    """System calls the read took."""
+    disk_rows: int = 0
+    """Rows on disk (the rest came from the DRAM tier), skipped ones included."""
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    """Held while the pages' bytes and ``read_at`` change (a refresh on one thread, a write on another)."""
+
+    @property
+    def pages_read(self) -> int:
+        """Pages the fetch read (the rest only skipped rows need)."""
+        return int((self.read_at >= 0).sum())
+
+    def records_of(self, idx: np.ndarray) -> np.ndarray:
+        """For each index ``idx`` into the rows asked for, its record's place in ``offsets`` (-1: in the DRAM
+        tier)."""
+        slot = np.full(max(int(idx.max(initial=-1)), int(self.on_disk.max(initial=-1))) + 1, -1, np.int64)
+        slot[self.on_disk] = np.arange(self.on_disk.shape[0])
+        return slot[idx]
