@@ -399,7 +399,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.profile_batches < 1:
         p.error(f"--profile-batches must be at least 1, got {args.profile_batches}")
     # torch's OpenMP reads the wait policy once, when torch loads (common imports hotline first: a short spin,
-    # then passive); a spinning team takes cores the store's I/O threads need on a busy machine (docs/disk-tier.md)
+    # then passive); a spinning team takes cores the store's I/O threads need on a busy machine (docs/training.md: the wait policy)
     torch_policy = (
         "unknown (torch loaded before main)"
         if "torch" in sys.modules

@@ -19,7 +19,7 @@ Generated from the parsers by `python -m hotline.cli.reference --write` (do not 
 `tests/test_docs.py` fails when this page and `hotline COMMAND --help` disagree). Every command prints the
 same text with `--help`. Start with `hotline train` (no arguments: the built-in data, the mode chosen for
 you), or `hotline data synthetic` then `hotline profile` and `hotline train --mode hotline` (see the
-[quickstart](../README.md#quickstart)).
+[quickstart](../README.md#quickstart-the-split-at-work)).
 """
 
 
