@@ -16,17 +16,9 @@ import pytest
 
 from hotline.datasets.synthetic import generate
 from hotline.distributed.comm import EXIT_PEER_LOST, PeerLost, peer_guard
+from tests.test_last_inputs import SMALL  # the tiny model of every CLI case
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = [
-    "--arch-sparse-feature-size",
-    "4",
-    "--arch-mlp-bot",
-    "13-8-4",
-    "--arch-mlp-top",
-    "8-1",
-    "--no-progress",
-]
 
 
 def _ranks(launcher: int) -> dict[int, int]:

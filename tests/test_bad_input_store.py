@@ -12,16 +12,8 @@ import pytest
 
 from hotline.cli import main
 from hotline.tiers.store_files import FORMAT, PAGE
+from tests.test_last_inputs import SMALL  # the tiny model of every CLI case
 
-SMALL = [
-    "--arch-sparse-feature-size",
-    "4",
-    "--arch-mlp-bot",
-    "13-8-4",
-    "--arch-mlp-top",
-    "8-1",
-    "--no-progress",
-]
 ROWS = "hotline-cold-rows.bin"
 
 
