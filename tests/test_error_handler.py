@@ -33,7 +33,7 @@ def test_debug_shows_the_traceback_behind_the_line(data, capsys, monkeypatch):
     assert main([*argv, "--debug"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[0] == "Traceback (most recent call last):" and "ValueError" in err[-2]
-    assert err[-1] == "hotline train: error: mini_batch_size must be positive, got 0"
+    assert err[-1] == "hotline train: error: mini_batch_size (--mini-batch-size) must be positive, got 0"
     assert "HOTLINE_DEBUG" not in os.environ  # --debug held for that call only
     assert main(argv) == 2
     _one_error(capsys, "train")

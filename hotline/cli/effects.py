@@ -115,15 +115,15 @@ settings, each needed: ``profile --dcn-num-layers`` needs ``--predict`` and the 
 
 
 def flag_given(args: argparse.Namespace, parser: argparse.ArgumentParser | None, dest: str) -> bool:
-    """Whether the flag of ``dest`` was given: set at all (a flag unset by default is None: every flag of
-    ``hotline train`` this asks about), or, for a flag with a default, on the command line (a value equal to
-    the default counts: it is still ignored)."""
+    """Whether the flag of ``dest`` was given: on the command line when it is known (a value equal to the
+    default counts: it is still ignored; a value a ``--preset`` set does not), else set at all (a flag unset
+    by default is None: every flag of ``hotline train``) or set to another value than its default."""
     default = parser.get_default(dest) if parser is not None else None
     value = getattr(args, dest, None)
+    if getattr(args, "command_line", None) is not None and parser is not None:
+        return dest in given_dests(args, parser)
     if default is None:
         return value is not None
-    if getattr(args, "command_line", None) is not None:
-        return dest in given_dests(args, parser)
     return value != default
 
 
