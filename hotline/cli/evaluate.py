@@ -64,9 +64,14 @@ def check_checkpoint_flags(args: argparse.Namespace, command: str) -> None:
 
 def _peek(path) -> dict | None:
     """A checkpoint's payload with its tensors mapped, not read (its architecture and their shapes); None
-    where it cannot be read so: its own load then says why, with its checks (digest, safe loader)."""
+    where it cannot be read so: its own load then says why, with its checks (digest, safe loader). Only a
+    regular file is peeked at: a FIFO would block the read, /dev/null or a link loop is the load's to name."""
+    import os
+
     import torch
 
+    if not os.path.isfile(path):
+        return None
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:  # noqa: BLE001 -- any failure is the real load's to name
