@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 COLUMNS = [
@@ -19,18 +20,10 @@ COLUMNS = [
 RUN_WITHOUT_COMMAND = "python benchmarks/gpu_bench.py --no-smoke --budget-s 520 --hardware-out h200.json"
 
 
-def _cell(v: object) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
-    return f"{v:,}" if isinstance(v, int) else str(v).replace("|", "/")
-
-
-def _sweep(rows: list[dict]) -> list[str]:
+def _sweep(rows: list[dict], cell: Callable[[object], str]) -> list[str]:
     out = ["| " + " | ".join(h for _, h in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in rows:
-        out.append("| " + " | ".join(_cell(r.get(k)) for k, _ in COLUMNS) + " |")
+        out.append("| " + " | ".join(cell(r.get(k)) for k, _ in COLUMNS) + " |")
     return out
 
 
@@ -49,8 +42,9 @@ def _exact_line(stage: dict) -> str:
     return f"Exactness against device mode on {len(compared)} runs: largest relative difference {worst:.1e}."
 
 
-def section(json_dir: Path) -> list[str]:
-    """The GPU section: each ``gpu-*.json`` in ``json_dir`` (a full run) and its ``-smoke`` part, if any."""
+def section(json_dir: Path, cell: Callable[[object], str]) -> list[str]:
+    """The GPU section: each ``gpu-*.json`` in ``json_dir`` (a full run) and its ``-smoke`` part, if any; table
+    cells written by ``cell`` (the page's own formatter, :func:`run_all._cell`)."""
     lines: list[str] = []
     for path in sorted(json_dir.glob("gpu-*.json")):
         if path.stem.endswith(("-smoke", ".hardware")):
@@ -72,7 +66,7 @@ def section(json_dir: Path) -> list[str]:
                 f"### {name}: batch {a.get('batch')}, dim {a.get('dim')}, {a.get('workload', 'kaggle')}",
                 "",
             ]
-            lines += [*_sweep(stage["sweep"]), ""]
+            lines += [*_sweep(stage["sweep"], cell), ""]
             ratios = stage.get("ratios") or {}
             if ratios:
                 lines += ["Ratios (best unsaturated hotline at the middle budget): "

@@ -311,7 +311,7 @@ def page(records: dict[str, dict], json_dir: Path) -> str:
         data_path = json_dir / f"{bench.name}.json"
         data = json.loads(data_path.read_text()) if data_path.exists() else None
         lines += section(bench, records.get(bench.name), data)
-    lines += gpu_page.section(json_dir)
+    lines += gpu_page.section(json_dir, _cell)
     return "\n".join(lines).rstrip() + "\n"
 
 
