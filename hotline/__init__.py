@@ -60,7 +60,8 @@ def _numba_cache() -> None:
     """Numba caches compiled kernels beside their source (``kernels/__pycache__``) or in the user's cache
     folder; where neither can be written (a read-only install, no writable HOME) and no ``NUMBA_CACHE_DIR`` is
     set, every ``cache=True`` kernel failed to import ("no locator available"). Then the kernels are compiled
-    without a cache, said once on stderr (once for a run's ranks too)."""
+    without a cache, said once on stderr (once for a run's ranks too). An empty or relative ``XDG_CACHE_HOME``
+    is ignored, as the XDG rule says (Numba would otherwise cache into ``./numba`` of the working folder)."""
     if os.environ.get("NUMBA_CACHE_DIR") or os.environ.get("NUMBA_DISABLE_JIT"):
         return
     import importlib.util
@@ -69,8 +70,16 @@ def _numba_cache() -> None:
     if spec is None or not spec.submodule_search_locations:
         return
     kernels = os.path.join(list(spec.submodule_search_locations)[0], "__pycache__")
-    user = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    if _writable(kernels) or _writable(os.path.join(user, "numba")):
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    # the XDG rule: an empty or relative XDG_CACHE_HOME is ignored (Numba would cache into ./numba instead)
+    user = xdg if os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".cache")
+    if _writable(kernels):
+        return
+    if _writable(os.path.join(user, "numba")):
+        if "XDG_CACHE_HOME" in os.environ and user != xdg:
+            os.environ["NUMBA_CACHE_DIR"] = os.path.join(user, "numba")  # read when numba is first imported
+            if "numba" in sys.modules:
+                sys.modules["numba"].config.CACHE_DIR = os.environ["NUMBA_CACHE_DIR"]
         return
     from numba.core.dispatcher import Dispatcher
 

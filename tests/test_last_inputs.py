@@ -49,6 +49,26 @@ def test_no_writable_cache_folder_compiles_without_a_cache_and_says_so_once(tmp_
     assert not (tmp_path / "numba").exists()
 
 
+@pytest.mark.parametrize("xdg", ["", "relative/cache"])
+def test_an_empty_or_relative_xdg_cache_home_caches_in_home_not_the_working_folder(tmp_path, xdg):
+    """A read-only install (the kernels' ``__pycache__`` is a file) with ``XDG_CACHE_HOME`` empty or relative:
+    Numba's own rule would cache into ``./numba`` (or ``./relative/cache/numba``) of the working folder; the
+    XDG rule ignores such a value, so the cache goes to ``$HOME/.cache/numba``."""
+    tree, work, home = tmp_path / "ro", tmp_path / "work", tmp_path / "home"
+    for part in ("hotline", "kernels"):
+        shutil.copytree(ROOT / part, tree / part, ignore=shutil.ignore_patterns("__pycache__"))
+    (tree / "kernels" / "__pycache__").write_text("not a folder")
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env.update(HOME=str(home), XDG_CACHE_HOME=xdg, PYTHONPATH=str(tree))
+    code = "import numpy as np, hotline.kernels.reuse as r; r._fenwick_add(np.zeros(5, np.int64), 1, 1)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == "", proc.stderr
+    assert list(work.iterdir()) == []
+    assert any((home / ".cache" / "numba").rglob("*.nbi"))
+
+
 @pytest.mark.parametrize("argv", [["calibrate", "--disk", ".", "--disk-only", "--disk-depth", "1000000"],
                                   ["train", "D", "--cold-store", "disk", "--cold-dir", ".", "--cold-io-depth", "100000"]])  # fmt: skip
 def test_an_io_depth_beyond_reason_is_one_line(tmp_path, capsys, argv):
