@@ -18,13 +18,11 @@ from pathlib import Path
 
 HEADER = """# Command-line reference
 
-Generated from the parsers by `python -m hotline.cli.reference --write` (do not edit by hand;
-`tests/test_docs.py` fails when this page and the parsers disagree, or a line of a command's `--help` is
-missing here). `hotline COMMAND --help` prints the same flags and text. Every command takes `-h, --help`.
-Start with `hotline train` (no arguments: the built-in data, the mode chosen for you), or `hotline data
-synthetic` then `hotline profile` and `hotline train --mode hotline` (see the
-[quickstart](../README.md#quickstart-the-split-at-work)).
+Generated from the parsers by `python -m hotline.cli.reference --write`: `tests/test_docs.py` fails when a
+line of a command's `--help` is missing here. Every command also takes `-h, --help`. Start with the
+[quickstart](../README.md#quickstart-the-split-at-work).
 """
+
 
 SHARED_ANCHOR = "flags-several-commands-share"
 
@@ -107,7 +105,7 @@ def render() -> str:
             lines.append(_line(inv, text))
         if mine:
             names = ", ".join(f"`{inv}`" for inv, _ in mine)
-            lines += ["", f"Also {names} ([shared](#{SHARED_ANCHOR}))."]
+            lines += ["", f"Also {names} ([below](#{SHARED_ANCHOR}))."]
         if p.epilog:
             lines += ["", "```text", p.epilog.rstrip(), "```"]
         parts.append("\n".join(lines).replace("\n\n\n", "\n\n") + "\n")
