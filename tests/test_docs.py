@@ -198,6 +198,19 @@ def test_cli_reference_is_generated_from_the_parsers():
     )
 
 
+DOCS_MAX_BYTES = 155_000
+"""docs/*.md together at most this many bytes: half of what they were as lab notebooks (310 KB). A page says
+what a feature is, how to use it, what it guarantees and the test that shows it; measured figures live in
+benchmarks/results/ and the generated performance page."""
+
+
+def test_docs_stay_reference_sized():
+    sizes = {p.name: len(p.read_bytes()) for p in sorted((ROOT / "docs").glob("*.md"))}
+    total = sum(sizes.values())
+    largest = ", ".join(f"{n} {b:,}" for n, b in sorted(sizes.items(), key=lambda x: -x[1])[:4])
+    assert total <= DOCS_MAX_BYTES, f"docs/ is {total:,} bytes, over {DOCS_MAX_BYTES:,} (largest: {largest})"
+
+
 def _help_fragments(text: str) -> list[str]:
     """The pieces of a ``--help`` printed at a width that wraps nothing: each line's runs of text between two or
     more spaces (an option's invocation, its help; a group's title without its colon), the usage left out."""
