@@ -72,7 +72,10 @@ def _synopsis(name: str, parser: argparse.ArgumentParser) -> str:
     for a in parser._actions:
         if a.option_strings and a.required:
             words.append(f"{a.option_strings[0]} {fmt._format_args(a, a.dest.upper())}".rstrip())
-    if any(a.option_strings and not a.required for a in parser._actions if a.help != argparse.SUPPRESS):
+    shown = [
+        a for a in parser._actions if a.help != argparse.SUPPRESS and not isinstance(a, argparse._HelpAction)
+    ]
+    if any(a.option_strings and not a.required for a in shown):
         words.append("[options]")
     for a in parser._actions:
         if not a.option_strings:
