@@ -62,8 +62,8 @@ def _md(text: str) -> str:
     return " ".join(text.split()).replace("*", "\\*")
 
 
-def _line(invocation: str, text: str, who: str = "") -> str:
-    return f"- `{invocation}`{who}: {_md(text)}" if text else f"- `{invocation}`{who}"
+def _line(invocation: str, text: str) -> str:
+    return f"- `{invocation}`: {_md(text)}" if text else f"- `{invocation}`"
 
 
 def _synopsis(name: str, parser: argparse.ArgumentParser) -> str:
@@ -107,15 +107,16 @@ def render() -> str:
             group = g
             lines.append(_line(inv, text))
         if mine:
-            names = ", ".join(f"`{inv}`" for inv, _ in mine)
+            names = ", ".join(f"`{inv.split(', ')[0].split(' ')[0]}`" for inv, _ in mine)
             lines += ["", f"Also {names} ([below](#{SHARED_ANCHOR}))."]
         if p.epilog:
             lines += ["", "```text", p.epilog.rstrip(), "```"]
         parts.append("\n".join(lines).replace("\n\n\n", "\n\n") + "\n")
     parts.append("## Flags several commands share\n")
-    parts.append(
-        "\n".join(_line(inv, text, f" ({', '.join(who)})") for (inv, text), who in shared.items()) + "\n"
-    )
+    by_commands: dict[str, list[str]] = {}
+    for (inv, text), who in shared.items():
+        by_commands.setdefault(", ".join(who), []).append(_line(inv, text))
+    parts += [f"**{who}**\n\n" + "\n".join(lines) + "\n" for who, lines in by_commands.items()]
     return "\n".join(parts)
 
 
