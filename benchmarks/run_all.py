@@ -48,7 +48,19 @@ class Bench:
     """Its flags (besides --json)."""
     what: str
     """One line: what it compares."""
+    columns: tuple[str, ...] = ()
+    """The fields of its rows the page shows (empty: all): each rate once (not the time it is the inverse of);
+    the JSON holds the rest."""
+    rows: str = "results"
+    """The JSON's list of rows."""
 
+
+SWEEP = ("mode", "target", "coverage", "popular_share", "cold_rows_per_step", "saturated", "samples_per_s",
+         "stall_share")  # fmt: skip
+"""A pipeline sweep's fields on the page: each throughput beside the coverage, popular share and cold rows."""
+
+DUPLICATES = ("benchmark", "machine", "cpus", "load_average_1min", "config")
+"""Figures a section's machine line or command already gives."""
 
 BENCHES = (
     Bench(
@@ -56,14 +68,45 @@ BENCHES = (
         "bench_dispatcher.py",
         (),
         "the dispatcher's split of a 4096 x 26 batch against a numpy split, with the memory-limit probe",
+        (
+            "pooling",
+            "method",
+            "lookups_per_batch",
+            "mlookups_per_s",
+            "popular_share",
+            "speedup_vs_numpy",
+            "probe_mlookups_per_s",
+            "rank_probe_mlookups_per_s",
+        ),
     ),
-    Bench("profile", "bench_profile.py", (), "access counting (Numba) against np.bincount"),
-    Bench("sparse-update", "bench_sparse_update.py", (), "the sparse row update against index_add_"),
+    Bench(
+        "profile",
+        "bench_profile.py",
+        (),
+        "access counting (Numba) against np.bincount",
+        ("workload", "method", "lookups", "total_rows", "mlookups_per_s", "speedup_vs_bincount"),
+    ),
+    Bench(
+        "sparse-update",
+        "bench_sparse_update.py",
+        (),
+        "the sparse row update against index_add_",
+        (
+            "dim",
+            "optimizer",
+            "method",
+            "lookups",
+            "unique_rows",
+            "mlookups_per_s",
+            "speedup_vs_index_add",
+        ),
+    ),
     Bench(
         "gather",
         "bench_gather.py",
         (),
         "the working-set gather and write-back against index_select / index_copy_",
+        ("op", "dim", "method", "rows", "median_ms", "gb_per_s", "ratio_vs_torch"),
     ),
     Bench(
         "preprocess",
@@ -76,30 +119,63 @@ BENCHES = (
         "bench_pipeline.py",
         ("--config", "emb-heavy"),
         "every mode side by side at budgets for 70/85/95% coverage (dim 64, batch 4096)",
+        SWEEP,
+        "sweep",
     ),
     Bench(
         "pipeline-kaggle",
         "bench_pipeline.py",
         ("--config", "kaggle"),
         "every mode side by side at budgets for 70/85/95% coverage (dim 16, batch 2048)",
+        SWEEP,
+        "sweep",
     ),
     Bench(
         "pipeline-mlperf",
         "bench_pipeline.py",
         ("--config", "mlperf-dcnv2"),
         "the MLPerf DLRM-DCNv2 shape (multi-hot, DCN) at a row cap that fits here",
+        SWEEP,
+        "sweep",
     ),
     Bench(
         "costmodel",
         "bench_costmodel.py",
         (),
         "the cost model's predicted / measured samples/s per mode and budget",
+        (
+            "config",
+            "mode",
+            "target",
+            "coverage",
+            "stale_rows",
+            "predicted",
+            "measured",
+            "ratio",
+            "ratio_at_probe",
+            "bottleneck",
+            "in_target",
+        ),
     ),
     Bench(
         "disk-tier",
         "bench_disk_tier.py",
         (),
         "cold rows on local disk: hotline against hybrid, an mmap baseline and all-in-memory",
+        (
+            "mode",
+            "target",
+            "hot_rows",
+            "coverage",
+            "popular_share",
+            "cold_rows_per_step",
+            "saturated",
+            "samples_per_s",
+            "os_read_bytes_per_step",
+            "exposed_read_ms",
+            "predicted_ratio",
+            "page_cache",
+        ),
     ),
     Bench(
         "torchrec",
@@ -112,12 +188,36 @@ BENCHES = (
         "bench_distributed.py",
         ("--threads", "1"),
         "1 and 2 gloo ranks, every mode, budgets for 70/85/95% coverage",
+        (
+            "mode",
+            "nproc",
+            "target",
+            "coverage",
+            "popular_share",
+            "cold_rows_per_step",
+            "saturated",
+            "samples_per_s",
+            "bytes_total",
+            "vs_n1",
+            "max_rel_diff_vs_n1",
+        ),
     ),
     Bench(
         "drift",
         "bench_drift.py",
         (),
         "static against adaptive placement on drifting data, and the counting's cost",
+        (
+            "placement",
+            "samples_per_s",
+            "hot_lookup_share",
+            "popular_sample_share",
+            "cold_rows_per_step",
+            "replacements",
+            "rows_promoted",
+            "replace_ms_mean",
+            "hot_share_by_day_text",
+        ),
     ),
 )
 
@@ -240,15 +340,24 @@ def _cell(v: object) -> str:
     return "-" if v is None else str(v).replace("|", "/")
 
 
-def table(rows: list[dict]) -> list[str]:
-    """A Markdown table of ``rows`` (their scalar fields, in first-seen order)."""
+def table(rows: list[dict], columns: tuple[str, ...] = ()) -> list[str]:
+    """A Markdown table of ``rows``: the ``columns`` any row has, or (none given) their scalar fields, in
+    first-seen order; a column with one value in every row is said once below the table."""
     cols: list[str] = []
     for r in rows:
         cols += [k for k, v in r.items() if k not in cols and not isinstance(v, (dict, list))]
+    if columns:
+        cols = [c for c in columns if c in cols]
+    same = {
+        c: _cell(rows[0].get(c)) for c in cols if len(rows) > 1 and len({_cell(r.get(c)) for r in rows}) == 1
+    }
+    cols = [c for c in cols if c not in same]
     if not cols:
         return []
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(_cell(r.get(c)) for c in cols) + " |" for r in rows]
+    if same:
+        lines += ["", "In every row: " + ", ".join(f"{c} {v}" for c, v in same.items()) + "."]
     return lines
 
 
@@ -280,10 +389,10 @@ def section(bench: Bench, record: dict | None, data: dict | None) -> list[str]:
         return [*out, f"**Failed** (exit {record['returncode']}): `{record.get('error', '')}`", ""]
     if data is None:
         return [*out, "It wrote no JSON.", ""]
-    results = data.get("results")
+    results = data.get(bench.rows)
     if isinstance(results, list) and results and isinstance(results[0], dict):
-        out += [*table(results), ""]
-    scalars = {k: v for k, v in data.items() if not isinstance(v, (dict, list)) and k not in ("results",)}
+        out += [*table(results, bench.columns), ""]
+    scalars = {k: v for k, v in data.items() if not isinstance(v, (dict, list)) and k not in DUPLICATES}
     for key in ("targets", "summary", "verdict", "checks", "ratios"):
         if isinstance(data.get(key), dict):
             scalars.update({f"{key}.{k}": v for k, v in data[key].items() if not isinstance(v, (dict, list))})
@@ -304,7 +413,9 @@ def page(records: dict[str, dict], json_dir: Path) -> str:
         "machine and the load average around the run. Compare ratios within one run, never absolute figures across",
         "machines or days. A hotline throughput is always printed beside the coverage, popular share and cold rows",
         "it measured; a run at >= 99.9% coverage is marked saturated and is not a hotline result. GPU figures come",
-        "from `benchmarks/gpu_bench.py` ([GPU.md](../benchmarks/GPU.md)), run on a lent GPU: the last sections.",
+        "from `benchmarks/gpu_bench.py` ([GPU.md](../benchmarks/GPU.md)), run on a lent GPU: the last sections. A",
+        "section shows the headline fields; every field of a benchmark NAME is in",
+        "[benchmarks/results/](../benchmarks/results/)`NAME.json`.",
         "",
     ]
     for bench in BENCHES:

@@ -11,6 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from arrays import assert_equal_arrays, fitted_arrays
 
 from hotline import TrainConfig, Trainer
 from hotline.cli import main
@@ -55,27 +56,19 @@ def _config(mode, placement, steps, **kw):
     )
 
 
-def _train(ds, cfg):
-    tr = Trainer(cfg, ds)
-    try:
-        tr.fit()
-        return tr.named_arrays()
-    finally:
-        tr.close()
-
-
 @pytest.mark.parametrize("mode,lookahead", [("device", 0), ("hybrid", 0), ("hotline", 0), ("hotline", 2)])
 def test_resume_is_bit_identical(data, tmp_path, mode, lookahead):
     ds, placement = data
-    straight = _train(ds, _config(mode, placement, 24, lookahead=lookahead))
+    straight = fitted_arrays(ds, _config(mode, placement, 24, lookahead=lookahead))
     ck = tmp_path / "ck"
-    _train(ds, _config(mode, placement, 12, lookahead=lookahead, checkpoint_dir=str(ck), checkpoint_every=4))
+    fitted_arrays(
+        ds, _config(mode, placement, 12, lookahead=lookahead, checkpoint_dir=str(ck), checkpoint_every=4)
+    )
     assert [p.name for p in CheckpointManager(ck).complete()] == ["step-000000008.pt", "step-000000012.pt"]
-    resumed = _train(
+    resumed = fitted_arrays(
         ds, _config(mode, placement, 24, lookahead=lookahead, checkpoint_dir=str(ck), resume=True)
     )
-    for name, a in straight.items():
-        assert np.array_equal(a, resumed[name]), name
+    assert_equal_arrays(straight, resumed)
 
 
 def test_sigkill_then_resume_equals_straight_run(data, tmp_path):
@@ -130,15 +123,13 @@ def test_sigkill_then_resume_equals_straight_run(data, tmp_path):
         )
         == 0
     )
-    a, b = np.load(tmp_path / "straight.npz"), np.load(tmp_path / "resumed.npz")
-    for k in a.files:
-        assert np.array_equal(a[k], b[k]), k
+    assert_equal_arrays(np.load(tmp_path / "straight.npz"), np.load(tmp_path / "resumed.npz"))
 
 
 def test_partial_write_is_ignored_and_corruption_refused(data, tmp_path):
     ds, placement = data
     ck = tmp_path / "ck"
-    _train(ds, _config("device", placement, 8, checkpoint_dir=str(ck), checkpoint_every=4))
+    fitted_arrays(ds, _config("device", placement, 8, checkpoint_dir=str(ck), checkpoint_every=4))
     latest = CheckpointManager(ck).latest()
     # A run killed mid-write leaves a temporary file and a data file without digest: not complete, not used.
     (ck / "step-000000012.pt.tmp").write_bytes(b"partial")
@@ -215,17 +206,16 @@ def test_nan_loss_stops_and_keeps_last_checkpoint(data, tmp_path, capsys):
 @pytest.mark.parametrize("lookahead", [1, 4])
 def test_resume_is_bit_identical_with_lookahead_1_and_4(data, tmp_path, lookahead):
     ds, placement = data
-    straight = _train(ds, _config("hotline", placement, 24, lookahead=lookahead))
+    straight = fitted_arrays(ds, _config("hotline", placement, 24, lookahead=lookahead))
     ck = tmp_path / "ck"
-    _train(
+    fitted_arrays(
         ds, _config("hotline", placement, 10, lookahead=lookahead, checkpoint_dir=str(ck), checkpoint_every=5)
     )
     assert [p.name for p in CheckpointManager(ck).complete()] == ["step-000000005.pt", "step-000000010.pt"]
-    resumed = _train(
+    resumed = fitted_arrays(
         ds, _config("hotline", placement, 24, lookahead=lookahead, checkpoint_dir=str(ck), resume=True)
     )
-    for name, a in straight.items():
-        assert np.array_equal(a, resumed[name]), name
+    assert_equal_arrays(straight, resumed)
 
 
 @pytest.fixture(scope="module")
@@ -252,9 +242,9 @@ def test_resume_across_short_batch_and_epoch_boundary(short, tmp_path, mode, loo
     starts the second epoch), the resumed run ends bit-identical to the straight one."""
     ds, placement = short
     kw = {"lookahead": lookahead, "micro_batches": micro, "nepochs": 2}
-    straight = _train(ds, _config(mode, placement, 0, **kw))
+    straight = fitted_arrays(ds, _config(mode, placement, 0, **kw))
     ck = tmp_path / "ck"
-    _train(ds, _config(mode, placement, stop, checkpoint_dir=str(ck), checkpoint_every=stop, **kw))
+    fitted_arrays(ds, _config(mode, placement, stop, checkpoint_dir=str(ck), checkpoint_every=stop, **kw))
     assert [p.name for p in CheckpointManager(ck).complete()] == [f"step-{stop:09d}.pt"]
     tr = Trainer(_config(mode, placement, 0, checkpoint_dir=str(ck), resume=True, **kw), ds)
     try:
@@ -264,8 +254,7 @@ def test_resume_across_short_batch_and_epoch_boundary(short, tmp_path, mode, loo
         resumed = tr.named_arrays()
     finally:
         tr.close()
-    for name, a in straight.items():
-        assert np.array_equal(a, resumed[name]), name
+    assert_equal_arrays(straight, resumed)
 
 
 # ------------------------------------------------------------------------------ trusted by content

@@ -9,6 +9,7 @@ import tracemalloc
 import numpy as np
 import pytest
 import torch
+from arrays import assert_equal_arrays, fitted_arrays
 
 from hotline import TrainConfig, Trainer
 from hotline.cli import main
@@ -58,28 +59,13 @@ def _config(placement, cold=None, mode="hotline", steps=STEPS, **kw):
                        **kw)  # fmt: skip
 
 
-def _arrays(ds, cfg) -> dict:
-    tr = Trainer(cfg, ds)
-    try:
-        tr.fit()
-        return tr.named_arrays()
-    finally:
-        tr.close()
-
-
-def _equal(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for k in a:
-        assert np.array_equal(a[k], b[k]), k
-
-
 _straight: dict = {}
 
 
 def _device(ds, optimizer="rowwise-adagrad") -> dict:
     """The straight run every resumed one must equal bit for bit (a fused pass equals device mode)."""
     if optimizer not in _straight:
-        _straight[optimizer] = _arrays(ds, _config(None, mode="device", optimizer=optimizer))
+        _straight[optimizer] = fitted_arrays(ds, _config(None, mode="device", optimizer=optimizer))
     return _straight[optimizer]
 
 
@@ -87,7 +73,7 @@ def _checkpointed(ds, placement, tmp_path, **kw):
     """A disk-store run of 20 steps with checkpoints at 8 and 16; returns the checkpoint directory."""
     ck, cold = tmp_path / "ck", tmp_path / "cold"
     cold.mkdir(parents=True)
-    _arrays(ds, _config(placement, cold, steps=20, checkpoint_dir=str(ck), checkpoint_every=8, **kw))
+    fitted_arrays(ds, _config(placement, cold, steps=20, checkpoint_dir=str(ck), checkpoint_every=8, **kw))
     return ck
 
 
@@ -115,9 +101,9 @@ def test_resume_from_the_rows_file_is_bit_identical(data, tmp_path, optimizer, c
     """With the DRAM tier too (its rows saved from memory and loaded into it)."""
     ds, placement, _ = data
     ck = _checkpointed(ds, placement, tmp_path, optimizer=optimizer, cold_cache=cache)
-    resumed = _arrays(ds, _config(placement, tmp_path / "cold", checkpoint_dir=str(ck), resume=True,
+    resumed = fitted_arrays(ds, _config(placement, tmp_path / "cold", checkpoint_dir=str(ck), resume=True,
                                   optimizer=optimizer, cold_cache=cache))  # fmt: skip
-    _equal(_device(ds, optimizer), resumed)
+    assert_equal_arrays(_device(ds, optimizer), resumed)
 
 
 def test_a_users_file_at_the_rows_path_is_kept(data, tmp_path):
@@ -143,9 +129,13 @@ def test_the_rows_load_into_another_file_order_and_into_the_memory_store(data, t
     ck = _checkpointed(ds, placement, tmp_path)
     cold2 = tmp_path / "cold2"
     cold2.mkdir()
-    _equal(_device(ds), _arrays(ds, _config(other, cold2, checkpoint_dir=str(ck), resume=True)))
+    assert_equal_arrays(
+        _device(ds), fitted_arrays(ds, _config(other, cold2, checkpoint_dir=str(ck), resume=True))
+    )
     ck2 = _checkpointed(ds, placement, tmp_path / "b")
-    _equal(_device(ds), _arrays(ds, _config(placement, checkpoint_dir=str(ck2), resume=True)))
+    assert_equal_arrays(
+        _device(ds), fitted_arrays(ds, _config(placement, checkpoint_dir=str(ck2), resume=True))
+    )
 
 
 # -- killed mid-checkpoint --------------------------------------------------------------------------------
@@ -173,8 +163,8 @@ def test_killed_mid_checkpoint_resumes_from_the_previous_one(data, tmp_path, whe
     else:
         left = rows
     capsys.readouterr()
-    resumed = _arrays(ds, _config(placement, tmp_path / "cold", checkpoint_dir=str(ck), resume=True))
-    _equal(_device(ds), resumed)
+    resumed = fitted_arrays(ds, _config(placement, tmp_path / "cold", checkpoint_dir=str(ck), resume=True))
+    assert_equal_arrays(_device(ds), resumed)
     assert not left.exists()
     assert left.name in capsys.readouterr().err
 
@@ -228,7 +218,7 @@ def test_save_and_load_take_a_chunk_of_memory_not_the_table(tmp_path, monkeypatc
         load_checkpoint(tr, tmp_path / "step-000000003.pt")
         loaded_peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
-        _equal(expected, tr.named_arrays())
+        assert_equal_arrays(expected, tr.named_arrays())
     finally:
         tr.close()
     bound = (8 << 20) + 8 * chunk + (256 << 10)  # the digest's blocks, a few chunks, small things
@@ -305,5 +295,4 @@ def test_two_ranks_stream_their_shards_and_resume_bit_identically(data, tmp_path
     for other in ("b.npz", "c.npz"):
         b = np.load(tmp_path / other)
         assert a.files == b.files
-        for k in a.files:
-            assert np.array_equal(a[k], b[k]), (other, k)
+        assert_equal_arrays(a, b, other)

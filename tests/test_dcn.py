@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from arrays import fitted_arrays
 
 from hotline import TrainConfig, Trainer
 from hotline.cli import main
@@ -206,12 +207,7 @@ def _fit(data, **kw):
     cfg = TrainConfig(mode="hotline", optimizer="rowwise-adagrad", learning_rate=0.05, mini_batch_size=BATCH,
                       progress=False, placement_path=places["rowwise-adagrad"], lookahead=2, eval_max_samples=32,
                       **{**ARCH, **kw})  # fmt: skip
-    tr = Trainer(cfg, ds)
-    try:
-        tr.fit()
-        return tr.named_arrays()
-    finally:
-        tr.close()
+    return fitted_arrays(ds, cfg)
 
 
 def test_resume_of_a_dcn_run_is_bit_identical(data, tmp_path):

@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+from arrays import assert_equal_arrays
 from ranks import spawn, train_and_dump
 
 from hotline import TrainConfig, Trainer
@@ -63,12 +64,6 @@ def _run(ds, cfg):
         tr.close()
 
 
-def _equal(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for k in a:
-        assert np.array_equal(a[k], b[k]), k
-
-
 _device: dict = {}
 
 
@@ -91,7 +86,7 @@ def test_disk_store_is_bit_identical_to_device(data, tmp_path, optimizer, mode, 
     got, stats = _run(
         ds, _config(mode, placement, tmp_path, optimizer, lookahead=lookahead, micro_batches=micro)
     )
-    _equal(_device_run(ds, optimizer), got)
+    assert_equal_arrays(_device_run(ds, optimizer), got)
     read = sum(s.counters["disk_bytes_read"] for s in stats)
     assert (
         0 < read <= PAGE * sum(s.counters["disk_pages"] for s in stats)
@@ -106,15 +101,17 @@ def test_split_path_equals_the_memory_store(data, tmp_path, optimizer):
     host-memory store; also with a DRAM tier holding part of the rows."""
     ds, placement = data
     mem = _run(ds, _config("hotline", placement, tmp_path, optimizer, disk=False, lookahead=0))[0]
-    _equal(mem, _run(ds, _config("hotline", placement, tmp_path, optimizer, lookahead=0))[0])
-    _equal(mem, _run(ds, _config("hotline", placement, tmp_path, optimizer, lookahead=0, cold_cache=2000))[0])
+    assert_equal_arrays(mem, _run(ds, _config("hotline", placement, tmp_path, optimizer, lookahead=0))[0])
+    assert_equal_arrays(
+        mem, _run(ds, _config("hotline", placement, tmp_path, optimizer, lookahead=0, cold_cache=2000))[0]
+    )
 
 
 @pytest.mark.parametrize("optimizer", ["rowwise-adagrad", "adam"])
 def test_dram_tier_with_lookahead_is_bit_identical(data, tmp_path, optimizer):
     ds, placement = data
     got = _run(ds, _config("hotline", placement, tmp_path, optimizer, lookahead=2, cold_cache=4096))[0]
-    _equal(_device_run(ds, optimizer), got)
+    assert_equal_arrays(_device_run(ds, optimizer), got)
 
 
 @pytest.mark.parametrize("optimizer", ["rowwise-adagrad", "adagrad", "adam"])
@@ -125,8 +122,8 @@ def test_replacement_with_the_disk_store(data, tmp_path, optimizer):
     kw = {"lookahead": 2, "replace_every": 6, "optimizer": optimizer}
     mem, mem_stats = _run(ds, _config("hotline", placement, tmp_path, disk=False, **kw))
     got, _ = _run(ds, _config("hotline", placement, tmp_path, **kw))
-    _equal(mem, got)
-    _equal(_device_run(ds, optimizer), got)
+    assert_equal_arrays(mem, got)
+    assert_equal_arrays(_device_run(ds, optimizer), got)
 
 
 def test_two_ranks_each_with_its_own_file(data, tmp_path):
@@ -174,7 +171,7 @@ def test_resume_from_a_disk_backed_checkpoint(data, tmp_path, lookahead, optimiz
     tr = Trainer(_config("hotline", placement, cold, checkpoint_dir=str(ck), resume=True, **kw), ds)
     try:
         tr.fit()
-        _equal(straight, tr.named_arrays())
+        assert_equal_arrays(straight, tr.named_arrays())
     finally:
         tr.close()
 
@@ -201,9 +198,7 @@ def test_sigkill_anywhere_then_resume(data, tmp_path):
     assert CheckpointManager(ck).latest() is not None
     resumed = ["--checkpoint-dir", str(ck), "--resume", "--dump-params", str(tmp_path / "resumed.npz")]
     assert main(["train", *common, *disk, *resumed]) == 0
-    a, b = np.load(tmp_path / "straight.npz"), np.load(tmp_path / "resumed.npz")
-    for k in a.files:
-        assert np.array_equal(a[k], b[k]), k
+    assert_equal_arrays(np.load(tmp_path / "straight.npz"), np.load(tmp_path / "resumed.npz"))
 
 
 # -- errors a user can cause ----------------------------------------------------------------------------
@@ -296,7 +291,5 @@ def test_cli_trains_with_the_disk_store(data, tmp_path, capsys):
         "1KiB",
     ]
     assert main(["train", *common, *disk, "--dump-params", str(tmp_path / "d.npz")]) == 0
-    a, b = np.load(tmp_path / "m.npz"), np.load(tmp_path / "d.npz")
-    for k in a.files:
-        assert np.array_equal(a[k], b[k]), k
+    assert_equal_arrays(np.load(tmp_path / "m.npz"), np.load(tmp_path / "d.npz"))
     assert made_by_hotline(cold_file(tmp_path)) and order_path(cold_file(tmp_path)).is_file()

@@ -198,6 +198,75 @@ def test_cli_reference_is_generated_from_the_parsers():
     )
 
 
+DOCS_MAX_BYTES = 155_000
+"""docs/*.md together at most this many bytes: half of what they were as lab notebooks (310 KB). A page says
+what a feature is, how to use it, what it guarantees and the test that shows it; measured figures live in
+benchmarks/results/ and the generated performance page."""
+
+
+def test_docs_stay_reference_sized():
+    sizes = {p.name: len(p.read_bytes()) for p in sorted((ROOT / "docs").glob("*.md"))}
+    total = sum(sizes.values())
+    largest = ", ".join(f"{n} {b:,}" for n, b in sorted(sizes.items(), key=lambda x: -x[1])[:4])
+    assert total <= DOCS_MAX_BYTES, f"docs/ is {total:,} bytes, over {DOCS_MAX_BYTES:,} (largest: {largest})"
+
+
+def _help_fragments(text: str) -> list[str]:
+    """The pieces of a ``--help`` printed at a width that wraps nothing: each line's runs of text between two or
+    more spaces (an option's invocation, its help; a group's title without its colon), the usage left out."""
+    lines = text.splitlines()
+    body = lines[next(i for i, line in enumerate(lines) if not line.strip()) :]  # after the usage block
+    skip = {"options", "positional arguments", "-h, --help", "show this help message and exit"}
+    out = []
+    for line in body:
+        for piece in re.split(r"\s{2,}", line.strip()):
+            piece = piece.removesuffix(":")  # a group's title
+            if piece and piece not in skip:
+                out.append(piece)
+    return out
+
+
+def test_cli_reference_holds_every_line_of_every_commands_help(monkeypatch):
+    """docs/cli.md is --help without its layout: each piece of each command's --help (flags, help texts with
+    their defaults, group titles and descriptions, sub-commands) is in that command's section of the page or in
+    its shared flags."""
+    from hotline.cli import build_parser
+    from hotline.cli.reference import page_path, walk
+
+    monkeypatch.setenv("COLUMNS", "2000")
+    page = page_path().read_text().replace("\\*", "*")
+    sections = dict(re.findall(r"^## `?([^`\n]+)`?\n(.*?)(?=^## |\Z)", page, re.S | re.M))
+    shared = " ".join(sections["Flags several commands share"].split())
+    checked = 0
+    for name, parser in walk(build_parser()):
+        parser.prog = name
+        mine = " ".join(sections[name].split()) + " " + shared
+        for piece in _help_fragments(parser.format_help()):
+            assert " ".join(piece.split()) in mine, (
+                f"docs/cli.md, `{name}`: {piece!r} of its --help is missing"
+            )
+            checked += 1
+    assert checked > 200
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_test_a_page_names_exists(page: Path):
+    """A page names a test as ``test_file.py::test_name``, or ``::test_name`` after a mention of its file
+    (``tests/test_file.py``); every one is a test function of that file (``-k bad-input`` selects this page's)."""
+    import ast
+
+    file = None
+    for m in re.finditer(r"(?:tests/)?(test_\w+\.py)|::(test_\w+)", page.read_text()):
+        if m.group(1):
+            file = m.group(1)
+            assert (ROOT / "tests" / file).exists(), f"{page.name} names tests/{file}, which does not exist"
+            continue
+        assert file, f"{page.name}: ::{m.group(2)} before any test file is named"
+        tree = ast.parse((ROOT / "tests" / file).read_text())
+        names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+        assert m.group(2) in names, f"{page.name} names {file}::{m.group(2)}, which does not exist"
+
+
 def test_links_between_pages_resolve():
     link = re.compile(r"\]\((?!https?://|#)([^)#\s]+)(#[^)]*)?\)")
     for page in PAGES:
@@ -237,7 +306,7 @@ def test_readme_is_short():
 
 def update_page(page: Path) -> None:
     """Reruns a page's console blocks and writes what each command printed as its shown output (then trim by
-    hand with ``...`` lines where a command prints pages). ``python tests/test_docs.py PAGE``."""
+    hand with ``...`` lines where a command prints pages). ``python tests/test_docs.py --rewrite PAGE``."""
     import tempfile
 
     text = page.read_text()
@@ -256,6 +325,28 @@ def update_page(page: Path) -> None:
         page.write_text(_BLOCK.sub(rerun, text))
 
 
+def main(argv: list[str] | None = None) -> int:
+    """``python tests/test_docs.py --rewrite PAGE...``: the pages' shown outputs rewritten (not a test: pytest
+    runs the tests)."""
+    import argparse
+
+    p = argparse.ArgumentParser(
+        description="Rewrite the shown output of each console block of PAGE with what its commands print now "
+        "(this does not test the pages: `python -m pytest tests/test_docs.py` does)."
+    )
+    p.add_argument("--rewrite", action="store_true", required=True, help="rewrite the pages named (required)")
+    p.add_argument(
+        "pages", nargs="+", type=Path, metavar="PAGE", help="a Markdown page (README.md, docs/X.md)"
+    )
+    args = p.parse_args(argv)
+    missing = [str(page) for page in args.pages if not page.is_file()]
+    if missing:
+        p.error(f"no such page: {', '.join(missing)}")
+    for page in args.pages:
+        update_page(page.resolve())
+        print(f"rewrote the outputs of {page}")
+    return 0
+
+
 if __name__ == "__main__":
-    for name in sys.argv[1:]:
-        update_page(Path(name).resolve())
+    sys.exit(main())

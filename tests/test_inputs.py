@@ -414,22 +414,6 @@ def test_a_dataset_path_that_is_a_file_is_named(data, tmp_path, capsys):
     assert f"dataset directory {f} is not a directory (a regular file)" in _one_error(capsys, "train")
 
 
-def test_every_test_named_on_the_bad_input_page_exists():
-    """docs/bad-input.md names a test per row (``file.py::name``, or ``::name`` for the file named before it)."""
-    import ast
-    import re
-
-    page = (Path(__file__).resolve().parents[1] / "docs" / "bad-input.md").read_text()
-    named, file = [], None
-    for m in re.finditer(r"`(test_\w+\.py)?::(test_\w+)", page):
-        file = m.group(1) or file
-        named.append((file, m.group(2)))
-    assert len(named) > 60
-    for file, name in named:
-        tree = ast.parse((Path(__file__).resolve().parent / file).read_text())
-        assert name in {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}, f"{file}::{name}"
-
-
 @pytest.mark.parametrize("share", [0.001, 0.05, 0.5, 1.0])
 def test_array_file_gathers_samples_of_any_density(data, monkeypatch, share):
     """Rows by index (the profiler's sample), dense stretches read whole and sparse ones run by run."""

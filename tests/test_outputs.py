@@ -474,16 +474,3 @@ def test_dataset_writers_keep_an_existing_dataset_unless_overwrite(env, tmp_path
     assert link.is_symlink() and raw.read_bytes() != USER  # the link's target written, as every writer does
     generate(ds, 300, seed=6, table_sizes=[20] * 26, progress=False, overwrite=True)
     assert _tree(ds) != before
-
-
-def test_every_test_the_data_safety_page_names_exists():
-    import ast
-    import re
-
-    root = Path(__file__).resolve().parent
-    page = (root.parent / "docs" / "data-safety.md").read_text()
-    refs = re.findall(r"(test_\w+\.py)::(test_\w+)", page)
-    assert len(refs) >= 15
-    for file, name in refs:
-        tree = ast.parse((root / file).read_text())
-        assert name in {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}, (file, name)
