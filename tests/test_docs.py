@@ -245,6 +245,7 @@ def test_cli_reference_holds_every_line_of_every_commands_help(monkeypatch):
             assert " ".join(piece.split()) in mine, (
                 f"docs/cli.md, `{name}`: {piece!r} of its --help is missing"
             )
+            assert not re.search(r"(\([^()]+\))\s*\1", piece), f"`{name}`: {piece!r} says it twice"
             checked += 1
     assert checked > 200
 

@@ -35,7 +35,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if "default" in text or action.default is argparse.SUPPRESS or not action.option_strings:
             return text
         if action.required:
-            return f"{text} (required)"
+            return text if text.endswith("(required)") else f"{text} (required)"
         if isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
             return text
         if action.nargs == 0:  # store_true / store_false

@@ -29,7 +29,7 @@ def add_parser(subparsers: SubParsers) -> None:
         "is its own device; for a GPU, pass its name (H100, H200) with --host FILE instead. Run it on an idle "
         "machine: timings taken under load are not the host's figures.",
     )
-    add_output(parser, "--out", "write the hardware description here (required)", required=True)
+    add_output(parser, "--out", "write the hardware description here", required=True)
     parser.add_argument("--disk", metavar="DIR", help="also measure the disk store's disk in DIR: random 4 KiB "
                         "reads/s at depth 1 and --disk-depth, page writes/s, sequential write rate (O_DIRECT), and a step's reads "
                         "and write-backs as the store issues them (fixed + per page; how they overlap)")  # fmt: skip
