@@ -11,7 +11,10 @@ layout (``inter_arch.crossnet.{W,V}_kernels.l``, ``bias.l``), copied as they are
 one-layer top MLP have no torchrec counterpart and are refused.
 
 The exported file is ``torch.save`` of ``{"format", "config", "state_dict"}`` (tensors, lists and strings
-only: it loads with ``weights_only=True``); :func:`load_torchrec_dlrm` rebuilds the module from it.
+only: it loads with ``weights_only=True``), or, for tables too large to hold twice in memory, a
+torch.distributed.checkpoint directory of the same keys written chunk by chunk
+(:mod:`hotline.training.export_sharded`; :func:`choose_format`); :func:`load_torchrec_dlrm` rebuilds the
+module from either.
 """
 
 from __future__ import annotations
