@@ -162,6 +162,29 @@ def _disk_write_rate(directory: Path, size: int) -> float:
     return size / 1e6 / seconds
 
 
+def _export_stage(ckpt: Path, work: Path, disk_mb_per_s: float) -> dict:
+    """``hotline export --format dcp`` of the checkpoint ``ckpt`` (its rows streamed into row order through a
+    scratch file, then into a torch.distributed.checkpoint directory): seconds, MB/s of the export's bytes
+    beside the disk's sequential write rate, the peak resident set during it (``VmHWM``, reset before it)."""
+    import shutil
+
+    from hotline.training.export import export_torchrec_dlrm
+
+    out = work / "export-dcp"
+    shutil.rmtree(out, ignore_errors=True)
+    reset = _reset_peak_rss()
+    t0 = time.perf_counter()
+    export_torchrec_dlrm(ckpt, out, format="dcp")
+    seconds = time.perf_counter() - t0
+    size = sum(p.stat().st_size for p in out.iterdir())
+    hwm = _vm("VmHWM") if reset else None
+    shutil.rmtree(out)
+    print(f"export (dcp): {size / 1e6:,.0f} MB in {seconds:.1f} s, {size / 1e6 / seconds:,.0f} MB/s (the disk's "
+          f"sequential write: {disk_mb_per_s:,.0f} MB/s; the export also writes and reads a scratch copy); "
+          f"peak RSS {'n/a' if hwm is None else f'{hwm / (1 << 30):.2f} GiB'}", flush=True)  # fmt: skip
+    return {"seconds": seconds, "bytes": size, "mb_per_s": size / 1e6 / seconds, "peak_rss_bytes": hwm}
+
+
 def child(args) -> dict:
     """Everything that runs under the limit: the run, its checkpoint, the resumed run, the baseline."""
     from hotline.datasets.format import Dataset
@@ -198,6 +221,7 @@ def child(args) -> dict:
     size = sum(p.stat().st_size for p in ckpt.parent.glob(ckpt.name + "*"))
     out["checkpoint_bytes"] = size
     out["checkpoint_mb_per_s"] = size / 1e6 / out["checkpoint_s"]
+    out["export"] = _export_stage(ckpt, work, out["disk_write_mb_per_s"])
     for _ in tr.progress(tr.batches(tr.step_count)):
         pass
     straight = _digest(tr)

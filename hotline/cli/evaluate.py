@@ -21,6 +21,12 @@ def add_scoring(p: argparse.ArgumentParser, split_default: str) -> None:
     for action in p._actions:
         if action.dest.startswith(("arch_", "dcn_")):
             action.help += " (default: the checkpoint's; older checkpoints: `hotline train`'s)"
+    p.add_argument(
+        "--scratch",
+        metavar="DIR",
+        help="directory where a disk-store checkpoint's rows are copied while it scores (their records' "
+        "size of free disk; the copy is removed at the end) (default: the checkpoint's directory)",
+    )
     add_device(p)
     add_threads(p)
     add_progress(p)
@@ -119,6 +125,7 @@ def scoring_trainer(args: argparse.Namespace):
         device=args.device,
         eval_max_samples=args.eval_max_samples,
         progress=not args.no_progress,
+        scratch_dir=args.claim.path("--scratch") if args.scratch else None,
     )
 
 
@@ -130,7 +137,14 @@ def add_parser(subparsers: SubParsers) -> None:
         "dataset it was trained on, as one JSON line on stdout.",
     )
     add_scoring(p, "val")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, declare=declare)
+
+
+def declare(args: argparse.Namespace):
+    """Outputs and inputs for the output policy (:mod:`hotline.outputs`): the scratch directory, if given."""
+    from hotline.outputs import Output
+
+    return [Output("--scratch", args.scratch, kind="dir")], [("DATASET", args.dataset), ("--load", args.load)]
 
 
 def run(args: argparse.Namespace) -> int:

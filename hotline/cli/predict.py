@@ -26,7 +26,8 @@ def declare(args: argparse.Namespace):
     """Outputs and inputs for the output policy (:mod:`hotline.outputs`)."""
     from hotline.outputs import Output
 
-    return [Output("--out", args.out)], [("DATASET", args.dataset), ("--load", args.load)]
+    outs = [Output("--out", args.out), Output("--scratch", args.scratch, kind="dir")]
+    return outs, [("DATASET", args.dataset), ("--load", args.load)]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -262,3 +262,102 @@ def read_tables(
         if cols is not None:
             cols[order] = rec[:, D:]
     return w, s
+
+
+def chunk_grid(table_sizes, chunk_rows: int) -> list[tuple[int, int, int, int]]:
+    """Every table cut into row ranges of at most ``chunk_rows`` rows, in order: ``(table, first row, rows,
+    first global row)`` each (global rows: the tables' rows one after another, as a checkpoint numbers them)."""
+    grid, start = [], 0
+    for t, n in enumerate(int(n) for n in table_sizes):
+        grid += [(t, lo, min(chunk_rows, n - lo), start + lo) for lo in range(0, n, chunk_rows)]
+        start += n
+    return grid
+
+
+class RowOrderedChunks:
+    """A disk-store checkpoint's weights in row order, one chunk of :func:`chunk_grid` at a time, with its hot
+    rows' current values: what an export writes, never the whole table in memory.
+
+    The side file holds the records in the store's file order (by popularity), so one streamed pass sorts
+    them by chunk into ``scratch`` (a new file, unlinked once open: each chunk's region holds its rows'
+    weights, in the order they came, and their places in the chunk, 4 bytes each); :meth:`chunk` then reads
+    one region and puts its rows in order. Host memory: a few chunks; scratch disk: :meth:`scratch_bytes`.
+    The side file must have been checked (:func:`check_rows`); a record order that does not hold every row
+    once is refused (ValueError) all the same, before a region could overflow into the next."""
+
+    def __init__(self, checkpoint: str | os.PathLike, table_sizes, hot: dict, scratch: str | os.PathLike,
+                 chunk_bytes: int | None = None):  # fmt: skip
+        path = rows_path(checkpoint)
+        head, start = read_header(path)
+        self.num_rows, self.dim = int(head["rows"]), int(head["dim"])
+        if self.num_rows != sum(int(n) for n in table_sizes):
+            raise ValueError(f"checkpoint {checkpoint}: its rows {path.name} hold {self.num_rows} rows, its "
+                             f"tables {sum(int(n) for n in table_sizes)}")  # fmt: skip
+        chunk_bytes = chunk_bytes or CHUNK_BYTES
+        self.grid = chunk_grid(table_sizes, max(1, chunk_bytes // (4 * self.dim)))
+        self._starts = np.array([g for *_, g in self.grid] + [self.num_rows], np.int64)
+        order = np.argsort(hot["rows"].numpy(), kind="stable")  # the hot tier: its size, not the table's
+        self._hot_rows = hot["rows"].numpy()[order].astype(np.int64)
+        self._hot_w = hot["w"].numpy()[order]
+        self._file = open(scratch, "w+b")  # noqa: SIM115 -- closed by close()
+        os.unlink(scratch)  # its space is freed when it closes, or when the process ends
+        try:
+            self._sort(path, head, start, max(1, chunk_bytes // int(head["record_bytes"])), checkpoint)
+        except BaseException:
+            self.close()
+            raise
+
+    @staticmethod
+    def scratch_bytes(num_rows: int, dim: int) -> int:
+        """The scratch file's size for ``num_rows`` rows of ``dim`` weights."""
+        return int(num_rows) * (4 * int(dim) + 4)
+
+    def _sort(self, path: Path, head: dict, start: int, read_rows: int, checkpoint) -> None:
+        fd, D, n = self._file.fileno(), self.dim, self.num_rows
+        ids_at = 4 * D * n
+        filled = np.zeros(len(self.grid), np.int64)
+        sizes = np.diff(self._starts)
+        for i, (order, rec) in enumerate(_rows_file_chunks(path, head, start, read_rows)):
+            if order.size and (order.min() < 0 or order.max() >= n):
+                raise ValueError(
+                    f"checkpoint {checkpoint}: its rows {path.name} name rows outside 0..{n - 1}"
+                )
+            where = np.searchsorted(self._starts, order, side="right") - 1
+            by = np.argsort(where, kind="stable")
+            where, w = where[by], np.ascontiguousarray(rec[by, :D])
+            ids = (order[by] - self._starts[where]).astype(np.int32)
+            cuts = np.flatnonzero(np.diff(where)) + 1
+            for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, where.size]):
+                k = int(where[lo])
+                if filled[k] + (hi - lo) > sizes[k]:
+                    raise ValueError(f"checkpoint {checkpoint}: its rows {path.name} hold a row twice")
+                at = int(self._starts[k] + filled[k])
+                os.pwrite(fd, memoryview(w[lo:hi]).cast("B"), 4 * D * at)
+                os.pwrite(fd, memoryview(ids[lo:hi]).cast("B"), ids_at + 4 * at)
+                filled[k] += hi - lo
+            if i % _SYNC_CHUNKS == _SYNC_CHUNKS - 1:
+                _written_out(self._file)
+        if not np.array_equal(filled, sizes):
+            raise ValueError(f"checkpoint {checkpoint}: its rows {path.name} do not hold every row")
+        _written_out(self._file)
+
+    def chunk(self, k: int) -> np.ndarray:
+        """Chunk ``k`` of the grid: its rows' weights ``[rows, dim]`` in row order (a new array)."""
+        _, _, m, g = self.grid[k]
+        D = self.dim
+        w = np.empty((m, D), np.float32)
+        ids = np.empty(m, np.int32)
+        for a, at in ((w, 4 * D * g), (ids, 4 * D * self.num_rows + 4 * g)):
+            got = os.preadv(self._file.fileno(), [memoryview(a).cast("B")], at)
+            if got != a.nbytes:
+                raise OSError(f"export scratch file {self._file.name} ends early")
+        out = np.empty_like(w)
+        out[ids] = w
+        lo, hi = np.searchsorted(self._hot_rows, [g, g + m])
+        out[self._hot_rows[lo:hi] - g] = self._hot_w[lo:hi]
+        if k % _SYNC_CHUNKS == _SYNC_CHUNKS - 1:
+            os.posix_fadvise(self._file.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        return out
+
+    def close(self) -> None:
+        self._file.close()

@@ -11,12 +11,16 @@ layout (``inter_arch.crossnet.{W,V}_kernels.l``, ``bias.l``), copied as they are
 one-layer top MLP have no torchrec counterpart and are refused.
 
 The exported file is ``torch.save`` of ``{"format", "config", "state_dict"}`` (tensors, lists and strings
-only: it loads with ``weights_only=True``); :func:`load_torchrec_dlrm` rebuilds the module from it.
+only: it loads with ``weights_only=True``), or, for tables too large to hold twice in memory, a
+torch.distributed.checkpoint directory of the same keys written chunk by chunk
+(:mod:`hotline.training.export_sharded`; :func:`choose_format`); :func:`load_torchrec_dlrm` rebuilds the
+module from either.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -85,8 +89,9 @@ def _linears(module: nn.Module) -> list[nn.Linear]:
     return [m for m in module.modules() if isinstance(m, nn.Linear)]
 
 
-def torchrec_dlrm(model: DLRM, tables: list[np.ndarray]):
-    """torchrec's DLRM with the weights of Hotline's ``model`` and embedding ``tables`` (original row order)."""
+def torchrec_dlrm(model: DLRM, tables: list[np.ndarray] | None):
+    """torchrec's DLRM with the weights of Hotline's ``model`` and embedding ``tables`` (original row order);
+    ``tables`` None: one-row tables (the dense weights only, for a sharded export)."""
     cfg = model.config
     if cfg.interaction == "cat":
         raise ExportError(
@@ -95,7 +100,7 @@ def torchrec_dlrm(model: DLRM, tables: list[np.ndarray]):
     if len(cfg.top_mlp) < 2:
         raise ExportError(f"--arch-mlp-top {cfg.top_mlp}: torchrec's OverArch needs at least two layers")
     config = {
-        "table_sizes": list(cfg.table_sizes),
+        "table_sizes": list(cfg.table_sizes) if tables is not None else [1] * cfg.num_tables,
         "embedding_dim": cfg.embedding_dim,
         "bottom_mlp": list(cfg.bottom_mlp),
         "top_mlp": list(cfg.top_mlp),
@@ -122,7 +127,7 @@ def torchrec_dlrm(model: DLRM, tables: list[np.ndarray]):
             ours = model.inter_arch.crossnet.state_dict()  # the same names: strict loading checks them
             out.inter_arch.crossnet.load_state_dict({k: v.detach().cpu() for k, v in ours.items()})
         bags = out.sparse_arch.embedding_bag_collection.embedding_bags
-        for t, w in enumerate(tables):
+        for t, w in enumerate(tables or []):
             bags[f"t_{feature_name(t)}"].weight.copy_(torch.from_numpy(np.asarray(w)))
     out.eval()
     return out
@@ -150,21 +155,82 @@ def hotline_model(payload: dict, path: str | os.PathLike, flags: dict | None = N
     return model.eval()
 
 
-def export_torchrec_dlrm(
-    checkpoint: str | os.PathLike, out: str | os.PathLike, flags: dict | None = None, force: bool = False
-) -> dict:
-    """Writes checkpoint ``checkpoint`` as torchrec's DLRM to ``out`` (atomically); returns its config. An
-    existing ``out`` is replaced only with ``force``; the checkpoint itself never (:func:`hotline.outputs.guard`)."""
-    from hotline.outputs import guard
+FORMATS = ("auto", "torch-save", "dcp")
+"""How an export is written: ``torch-save`` one file, ``dcp`` a torch.distributed.checkpoint directory
+(:mod:`hotline.training.export_sharded`), ``auto`` the one :func:`choose_format` picks."""
+_ALLOWANCE = 512 << 20
+"""Memory beside the tables that a torch.save export takes (the libraries, the dense weights, the pickler)."""
 
+
+def choose_format(table_bytes: int, available: int | None) -> str:
+    """``dcp`` when a torch.save export, which holds the tables twice (the checkpoint's and the module's), and
+    :data:`_ALLOWANCE` would not fit in ``available`` bytes of memory (the cgroup's room or the machine's, the
+    smaller: :func:`hotline.training.host_memory.host_memory`); else ``torch-save``."""
+    if available is not None and 2 * table_bytes + _ALLOWANCE > available:
+        return "dcp"
+    return "torch-save"
+
+
+def _check_disk(out, need: int, what: str) -> None:
+    """ExportError, before anything is written, when ``out``'s filesystem has less than ``need`` bytes free."""
+    import shutil
+
+    from hotline.units import format_size
+
+    free = shutil.disk_usage(os.path.dirname(os.path.abspath(out))).free
+    if free < need:
+        raise ExportError(
+            f"{out}: the export needs {format_size(need)} of free disk ({what}), its filesystem has "
+            f"{format_size(free)}: free some space or write it elsewhere; nothing was written"
+        )
+
+
+def export_torchrec_dlrm(
+    checkpoint: str | os.PathLike,
+    out: str | os.PathLike,
+    flags: dict | None = None,
+    force: bool = False,
+    format: str = "auto",
+    chunk_bytes: int | None = None,
+) -> dict:
+    """Writes checkpoint ``checkpoint`` as torchrec's DLRM to ``out`` (atomically): one torch.save file, or a
+    torch.distributed.checkpoint directory written chunk by chunk of ``chunk_bytes`` (``format``, see
+    :data:`FORMATS`); returns its config and ``"storage"`` (the format written). An existing ``out`` is
+    replaced only with ``force`` (a directory never); the checkpoint itself never
+    (:func:`hotline.outputs.guard`). The free disk is checked, and a disk-store checkpoint's rows file
+    read whole once (its sha256), before anything is written."""
+    from hotline.outputs import guard
+    from hotline.training import checkpoint_rows, export_sharded
+    from hotline.training.host_memory import host_memory
+
+    if format not in FORMATS:
+        raise ExportError(f"export format must be one of {', '.join(FORMATS)}, got {format!r}")
     out = guard("export_torchrec_dlrm out", out, [("checkpoint", checkpoint)], force=force)
     payload = checkpoint_payload(checkpoint)
     model = hotline_model(payload, checkpoint, flags)
-    tables = checkpoint_tables(payload, checkpoint)
-    module = torchrec_dlrm(model, tables)
+    sizes = [int(n) for n in payload["table_sizes"]]
+    D = model.config.embedding_dim
+    table_bytes = 4 * D * sum(sizes)
+    if format == "auto":
+        format = choose_format(table_bytes, host_memory().available)
+    dense_bytes = sum(4 * p.numel() for p in model.parameters()) + (1 << 20)
+    chunk_rows = max(1, (chunk_bytes or checkpoint_rows.CHUNK_BYTES) // (4 * D))
+    if format == "torch-save":
+        _check_disk(out, table_bytes + dense_bytes, "its tables and dense weights")
+    else:
+        chunks = sum(-(-n // chunk_rows) for n in sizes)
+        scratch = checkpoint_rows.RowOrderedChunks.scratch_bytes(sum(sizes), D) if "rows" in payload else 0
+        what = "its tables, dense weights and a file per chunk" + (
+            ", and a scratch copy of the rows in row order" if scratch else ""
+        )
+        _check_disk(out, table_bytes + dense_bytes + 8192 * chunks + scratch, what)
+    if "rows" in payload:
+        checkpoint_rows.check_rows(
+            checkpoint, payload["rows"], payload["step"], {"rows": sum(sizes), "dim": D}, ExportError
+        )
     config = {
-        "table_sizes": [int(n) for n in payload["table_sizes"]],
-        "embedding_dim": model.config.embedding_dim,
+        "table_sizes": sizes,
+        "embedding_dim": D,
         "bottom_mlp": list(model.config.bottom_mlp),
         "top_mlp": list(model.config.top_mlp),
         **_dcn_config(model.config),
@@ -172,15 +238,32 @@ def export_torchrec_dlrm(
         "dataset_fingerprint": payload["dataset_fingerprint"],
         "step": int(payload["step"]),
     }
-    blob = {"format": EXPORT_FORMAT, "config": config, "state_dict": module.state_dict()}
-    _io.atomic_write(out, lambda f: torch.save(blob, f))
-    return config
+    if format == "torch-save":
+        module = torchrec_dlrm(model, checkpoint_tables(payload, checkpoint))
+        blob = {"format": EXPORT_FORMAT, "config": config, "state_dict": module.state_dict()}
+        _io.atomic_write(out, lambda f: torch.save(blob, f))
+        return {**config, "storage": format}
+    names = [f"t_{feature_name(t)}" for t in range(len(sizes))]
+    keys = {export_sharded.table_key(n) for n in names}
+    dense = {k: v for k, v in torchrec_dlrm(model, None).state_dict().items() if k not in keys}
+
+    def open_source(scratch):
+        if "rows" not in payload:
+            return export_sharded.TableChunks(payload["tables"], chunk_rows)
+        return checkpoint_rows.RowOrderedChunks(checkpoint, sizes, payload["hot"], scratch, chunk_bytes)
+
+    head = {"format": EXPORT_FORMAT, "config": config}
+    export_sharded.write(Path(out), head, dense, open_source, names, sizes, D)
+    return {**config, "storage": format}
 
 
 def load_torchrec_dlrm(path: str | os.PathLike):
-    """The torchrec DLRM of an exported file, and its config (feature names in table order)."""
+    """The torchrec DLRM of an export (a file, or a sharded export's directory), and its config (feature
+    names in table order)."""
     from hotline.training.checkpoint import safe_load
 
+    if Path(path).is_dir():
+        return _load_sharded(path)
     blob = safe_load(path, f"exported model {path}", ExportError)
     if not isinstance(blob, dict) or blob.get("format") != EXPORT_FORMAT:
         raise ExportError(f"{path} is not a Hotline torchrec-DLRM export (format {EXPORT_FORMAT})")
@@ -191,6 +274,22 @@ def load_torchrec_dlrm(path: str | os.PathLike):
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ExportError(f"{path}: its config and weights do not make one torchrec DLRM ({first})") from None
     return module.eval(), blob["config"]
+
+
+def _load_sharded(path: str | os.PathLike):
+    """The torchrec DLRM of a sharded export's directory (:mod:`hotline.training.export_sharded`)."""
+    from hotline.training import export_sharded
+
+    head = export_sharded.read_head(path)
+    if head is None or head.get("format") != EXPORT_FORMAT or not isinstance(head.get("config"), dict):
+        raise ExportError(f"{path} is not a Hotline torchrec-DLRM export (no {export_sharded.MARKER} of it)")
+    try:
+        module = _build(head["config"])
+        export_sharded.load_into(path, module.state_dict())
+    except (KeyError, TypeError, ValueError, RuntimeError, OSError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ExportError(f"{path}: its config and weights do not make one torchrec DLRM ({first})") from None
+    return module.eval(), head["config"]
 
 
 def keyed_jagged(sparse: np.ndarray, feature_names: list[str], bag_sizes: list[int] | None = None):

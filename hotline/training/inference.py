@@ -107,12 +107,14 @@ def trainer_from_checkpoint(
     device: str = "auto",
     eval_max_samples: int = 0,
     progress: bool = True,
+    scratch_dir: str | os.PathLike | None = None,
 ):
     """A Trainer on ``dataset`` holding checkpoint ``checkpoint``'s model and rows; a checkpoint made for
     another dataset or model is refused (CheckpointError) before anything loads.
 
     A checkpoint of a disk-store run (its rows in a rows file, :mod:`hotline.training.checkpoint_rows`) loads
-    into ``--mode hybrid`` on the disk store, in a scratch folder beside the checkpoint: the rows are copied
+    into ``--mode hybrid`` on the disk store, in a scratch folder in ``scratch_dir`` (default: beside the
+    checkpoint; it needs free space for the rows file's records): the rows are copied
     there in chunks and read from there as the split's lookups need them, so the host memory is the disk
     store's (a few bytes a row), never the tables. The folder's files are unlinked once open (the space is
     freed when the trainer closes; a killed process's folder is removed by the next Hotline run there). Any
@@ -128,7 +130,7 @@ def trainer_from_checkpoint(
     scratch = None
     store = {}
     if "rows" in payload:
-        scratch = _io.scratch_folder(Path(checkpoint).parent, "hotline-scoring-rows")
+        scratch = _io.scratch_folder(scratch_dir or Path(checkpoint).parent, "hotline-scoring-rows")
         store = {"mode": "hybrid", "cold_store": "disk", "cold_dir": str(scratch)}
     config = TrainConfig(
         **{"mode": "device", **store},
