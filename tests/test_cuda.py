@@ -263,3 +263,44 @@ def test_two_ranks_over_nccl_equal_one_process(dataset, tmp_path):
             scale = max(float(np.abs(a).max()), 1e-12)
             err = float(np.abs(got[key] - a).max())
             assert err <= RTOL * scale, f"{name} {key}: max difference {err:.3e} > {RTOL} x {scale:.3e}"
+
+
+@pytest.mark.parametrize("kind", ["sgd", "rowwise-adagrad", "adagrad", "adam"])
+def test_replicated_update_on_cuda_is_deterministic_without_a_sync(kind):
+    """The N-rank replicated update's torch path (hotline.tiers.replicated) on CUDA: every rank's rows summed
+    in rank order give the CPU's bits, two runs give the same table bits (what keeps replicas on N GPUs
+    identical), and nothing synchronises (torch's sync debug mode would raise)."""
+    from hotline.distributed.comm import Comm
+    from hotline.tiers.replicated import sum_in_rank_order, update_replicas
+    from hotline.tiers.sparse_optim import SparseOptimizer
+
+    rng = np.random.default_rng(5)
+    rows, dim, sizes = 300, 16, [700, 0, 650, 800]  # 4 ranks' distinct rows, one rank with none
+    ids = torch.from_numpy(np.concatenate([rng.choice(rows, s, replace=False) for s in sizes]))
+    grads = torch.from_numpy(rng.normal(size=(sum(sizes), dim)).astype(np.float32))
+    want = sum_in_rank_order(ids, grads, sizes)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = sum_in_rank_order(ids.cuda(), grads.cuda(), sizes)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for a, b in zip(want, got):
+        assert torch.equal(a, b.cpu())
+    opt = SparseOptimizer(kind, 0.05, dim=dim)
+    # distinct lookups: one rank's own sums are atomic adds of its lookups (their order is free, as on one
+    # GPU); what must not vary is everything after the exchange, which every replica runs on the same bits
+    lookups = torch.from_numpy(rng.choice(rows, 250, replace=False)).cuda()
+    lookup_grads = torch.from_numpy(rng.normal(size=(250, dim)).astype(np.float32)).cuda()
+    start, tables = rng.normal(size=(rows, dim)).astype(np.float32), []
+    for _ in range(2):
+        table = torch.from_numpy(start).cuda()
+        state = opt.new_state(rows, "cuda")
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(3):
+                update_replicas(Comm(), opt, table, state, [lookups], [lookup_grads], "t")
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        tables.append(table.cpu())
+    assert torch.equal(tables[0], tables[1])

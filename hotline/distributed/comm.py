@@ -152,19 +152,31 @@ class Comm:
             self.bytes_sent[kind] += 2 * (N - 1) / N * t.numel() * t.element_size()
         return t
 
+    def all_gather_sizes(self, n: int) -> list[int]:
+        """Every rank's ``n`` (a host int), in rank order: a collective over the host group (gloo), so that
+        no size of a device tensor is ever read back from the device."""
+        if self.world_size == 1:
+            return [int(n)]
+        import torch.distributed as dist
+
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
+        with peer_guard(self.rank):
+            dist.all_gather(sizes, torch.tensor([int(n)], dtype=torch.int64), group=self.host_group)
+        self.bytes_sent["control"] += 8 * (self.world_size - 1)
+        return [int(s) for s in torch.cat(sizes).tolist()]  # host memory: no wait for a device
+
     def all_gather_varlen(self, t: torch.Tensor, kind: str) -> list[torch.Tensor]:
-        """Every rank's ``t`` (same trailing shape, any number of rows), in rank order."""
+        """Every rank's ``t`` (same trailing shape, any number of rows), in rank order.
+
+        The row counts are exchanged on the host group (:meth:`all_gather_sizes`) and the rows, padded to
+        the largest count, where ``t`` lives: a device tensor is never read on the host, so on CUDA nothing
+        here waits for the device (the payload's collective is queued on its stream)."""
         if self.world_size == 1:
             return [t]
         import torch.distributed as dist
 
         group, where = self.route(t)
-        n = torch.tensor([t.shape[0]], dtype=torch.int64, device=where)
-        sizes = [torch.zeros(1, dtype=torch.int64, device=where) for _ in range(self.world_size)]
-        with peer_guard(self.rank):
-            dist.all_gather(sizes, n, group=group)
-        sizes = [int(s) for s in torch.cat(sizes).tolist()]  # one read (on NCCL: one wait for the device)
-        self.bytes_sent["control"] += 8 * (self.world_size - 1)
+        sizes = self.all_gather_sizes(t.shape[0])
         if max(sizes) == 0:  # every rank sees the same sizes: none sends an empty collective
             self.bytes_sent[kind] += 0.0
             return [t[:0] for _ in sizes]
@@ -177,10 +189,16 @@ class Comm:
         return [p[:s].to(t.device) for p, s in zip(parts, sizes)]
 
     def all_to_all(
-        self, t: torch.Tensor, send_counts: np.ndarray, kind: str, recv_counts: np.ndarray | None = None
+        self,
+        t: torch.Tensor,
+        send_counts: np.ndarray,
+        kind: str,
+        recv_counts: np.ndarray | None = None,
+        count: bool = True,
     ) -> tuple[torch.Tensor, np.ndarray]:
         """Sends rows ``t`` grouped by destination (``send_counts[j]`` rows to rank j); returns what arrived
-        (grouped by source) and the counts per source (exchanged first unless ``recv_counts`` is given)."""
+        (grouped by source) and the counts per source (exchanged first unless ``recv_counts`` is given).
+        ``count=False``: the payload's bytes are not counted here (the caller counted them with its step)."""
         send_counts = np.asarray(send_counts, dtype=np.int64)
         if self.world_size == 1:
             return t.clone(), send_counts.copy()
@@ -199,8 +217,9 @@ class Comm:
             dist.all_to_all_single(
                 out, t, [int(c) for c in recv_counts], [int(c) for c in send_counts], group=group
             )
-        row = int(np.prod(t.shape[1:])) * t.element_size()
-        self.bytes_sent[kind] += float((send_counts.sum() - send_counts[self.rank]) * row)
+        if count:
+            row = int(np.prod(t.shape[1:])) * t.element_size()
+            self.bytes_sent[kind] += float((send_counts.sum() - send_counts[self.rank]) * row)
         return out.to(device), recv_counts
 
     def broadcast_object(self, obj, src: int = 0):

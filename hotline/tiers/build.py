@@ -53,7 +53,7 @@ def _stores(config, layout: TableLayout, placement: Placement, optimizer: Sparse
         rows = DiskRows(cold_file(config.cold_dir, r, N), local.shape[0], dim, optimizer, order,
                         config.cold_io_depth, config.cold_direct, config.cold_cache, config.force)  # fmt: skip
         rows.fill_initial(layout, seed, r, N)
-        return ShardedColdStore(comm, rows, optimizer, layout.num_rows), _hot_rows(
+        return ShardedColdStore(comm, rows, optimizer, layout.num_rows, defer=True), _hot_rows(
             layout, placement, dim, seed
         )
     # One table at a time: the initial rows of this rank's shard and of the (replicated) hot tier.
@@ -69,7 +69,7 @@ def _stores(config, layout: TableLayout, placement: Placement, optimizer: Sparse
         ids = placement.hot_ids[t]
         hot_w[h : h + ids.shape[0]] = w[ids]
         h += ids.shape[0]
-    return ShardedColdStore(comm, shard, optimizer, layout.num_rows), hot_w
+    return ShardedColdStore(comm, shard, optimizer, layout.num_rows, defer=True), hot_w
 
 
 def _hot_rows(layout: TableLayout, placement: Placement, dim: int, seed: int) -> np.ndarray:

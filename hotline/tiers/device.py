@@ -25,7 +25,7 @@ from hotline.tiers.base import (
     step_loss,
 )
 from hotline.tiers.packing import PackRing
-from hotline.tiers.replicated import all_ranks_gradients
+from hotline.tiers.replicated import update_replicas
 from hotline.tiers.sparse_optim import SparseOptimizer
 
 
@@ -104,17 +104,11 @@ class DeviceMode(TrainMode):
         t2 = time.perf_counter()
         with self._phase("sparse_update"):
             grad = rows.grad if "pos" not in ix or rows.grad is None else rows.grad.index_select(0, ix["pos"])
-            if self.comm.world_size > 1:
-                ids, grads = all_ranks_gradients(
-                    self.comm, [ids] if B else [], [grad] if B else [], self.dim, "sparse_allgather",
-                    self.device,
+            if self.comm.world_size > 1:  # off the CPU: nothing read back, the same bits on every replica
+                touched = update_replicas(
+                    self.comm, self.optimizer, self.weight, self.state, [ids] if B else [],
+                    [grad] if B else [], "sparse_allgather", None, self.device_updates, self.scratch,
                 )  # fmt: skip
-                touched = 0
-                if ids.shape[0] and self.device_updates:  # no torch.unique: its count would be a read back
-                    self.optimizer.step_sorted(self.weight, self.state, ids, grads)
-                    touched = None
-                elif ids.shape[0]:
-                    touched = self.optimizer.step(self.weight, self.state, ids, grads)
             elif self.device_updates:  # the count of touched rows would be a read back: not counted
                 self.optimizer.step_sorted(self.weight, self.state, ids, grad)
                 touched = None

@@ -5,20 +5,27 @@ row ``fused // N``) and answers the other ranks' requests. Per step:
 
 1. fetch: a rank sends the ids of its working set to their owners (all-to-all, grouped by owner) and the
    owners answer with the rows and their optimizer state (all-to-all);
-2. update: after backward the working rows' summed gradients go back to their owners along the same routes
-   (all-to-all); each owner adds up the gradients of every rank that asked for a row and updates it ONCE.
-   The owner applies the update, so nothing is written back (``writes_back = False``).
+2. update: after backward each rank sums its gradients per working row where they live and starts their copy
+   to host memory (on CUDA a non-blocking copy into pinned memory: the step does not wait for it);
+3. write-back (the writer thread under look-ahead, after the step's device work is done): the sums go back to
+   their owners along the same routes (all-to-all, on a group of its own); each owner adds up the gradients of
+   every rank that asked for a row and updates it ONCE. The owner applies the update, so no row is written
+   back (``writes_back = False``). The host needs the gradients, which exist only once backward has run: the
+   copy is inherent. Under look-ahead it overlaps the step's dense all-reduce and dense optimizer step; the
+   next step's refresh waits for it (that step's rows may depend on this update).
 
 Look-ahead (fetches for step j run on a thread, over a second gloo group, while earlier steps compute): each
 owner flags the rows it served while an earlier step's update of them was still pending (the claim rule on
 its shard), and ``refresh`` (a collective on the main group, every step) sends those rows again before the
-step computes, so the result stays exact. Each group's collectives run on one thread in the same order on
-every rank, so a rank with an empty shard of a batch still takes part with empty payloads.
+step computes (after this rank's earlier updates have landed: the executor waits for their write-back), so
+the result stays exact. Each group's collectives run on one thread in the same order on every rank, so a rank
+with an empty shard of a batch still takes part with empty payloads.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -50,6 +57,10 @@ class Route:
     """Where the rows this rank flagged stand in ``owned`` (grouped by requester: it sends them again)."""
     pages: object = None
     """What the owner's fetch of ``owned`` read (a disk shard's tracked pages; None in memory)."""
+    grads: torch.Tensor | None = None
+    """The working rows' summed gradients in host memory (set by the update, sent by the write-back)."""
+    optimizer: SparseOptimizer | None = None
+    """The update rule as it stood at the step (a copy: the schedule may change the rate before the write-back)."""
 
 
 class ShardedColdStore(ColdStore):
@@ -57,10 +68,16 @@ class ShardedColdStore(ColdStore):
 
     writes_back = False
 
-    def __init__(self, comm: Comm, shard_weights, optimizer: SparseOptimizer, num_rows: int):
+    def __init__(
+        self, comm: Comm, shard_weights, optimizer: SparseOptimizer, num_rows: int, defer: bool = False
+    ):
         """``shard_weights``: this rank's rows (local order) as an array (kept in host memory), or a row
-        holder with HostRows' verbs (``hotline.tiers.disk_store.DiskRows``: the shard in a file)."""
+        holder with HostRows' verbs (``hotline.tiers.disk_store.DiskRows``: the shard in a file).
+
+        ``defer``: the gradients' exchange and the owners' update run in :meth:`write_back` (the training
+        modes, whose writer thread calls it after every step); else in :meth:`update` itself."""
         self.comm = comm
+        self.defer = defer
         self.num_rows = int(num_rows)
         self.host = (
             HostRows(shard_weights, optimizer) if isinstance(shard_weights, np.ndarray) else shard_weights
@@ -68,6 +85,7 @@ class ShardedColdStore(ColdStore):
         self.S = optimizer.state_floats_per_row
         self.state_shape = optimizer.state_shape  # rows -> the shape of their state (S columns travel with w)
         self._ahead: Comm | None = None  # the look-ahead thread's group, inside lookahead()
+        self._behind: Comm | None = None  # the writer thread's group, inside lookahead()
 
     @staticmethod
     def shard_rows(num_rows: int, rank: int, world_size: int) -> np.ndarray:
@@ -132,40 +150,69 @@ class ShardedColdStore(ColdStore):
         return fetch.stale, got.numpy(), np.zeros(0, np.float32)  # the owners hold the state they update
 
     def update(self, fetch, optimizer, work, work_state, slot, grads, pos, device_index=None) -> int:
+        """Sums this rank's gradients per working row where they live and starts their copy to host memory
+        (nothing waits for the device here); :meth:`write_back` sends them to the owners. Returns the rows
+        this rank sends gradients for (the owners' count of rows updated is known only there)."""
         r = fetch.route
         D = work.shape[1]
         summed = torch.zeros((fetch.rows.shape[0], D), dtype=torch.float32, device=grads.device)
         if slot.shape[0]:
             slot_t, pos_t = device_index if device_index is not None else map(torch.from_numpy, (slot, pos))
             summed.index_add_(0, slot_t, grads[pos_t])
-        send = summed.cpu()[torch.from_numpy(r.order)]
-        got, _ = self.comm.all_to_all(send, r.send_counts, "cold_grads", r.recv_counts)
-        touched = 0
-        if r.owned.shape[0]:  # rows asked for by several ranks: the kernel sums their gradients first
-            touched = self.host.apply(optimizer, r.owned, got, r.pages)
-        if fetch.step >= 0:  # after the update: the look-ahead thread may read these rows as fresh now
-            self.host.applied = fetch.step + 1
-        return touched
+        r.optimizer = dataclasses.replace(optimizer)
+        if not self.defer:  # the exchange and the owners' update now (a blocking copy to the host on CUDA)
+            r.grads = summed.cpu()
+            self.write_back(fetch, None, None)
+            return int(fetch.rows.shape[0])
+        if summed.device.type == "cuda":  # finish_write_back waits for an event recorded after this copy
+            r.grads = torch.empty(summed.shape, dtype=summed.dtype, pin_memory=True)
+            r.grads.copy_(summed, non_blocking=True)
+        else:
+            r.grads = summed
+        sent = r.send_counts.sum() - r.send_counts[self.comm.rank]  # counted with this step's bytes
+        self.comm.bytes_sent["cold_grads"] += float(sent) * D * 4
+        return int(fetch.rows.shape[0])
 
     def write_back(self, fetch: ColdFetch, values, state) -> None:
-        """Nothing to store: the owners applied the update in :meth:`update`."""
+        """The step's gradients to their owners (all-to-all) and each owner's update of its rows: on the
+        writer thread's group under look-ahead, after the step's device work (the rows themselves are not
+        written back: the owners apply the update)."""
+        r = fetch.route
+        if r.grads is None:
+            return
+        comm = self._behind if self._behind is not None else self.comm
+        send = r.grads[torch.from_numpy(r.order)]
+        got, _ = comm.all_to_all(send, r.send_counts, "cold_grads", r.recv_counts, count=not self.defer)
+        if r.owned.shape[0]:  # rows asked for by several ranks: the kernel sums their gradients first
+            self.host.apply(r.optimizer, r.owned, got, r.pages)
+        r.grads = r.optimizer = None
+        if fetch.step >= 0:  # after the update: the look-ahead thread may read these rows as fresh now
+            self.host.applied = fetch.step + 1
 
     @contextlib.contextmanager
     def lookahead(self):
-        """Resets the claim bookkeeping and opens the look-ahead thread's gloo group (a collective)."""
+        """Resets the claim bookkeeping and opens the look-ahead thread's and the writer thread's gloo groups
+        (collectives)."""
         self.host.start_claims()
         self._ahead = self.comm.new_group()
+        if self.defer:
+            self._behind = self.comm.new_group()  # the writer thread's (write_back)
         try:
             yield self._ahead
         except BaseException:
-            self._ahead.destroy()
+            self._destroy_groups()
             raise
-        else:  # no rank destroys the group while a peer may still finish its last collective on it
+        else:  # no rank destroys the groups while a peer may still finish its last collective on them
             self.comm.barrier()
-            self._ahead.destroy()
+            self._destroy_groups()
         finally:
-            self._ahead = None
+            self._ahead = self._behind = None
             self.host.end_claims()
+
+    def _destroy_groups(self) -> None:
+        for group in (self._ahead, self._behind):
+            if group is not None:
+                group.destroy()
 
     # -- evaluation, export, checkpoints ------------------------------------------------------------------
     def read(self, rows: np.ndarray) -> np.ndarray:

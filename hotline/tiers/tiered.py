@@ -48,7 +48,7 @@ from hotline.tiers.base import (
 from hotline.tiers.cold_store import ColdStore, staging_tensor
 from hotline.tiers.packing import CopyPack
 from hotline.tiers.prepared import INDEX_NAMES, PreparedStep, on_stream, refresh_stale
-from hotline.tiers.replicated import all_ranks_gradients
+from hotline.tiers.replicated import update_replicas
 from hotline.tiers.sparse_optim import SparseOptimizer
 
 
@@ -322,12 +322,9 @@ class TieredMode(TrainMode):
             if grad_n is not None:
                 ids.append(ix["hot_slot"])
                 grads.append(grad_n[ix["hot_pos"]])
-            all_ids, all_grads = all_ranks_gradients(
-                self.comm, ids, grads, self.dim, "hot_allgather", self.device
-            )
-            if not all_ids.shape[0]:
-                return 0
-            return opt.step(self.hot_w, self.hot_s, all_ids, all_grads)
+            distinct = (ix["hot_rows"], ix["hot_inverse"]) if self.device_updates else None
+            return update_replicas(self.comm, opt, self.hot_w, self.hot_s, ids, grads, "hot_allgather",
+                                   distinct, self.device_updates, self._hot_scratch)  # fmt: skip
         if host:
             parts = [] if grad_p is None else [(micro.pop_ids, grad_p.numpy(), None)]
             if grad_n is not None:
