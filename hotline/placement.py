@@ -86,6 +86,9 @@ class Placement:
         self.hot_offsets: np.ndarray = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self._validate()
         self.remap = _Remaps(self.table_sizes, self.hot_ids)
+        self.sample_counts: np.ndarray | None = None
+        """Access counts of every fused row from the profile it was chosen by (:meth:`profiled`), until
+        start-up takes them (:meth:`take_sample_counts`); None otherwise (a loaded placement)."""
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -138,6 +141,21 @@ class Placement:
             bytes_per_row=int(bytes_per_row),
             hbm_budget_bytes=int(hbm_budget_bytes),
         )
+
+    @classmethod
+    def profiled(cls, profile, budget) -> Placement:
+        """``profile.placement(budget)`` carrying the profile's access counts of every fused row as
+        :attr:`sample_counts`, so that start-up (:func:`hotline.tiers.build.build_mode`, the disk file's order)
+        takes them instead of reading the sample a second time."""
+        placement = profile.placement(budget)
+        placement.sample_counts = profile.counts
+        return placement
+
+    def take_sample_counts(self) -> np.ndarray | None:
+        """The profile's access counts this placement carries (:meth:`profiled`), then forgets them (a byte or
+        more a row: nothing keeps them past start-up); None when it carries none."""
+        counts, self.sample_counts = self.sample_counts, None
+        return counts
 
     @classmethod
     def all_cold(cls, table_sizes: Sequence[int], **kwargs) -> Placement:
