@@ -20,6 +20,12 @@ training step.
 A compact hot-row structure in place of the remap (a bitmap of hot rows with per-word ranks, 1.4 MB, and a
 rank -> slot array, 1.7 MB) was measured slower here for the lookup pass: the int32 remap's hot lines stay
 in the last-level cache under the prefetch, while rank -> slot adds a dependent load per hot lookup.
+
+The lookup pass takes either index through one probe (``_slot_of``, specialised by the index's type): the
+int32 remap of every row (4 bytes a row: one load a lookup) or the *hot table* (:func:`new_hot_table`), an
+open-addressing table of the hot rows alone, sized by the hot set, whose probe walks from a home entry until
+the key or an empty entry (cold lookups probe further, a branch the remap has not): slower, and what each of
+N ranks holds (``hotline.dispatch.index_for``; ``benchmarks/bench_dispatcher.py`` prints the ratio).
 """
 
 from __future__ import annotations
