@@ -18,7 +18,9 @@ per lookup) doing none of the split's other work. ``limit share`` = probe time /
 whole split runs to what the memory system allows for its lookups. ``rank probe`` makes the same lookups
 through ``hotline.kernels.probe.hot_rank_index`` (a bitmap of hot rows with per-word ranks, and rank -> slot):
 the compact, cache-resident alternative to the remap, timed beside it so the choice of the remap is checked
-on every run. Target: one-hot 4096 x 26 at >= 200 M lookups/s (about 0.53 ms a batch).
+on every run. ``hash speed``: the split through a hot table of the hot rows (``Dispatcher(index="hash")``,
+what each of N ranks holds in place of a remap of every row) against the dense remap, timed interleaved in
+three rounds (median of the rounds' ratios; above 1: the hot table is faster). Target: one-hot 4096 x 26 at >= 200 M lookups/s (about 0.53 ms a batch).
 """
 
 from __future__ import annotations
@@ -137,6 +139,7 @@ def run_case(args, sizes, perms, placement, L: int, rng) -> tuple[list[dict], di
     """Times both splits on ``--batches`` batches of pooling factor L; returns result rows and phase times."""
     batches = [make_sparse(rng, sizes, perms, args.batch, L, args.zipf) for _ in range(args.batches)]
     d = Dispatcher(placement, L, args.batch)
+    dh = Dispatcher(placement, L, args.batch, index="hash")
     C = len(sizes) * L
     flat = [np.ascontiguousarray(b).reshape(args.batch, C) for b in batches]
     popular = 0
@@ -144,8 +147,9 @@ def run_case(args, sizes, perms, placement, L: int, rng) -> tuple[list[dict], di
     for b, f in zip(batches, flat):
         got = d.split(b)
         want = numpy_split(f, d.col_offset, d.col_size, d.remap)
+        hashed = dh.split(b)
         for name, w in zip(FIELDS, want):
-            if not np.array_equal(getattr(got, name), w):
+            if not np.array_equal(getattr(got, name), w) or not np.array_equal(getattr(hashed, name), w):
                 raise AssertionError(f"L={L}: numpy split and Dispatcher.split differ in {name}")
         popular += got.num_popular
         working += got.working_set.shape[0]
@@ -153,6 +157,10 @@ def run_case(args, sizes, perms, placement, L: int, rng) -> tuple[list[dict], di
     def hotline_all():
         for b in batches:
             d.split(b)
+
+    def hash_all():
+        for b in batches:
+            dh.split(b)
 
     def numpy_all():
         for f in flat:
@@ -203,6 +211,14 @@ def run_case(args, sizes, perms, placement, L: int, rng) -> tuple[list[dict], di
     rows[0]["rank_index_mb"] = (index[0].nbytes + index[1].nbytes) / 1e6
     rows[0]["remap_mb"] = d.remap.nbytes / 1e6
     rows[1]["speedup_vs_numpy"] = 1.0
+    dense, hashed = [], []
+    for _ in range(3):  # interleaved: a slow spell of a shared machine hits both alike
+        dense.append(common.timeit(hotline_all, args.repeats, args.warmup).median_s)
+        hashed.append(common.timeit(hash_all, args.repeats, args.warmup).median_s)
+    rows[0]["hash_ms_per_batch"] = statistics.median(hashed) * 1e3 / len(batches)
+    rows[0]["hash_mlookups_per_s"] = lookups / statistics.median(hashed) / 1e6
+    rows[0]["hash_vs_dense"] = statistics.median(d / h for d, h in zip(dense, hashed))
+    rows[0]["hot_table_mb"] = dh.remap.nbytes / 1e6
     return rows, phase_times(d, flat[0], args)
 
 
@@ -250,6 +266,8 @@ def main(argv: list[str] | None = None) -> dict:
             ("probe_mlookups_per_s", "probe M/s", ".1f"),
             ("limit_share", "limit share", ".2f"),
             ("rank_probe_mlookups_per_s", "rank probe M/s", ".1f"),
+            ("hash_mlookups_per_s", "hash M/s", ".1f"),
+            ("hash_vs_dense", "hash speed", ".2f"),
             ("popular_share", "popular", ".3f"),
             ("working_set_rows", "cold rows/batch", ".0f"),
         ],
@@ -274,6 +292,12 @@ def main(argv: list[str] | None = None) -> dict:
         f"remap's {one_hot['remap_mb']:.1f} MB): {one_hot['rank_probe_mlookups_per_s']:.1f} M lookups/s, "
         f"{one_hot['rank_probe_mlookups_per_s'] / one_hot['probe_mlookups_per_s']:.2f}x the remap probe"
     )
+    for r in results:
+        if "hash_vs_dense" in r:
+            print(
+                f"L={r['pooling']}: split with the hot table ({r['hot_table_mb']:.1f} MB) at "
+                f"{r['hash_vs_dense']:.2f}x the speed of the dense remap ({r['remap_mb']:.1f} MB)"
+            )
     report = {
         "benchmark": "dispatcher",
         "config": {k: v for k, v in vars(args).items() if k != "json"},

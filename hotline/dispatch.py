@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hotline._malloc import huge_copy, huge_zeros
+from hotline._malloc import huge_full
 from hotline.kernels import dispatch
 from hotline.placement import Placement
 from hotline.table_layout import BagLayout, TableLayout
@@ -50,17 +50,66 @@ class MicroBatches:
         return int(self.non_popular_samples.shape[0])
 
 
+INDEXES = ("dense", "hash")
+"""How a :class:`Dispatcher` finds a row's hot slot: ``dense``, an int32 remap of every row (4 bytes a row: one
+load a lookup); ``hash``, a hot table of the hot rows only (:func:`hotline.kernels.dispatch.new_hot_table`,
+16 to 32 bytes a hot row, whatever the row count: what each of N ranks holds)."""
+
+
+def index_for(world_size: int) -> str:
+    """The index a rank of ``world_size`` uses: ``dense`` on one rank (the faster split: one load a lookup,
+    ``benchmarks/bench_dispatcher.py`` prints the ratio; 4 bytes a row on the machine), ``hash`` on N ranks,
+    where a remap of every row on each rank would cost the machine 4N bytes a row."""
+    return "dense" if int(world_size) == 1 else "hash"
+
+
+class HotSlots:
+    """Fused row id -> hot slot (-1: cold) by a dispatcher's index, for lookups beside the split (evaluation,
+    re-placement): ``hot_slots[fused_ids]`` is int64 of the ids' shape; an id outside the rows raises IndexError.
+    """
+
+    def __init__(self, index: np.ndarray, layout: TableLayout, padded: bool):
+        self.index = index
+        """The dispatcher's remap or hot table (padded bags: of the ids shifted by :meth:`keys`)."""
+        self._starts = layout.offsets
+        self._rows = layout.num_rows
+        self._padded = padded
+
+    def keys(self, fused: np.ndarray) -> np.ndarray:
+        """The index's keys of fused row ids: the ids, or for padded bags the ids of table t shifted by t + 1
+        (each table's padding entry comes first)."""
+        if not self._padded:
+            return fused
+        return fused + np.searchsorted(self._starts, fused, side="right")
+
+    def __getitem__(self, fused) -> np.ndarray:
+        fused = np.asarray(fused, dtype=np.int64)
+        if fused.size and (fused.min() < 0 or fused.max() >= self._rows):
+            raise IndexError(
+                f"fused row ids must lie in [0, {self._rows}), got [{fused.min()}, {fused.max()}]"
+            )
+        return dispatch.lookup_slots(self.index, self.keys(fused)).reshape(fused.shape)
+
+
 class Dispatcher:
     """Splits batches by a :class:`Placement` (the Numba kernels of ``hotline.kernels.dispatch``).
 
     ``split`` writes into output buffers allocated once per slot of a small ring (``in_flight`` slots), so a
     split's arrays stay valid until ``in_flight`` more splits have been made: the pipelined executor sizes the
-    ring to its look-ahead.
+    ring to its look-ahead. ``index`` (:data:`INDEXES`) is how a row's hot slot is found: ``dense``, the
+    remap of every row, or ``hash``, a table of the hot rows only (the same splits: ``tests/test_dispatch_index.py``).
     """
 
     def __init__(
-        self, placement: Placement, pooling_factor: int | BagLayout, max_batch_size: int, in_flight: int = 1
+        self,
+        placement: Placement,
+        pooling_factor: int | BagLayout,
+        max_batch_size: int,
+        in_flight: int = 1,
+        index: str = "dense",
     ):
+        if index not in INDEXES:
+            raise ValueError(f"index must be one of {INDEXES}, got {index!r}")
         self.placement = placement
         self.table_sizes = placement.table_sizes
         layout = TableLayout(self.table_sizes)
@@ -73,18 +122,18 @@ class Dispatcher:
         self.pooling_factor = bags.pooling_factor
         self.col_offset = bags.col_offset
         self.col_size = bags.col_size
-        # int32: half the cache footprint of int64; huge pages: it is looked up at random (hotline._malloc)
-        remap = huge_copy(placement.fused_remap().astype(np.int32))
         self.num_hot = placement.num_hot
-        self.row_remap = remap
-        """int32 [rows]: each fused row's hot slot, or -1."""
+        self.index = index
         self._kernel_cols = (self.col_offset, self.col_size)
+        # Padded bags: the kernels see ids + 1 in an index whose table t starts with one extra entry, its
+        # padding slot (hot, slot num_hot): a padding id is a hot lookup to them, filtered out of the outputs.
+        self._shifted_start = layout.offsets + np.arange(layout.num_tables)
         if bags.padded:
-            # The kernels see ids + 1 in a remap whose table t starts with one extra entry, its padding slot
-            # (hot, slot num_hot): a padding id is a hot lookup to them, filtered out of the outputs here.
-            remap = self._padded_remap(layout, remap)
             self._kernel_cols = (self.col_offset + bags.col_table, self.col_size + 1)
-        self.remap = remap
+        self.row_remap = HotSlots(self._build_index(placement, layout, bags.padded), layout, bags.padded)
+        """Fused row id -> hot slot (:class:`HotSlots`) by the same index the split uses."""
+        self.remap = self.row_remap.index
+        """The kernels' index: int32 [rows (+ tables, padded)] or a hot table [M, 2]."""
         self.max_batch_size = int(max_batch_size)
         self.slot_map = dispatch.new_slot_map(self.max_batch_size * bags.num_columns)
         self.counts = None  # an OnlineCounts to count every lookup of every split (re-placement)
@@ -94,14 +143,23 @@ class Dispatcher:
         ]
         self._next = 0
 
-    def _padded_remap(self, layout: TableLayout, remap: np.ndarray) -> np.ndarray:
-        """The remap with one padding entry (slot ``num_hot``) in front of every table's rows."""
-        out = huge_zeros(remap.shape[0] + layout.num_tables, np.int32)
-        self._shifted_start = layout.offsets + np.arange(layout.num_tables)
-        for t, (o, n) in enumerate(zip(layout.offsets, layout.table_sizes)):
-            s = int(self._shifted_start[t])
-            out[s] = self.num_hot
-            out[s + 1 : s + 1 + n] = remap[o : o + n]
+    def _build_index(self, placement: Placement, layout: TableLayout, padded: bool) -> np.ndarray:
+        """The index of ``self.index``, made from the hot ids in one piece (no wider or second copy): for
+        padded bags each table's keys shifted by its padding entry (slot ``num_hot``) in front."""
+        T = layout.num_tables
+        starts = self._shifted_start + 1 if padded else layout.offsets
+        slots = [np.arange(placement.hot_offsets[t], placement.hot_offsets[t + 1]) for t in range(T)]
+        pad_keys = self._shifted_start if padded else np.zeros(0, np.int64)
+        if self.index == "hash":
+            keys = [starts[t] + placement.hot_ids[t] for t in range(T)] + [pad_keys]
+            pads = np.full(pad_keys.shape[0], self.num_hot, np.int64)
+            return dispatch.new_hot_table(np.concatenate(keys), np.concatenate(slots + [pads]))
+        dtype = np.int32 if self.num_hot < 2**31 - 1 else np.int64
+        # huge pages: it is looked up at random (hotline._malloc)
+        out = huge_full(layout.num_rows + (T if padded else 0), -1, dtype)
+        for t in range(T):
+            out[starts[t] + placement.hot_ids[t]] = slots[t]
+        out[pad_keys] = self.num_hot
         return out
 
     def split(self, sparse: np.ndarray, fused: bool = False) -> MicroBatches:

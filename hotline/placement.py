@@ -52,6 +52,30 @@ class _Remaps(Sequence):
         return remap
 
 
+def _write_npz(f, arrays) -> None:
+    """``np.savez_compressed`` of the ``(name, array)`` pairs ``arrays`` yields, one array in memory at a time
+    (remap arrays are mostly -1 and shrink a hundredfold)."""
+    with zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED, allowZip64=True) as zf:
+        for name, a in arrays:
+            with zf.open(f"{name}.npy", "w", force_zip64=True) as out:
+                np.lib.format.write_array(out, np.asanyarray(a), allow_pickle=False)
+
+
+class _Stored(Sequence):
+    """Per table, the remap stored in an open placement file, read when asked for (checked table by table)."""
+
+    def __init__(self, npz, tables: int):
+        self._npz, self._tables = npz, tables
+
+    def __len__(self) -> int:
+        return self._tables
+
+    def __getitem__(self, t):
+        if not 0 <= t < self._tables:
+            raise IndexError(t)
+        return self._npz[f"remap_{t}"]
+
+
 class Placement:
     """Hot rows per table under a byte budget, with the remap arrays the training engine indexes with.
 
@@ -77,7 +101,8 @@ class Placement:
     ):
         self.table_sizes: list[int] = [int(s) for s in table_sizes]
         self.hot_ids: list[np.ndarray] = list(hot_ids)
-        self.remap: Sequence[np.ndarray] = list(remap)  # checked against the hot ids, then made on demand
+        # checked against the hot ids (a table at a time: no remap of every row is held), then made on demand
+        self.remap: Sequence[np.ndarray] = remap if isinstance(remap, (_Remaps, _Stored)) else list(remap)
         self.dataset_fingerprint: str = str(dataset_fingerprint)
         self.embedding_dim: int = int(embedding_dim)
         self.bytes_per_row: int = int(bytes_per_row)
@@ -86,6 +111,9 @@ class Placement:
         self.hot_offsets: np.ndarray = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self._validate()
         self.remap = _Remaps(self.table_sizes, self.hot_ids)
+        self.sample_counts: np.ndarray | None = None
+        """Access counts of every fused row from the profile it was chosen by (:meth:`profiled`), until
+        start-up takes them (:meth:`take_sample_counts`); None otherwise (a loaded placement)."""
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -99,14 +127,14 @@ class Placement:
         bytes_per_row: int | None = None,
         hbm_budget_bytes: int | None = None,
     ) -> Placement:
-        """A placement from per-table hot row ids in slot order; builds the remap arrays.
+        """A placement from per-table hot row ids in slot order (its remaps are made from them when asked for).
 
         ``bytes_per_row`` defaults to ``embedding_dim * 4`` (SGD); ``hbm_budget_bytes`` to exactly the hot bytes.
         """
         sizes = [int(s) for s in table_sizes]
         if len(hot_ids) != len(sizes):
             raise PlacementError(f"hot_ids has {len(hot_ids)} tables but there are {len(sizes)} tables")
-        ids_list, remaps = [], []
+        ids_list = []
         for t, (size, ids) in enumerate(zip(sizes, hot_ids, strict=True)):
             ids = np.asarray(ids)
             if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
@@ -118,12 +146,9 @@ class Placement:
                 raise PlacementError(
                     f"table {t}: hot ids must lie in [0, {size}), got [{ids.min()}, {ids.max()}]"
                 )
-            remap = np.full(size, -1, dtype=np.int32)
-            remap[ids] = np.arange(ids.size, dtype=np.int32)
-            if ids.size and np.count_nonzero(remap >= 0) != ids.size:
+            if np.unique(ids).size != ids.size:  # sorted copy of the hot ids, not a remap of every row
                 raise PlacementError(f"table {t}: hot ids contain duplicates")
             ids_list.append(ids)
-            remaps.append(remap)
         if bytes_per_row is None:
             bytes_per_row = _bytes_per_row(embedding_dim, "sgd")
         num_hot = sum(int(i.size) for i in ids_list)
@@ -132,12 +157,27 @@ class Placement:
         return cls(
             sizes,
             ids_list,
-            remaps,
+            _Remaps(sizes, ids_list),
             dataset_fingerprint=dataset_fingerprint,
             embedding_dim=embedding_dim,
             bytes_per_row=int(bytes_per_row),
             hbm_budget_bytes=int(hbm_budget_bytes),
         )
+
+    @classmethod
+    def profiled(cls, profile, budget) -> Placement:
+        """``profile.placement(budget)`` carrying the profile's access counts of every fused row as
+        :attr:`sample_counts`, so that start-up (:func:`hotline.tiers.build.build_mode`, the disk file's order)
+        takes them instead of reading the sample a second time."""
+        placement = profile.placement(budget)
+        placement.sample_counts = profile.counts
+        return placement
+
+    def take_sample_counts(self) -> np.ndarray | None:
+        """The profile's access counts this placement carries (:meth:`profiled`), then forgets them (a byte or
+        more a row: nothing keeps them past start-up); None when it carries none."""
+        counts, self.sample_counts = self.sample_counts, None
+        return counts
 
     @classmethod
     def all_cold(cls, table_sizes: Sequence[int], **kwargs) -> Placement:
@@ -194,11 +234,14 @@ class Placement:
             raise PlacementError(
                 f"{source}: {T} table sizes but {len(self.hot_ids)} hot id arrays and {len(self.remap)} remaps"
             )
-        for t, (size, ids, remap) in enumerate(zip(self.table_sizes, self.hot_ids, self.remap, strict=True)):
+        for t, (size, ids) in enumerate(zip(self.table_sizes, self.hot_ids, strict=True)):
             if ids.dtype != np.int64 or ids.ndim != 1:
                 raise PlacementError(
                     f"{source}: table {t}: hot ids must be int64 [n], got {ids.dtype} {ids.shape}"
                 )
+            if isinstance(self.remap, _Remaps):  # made from these ids (checked there): nothing to compare
+                continue
+            remap = self.remap[t]  # one table's remap at a time
             if remap.dtype != np.int32 or remap.shape != (size,):
                 raise PlacementError(
                     f"{source}: table {t}: remap must be int32 [{size}], got {remap.dtype} {remap.shape}"
@@ -236,7 +279,7 @@ class Placement:
         from hotline.outputs import guard
 
         path = guard("Placement.save path", path, force=force)  # a link's target
-        arrays: dict[str, np.ndarray] = {
+        header: dict[str, np.ndarray] = {
             "format": np.array(FORMAT_TAG),
             "table_sizes": np.array(self.table_sizes, dtype=np.int64),
             "embedding_dim": np.array(self.embedding_dim, dtype=np.int64),
@@ -244,11 +287,14 @@ class Placement:
             "hbm_budget_bytes": np.array(self.hbm_budget_bytes, dtype=np.int64),
             "dataset_fingerprint": np.array(self.dataset_fingerprint),
         }
-        for t in range(self.num_tables):
-            arrays[f"hot_ids_{t}"] = self.hot_ids[t]
-            arrays[f"remap_{t}"] = self.remap[t]
-        # Compressed: remap arrays are mostly -1 and shrink a hundredfold.
-        atomic_write(path, lambda f: np.savez_compressed(f, **arrays))
+
+        def arrays():
+            yield from header.items()
+            for t in range(self.num_tables):  # one table's remap made at a time
+                yield f"hot_ids_{t}", self.hot_ids[t]
+                yield f"remap_{t}", self.remap[t]
+
+        atomic_write(path, lambda f: _write_npz(f, arrays()))
         return path
 
     @classmethod
@@ -263,17 +309,17 @@ class Placement:
                     raise PlacementError(f"placement file {path}: format is {tag!r}, expected {FORMAT_TAG!r}")
                 sizes = [int(s) for s in z["table_sizes"]]
                 hot_ids = [z[f"hot_ids_{t}"] for t in range(len(sizes))]
-                remap = [z[f"remap_{t}"] for t in range(len(sizes))]
                 scalars = {k: int(z[k]) for k in ("embedding_dim", "bytes_per_row", "hbm_budget_bytes")}
                 fingerprint = str(z["dataset_fingerprint"])
+                try:  # the stored remaps are read and checked a table at a time, then dropped
+                    placement = cls(sizes, hot_ids, _Stored(z, len(sizes)), dataset_fingerprint=fingerprint,
+                                    **scalars)  # fmt: skip
+                except PlacementError as e:
+                    raise PlacementError(f"placement file {path} is inconsistent: {e}") from e
         except PlacementError:
             raise
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, TypeError) as e:
             raise PlacementError(f"placement file {path} is corrupt or not a Hotline placement: {e}") from e
-        try:
-            placement = cls(sizes, hot_ids, remap, dataset_fingerprint=fingerprint, **scalars)
-        except PlacementError as e:
-            raise PlacementError(f"placement file {path} is inconsistent: {e}") from e
         placement._path = path
         if dataset is not None:
             placement.check_dataset(dataset)

@@ -20,6 +20,12 @@ training step.
 A compact hot-row structure in place of the remap (a bitmap of hot rows with per-word ranks, 1.4 MB, and a
 rank -> slot array, 1.7 MB) was measured slower here for the lookup pass: the int32 remap's hot lines stay
 in the last-level cache under the prefetch, while rank -> slot adds a dependent load per hot lookup.
+
+The lookup pass takes either index through one probe (``_slot_of``, specialised by the index's type): the
+int32 remap of every row (4 bytes a row: one load a lookup) or the *hot table* (:func:`new_hot_table`), an
+open-addressing table of the hot rows alone, sized by the hot set, whose probe walks from a home entry until
+the key or an empty entry (cold lookups probe further, a branch the remap has not): slower, and what each of
+N ranks holds (``hotline.dispatch.index_for``; ``benchmarks/bench_dispatcher.py`` prints the ratio).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 PREFETCH_LOOKUPS = 96
 """How far ahead (in lookups, rounded to whole samples) the split prefetches remap entries."""
@@ -65,6 +71,69 @@ def _u(i):
 
 _ONE = np.uint64(1)
 
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _home(fid, shift, mask):
+    """The first probe of ``fid`` in a slot table of ``mask + 1`` entries (Fibonacci hashing)."""
+    return np.int64((np.uint64(fid) * _GOLDEN) >> np.uint64(shift)) & mask
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _hash_shift(entries):
+    """64 - log2(``entries``): the shift of :func:`_home` for a table of ``entries`` (a power of two)."""
+    bits = 0
+    while (1 << bits) < entries:
+        bits += 1
+    return 64 - bits
+
+
+def _slot_of(index, fid, shift):
+    """The hot slot of fused row ``fid`` in ``index`` (a dense remap or a hot table), or -1."""
+
+
+def _prefetch_slot(index, fid, shift):
+    """Prefetches where :func:`_slot_of` will first look for ``fid``."""
+
+
+@overload(_slot_of, inline="always")
+def _slot_of_impl(index, fid, shift):
+    if index.ndim == 1:  # the dense remap: one load
+
+        def dense(index, fid, shift):
+            return np.int64(index[_u(fid)])
+
+        return dense
+
+    def hashed(index, fid, shift):  # the hot table: linear probing from the home entry
+        mask = index.shape[0] - 1
+        i = _home(fid, shift, mask)
+        while True:
+            k = index[_u(i), 0]
+            if k == fid:
+                return np.int64(index[_u(i), 1])
+            if k == -1:
+                return np.int64(-1)
+            i = (i + 1) & mask
+
+    return hashed
+
+
+@overload(_prefetch_slot, inline="always")
+def _prefetch_slot_impl(index, fid, shift):
+    if index.ndim == 1:
+
+        def dense(index, fid, shift):
+            _prefetch(index, fid)
+
+        return dense
+
+    def hashed(index, fid, shift):  # entry i's key is element 2i of the C-contiguous [M, 2] table
+        _prefetch(index, 2 * _home(fid, shift, index.shape[0] - 1))
+
+    return hashed
+
 
 @njit(cache=True, parallel=True, nogil=True)
 def _lookup_chunks(ids, col_offset, col_size, remap, ahead, chunk_start, slots, is_popular, bad, counts):
@@ -75,6 +144,7 @@ def _lookup_chunks(ids, col_offset, col_size, remap, ahead, chunk_start, slots, 
     how many chunks stopped."""
     B, C = ids.shape
     stopped = 0
+    shift = _hash_shift(remap.shape[0])
     for k in prange(chunk_start.shape[0] - 1):
         b0, b1 = chunk_start[k], chunk_start[k + 1]
         n_pop = 0
@@ -84,7 +154,7 @@ def _lookup_chunks(ids, col_offset, col_size, remap, ahead, chunk_start, slots, 
                 for c in range(C):
                     v = ids[_u(b + ahead), _u(c)]
                     if v >= 0 and v < col_size[_u(c)]:
-                        _prefetch(remap, col_offset[_u(c)] + v)
+                        _prefetch_slot(remap, col_offset[_u(c)] + v, shift)
             row = _u(b * C)
             cold = 0
             stop = -1
@@ -93,7 +163,7 @@ def _lookup_chunks(ids, col_offset, col_size, remap, ahead, chunk_start, slots, 
                 if v < 0 or v >= col_size[_u(c)]:
                     stop = c
                     break
-                r = remap[_u(col_offset[_u(c)] + v)]
+                r = _slot_of(remap, col_offset[_u(c)] + v, shift)
                 slots[row + _u(c)] = r
                 cold += r < 0
             bad[b] = stop
@@ -166,15 +236,6 @@ def _write_chunks(
     return n_pop, n_np, n_np * C - n_cold, n_cold
 
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _home(fid, shift, mask):
-    """The first probe of ``fid`` in a slot table of ``mask + 1`` entries (Fibonacci hashing)."""
-    return np.int64((np.uint64(fid) * _GOLDEN) >> np.uint64(shift)) & mask
-
-
 @njit(cache=True, nogil=True)
 def _assign_cold_slots(cold_fid, slot_map, cold_slot, working_set):
     """Numbers the distinct cold rows in first-occurrence order (the working set); returns how many.
@@ -184,10 +245,7 @@ def _assign_cold_slots(cold_fid, slot_map, cold_slot, working_set):
     the cold lookups only (a few percent of a skewed batch)."""
     n = cold_fid.shape[0]
     M = slot_map.shape[0]
-    bits = 0
-    while (1 << bits) < M:
-        bits += 1
-    shift, mask = 64 - bits, M - 1
+    shift, mask = _hash_shift(M), M - 1
     u = 0
     for j in range(n):
         fid = cold_fid[j]
@@ -209,6 +267,58 @@ def _assign_cold_slots(cold_fid, slot_map, cold_slot, working_set):
         slot_map[i, 0] = -1
         slot_map[i, 1] = -1
     return u
+
+
+LOAD_INVERSE = 4
+"""A hot table has at least this many entries a key (at most a quarter full): most probes end at the first
+entry, hit or miss (cold lookups probe until an empty entry)."""
+
+
+@njit(cache=True, nogil=True)
+def _fill_hot_table(keys, slots, table):
+    """Inserts the distinct ``keys`` with their ``slots`` into the empty (all -1) open-addressing ``table``."""
+    M = table.shape[0]
+    shift, mask = _hash_shift(M), M - 1
+    for j in range(keys.shape[0]):
+        i = _home(keys[j], shift, mask)
+        while table[i, 0] != -1:
+            i = (i + 1) & mask
+        table[i, 0] = keys[j]
+        table[i, 1] = slots[j]
+
+
+def new_hot_table(keys: np.ndarray, slots: np.ndarray) -> np.ndarray:
+    """The hot table: ``keys`` (distinct non-negative fused row ids) -> ``slots``, for :func:`split_batch` and
+    :func:`lookup_slots` in place of a dense remap. An open-addressing table [M, 2] of (key, slot) pairs, -1
+    where empty, M the power of two at or above twice the keys (at most half full, so a probe ends within a
+    few entries); int32 while every key and slot fits, else int64: 16 to 32 bytes a hot row, whatever the
+    row count."""
+    keys = np.asarray(keys, np.int64)
+    slots = np.asarray(slots, np.int64)
+    if keys.shape != slots.shape or keys.ndim != 1:
+        raise ValueError(f"keys and slots must be 1-D of one length, got {keys.shape} and {slots.shape}")
+    top = max(int(keys.max(initial=0)), int(slots.max(initial=0)))
+    dtype = np.int32 if top < 2**31 - 1 else np.int64
+    M = 1 << max(4, (LOAD_INVERSE * max(1, keys.shape[0]) - 1).bit_length())
+    table = np.full((M, 2), -1, dtype)
+    _fill_hot_table(keys.astype(dtype), slots.astype(dtype), table)
+    return table
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def _lookup_slots(index, fids, out):
+    shift = _hash_shift(index.shape[0])
+    for j in prange(fids.shape[0]):
+        out[j] = _slot_of(index, fids[j], shift)
+
+
+def lookup_slots(index: np.ndarray, fids: np.ndarray) -> np.ndarray:
+    """int64 [n]: the hot slot of each fused row id in ``fids`` (in range, non-negative), or -1 if cold, by
+    ``index``: a dense remap (int32 [rows]) or a hot table (:func:`new_hot_table`)."""
+    fids = np.ascontiguousarray(fids, np.int64).reshape(-1)
+    out = np.empty(fids.shape[0], np.int64)
+    _lookup_slots(index, fids, out)
+    return out
 
 
 def new_slot_map(max_lookups: int) -> np.ndarray:

@@ -20,8 +20,8 @@ from hotline.tiers.tiered import TieredMode
 
 
 def _stores(config, layout: TableLayout, placement: Placement, optimizer: SparseOptimizer, comm: Comm,
-            max_rows: int, dataset: Dataset) -> tuple[ColdStore, np.ndarray]:  # fmt: skip
-    """The cold store of this rank and the initial rows of the hot tier."""
+            max_rows: int, dataset: Dataset, counts: np.ndarray | None) -> tuple[ColdStore, np.ndarray]:  # fmt: skip
+    """The cold store of this rank and the initial rows of the hot tier (``counts``: the profile's, or None)."""
     N, r, dim, seed = comm.world_size, comm.rank, config.embedding_dim, config.seed
     pin = False  # nothing reads the cold tier in place (copies go through pinned staging): no registration
     disk = config.cold_store == "disk"
@@ -34,7 +34,7 @@ def _stores(config, layout: TableLayout, placement: Placement, optimizer: Sparse
         from hotline.tiers.disk_store import DiskColdStore, cold_file, popularity_order
 
         hot = placement.fused_hot_ids()
-        order = popularity_order(_row_counts(config, dataset), layout.num_rows, hot)
+        order = popularity_order(_row_counts(config, dataset, counts), layout.num_rows, hot)
         cold = DiskColdStore(cold_file(config.cold_dir), layout, dim, optimizer, seed, order,
                              config.cold_io_depth, config.cold_direct, config.cold_cache, max_rows,
                              config.force)  # fmt: skip
@@ -47,7 +47,7 @@ def _stores(config, layout: TableLayout, placement: Placement, optimizer: Sparse
         from hotline.tiers.disk_store import DiskRows, cold_file, popularity_order
 
         local = ShardedColdStore.shard_rows(layout.num_rows, r, N)
-        counts = _row_counts(config, dataset)
+        counts = _row_counts(config, dataset, counts)
         hot = placement.fused_hot_ids()
         order = popularity_order(counts[local], local.shape[0], hot[hot % N == r] // N)
         rows = DiskRows(cold_file(config.cold_dir, r, N), local.shape[0], dim, optimizer, order,
@@ -87,9 +87,12 @@ def _hot_rows(layout: TableLayout, placement: Placement, dim: int, seed: int) ->
     return hot_w
 
 
-def _row_counts(config, dataset: Dataset) -> np.ndarray:
+def _row_counts(config, dataset: Dataset, counts: np.ndarray | None) -> np.ndarray:
     """Access counts of every fused row over the sample of the training split a profile counts (the disk
-    file's order): the counting pass alone, not a whole profile (no ranks, no held-out figures)."""
+    file's order): ``counts``, those of the profile the placement was chosen by (the sample is read once),
+    else the counting pass alone, not a whole profile (no ranks, no held-out figures)."""
+    if counts is not None and counts.shape == (sum(dataset.table_sizes),):
+        return counts
     from hotline.profiling.profiler import Profiler
 
     profiler = Profiler(embedding_dim=config.embedding_dim, optimizer=config.optimizer,
@@ -112,7 +115,8 @@ def build_mode(
     # A rank's share of a global batch; a batch larger than the data is clipped to it (as every mode does).
     max_batch = -(-max(1, min(config.mini_batch_size, len(dataset.train))) // comm.world_size)
     max_rows = max_batch * dataset.lookups_per_sample
-    cold, hot_w = _stores(config, layout, placement, opt, comm, max_rows, dataset)
+    counts = placement.take_sample_counts()  # the profile's, used once and not kept
+    cold, hot_w = _stores(config, layout, placement, opt, comm, max_rows, dataset, counts)
     return TieredMode(
         config.mode,
         layout,

@@ -49,7 +49,7 @@ def swap_hot_set(mode, hot_rows: np.ndarray) -> dict[str, int]:
     )
     counts = mode.dispatcher.counts
     d = mode.dispatcher
-    mode.dispatcher = Dispatcher(mode.placement, d.bags, d.max_batch_size, in_flight=len(d._ring))
+    mode.dispatcher = Dispatcher(mode.placement, d.bags, d.max_batch_size, len(d._ring), d.index)
     mode.dispatcher.counts = counts
     mode.fused_remap = mode.dispatcher.row_remap
     mode.hot_rows = mode.placement.fused_hot_ids()

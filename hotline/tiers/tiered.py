@@ -28,7 +28,7 @@ import torch
 from torch.profiler import record_function
 
 from hotline.datasets.format import Batch
-from hotline.dispatch import Dispatcher
+from hotline.dispatch import Dispatcher, index_for
 from hotline.distributed.comm import Comm
 from hotline.kernels import sparse_update
 from hotline.kernels.gather import assemble_rows
@@ -108,7 +108,7 @@ class TieredMode(TrainMode):
         self.hot_w = torch.from_numpy(hot_weights).to(self.device)
         self.hot_s = optimizer.new_state(self.hot_rows.shape[0]).to(self.device)
         self.dispatcher = Dispatcher(
-            placement, self.bags, max(1, max_batch_size), in_flight=max(1, in_flight)
+            placement, self.bags, max(1, max_batch_size), max(1, in_flight), index_for(self.comm.world_size)
         )
         self.fused_remap = self.dispatcher.row_remap
         max_rows = max(1, max_batch_size) * self.bags.num_columns

@@ -12,7 +12,8 @@ anything, naming the one that binds:
   as the kernel does before it kills anything.
 
 :func:`per_row_bytes` finds the host structures of a built mode that grow with the row count (the claim of
-at most 8 bytes a row, ``tests/test_host_bytes.py``, ``benchmarks/bench_scale.py``).
+at most 8 bytes a row on one rank and on N, ``tests/test_host_bytes.py``,
+``tests/test_host_bytes_ranks.py``, ``benchmarks/bench_scale.py``).
 
 The cgroup files are read under a root (``/sys/fs/cgroup``), with the process's cgroup paths from
 ``/proc/self/cgroup``: tests pass a directory of fixture files.
@@ -234,8 +235,9 @@ def _address(a) -> int:
 def per_row_bytes(root, rows: int, exclude=()) -> dict[str, int]:
     """The host structures that grow with the row count: bytes of every array (or CPU tensor) reachable from
     ``root`` through the attributes of Hotline's objects that holds at least a byte per row, by the attribute
-    path that first reached it (anonymous memory only: memory maps are on disk); ``exclude``: arrays not
-    counted (a memory store's table and state)."""
+    path that first reached it (anonymous memory only, huge-page arrays included: memory maps of files are on
+    disk); ``exclude``: arrays not counted (a memory store's table and state). Per rank: a machine of N ranks
+    holds the sum of theirs."""
     import torch
 
     skip = {_address(x) for x in exclude}

@@ -31,7 +31,7 @@ def placement_for(config, dataset: Dataset, progress: bool = True) -> Placement:
     if config.placement_path:
         placement = Placement.load(config.placement_path, dataset=dataset)
     elif config.hbm_budget is not None:
-        placement = profile_for(config, dataset, progress).placement(config.hbm_budget)
+        placement = Placement.profiled(profile_for(config, dataset, progress), config.hbm_budget)
     else:
         raise ValueError(
             "--mode hotline needs --placement FILE (from `hotline profile`) or --hbm-budget SIZE"
