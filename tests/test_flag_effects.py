@@ -22,7 +22,6 @@ ELSEWHERE = {"--mode": "hybrid", "--arch-interaction-op": "dot", "--cold-store":
 
 def _check(argv: list[str]) -> None:
     args = build_parser().parse_args(argv)
-    args.command_line = argv
     check_mode_flags(args)
 
 

@@ -101,16 +101,13 @@ PRESET_FLAGS = {
 }  # fmt: skip
 
 
-def apply_preset(
-    args: argparse.Namespace,
-    parser: argparse.ArgumentParser | None = None,
-    dests: dict | None = None,
-    command: str = "hotline train",
-) -> None:
-    """Writes ``--preset``'s values into ``args`` for every part no flag gave, then forgets the preset (so the
-    ranks of ``--nproc`` get the resolved flags). The preset's batch is scaled to the machine: see
-    :func:`hotline.training.presets.scaled_batch_size`. ``parser`` and ``dests`` (field -> argparse dest; a
-    field whose dest ``args`` lacks is not set): another command's (``hotline profile``), default train's."""
+def apply_preset(args: argparse.Namespace, dests: dict | None = None, command: str = "hotline train") -> None:
+    """Writes ``--preset``'s values into ``args`` for every part no flag gave (each such flag is unset, None,
+    unless given), records them in ``args.preset_filled`` (so that :func:`hotline.cli.effects.flag_given`
+    does not judge them given), then forgets the preset (so the ranks of ``--nproc`` get the resolved flags).
+    The preset's batch is scaled to the machine: see :func:`hotline.training.presets.scaled_batch_size`.
+    ``dests`` (field -> argparse dest; a field whose dest ``args`` lacks is not set): another command's
+    (``hotline profile``), default train's."""
     from dataclasses import fields
 
     from hotline.training.config import TrainConfig
@@ -118,9 +115,9 @@ def apply_preset(
 
     if not args.preset:
         return
-    parser = parser if parser is not None else args.train_parser
     dests = PRESET_FLAGS if dests is None else dests
-    given = {dest for dest in dests.values() if flag_given(args, parser, dest)}
+    given = {dest for dest in dests.values() if flag_given(args, dest)}
+    filled = set()
     values = preset_values(args.preset, {f.name for f in fields(TrainConfig)})
     for field_name, value in values.items():
         dest = dests[field_name]
@@ -140,6 +137,8 @@ def apply_preset(
         elif isinstance(value, list):
             value = "-".join(map(str, value))
         setattr(args, dest, value)
+        filled.add(dest)
+    args.preset_filled = filled
     args.preset = None
 
 
