@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 import traceback
-from dataclasses import MISSING, Field, fields
+from dataclasses import MISSING, Field
 from pathlib import Path
 
 from hotline.kinds import OPTIMIZERS, names
@@ -183,13 +183,9 @@ def add_device(parser: argparse.ArgumentParser) -> None:
 # -- flags made from the config's fields (hotline.training.sections) -----------------------------------------
 def section_field(name: str) -> Field:
     """The field ``name`` of one of the config's sections."""
-    from hotline.training.sections import SECTIONS
+    from hotline.training.sections import section_field
 
-    for section in SECTIONS.values():
-        for f in fields(section):
-            if f.name == name:
-                return f
-    raise KeyError(name)
+    return section_field(name)
 
 
 def field_dest(f: Field) -> str:
@@ -214,7 +210,7 @@ def add_field(
     if meta["shared"]:  # a flag of every command: one definition here
         {"--threads": add_threads, "--force": add_force}[meta["flag"]](parser)
         return
-    kw: dict = {"help": prefix + meta["help"], "default": None if unset else default}
+    kw: dict = {"help": field_help(f, prefix), "default": None if unset else default}
     if meta["negate"] or isinstance(default, bool):
         kw["action"] = "store_true"
         kw["default"] = None if unset else False
@@ -229,6 +225,19 @@ def add_field(
         if unset and show_default and default is not None:
             kw["help"] += f" (default: {default})"
     parser.add_argument(meta["flag"], **kw)
+
+
+def field_help(f: Field, prefix: str = "") -> str:
+    """The ``--help`` text of config field ``f``: after ``prefix`` (``for --predict: ``), the setting it has an
+    effect with, from the one table (:data:`hotline.training.sections.APPLIES_TO`), then its own help."""
+    from hotline.training.sections import APPLIES_TO, applies_text, flag_of
+
+    if f.name not in APPLIES_TO:
+        return prefix + f.metadata["help"]
+    on, values = APPLIES_TO[f.name]
+    setting = applies_text(flag_of(on), values)
+    head = f"{prefix.rstrip(': ')}, {setting}" if prefix else setting
+    return f"{head}: {f.metadata['help']}"
 
 
 def field_value(args: argparse.Namespace, f: Field):

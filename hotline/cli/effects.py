@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from hotline.kinds import Mode
+from hotline.training.sections import APPLIES_TO, HOTLINE, flag_of, ignored_message
+
 
 # The one table of which flags have an effect with which setting (--mode, --arch-interaction-op, --cold-store,
 # and the settings of the other commands): a flag given where it has no effect is refused, every one the same
-# way, before any work.
-# --mode auto accepts the hotline flags: they apply when it chooses hotline (--placement and --hbm-budget
-# choose it).
+# way, before any work. hotline train's rows are read from the library's (sections.APPLIES_TO).
 @dataclass(frozen=True)
 class Effect:
     """Where a flag has an effect: with ``on`` (a flag) set to one of ``values``."""
@@ -35,25 +36,16 @@ ABSENT = ("(absent)",)
 
 _ON_DEST = {"--mode": "mode", "--arch-interaction-op": "arch_interaction_op", "--cold-store": "cold_store",
             "--predict": "predict", "--disk": "disk", "--day-files": "day_files", "--heldout": "heldout"}  # fmt: skip
-_HOTLINE = ("hotline", "auto")
 MODE_FLAGS = {
-    "--placement": Effect("placement", "--mode", _HOTLINE),
-    "--hbm-budget": Effect("hbm_budget", "--mode", _HOTLINE),
-    "--lookahead": Effect("lookahead", "--mode", _HOTLINE),
-    "--worker-threads": Effect("worker_threads", "--mode", _HOTLINE),
-    "--micro-batches": Effect("micro_batches", "--mode", _HOTLINE),
-    "--replace-every": Effect("replace_every", "--mode", _HOTLINE),
-    "--replace": Effect("replace", "--mode", _HOTLINE),
-    "--replace-threshold": Effect("replace_threshold", "--mode", _HOTLINE),
-    "--count-decay": Effect("count_decay", "--mode", _HOTLINE),
-    "--save-placement": Effect("save_placement", "--mode", _HOTLINE),
-    "--hardware": Effect("hardware", "--mode", ("auto",)),
-    "--dcn-num-layers": Effect("dcn_num_layers", "--arch-interaction-op", ("dcn",)),
-    "--dcn-low-rank-dim": Effect("dcn_low_rank_dim", "--arch-interaction-op", ("dcn",)),
-    "--cold-io-depth": Effect("cold_io_depth", "--cold-store", ("disk",)),
-    "--cold-cache": Effect("cold_cache", "--cold-store", ("disk",)),
-    "--no-cold-direct": Effect("no_cold_direct", "--cold-store", ("disk",)),
+    **{
+        flag_of(name): Effect(flag_of(name).lstrip("-").replace("-", "_"), flag_of(on), values)
+        for name, (on, values) in APPLIES_TO.items()
+    },
+    "--save-placement": Effect("save_placement", "--mode", HOTLINE),
+    "--hardware": Effect("hardware", "--mode", (Mode.AUTO.value,)),
 }
+"""``hotline train``'s rows: its config fields' from the library's table (``APPLIES_TO``), and its two flags that
+are no config field."""
 _DCN = {flag: MODE_FLAGS[flag] for flag in ("--dcn-num-layers", "--dcn-low-rank-dim")}
 FLAG_EFFECTS = {
     "train": MODE_FLAGS,
@@ -172,10 +164,7 @@ def check_flag_effects(
                                  f"ignored")  # fmt: skip
             raise ValueError(f"{flag} has an effect without {effect.on} only; {effect.on} would ignore it")
         if setting not in effect.values and flag_given(args, effect.dest):
-            raise ValueError(
-                f"{flag} has an effect with {effect.on} {' or '.join(effect.values)} only; {effect.on} {setting} "
-                f"would ignore it"
-            )
+            raise ValueError(ignored_message(flag, effect.on, effect.values, setting))
     fill_defaults(args)
 
 

@@ -41,7 +41,7 @@ SUMMARY_KEYS = (
 def add_parser(subparsers: SubParsers) -> None:
     """``hotline train``: one argument group per section of the config (:data:`SECTIONS`), each field's flag
     made from its metadata, plus the flags that are not config fields (:data:`EXTRA_FLAGS`)."""
-    from hotline.training.sections import SECTIONS
+    from hotline.training.sections import SECTIONS, applies_text
 
     p = subparsers.add_parser(
         "train",
@@ -63,6 +63,11 @@ def add_parser(subparsers: SubParsers) -> None:
                 # named in its help (MODE_FLAGS refuses it given where it has no effect).
                 add_field(group, f, unset=field_dest(f) in unset, show_default=True)
         for flag, kw in EXTRA_FLAGS.get(name, {}).items():
+            if flag in MODE_FLAGS:  # its help names the setting it has an effect with, from the one table
+                kw = {
+                    **kw,
+                    "help": f"{applies_text(MODE_FLAGS[flag].on, MODE_FLAGS[flag].values)}: {kw['help']}",
+                }
             group.add_argument(flag, **kw)
     p.set_defaults(func=run, declare=declare, train_parser=p)
 
@@ -76,11 +81,11 @@ EXTRA_FLAGS = {
     },
     "placement": {
         "--hardware": dict(metavar="FILE|GPU",
-                           help="--mode auto: price with this `hotline calibrate` JSON or known GPU (default: the GPU "
+                           help="price with this `hotline calibrate` JSON or known GPU (default: the GPU "
                                 "torch names, or this CPU calibrated once, under a minute, and cached in $HOTLINE_CACHE "
                                 "or ~/.cache/hotline)"),
         "--save-placement": dict(metavar="FILE",
-                                 help="hotline: write the placement in force at the end (.npz, as `hotline profile --out`)"),
+                                 help="write the placement in force at the end (.npz, as `hotline profile --out`)"),
     },
     "run": {
         "--save": dict(metavar="CKPT.pt", help="write a checkpoint here at the end"),
