@@ -36,7 +36,7 @@ START_HERE = """where to start:
 
 def build_parser() -> argparse.ArgumentParser:
     from hotline import __version__
-    from hotline.cli.args import use_help_formatter
+    from hotline.cli.args import read_negative_values, use_help_formatter
     from hotline.cli.effects import unset_effect_flags
 
     parser = argparse.ArgumentParser(
@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         importlib.import_module(module_name).add_parser(sub)
     unset_effect_flags(parser)  # a flag of FLAG_EFFECTS is given by being set at all
     use_help_formatter(parser)  # every flag's help shows its default
+    read_negative_values(parser)  # --cold-cache -1KiB: refused by the size parser, not as a missing value
     return parser
 
 

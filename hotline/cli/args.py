@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import sys
 import traceback
@@ -52,6 +53,20 @@ def use_help_formatter(parser: argparse.ArgumentParser) -> None:
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
                 use_help_formatter(sub)
+
+
+NEGATIVE_VALUE = re.compile(r"^-\d+$|^-\d*\.\d+$|^-\d*\.?\d+\s*[A-Za-z]+$")
+"""What argparse reads as a value, not an option, after a flag: a negative number (its own rule) and a negative
+size (``-1KiB``), so that the flag's parser names what is wrong with it (not "expected one argument")."""
+
+
+def read_negative_values(parser: argparse.ArgumentParser) -> None:
+    """Gives ``parser`` and every sub-command parser below it :data:`NEGATIVE_VALUE`."""
+    parser._negative_number_matcher = NEGATIVE_VALUE
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                read_negative_values(sub)
 
 
 def add_threads(parser: argparse.ArgumentParser, what: str = "torch and numba threads") -> None:
@@ -251,7 +266,10 @@ def field_value(args: argparse.Namespace, f: Field):
 
         value = parse_layers(value, meta["flag"])
     elif meta["parse"] == "size":
-        value = parse_size(value)
+        try:
+            value = parse_size(value)
+        except ValueError as e:
+            raise ValueError(f"{meta['flag']}: {e}") from None
     return not value if meta["negate"] else value
 
 

@@ -215,6 +215,8 @@ def _launch(args: argparse.Namespace) -> int:
         if config.mode == Mode.AUTO:  # chosen once, here: every rank trains the same configuration
             from hotline.datasets.format import Dataset
 
+            check_start_files(args)  # before the choice times the model
+
             choice = _choose(config, Dataset(args.dataset), args)
             args.mode, args.hardware = choice.mode, None
             # A flag the chosen mode ignores stays unset: the ranks refuse one given (MODE_FLAGS).
@@ -260,15 +262,7 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
             comm = Comm()
             configure_threads(config.threads)
         dataset = _dataset(args, comm)
-        if args.load:  # a missing checkpoint is named before --mode auto profiles
-            from hotline._paths import check_file
-            from hotline.training.checkpoint import CheckpointError
-
-            check_file(args.load, "checkpoint", CheckpointError)  # a directory, a FIFO, /dev/null: named
-        if args.init_params:  # named before --mode auto profiles, too
-            from hotline._paths import check_file
-
-            check_file(args.init_params, "--init-params")
+        check_start_files(args)  # before --mode auto times the model
         # --mode auto: the library chooses (rank 0, taken by every rank); fit() prints the choice when
         # training starts, after every check of the run's inputs
         trainer = Trainer(config, dataset, comm, hardware=args.hardware)
@@ -324,6 +318,54 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
             record["auto"] = choice.record(summary["samples_per_s"])
         print(finite_json(record))
     return 0
+
+
+def check_start_files(args: argparse.Namespace) -> None:
+    """``--load``'s checkpoint and ``--init-params``' arrays, looked into (not read) before any long work (``--mode
+    auto``'s timing, the model built): a missing file, a directory, a FIFO, or a file of another kind (a
+    metrics file, a checkpoint given as parameters) is a ValueError in the words of its real load."""
+    from hotline._paths import check_file
+
+    if args.load:
+        from hotline.training.checkpoint import CheckpointError
+
+        check_file(args.load, "checkpoint", CheckpointError)  # a directory, a FIFO, /dev/null: named
+        _peek_checkpoint(args.load)
+    if args.init_params:
+        check_file(args.init_params, "--init-params")
+        _peek_params(args.init_params)
+
+
+def _peek_checkpoint(path: str) -> None:
+    """A checkpoint's payload with its tensors mapped, not read: one that cannot be mapped is loaded as the
+    run would (its digest, the safe loader), which names what is wrong; one of another format is refused."""
+    import torch
+
+    from hotline.training.checkpoint import CHECKPOINT_FORMAT, CheckpointError, read_checkpoint
+
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 -- the real load names it (or loads an older, unmappable file)
+        read_checkpoint(path)
+        return
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{path} is not a Hotline checkpoint (format {CHECKPOINT_FORMAT})")
+
+
+def _peek_params(path: str) -> None:
+    """``--init-params``' file: an .npz archive of .npy arrays (its directory read, not the arrays)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            others = [n for n in z.namelist() if not n.endswith(".npy")]
+    except (OSError, zipfile.BadZipFile) as e:
+        raise ValueError(f"--init-params {path}: not a readable parameter .npz ({e})") from None
+    if others:
+        raise ValueError(
+            f"--init-params {path}: not a parameter .npz: it holds {others[:2]}, not only .npy arrays (a "
+            f"checkpoint? --load takes those)"
+        )
 
 
 def _report_disk(trainer) -> None:
