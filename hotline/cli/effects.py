@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from hotline.cli.args import field_dest, section_field
 from hotline.kinds import Mode
 from hotline.training.sections import APPLIES_TO, HOTLINE, flag_of, ignored_message
 
@@ -38,7 +39,7 @@ _ON_DEST = {"--mode": "mode", "--arch-interaction-op": "arch_interaction_op", "-
             "--predict": "predict", "--disk": "disk", "--day-files": "day_files", "--heldout": "heldout"}  # fmt: skip
 MODE_FLAGS = {
     **{
-        flag_of(name): Effect(flag_of(name).lstrip("-").replace("-", "_"), flag_of(on), values)
+        flag_of(name): Effect(field_dest(section_field(name)), flag_of(on), values)
         for name, (on, values) in APPLIES_TO.items()
     },
     "--save-placement": Effect("save_placement", "--mode", HOTLINE),
