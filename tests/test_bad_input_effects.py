@@ -50,7 +50,6 @@ def _ignores(effect) -> list[str]:
 
 def _check(argv: list[str], command: str) -> None:
     args = build_parser().parse_args(argv)
-    args.command_line = argv
     check_flag_effects(args, command)
 
 

@@ -54,6 +54,28 @@ def test_a_preset_yields_to_a_flag_given_at_its_default_without_the_command_line
     assert (config.optimizer, config.mini_batch_size, config.embedding_dim) == ("sgd", 128, 128)
 
 
+def test_profile_s_preset_yields_to_flags_given_at_their_defaults_and_the_rest_get_theirs():
+    """``hotline profile``'s preset fills only what no flag set (no argv read again), a value it filled is not
+    judged given (``--arch-mlp-bot`` without ``--predict``), and the flags left unset get their defaults."""
+    from hotline.cli.effects import check_flag_effects
+    from hotline.cli.profile import PRESET_DESTS
+    from hotline.cli.train import apply_preset
+
+    args = build_parser().parse_args(["profile", "D", "--preset", "mlperf-dcnv2"])
+    apply_preset(args, PRESET_DESTS, "hotline profile")
+    assert (args.optimizer, args.embedding_dim) == ("rowwise-adagrad", 128)
+    argv = ["profile", "D", "--preset", "mlperf-dcnv2", "--optimizer", "sgd", "--embedding-dim", "16"]
+    args = build_parser().parse_args(argv)
+    apply_preset(args, PRESET_DESTS, "hotline profile")
+    check_flag_effects(args, "profile")
+    assert (args.optimizer, args.embedding_dim, args.arch_mlp_top) == ("sgd", 16, "1024-1024-512-256-1")
+    assert (args.hardware, args.worker_threads, args.heldout_fraction) == ("H200", 1, None)
+    args = build_parser().parse_args([*argv, "--dcn-num-layers", "3"])
+    apply_preset(args, PRESET_DESTS, "hotline profile")
+    with pytest.raises(ValueError, match="^--dcn-num-layers has an effect with --predict only"):
+        check_flag_effects(args, "profile")
+
+
 @pytest.mark.parametrize(
     "argv",
     [["--mode", "device", "--lookahead", "2"], ["--arch-interaction-op", "dot", "--dcn-num-layers", "3"],

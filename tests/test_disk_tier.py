@@ -218,7 +218,7 @@ def test_refuses_a_file_hotline_did_not_make(data, tmp_path, capsys):
     "flags,match",
     [(["--cold-store", "disk"], "needs --cold-dir"),
      (["--cold-store", "disk", "--cold-dir", "/nonexistent/x"], "not a directory"),
-     (["--cold-dir", "/tmp"], "directory of --cold-store disk"),
+     (["--cold-dir", "/tmp"], "--cold-dir has an effect with --cold-store disk only; --cold-store memory would"),
      (["--cold-store", "disk", "--cold-dir", "/tmp", "--cold-io-depth", "0"], "--cold-io-depth"),
      (["--cold-store", "disk", "--cold-dir", "/tmp", "--cold-cache", "lots"], "lots")],
 )  # fmt: skip

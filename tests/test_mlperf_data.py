@@ -170,7 +170,6 @@ def _preset_config(argv):
     from hotline.cli.train import config_from_args
 
     args = build_parser().parse_args(argv)
-    args.command_line = argv
     return config_from_args(args)
 
 

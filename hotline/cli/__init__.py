@@ -36,7 +36,8 @@ START_HERE = """where to start:
 
 def build_parser() -> argparse.ArgumentParser:
     from hotline import __version__
-    from hotline.cli.args import use_help_formatter
+    from hotline.cli.args import read_negative_values, use_help_formatter
+    from hotline.cli.effects import unset_effect_flags
 
     parser = argparse.ArgumentParser(
         prog="hotline",
@@ -48,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for module_name in COMMANDS.values():
         importlib.import_module(module_name).add_parser(sub)
+    unset_effect_flags(parser)  # a flag of FLAG_EFFECTS is given by being set at all
     use_help_formatter(parser)  # every flag's help shows its default
+    read_negative_values(parser)  # --cold-cache -1KiB: refused by the size parser, not as a missing value
     return parser
 
 
@@ -212,7 +215,6 @@ def _main(argv: list[str]) -> int:
     args = None
     try:
         args = build_parser().parse_args(argv)
-        args.command_line = argv  # which flags were given (a --preset yields to them)
         from hotline.cli.args import check_counts
 
         check_counts(args)  # every command's thread and process counts, bounded the same way

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import sys
 import traceback
-from dataclasses import MISSING, Field, fields
+from dataclasses import MISSING, Field
 from pathlib import Path
 
 from hotline.kinds import OPTIMIZERS, names
@@ -52,6 +53,20 @@ def use_help_formatter(parser: argparse.ArgumentParser) -> None:
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
                 use_help_formatter(sub)
+
+
+NEGATIVE_VALUE = re.compile(r"^-\d+$|^-\d*\.\d+$|^-\d*\.?\d+\s*[A-Za-z]+$")
+"""What argparse reads as a value, not an option, after a flag: a negative number (its own rule) and a negative
+size (``-1KiB``), so that the flag's parser names what is wrong with it (not "expected one argument")."""
+
+
+def read_negative_values(parser: argparse.ArgumentParser) -> None:
+    """Gives ``parser`` and every sub-command parser below it :data:`NEGATIVE_VALUE`."""
+    parser._negative_number_matcher = NEGATIVE_VALUE
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                read_negative_values(sub)
 
 
 def add_threads(parser: argparse.ArgumentParser, what: str = "torch and numba threads") -> None:
@@ -183,13 +198,9 @@ def add_device(parser: argparse.ArgumentParser) -> None:
 # -- flags made from the config's fields (hotline.training.sections) -----------------------------------------
 def section_field(name: str) -> Field:
     """The field ``name`` of one of the config's sections."""
-    from hotline.training.sections import SECTIONS
+    from hotline.training.sections import section_field
 
-    for section in SECTIONS.values():
-        for f in fields(section):
-            if f.name == name:
-                return f
-    raise KeyError(name)
+    return section_field(name)
 
 
 def field_dest(f: Field) -> str:
@@ -214,7 +225,7 @@ def add_field(
     if meta["shared"]:  # a flag of every command: one definition here
         {"--threads": add_threads, "--force": add_force}[meta["flag"]](parser)
         return
-    kw: dict = {"help": prefix + meta["help"], "default": None if unset else default}
+    kw: dict = {"help": field_help(f, prefix), "default": None if unset else default}
     if meta["negate"] or isinstance(default, bool):
         kw["action"] = "store_true"
         kw["default"] = None if unset else False
@@ -231,6 +242,19 @@ def add_field(
     parser.add_argument(meta["flag"], **kw)
 
 
+def field_help(f: Field, prefix: str = "") -> str:
+    """The ``--help`` text of config field ``f``: after ``prefix`` (``for --predict: ``), the setting it has an
+    effect with, from the one table (:data:`hotline.training.sections.APPLIES_TO`), then its own help."""
+    from hotline.training.sections import APPLIES_TO, applies_text, flag_of
+
+    if f.name not in APPLIES_TO:
+        return prefix + f.metadata["help"]
+    on, values = APPLIES_TO[f.name]
+    setting = applies_text(flag_of(on), values)
+    head = f"{prefix.rstrip(': ')}, {setting}" if prefix else setting
+    return f"{head}: {f.metadata['help']}"
+
+
 def field_value(args: argparse.Namespace, f: Field):
     """The value of config field ``f`` that the parsed flags give (MISSING: unset, the config's default)."""
     meta = f.metadata
@@ -242,7 +266,10 @@ def field_value(args: argparse.Namespace, f: Field):
 
         value = parse_layers(value, meta["flag"])
     elif meta["parse"] == "size":
-        value = parse_size(value)
+        try:
+            value = parse_size(value)
+        except ValueError as e:
+            raise ValueError(f"{meta['flag']}: {e}") from None
     return not value if meta["negate"] else value
 
 

@@ -9,31 +9,14 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-
-def given_dests(args: argparse.Namespace, parser: argparse.ArgumentParser) -> set[str]:
-    """The dests of ``parser``'s options given on the command line (by any of their names, whole, with
-    ``=VALUE``, or abbreviated as argparse accepts)."""
-    argv = getattr(args, "command_line", None) or []
-    names = {o: a.dest for a in parser._actions for o in a.option_strings}
-    given = set()
-    for tok in argv:
-        if not tok.startswith("--"):
-            continue
-        name = tok.split("=", 1)[0]
-        if name in names:
-            given.add(names[name])
-        elif parser.allow_abbrev:
-            matches = {dest for o, dest in names.items() if o.startswith(name)}
-            if len(matches) == 1:
-                given |= matches
-    return given
+from hotline.cli.args import field_dest, section_field
+from hotline.kinds import Mode
+from hotline.training.sections import APPLIES_TO, HOTLINE, flag_of, ignored_message
 
 
 # The one table of which flags have an effect with which setting (--mode, --arch-interaction-op, --cold-store,
 # and the settings of the other commands): a flag given where it has no effect is refused, every one the same
-# way, before any work.
-# --mode auto accepts the hotline flags: they apply when it chooses hotline (--placement and --hbm-budget
-# choose it).
+# way, before any work. hotline train's rows are read from the library's (sections.APPLIES_TO).
 @dataclass(frozen=True)
 class Effect:
     """Where a flag has an effect: with ``on`` (a flag) set to one of ``values``."""
@@ -54,25 +37,16 @@ ABSENT = ("(absent)",)
 
 _ON_DEST = {"--mode": "mode", "--arch-interaction-op": "arch_interaction_op", "--cold-store": "cold_store",
             "--predict": "predict", "--disk": "disk", "--day-files": "day_files", "--heldout": "heldout"}  # fmt: skip
-_HOTLINE = ("hotline", "auto")
 MODE_FLAGS = {
-    "--placement": Effect("placement", "--mode", _HOTLINE),
-    "--hbm-budget": Effect("hbm_budget", "--mode", _HOTLINE),
-    "--lookahead": Effect("lookahead", "--mode", _HOTLINE),
-    "--worker-threads": Effect("worker_threads", "--mode", _HOTLINE),
-    "--micro-batches": Effect("micro_batches", "--mode", _HOTLINE),
-    "--replace-every": Effect("replace_every", "--mode", _HOTLINE),
-    "--replace": Effect("replace", "--mode", _HOTLINE),
-    "--replace-threshold": Effect("replace_threshold", "--mode", _HOTLINE),
-    "--count-decay": Effect("count_decay", "--mode", _HOTLINE),
-    "--save-placement": Effect("save_placement", "--mode", _HOTLINE),
-    "--hardware": Effect("hardware", "--mode", ("auto",)),
-    "--dcn-num-layers": Effect("dcn_num_layers", "--arch-interaction-op", ("dcn",)),
-    "--dcn-low-rank-dim": Effect("dcn_low_rank_dim", "--arch-interaction-op", ("dcn",)),
-    "--cold-io-depth": Effect("cold_io_depth", "--cold-store", ("disk",)),
-    "--cold-cache": Effect("cold_cache", "--cold-store", ("disk",)),
-    "--no-cold-direct": Effect("no_cold_direct", "--cold-store", ("disk",)),
+    **{
+        flag_of(name): Effect(field_dest(section_field(name)), flag_of(on), values)
+        for name, (on, values) in APPLIES_TO.items()
+    },
+    "--save-placement": Effect("save_placement", "--mode", HOTLINE),
+    "--hardware": Effect("hardware", "--mode", (Mode.AUTO.value,)),
 }
+"""``hotline train``'s rows: its config fields' from the library's table (``APPLIES_TO``), and its two flags that
+are no config field."""
 _DCN = {flag: MODE_FLAGS[flag] for flag in ("--dcn-num-layers", "--dcn-low-rank-dim")}
 FLAG_EFFECTS = {
     "train": MODE_FLAGS,
@@ -114,34 +88,60 @@ FLAG_EFFECTS = {
 settings, each needed: ``profile --dcn-num-layers`` needs ``--predict`` and the dcn interaction)."""
 
 
-def flag_given(args: argparse.Namespace, parser: argparse.ArgumentParser | None, dest: str) -> bool:
-    """Whether the flag of ``dest`` was given: on the command line when it is known (a value equal to the
-    default counts: it is still ignored; a value a ``--preset`` set does not), else set at all (a flag unset
-    by default is None: every flag of ``hotline train``) or set to another value than its default."""
-    default = parser.get_default(dest) if parser is not None else None
+def unset_flags(parser: argparse.ArgumentParser, dests) -> None:
+    """Makes the options of ``parser`` whose dest is in ``dests`` default to None, so that a flag given (at
+    any value, its default's too) is told from one left unset by the parsed value alone, and a ``--preset``
+    fills only what is unset. Their defaults stay named in their help, kept in ``flag_defaults`` (a parser
+    default) and given by :func:`check_flag_effects` once it has judged the flags."""
+    defaults = dict(parser.get_default("flag_defaults") or {})
+    for action in parser._actions:
+        if action.dest not in dests or not action.option_strings or action.default is None:
+            continue
+        default = action.default
+        if isinstance(default, str) and action.type is not None:  # as argparse converts a default
+            default = action.type(default)
+        defaults[action.dest] = default
+        if "default" not in (action.help or ""):
+            shown = ("on" if default else "off") if isinstance(default, bool) else default
+            action.help = f"{action.help} (default: {shown})"
+        action.default = None
+    parser.set_defaults(flag_defaults=defaults)
+
+
+def effect_dests(command: str) -> set[str]:
+    """The dests of the flags of ``FLAG_EFFECTS[command]``."""
+    rows = FLAG_EFFECTS.get(command, {}).values()
+    return {e.dest for row in rows for e in (row if isinstance(row, tuple) else (row,))}
+
+
+def unset_effect_flags(parser: argparse.ArgumentParser) -> None:
+    """Unsets (:func:`unset_flags`) the flags of every command of :data:`FLAG_EFFECTS` in ``hotline``'s
+    ``parser``: whether one was given is whether it is set at all."""
+    for command in FLAG_EFFECTS:
+        sub = parser
+        for word in command.split():
+            sub = next(a for a in sub._actions if isinstance(a, argparse._SubParsersAction)).choices[word]
+        unset_flags(sub, effect_dests(command))
+
+
+def flag_given(args: argparse.Namespace, dest: str) -> bool:
+    """Whether the flag of ``dest`` was given: set at all (a flag of :data:`FLAG_EFFECTS`, or one a preset
+    may set, is None unless given; given at its default's value it counts: it is still ignored), and not by a
+    ``--preset`` (``args.preset_filled``)."""
+    return getattr(args, dest, None) is not None and dest not in getattr(args, "preset_filled", ())
+
+
+def _value(args: argparse.Namespace, dest: str):
+    """The value of the flag of ``dest``: given, else its default."""
     value = getattr(args, dest, None)
-    if getattr(args, "command_line", None) is not None and parser is not None:
-        return dest in given_dests(args, parser)
-    if default is None:
-        return value is not None
-    return value != default
+    return (getattr(args, "flag_defaults", None) or {}).get(dest) if value is None else value
 
 
-def _flag_given(args: argparse.Namespace, effect: Effect, parser: argparse.ArgumentParser | None) -> bool:
-    return flag_given(args, parser, effect.dest)
-
-
-def _command_parser(command: str) -> argparse.ArgumentParser | None:
-    """The parser of ``hotline COMMAND`` (``data criteo``: two words)."""
-    from hotline.cli import build_parser
-
-    parser = build_parser()
-    for word in command.split():
-        sub = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-        if not sub or word not in sub[0].choices:
-            return None
-        parser = sub[0].choices[word]
-    return parser
+def fill_defaults(args: argparse.Namespace) -> None:
+    """Gives every flag :func:`unset_flags` left unset its default."""
+    for dest, default in (getattr(args, "flag_defaults", None) or {}).items():
+        if getattr(args, dest, None) is None:
+            setattr(args, dest, default)
 
 
 def check_flag_effects(
@@ -149,27 +149,24 @@ def check_flag_effects(
 ) -> None:
     """Raises ValueError for the first flag of ``FLAG_EFFECTS[command]`` given where it has no effect.
     ``settings`` (deciding flag -> value) stand for the parsed ones (``evaluate``: the checkpoint's
-    interaction, unless ``--arch-interaction-op`` is given)."""
+    interaction, unless ``--arch-interaction-op`` is given). Then gives the flags left unset their
+    defaults (:func:`fill_defaults`)."""
     table = FLAG_EFFECTS.get(command, {})
-    parser = getattr(args, "train_parser", None) if command == "train" else None
-    parser = parser or (_command_parser(command) if table else None)
     for flag, effect in (
         (f, e) for f, row in table.items() for e in (row if isinstance(row, tuple) else (row,))
     ):
-        setting = (settings or {}).get(effect.on, getattr(args, _ON_DEST[effect.on], None))
+        setting = (settings or {}).get(effect.on, _value(args, _ON_DEST[effect.on]))
         if effect.values in (GIVEN, ABSENT):
             present = setting not in (None, False)
-            if present == (effect.values == GIVEN) or not _flag_given(args, effect, parser):
+            if present == (effect.values == GIVEN) or not flag_given(args, effect.dest):
                 continue
             if effect.values == GIVEN:
                 raise ValueError(f"{flag} has an effect with {effect.on} only; without {effect.on} it would be "
                                  f"ignored")  # fmt: skip
             raise ValueError(f"{flag} has an effect without {effect.on} only; {effect.on} would ignore it")
-        if setting not in effect.values and _flag_given(args, effect, parser):
-            raise ValueError(
-                f"{flag} has an effect with {effect.on} {' or '.join(effect.values)} only; {effect.on} {setting} "
-                f"would ignore it"
-            )
+        if setting not in effect.values and flag_given(args, effect.dest):
+            raise ValueError(ignored_message(flag, effect.on, effect.values, setting))
+    fill_defaults(args)
 
 
 def check_mode_flags(args: argparse.Namespace) -> None:

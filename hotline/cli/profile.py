@@ -18,7 +18,7 @@ from hotline.cli.args import (
     flags,
     sample_fraction,
 )
-from hotline.cli.effects import check_flag_effects
+from hotline.cli.effects import check_flag_effects, unset_flags
 from hotline.cli.train import PRESET_FLAGS, apply_preset
 from hotline.units import format_size
 
@@ -91,7 +91,8 @@ def add_parser(subparsers: SubParsers) -> None:
     add_force(parser)
     add_threads(parser, "Numba threads")
     add_progress(parser)
-    parser.set_defaults(func=run, declare=declare, profile_parser=parser)
+    parser.set_defaults(func=run, declare=declare)
+    unset_flags(parser, set(PRESET_DESTS.values()))  # given or not, by value: a --preset fills the unset
 
 
 def declare(args: argparse.Namespace):
@@ -99,7 +100,7 @@ def declare(args: argparse.Namespace):
     from hotline.outputs import Output
 
     outputs = [Output("--out", args.out), Output("--json", args.json), Output("--curve-csv", args.curve_csv)]
-    hardware = [("--hardware", args.hardware if args.predict and _is_file(args.hardware) else None),
+    hardware = [("--hardware", args.hardware if args.predict and args.hardware and _is_file(args.hardware) else None),
                 ("--host-hardware", args.host_hardware)]  # fmt: skip
     return outputs, [("DATASET", args.dataset), *hardware]
 
@@ -205,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         set_numba_threads(args.threads)
     try:
-        apply_preset(args, args.profile_parser, PRESET_DESTS, "hotline profile")
+        apply_preset(args, PRESET_DESTS, "hotline profile")
         check_flag_effects(args, "profile")  # the --predict flags without it; --dcn-* for another interaction
     except ValueError as e:
         return error("profile", e)

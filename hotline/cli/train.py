@@ -41,7 +41,7 @@ SUMMARY_KEYS = (
 def add_parser(subparsers: SubParsers) -> None:
     """``hotline train``: one argument group per section of the config (:data:`SECTIONS`), each field's flag
     made from its metadata, plus the flags that are not config fields (:data:`EXTRA_FLAGS`)."""
-    from hotline.training.sections import SECTIONS
+    from hotline.training.sections import SECTIONS, applies_text
 
     p = subparsers.add_parser(
         "train",
@@ -63,6 +63,11 @@ def add_parser(subparsers: SubParsers) -> None:
                 # named in its help (MODE_FLAGS refuses it given where it has no effect).
                 add_field(group, f, unset=field_dest(f) in unset, show_default=True)
         for flag, kw in EXTRA_FLAGS.get(name, {}).items():
+            if flag in MODE_FLAGS:  # its help names the setting it has an effect with, from the one table
+                kw = {
+                    **kw,
+                    "help": f"{applies_text(MODE_FLAGS[flag].on, MODE_FLAGS[flag].values)}: {kw['help']}",
+                }
             group.add_argument(flag, **kw)
     p.set_defaults(func=run, declare=declare, train_parser=p)
 
@@ -76,11 +81,11 @@ EXTRA_FLAGS = {
     },
     "placement": {
         "--hardware": dict(metavar="FILE|GPU",
-                           help="--mode auto: price with this `hotline calibrate` JSON or known GPU (default: the GPU "
+                           help="price with this `hotline calibrate` JSON or known GPU (default: the GPU "
                                 "torch names, or this CPU calibrated once, under a minute, and cached in $HOTLINE_CACHE "
                                 "or ~/.cache/hotline)"),
         "--save-placement": dict(metavar="FILE",
-                                 help="hotline: write the placement in force at the end (.npz, as `hotline profile --out`)"),
+                                 help="write the placement in force at the end (.npz, as `hotline profile --out`)"),
     },
     "run": {
         "--save": dict(metavar="CKPT.pt", help="write a checkpoint here at the end"),
@@ -101,16 +106,13 @@ PRESET_FLAGS = {
 }  # fmt: skip
 
 
-def apply_preset(
-    args: argparse.Namespace,
-    parser: argparse.ArgumentParser | None = None,
-    dests: dict | None = None,
-    command: str = "hotline train",
-) -> None:
-    """Writes ``--preset``'s values into ``args`` for every part no flag gave, then forgets the preset (so the
-    ranks of ``--nproc`` get the resolved flags). The preset's batch is scaled to the machine: see
-    :func:`hotline.training.presets.scaled_batch_size`. ``parser`` and ``dests`` (field -> argparse dest; a
-    field whose dest ``args`` lacks is not set): another command's (``hotline profile``), default train's."""
+def apply_preset(args: argparse.Namespace, dests: dict | None = None, command: str = "hotline train") -> None:
+    """Writes ``--preset``'s values into ``args`` for every part no flag gave (each such flag is unset, None,
+    unless given), records them in ``args.preset_filled`` (so that :func:`hotline.cli.effects.flag_given`
+    does not judge them given), then forgets the preset (so the ranks of ``--nproc`` get the resolved flags).
+    The preset's batch is scaled to the machine: see :func:`hotline.training.presets.scaled_batch_size`.
+    ``dests`` (field -> argparse dest; a field whose dest ``args`` lacks is not set): another command's
+    (``hotline profile``), default train's."""
     from dataclasses import fields
 
     from hotline.training.config import TrainConfig
@@ -118,9 +120,9 @@ def apply_preset(
 
     if not args.preset:
         return
-    parser = parser if parser is not None else args.train_parser
     dests = PRESET_FLAGS if dests is None else dests
-    given = {dest for dest in dests.values() if flag_given(args, parser, dest)}
+    given = {dest for dest in dests.values() if flag_given(args, dest)}
+    filled = set()
     values = preset_values(args.preset, {f.name for f in fields(TrainConfig)})
     for field_name, value in values.items():
         dest = dests[field_name]
@@ -140,6 +142,8 @@ def apply_preset(
         elif isinstance(value, list):
             value = "-".join(map(str, value))
         setattr(args, dest, value)
+        filled.add(dest)
+    args.preset_filled = filled
     args.preset = None
 
 
@@ -211,6 +215,8 @@ def _launch(args: argparse.Namespace) -> int:
         if config.mode == Mode.AUTO:  # chosen once, here: every rank trains the same configuration
             from hotline.datasets.format import Dataset
 
+            check_start_files(args)  # before the choice times the model
+
             choice = _choose(config, Dataset(args.dataset), args)
             args.mode, args.hardware = choice.mode, None
             # A flag the chosen mode ignores stays unset: the ranks refuse one given (MODE_FLAGS).
@@ -256,15 +262,7 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
             comm = Comm()
             configure_threads(config.threads)
         dataset = _dataset(args, comm)
-        if args.load:  # a missing checkpoint is named before --mode auto profiles
-            from hotline._paths import check_file
-            from hotline.training.checkpoint import CheckpointError
-
-            check_file(args.load, "checkpoint", CheckpointError)  # a directory, a FIFO, /dev/null: named
-        if args.init_params:  # named before --mode auto profiles, too
-            from hotline._paths import check_file
-
-            check_file(args.init_params, "--init-params")
+        check_start_files(args)  # before --mode auto times the model
         # --mode auto: the library chooses (rank 0, taken by every rank); fit() prints the choice when
         # training starts, after every check of the run's inputs
         trainer = Trainer(config, dataset, comm, hardware=args.hardware)
@@ -320,6 +318,54 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
             record["auto"] = choice.record(summary["samples_per_s"])
         print(finite_json(record))
     return 0
+
+
+def check_start_files(args: argparse.Namespace) -> None:
+    """``--load``'s checkpoint and ``--init-params``' arrays, looked into (not read) before any long work (``--mode
+    auto``'s timing, the model built): a missing file, a directory, a FIFO, or a file of another kind (a
+    metrics file, a checkpoint given as parameters) is a ValueError in the words of its real load."""
+    from hotline._paths import check_file
+
+    if args.load:
+        from hotline.training.checkpoint import CheckpointError
+
+        check_file(args.load, "checkpoint", CheckpointError)  # a directory, a FIFO, /dev/null: named
+        _peek_checkpoint(args.load)
+    if args.init_params:
+        check_file(args.init_params, "--init-params")
+        _peek_params(args.init_params)
+
+
+def _peek_checkpoint(path: str) -> None:
+    """A checkpoint's payload with its tensors mapped, not read: one that cannot be mapped is loaded as the
+    run would (its digest, the safe loader), which names what is wrong; one of another format is refused."""
+    import torch
+
+    from hotline.training.checkpoint import CHECKPOINT_FORMAT, CheckpointError, read_checkpoint
+
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 -- the real load names it (or loads an older, unmappable file)
+        read_checkpoint(path)
+        return
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{path} is not a Hotline checkpoint (format {CHECKPOINT_FORMAT})")
+
+
+def _peek_params(path: str) -> None:
+    """``--init-params``' file: an .npz archive of .npy arrays (its directory read, not the arrays)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            others = [n for n in z.namelist() if not n.endswith(".npy")]
+    except (OSError, zipfile.BadZipFile) as e:
+        raise ValueError(f"--init-params {path}: not a readable parameter .npz ({e})") from None
+    if others:
+        raise ValueError(
+            f"--init-params {path}: not a parameter .npz: it holds {others[:2]}, not only .npy arrays (a "
+            f"checkpoint? --load takes those)"
+        )
 
 
 def _report_disk(trainer) -> None:

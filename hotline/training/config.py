@@ -22,6 +22,7 @@ from hotline.kinds import (
 from hotline.models.dlrm import DLRMConfig
 from hotline.table_layout import check_optimizer
 from hotline.training.sections import (
+    APPLIES_TO,
     DataSection,
     ModelSection,
     OptimizerSection,
@@ -29,6 +30,8 @@ from hotline.training.sections import (
     PlacementSection,
     RunSection,
     StoreSection,
+    flag_of,
+    ignored_message,
 )
 
 _KINDS = {
@@ -90,10 +93,7 @@ class TrainConfig(
             raise ValueError(
                 f"--replace must be off or auto and --replace-every >= 0, got {self.replace!r}, {self.replace_every}"
             )
-        if (self.replace_every or self.replace == Replace.AUTO) and self.mode != Mode.HOTLINE:
-            raise ValueError(
-                "--replace-every and --replace auto re-place the hot rows of --mode hotline only"
-            )
+        self._check_strict()
         if not 0 < self.count_decay <= 1 or not 0 < self.replace_threshold < 1:
             raise ValueError("--count-decay must be in (0, 1] and --replace-threshold in (0, 1)")
         if self.eval_max_samples < 0:
@@ -120,8 +120,6 @@ class TrainConfig(
                 raise ValueError("--cold-store disk needs --cold-dir DIR (where its file goes)")
             if not os.path.isdir(self.cold_dir):
                 raise ValueError(f"--cold-dir {self.cold_dir} is not a directory")
-        elif self.cold_dir:
-            raise ValueError("--cold-dir is the directory of --cold-store disk")
         if self.cold_io_depth < 1 or self.cold_cache < 0:
             raise ValueError(
                 f"--cold-io-depth must be >= 1 and --cold-cache >= 0, got {self.cold_io_depth}, {self.cold_cache}"
@@ -140,6 +138,14 @@ class TrainConfig(
             )
         check_optimizer(self.optimizer, self.learning_rate, self.embedding_dim)  # the tiers' rule
         _ = self.lr_schedule  # validates the schedule's steps
+
+    def _check_strict(self) -> None:
+        """Refuses a strict field (:func:`hotline.training.sections.option`) set off its default where its
+        setting ignores it, in the CLI's words, from the one table (:data:`APPLIES_TO`)."""
+        for name, (on, values) in APPLIES_TO.items():
+            f = self.__dataclass_fields__[name]
+            if f.metadata["strict"] and getattr(self, on) not in values and getattr(self, name) != f.default:
+                raise ValueError(ignored_message(flag_of(name), flag_of(on), values, getattr(self, on)))
 
     @property
     def lr_schedule(self):

@@ -3,7 +3,9 @@
 :class:`~hotline.training.config.TrainConfig` combines them by inheritance into one flat dataclass, so every
 field reads ``config.lookahead`` and every call ``TrainConfig(lookahead=4)``. Each field's
 ``metadata["help"]`` is its one-line description and its ``--help`` text; ``metadata["flag"]`` names its flag
-of ``hotline train`` (None: a library-only field). ``hotline train --help`` shows one argument group per
+of ``hotline train`` (None: a library-only field); ``metadata["applies_to"]`` says with which setting it has
+an effect (:data:`APPLIES_TO`, the one table of it: ``hotline train`` refuses a flag given elsewhere and
+prefixes its help with that setting, :func:`applies_text`). ``hotline train --help`` shows one argument group per
 section, in the order of :data:`SECTIONS` (:func:`hotline.cli.args.add_field` turns a field into a flag).
 
 Importing this module imports no torch: the CLI builds its parser from it and ``hotline --help`` stays fast.
@@ -11,7 +13,7 @@ Importing this module imports no torch: the CLI builds its parser from it and ``
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from hotline.kinds import (
@@ -23,6 +25,10 @@ from hotline.kinds import (
     Optimizer,
     Replace,
 )
+
+HOTLINE = (Mode.HOTLINE.value, Mode.AUTO.value)
+"""The modes a flag of hotline mode has an effect with: ``--mode auto`` takes them and they apply when it
+chooses hotline (``--placement`` and ``--hbm-budget`` choose it)."""
 
 
 def option(
@@ -37,13 +43,19 @@ def option(
     parse: str | None = None,
     negate: bool = False,
     shared: bool = False,
+    applies_to: tuple[str, tuple[str, ...]] | None = None,
+    strict: bool = False,
 ) -> Any:
     """A config field and its flag. ``choices``: the StrEnum of its values; ``cli_default``: the flag's default
     where it differs from the library's (``--mode auto``); ``parse``: how the flag's text becomes the value
     (``layers``: ``13-512-256``, ``size``: ``256MiB``); ``negate``: a ``--no-X`` switch that sets the field
-    False; ``shared``: a flag every command shares, added by :mod:`hotline.cli.args` (``--threads``)."""
+    False; ``shared``: a flag every command shares, added by :mod:`hotline.cli.args` (``--threads``);
+    ``applies_to``: (field, its values) with which the field has an effect (None: with any), the help's
+    prefix; ``strict``: the config, too, refuses the field set off its default where it has none (the CLI
+    refuses every such flag given there; the config tolerates the rest, which ``--mode auto`` may carry into
+    another mode)."""
     meta = {"help": help, "flag": flag, "metavar": metavar, "choices": choices, "parse": parse}
-    meta.update(negate=negate, shared=shared, cli_default=cli_default)
+    meta.update(negate=negate, shared=shared, cli_default=cli_default, applies_to=applies_to, strict=strict)
     if factory is not MISSING:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -83,10 +95,14 @@ class ModelSection:
         choices=Interaction,
     )
     dcn_num_layers: int = option(
-        3, "cross layers of --arch-interaction-op dcn", "--dcn-num-layers", metavar="N"
+        3, "cross layers", "--dcn-num-layers", metavar="N", applies_to=("interaction", (Interaction.DCN,))
     )
     dcn_low_rank_dim: int = option(
-        512, "rank of each cross layer of --arch-interaction-op dcn", "--dcn-low-rank-dim", metavar="R"
+        512,
+        "rank of each cross layer",
+        "--dcn-low-rank-dim",
+        metavar="R",
+        applies_to=("interaction", (Interaction.DCN,)),
     )
     seed: int = option(0, "seed of the model and embedding initialisation", "--seed", metavar="N")
 
@@ -148,37 +164,51 @@ class PlacementSection:
     """The library's default is ``device``; ``auto`` (``hotline train``'s) is resolved to one of the others
     before training (:mod:`hotline.costmodel.auto`)."""
     placement_path: str | None = option(
-        None, "hot rows for --mode hotline (from `hotline profile`)", "--placement", metavar="FILE.npz"
+        None,
+        "the hot rows (from `hotline profile`)",
+        "--placement",
+        metavar="FILE.npz",
+        applies_to=("mode", HOTLINE),
     )
     hbm_budget: int | None = option(
         None,
-        "--mode hotline without --placement: profile first, this budget (256MiB)",
+        "profile first and place the hot rows under this budget (256MiB) where no --placement is given",
         "--hbm-budget",
         metavar="SIZE",
         parse="size",
+        applies_to=("mode", HOTLINE),
     )
     """In bytes (the flag takes a size such as ``256MiB``)."""
     replace_every: int = option(
         0,
-        "hotline: re-choose the hot rows from online access counts every N steps (0: never)",
+        "re-choose the hot rows from online access counts every N steps (0: never)",
         "--replace-every",
         metavar="N",
+        applies_to=("mode", (Mode.HOTLINE,)),
+        strict=True,
     )
     replace: str = option(
         Replace.OFF.value,
-        "hotline: auto re-chooses when the hot-lookup share falls --replace-threshold below what the "
+        "auto re-chooses the hot rows when the hot-lookup share falls --replace-threshold below what the "
         "placement delivered",
         "--replace",
         choices=Replace,
+        applies_to=("mode", (Mode.HOTLINE,)),
+        strict=True,
     )
     replace_threshold: float = option(
         0.05,
-        "hotline: fall in hot-lookup share that triggers --replace auto (absolute: 0.05 is 5 points)",
+        "fall in hot-lookup share that triggers --replace auto (absolute: 0.05 is 5 points)",
         "--replace-threshold",
         metavar="P",
+        applies_to=("mode", HOTLINE),
     )
     count_decay: float = option(
-        0.99, "hotline: per-step decay of the online access counts", "--count-decay", metavar="D"
+        0.99,
+        "per-step decay of the online access counts",
+        "--count-decay",
+        metavar="D",
+        applies_to=("mode", HOTLINE),
     )
 
 
@@ -189,24 +219,33 @@ class PipelineSection:
     See :mod:`hotline.pipeline.executor`."""
 
     lookahead: int = option(
-        DEFAULT_LOOKAHEAD, "hotline: steps gathered ahead (0: sequential)", "--lookahead", metavar="K"
+        DEFAULT_LOOKAHEAD,
+        "steps gathered ahead (0: sequential)",
+        "--lookahead",
+        metavar="K",
+        applies_to=("mode", HOTLINE),
     )
     worker_threads: int = option(
-        1, "hotline: numba threads of the look-ahead worker", "--worker-threads", metavar="N"
+        1,
+        "numba threads of the look-ahead worker",
+        "--worker-threads",
+        metavar="N",
+        applies_to=("mode", HOTLINE),
     )
     share_cores: bool = option(
         False,
-        "hotline look-ahead: torch gives the producer the cores it is measured to keep busy (faster on "
-        "few cores; equal to device mode up to reassociation instead of bit-identical)",
+        "torch gives the look-ahead's producer the cores it is measured to keep busy (faster on few cores; "
+        "equal to device mode up to reassociation instead of bit-identical)",
         "--share-cores",
     )
     """:class:`hotline.pipeline.threads.CoreShare`: torch's reductions then run on fewer threads."""
     micro_batches: str = option(
         MicroBatches.AUTO.value,
-        "hotline: popular and non-popular passes (split), one pass (fused), or auto: split at "
+        "popular and non-popular passes (split), one pass (fused), or auto: split at "
         "--lookahead 0, fused when the cold rows were gathered ahead",
         "--micro-batches",
         choices=MicroBatches,
+        applies_to=("mode", HOTLINE),
     )
 
 
@@ -216,30 +255,41 @@ class StoreSection:
 
     cold_store: str = option(
         ColdStoreKind.MEMORY.value,
-        "hybrid/hotline: cold rows in host memory, or in a file on local disk (tables beyond DRAM; "
-        "--mode auto prices the store given)",
+        "where the cold rows of hybrid and hotline live: host memory, or a file on local disk (tables beyond "
+        "DRAM; --mode auto prices the store given)",
         "--cold-store",
         choices=ColdStoreKind,
     )
     cold_dir: str | None = option(
-        None, "--cold-store disk: the directory of its file", "--cold-dir", metavar="DIR"
+        None,
+        "the directory of its file",
+        "--cold-dir",
+        metavar="DIR",
+        applies_to=("cold_store", (ColdStoreKind.DISK,)),
+        strict=True,
     )
     cold_io_depth: int = option(
-        32, "--cold-store disk: reads in flight (I/O threads)", "--cold-io-depth", metavar="N"
+        32,
+        "reads in flight (I/O threads)",
+        "--cold-io-depth",
+        metavar="N",
+        applies_to=("cold_store", (ColdStoreKind.DISK,)),
     )
     cold_cache: int = option(
         0,
-        "--cold-store disk: DRAM kept for its most popular rows (e.g. 2GiB; 0: none)",
+        "DRAM kept for its most popular rows (e.g. 2GiB; 0: none)",
         "--cold-cache",
         metavar="SIZE",
         parse="size",
+        applies_to=("cold_store", (ColdStoreKind.DISK,)),
     )
     """In bytes (the flag takes a size such as ``2GiB``)."""
     cold_direct: bool = option(
         True,
-        "--cold-store disk: through the OS page cache instead of O_DIRECT",
+        "through the OS page cache instead of O_DIRECT",
         "--no-cold-direct",
         negate=True,
+        applies_to=("cold_store", (ColdStoreKind.DISK,)),
     )
 
 
@@ -312,3 +362,41 @@ SECTIONS: dict[str, type] = {
     "run": RunSection,
 }
 """The sections by name, in the order ``hotline train --help`` shows them."""
+
+
+def section_field(name: str):
+    """The field ``name`` of one of the sections."""
+    for section in SECTIONS.values():
+        for f in fields(section):
+            if f.name == name:
+                return f
+    raise KeyError(name)
+
+
+APPLIES_TO: dict[str, tuple[str, tuple[str, ...]]] = {
+    f.name: (on, tuple(str(v) for v in values))
+    for section in SECTIONS.values()
+    for f in fields(section)
+    if f.metadata["applies_to"] is not None
+    for on, values in [f.metadata["applies_to"]]
+}
+"""The one table of which field has an effect with which setting: field -> (the deciding field, its values).
+``hotline train`` refuses each one's flag given elsewhere (:data:`hotline.cli.effects.MODE_FLAGS`, read from
+here) and prefixes its help with the setting; the config refuses the strict ones set off their default."""
+
+
+def flag_of(name: str) -> str:
+    """The ``hotline train`` flag of field ``name``."""
+    return section_field(name).metadata["flag"]
+
+
+def applies_text(on_flag: str, values: tuple[str, ...]) -> str:
+    """The setting a flag has an effect with, as its help's prefix says it: ``--mode hotline or auto``."""
+    return f"{on_flag} {' or '.join(values)}"
+
+
+def ignored_message(flag: str, on_flag: str, values: tuple[str, ...], setting: object) -> str:
+    """The one sentence for a flag given where its setting ignores it (the CLI's and the config's)."""
+    return (
+        f"{flag} has an effect with {applies_text(on_flag, values)} only; {on_flag} {setting} would ignore it"
+    )
