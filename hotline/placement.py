@@ -77,7 +77,7 @@ class Placement:
     ):
         self.table_sizes: list[int] = [int(s) for s in table_sizes]
         self.hot_ids: list[np.ndarray] = list(hot_ids)
-        self.remap: Sequence[np.ndarray] = list(remap)  # checked against the hot ids, then made on demand
+        self.remap: Sequence[np.ndarray] = remap if isinstance(remap, _Remaps) else list(remap)  # then lazy
         self.dataset_fingerprint: str = str(dataset_fingerprint)
         self.embedding_dim: int = int(embedding_dim)
         self.bytes_per_row: int = int(bytes_per_row)
@@ -106,7 +106,7 @@ class Placement:
         sizes = [int(s) for s in table_sizes]
         if len(hot_ids) != len(sizes):
             raise PlacementError(f"hot_ids has {len(hot_ids)} tables but there are {len(sizes)} tables")
-        ids_list, remaps = [], []
+        ids_list = []
         for t, (size, ids) in enumerate(zip(sizes, hot_ids, strict=True)):
             ids = np.asarray(ids)
             if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
@@ -123,7 +123,6 @@ class Placement:
             if ids.size and np.count_nonzero(remap >= 0) != ids.size:
                 raise PlacementError(f"table {t}: hot ids contain duplicates")
             ids_list.append(ids)
-            remaps.append(remap)
         if bytes_per_row is None:
             bytes_per_row = _bytes_per_row(embedding_dim, "sgd")
         num_hot = sum(int(i.size) for i in ids_list)
@@ -132,7 +131,7 @@ class Placement:
         return cls(
             sizes,
             ids_list,
-            remaps,
+            _Remaps(sizes, ids_list),  # one table's remap at a time, not 4 bytes a row of every table at once
             dataset_fingerprint=dataset_fingerprint,
             embedding_dim=embedding_dim,
             bytes_per_row=int(bytes_per_row),
