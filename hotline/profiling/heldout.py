@@ -185,6 +185,10 @@ def stale_rows(
     return np.cumsum(hist[::-1])[::-1]
 
 
+_MERGE_AT = 1 << 20
+"""(mini-batch, row) pairs of unseen rows kept unmerged, at least."""
+
+
 class _UnseenRows:
     """Of how many mini-batches each row is in, for rows met one (mini-batch, row) pair at a time: the pairs are
     kept as ids and merged into (row, count) once they outnumber the rows merged so far."""
@@ -199,7 +203,7 @@ class _UnseenRows:
         """One entry per (mini-batch, row) pair."""
         self._pending.append(rows.astype(np.int64, copy=False))
         self._pending_size += rows.shape[0]
-        if self._pending_size > max(1 << 20, self._rows.shape[0]):
+        if self._pending_size > max(_MERGE_AT, self._rows.shape[0]):
             self._merge()
 
     def _merge(self) -> None:
