@@ -8,6 +8,7 @@ for the sample and the accessed rows, and are asserted, not timed.
 
 from __future__ import annotations
 
+import importlib
 import tracemalloc
 
 import numpy as np
@@ -16,6 +17,8 @@ import pytest
 from hotline.datasets.format import Dataset, DatasetWriter
 from hotline.profiling import Profile, Profiler
 from hotline.profiling import heldout as heldout_module
+
+profile_module = importlib.import_module("hotline.profiling.profile")  # the package's `profile` is a function
 
 SIZES = [500_000] * 8 + [7]
 ROWS = sum(SIZES)
@@ -113,9 +116,10 @@ def test_ranking_counts_and_placement_match_a_full_stable_sort_on_ties(dtype, ta
             np.testing.assert_array_equal(got[t], want[t], err_msg=f"k={k} table {t}")
 
 
-def test_evaluate_of_a_placement_matches_its_counts(big_tables):
-    """evaluate (a table at a time, cold flags in the remap's memory): coverage from the counts of the hot rows
-    and the expected cold rows from the cold rows' counts, as computed over every row at once."""
+def test_evaluate_of_a_placement_matches_its_counts(big_tables, monkeypatch):
+    """evaluate (blocks of a table at a time, cold flags in the remap's memory): coverage from the counts of the
+    hot rows and the expected cold rows from the cold rows' counts, as computed over every row at once."""
+    monkeypatch.setattr(profile_module, "_BLOCK_ROWS", 97)  # blocks through the accessed rows
     prof = Profiler(sample_fraction=0.5, heldout="none", progress=False).profile(big_tables)
     placement = prof.placement(prof.bytes_per_row * 300, always_hot=[8])
     got = prof.evaluate(placement, batch_size=32)

@@ -88,9 +88,9 @@ class HeldOut:
 
     def evaluate(self, hot: np.ndarray, table_sizes) -> dict:
         """The same figures for any hot set (bool [total rows]), by scanning the held-out samples again."""
-        cold_rank = (~hot).astype(np.int32)  # rank 0: hot, 1: cold
+        cold_rank = np.logical_not(hot, out=np.empty(hot.shape, np.int32))  # rank 0: hot, 1: cold
         hits, popular, cold, _, _, _ = scan(
-            self._chunks(), table_sizes, cold_rank, 1, self.batch_size, self.bags
+            self._chunks(), table_sizes, cold_rank, 1, self.batch_size, self.bags, window=0
         )
         return {
             "access_coverage": hits[1] / max(1, self.total_lookups),
@@ -108,7 +108,8 @@ def scan(
 
     Returns ``(hits_cum, popular_cum, cold_suffix, num_batches, lookups, stale_suffix)``, each array of length
     ``num_ranked + 1`` indexed by the number of hot rows ``k`` (``stale_suffix``: of ``cold_suffix``'s rows,
-    those one of ``window`` other mini-batches also looks up, see :func:`stale_rows`). Per-batch figures count
+    those one of ``window`` other mini-batches also looks up, see :func:`stale_rows`; ``window`` 0: not counted,
+    zeros). Per-batch figures count
     full mini-batches only (the last, partial one too when there is no full one, with no stale rows).
     ``bags``: the chunks are [n, C] bags of these sizes (padding skipped); None: [n, T, L]."""
     A = int(num_ranked)
@@ -143,8 +144,9 @@ def scan(
             unique_hist += np.bincount(ranks, minlength=A + 1)
             counted = b < _MAX_STALE_BATCHES - batches
             ranks, r = ranks[counted], r[counted]
-            kernels.add_histogram(ranks[ranks < A], in_batches)
-            unseen.add(r[ranks >= A])
+            if window:
+                kernels.add_histogram(ranks[ranks < A], in_batches)
+                unseen.add(r[ranks >= A])
             batches += full // B
         if full < n:
             partial_hist = _unique_rank_hist(
@@ -156,9 +158,11 @@ def scan(
     hits_cum = np.concatenate([[0], np.cumsum(lookup_hist[:A])])
     popular_cum = np.cumsum(max_hist)[: A + 1]
     cold_suffix = np.cumsum(unique_hist[::-1])[::-1]
-    stale_suffix = stale_rows(in_batches, unseen.counts(), A, min(batches, _MAX_STALE_BATCHES), window) * (
-        batches / max(1, min(batches, _MAX_STALE_BATCHES))
-    )
+    stale_suffix = np.zeros(A + 1)
+    if window:
+        stale_suffix = stale_rows(
+            in_batches, unseen.counts(), A, min(batches, _MAX_STALE_BATCHES), window
+        ) * (batches / max(1, min(batches, _MAX_STALE_BATCHES)))
     return hits_cum, popular_cum, cold_suffix, batches, lookups, stale_suffix
 
 

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
     from hotline.profiling.profiler import Profiler
 
 
+_BLOCK_ROWS = 1 << 22
+"""Rows per block of the per-row passes over a table (their float64 temporaries stay a few tens of MiB)."""
+
+
 @dataclass
 class Profile:
     """Access counts of one profiled sample and the global popularity ranking of rows derived from them."""
@@ -348,13 +352,15 @@ class Profile:
             )
         B = int(batch_size or self.mini_batch_size)
         covered, expected = 0, 0.0
-        for t in range(self.num_tables):  # a table at a time: no temporary of every row
-            c = self.table_counts(t)
-            cold = cold_rank[self.offsets[t] : self.offsets[t + 1]].astype(bool)
-            covered += int(c[~cold].sum(dtype=np.int64))
+        for t in range(self.num_tables):  # blocks of one table at a time: no temporary of every row
             per_row = np.float64(self.table_lookups[t])
-            p = c[cold] / per_row
-            expected += float(-np.expm1(B * (per_row / max(1, self.num_samples)) * np.log1p(-p)).sum())
+            for lo in range(int(self.offsets[t]), int(self.offsets[t + 1]), _BLOCK_ROWS):
+                hi = min(lo + _BLOCK_ROWS, int(self.offsets[t + 1]))
+                c = self._ranked_counts[self.rank[lo:hi]]
+                cold = cold_rank[lo:hi].astype(bool)
+                covered += int(c[~cold].sum(dtype=np.int64))
+                p = c[cold] / per_row
+                expected += float(-np.expm1(B * (per_row / max(1, self.num_samples)) * np.log1p(-p)).sum())
         return {
             "hot_rows": placement.num_hot,
             "access_coverage": covered / max(1, self.total_lookups),
