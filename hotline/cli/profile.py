@@ -266,6 +266,8 @@ def run(args: argparse.Namespace) -> int:
         print(text)
     print("per table (in-sample):")
     print(_table_text(prof.table_stats(args.hbm_budget, args.always_hot)))
+    curve = prof.curve().to_csv(index=False) if args.curve_csv is not None else None
+    del prof  # its rank (4 bytes a row) is not needed to write: the placement file's remaps are as big
     try:  # an unwritable or full output location is the user's to fix: one line, no traceback
         if placement is not None and args.out is not None:
             placement.save(args.claim.path("--out"), force=True)  # claimed
@@ -274,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
             write_json(args.claim.path("--json"), summary)
             print(f"summary written to {args.json}")
         if args.curve_csv is not None:
-            write_text(args.claim.path("--curve-csv"), prof.curve().to_csv(index=False))
+            write_text(args.claim.path("--curve-csv"), curve)
             print(f"budget curve written to {args.curve_csv}")
     except OSError as e:
         return error("profile", e)

@@ -88,9 +88,9 @@ class HeldOut:
 
     def evaluate(self, hot: np.ndarray, table_sizes) -> dict:
         """The same figures for any hot set (bool [total rows]), by scanning the held-out samples again."""
-        cold_rank = (~hot).astype(np.int32)  # rank 0: hot, 1: cold
+        cold_rank = np.logical_not(hot, out=np.empty(hot.shape, np.int32))  # rank 0: hot, 1: cold
         hits, popular, cold, _, _, _ = scan(
-            self._chunks(), table_sizes, cold_rank, 1, self.batch_size, self.bags
+            self._chunks(), table_sizes, cold_rank, 1, self.batch_size, self.bags, window=0
         )
         return {
             "access_coverage": hits[1] / max(1, self.total_lookups),
@@ -108,7 +108,8 @@ def scan(
 
     Returns ``(hits_cum, popular_cum, cold_suffix, num_batches, lookups, stale_suffix)``, each array of length
     ``num_ranked + 1`` indexed by the number of hot rows ``k`` (``stale_suffix``: of ``cold_suffix``'s rows,
-    those one of ``window`` other mini-batches also looks up, see :func:`stale_rows`). Per-batch figures count
+    those one of ``window`` other mini-batches also looks up, see :func:`stale_rows`; ``window`` 0: not counted,
+    zeros). Per-batch figures count
     full mini-batches only (the last, partial one too when there is no full one, with no stale rows).
     ``bags``: the chunks are [n, C] bags of these sizes (padding skipped); None: [n, T, L]."""
     A = int(num_ranked)
@@ -117,7 +118,11 @@ def scan(
     max_hist = np.zeros(A + 2, dtype=np.int64)
     unique_hist = np.zeros(A + 1, dtype=np.int64)
     total = int(rank.shape[0])
-    in_batches = np.zeros(total, dtype=np.uint16)  # held-out mini-batches that look each row up
+    # Held-out mini-batches that look each row up: a ranked row's by its rank, and the rows the ranking never saw
+    # (rank A) by id, as the (mini-batch, row) pairs met, merged as they grow: sized by what the held-out
+    # samples touch, never by the row count.
+    in_batches = np.zeros(A, dtype=np.uint16)
+    unseen = _UnseenRows()
     B = int(batch_size)
     batches = lookups = 0
     partial_hist, partial_batches = None, 0
@@ -135,8 +140,13 @@ def scan(
         full = (n // B) * B
         if full:
             b, r = _batch_rows(fused[:full], total, B, None if real is None else real[:full])
-            unique_hist += np.bincount(rank[r], minlength=A + 1)
-            kernels.add_histogram(r[b < _MAX_STALE_BATCHES - batches], in_batches)
+            ranks = rank[r]
+            unique_hist += np.bincount(ranks, minlength=A + 1)
+            counted = b < _MAX_STALE_BATCHES - batches
+            ranks, r = ranks[counted], r[counted]
+            if window:
+                kernels.add_histogram(ranks[ranks < A], in_batches)
+                unseen.add(r[ranks >= A])
             batches += full // B
         if full < n:
             partial_hist = _unique_rank_hist(
@@ -148,29 +158,68 @@ def scan(
     hits_cum = np.concatenate([[0], np.cumsum(lookup_hist[:A])])
     popular_cum = np.cumsum(max_hist)[: A + 1]
     cold_suffix = np.cumsum(unique_hist[::-1])[::-1]
-    stale_suffix = stale_rows(in_batches, rank, A, min(batches, _MAX_STALE_BATCHES), window) * (
-        batches / max(1, min(batches, _MAX_STALE_BATCHES))
-    )
+    stale_suffix = np.zeros(A + 1)
+    if window:
+        stale_suffix = stale_rows(
+            in_batches, unseen.counts(), A, min(batches, _MAX_STALE_BATCHES), window
+        ) * (batches / max(1, min(batches, _MAX_STALE_BATCHES)))
     return hits_cum, popular_cum, cold_suffix, batches, lookups, stale_suffix
 
 
-def stale_rows(in_batches: np.ndarray, rank: np.ndarray, num_ranked: int, n: int, window: int) -> np.ndarray:
+def stale_rows(
+    in_batches: np.ndarray, unseen_batches: np.ndarray, num_ranked: int, n: int, window: int
+) -> np.ndarray:
     """float64 [A+1]: for each k, the expected number of rows of rank >= k that one mini-batch of ``n`` shares
-    with ``window`` others drawn from the rest, summed over the ``n`` (``in_batches``: of how many of the ``n``
-    mini-batches each row is in). A row in ``c`` of them is in the chosen one with chance ``c / n`` and then
-    in none of the others with chance ``C(n - c, w) / C(n - 1, w)``; ``w`` is ``window``, or ``n - 1`` where
-    fewer mini-batches were held out (fewer others to share rows with: an undercount)."""
+    with ``window`` others drawn from the rest, summed over the ``n`` (``in_batches`` [A]: of how many of the
+    ``n`` mini-batches each ranked row is in, by rank; ``unseen_batches``: the same for each row the ranking
+    never saw, by ascending row id). A row in ``c`` of them is in the chosen one with chance ``c / n`` and
+    then in none of the others with chance ``C(n - c, w) / C(n - 1, w)``; ``w`` is ``window``, or ``n - 1``
+    where fewer mini-batches were held out (fewer others to share rows with: an undercount)."""
     A = int(num_ranked)
     w = min(int(window), n - 1)
-    rows = np.flatnonzero(in_batches)
-    if w < 1 or not rows.size:
+    ranked = np.flatnonzero(in_batches)
+    if w < 1 or not (ranked.size or unseen_batches.size):
         return np.zeros(A + 1)
-    c = in_batches[rows].astype(np.float64)
+    c = np.concatenate([in_batches[ranked], unseen_batches]).astype(np.float64)
+    bins = np.concatenate([ranked, np.full(unseen_batches.shape[0], A, np.int64)])
     none_of_them = np.ones_like(c)
     for i in range(w):
         none_of_them *= np.clip(n - c - i, 0, None) / (n - 1 - i)
-    hist = np.bincount(rank[rows], weights=c * (1.0 - none_of_them), minlength=A + 1)
+    hist = np.bincount(bins, weights=c * (1.0 - none_of_them), minlength=A + 1)
     return np.cumsum(hist[::-1])[::-1]
+
+
+_MERGE_AT = 1 << 20
+"""(mini-batch, row) pairs of unseen rows kept unmerged, at least."""
+
+
+class _UnseenRows:
+    """Of how many mini-batches each row is in, for rows met one (mini-batch, row) pair at a time: the pairs are
+    kept as ids and merged into (row, count) once they outnumber the rows merged so far."""
+
+    def __init__(self):
+        self._rows = np.zeros(0, np.int64)
+        self._counts = np.zeros(0, np.int64)
+        self._pending: list[np.ndarray] = []
+        self._pending_size = 0
+
+    def add(self, rows: np.ndarray) -> None:
+        """One entry per (mini-batch, row) pair."""
+        self._pending.append(rows.astype(np.int64, copy=False))
+        self._pending_size += rows.shape[0]
+        if self._pending_size > max(_MERGE_AT, self._rows.shape[0]):
+            self._merge()
+
+    def _merge(self) -> None:
+        rows, inverse = np.unique(np.concatenate([self._rows, *self._pending]), return_inverse=True)
+        weights = np.concatenate([self._counts, np.ones(self._pending_size, np.int64)])
+        self._counts = np.bincount(inverse, weights=weights, minlength=rows.shape[0]).astype(np.int64)
+        self._rows, self._pending, self._pending_size = rows, [], 0
+
+    def counts(self) -> np.ndarray:
+        """int64: of how many mini-batches each row met is in, by ascending row id."""
+        self._merge()
+        return self._counts
 
 
 def _batch_rows(

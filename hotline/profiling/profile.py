@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -24,13 +24,18 @@ if TYPE_CHECKING:
     from hotline.profiling.profiler import Profiler
 
 
+_BLOCK_ROWS = 1 << 22
+"""Rows per block of the per-row passes over a table (their float64 temporaries stay a few tens of MiB)."""
+
+
 @dataclass
 class Profile:
     """Access counts of one profiled sample and the global popularity ranking of rows derived from them."""
 
-    counts: np.ndarray
+    counts: InitVar[np.ndarray]
     """int64, or uint32 where the sample's lookups stay below 2**32, [total rows]: accesses per fused row (table
-    offset + row id) in the sample."""
+    offset + row id) in the sample. Not kept: the Profile keeps the ranking and each ranked row's count, and
+    :attr:`counts` makes the array again when asked for (4 or 8 bytes a row for as long as the caller holds it)."""
     table_sizes: list[int]
     """Rows per table."""
     num_samples: int
@@ -49,25 +54,50 @@ class Profile:
     """The ranking measured on samples it did not see (None: not measured); see :mod:`~hotline.profiling.heldout`."""
     _chunks: object = None
     _popular_cum: np.ndarray | None = None
+    take_counts: InitVar[bool] = False
+    """Let the Profile reuse the ``counts`` array's memory for :attr:`rank` (the caller's array is then
+    overwritten): one array a row instead of two (what :class:`Profiler` does)."""
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, counts: np.ndarray, take_counts: bool) -> None:
         self.offsets = kernels.table_offsets(self.table_sizes)
-        counts = self.counts
+        counts = np.asarray(counts)
+        if counts.shape != (int(self.offsets[-1]),):
+            raise ValueError(
+                f"counts must have shape [{int(self.offsets[-1])}] (one per fused row), got {counts.shape}"
+            )
         # Most accessed first, ascending fused ids (= table, then row) among ties; a counting sort, no row sort
         self.order: np.ndarray = kernels.order_by_count(counts)
         """Fused ids of the accessed rows, best rank first (int32 below 2**31 rows)."""
+        A = self.order.shape[0]
+        self._ranked_counts = np.zeros(
+            A + 1, counts.dtype
+        )  # the count of rank r; the last: an unaccessed row's 0
+        self._ranked_counts[:A] = counts[self.order]
+        self._table_lookups = np.array(
+            [counts[lo:hi].sum(dtype=np.int64) for lo, hi in zip(self.offsets[:-1], self.offsets[1:])],
+            np.int64,
+        )
         # int32 when it fits: the max-rank pass reads it at random, and half the bytes is half the cache misses.
-        rank_dtype = np.int32 if self.order.shape[0] < 2**31 - 1 else np.int64
-        self.rank = np.full(counts.shape[0], self.order.shape[0], dtype=rank_dtype)
+        rank_dtype = np.dtype(np.int32 if A < 2**31 - 1 else np.int64)
+        if take_counts and counts.dtype.itemsize == rank_dtype.itemsize and counts.flags.writeable:
+            self.rank = counts.view(rank_dtype)  # the counts are in _ranked_counts now: their memory is free
+            self.rank.fill(A)
+        else:
+            self.rank = np.full(counts.shape[0], A, dtype=rank_dtype)
         """[total rows]: global rank of each fused row (0 = most accessed); unaccessed rows get num_accessed."""
-        self.rank[self.order] = np.arange(self.order.shape[0], dtype=rank_dtype)
+        self.rank[self.order] = np.arange(A, dtype=rank_dtype)
         table_dtype = np.int16 if len(self.table_sizes) < 2**15 else np.int64
         self.table_of_order = np.empty(self.order.shape[0], table_dtype)  # the table of each, chunk by chunk
         for lo in range(0, self.order.shape[0], 1 << 22):
             chunk = self.order[lo : lo + (1 << 22)]
             self.table_of_order[lo : lo + chunk.shape[0]] = np.searchsorted(self.offsets, chunk, "right") - 1
-        self._cum_counts = np.zeros(self.order.shape[0] + 1, np.int64)
-        np.cumsum(counts[self.order], dtype=np.int64, out=self._cum_counts[1:])
+        self._cum_counts = np.zeros(A + 1, np.int64)
+        np.cumsum(self._ranked_counts[:A], dtype=np.int64, out=self._cum_counts[1:])
+
+    def _counts(self) -> np.ndarray:
+        """[total rows]: accesses per fused row (table offset + row id) in the sample, of the dtype counted in;
+        made from the ranking on each call (a new array of a row's width: read once, keep the result)."""
+        return self._ranked_counts[self.rank]
 
     def __repr__(self) -> str:
         where = (
@@ -96,16 +126,12 @@ class Profile:
     @property
     def table_lookups(self) -> np.ndarray:
         """int64 [T]: lookups of each table in the sample (n * L_t; fewer with padded bags)."""
-        if getattr(self, "_table_lookups", None) is None:
-            sums = np.cumsum(self.counts, dtype=np.int64)
-            ends = np.concatenate([[0], sums])[self.offsets]  # cumulative lookups at each table boundary
-            self._table_lookups = np.diff(ends)
         return self._table_lookups
 
     @property
     def total_lookups(self) -> int:
         """Lookups counted in the sample (padding of variable bags not counted)."""
-        return int(self.counts.sum())
+        return int(self._cum_counts[-1])
 
     @property
     def bytes_per_row(self) -> int:
@@ -116,8 +142,8 @@ class Profile:
         return int(self.profiler.mini_batch_size)
 
     def table_counts(self, table: int) -> np.ndarray:
-        """int64 [rows of table]: accesses per row of one table."""
-        return self.counts[self.offsets[table] : self.offsets[table + 1]]
+        """[rows of table]: accesses per row of one table (a new array, of the dtype counted in)."""
+        return self._ranked_counts[self.rank[self.offsets[table] : self.offsets[table + 1]]]
 
     def hot_rows_for(self, budget: int | str) -> int:
         """Rows a budget (bytes, or a size like "256MiB") makes hot: budget // bytes_per_row, at most the
@@ -127,7 +153,7 @@ class Profile:
     # ------------------------------------------------------------------ curves
     def _row_probabilities(self) -> np.ndarray:
         """Per ranked row, the chance that one lookup of its table hits it (count / lookups of the table)."""
-        return self.counts[self.order] / self.table_lookups[self.table_of_order].astype(np.float64)
+        return self._ranked_counts[:-1] / self.table_lookups[self.table_of_order].astype(np.float64)
 
     def _expected_unique_suffix(self, batch_size: int) -> np.ndarray:
         """float64 [A+1]: expected unique rows of rank >= k among the lookups of one mini-batch, for each k."""
@@ -254,7 +280,7 @@ class Profile:
             k = self.hot_rows_for(budget)
             hot_per_table = np.bincount(self.table_of_order[:k], minlength=self.num_tables)
             hot_lookups = np.bincount(
-                self.table_of_order[:k], weights=self.counts[self.order[:k]], minlength=self.num_tables
+                self.table_of_order[:k], weights=self._ranked_counts[:k], minlength=self.num_tables
             )
         if budget is not None:
             df.insert(3, "hot_rows", hot_per_table)
@@ -310,9 +336,10 @@ class Profile:
             )
         if self._chunks is None:
             raise ValueError("evaluate needs the profiled sample: this Profile was built from counts alone")
-        hot = placement.fused_remap() >= 0
-        covered = int(self.counts[hot].sum())
-        cold_rank = (~hot).astype(np.int32)  # a sample is popular iff its max over lookups is 0
+        # 1 for a cold row (slot -1), 0 for a hot one: a sample is popular iff its max over lookups is 0. Made in
+        # the remap's own memory (an arithmetic shift of -1 by the sign bit is -1, of a slot >= 0 is 0).
+        cold_rank = placement.fused_remap()
+        np.negative(np.right_shift(cold_rank, cold_rank.dtype.itemsize * 8 - 1, out=cold_rank), out=cold_rank)
         popular = 0
         for c in self._chunks("evaluating"):
             layout = (
@@ -324,9 +351,16 @@ class Profile:
                 np.count_nonzero(kernels.sample_max_rank(c, self.table_sizes, cold_rank, **layout) < 1)
             )
         B = int(batch_size or self.mini_batch_size)
-        per_row = np.repeat(self.table_lookups, np.diff(self.offsets)).astype(np.float64)[~hot]
-        p = self.counts[~hot] / per_row
-        expected = float(-np.expm1(B * (per_row / max(1, self.num_samples)) * np.log1p(-p)).sum())
+        covered, expected = 0, 0.0
+        for t in range(self.num_tables):  # blocks of one table at a time: no temporary of every row
+            per_row = np.float64(self.table_lookups[t])
+            for lo in range(int(self.offsets[t]), int(self.offsets[t + 1]), _BLOCK_ROWS):
+                hi = min(lo + _BLOCK_ROWS, int(self.offsets[t + 1]))
+                c = self._ranked_counts[self.rank[lo:hi]]
+                cold = cold_rank[lo:hi].astype(bool)
+                covered += int(c[~cold].sum(dtype=np.int64))
+                p = c[cold] / per_row
+                expected += float(-np.expm1(B * (per_row / max(1, self.num_samples)) * np.log1p(-p)).sum())
         return {
             "hot_rows": placement.num_hot,
             "access_coverage": covered / max(1, self.total_lookups),
@@ -433,6 +467,11 @@ class Profile:
         from hotline.profiling.plots import profile_figures
 
         return profile_figures(self, budget, batch_sizes, hardware, label_tables, workload)
+
+
+# After the class body: the dataclass takes ``counts`` as a constructor argument (an InitVar), and a property in the
+# body would be read as that argument's default.
+Profile.counts = property(Profile._counts, doc=Profile._counts.__doc__)
 
 
 def _zipf_exponent(ranked_counts: np.ndarray) -> float:

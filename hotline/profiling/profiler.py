@@ -30,6 +30,9 @@ from hotline.profiling.profile import Profile
 # re-read them from the memory map. A Profile holds this cache for its lifetime (Kaggle at 5%: about 240 MB).
 _CACHE_SAMPLE_BYTES = 256 << 20
 
+# Ids per chunk of the held-out scan (its figures do not depend on the chunking: chunks are whole mini-batches).
+_SCAN_LOOKUPS = 1 << 21
+
 
 @dataclass
 class Profiler:
@@ -160,7 +163,9 @@ class Profiler:
             dataset=ds,
             sample_indices=indices,
             _chunks=chunks,
+            take_counts=True,  # the rank takes the counts' memory: one array a row, not two
         )
+        del counts
         hist = np.zeros(profile.num_accessed + 1, dtype=np.int64)
         for c in chunks("ranking"):
             max_rank = kernels.sample_max_rank(c, sizes, profile.rank, **layout)
@@ -247,7 +252,8 @@ class Profiler:
         split = ds.split(split_name)
         total = len(split) if picked is None else int(picked.shape[0])
         B = int(self.mini_batch_size)
-        step = max(B, (int(self.chunk_size) // B) * B)
+        # whole mini-batches, and at most _SCAN_LOOKUPS ids: the scan's temporaries are some 30 bytes an id
+        step = max(B, (min(int(self.chunk_size), _SCAN_LOOKUPS // max(1, ds.lookups_per_sample)) // B) * B)
 
         def chunks() -> Iterator[np.ndarray]:
             bar = tqdm(total=total, desc="held-out", unit="samples", unit_scale=True, disable=bar_disable(self.progress),
