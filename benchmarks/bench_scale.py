@@ -23,9 +23,19 @@ JSON says so in ``limit.how``). Printed, and written as JSON to ``--json``:
 - ``resume_exact``: whether a second run, resumed from that checkpoint, ends bit-identical to the first
   (the SHA-256 of the dense parameters and of every record of the store's file, the hot rows' from the hot
   tier: streamed, as the tables are never whole in memory);
-- ``baseline``: what a user would otherwise try at the same limit: the same rows as one memory-mapped float32
-  table under ``nn.EmbeddingBag`` (sparse gradients, SGD), the same batches' ids, forward, backward and
-  step of the embedding alone: its samples/s.
+- ``first_step_s``, ``samples_per_s`` over steps ``[1, half)``, ``phases``: those steps' mean seconds per phase
+  and counters per step (disk pages and reads, cold rows), ``measured``: coverage (``hot_lookup_share``),
+  popular sample share, cold rows and disk pages per step, rows per 4 KiB page;
+- ``evaluate`` and ``predict``: ``hotline evaluate`` and ``hotline predict`` on the checkpoint, each a child
+  process under the same limit: exit code, seconds, peak resident set, the last line it printed;
+- ``baseline``: what a user would otherwise try at the same limit (:mod:`scale_baseline`): the same model,
+  optimizer, initial rows and batches from step 0, with the fused table and its row-wise Adagrad state as
+  memory-mapped float32 files, for ``--baseline-steps`` steps: its samples/s after the first step, the seconds
+  of writing its files and of the first step, its peak resident set (``what`` says it in words);
+- ``ceiling``: the disk's random 4 KiB read rate at depth 1 and 32 (on the baseline's table file, its cache
+  dropped) and the dense compute alone per step; printed with the disk pages a step reads, the bound they set.
+
+Memory figures hold on a busy machine; speeds do not (compare the two columns of one run).
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ import hashlib
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -44,6 +55,7 @@ from pathlib import Path
 import common  # puts this checkout's hotline first on sys.path
 import memlimit
 import numpy as np
+import scale_baseline
 
 MLPERF_ROWS = 204_184_588
 
@@ -90,40 +102,56 @@ def _digest(trainer) -> str:
 
 
 def _baseline(args, ds, work: Path) -> dict:
-    """The memory-mapped table under nn.EmbeddingBag: samples/s of the embedding's forward, backward and step."""
-    import torch
+    """The memory-mapped baseline (:mod:`scale_baseline`) on the same batches from step 0 for ``--baseline-steps``
+    steps, its peak resident set, and the ceiling's parts measured on its table file (the disk's random 4 KiB
+    read rate at depth 1 and 32) and the dense compute alone."""
+    cfg = _config(args, str(work / "cold-baseline"), args.baseline_steps)
+    reset = _reset_peak_rss()
+    out = scale_baseline.train_mapped(cfg, ds, work / "mapped", args.baseline_steps)
+    model, mode = out.pop("model"), out.pop("mode")
+    out["peak_rss_bytes"] = _vm("VmHWM") if reset else None
+    out["what"] = scale_baseline.WHAT
+    table = mode.paths[0]
+    mode.release()  # unmapped: its cached pages can be dropped before the disk's rate is measured on it
+    ceiling = {
+        f"random_4k_reads_per_s_depth{d}": scale_baseline.random_read_rate(table, d, 8000) for d in (1, 32)
+    }
+    mode.close()
+    del model, mode
+    for d in ("cold-baseline", "mapped"):  # made empty by the config and the mode
+        shutil.rmtree(work / d, ignore_errors=True)
+    ceiling["dense_step_s"] = scale_baseline.dense_step_seconds(cfg, ds, 8)
+    return {"baseline": out, "ceiling": ceiling}
 
-    from hotline.table_layout import TableLayout
 
-    layout = TableLayout(ds.table_sizes)
-    path = work / "mmap-table.f32"
-    table = np.lib.format.open_memmap(path, "w+", np.float32, (layout.num_rows, args.dim))
-    for lo in range(0, layout.num_rows, 1 << 22):  # the file written once, sequentially
-        hi = min(layout.num_rows, lo + (1 << 22))
-        table[lo:hi] = np.random.default_rng(lo).uniform(-0.01, 0.01, (hi - lo, args.dim))
-    table.flush()
-    bag = torch.nn.EmbeddingBag.from_pretrained(
-        torch.from_numpy(table), freeze=False, mode="sum", sparse=True
-    )
-    opt = torch.optim.SGD(bag.parameters(), lr=0.01)
-    offsets = np.repeat(layout.offsets, ds.bags.bag_sizes)  # each column's table offset
-    sparse = ds.train.sparse
-    steps = min(args.steps, len(ds.train) // args.batch)
+def _phases(all_stats: list) -> dict:
+    """Mean seconds per step of each phase the steps timed, and mean counters per step, over ``all_stats``."""
+    times: dict = {}
+    counters: dict = {}
+    for st in all_stats:
+        for k, v in st.times.items():
+            times[k] = times.get(k, 0.0) + float(v)
+        for k, v in st.counters.items():
+            counters[k] = counters.get(k, 0.0) + float(v)
+    n = max(1, len(all_stats))
+    return {"steps": len(all_stats), "seconds_per_step": {k: v / n for k, v in sorted(times.items())},
+            "counters_per_step": {k: v / n for k, v in sorted(counters.items())}}  # fmt: skip
+
+
+def _cli(work: Path, name: str, *argv: str) -> dict:
+    """Runs ``python -m hotline ARGV`` (this checkout's) as a child of this process, under its limit: exit code,
+    seconds, peak resident set (``wait4``'s ``ru_maxrss``), the last line of its standard output."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([common._ROOT, os.environ.get("PYTHONPATH", "")]))
+    out_path, err_path = work / f"{name}.out", work / f"{name}.err"
     t0 = time.perf_counter()
-    for s in range(steps):
-        ids = (
-            np.asarray(sparse[s * args.batch : (s + 1) * args.batch]).reshape(args.batch, -1).astype(np.int64)
-        )
-        fused = torch.from_numpy(ids + offsets)
-        out = bag(fused.reshape(-1), torch.arange(0, fused.numel(), ids.shape[1]))
-        out.sum().backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "hotline", *argv], stdout=out, stderr=err, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
     seconds = time.perf_counter() - t0
-    del bag, opt, table
-    path.unlink()
-    return {"what": "one memory-mapped float32 table, nn.EmbeddingBag(sparse=True), SGD: the embedding only",
-            "steps": steps, "samples_per_s": steps * args.batch / seconds if seconds else 0.0}  # fmt: skip
+    lines = out_path.read_text().strip().splitlines() or err_path.read_text().strip().splitlines() or [""]
+    return {"exit": proc.returncode, "seconds": seconds, "peak_rss_bytes": usage.ru_maxrss * 1024,
+            "last_line": lines[-1]}  # fmt: skip
 
 
 def _vm(field: str) -> int | None:
@@ -163,12 +191,15 @@ def _disk_write_rate(directory: Path, size: int) -> float:
 
 
 def child(args) -> dict:
-    """Everything that runs under the limit: the run, its checkpoint, the resumed run, the baseline."""
+    """Everything that runs under the limit: the run, its checkpoint, the resumed run, ``hotline evaluate`` and
+    ``hotline predict`` on the checkpoint, the baseline and the ceiling's parts."""
     from hotline.datasets.format import Dataset
+    from hotline.tiers.tiered import measured_figures
     from hotline.training.checkpoint import load_checkpoint, save_checkpoint
     from hotline.training.host_memory import per_row_bytes
     from hotline.training.trainer import Trainer
 
+    common.setup_threads(args.threads)
     ds = Dataset(args.data)
     work = Path(args.work)
     half = args.steps // 2
@@ -176,17 +207,22 @@ def child(args) -> dict:
     t0 = time.perf_counter()
     tr = Trainer(_config(args, str(work / "cold-a"), args.steps), ds)
     stats = tr.progress(tr.batches())
-    next(stats)
+    first = next(stats)
     out["first_step_s"] = time.perf_counter() - t0
     mode = tr.mode
     found = per_row_bytes(mode, ds.total_rows)  # mid run: the look-ahead's claims are in the book
     out["per_row_host_bytes"] = sum(found.values()) / ds.total_rows
     out["per_row_structures"] = {k: v / ds.total_rows for k, v in found.items()}
     t1 = time.perf_counter()
-    for _ in range(half - 1):
-        next(stats)
+    timed = [next(stats) for _ in range(half - 1)]
     stats.close()  # the look-ahead drains: steps [0, half) done
     out["samples_per_s"] = (half - 1) * args.batch / (time.perf_counter() - t1) if half > 1 else 0.0
+    out["phases"] = _phases(timed)
+    out["measured"] = measured_figures(out["phases"]["counters_per_step"], args.batch, 1)
+    out["measured"]["disk_pages_per_step"] = out["phases"]["counters_per_step"].get("disk_pages", 0.0)
+    out["measured"]["rows_per_page"] = scale_baseline.PAGE / tr.mode.cold.host.file.record
+    out["hotline_peak_rss_bytes"] = _vm("VmHWM")
+    del first
     record = tr.mode.cold.host.file.record
     out["disk_write_mb_per_s"] = _disk_write_rate(work, ds.total_rows * (record + 4))
     out["rss_before_checkpoint_bytes"] = _vm("VmRSS")
@@ -202,6 +238,7 @@ def child(args) -> dict:
         pass
     straight = _digest(tr)
     tr.close()
+    shutil.rmtree(work / "cold-a")  # the disk's room for the next files
     del tr, mode, stats
     tr = Trainer(_config(args, str(work / "cold-b"), args.steps), ds)
     t3 = time.perf_counter()
@@ -211,10 +248,62 @@ def child(args) -> dict:
         pass
     out["resume_exact"] = _digest(tr) == straight
     tr.close()
+    shutil.rmtree(work / "cold-b")
     del tr
-    out["baseline"] = _baseline(args, ds, work)
+    threads = ("--threads", str(args.threads), "--no-progress")
+    out["evaluate"] = _cli(work, "evaluate", "evaluate", args.data, "--load", str(ckpt), *threads)
+    out["predict"] = _cli(work, "predict", "predict", args.data, "--load", str(ckpt), "--out",
+                          str(work / "predictions.npy"), "--force", *threads)  # fmt: skip
+    (work / "predictions.npy").unlink(missing_ok=True)
+    out.update(_baseline(args, ds, work))
     out["ru_maxrss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return out
+
+
+def _print_stages(out: dict) -> None:
+    gib = 1 << 30
+    for name in ("evaluate", "predict"):
+        r = out[name]
+        print(f"hotline {name} on the checkpoint: exit {r['exit']}, {r['seconds']:.1f} s, peak RSS "
+              f"{r['peak_rss_bytes'] / gib:.2f} GiB: {r['last_line'][:120]}")  # fmt: skip
+    ph = out["phases"]
+    print(
+        f"hotline's step, mean of {ph['steps']} steps (ms; dispatch/gather/disk_read run ahead on the "
+        "look-ahead thread, stall is what the step waited for them):"
+    )
+    print("  " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in ph["seconds_per_step"].items()))
+    keep = ("disk_pages", "disk_reads", "disk_rows", "working_set_rows", "stale_rows", "rows_touched")
+    print("  per step: " + ", ".join(f"{k} {ph['counters_per_step'][k]:,.0f}" for k in keep
+                                     if k in ph["counters_per_step"]))  # fmt: skip
+
+
+def _print_side_by_side(out: dict, batch: int) -> None:
+    """hotline and the baseline from this one run, the ceiling's parts, and what bounds a step."""
+    gib, m, b, c = 1 << 30, out["measured"], out["baseline"], out["ceiling"]
+    print(f"baseline: {b['what']}")
+    print(f"{'':>22} {'hotline':>12} {'baseline':>12}")
+    print(
+        f"{'samples/s':>22} {out['samples_per_s']:>12,.0f} {b['samples_per_s']:>12,.0f}"
+        f"   hotline/baseline {out['samples_per_s'] / max(b['samples_per_s'], 1e-9):.2f}x"
+    )
+    print(
+        f"{'first step s':>22} {out['first_step_s']:>12.1f} {b['fill_s'] + b['first_step_s']:>12.1f}"
+        f"   (baseline: {b['fill_s']:.1f} s of writing its files, then the step)"
+    )
+    hw = out["hotline_peak_rss_bytes"]
+    print(f"{'peak RSS GiB':>22} {(hw or 0) / gib:>12.2f} {(b['peak_rss_bytes'] or 0) / gib:>12.2f}")
+    print(
+        f"coverage (lookups on hot rows) {m.get('hot_lookup_share', 0):.3f}, popular samples "
+        f"{m.get('popular_sample_share', 0):.3f}, cold rows per step {m.get('cold_rows_per_step', 0):,.0f}, "
+        f"disk pages per step {m['disk_pages_per_step']:,.0f} ({m['rows_per_page']:.0f} rows a page)"
+    )
+    r1, r32 = c["random_4k_reads_per_s_depth1"], c["random_4k_reads_per_s_depth32"]
+    disk = m["disk_pages_per_step"] / max(r32, 1e-9)
+    print(
+        f"ceiling: random 4 KiB reads {r1:,.0f}/s at depth 1, {r32:,.0f}/s at depth 32 -> the disk reads of a "
+        f"step {disk * 1e3:.0f} ms at depth 32 (as many written back); dense compute alone "
+        f"{c['dense_step_s'] * 1e3:.0f} ms; ceiling {batch / max(disk, c['dense_step_s'], 1e-9):,.0f} samples/s"
+    )
 
 
 def main(argv=None) -> int:
@@ -224,6 +313,7 @@ def main(argv=None) -> int:
     p.add_argument("--samples", type=int, default=40_000, help="training samples generated")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--baseline-steps", type=int, default=20, help="steps of the memory-mapped baseline")
     p.add_argument("--lookahead", type=int, default=2)
     p.add_argument("--hbm-budget", type=int, default=256 << 20, help="bytes of hot rows")
     p.add_argument("--limit", type=int, default=3 << 30, help="the memory limit in bytes (cgroup v1)")
@@ -303,7 +393,8 @@ def main(argv=None) -> int:
           f"{out['disk_write_mb_per_s']:,.0f} MB/s); RSS {out['rss_before_checkpoint_bytes'] / gib:.2f} GiB "
           f"before it, peak {'n/a' if hwm is None else f'{hwm / gib:.2f} GiB'} during it; load "
           f"{out['load_s']:.1f} s; resumed bit-identically: {out['resume_exact']}")  # fmt: skip
-    print(f"baseline ({out['baseline']['what']}): {out['baseline']['samples_per_s']:,.0f} samples/s")
+    _print_stages(out)
+    _print_side_by_side(out, args.batch)
     common.write_json(args.json, out)
     return 0
 
