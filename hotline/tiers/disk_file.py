@@ -101,11 +101,12 @@ class RowFile:
         self.optimizer = optimizer
         self.floats = self.dim + self.S
         self.record = 4 * self.floats
-        self.order = (
-            np.arange(self.num_rows, dtype=np.int64) if order is None else np.asarray(order, np.int64)
-        )
-        """int64 [rows]: the row at each file position; read from its file on disk (``FILE.order.npy``,
-        memory-mapped) once the file is made, so it costs no host memory per row."""
+        wide = np.int32 if self.num_rows < 2**31 else np.int64
+        self.order = np.arange(self.num_rows, dtype=wide) if order is None else np.asarray(order)
+        """int32 (int64 from 2**31 rows) [rows]: the row at each file position; read from its file on disk
+        (``FILE.order.npy``, memory-mapped) once the file is made, so it costs no host memory per row."""
+        if not np.issubdtype(self.order.dtype, np.integer):
+            raise ValueError(f"the row order must hold integers, not {self.order.dtype}")
         if self.order.shape != (self.num_rows,):
             raise ValueError(f"the row order has {self.order.shape[0]} rows, the file {self.num_rows}")
         self.positions = positions_of(self.order)
