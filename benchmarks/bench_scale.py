@@ -5,14 +5,17 @@ in proportion, for a run that fits a busy machine) and their multi-hot bag sizes
 ids, ``--samples`` training samples. The run: ``--mode hotline --cold-store disk`` (look-ahead ``--lookahead``,
 ``--hbm-budget`` of hot rows, row-wise Adagrad, dim ``--dim``) for ``--steps`` steps of ``--batch`` samples.
 
-Everything after the data runs in a child process inside a memory cgroup limited to ``--limit`` (cgroup v1,
-made under this process's own memory cgroup where the machine lets it; else the child runs unlimited and the
-JSON says so in ``limit.how``). Printed, and written as JSON to ``--json``:
+Everything after the data runs in three child processes, one after the other, inside a memory cgroup limited
+to ``--limit`` (cgroup v1, made under this process's own memory cgroup where the machine lets it; else they run
+unlimited and the JSON says so in ``limit.how``): ``train`` (the run, its checkpoint, the rest of the run),
+``resume`` (a new process resumed from the checkpoint, then ``hotline evaluate`` and ``hotline predict`` on
+it) and ``baseline``, as a user's separate commands would run. ``stages`` holds each one's exit code,
+seconds, peak resident set and the cgroup's peak (page cache included) and failcnt. Printed, and written as
+JSON to ``--json``:
 
 - ``per_row_host_bytes``: the host structures that grow with the row count
   (:func:`hotline.training.host_memory.per_row_bytes` on the built mode, mid look-ahead), per row;
-- ``peak_bytes``: the cgroup's ``memory.max_usage_in_bytes`` (page cache included) and the child's peak
-  resident set (``ru_maxrss``);
+- ``cgroup_peak_bytes``, ``ru_maxrss_bytes``: the largest of the stages' cgroup peaks and peak resident sets;
 - ``first_step_s``: seconds from the Trainer's construction (profile, placement, the file's fill) to the end of
   the first step; ``samples_per_s`` over the steps after it;
 - ``checkpoint_s`` and ``checkpoint_mb_per_s``: one ``save_checkpoint`` at the half-way step (its rows
@@ -44,7 +47,6 @@ import argparse
 import hashlib
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -191,23 +193,34 @@ def _disk_write_rate(directory: Path, size: int) -> float:
 
 
 def child(args) -> dict:
-    """Everything that runs under the limit: the run, its checkpoint, the resumed run, ``hotline evaluate`` and
-    ``hotline predict`` on the checkpoint, the baseline and the ceiling's parts."""
+    """One stage, in its own process under the limit (as a user's commands run): ``train`` (the run, its
+    checkpoint at the half-way step, the rest of the run, the digest of its end), ``resume`` (a new run resumed
+    from the checkpoint, its digest compared; ``hotline evaluate`` and ``hotline predict`` on the checkpoint)
+    or ``baseline`` (the memory-mapped baseline and the ceiling's parts)."""
     from hotline.datasets.format import Dataset
-    from hotline.tiers.tiered import measured_figures
-    from hotline.training.checkpoint import load_checkpoint, save_checkpoint
-    from hotline.training.host_memory import per_row_bytes
-    from hotline.training.trainer import Trainer
 
     common.setup_threads(args.threads)
     ds = Dataset(args.data)
     work = Path(args.work)
+    if args.stage == "baseline":
+        return _baseline(args, ds, work)
+    if args.stage == "resume":
+        return _resume(args, ds, work)
+    return _train(args, ds, work)
+
+
+def _train(args, ds, work: Path) -> dict:
+    from hotline.tiers.tiered import measured_figures
+    from hotline.training.checkpoint import save_checkpoint
+    from hotline.training.host_memory import per_row_bytes
+    from hotline.training.trainer import Trainer
+
     half = args.steps // 2
     out: dict = {"rows": ds.total_rows, "dim": args.dim}
     t0 = time.perf_counter()
     tr = Trainer(_config(args, str(work / "cold-a"), args.steps), ds)
     stats = tr.progress(tr.batches())
-    first = next(stats)
+    next(stats)
     out["first_step_s"] = time.perf_counter() - t0
     mode = tr.mode
     found = per_row_bytes(mode, ds.total_rows)  # mid run: the look-ahead's claims are in the book
@@ -220,10 +233,9 @@ def child(args) -> dict:
     out["phases"] = _phases(timed)
     out["measured"] = measured_figures(out["phases"]["counters_per_step"], args.batch, 1)
     out["measured"]["disk_pages_per_step"] = out["phases"]["counters_per_step"].get("disk_pages", 0.0)
-    out["measured"]["rows_per_page"] = scale_baseline.PAGE / tr.mode.cold.host.file.record
-    out["hotline_peak_rss_bytes"] = _vm("VmHWM")
-    del first
     record = tr.mode.cold.host.file.record
+    out["measured"]["rows_per_page"] = scale_baseline.PAGE / record
+    out["hotline_peak_rss_bytes"] = _vm("VmHWM")
     out["disk_write_mb_per_s"] = _disk_write_rate(work, ds.total_rows * (record + 4))
     out["rss_before_checkpoint_bytes"] = _vm("VmRSS")
     reset = _reset_peak_rss()
@@ -234,29 +246,35 @@ def child(args) -> dict:
     size = sum(p.stat().st_size for p in ckpt.parent.glob(ckpt.name + "*"))
     out["checkpoint_bytes"] = size
     out["checkpoint_mb_per_s"] = size / 1e6 / out["checkpoint_s"]
+    out["checkpoint"] = str(ckpt)
     for _ in tr.progress(tr.batches(tr.step_count)):
         pass
-    straight = _digest(tr)
+    out["digest"] = _digest(tr)
     tr.close()
     shutil.rmtree(work / "cold-a")  # the disk's room for the next files
-    del tr, mode, stats
+    return out
+
+
+def _resume(args, ds, work: Path) -> dict:
+    from hotline.training.checkpoint import load_checkpoint
+    from hotline.training.trainer import Trainer
+
+    out: dict = {}
     tr = Trainer(_config(args, str(work / "cold-b"), args.steps), ds)
     t3 = time.perf_counter()
     start = load_checkpoint(tr, work / "ckpt")
     out["load_s"] = time.perf_counter() - t3
     for _ in tr.progress(tr.batches(start)):
         pass
-    out["resume_exact"] = _digest(tr) == straight
+    out["resumed_digest"] = _digest(tr)
     tr.close()
     shutil.rmtree(work / "cold-b")
-    del tr
     threads = ("--threads", str(args.threads), "--no-progress")
-    out["evaluate"] = _cli(work, "evaluate", "evaluate", args.data, "--load", str(ckpt), *threads)
-    out["predict"] = _cli(work, "predict", "predict", args.data, "--load", str(ckpt), "--out",
+    ckpt = str(work / "ckpt")
+    out["evaluate"] = _cli(work, "evaluate", "evaluate", args.data, "--load", ckpt, *threads)
+    out["predict"] = _cli(work, "predict", "predict", args.data, "--load", ckpt, "--out",
                           str(work / "predictions.npy"), "--force", *threads)  # fmt: skip
     (work / "predictions.npy").unlink(missing_ok=True)
-    out.update(_baseline(args, ds, work))
-    out["ru_maxrss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return out
 
 
@@ -306,6 +324,35 @@ def _print_side_by_side(out: dict, batch: int) -> None:
     )
 
 
+def _stage(args, argv, data: Path, work: Path, group: Path | None, stage: str) -> tuple[int, dict]:
+    """Runs one stage (:func:`child`) as a process in the memory cgroup ``group`` (its peak reset first): its
+    exit code and results, with its seconds, peak resident set (``wait4``) and the cgroup's peak and failcnt."""
+    result_file = Path(tempfile.mkstemp(suffix=".json", dir=work)[1])
+    cmd = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--child", "--stage", stage,
+           "--data", str(data), "--json", str(result_file)]  # fmt: skip
+    procs = None if group is None else group / "cgroup.procs"
+    if group is not None:
+        (group / "memory.max_usage_in_bytes").write_text("0")
+        (group / "memory.failcnt").write_text("0")
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, preexec_fn=(lambda: procs.write_text(str(os.getpid()))) if procs else None)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = code = os.waitstatus_to_exitcode(status)
+    out = json.loads(result_file.read_text()) if code == 0 else {}
+    result_file.unlink(missing_ok=True)
+    out.update({"exit": code, "seconds": time.perf_counter() - t0, "peak_rss_bytes": usage.ru_maxrss * 1024,
+                "cgroup_peak_bytes": None, "cgroup_failcnt": None})  # fmt: skip
+    if group is not None:
+        out["cgroup_peak_bytes"] = int((group / "memory.max_usage_in_bytes").read_text())
+        out["cgroup_failcnt"] = int((group / "memory.failcnt").read_text())
+    print(
+        f"stage {stage}: exit {code}, {out['seconds']:.0f} s, peak RSS {out['peak_rss_bytes'] / 2**30:.2f} GiB, "
+        f"cgroup peak {(out['cgroup_peak_bytes'] or 0) / 2**30:.2f} GiB (page cache included)",
+        flush=True,
+    )
+    return code, out
+
+
 def main(argv=None) -> int:
     p = common.parser(__doc__)
     p.add_argument("--rows", type=int, default=MLPERF_ROWS, help="rows in all (the 26 tables scaled alike)")
@@ -322,6 +369,7 @@ def main(argv=None) -> int:
     )
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--data", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--stage", default="train", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         Path(args.json).write_text(json.dumps(child(args)))
@@ -343,9 +391,6 @@ def main(argv=None) -> int:
             zipf=1.1,
             progress=False,
         )
-    result_file = Path(tempfile.mkstemp(suffix=".json", dir=work)[1])
-    cmd = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--child",
-           "--data", str(data), "--json", str(result_file)]  # fmt: skip
     parent, group, how = (
         memlimit._v1_group(),
         None,
@@ -359,21 +404,25 @@ def main(argv=None) -> int:
             how = f"cgroup v1 {group / 'memory.limit_in_bytes'} = {args.limit}"
         except OSError as e:
             how, group = f"not limited: cannot make a memory cgroup under {parent} ({e})", None
-    procs = None if group is None else group / "cgroup.procs"
+    out: dict = {"stages": {}}
     t0 = time.perf_counter()
-    run = subprocess.run(cmd, preexec_fn=(lambda: procs.write_text(str(os.getpid()))) if procs else None)
+    try:
+        for stage in ("train", "resume", "baseline"):
+            code, result = _stage(args, argv, data, work, group, stage)
+            out["stages"][stage] = {k: result.pop(k) for k in ("exit", "seconds", "peak_rss_bytes",
+                                                               "cgroup_peak_bytes", "cgroup_failcnt")}  # fmt: skip
+            out.update(result)
+            if code != 0:
+                print(f"bench_scale: stage {stage} failed (exit {code}) under {how}", file=sys.stderr)
+                return 1
+    finally:
+        if group is not None:
+            group.rmdir()
     wall = time.perf_counter() - t0
-    peak = failcnt = None
-    if group is not None:
-        peak = int((group / "memory.max_usage_in_bytes").read_text())
-        failcnt = int((group / "memory.failcnt").read_text())
-        group.rmdir()
-    if run.returncode != 0:
-        result_file.unlink(missing_ok=True)
-        print(f"bench_scale: the run failed (exit {run.returncode}) under {how}", file=sys.stderr)
-        return 1
-    out = json.loads(result_file.read_text())
-    result_file.unlink()
+    out["resume_exact"] = out.pop("resumed_digest") == out.pop("digest")
+    peak = max((st["cgroup_peak_bytes"] or 0) for st in out["stages"].values()) if group else None
+    failcnt = sum((st["cgroup_failcnt"] or 0) for st in out["stages"].values()) if group else None
+    out["ru_maxrss_bytes"] = max(st["peak_rss_bytes"] for st in out["stages"].values())
     table_bytes = out["rows"] * 4 * (args.dim + 1)
     out.update({"limit": {"bytes": args.limit, "how": how}, "table_bytes": table_bytes, "wall_s": wall,
                 "cgroup_peak_bytes": peak, "cgroup_failcnt": failcnt, "steps": args.steps, "batch": args.batch,
