@@ -5,13 +5,14 @@ in proportion, for a run that fits a busy machine) and their multi-hot bag sizes
 ids, ``--samples`` training samples. The run: ``--mode hotline --cold-store disk`` (look-ahead ``--lookahead``,
 ``--hbm-budget`` of hot rows, row-wise Adagrad, dim ``--dim``) for ``--steps`` steps of ``--batch`` samples.
 
-Everything after the data runs in three child processes, one after the other, inside a memory cgroup limited
+Everything after the data runs in five child processes, one after the other, inside a memory cgroup limited
 to ``--limit`` (cgroup v1, made under this process's own memory cgroup where the machine lets it; else they run
-unlimited and the JSON says so in ``limit.how``): ``train`` (the run, its checkpoint, the rest of the run),
-``resume`` (a new process resumed from the checkpoint, then ``hotline evaluate`` and ``hotline predict`` on
-it) and ``baseline``, as a user's separate commands would run. ``stages`` holds each one's exit code,
-seconds, peak resident set and the cgroup's peak (page cache included) and failcnt. Printed, and written as
-JSON to ``--json``:
+unlimited and the JSON says so in ``limit.how``), the page cache the one before left charged to it emptied
+first, as a user's separate commands would run: ``train`` (the run, its checkpoint, the rest of the run),
+``resume`` (a new process resumed from the checkpoint), ``evaluate`` and ``predict`` (``hotline evaluate`` and
+``hotline predict`` on the checkpoint) and ``baseline``. ``stages`` holds each one's exit code, seconds, peak
+resident set and the cgroup's peak (page cache included) and failcnt. Printed, and written as JSON to
+``--json``:
 
 - ``per_row_host_bytes``: the host structures that grow with the row count
   (:func:`hotline.training.host_memory.per_row_bytes` on the built mode, mid look-ahead), per row;
@@ -29,8 +30,7 @@ JSON to ``--json``:
 - ``first_step_s``, ``samples_per_s`` over steps ``[1, half)``, ``phases``: those steps' mean seconds per phase
   and counters per step (disk pages and reads, cold rows), ``measured``: coverage (``hot_lookup_share``),
   popular sample share, cold rows and disk pages per step, rows per 4 KiB page;
-- ``evaluate`` and ``predict``: ``hotline evaluate`` and ``hotline predict`` on the checkpoint, each a child
-  process under the same limit: exit code, seconds, peak resident set, the last line it printed;
+- ``evaluate`` and ``predict``: the last line each printed (their figures are in ``stages``);
 - ``baseline``: what a user would otherwise try at the same limit (:mod:`scale_baseline`): the same model,
   optimizer, initial rows and batches from step 0, with the fused table and its row-wise Adagrad state as
   memory-mapped float32 files, for ``--baseline-steps`` steps: its samples/s after the first step, the seconds
@@ -140,22 +140,6 @@ def _phases(all_stats: list) -> dict:
             "counters_per_step": {k: v / n for k, v in sorted(counters.items())}}  # fmt: skip
 
 
-def _cli(work: Path, name: str, *argv: str) -> dict:
-    """Runs ``python -m hotline ARGV`` (this checkout's) as a child of this process, under its limit: exit code,
-    seconds, peak resident set (``wait4``'s ``ru_maxrss``), the last line of its standard output."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([common._ROOT, os.environ.get("PYTHONPATH", "")]))
-    out_path, err_path = work / f"{name}.out", work / f"{name}.err"
-    t0 = time.perf_counter()
-    with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "hotline", *argv], stdout=out, stderr=err, env=env)
-        _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    seconds = time.perf_counter() - t0
-    lines = out_path.read_text().strip().splitlines() or err_path.read_text().strip().splitlines() or [""]
-    return {"exit": proc.returncode, "seconds": seconds, "peak_rss_bytes": usage.ru_maxrss * 1024,
-            "last_line": lines[-1]}  # fmt: skip
-
-
 def _vm(field: str) -> int | None:
     """A ``/proc/self/status`` figure in bytes (``VmRSS``, ``VmHWM``), or None where there is none."""
     try:
@@ -195,8 +179,7 @@ def _disk_write_rate(directory: Path, size: int) -> float:
 def child(args) -> dict:
     """One stage, in its own process under the limit (as a user's commands run): ``train`` (the run, its
     checkpoint at the half-way step, the rest of the run, the digest of its end), ``resume`` (a new run resumed
-    from the checkpoint, its digest compared; ``hotline evaluate`` and ``hotline predict`` on the checkpoint)
-    or ``baseline`` (the memory-mapped baseline and the ceiling's parts)."""
+    from the checkpoint, its digest) or ``baseline`` (the memory-mapped baseline and the ceiling's parts)."""
     from hotline.datasets.format import Dataset
 
     common.setup_threads(args.threads)
@@ -226,6 +209,12 @@ def _train(args, ds, work: Path) -> dict:
     found = per_row_bytes(mode, ds.total_rows)  # mid run: the look-ahead's claims are in the book
     out["per_row_host_bytes"] = sum(found.values()) / ds.total_rows
     out["per_row_structures"] = {k: v / ds.total_rows for k, v in found.items()}
+    # the file's positions: under a byte a row where compact, then not among the structures above
+    positions = mode.cold.host.file.positions
+    compact = hasattr(positions, "kept_rows")
+    out["positions_bytes"] = (
+        positions.kept_rows.nbytes + positions.kept_at.nbytes if compact else positions.nbytes
+    )
     t1 = time.perf_counter()
     timed = [next(stats) for _ in range(half - 1)]
     stats.close()  # the look-ahead drains: steps [0, half) done
@@ -269,21 +258,14 @@ def _resume(args, ds, work: Path) -> dict:
     out["resumed_digest"] = _digest(tr)
     tr.close()
     shutil.rmtree(work / "cold-b")
-    threads = ("--threads", str(args.threads), "--no-progress")
-    ckpt = str(work / "ckpt")
-    out["evaluate"] = _cli(work, "evaluate", "evaluate", args.data, "--load", ckpt, *threads)
-    out["predict"] = _cli(work, "predict", "predict", args.data, "--load", ckpt, "--out",
-                          str(work / "predictions.npy"), "--force", *threads)  # fmt: skip
-    (work / "predictions.npy").unlink(missing_ok=True)
     return out
 
 
 def _print_stages(out: dict) -> None:
-    gib = 1 << 30
     for name in ("evaluate", "predict"):
-        r = out[name]
-        print(f"hotline {name} on the checkpoint: exit {r['exit']}, {r['seconds']:.1f} s, peak RSS "
-              f"{r['peak_rss_bytes'] / gib:.2f} GiB: {r['last_line'][:120]}")  # fmt: skip
+        st = out["stages"][name]
+        print(f"hotline {name} on the checkpoint: exit {st['exit']}, {st['seconds']:.1f} s, peak RSS "
+              f"{st['peak_rss_bytes'] / 2**30:.2f} GiB: {out[name]['last_line'][:120]}")  # fmt: skip
     ph = out["phases"]
     print(
         f"hotline's step, mean of {ph['steps']} steps (ms; dispatch/gather/disk_read run ahead on the "
@@ -325,28 +307,48 @@ def _print_side_by_side(out: dict, batch: int) -> None:
 
 
 def _stage(args, argv, data: Path, work: Path, group: Path | None, stage: str) -> tuple[int, dict]:
-    """Runs one stage (:func:`child`) as a process in the memory cgroup ``group`` (its peak reset first): its
-    exit code and results, with its seconds, peak resident set (``wait4``) and the cgroup's peak and failcnt."""
+    """Runs one stage as a process in the memory cgroup ``group``, emptied of the page cache the stages before
+    left charged to it and its peak reset first, as a new container would start: :func:`child`'s stages, or
+    ``evaluate`` / ``predict`` (``python -m hotline evaluate|predict`` of this checkout on the checkpoint,
+    the last line it printed kept). Returns its exit code and results, with its seconds, peak resident set
+    (``wait4``) and the cgroup's peak and failcnt."""
     result_file = Path(tempfile.mkstemp(suffix=".json", dir=work)[1])
     cmd = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--child", "--stage", stage,
            "--data", str(data), "--json", str(result_file)]  # fmt: skip
+    env = None
+    if stage in ("evaluate", "predict"):
+        cmd = [sys.executable, "-m", "hotline", stage, str(data), "--load", str(work / "ckpt"), "--threads",
+               str(args.threads), "--no-progress"]  # fmt: skip
+        if stage == "predict":
+            cmd += ["--out", str(work / "predictions.npy"), "--force"]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([common._ROOT, os.environ.get("PYTHONPATH", "")]))
     procs = None if group is None else group / "cgroup.procs"
     if group is not None:
+        (group / "memory.force_empty").write_text("0")
         (group / "memory.max_usage_in_bytes").write_text("0")
         (group / "memory.failcnt").write_text("0")
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, preexec_fn=(lambda: procs.write_text(str(os.getpid()))) if procs else None)
-    _, status, usage = os.wait4(proc.pid, 0)
+    with open(work / f"{stage}.out", "wb") as log, open(work / f"{stage}.err", "wb") as err:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=None if env is None else err, env=env,
+                                preexec_fn=(lambda: procs.write_text(str(os.getpid()))) if procs else None)  # fmt: skip
+        _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = code = os.waitstatus_to_exitcode(status)
-    out = json.loads(result_file.read_text()) if code == 0 else {}
+    seconds = time.perf_counter() - t0
+    if env is None:
+        out = json.loads(result_file.read_text()) if code == 0 else {}
+    else:
+        said = [(work / f"{stage}.{k}").read_text().strip().splitlines() for k in ("out", "err")]
+        lines = said[0] or said[1] or [""]
+        out = {stage: {"last_line": lines[-1]}}
+        (work / "predictions.npy").unlink(missing_ok=True)
     result_file.unlink(missing_ok=True)
-    out.update({"exit": code, "seconds": time.perf_counter() - t0, "peak_rss_bytes": usage.ru_maxrss * 1024,
+    out.update({"exit": code, "seconds": seconds, "peak_rss_bytes": usage.ru_maxrss * 1024,
                 "cgroup_peak_bytes": None, "cgroup_failcnt": None})  # fmt: skip
     if group is not None:
         out["cgroup_peak_bytes"] = int((group / "memory.max_usage_in_bytes").read_text())
         out["cgroup_failcnt"] = int((group / "memory.failcnt").read_text())
     print(
-        f"stage {stage}: exit {code}, {out['seconds']:.0f} s, peak RSS {out['peak_rss_bytes'] / 2**30:.2f} GiB, "
+        f"stage {stage}: exit {code}, {seconds:.0f} s, peak RSS {out['peak_rss_bytes'] / 2**30:.2f} GiB, "
         f"cgroup peak {(out['cgroup_peak_bytes'] or 0) / 2**30:.2f} GiB (page cache included)",
         flush=True,
     )
@@ -407,12 +409,12 @@ def main(argv=None) -> int:
     out: dict = {"stages": {}}
     t0 = time.perf_counter()
     try:
-        for stage in ("train", "resume", "baseline"):
+        for stage in ("train", "resume", "evaluate", "predict", "baseline"):
             code, result = _stage(args, argv, data, work, group, stage)
             out["stages"][stage] = {k: result.pop(k) for k in ("exit", "seconds", "peak_rss_bytes",
                                                                "cgroup_peak_bytes", "cgroup_failcnt")}  # fmt: skip
             out.update(result)
-            if code != 0:
+            if code != 0 and stage not in ("evaluate", "predict"):  # theirs are recorded, the rest still runs
                 print(f"bench_scale: stage {stage} failed (exit {code}) under {how}", file=sys.stderr)
                 return 1
     finally:
@@ -432,7 +434,8 @@ def main(argv=None) -> int:
         f"{out['rows']:,} rows at dim {args.dim}, row-wise Adagrad: {table_bytes / gib:.2f} GiB of rows and state"
     )
     print(f"memory limit: {how}")
-    print(f"per-row host bytes: {out['per_row_host_bytes']:.2f} ({out['per_row_structures']})")
+    print(f"per-row host bytes: {out['per_row_host_bytes']:.2f} ({out['per_row_structures']}); the file's "
+          f"positions {out['positions_bytes'] / 1e6:,.1f} MB")  # fmt: skip
     peak_text = "n/a" if peak is None else f"{peak / gib:.2f} GiB"
     print(f"peak: cgroup {peak_text} (failcnt {failcnt}), child RSS {out['ru_maxrss_bytes'] / gib:.2f} GiB")
     print(f"first step after {out['first_step_s']:.1f} s; {out['samples_per_s']:,.0f} samples/s")
