@@ -14,6 +14,7 @@ The ceiling's parts: :func:`random_read_rate` (4 KiB reads at random pages of a 
 
 from __future__ import annotations
 
+import mmap
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +26,8 @@ PAGE = 4096
 
 WHAT = (
     "hotline's device mode (same DLRM, seed, initial rows, row-wise Adagrad by torch ops, batches) with the "
-    "fused table and its optimizer state as memory-mapped float32 files (np.memmap), paged by the kernel"
+    "fused table and its optimizer state as memory-mapped float32 files (np.memmap, madvise MADV_RANDOM), "
+    "paged by the kernel"
 )
 
 
@@ -38,11 +40,16 @@ def _drop_page_cache(path: Path) -> None:
         os.close(fd)
 
 
-def _mapped(path: Path, shape: tuple[int, ...]) -> np.memmap:
-    """A zero-filled float32 file of ``shape`` at ``path``, mapped read-write."""
+def _mapped(path: Path, shape: tuple[int, ...], advice: str = "random") -> np.memmap:
+    """A zero-filled float32 file of ``shape`` at ``path``, mapped read-write; ``advice`` "random" tells the
+    kernel the pages are read at random (``madvise(MADV_RANDOM)``: a fault reads its page, not a read-ahead
+    window around it), "normal" leaves the kernel's default read-ahead."""
     with open(path, "wb") as f:
         f.truncate(int(np.prod(shape)) * 4)
-    return np.memmap(path, np.float32, "r+", shape=shape)
+    m = np.memmap(path, np.float32, "r+", shape=shape)
+    if advice == "random" and m.size:
+        m._mmap.madvise(mmap.MADV_RANDOM)
+    return m
 
 
 def _device_mode():
