@@ -5,14 +5,18 @@ in proportion, for a run that fits a busy machine) and their multi-hot bag sizes
 ids, ``--samples`` training samples. The run: ``--mode hotline --cold-store disk`` (look-ahead ``--lookahead``,
 ``--hbm-budget`` of hot rows, row-wise Adagrad, dim ``--dim``) for ``--steps`` steps of ``--batch`` samples.
 
-Everything after the data runs in a child process inside a memory cgroup limited to ``--limit`` (cgroup v1,
-made under this process's own memory cgroup where the machine lets it; else the child runs unlimited and the
-JSON says so in ``limit.how``). Printed, and written as JSON to ``--json``:
+Everything after the data runs in five child processes, one after the other, inside a memory cgroup limited
+to ``--limit`` (cgroup v1, made under this process's own memory cgroup where the machine lets it; else they run
+unlimited and the JSON says so in ``limit.how``), the page cache the one before left charged to it emptied
+first, as a user's separate commands would run: ``train`` (the run, its checkpoint, the rest of the run),
+``resume`` (a new process resumed from the checkpoint), ``evaluate`` and ``predict`` (``hotline evaluate`` and
+``hotline predict`` on the checkpoint) and ``baseline``. ``stages`` holds each one's exit code, seconds, peak
+resident set and the cgroup's peak (page cache included) and failcnt. Printed, and written as JSON to
+``--json``:
 
 - ``per_row_host_bytes``: the host structures that grow with the row count
   (:func:`hotline.training.host_memory.per_row_bytes` on the built mode, mid look-ahead), per row;
-- ``peak_bytes``: the cgroup's ``memory.max_usage_in_bytes`` (page cache included) and the child's peak
-  resident set (``ru_maxrss``);
+- ``cgroup_peak_bytes``, ``ru_maxrss_bytes``: the largest of the stages' cgroup peaks and peak resident sets;
 - ``first_step_s``: seconds from the Trainer's construction (profile, placement, the file's fill) to the end of
   the first step; ``samples_per_s`` over the steps after it;
 - ``checkpoint_s`` and ``checkpoint_mb_per_s``: one ``save_checkpoint`` at the half-way step (its rows
@@ -23,9 +27,18 @@ JSON says so in ``limit.how``). Printed, and written as JSON to ``--json``:
 - ``resume_exact``: whether a second run, resumed from that checkpoint, ends bit-identical to the first
   (the SHA-256 of the dense parameters and of every record of the store's file, the hot rows' from the hot
   tier: streamed, as the tables are never whole in memory);
-- ``baseline``: what a user would otherwise try at the same limit: the same rows as one memory-mapped float32
-  table under ``nn.EmbeddingBag`` (sparse gradients, SGD), the same batches' ids, forward, backward and
-  step of the embedding alone: its samples/s.
+- ``first_step_s``, ``samples_per_s`` over steps ``[1, half)``, ``phases``: those steps' mean seconds per phase
+  and counters per step (disk pages and reads, cold rows), ``measured``: coverage (``hot_lookup_share``),
+  popular sample share, cold rows and disk pages per step, rows per 4 KiB page;
+- ``evaluate`` and ``predict``: the last line each printed (their figures are in ``stages``);
+- ``baseline``: what a user would otherwise try at the same limit (:mod:`scale_baseline`): the same model,
+  optimizer, initial rows and batches from step 0, with the fused table and its row-wise Adagrad state as
+  memory-mapped float32 files, for ``--baseline-steps`` steps: its samples/s after the first step, the seconds
+  of writing its files and of the first step, its peak resident set (``what`` says it in words);
+- ``ceiling``: the disk's random 4 KiB read rate at depth 1 and 32 (on the baseline's table file, its cache
+  dropped) and the dense compute alone per step; printed with the disk pages a step reads, the bound they set.
+
+Memory figures hold on a busy machine; speeds do not (compare the two columns of one run).
 """
 
 from __future__ import annotations
@@ -34,7 +47,7 @@ import argparse
 import hashlib
 import json
 import os
-import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -44,6 +57,7 @@ from pathlib import Path
 import common  # puts this checkout's hotline first on sys.path
 import memlimit
 import numpy as np
+import scale_baseline
 
 MLPERF_ROWS = 204_184_588
 
@@ -90,40 +104,40 @@ def _digest(trainer) -> str:
 
 
 def _baseline(args, ds, work: Path) -> dict:
-    """The memory-mapped table under nn.EmbeddingBag: samples/s of the embedding's forward, backward and step."""
-    import torch
+    """The memory-mapped baseline (:mod:`scale_baseline`) on the same batches from step 0 for ``--baseline-steps``
+    steps, its peak resident set, and the ceiling's parts measured on its table file (the disk's random 4 KiB
+    read rate at depth 1 and 32) and the dense compute alone."""
+    cfg = _config(args, str(work / "cold-baseline"), args.baseline_steps)
+    reset = _reset_peak_rss()
+    out = scale_baseline.train_mapped(cfg, ds, work / "mapped", args.baseline_steps)
+    model, mode = out.pop("model"), out.pop("mode")
+    out["peak_rss_bytes"] = _vm("VmHWM") if reset else None
+    out["what"] = scale_baseline.WHAT
+    table = mode.paths[0]
+    mode.release()  # unmapped: its cached pages can be dropped before the disk's rate is measured on it
+    ceiling = {
+        f"random_4k_reads_per_s_depth{d}": scale_baseline.random_read_rate(table, d, 8000) for d in (1, 32)
+    }
+    mode.close()
+    del model, mode
+    for d in ("cold-baseline", "mapped"):  # made empty by the config and the mode
+        shutil.rmtree(work / d, ignore_errors=True)
+    ceiling["dense_step_s"] = scale_baseline.dense_step_seconds(cfg, ds, 8)
+    return {"baseline": out, "ceiling": ceiling}
 
-    from hotline.table_layout import TableLayout
 
-    layout = TableLayout(ds.table_sizes)
-    path = work / "mmap-table.f32"
-    table = np.lib.format.open_memmap(path, "w+", np.float32, (layout.num_rows, args.dim))
-    for lo in range(0, layout.num_rows, 1 << 22):  # the file written once, sequentially
-        hi = min(layout.num_rows, lo + (1 << 22))
-        table[lo:hi] = np.random.default_rng(lo).uniform(-0.01, 0.01, (hi - lo, args.dim))
-    table.flush()
-    bag = torch.nn.EmbeddingBag.from_pretrained(
-        torch.from_numpy(table), freeze=False, mode="sum", sparse=True
-    )
-    opt = torch.optim.SGD(bag.parameters(), lr=0.01)
-    offsets = np.repeat(layout.offsets, ds.bags.bag_sizes)  # each column's table offset
-    sparse = ds.train.sparse
-    steps = min(args.steps, len(ds.train) // args.batch)
-    t0 = time.perf_counter()
-    for s in range(steps):
-        ids = (
-            np.asarray(sparse[s * args.batch : (s + 1) * args.batch]).reshape(args.batch, -1).astype(np.int64)
-        )
-        fused = torch.from_numpy(ids + offsets)
-        out = bag(fused.reshape(-1), torch.arange(0, fused.numel(), ids.shape[1]))
-        out.sum().backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    seconds = time.perf_counter() - t0
-    del bag, opt, table
-    path.unlink()
-    return {"what": "one memory-mapped float32 table, nn.EmbeddingBag(sparse=True), SGD: the embedding only",
-            "steps": steps, "samples_per_s": steps * args.batch / seconds if seconds else 0.0}  # fmt: skip
+def _phases(all_stats: list) -> dict:
+    """Mean seconds per step of each phase the steps timed, and mean counters per step, over ``all_stats``."""
+    times: dict = {}
+    counters: dict = {}
+    for st in all_stats:
+        for k, v in st.times.items():
+            times[k] = times.get(k, 0.0) + float(v)
+        for k, v in st.counters.items():
+            counters[k] = counters.get(k, 0.0) + float(v)
+    n = max(1, len(all_stats))
+    return {"steps": len(all_stats), "seconds_per_step": {k: v / n for k, v in sorted(times.items())},
+            "counters_per_step": {k: v / n for k, v in sorted(counters.items())}}  # fmt: skip
 
 
 def _vm(field: str) -> int | None:
@@ -186,14 +200,27 @@ def _export_stage(ckpt: Path, work: Path, disk_mb_per_s: float) -> dict:
 
 
 def child(args) -> dict:
-    """Everything that runs under the limit: the run, its checkpoint, the resumed run, the baseline."""
+    """One stage, in its own process under the limit (as a user's commands run): ``train`` (the run, its
+    checkpoint at the half-way step, the rest of the run, the digest of its end), ``resume`` (a new run resumed
+    from the checkpoint, its digest) or ``baseline`` (the memory-mapped baseline and the ceiling's parts)."""
     from hotline.datasets.format import Dataset
-    from hotline.training.checkpoint import load_checkpoint, save_checkpoint
+
+    common.setup_threads(args.threads)
+    ds = Dataset(args.data)
+    work = Path(args.work)
+    if args.stage == "baseline":
+        return _baseline(args, ds, work)
+    if args.stage == "resume":
+        return _resume(args, ds, work)
+    return _train(args, ds, work)
+
+
+def _train(args, ds, work: Path) -> dict:
+    from hotline.tiers.tiered import measured_figures
+    from hotline.training.checkpoint import save_checkpoint
     from hotline.training.host_memory import per_row_bytes
     from hotline.training.trainer import Trainer
 
-    ds = Dataset(args.data)
-    work = Path(args.work)
     half = args.steps // 2
     out: dict = {"rows": ds.total_rows, "dim": args.dim}
     t0 = time.perf_counter()
@@ -205,12 +232,22 @@ def child(args) -> dict:
     found = per_row_bytes(mode, ds.total_rows)  # mid run: the look-ahead's claims are in the book
     out["per_row_host_bytes"] = sum(found.values()) / ds.total_rows
     out["per_row_structures"] = {k: v / ds.total_rows for k, v in found.items()}
+    # the file's positions: under a byte a row where compact, then not among the structures above
+    positions = mode.cold.host.file.positions
+    compact = hasattr(positions, "kept_rows")
+    out["positions_bytes"] = (
+        positions.kept_rows.nbytes + positions.kept_at.nbytes if compact else positions.nbytes
+    )
     t1 = time.perf_counter()
-    for _ in range(half - 1):
-        next(stats)
+    timed = [next(stats) for _ in range(half - 1)]
     stats.close()  # the look-ahead drains: steps [0, half) done
     out["samples_per_s"] = (half - 1) * args.batch / (time.perf_counter() - t1) if half > 1 else 0.0
+    out["phases"] = _phases(timed)
+    out["measured"] = measured_figures(out["phases"]["counters_per_step"], args.batch, 1)
+    out["measured"]["disk_pages_per_step"] = out["phases"]["counters_per_step"].get("disk_pages", 0.0)
     record = tr.mode.cold.host.file.record
+    out["measured"]["rows_per_page"] = scale_baseline.PAGE / record
+    out["hotline_peak_rss_bytes"] = _vm("VmHWM")
     out["disk_write_mb_per_s"] = _disk_write_rate(work, ds.total_rows * (record + 4))
     out["rss_before_checkpoint_bytes"] = _vm("VmRSS")
     reset = _reset_peak_rss()
@@ -222,23 +259,128 @@ def child(args) -> dict:
     out["checkpoint_bytes"] = size
     out["checkpoint_mb_per_s"] = size / 1e6 / out["checkpoint_s"]
     out["export"] = _export_stage(ckpt, work, out["disk_write_mb_per_s"])
+    out["checkpoint"] = str(ckpt)
     for _ in tr.progress(tr.batches(tr.step_count)):
         pass
-    straight = _digest(tr)
+    out["digest"] = _digest(tr)
     tr.close()
-    del tr, mode, stats
+    shutil.rmtree(work / "cold-a")  # the disk's room for the next files
+    return out
+
+
+def _resume(args, ds, work: Path) -> dict:
+    from hotline.training.checkpoint import load_checkpoint
+    from hotline.training.trainer import Trainer
+
+    out: dict = {}
     tr = Trainer(_config(args, str(work / "cold-b"), args.steps), ds)
     t3 = time.perf_counter()
     start = load_checkpoint(tr, work / "ckpt")
     out["load_s"] = time.perf_counter() - t3
     for _ in tr.progress(tr.batches(start)):
         pass
-    out["resume_exact"] = _digest(tr) == straight
+    out["resumed_digest"] = _digest(tr)
     tr.close()
-    del tr
-    out["baseline"] = _baseline(args, ds, work)
-    out["ru_maxrss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    shutil.rmtree(work / "cold-b")
     return out
+
+
+def _print_stages(out: dict) -> None:
+    for name in ("evaluate", "predict"):
+        st = out["stages"][name]
+        print(f"hotline {name} on the checkpoint: exit {st['exit']}, {st['seconds']:.1f} s, peak RSS "
+              f"{st['peak_rss_bytes'] / 2**30:.2f} GiB: {out[name]['last_line'][:120]}")  # fmt: skip
+    ph = out["phases"]
+    print(
+        f"hotline's step, mean of {ph['steps']} steps (ms; dispatch/gather/disk_read run ahead on the "
+        "look-ahead thread, stall is what the step waited for them):"
+    )
+    print("  " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in ph["seconds_per_step"].items()))
+    keep = ("disk_pages", "disk_reads", "disk_rows", "working_set_rows", "stale_rows", "rows_touched")
+    print("  per step: " + ", ".join(f"{k} {ph['counters_per_step'][k]:,.0f}" for k in keep
+                                     if k in ph["counters_per_step"]))  # fmt: skip
+
+
+def _print_side_by_side(out: dict, batch: int) -> None:
+    """hotline and the baseline from this one run, the ceiling's parts, and what bounds a step."""
+    gib, m, b, c = 1 << 30, out["measured"], out["baseline"], out["ceiling"]
+    print(f"baseline: {b['what']}")
+    print(f"{'':>22} {'hotline':>12} {'baseline':>12}")
+    print(
+        f"{'samples/s':>22} {out['samples_per_s']:>12,.0f} {b['samples_per_s']:>12,.0f}"
+        f"   hotline/baseline {out['samples_per_s'] / max(b['samples_per_s'], 1e-9):.2f}x"
+    )
+    print(
+        f"{'first step s':>22} {out['first_step_s']:>12.1f} {b['fill_s'] + b['first_step_s']:>12.1f}"
+        f"   (baseline: {b['fill_s']:.1f} s of writing its files, then the step)"
+    )
+    hw = out["hotline_peak_rss_bytes"]
+    print(f"{'peak RSS GiB':>22} {(hw or 0) / gib:>12.2f} {(b['peak_rss_bytes'] or 0) / gib:>12.2f}")
+    print(
+        f"coverage (lookups on hot rows) {m.get('hot_lookup_share', 0):.3f}, popular samples "
+        f"{m.get('popular_sample_share', 0):.3f}, cold rows per step {m.get('cold_rows_per_step', 0):,.0f}, "
+        f"disk pages per step {m['disk_pages_per_step']:,.0f} ({m['rows_per_page']:.0f} rows a page)"
+    )
+    r1, r32 = c["random_4k_reads_per_s_depth1"], c["random_4k_reads_per_s_depth32"]
+    disk = m["disk_pages_per_step"] / max(r32, 1e-9)
+    print(
+        f"ceiling: random 4 KiB reads {r1:,.0f}/s at depth 1, {r32:,.0f}/s at depth 32 -> the disk reads of a "
+        f"step {disk * 1e3:.0f} ms at depth 32, as many pages written back; dense compute alone "
+        f"{c['dense_step_s'] * 1e3:.0f} ms; ceiling {batch / max(disk, c['dense_step_s'], 1e-9):,.0f} samples/s "
+        f"(reads alone), {batch / max(2 * disk, c['dense_step_s'], 1e-9):,.0f} (reads and writes at that rate)"
+    )
+
+
+def _stage(args, argv, data: Path, work: Path, group: Path | None, stage: str) -> tuple[int, dict]:
+    """Runs one stage as a process in the memory cgroup ``group``, emptied of the page cache the stages before
+    left charged to it and its peak reset first, as a new container would start: :func:`child`'s stages, or
+    ``evaluate`` / ``predict`` (``python -m hotline evaluate|predict`` of this checkout on the checkpoint,
+    the last line it printed kept). Returns its exit code and results, with its seconds, peak resident set
+    (``wait4``) and the cgroup's peak and failcnt."""
+    result_file = Path(tempfile.mkstemp(suffix=".json", dir=work)[1])
+    cmd = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--child", "--stage", stage,
+           "--data", str(data), "--json", str(result_file)]  # fmt: skip
+    env = None
+    if stage in ("evaluate", "predict"):
+        cmd = [sys.executable, "-m", "hotline", stage, str(data), "--load", str(work / "ckpt"), "--threads",
+               str(args.threads), "--no-progress"]  # fmt: skip
+        if stage == "predict":
+            cmd += ["--out", str(work / "predictions.npy"), "--force"]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([common._ROOT, os.environ.get("PYTHONPATH", "")]))
+    procs = None if group is None else group / "cgroup.procs"
+    if group is not None:
+        (group / "memory.force_empty").write_text("0")
+        (group / "memory.max_usage_in_bytes").write_text("0")
+        (group / "memory.failcnt").write_text("0")
+    t0 = time.perf_counter()
+    with open(work / f"{stage}.out", "wb") as log, open(work / f"{stage}.err", "wb") as err:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=None if env is None else err, env=env,
+                                preexec_fn=(lambda: procs.write_text(str(os.getpid()))) if procs else None)  # fmt: skip
+        _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = code = os.waitstatus_to_exitcode(status)
+    seconds = time.perf_counter() - t0
+    if env is None:
+        out = json.loads(result_file.read_text()) if code == 0 else {}
+    else:
+        said = [(work / f"{stage}.{k}").read_text().strip().splitlines() for k in ("out", "err")]
+        lines = said[0] or said[1] or [""]
+        out = {stage: {"last_line": lines[-1]}}
+        (work / "predictions.npy").unlink(missing_ok=True)
+    result_file.unlink(missing_ok=True)
+    # train resets its VmHWM before the checkpoint (clear_refs), which lowers wait4's ru_maxrss too: its peak
+    # before the reset is hotline_peak_rss_bytes
+    peak = max(usage.ru_maxrss * 1024, out.get("hotline_peak_rss_bytes") or 0)
+    out.update({"exit": code, "seconds": seconds, "peak_rss_bytes": peak,
+                "cgroup_peak_bytes": None, "cgroup_failcnt": None})  # fmt: skip
+    if group is not None:
+        out["cgroup_peak_bytes"] = int((group / "memory.max_usage_in_bytes").read_text())
+        out["cgroup_failcnt"] = int((group / "memory.failcnt").read_text())
+    print(
+        f"stage {stage}: exit {code}, {seconds:.0f} s, peak RSS {out['peak_rss_bytes'] / 2**30:.2f} GiB, "
+        f"cgroup peak {(out['cgroup_peak_bytes'] or 0) / 2**30:.2f} GiB (page cache included)",
+        flush=True,
+    )
+    return code, out
 
 
 def main(argv=None) -> int:
@@ -248,6 +390,7 @@ def main(argv=None) -> int:
     p.add_argument("--samples", type=int, default=40_000, help="training samples generated")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--baseline-steps", type=int, default=20, help="steps of the memory-mapped baseline")
     p.add_argument("--lookahead", type=int, default=2)
     p.add_argument("--hbm-budget", type=int, default=256 << 20, help="bytes of hot rows")
     p.add_argument("--limit", type=int, default=3 << 30, help="the memory limit in bytes (cgroup v1)")
@@ -256,6 +399,7 @@ def main(argv=None) -> int:
     )
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--data", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--stage", default="train", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         Path(args.json).write_text(json.dumps(child(args)))
@@ -277,9 +421,6 @@ def main(argv=None) -> int:
             zipf=1.1,
             progress=False,
         )
-    result_file = Path(tempfile.mkstemp(suffix=".json", dir=work)[1])
-    cmd = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--child",
-           "--data", str(data), "--json", str(result_file)]  # fmt: skip
     parent, group, how = (
         memlimit._v1_group(),
         None,
@@ -293,21 +434,25 @@ def main(argv=None) -> int:
             how = f"cgroup v1 {group / 'memory.limit_in_bytes'} = {args.limit}"
         except OSError as e:
             how, group = f"not limited: cannot make a memory cgroup under {parent} ({e})", None
-    procs = None if group is None else group / "cgroup.procs"
+    out: dict = {"stages": {}}
     t0 = time.perf_counter()
-    run = subprocess.run(cmd, preexec_fn=(lambda: procs.write_text(str(os.getpid()))) if procs else None)
+    try:
+        for stage in ("train", "resume", "evaluate", "predict", "baseline"):
+            code, result = _stage(args, argv, data, work, group, stage)
+            out["stages"][stage] = {k: result.pop(k) for k in ("exit", "seconds", "peak_rss_bytes",
+                                                               "cgroup_peak_bytes", "cgroup_failcnt")}  # fmt: skip
+            out.update(result)
+            if code != 0 and stage not in ("evaluate", "predict"):  # theirs are recorded, the rest still runs
+                print(f"bench_scale: stage {stage} failed (exit {code}) under {how}", file=sys.stderr)
+                return 1
+    finally:
+        if group is not None:
+            group.rmdir()
     wall = time.perf_counter() - t0
-    peak = failcnt = None
-    if group is not None:
-        peak = int((group / "memory.max_usage_in_bytes").read_text())
-        failcnt = int((group / "memory.failcnt").read_text())
-        group.rmdir()
-    if run.returncode != 0:
-        result_file.unlink(missing_ok=True)
-        print(f"bench_scale: the run failed (exit {run.returncode}) under {how}", file=sys.stderr)
-        return 1
-    out = json.loads(result_file.read_text())
-    result_file.unlink()
+    out["resume_exact"] = out.pop("resumed_digest") == out.pop("digest")
+    peak = max((st["cgroup_peak_bytes"] or 0) for st in out["stages"].values()) if group else None
+    failcnt = sum((st["cgroup_failcnt"] or 0) for st in out["stages"].values()) if group else None
+    out["ru_maxrss_bytes"] = max(st["peak_rss_bytes"] for st in out["stages"].values())
     table_bytes = out["rows"] * 4 * (args.dim + 1)
     out.update({"limit": {"bytes": args.limit, "how": how}, "table_bytes": table_bytes, "wall_s": wall,
                 "cgroup_peak_bytes": peak, "cgroup_failcnt": failcnt, "steps": args.steps, "batch": args.batch,
@@ -317,7 +462,8 @@ def main(argv=None) -> int:
         f"{out['rows']:,} rows at dim {args.dim}, row-wise Adagrad: {table_bytes / gib:.2f} GiB of rows and state"
     )
     print(f"memory limit: {how}")
-    print(f"per-row host bytes: {out['per_row_host_bytes']:.2f} ({out['per_row_structures']})")
+    print(f"per-row host bytes: {out['per_row_host_bytes']:.2f} ({out['per_row_structures']}); the file's "
+          f"positions {out['positions_bytes'] / 1e6:,.1f} MB")  # fmt: skip
     peak_text = "n/a" if peak is None else f"{peak / gib:.2f} GiB"
     print(f"peak: cgroup {peak_text} (failcnt {failcnt}), child RSS {out['ru_maxrss_bytes'] / gib:.2f} GiB")
     print(f"first step after {out['first_step_s']:.1f} s; {out['samples_per_s']:,.0f} samples/s")
@@ -327,7 +473,8 @@ def main(argv=None) -> int:
           f"{out['disk_write_mb_per_s']:,.0f} MB/s); RSS {out['rss_before_checkpoint_bytes'] / gib:.2f} GiB "
           f"before it, peak {'n/a' if hwm is None else f'{hwm / gib:.2f} GiB'} during it; load "
           f"{out['load_s']:.1f} s; resumed bit-identically: {out['resume_exact']}")  # fmt: skip
-    print(f"baseline ({out['baseline']['what']}): {out['baseline']['samples_per_s']:,.0f} samples/s")
+    _print_stages(out)
+    _print_side_by_side(out, args.batch)
     common.write_json(args.json, out)
     return 0
 

@@ -47,8 +47,10 @@ import numpy as np
 from hotline import _io
 from hotline.tiers.disk_pages import (  # noqa: F401 - pages_per_record re-exported
     PageSet,
+    RowPositions,
     aligned_bytes,
     get_records,
+    longest_ascending_run,
     named_error,
     pages_of,
     pages_per_record,
@@ -101,15 +103,17 @@ class RowFile:
         self.optimizer = optimizer
         self.floats = self.dim + self.S
         self.record = 4 * self.floats
-        self.order = (
-            np.arange(self.num_rows, dtype=np.int64) if order is None else np.asarray(order, np.int64)
-        )
-        """int64 [rows]: the row at each file position; read from its file on disk (``FILE.order.npy``,
-        memory-mapped) once the file is made, so it costs no host memory per row."""
+        wide = np.int32 if self.num_rows < 2**31 else np.int64
+        self.order = np.arange(self.num_rows, dtype=wide) if order is None else np.asarray(order)
+        """int32 (int64 from 2**31 rows) [rows]: the row at each file position; read from its file on disk
+        (``FILE.order.npy``, memory-mapped) once the file is made, so it costs no host memory per row."""
+        if not np.issubdtype(self.order.dtype, np.integer):
+            raise ValueError(f"the row order must hold integers, not {self.order.dtype}")
         if self.order.shape != (self.num_rows,):
             raise ValueError(f"the row order has {self.order.shape[0]} rows, the file {self.num_rows}")
         self.positions = positions_of(self.order)
-        """int32 (int64 beyond 2**31 rows) [rows]: each row's file position."""
+        """Each row's file position, ``positions[rows]`` (:func:`positions_of`: no array of every row where the
+        order is mostly one ascending run, as the disk store's is)."""
         self.num_pages = -(-self.num_rows * self.record // PAGE)
         self.size = self.num_pages * PAGE
         self.io_depth = int(io_depth)
@@ -451,10 +455,15 @@ class RowFile:
                     live.read_at[theirs] = stamp
 
 
-def positions_of(order, chunk: int = 1 << 22) -> np.ndarray:
-    """Each row's place in ``order`` (a permutation, read in chunks: it may be a memory map), in the narrowest
-    integer that holds it: int32 below 2**31 rows."""
+def positions_of(order, chunk: int = 1 << 22):
+    """Each row's place in ``order`` (a permutation, read in chunks: it may be a memory map), indexed as
+    ``positions[rows]``: a :class:`~hotline.tiers.disk_pages.RowPositions` where the order is mostly one
+    ascending run (the disk store's: memory for the rows outside it only), else an array in the narrowest
+    integer that holds it (int32 below 2**31 rows)."""
     n = order.shape[0]
+    a, b = longest_ascending_run(order, chunk)
+    if 4 * (n - (b - a)) < n:  # two arrays of the rows outside the run: under 2 bytes a row
+        return RowPositions(order, (a, b), chunk)
     dtype = np.int32 if n < 1 << 31 else np.int64
     out = np.empty(n, dtype)
     for lo in range(0, n, chunk):

@@ -177,3 +177,60 @@ class PageSet:
         slot = np.full(max(int(idx.max(initial=-1)), int(self.on_disk.max(initial=-1))) + 1, -1, np.int64)
         slot[self.on_disk] = np.arange(self.on_disk.shape[0])
         return slot[idx]
+
+
+class RowPositions:
+    """Each row's file position (``positions[rows]``), held in memory that follows the rows outside one run: for
+    an order made of any rows, then one ascending run, then any rows (:func:`~hotline.tiers.disk_store.\
+popularity_order`'s: the counted rows, the never-counted rows in id order, the hot rows), the rows before and
+    after the run are kept sorted with their positions (two arrays of that many rows); a row of the run is at
+    ``run_start + row - (kept rows below it)``, as the run holds exactly the other rows, in id order.
+    :func:`row_positions` chooses it where it is smaller than one position per row."""
+
+    def __init__(self, order, run: tuple[int, int], chunk: int = 1 << 22):
+        a, b = run
+        n = order.shape[0]
+        self.shape, self.ndim = (n,), 1
+        self.dtype = np.dtype(np.int32 if n < 1 << 31 else np.int64)
+        self.run_start = a
+        kept = np.concatenate([np.asarray(order[:a]), np.asarray(order[b:])])
+        at = np.concatenate([np.arange(a), np.arange(b, n)]).astype(self.dtype)
+        by_row = np.argsort(kept, kind="stable")
+        self.kept_rows, self.kept_at = kept[by_row].astype(self.dtype), at[by_row]
+        """The rows outside the run, ascending, and their positions."""
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, rows):
+        r = np.asarray(rows)
+        idx = np.searchsorted(self.kept_rows, r)
+        out = (self.run_start + r - idx).astype(self.dtype)
+        if self.kept_rows.shape[0]:
+            near = np.minimum(idx, self.kept_rows.shape[0] - 1)
+            hit = self.kept_rows[near] == r
+            out = np.where(hit, self.kept_at[near], out)
+        return out if out.ndim else out.dtype.type(out)
+
+
+def longest_ascending_run(order, chunk: int = 1 << 22) -> tuple[int, int]:
+    """``(start, stop)`` of the longest run of strictly ascending values in ``order`` (read in chunks: it may be a
+    memory map); the first such run where several are as long."""
+    n = order.shape[0]
+    best, start, prev = (0, min(n, 1)), 0, None
+    for lo in range(0, n, chunk):
+        c = np.asarray(order[lo : lo + chunk]).astype(np.int64)
+        breaks = np.flatnonzero(c[1:] <= c[:-1]) + 1 + lo
+        if prev is not None and c[0] <= prev:
+            breaks = np.concatenate([[lo], breaks])
+        if breaks.shape[0]:
+            starts = np.concatenate([[start], breaks[:-1]])
+            lengths = breaks - starts
+            k = int(np.argmax(lengths))
+            if lengths[k] > best[1] - best[0]:
+                best = (int(starts[k]), int(breaks[k]))
+            start = int(breaks[-1])
+        prev = int(c[-1])
+    if n - start > best[1] - best[0]:
+        best = (start, n)
+    return best

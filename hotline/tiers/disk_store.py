@@ -47,7 +47,7 @@ def cold_file(cold_dir: str | os.PathLike, rank: int = 0, world_size: int = 1) -
 
 
 def popularity_order(counts: np.ndarray | None, num_rows: int, last: np.ndarray | None = None) -> np.ndarray:
-    """Rows in file order (int64): counted rows by count, most first (ties by id), then the never-counted rows
+    """Rows in file order (int32 below 2**31 rows, else int64): counted rows by count, most first (ties by id), then the never-counted rows
     in id order, then ``last`` (the hot rows, in id order: their copies in the file are not read while they
     are hot). The counted rows are ordered by a counting sort over the counts' values
     (:func:`~hotline.kernels.profile.order_by_count`), the rest in chunks: besides the order itself it holds
@@ -61,7 +61,7 @@ def popularity_order(counts: np.ndarray | None, num_rows: int, last: np.ndarray 
     head = order_by_count(counts)
     if last.size:  # the hot rows go last, whatever their counts
         head = head[~np.isin(head, last)]
-    out = np.empty(num_rows, np.int64)
+    out = np.empty(num_rows, np.int32 if num_rows < 2**31 else np.int64)
     out[: head.shape[0]] = head
     at = head.shape[0]
     del head
