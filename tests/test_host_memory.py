@@ -161,3 +161,65 @@ def test_train_under_a_real_cgroup_v1_limit_is_refused_before_writing(tmp_path):
     assert f"the 1 GiB memory limit of cgroup v1 {group / 'memory.limit_in_bytes'}" in lines[0]
     assert "below the machine's" in lines[0] and "raise the cgroup's memory limit" in lines[0]
     assert not metrics.exists() or not metrics.read_text()
+
+
+def test_clean_file_pages_on_either_lru_list_count_as_free(tmp_path):
+    """A file read twice sits on the active list; the kernel still drops it before it kills anything, so it is
+    free for the preflight; dirty and writeback pages are not (v1 and v2 names)."""
+    root = tmp_path / "sys"
+    group = root / "memory" / "job"
+    _write(group / "memory.limit_in_bytes", 4 * GIB)
+    _write(group / "memory.usage_in_bytes", 3 * GIB)
+    _write(group / "memory.stat", f"total_active_file {2 * GIB}\ntotal_inactive_file {256 * MIB}\n"
+                                  f"total_dirty {64 * MIB}\ntotal_writeback {64 * MIB}")  # fmt: skip
+    proc = tmp_path / "cgroup"
+    _write(proc, "4:memory:/job")
+    assert cgroup_limit(root, proc).used == 3 * GIB - (2 * GIB + 256 * MIB - 128 * MIB)
+    v2, proc2 = _v2(tmp_path / "b", {"/job": 4 * GIB}, 3 * GIB)
+    _write(v2 / "job" / "memory.stat", f"active_file {GIB}\ninactive_file {GIB}\nfile_dirty {GIB // 2}")
+    assert cgroup_limit(v2, proc2).used == 3 * GIB - (2 * GIB - GIB // 2)
+
+
+def test_a_file_read_twice_under_a_real_cgroup_v1_limit_is_counted_free_and_is(tmp_path):
+    """In a 512 MiB cgroup, a 320 MiB file written and read twice is charged to it on the active list: the
+    preflight's free figure counts it, and an allocation of that much then succeeds (the kernel drops the file)."""
+    parent = memlimit._v1_group()
+    if parent is None or os.geteuid() != 0:
+        pytest.skip("no cgroup v1 memory hierarchy this test may write to")
+    group = parent / f"hotline-test-active-{os.getpid()}"
+    try:
+        group.mkdir()
+        (group / "memory.limit_in_bytes").write_text(str(512 * MIB))
+    except OSError as e:
+        pytest.skip(f"cannot make a memory cgroup under {parent}: {e}")
+    code = f"""
+import os, numpy as np
+from hotline.training.host_memory import cgroup_limit
+path = {str(tmp_path / "f")!r}
+with open(path, "wb") as f:
+    for _ in range(20):
+        f.write(os.urandom(16 << 20))
+    f.flush(); os.fsync(f.fileno())
+for _ in range(2):
+    with open(path, "rb") as f:
+        while f.read(1 << 24):
+            pass
+c = cgroup_limit()
+stat = dict(line.split() for line in open({str(group / "memory.stat")!r}))
+print(c.free >> 20, int(stat["total_active_file"]) >> 20)
+a = np.ones((c.free - (64 << 20)) // 8)
+print("allocated", a.nbytes >> 20)
+"""
+    procs = group / "cgroup.procs"
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=lambda: procs.write_text(str(os.getpid())),
+        )  # fmt: skip
+    finally:
+        group.rmdir()
+    assert run.returncode == 0, run.stderr
+    (free, active), allocated = map(int, run.stdout.split()[:2]), int(run.stdout.split()[-1])
+    assert active >= 256, run.stdout  # the file is on the active list, charged to this cgroup
+    assert free >= 384, run.stdout  # counted free: not 512 - 320
+    assert allocated == free - 64

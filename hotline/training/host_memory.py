@@ -8,8 +8,8 @@ anything, naming the one that binds:
 - the machine: Linux ``MemAvailable`` (``/proc/meminfo``), what a new allocation can get without swapping;
 - the cgroup: v2 ``memory.max`` (the smallest over the process's cgroup and its ancestors) less
   ``memory.current``, else v1 ``memory.limit_in_bytes`` (and ``hierarchical_memory_limit``, the ancestors'
-  smallest) less ``memory.usage_in_bytes``; the usage counts reclaimable file pages (``inactive_file``) as free,
-  as the kernel does before it kills anything.
+  smallest) less ``memory.usage_in_bytes``; the usage counts clean file pages (``active_file`` and ``inactive_file``
+  less dirty and writeback) as free, as the kernel reclaims them before it kills anything.
 
 :func:`per_row_bytes` finds the host structures of a built mode that grow with the row count (the claim of
 at most 8 bytes a row on one rank and on N, ``tests/test_host_bytes.py``,
@@ -153,6 +153,13 @@ def _inside(root: Path, path: str) -> Path:
     return d if d.is_dir() else root
 
 
+def _clean_file_pages(stat: dict[str, int], prefix: str, dirty: str, writeback: str) -> int:
+    """The page cache the kernel reclaims before it kills anything: the file pages on both LRU lists, active
+    ones included (a file read twice is active, yet dropped under pressure), less those not yet written."""
+    files = stat.get(prefix + "active_file", 0) + stat.get(prefix + "inactive_file", 0)
+    return max(0, files - stat.get(prefix + dirty, 0) - stat.get(prefix + writeback, 0))
+
+
 def _v2_limit(root: Path, path: str) -> CgroupLimit | None:
     """The smallest ``memory.max`` from the process's v2 cgroup up to the hierarchy's root, with its usage."""
     leaf = _inside(root, path)
@@ -167,7 +174,7 @@ def _v2_limit(root: Path, path: str) -> CgroupLimit | None:
     if limit is None:
         return None
     current = _read_int(leaf / "memory.current") or 0
-    reclaimable = _stat(leaf / "memory.stat").get("inactive_file", 0)
+    reclaimable = _clean_file_pages(_stat(leaf / "memory.stat"), "", "file_dirty", "file_writeback")
     return CgroupLimit(limit, max(0, current - reclaimable), f"cgroup v2 {where}")
 
 
@@ -180,7 +187,8 @@ def _v1_limit(root: Path, path: str) -> CgroupLimit | None:
     if not limits:
         return None
     usage = _read_int(d / "memory.usage_in_bytes") or 0
-    reclaimable = stat.get("total_inactive_file", stat.get("inactive_file", 0))
+    total = "total_" if "total_active_file" in stat or "total_inactive_file" in stat else ""
+    reclaimable = _clean_file_pages(stat, total, "dirty", "writeback")
     return CgroupLimit(min(limits), max(0, usage - reclaimable), f"cgroup v1 {d / 'memory.limit_in_bytes'}")
 
 
