@@ -35,3 +35,16 @@ def zipf_top_share(n: int, s: float, top: int) -> float:
         if lo <= top:
             head += float(w[: max(0, top - lo + 1)].sum())
     return head / total
+
+
+def fit_zipf_exponent(ranked_counts: np.ndarray) -> float:
+    """Zipf exponent s of ``count ~ rank^-s``: least squares in log-log over ranks whose count is >= 2
+    (singletons are sampling noise), on log-spaced ranks so the long tail does not outvote the head."""
+    m = int(np.count_nonzero(ranked_counts >= 2))
+    if m < 3:
+        return float("nan")
+    ranks = np.unique(np.geomspace(1, m, min(m, 64)).astype(np.int64))
+    if ranks.size < 3:
+        return float("nan")
+    slope = np.polyfit(np.log(ranks), np.log(ranked_counts[ranks - 1].astype(np.float64)), 1)[0]
+    return float(-slope)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hotline.datasets.format import Dataset
+from hotline.datasets.zipf import fit_zipf_exponent
 from hotline.kernels import profile as kernels
 from hotline.placement import Placement, PlacementError
 from hotline.units import format_size, parse_size
@@ -266,7 +267,7 @@ class Profile:
                     "accessed_rows": int(ids.size),
                     "lookups": lookups,
                     "top1pct_share": float(c[:top].sum()) / lookups if lookups else 0.0,
-                    "zipf_exponent": _zipf_exponent(c),
+                    "zipf_exponent": fit_zipf_exponent(c),
                 }
             )
         df = pd.DataFrame(rows)
@@ -472,19 +473,6 @@ class Profile:
 # After the class body: the dataclass takes ``counts`` as a constructor argument (an InitVar), and a property in the
 # body would be read as that argument's default.
 Profile.counts = property(Profile._counts, doc=Profile._counts.__doc__)
-
-
-def _zipf_exponent(ranked_counts: np.ndarray) -> float:
-    """Zipf exponent s of ``count ~ rank^-s``: least squares in log-log over ranks whose count is >= 2
-    (singletons are sampling noise), on log-spaced ranks so the long tail does not outvote the head."""
-    m = int(np.count_nonzero(ranked_counts >= 2))
-    if m < 3:
-        return float("nan")
-    ranks = np.unique(np.geomspace(1, m, min(m, 64)).astype(np.int64))
-    if ranks.size < 3:
-        return float("nan")
-    slope = np.polyfit(np.log(ranks), np.log(ranked_counts[ranks - 1].astype(np.float64)), 1)[0]
-    return float(-slope)
 
 
 def _jsonable(x):
