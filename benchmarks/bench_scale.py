@@ -475,7 +475,8 @@ def main(argv=None) -> int:
           f"{out['load_s']:.1f} s; resumed bit-identically: {out['resume_exact']}")  # fmt: skip
     _print_stages(out)
     _print_side_by_side(out, args.batch)
-    common.write_json(args.json, out)
+    cmd = argv if argv is not None else sys.argv[1:]
+    common.write_json(args.json, {"command": " ".join(["python benchmarks/bench_scale.py", *cmd]), **out})
     return 0
 
 
