@@ -13,10 +13,9 @@ def add_parser(subparsers: SubParsers) -> None:
     p = subparsers.add_parser(
         "export",
         help="export a checkpoint as torchrec's DLRM (torchrec.models.dlrm.DLRM, or DLRM_DCN for dcn)",
-        description="Write a checkpoint's model as torchrec's DLRM: a torch.save file, or for tables too "
-        "large for memory a torch.distributed.checkpoint directory written chunk by chunk (--format); "
-        "hotline.training.export.load_torchrec_dlrm(OUT) turns either back into torchrec.models.dlrm.DLRM "
-        "(DLRM_DCN for --arch-interaction-op dcn; features cat_0 .. cat_{T-1}, sum pooling).",
+        description="Write a checkpoint's model as torchrec's DLRM (--format); "
+        "hotline.training.export.load_torchrec_dlrm(OUT) turns it back into torchrec.models.dlrm.DLRM "
+        "(DLRM_DCN for dcn; features cat_0 .. cat_{T-1}, sum pooling).",
     )
     p.add_argument("out", metavar="OUT", help="file (torch-save) or directory (dcp) to write")
     p.add_argument(

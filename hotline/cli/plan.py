@@ -24,11 +24,10 @@ def add_parser(subparsers: SubParsers) -> None:
     parser = subparsers.add_parser(
         "plan",
         help="turn a profile into a torchrec sharding plan (ParameterConstraints with cache statistics)",
-        description="Profile a dataset, choose per table a device-resident kernel or a UVM cache whose load "
-        "factor is Hotline's hot share, fill torchrec's CacheStatistics from the profile, and run torchrec's "
-        "EmbeddingShardingPlanner, for torchrec's DLRM (module path sparse_arch.embedding_bag_collection); or, "
-        "with --target hotline, a plan for Hotline's sharder. Writes plan.json and plan.hot_rows.npz (hot row ids "
-        "per table).",
+        description="Profile a dataset and run torchrec's EmbeddingShardingPlanner for its DLRM "
+        "(sparse_arch.embedding_bag_collection): per table a device kernel or a UVM cache whose load factor is "
+        "Hotline's hot share, with CacheStatistics from the profile; --target hotline plans Hotline's sharder. "
+        "Writes plan.json and plan.hot_rows.npz (hot row ids per table).",
     )
     parser.add_argument("dataset", metavar="DATASET", help="dataset directory (from `hotline data ...`)")
     parser.add_argument(
