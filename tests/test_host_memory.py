@@ -4,6 +4,7 @@ where this machine lets a test make one."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -133,28 +134,12 @@ def test_check_memory_names_the_cgroup_and_what_to_change(tmp_path):
 def test_train_under_a_real_cgroup_v1_limit_is_refused_before_writing(tmp_path):
     """``hotline train`` in a child memory cgroup limited to 1 GiB, with 2.4 GiB of rows: exit 2, one line naming
     the cgroup's limit and the machine's memory, before any output is written (the machine has room)."""
-    parent = memlimit._v1_group()
-    if parent is None or os.geteuid() != 0:
-        pytest.skip("no cgroup v1 memory hierarchy this test may write to")
-    group = parent / f"hotline-test-{os.getpid()}"
-    try:
-        group.mkdir()
-        (group / "memory.limit_in_bytes").write_text(str(GIB))
-    except OSError as e:
-        pytest.skip(f"cannot make a memory cgroup under {parent}: {e}")
-    try:
+    with _child_cgroup("hotline-test", GIB) as group:
         ds = _tables(tmp_path / "ds", 10_000_000).path
         metrics = tmp_path / "metrics.jsonl"
-        args = [sys.executable, "-m", "hotline", "train", str(ds), "--arch-sparse-feature-size", "64",
-                "--arch-mlp-bot", "13-64", "--arch-mlp-top", "64-1", "--mode", "hybrid",
-                "--num-batches", "2", "--no-progress", "--metrics", str(metrics)]  # fmt: skip
-        procs = group / "cgroup.procs"
-        run = subprocess.run(
-            args, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-            preexec_fn=lambda: procs.write_text(str(os.getpid())),
-        )  # fmt: skip
-    finally:
-        group.rmdir()
+        run = _run_in(group, ["-m", "hotline", "train", str(ds), "--arch-sparse-feature-size", "64",
+                              "--arch-mlp-bot", "13-64", "--arch-mlp-top", "64-1", "--mode", "hybrid",
+                              "--num-batches", "2", "--no-progress", "--metrics", str(metrics)])  # fmt: skip
     lines = run.stderr.strip().splitlines()
     assert run.returncode == 2, run.stderr
     assert len(lines) == 1 and lines[0].startswith("hotline train: error: this run needs about 2.38 GiB")
@@ -183,19 +168,48 @@ def test_clean_file_pages_on_either_lru_list_count_as_free(tmp_path):
 def test_a_file_read_twice_under_a_real_cgroup_v1_limit_is_counted_free_and_is(tmp_path):
     """In a 512 MiB cgroup, a 320 MiB file written and read twice is charged to it on the active list: the
     preflight's free figure counts it, and an allocation of that much then succeeds (the kernel drops the file)."""
+    with _child_cgroup("hotline-test-active", 512 * MIB) as group:
+        run = _run_in(
+            group, ["-c", _READ_TWICE.format(path=str(tmp_path / "f"), stat=str(group / "memory.stat"))]
+        )
+    assert run.returncode == 0, run.stderr
+    (free, active), allocated = map(int, run.stdout.split()[:2]), int(run.stdout.split()[-1])
+    assert active >= 256, run.stdout  # the file is on the active list, charged to this cgroup
+    assert free >= 384, run.stdout  # counted free: not 512 - 320
+    assert allocated == free - 64
+
+
+@contextlib.contextmanager
+def _child_cgroup(name: str, limit: int):
+    """A child cgroup v1 memory group of ours limited to ``limit`` bytes, removed after; the test skips where
+    none can be made (no v1 hierarchy, not root)."""
     parent = memlimit._v1_group()
     if parent is None or os.geteuid() != 0:
         pytest.skip("no cgroup v1 memory hierarchy this test may write to")
-    group = parent / f"hotline-test-active-{os.getpid()}"
+    group = parent / f"{name}-{os.getpid()}"
     try:
         group.mkdir()
-        (group / "memory.limit_in_bytes").write_text(str(512 * MIB))
+        (group / "memory.limit_in_bytes").write_text(str(limit))
     except OSError as e:
         pytest.skip(f"cannot make a memory cgroup under {parent}: {e}")
-    code = f"""
-import os, numpy as np
+    try:
+        yield group
+    finally:
+        group.rmdir()
+
+
+def _run_in(group: Path, argv: list[str]) -> subprocess.CompletedProcess:
+    """``python *argv`` inside ``group``."""
+    procs = group / "cgroup.procs"
+    return subprocess.run(
+        [sys.executable, *argv], capture_output=True, text=True, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=lambda: procs.write_text(str(os.getpid())),
+    )  # fmt: skip
+
+
+_READ_TWICE = """import os, numpy as np
 from hotline.training.host_memory import cgroup_limit
-path = {str(tmp_path / "f")!r}
+path = {path!r}
 with open(path, "wb") as f:
     for _ in range(20):
         f.write(os.urandom(16 << 20))
@@ -205,21 +219,8 @@ for _ in range(2):
         while f.read(1 << 24):
             pass
 c = cgroup_limit()
-stat = dict(line.split() for line in open({str(group / "memory.stat")!r}))
+stat = dict(line.split() for line in open({stat!r}))
 print(c.free >> 20, int(stat["total_active_file"]) >> 20)
 a = np.ones((c.free - (64 << 20)) // 8)
 print("allocated", a.nbytes >> 20)
 """
-    procs = group / "cgroup.procs"
-    try:
-        run = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=lambda: procs.write_text(str(os.getpid())),
-        )  # fmt: skip
-    finally:
-        group.rmdir()
-    assert run.returncode == 0, run.stderr
-    (free, active), allocated = map(int, run.stdout.split()[:2]), int(run.stdout.split()[-1])
-    assert active >= 256, run.stdout  # the file is on the active list, charged to this cgroup
-    assert free >= 384, run.stdout  # counted free: not 512 - 320
-    assert allocated == free - 64

@@ -46,13 +46,19 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
-def use_help_formatter(parser: argparse.ArgumentParser) -> None:
-    """Gives ``parser`` and every sub-command parser below it :class:`HelpFormatter`."""
-    parser.formatter_class = HelpFormatter
+def _every_parser(parser: argparse.ArgumentParser):
+    """``parser`` and every sub-command parser below it."""
+    yield parser
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
-                use_help_formatter(sub)
+                yield from _every_parser(sub)
+
+
+def use_help_formatter(parser: argparse.ArgumentParser) -> None:
+    """Gives ``parser`` and every sub-command parser below it :class:`HelpFormatter`."""
+    for p in _every_parser(parser):
+        p.formatter_class = HelpFormatter
 
 
 NEGATIVE_VALUE = re.compile(r"^-\d+$|^-\d*\.\d+$|^-\d*\.?\d+\s*[A-Za-z]+$")
@@ -62,11 +68,8 @@ size (``-1KiB``), so that the flag's parser names what is wrong with it (not "ex
 
 def read_negative_values(parser: argparse.ArgumentParser) -> None:
     """Gives ``parser`` and every sub-command parser below it :data:`NEGATIVE_VALUE`."""
-    parser._negative_number_matcher = NEGATIVE_VALUE
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                read_negative_values(sub)
+    for p in _every_parser(parser):
+        p._negative_number_matcher = NEGATIVE_VALUE
 
 
 def add_threads(parser: argparse.ArgumentParser, what: str = "torch and numba threads") -> None:
