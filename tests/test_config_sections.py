@@ -87,6 +87,25 @@ def test_a_flag_without_effect_given_at_its_default_is_refused_without_the_comma
         config_from_args(args)
 
 
+def test_the_ranks_of_nproc_get_no_preset_value_their_settings_ignore():
+    """``--nproc 2 --preset mlperf-dcnv2 --arch-interaction-op dot``: the preset's dcn shape is not handed to the
+    ranks as given flags (every rank refused it); the ranks' command line makes the launcher's config; a dcn
+    flag the user gives with dot is still refused, before any rank starts."""
+    from hotline.cli.train import rank_argv
+
+    argv = ["train", "D", "--nproc", "2", "--preset", "mlperf-dcnv2", "--arch-interaction-op", "dot",
+            "--mode", "hybrid"]  # fmt: skip
+    args = build_parser().parse_args(argv)
+    config = config_from_args(args)
+    ranks = rank_argv(args)
+    assert "--dcn-num-layers" not in ranks and "--dcn-low-rank-dim" not in ranks, ranks
+    assert "--arch-mlp-top" in ranks  # what the preset filled that has an effect goes to the ranks
+    assert config_from_args(build_parser().parse_args(ranks)) == config
+    args = build_parser().parse_args([*argv, "--dcn-num-layers", "3"])
+    with pytest.raises(ValueError, match="^--dcn-num-layers has an effect with --arch-interaction-op dcn"):
+        config_from_args(args)
+
+
 def test_kinds_given_as_enum_members_are_kept_as_strings():
     """A checkpoint records the config's kinds, and ``torch.load(weights_only=True)`` refuses enum classes."""
     config = TrainConfig(mode=Mode.HYBRID, optimizer=Optimizer.ADAM)

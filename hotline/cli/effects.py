@@ -144,13 +144,9 @@ def fill_defaults(args: argparse.Namespace) -> None:
             setattr(args, dest, default)
 
 
-def check_flag_effects(
-    args: argparse.Namespace, command: str, settings: dict[str, str] | None = None
-) -> None:
-    """Raises ValueError for the first flag of ``FLAG_EFFECTS[command]`` given where it has no effect.
-    ``settings`` (deciding flag -> value) stand for the parsed ones (``evaluate``: the checkpoint's
-    interaction, unless ``--arch-interaction-op`` is given). Then gives the flags left unset their
-    defaults (:func:`fill_defaults`)."""
+def _ignored(args: argparse.Namespace, command: str, settings: dict[str, str] | None = None):
+    """(dest, the one-line reason) of every flag of ``FLAG_EFFECTS[command]`` whose setting ignores it, given
+    or not."""
     table = FLAG_EFFECTS.get(command, {})
     for flag, effect in (
         (f, e) for f, row in table.items() for e in (row if isinstance(row, tuple) else (row,))
@@ -158,15 +154,39 @@ def check_flag_effects(
         setting = (settings or {}).get(effect.on, _value(args, _ON_DEST[effect.on]))
         if effect.values in (GIVEN, ABSENT):
             present = setting not in (None, False)
-            if present == (effect.values == GIVEN) or not flag_given(args, effect.dest):
+            if present == (effect.values == GIVEN):
                 continue
             if effect.values == GIVEN:
-                raise ValueError(f"{flag} has an effect with {effect.on} only; without {effect.on} it would be "
-                                 f"ignored")  # fmt: skip
-            raise ValueError(f"{flag} has an effect without {effect.on} only; {effect.on} would ignore it")
-        if setting not in effect.values and flag_given(args, effect.dest):
-            raise ValueError(ignored_message(flag, effect.on, effect.values, setting))
+                yield (
+                    effect.dest,
+                    f"{flag} has an effect with {effect.on} only; without {effect.on} it would be ignored",
+                )
+            else:
+                yield (
+                    effect.dest,
+                    f"{flag} has an effect without {effect.on} only; {effect.on} would ignore it",
+                )
+        elif setting not in effect.values:
+            yield effect.dest, ignored_message(flag, effect.on, effect.values, setting)
+
+
+def check_flag_effects(
+    args: argparse.Namespace, command: str, settings: dict[str, str] | None = None
+) -> None:
+    """Raises ValueError for the first flag of ``FLAG_EFFECTS[command]`` given where it has no effect.
+    ``settings`` (deciding flag -> value) stand for the parsed ones (``evaluate``: the checkpoint's
+    interaction, unless ``--arch-interaction-op`` is given). Then gives the flags left unset their
+    defaults (:func:`fill_defaults`)."""
+    for dest, reason in _ignored(args, command, settings):
+        if flag_given(args, dest):
+            raise ValueError(reason)
     fill_defaults(args)
+
+
+def ignored_preset_dests(args: argparse.Namespace, command: str) -> set[str]:
+    """The dests a ``--preset`` filled whose flag the settings ignore (the dcn shape with ``--arch-interaction-op
+    dot``): left out of the command line the ranks of ``--nproc`` get, which would judge them given."""
+    return {dest for dest, _ in _ignored(args, command)} & set(getattr(args, "preset_filled", ()))
 
 
 def check_mode_flags(args: argparse.Namespace) -> None:

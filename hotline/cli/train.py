@@ -21,7 +21,7 @@ from hotline.cli.args import (
     section_field,
     show_traceback,
 )
-from hotline.cli.effects import MODE_FLAGS, check_mode_flags, flag_given
+from hotline.cli.effects import MODE_FLAGS, check_mode_flags, flag_given, ignored_preset_dests
 from hotline.kinds import ColdStoreKind, Mode
 from hotline.training.presets import PRESETS
 
@@ -204,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _launch(args: argparse.Namespace) -> int:
     """Starts ``args.nproc`` ranks of this same command (flags checked once, here, before any rank starts)."""
-    from hotline.distributed.launcher import launch, launcher_argv
+    from hotline.distributed.launcher import launch
 
     try:
         config = config_from_args(args)
@@ -227,7 +227,16 @@ def _launch(args: argparse.Namespace) -> int:
                 args.cold_cache = args.cold_io_depth = args.no_cold_direct = None
     except ValueError as e:
         return error("train", e)
-    return launch(args.nproc, ["train", *launcher_argv(args.train_parser, args, ("nproc", "train_parser"))])
+    return launch(args.nproc, rank_argv(args))
+
+
+def rank_argv(args: argparse.Namespace) -> list[str]:
+    """The command line of every rank of ``--nproc``: the resolved flags, less what a preset filled that the
+    settings ignore."""
+    from hotline.distributed.launcher import launcher_argv
+
+    drop = ("nproc", "train_parser", *sorted(ignored_preset_dests(args, "train")))
+    return ["train", *launcher_argv(args.train_parser, args, drop)]
 
 
 def declare(args: argparse.Namespace):
