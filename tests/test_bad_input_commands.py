@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from hotline.cli import main
-from tests.test_bad_input_pass import SMALL, _tree, work  # noqa: F401  (work: the fixture)
+from tests.test_bad_input_pass import one_line_and_nothing_written, work  # noqa: F401  (work: the fixture)
 
 CASES = [
     (
@@ -241,12 +240,4 @@ CASES = [
 
 @pytest.mark.parametrize("argv,says", CASES, ids=[f"{i:02d}-{c[0][0]}" for i, c in enumerate(CASES)])
 def test_a_user_mistake_is_one_line_and_writes_nothing(work, monkeypatch, capsys, argv, says):  # noqa: F811
-    monkeypatch.chdir(work)
-    argv = [t for a in argv for t in (SMALL if a == "@SMALL" else [a])]
-    before = _tree(work)
-    capsys.readouterr()
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and ": error: " in err[0], err
-    assert says in err[0], err[0]
-    assert _tree(work) == before  # nothing written, nothing replaced
+    one_line_and_nothing_written(work, monkeypatch, capsys, argv, says)

@@ -153,8 +153,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("argv,says", CASES, ids=[f"{i:02d}-{c[0][0]}" for i, c in enumerate(CASES)])
-def test_a_user_mistake_is_one_line_and_writes_nothing(work, monkeypatch, capsys, argv, says):
+def one_line_and_nothing_written(work: Path, monkeypatch, capsys, argv: list[str], says: str) -> None:
+    """``hotline *argv`` in ``work`` (``@SMALL``: the small model's flags) exits 2 with one error line holding
+    ``says``, and leaves every file of ``work`` as it was."""
     monkeypatch.chdir(work)
     argv = [t for a in argv for t in (SMALL if a == "@SMALL" else [a])]
     before = _tree(work)
@@ -164,6 +165,11 @@ def test_a_user_mistake_is_one_line_and_writes_nothing(work, monkeypatch, capsys
     assert len(err) == 1 and ": error: " in err[0], err
     assert says in err[0], err[0]
     assert _tree(work) == before  # nothing written, nothing replaced
+
+
+@pytest.mark.parametrize("argv,says", CASES, ids=[f"{i:02d}-{c[0][0]}" for i, c in enumerate(CASES)])
+def test_a_user_mistake_is_one_line_and_writes_nothing(work, monkeypatch, capsys, argv, says):
+    one_line_and_nothing_written(work, monkeypatch, capsys, argv, says)
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
