@@ -13,12 +13,13 @@ What is not a read back: a non-blocking copy into a host buffer (the updated row
 event at the next lookup, which reads them); the KJT's ids, which the lookup reads on the host (a device KJT's
 host copy is started by ``input_dist`` and checked on CUDA only).
 
-- one and two ranks, SGD, row-wise Adagrad and Adam: no read back in a step (forward, backward, the fused
-  optimizer's sparse update and the dense one);
+- one and three ranks, SGD, row-wise Adagrad and Adam: no read back in a step (forward, backward, the fused
+  optimizer's sparse update and the dense one; and a step of the prefetch pipeline);
 - three ranks whose local batches differ: every rank's hot rows and their state equal bit for bit (``torch.equal``)
   on both paths (the hot gradients summed in rank order, ``hotline.tiers.replicated.update_replicas``);
 - the device path trains the same model as the CPU kernels' path, within float32 reassociation
-  (``torchrec_workers.TOLERANCE``);
+  (``torchrec_workers.TOLERANCE``), and under torchrec's prefetch pipeline (the claim rule reading rows again) the
+  same bits as without it;
 - the recorder itself sees each kind of read back (so the tests above can fail).
 """
 
@@ -39,8 +40,13 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
 from torch.utils.weak import WeakTensorKeyDictionary  # noqa: E402
 
-STEPS, BATCH = 4, 16
+STEPS, BATCH = 5, 16
 KINDS = ("sgd", "rowwise-adagrad", "adam")
+PATHS = (
+    "device",
+    "host",
+    "prefetch",
+)  # the device path, the CPU kernels' path, the device path looking ahead
 
 SYNC_OPS = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten._unique2.default",
             "aten.unique_dim.default", "aten.unique_consecutive.default", "aten._unique.default",
@@ -158,40 +164,56 @@ def _ranks_agree(comm, t: torch.Tensor) -> bool:
 
 
 def steps_on_both_paths(comm, kinds: tuple[str, ...], out: str) -> None:
-    """Spawned rank: per optimizer and path, trains ``STEPS`` steps under DMP (each rank its slice of the global
-    batch) recording the last one; rank 0 saves the reads back, the final state and whether the ranks' hot rows
-    agree bit for bit."""
+    """Spawned rank: per optimizer and path (the device's, the device's under the prefetch pipeline, the CPU
+    kernels'), trains ``STEPS`` steps under DMP (each rank its slice of the global batch) recording the last one;
+    rank 0 saves the reads back, the final state, whether the ranks' hot rows agree bit for bit and the rows the
+    claim rule read again."""
     from torchrec.distributed.model_parallel import DistributedModelParallel
 
+    from hotline.torchrec_bridge.pipelines import CpuPrefetchTrainPipelineSparseDist
     from hotline.torchrec_bridge.sharding import HotlineEmbeddingBagCollectionSharder, hotline_sharding_plan
 
     N, r = comm.world_size, comm.rank
     results = {}
     for kind in kinds:
-        for device_path in (True, False):
+        for path in PATHS:
             model = w.hotline_model(kind)
             dmp = DistributedModelParallel(model, device=torch.device("cpu"),
                                            sharders=[HotlineEmbeddingBagCollectionSharder()],
                                            plan=hotline_sharding_plan(model, N))  # fmt: skip
             ebc = dmp.module.model.sparse_arch.embedding_bag_collection
             for grp in ebc._core.groups:
-                grp.host_kernels = not device_path
+                grp.host_kernels = path == "host"
             opt = w.combined_optimizer(dmp)
             recorder = SyncRecorder()
             mark_device_tensors(recorder, dmp)
+            batches = iter([w.batch(s, BATCH, r, N) for s in range(STEPS)])
+            pipe = (
+                CpuPrefetchTrainPipelineSparseDist(dmp, opt, torch.device("cpu"))
+                if path == "prefetch"
+                else None
+            )
             for s in range(STEPS):
                 with recorder if s == STEPS - 1 else _nothing():  # the last step, after the first allocations
-                    loss, _ = dmp(w.batch(s, BATCH, r, N))
+                    if pipe is not None:
+                        pipe.progress(batches)
+                        continue
+                    loss, _ = dmp(next(batches))
                     loss.backward()
                     opt.step()
                     opt.zero_grad()
+            if pipe is not None:
+                pipe.detach()
             agree = all(
                 _ranks_agree(comm, t) for grp in ebc._core.groups for t in (grp.hot_weight, grp.hot_state)
             )
             state = {k: w.full(v, r) for k, v in dmp.state_dict().items()}
+            refreshed = sum(grp.refreshed_rows for grp in ebc._core.groups)
+            for grp in ebc._core.groups:
+                grp.stop_prefetching()
             if r == 0:
-                results[(kind, device_path)] = {"events": recorder.events, "others": recorder.others,
-                                                "agree": agree, "state": state}  # fmt: skip
+                results[(kind, path)] = {"events": recorder.events, "others": recorder.others, "agree": agree,
+                                         "state": state, "refreshed": refreshed}  # fmt: skip
     if r == 0:
         torch.save(results, out)
 
@@ -210,15 +232,20 @@ def test_a_device_path_step_reads_nothing_back_and_replicas_agree(world, tmp_pat
     spawn(world, steps_on_both_paths, KINDS, out)
     results = torch.load(out)
     for kind in KINDS:
-        device, host = results[(kind, True)], results[(kind, False)]
-        assert device["events"] == [], (kind, device["events"])
-        assert device["agree"] and host["agree"], kind  # every rank's hot rows, the same bits
+        device, host, ahead = (results[(kind, path)] for path in PATHS)
+        for got in (device, ahead):
+            assert got["events"] == [], (kind, got["events"])
+        assert device["agree"] and host["agree"] and ahead["agree"], (
+            kind
+        )  # every rank's hot rows, the same bits
         for k, want in host["state"].items():
             have = device["state"][k]
             scale = max(float(want.abs().max()), 1e-30)
             assert float((have - want).abs().max()) / scale <= w.TOLERANCE[kind], (kind, k)
+            assert torch.equal(ahead["state"][k], have), (kind, k)  # the look-ahead changes no bit
+        assert ahead["refreshed"] > 0 and device["refreshed"] == 0  # the claim rule really read rows again
     # the host path reads its own tensors in place: the recorder sees those reads (it is not blind)
-    assert results[("sgd", False)]["events"]
+    assert results[("sgd", "host")]["events"]
 
 
 def test_the_recorder_sees_each_kind_of_read_back():
