@@ -78,13 +78,6 @@ class ShardedHotlineEmbeddingBagCollection(
                  optimizer: SparseOptimizer | None = None, update_in_backward: bool | None = None):  # fmt: skip
         super().__init__()
         world, rank = int(env.world_size), int(env.rank)
-        if world > 1:
-            import torch.distributed as dist
-
-            # Our own gloo group: its collectives never interleave with DDP's on the default group.
-            comm = Comm(rank, world, dist.new_group(backend="gloo"))
-        else:
-            comm = Comm()
         self._pg = env.process_group
         src = module._core
         meta = src.device.type == "meta"  # no rows yet: each rank makes its own with torchrec's init
@@ -92,6 +85,7 @@ class ShardedHotlineEmbeddingBagCollection(
         old = module.fused_optimizer.current_rule()
         rule = optimizer if optimizer is not None else old
         device = torch.device(device) if device is not None else torch.device("cpu") if meta else src.device
+        comm = bridge_comm(rank, world, device)
         core = CollectionCore(src.configs, [np.asarray(h) for h in module.placement.hot_ids],
                               None if meta else [tables[c.name] for c in src.configs], rule, comm, device,
                               src.is_weighted, src.max_lookups if meta else max(g._capacity for g in src.groups),
@@ -243,6 +237,21 @@ class ShardedHotlineEmbeddingBagCollection(
     def sharded_parameter_names(self, prefix: str = ""):
         for name, _ in self.named_parameters(prefix):
             yield name
+
+
+def bridge_comm(rank: int, world: int, device: torch.device) -> Comm:
+    """The collection's own groups (their collectives never interleave with DDP's on the default group): gloo
+    on a CPU; on CUDA an NCCL group for the hot rows' gradients (device tensors: the exchange reads nothing back)
+    beside a gloo group for the host tensors (cold rows, ids, counts). A collective: every rank calls it."""
+    if world == 1:
+        return Comm()
+    import torch.distributed as dist
+
+    if device.type == "cuda" and dist.is_nccl_available():
+        return Comm(
+            rank, world, dist.new_group(backend="nccl"), dist.new_group(backend="gloo"), backend="nccl"
+        )
+    return Comm(rank, world, dist.new_group(backend="gloo"))
 
 
 def torchrec_init(config, count: int) -> np.ndarray:
