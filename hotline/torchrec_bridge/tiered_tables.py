@@ -8,8 +8,10 @@ every replica) and every row in a
 row over N ranks). It adds only what a jagged ``KeyedJaggedTensor`` needs on top of them:
 
 1. ``lookup(ids)``: the :class:`~hotline.dispatch.Dispatcher` splits a batch's fused row ids (one lookup per
-   "sample", so bags of any length need no padding) into hot slots and a working set, the store fetches the
-   working set, and the looked-up rows become one leaf tensor whose ``.grad`` autograd fills;
+   "sample", so bags of any length need no padding) into hot slots and a working set (by a remap of every row
+   on one rank, a hot table of the hot rows on N: ``hotline.dispatch.index_for``, so a rank holds nothing that
+   grows with the table but its shard), the store fetches the working set, and the looked-up rows become one
+   leaf tensor whose ``.grad`` autograd fills;
 2. ``update(lookup)``: ONE sparse update of the hot rows (every rank's gradients) and one of the working rows
    (written back, or applied at the rows' owners), by the store's own verbs. On the device nothing is read
    back: the distinct hot rows come from the split on the host, and the updated rows (or the gradients, N
