@@ -13,7 +13,7 @@ What is not a read back: a non-blocking copy into a host buffer (the updated row
 event at the next lookup, which reads them); the KJT's ids, which the lookup reads on the host (a device KJT's
 host copy is started by ``input_dist`` and checked on CUDA only).
 
-- one and three ranks, SGD, row-wise Adagrad and Adam: no read back in a step (forward, backward, the fused
+- one and three ranks, SGD, row-wise Adagrad, Adagrad and Adam: no read back in a step (forward, backward, the fused
   optimizer's sparse update and the dense one; and a step of the prefetch pipeline);
 - three ranks whose local batches differ: every rank's hot rows and their state equal bit for bit (``torch.equal``)
   on both paths (the hot gradients summed in rank order, ``hotline.tiers.replicated.update_replicas``);
@@ -41,7 +41,7 @@ from torch.utils._pytree import tree_flatten  # noqa: E402
 from torch.utils.weak import WeakTensorKeyDictionary  # noqa: E402
 
 STEPS, BATCH = 5, 16
-KINDS = ("sgd", "rowwise-adagrad", "adam")
+KINDS = ("sgd", "rowwise-adagrad", "adagrad", "adam")
 PATHS = (
     "device",
     "host",
