@@ -16,7 +16,8 @@ host copy is started by ``input_dist`` and checked on CUDA only).
 - one and three ranks, SGD, row-wise Adagrad, Adagrad and Adam: no read back in a step (forward, backward, the fused
   optimizer's sparse update and the dense one; and a step of the prefetch pipeline);
 - three ranks whose local batches differ: every rank's hot rows and their state equal bit for bit (``torch.equal``)
-  on both paths (the hot gradients summed in rank order, ``hotline.tiers.replicated.update_replicas``);
+  on both paths (the hot gradients summed in rank order, ``hotline.tiers.replicated.update_replicas``; three, as
+  with two a row's sum has two addends and float addition is commutative: no order of them could differ);
 - the device path trains the same model as the CPU kernels' path, within float32 reassociation
   (``torchrec_workers.TOLERANCE``), and under torchrec's prefetch pipeline (the claim rule reading rows again) the
   same bits as without it;
