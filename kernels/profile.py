@@ -108,11 +108,20 @@ def _count_lookups(sparse, bag_start, padded, table_sizes, table_offsets, item_t
     return bad
 
 
+@njit(cache=True, inline="always")
+def _rank_of(rank, fused, bitmap):
+    """``rank[fused]``; with ``bitmap``, ``rank`` is a bitmap of hot rows and the rank is 0 (hot) or 1 (cold)."""
+    if bitmap:
+        return 1 - ((rank[fused >> 3] >> (fused & 7)) & 1)
+    return rank[fused]
+
+
 @njit(cache=True, parallel=True, nogil=True)
-def _sample_max_rank(sparse, bag_start, padded, table_sizes, table_offsets, rank, out, block):
+def _sample_max_rank(sparse, bag_start, padded, table_sizes, table_offsets, rank, bitmap, out, block):
     """Writes into ``out`` [n] the largest ``rank`` of the fused rows that sample i looks up (-1 if none);
-    returns the first bad flat position of an out-of-range id, or -1. Blocks of samples run in parallel,
-    table by table inside a block (for cache locality, as in _count_lookups)."""
+    returns the first bad flat position of an out-of-range id, or -1 (``bitmap``: see :func:`_rank_of`).
+    Blocks of samples run in parallel, table by table inside a block (for cache locality, as in
+    _count_lookups)."""
     n, C = sparse.shape
     T = table_sizes.shape[0]
     num_blocks = (n + block - 1) // block
@@ -136,7 +145,7 @@ def _sample_max_rank(sparse, bag_start, padded, table_sizes, table_offsets, rank
                         if bad_at[b] < 0 or bad < bad_at[b]:
                             bad_at[b] = bad
                     else:
-                        r = rank[base + row]
+                        r = _rank_of(rank, base + row, bitmap)
                         if r > m:
                             m = r
                 out[i] = m
@@ -365,7 +374,52 @@ def sample_max_rank(
     if rank.shape != (int(offsets[-1]),):
         raise ValueError(f"rank must have shape [{int(offsets[-1])}] (one per fused row), got {rank.shape}")
     out = np.empty(sparse.shape[0], dtype=np.int64)
-    bad = _sample_max_rank(sparse, start, bool(padded), sizes, offsets[:-1], rank, out, BLOCK)
+    bad = _sample_max_rank(sparse, start, bool(padded), sizes, offsets[:-1], rank, False, out, BLOCK)
+    if bad >= 0:
+        raise _bad_id_error(sparse, start, sizes, bad)
+    return out
+
+
+def hot_bitmap(table_sizes, hot_ids) -> np.ndarray:
+    """uint8 [ceil(total rows / 8)]: bit ``f & 7`` of byte ``f >> 3`` set for each hot fused row ``f`` (table
+    offset + row id of ``hot_ids[t]``, one int array per table): a hot set in 1 bit a row, where a remap takes 32."""
+    offsets = table_offsets(table_sizes)
+    if len(hot_ids) != offsets.shape[0] - 1:
+        raise ValueError(f"hot_ids has {len(hot_ids)} tables, table_sizes {offsets.shape[0] - 1}")
+    bits = np.zeros((int(offsets[-1]) + 7) // 8, np.uint8)
+    for t, ids in enumerate(hot_ids):
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= offsets[t + 1] - offsets[t]):
+            raise ValueError(f"table {t}: hot ids must lie in [0, {int(offsets[t + 1] - offsets[t])})")
+        _set_bits(bits, ids, int(offsets[t]))
+    return bits
+
+
+@njit(cache=True, nogil=True)
+def _set_bits(bits, ids, base):
+    for i in range(ids.shape[0]):
+        f = base + ids[i]
+        bits[f >> 3] |= np.uint8(1 << (f & 7))
+
+
+def in_bitmap(bits: np.ndarray, fused: np.ndarray) -> np.ndarray:
+    """bool [like fused]: whether each fused row is set in ``bits`` (:func:`hot_bitmap`)."""
+    fused = np.asarray(fused, dtype=np.int64)
+    return ((bits[fused >> 3] >> (fused & 7).astype(np.uint8)) & 1).astype(bool)
+
+
+def sample_max_cold(
+    sparse: np.ndarray, table_sizes, bits: np.ndarray, bag_sizes=None, padded: bool = False
+) -> np.ndarray:
+    """int64 [n]: :func:`sample_max_rank` under the ranks 0 (a row set in ``bits``, :func:`hot_bitmap`) and 1
+    (any other): 1 when the sample looks up a row outside the hot set, 0 when every lookup is hot, -1 for none."""
+    sizes = np.asarray(table_sizes, dtype=np.int64)
+    sparse, start = _as_sparse(sparse, sizes.shape[0], bag_sizes)
+    offsets = table_offsets(sizes)
+    if bits.dtype != np.uint8 or bits.shape != ((int(offsets[-1]) + 7) // 8,):
+        raise ValueError(f"bits must be uint8 [{(int(offsets[-1]) + 7) // 8}], got {bits.dtype} {bits.shape}")
+    out = np.empty(sparse.shape[0], dtype=np.int64)
+    bad = _sample_max_rank(sparse, start, bool(padded), sizes, offsets[:-1], bits, True, out, BLOCK)
     if bad >= 0:
         raise _bad_id_error(sparse, start, sizes, bad)
     return out

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 
 _BLOCK_ROWS = 1 << 22
-"""Rows per block of the per-row passes over a table (their float64 temporaries stay a few tens of MiB)."""
+"""Ranked rows per block of :meth:`Profile.evaluate`'s pass (its float64 temporaries stay a few tens of MiB)."""
 
 
 @dataclass
@@ -141,6 +141,10 @@ class Profile:
     @property
     def mini_batch_size(self) -> int:
         return int(self.profiler.mini_batch_size)
+
+    def _counts_of(self, table: int, ids: np.ndarray) -> np.ndarray:
+        """The counts of rows ``ids`` of ``table`` (an array of their size, none of the table's)."""
+        return self._ranked_counts[self.rank[self.offsets[table] + ids]]
 
     def table_counts(self, table: int) -> np.ndarray:
         """[rows of table]: accesses per row of one table (a new array, of the dtype counted in)."""
@@ -258,7 +262,7 @@ class Profile:
         rows = []
         for t, ids in enumerate(ranked):
             lookups = int(self.table_lookups[t])
-            c = self.table_counts(t)[ids]
+            c = self._counts_of(t, ids)
             top = math.ceil(0.01 * self.table_sizes[t])
             rows.append(
                 {
@@ -273,10 +277,12 @@ class Profile:
         df = pd.DataFrame(rows)
         if budget is not None and always_hot:
             placement = self.placement(budget, always_hot)
+            pinned = {int(t) for t in always_hot}
             hot_per_table = np.array([ids.size for ids in placement.hot_ids])
-            hot_lookups = np.array(
-                [self.table_counts(t)[ids].sum() for t, ids in enumerate(placement.hot_ids)]
-            )
+            hot_lookups = np.array(  # a pinned table's are all its lookups: no array of its rows
+                [self.table_lookups[t] if t in pinned else self._counts_of(t, ids).sum(dtype=np.int64)
+                 for t, ids in enumerate(placement.hot_ids)]
+            )  # fmt: skip
         elif budget is not None:
             k = self.hot_rows_for(budget)
             hot_per_table = np.bincount(self.table_of_order[:k], minlength=self.num_tables)
@@ -315,7 +321,7 @@ class Profile:
         for t in range(self.num_tables):
             if t in pinned:
                 accessed = ranked_all[t]
-                never = np.flatnonzero(self.table_counts(t) == 0)
+                never = np.flatnonzero(self.rank[self.offsets[t] : self.offsets[t + 1]] == self.num_accessed)
                 hot_ids.append(np.concatenate([accessed, never]).astype(np.int64))
             else:
                 hot_ids.append(ranked[t].astype(np.int64))
@@ -337,31 +343,29 @@ class Profile:
             )
         if self._chunks is None:
             raise ValueError("evaluate needs the profiled sample: this Profile was built from counts alone")
-        # 1 for a cold row (slot -1), 0 for a hot one: a sample is popular iff its max over lookups is 0. Made in
-        # the remap's own memory (an arithmetic shift of -1 by the sign bit is -1, of a slot >= 0 is 0).
-        cold_rank = placement.fused_remap()
-        np.negative(np.right_shift(cold_rank, cold_rank.dtype.itemsize * 8 - 1, out=cold_rank), out=cold_rank)
+        # the hot set in 1 bit a row: a sample is popular iff none of its lookups is outside it
+        bits = kernels.hot_bitmap(placement.table_sizes, placement.hot_ids)
+        layout = (
+            {}
+            if self.dataset is None or self.dataset.uniform
+            else {"bag_sizes": self.dataset.bag_sizes, "padded": self.dataset.padded}
+        )
         popular = 0
         for c in self._chunks("evaluating"):
-            layout = (
-                {}
-                if self.dataset is None or self.dataset.uniform
-                else {"bag_sizes": self.dataset.bag_sizes, "padded": self.dataset.padded}
-            )
-            popular += int(
-                np.count_nonzero(kernels.sample_max_rank(c, self.table_sizes, cold_rank, **layout) < 1)
-            )
+            popular += int(np.count_nonzero(kernels.sample_max_cold(c, self.table_sizes, bits, **layout) < 1))
         B = int(batch_size or self.mini_batch_size)
+        # Rows the sample never looked up add nothing to either sum (count 0: p = 0): the accessed rows, in
+        # blocks of the ranking, are every term.
         covered, expected = 0, 0.0
-        for t in range(self.num_tables):  # blocks of one table at a time: no temporary of every row
-            per_row = np.float64(self.table_lookups[t])
-            for lo in range(int(self.offsets[t]), int(self.offsets[t + 1]), _BLOCK_ROWS):
-                hi = min(lo + _BLOCK_ROWS, int(self.offsets[t + 1]))
-                c = self._ranked_counts[self.rank[lo:hi]]
-                cold = cold_rank[lo:hi].astype(bool)
-                covered += int(c[~cold].sum(dtype=np.int64))
-                p = c[cold] / per_row
-                expected += float(-np.expm1(B * (per_row / max(1, self.num_samples)) * np.log1p(-p)).sum())
+        for lo in range(0, self.num_accessed, _BLOCK_ROWS):
+            hi = min(lo + _BLOCK_ROWS, self.num_accessed)
+            c = self._ranked_counts[lo:hi]
+            hot = kernels.in_bitmap(bits, self.order[lo:hi])
+            per_row = self.table_lookups[self.table_of_order[lo:hi]].astype(np.float64)
+            covered += int(c[hot].sum(dtype=np.int64))
+            cold = ~hot
+            p, draws = c[cold] / per_row[cold], B * (per_row[cold] / max(1, self.num_samples))
+            expected += float(-np.expm1(draws * np.log1p(-p)).sum())
         return {
             "hot_rows": placement.num_hot,
             "access_coverage": covered / max(1, self.total_lookups),
@@ -376,11 +380,21 @@ class Profile:
         profiled split, ``epoch_estimate`` is what an epoch over that split will count: the profiled samples
         (a share ``profiled_share_of_split`` of it, at their in-sample figures) mixed with the rest (at the
         held-out ones)."""
+        placement = self.placement(budget, always_hot) if always_hot and self.heldout is not None else None
+        return self._heldout_figures(parse_size(budget), placement)
+
+    def _heldout_figures(
+        self, budget: int, placement: Placement | None, inside: dict | None = None
+    ) -> dict | None:
+        """:meth:`heldout_figures` of ``placement`` (None: the best ranked rows under ``budget``); ``inside``: its
+        :meth:`evaluate`, when made already."""
         h = self.heldout
         if h is None:
             return None
-        if always_hot:
-            figures = h.evaluate(self.placement(budget, always_hot).fused_remap() >= 0, self.table_sizes)
+        if placement is not None:  # the hot set as a bitmap: 1 bit a row, not a remap
+            figures = h.evaluate(
+                kernels.hot_bitmap(placement.table_sizes, placement.hot_ids), self.table_sizes
+            )
         else:
             figures = {k: float(v) for k, v in h.figures(self.hot_rows_for(budget)).items()}
         out = {
@@ -396,7 +410,8 @@ class Profile:
             # An epoch over the profiled split also trains the profiled samples, on which the in-sample figures
             # hold: what it will count is the mix, weighted by the share of the split that was profiled.
             share = self.num_samples / max(1, len(self.dataset.split(h.split)))
-            inside = self.evaluate(self.placement(budget, always_hot)) if always_hot else None
+            if placement is not None and inside is None:
+                inside = self.evaluate(placement)
             k = self.hot_rows_for(budget)
             cov_in = inside["access_coverage"] if inside else self._cum_counts[k] / max(1, self.total_lookups)
             pop_in = inside["popular_sample_share"] if inside else self._popular_cum[k] / self.num_samples
@@ -413,9 +428,11 @@ class Profile:
         budget_b = parse_size(budget)
         figures = self.curve([budget_b]).to_dict(orient="records")[0]
         figures = {k: v for k, v in figures.items() if not k.startswith("heldout_")}
+        placement, inside = None, None
         if always_hot:
             placement = self.placement(budget_b, always_hot)
-            figures.update(self.evaluate(placement))
+            inside = self.evaluate(placement)
+            figures.update(inside)
             figures["hot_bytes"] = placement.hot_bytes
             figures["hotline_bytes_per_batch"] = figures["expected_cold_rows_per_batch"] * self.bytes_per_row
         B = self.mini_batch_size
@@ -437,7 +454,7 @@ class Profile:
             "embedding_dim": int(p.embedding_dim),
             "optimizer": p.optimizer,
             "always_hot": sorted({int(t) for t in always_hot}),
-            "heldout": self.heldout_figures(budget_b, always_hot),
+            "heldout": self._heldout_figures(budget_b, placement, inside),
             "in_sample_note": "the top-level coverage and popular-sample figures are measured on the profiled "
             "sample, which the ranking was made from: optimistic; `heldout` holds them measured on unseen samples",
             **figures,
