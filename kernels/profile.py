@@ -437,3 +437,76 @@ def add_histogram(values: np.ndarray, hist: np.ndarray) -> None:
     if hist.dtype not in (np.int64, np.uint16) or hist.ndim != 1:
         raise ValueError(f"hist must be int64 or uint16 [bins], got {hist.dtype} {hist.shape}")
     _add_histogram(values, hist)
+
+
+@njit(cache=True, nogil=True)
+def _add_step_counts(ids, col_offset, counts, weight, top):
+    """``counts[fused] += weight`` per lookup (-1, an empty bag slot, skipped) while the count is below ``top``
+    (uint32's largest value: a count stops there instead of wrapping round to 0; float32: infinity)."""
+    B, C = ids.shape
+    for b in range(B):
+        for c in range(C):
+            v = ids[b, c]
+            if v >= 0:
+                f = v + col_offset[c]
+                if counts[f] < top:
+                    counts[f] += weight
+
+
+def add_step_counts(ids: np.ndarray, col_offset: np.ndarray, counts: np.ndarray, weight: float) -> None:
+    """Counts one step's lookups (checked ids ``[B, C]``, column c of table offset ``col_offset[c]``; the
+    padding id -1 skipped) into ``counts``: float32 adds ``weight`` per lookup, uint32 adds 1 and saturates at
+    2**32 - 1 (``weight`` must then be 1)."""
+    if ids.ndim != 2 or ids.shape[1] != col_offset.shape[0]:
+        raise ValueError(f"ids must be [B, {col_offset.shape[0]}], got {ids.shape}")
+    if counts.dtype == np.uint32 and weight != 1.0:
+        raise ValueError(f"uint32 counts add 1 a lookup, got weight {weight}")
+    if counts.dtype not in (np.float32, np.uint32):
+        raise ValueError(f"counts must be float32 or uint32, got {counts.dtype}")
+    top = np.iinfo(np.uint32).max if counts.dtype == np.uint32 else np.inf
+    _add_step_counts(ids, col_offset, counts, counts.dtype.type(weight), counts.dtype.type(top))
+
+
+@njit(cache=True, nogil=True)
+def _top_rows(keys, k, out):
+    """Writes into ``out`` [k] the ids of the ``k`` largest ``keys`` (uint32), ties to the lowest ids, in id
+    order: the k-th largest key found a byte at a time (four histogram passes), then one pass to collect."""
+    prefix = np.uint32(0)
+    mask = np.uint32(0)
+    remaining = k  # of the k, how many are still to be found among the keys that match the prefix
+    hist = np.zeros(256, np.int64)
+    for shift in (24, 16, 8, 0):
+        hist[:] = 0
+        for i in range(keys.shape[0]):
+            if keys[i] & mask == prefix:
+                hist[(keys[i] >> shift) & 255] += 1
+        for d in range(255, -1, -1):
+            if hist[d] >= remaining:
+                prefix |= np.uint32(d) << np.uint32(shift)
+                break
+            remaining -= hist[d]
+        mask |= np.uint32(255) << np.uint32(shift)
+    at = 0
+    for i in range(keys.shape[0]):
+        if keys[i] > prefix:
+            out[at] = i
+            at += 1
+        elif keys[i] == prefix and remaining > 0:
+            out[at] = i
+            at += 1
+            remaining -= 1
+
+
+def top_rows(values: np.ndarray, k: int) -> np.ndarray:
+    """int64 [k]: the indices of the ``k`` largest ``values`` (uint32, or float32 >= 0), ties to the lowest
+    index, sorted: ``np.sort(np.argsort(-values, kind="stable")[:k])`` with no sort and no array of every index
+    (a selection a byte of the values at a time)."""
+    values = np.ascontiguousarray(values)
+    if values.dtype not in (np.uint32, np.float32) or values.ndim != 1:
+        raise ValueError(f"values must be 1-D uint32 or float32, got {values.dtype} {values.shape}")
+    k = int(min(max(k, 0), values.shape[0]))
+    out = np.empty(k, np.int64)
+    if k:
+        # the bits of a float32 >= 0 read as uint32 are in the same order as its value
+        _top_rows(values.view(np.uint32), k, out)
+    return out
