@@ -188,6 +188,8 @@ def test_always_hot_figures_take_a_bit_a_row(big_tables):
     summary, peak = _peak(lambda: prof.summary(budget, always_hot=[8]))
     assert summary["hot_rows"] == 300 and summary["heldout"] is not None
     assert peak <= ROWS / 2 + ALLOWANCE, f"{peak / ROWS:.2f} bytes a row"
+    # the placement made once (as `hotline profile` does) gives the same summary
+    assert prof.summary(budget, [8], prof.placement(budget, [8])) == summary
 
 
 def test_heldout_figures_of_a_bitmap_equal_those_of_a_rank_per_row(big_tables):

@@ -23,11 +23,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hotline.kernels import profile as kernels
 from hotline.table_layout import PAD_ID, BagLayout
+
+if TYPE_CHECKING:
+    from hotline.placement import Placement
+    from hotline.profiling.profile import Profile
 
 STALE_WINDOW = 3
 """Mini-batches before a step whose rows count as stale for it: the look-ahead of ``hotline train`` (K=2) claims
@@ -85,6 +90,41 @@ class HeldOut:
             "popular_sample_share": self.popular_cum[k] / max(1, self.num_samples),
             "unique_cold_rows_per_batch": self.cold_suffix[k] / max(1, self.num_batches),
         }
+
+    def summary(self, prof: Profile, budget: int, placement: Placement | None, inside: dict | None) -> dict:
+        """:meth:`Profile.heldout_figures <hotline.profiling.profile.Profile.heldout_figures>` of ``prof`` (the
+        ranking measured here) at ``budget``: of ``placement`` (its in-sample figures ``inside``, when made
+        already), or of the best ranked rows under ``budget`` (None)."""
+        if placement is not None:  # the hot set as a bitmap: 1 bit a row, not a remap
+            figures = self.evaluate(
+                kernels.hot_bitmap(placement.table_sizes, placement.hot_ids), prof.table_sizes
+            )
+        else:
+            figures = {k: float(v) for k, v in self.figures(prof.hot_rows_for(budget)).items()}
+        out = {
+            "source": self.source,
+            "split": self.split,
+            "samples": self.num_samples,
+            "mini_batches": self.num_batches,
+            **figures,
+            "bytes_per_batch": figures["unique_cold_rows_per_batch"] * prof.bytes_per_row,
+            "popular_samples_per_batch": figures["popular_sample_share"] * self.batch_size,
+        }
+        if prof.dataset is not None and self.split == prof.profiler.split:
+            # An epoch over the profiled split also trains the profiled samples, on which the in-sample figures
+            # hold: what it will count is the mix, weighted by the share of the split that was profiled.
+            share = prof.num_samples / max(1, len(prof.dataset.split(self.split)))
+            if placement is not None and inside is None:
+                inside = prof.evaluate(placement)
+            k = prof.hot_rows_for(budget)
+            cov_in = inside["access_coverage"] if inside else prof._cum_counts[k] / max(1, prof.total_lookups)
+            pop_in = inside["popular_sample_share"] if inside else prof._popular_cum[k] / prof.num_samples
+            out["epoch_estimate"] = {
+                "profiled_share_of_split": share,
+                "access_coverage": float(share * cov_in + (1 - share) * figures["access_coverage"]),
+                "popular_sample_share": float(share * pop_in + (1 - share) * figures["popular_sample_share"]),
+            }
+        return out
 
     def evaluate(self, hot_bits: np.ndarray, table_sizes) -> dict:
         """The same figures for any hot set (a bitmap of the hot fused rows,

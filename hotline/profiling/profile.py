@@ -250,12 +250,17 @@ class Profile:
         grouped = fused[by_table]
         return [grouped[bounds[t] : bounds[t + 1]] - self.offsets[t] for t in range(self.num_tables)]
 
-    def table_stats(self, budget: int | str | None = None, always_hot: Sequence[int] = ()):
+    def table_stats(
+        self,
+        budget: int | str | None = None,
+        always_hot: Sequence[int] = (),
+        placement: Placement | None = None,
+    ):
         """A pandas DataFrame with one row per table: rows, accessed_rows, lookups, top1pct_share (share of
         the table's lookups that its most accessed 1% of rows serve), zipf_exponent (least-squares slope of
         log count against log rank over the rows accessed at least twice); with ``budget`` also hot_rows,
-        hot_pct and coverage (share of the table's lookups served by its hot rows), of
-        ``placement(budget, always_hot)``."""
+        hot_pct and coverage (share of the table's lookups served by its hot rows), of ``placement`` when given
+        (``placement(budget, always_hot)`` made already), else of ``placement(budget, always_hot)``."""
         import pandas as pd
 
         ranked = self._ranked_by_table(self.order)
@@ -276,7 +281,7 @@ class Profile:
             )
         df = pd.DataFrame(rows)
         if budget is not None and always_hot:
-            placement = self.placement(budget, always_hot)
+            placement = placement if placement is not None else self.placement(budget, always_hot)
             pinned = {int(t) for t in always_hot}
             hot_per_table = np.array([ids.size for ids in placement.hot_ids])
             hot_lookups = np.array(  # a pinned table's are all its lookups: no array of its rows
@@ -373,64 +378,36 @@ class Profile:
             "expected_cold_rows_per_batch": expected,
         }
 
-    def heldout_figures(self, budget: int | str, always_hot: Sequence[int] = ()) -> dict | None:
-        """The held-out figures at ``budget`` (of ``placement(budget, always_hot)``): source, samples,
-        access_coverage, popular_sample_share, unique_cold_rows_per_batch, bytes_per_batch,
-        popular_samples_per_batch; None when the profile has no held-out samples. When they come from the
-        profiled split, ``epoch_estimate`` is what an epoch over that split will count: the profiled samples
-        (a share ``profiled_share_of_split`` of it, at their in-sample figures) mixed with the rest (at the
-        held-out ones)."""
-        placement = self.placement(budget, always_hot) if always_hot and self.heldout is not None else None
-        return self._heldout_figures(parse_size(budget), placement)
-
-    def _heldout_figures(
-        self, budget: int, placement: Placement | None, inside: dict | None = None
-    ) -> dict | None:
-        """:meth:`heldout_figures` of ``placement`` (None: the best ranked rows under ``budget``); ``inside``: its
-        :meth:`evaluate`, when made already."""
-        h = self.heldout
-        if h is None:
+    def heldout_figures(
+        self, budget: int | str, always_hot: Sequence[int] = (), placement: Placement | None = None,
+        inside: dict | None = None,
+    ) -> dict | None:  # fmt: skip
+        """The held-out figures at ``budget`` (of ``placement(budget, always_hot)``, or of ``placement`` made
+        already, ``inside`` its :meth:`evaluate`): source, samples, access_coverage, popular_sample_share,
+        unique_cold_rows_per_batch, bytes_per_batch, popular_samples_per_batch; None when the profile has no
+        held-out samples. When they come from the profiled split, ``epoch_estimate`` is what an epoch over that
+        split will count: the profiled samples (a share ``profiled_share_of_split`` of it, at their in-sample
+        figures) mixed with the rest (at the held-out ones)."""
+        if self.heldout is None:
             return None
-        if placement is not None:  # the hot set as a bitmap: 1 bit a row, not a remap
-            figures = h.evaluate(
-                kernels.hot_bitmap(placement.table_sizes, placement.hot_ids), self.table_sizes
-            )
-        else:
-            figures = {k: float(v) for k, v in h.figures(self.hot_rows_for(budget)).items()}
-        out = {
-            "source": h.source,
-            "split": h.split,
-            "samples": h.num_samples,
-            "mini_batches": h.num_batches,
-            **figures,
-            "bytes_per_batch": figures["unique_cold_rows_per_batch"] * self.bytes_per_row,
-            "popular_samples_per_batch": figures["popular_sample_share"] * h.batch_size,
-        }
-        if self.dataset is not None and h.split == self.profiler.split:
-            # An epoch over the profiled split also trains the profiled samples, on which the in-sample figures
-            # hold: what it will count is the mix, weighted by the share of the split that was profiled.
-            share = self.num_samples / max(1, len(self.dataset.split(h.split)))
-            if placement is not None and inside is None:
-                inside = self.evaluate(placement)
-            k = self.hot_rows_for(budget)
-            cov_in = inside["access_coverage"] if inside else self._cum_counts[k] / max(1, self.total_lookups)
-            pop_in = inside["popular_sample_share"] if inside else self._popular_cum[k] / self.num_samples
-            out["epoch_estimate"] = {
-                "profiled_share_of_split": share,
-                "access_coverage": float(share * cov_in + (1 - share) * figures["access_coverage"]),
-                "popular_sample_share": float(share * pop_in + (1 - share) * figures["popular_sample_share"]),
-            }
-        return out
+        if always_hot and placement is None:
+            placement = self.placement(budget, always_hot)
+        return self.heldout.summary(self, parse_size(budget), placement if always_hot else None, inside)
 
-    def summary(self, budget: int | str, always_hot: Sequence[int] = ()) -> dict:
+    def summary(
+        self, budget: int | str, always_hot: Sequence[int] = (), placement: Placement | None = None
+    ) -> dict:
         """What ``hotline profile --json`` writes: settings, the held-out figures at ``budget`` (``heldout``),
-        the same measured on the profiled sample (top level: optimistic), and per-table stats."""
+        the same measured on the profiled sample (top level: optimistic), and per-table stats; ``placement``:
+        ``placement(budget, always_hot)`` when made already (with ``always_hot``, each is made once)."""
         budget_b = parse_size(budget)
         figures = self.curve([budget_b]).to_dict(orient="records")[0]
         figures = {k: v for k, v in figures.items() if not k.startswith("heldout_")}
-        placement, inside = None, None
-        if always_hot:
-            placement = self.placement(budget_b, always_hot)
+        inside = None
+        if not always_hot:
+            placement = None
+        else:
+            placement = placement if placement is not None else self.placement(budget_b, always_hot)
             inside = self.evaluate(placement)
             figures.update(inside)
             figures["hot_bytes"] = placement.hot_bytes
@@ -454,14 +431,14 @@ class Profile:
             "embedding_dim": int(p.embedding_dim),
             "optimizer": p.optimizer,
             "always_hot": sorted({int(t) for t in always_hot}),
-            "heldout": self._heldout_figures(budget_b, placement, inside),
+            "heldout": self.heldout_figures(budget_b, always_hot, placement, inside),
             "in_sample_note": "the top-level coverage and popular-sample figures are measured on the profiled "
             "sample, which the ranking was made from: optimistic; `heldout` holds them measured on unseen samples",
             **figures,
             "bytes_per_row": self.bytes_per_row,
             "hbm_budget_bytes": budget_b,
             "expected_popular_samples_per_batch": figures["popular_sample_share"] * B,
-            "tables": self.table_stats(budget_b, always_hot).to_dict(orient="records"),
+            "tables": self.table_stats(budget_b, always_hot, placement).to_dict(orient="records"),
         }
         return _jsonable(out)
 
