@@ -108,18 +108,11 @@ def _count_lookups(sparse, bag_start, padded, table_sizes, table_offsets, item_t
     return bad
 
 
-@njit(cache=True, inline="always")
-def _rank_of(rank, fused, bitmap):
-    """``rank[fused]``; with ``bitmap``, ``rank`` is a bitmap of hot rows and the rank is 0 (hot) or 1 (cold)."""
-    if bitmap:
-        return 1 - ((rank[fused >> 3] >> (fused & 7)) & 1)
-    return rank[fused]
-
-
 @njit(cache=True, parallel=True, nogil=True)
 def _sample_max_rank(sparse, bag_start, padded, table_sizes, table_offsets, rank, bitmap, out, block):
     """Writes into ``out`` [n] the largest ``rank`` of the fused rows that sample i looks up (-1 if none);
-    returns the first bad flat position of an out-of-range id, or -1 (``bitmap``: see :func:`_rank_of`).
+    returns the first bad flat position of an out-of-range id, or -1. With ``bitmap``, ``rank`` is a bitmap of
+    hot rows (:func:`hot_bitmap`) ranking them 0 and every other row 1.
     Blocks of samples run in parallel, table by table inside a block (for cache locality, as in
     _count_lookups)."""
     n, C = sparse.shape
@@ -145,7 +138,8 @@ def _sample_max_rank(sparse, bag_start, padded, table_sizes, table_offsets, rank
                         if bad_at[b] < 0 or bad < bad_at[b]:
                             bad_at[b] = bad
                     else:
-                        r = _rank_of(rank, base + row, bitmap)
+                        f = base + row
+                        r = 1 - ((rank[f >> 3] >> (f & 7)) & 1) if bitmap else rank[f]
                         if r > m:
                             m = r
                 out[i] = m
@@ -204,13 +198,8 @@ class BadIdError(ValueError):
     """A row id outside its table; ``sample`` is the index within the array passed to the kernel."""
 
     def __init__(self, sample: int, table: int, lookup: int, row_id: int, table_size: int):
-        self.sample, self.table, self.lookup, self.row_id, self.table_size = (
-            sample,
-            table,
-            lookup,
-            row_id,
-            table_size,
-        )
+        self.sample, self.table, self.lookup = sample, table, lookup
+        self.row_id, self.table_size = row_id, table_size
         super().__init__(
             f"sample {sample}, table {table}, lookup {lookup}: row id {row_id} is outside the table "
             f"(expected 0 <= id < {table_size})"
@@ -459,10 +448,8 @@ def add_step_counts(ids: np.ndarray, col_offset: np.ndarray, counts: np.ndarray,
     2**32 - 1 (``weight`` must then be 1)."""
     if ids.ndim != 2 or ids.shape[1] != col_offset.shape[0]:
         raise ValueError(f"ids must be [B, {col_offset.shape[0]}], got {ids.shape}")
-    if counts.dtype == np.uint32 and weight != 1.0:
-        raise ValueError(f"uint32 counts add 1 a lookup, got weight {weight}")
-    if counts.dtype not in (np.float32, np.uint32):
-        raise ValueError(f"counts must be float32 or uint32, got {counts.dtype}")
+    if counts.dtype not in (np.float32, np.uint32) or (counts.dtype == np.uint32 and weight != 1.0):
+        raise ValueError(f"counts must be float32, or uint32 at weight 1: got {counts.dtype} at {weight}")
     top = np.iinfo(np.uint32).max if counts.dtype == np.uint32 else np.inf
     _add_step_counts(ids, col_offset, counts, counts.dtype.type(weight), counts.dtype.type(top))
 
