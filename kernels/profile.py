@@ -109,10 +109,12 @@ def _count_lookups(sparse, bag_start, padded, table_sizes, table_offsets, item_t
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def _sample_max_rank(sparse, bag_start, padded, table_sizes, table_offsets, rank, out, block):
+def _sample_max_rank(sparse, bag_start, padded, table_sizes, table_offsets, rank, bitmap, out, block):
     """Writes into ``out`` [n] the largest ``rank`` of the fused rows that sample i looks up (-1 if none);
-    returns the first bad flat position of an out-of-range id, or -1. Blocks of samples run in parallel,
-    table by table inside a block (for cache locality, as in _count_lookups)."""
+    returns the first bad flat position of an out-of-range id, or -1. With ``bitmap``, ``rank`` is a bitmap of
+    hot rows (:func:`hot_bitmap`) ranking them 0 and every other row 1.
+    Blocks of samples run in parallel, table by table inside a block (for cache locality, as in
+    _count_lookups)."""
     n, C = sparse.shape
     T = table_sizes.shape[0]
     num_blocks = (n + block - 1) // block
@@ -136,7 +138,8 @@ def _sample_max_rank(sparse, bag_start, padded, table_sizes, table_offsets, rank
                         if bad_at[b] < 0 or bad < bad_at[b]:
                             bad_at[b] = bad
                     else:
-                        r = rank[base + row]
+                        f = base + row
+                        r = 1 - ((rank[f >> 3] >> (f & 7)) & 1) if bitmap else rank[f]
                         if r > m:
                             m = r
                 out[i] = m
@@ -195,13 +198,8 @@ class BadIdError(ValueError):
     """A row id outside its table; ``sample`` is the index within the array passed to the kernel."""
 
     def __init__(self, sample: int, table: int, lookup: int, row_id: int, table_size: int):
-        self.sample, self.table, self.lookup, self.row_id, self.table_size = (
-            sample,
-            table,
-            lookup,
-            row_id,
-            table_size,
-        )
+        self.sample, self.table, self.lookup = sample, table, lookup
+        self.row_id, self.table_size = row_id, table_size
         super().__init__(
             f"sample {sample}, table {table}, lookup {lookup}: row id {row_id} is outside the table "
             f"(expected 0 <= id < {table_size})"
@@ -365,7 +363,52 @@ def sample_max_rank(
     if rank.shape != (int(offsets[-1]),):
         raise ValueError(f"rank must have shape [{int(offsets[-1])}] (one per fused row), got {rank.shape}")
     out = np.empty(sparse.shape[0], dtype=np.int64)
-    bad = _sample_max_rank(sparse, start, bool(padded), sizes, offsets[:-1], rank, out, BLOCK)
+    bad = _sample_max_rank(sparse, start, bool(padded), sizes, offsets[:-1], rank, False, out, BLOCK)
+    if bad >= 0:
+        raise _bad_id_error(sparse, start, sizes, bad)
+    return out
+
+
+def hot_bitmap(table_sizes, hot_ids) -> np.ndarray:
+    """uint8 [ceil(total rows / 8)]: bit ``f & 7`` of byte ``f >> 3`` set for each hot fused row ``f`` (table
+    offset + row id of ``hot_ids[t]``, one int array per table): a hot set in 1 bit a row, where a remap takes 32."""
+    offsets = table_offsets(table_sizes)
+    if len(hot_ids) != offsets.shape[0] - 1:
+        raise ValueError(f"hot_ids has {len(hot_ids)} tables, table_sizes {offsets.shape[0] - 1}")
+    bits = np.zeros((int(offsets[-1]) + 7) // 8, np.uint8)
+    for t, ids in enumerate(hot_ids):
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= offsets[t + 1] - offsets[t]):
+            raise ValueError(f"table {t}: hot ids must lie in [0, {int(offsets[t + 1] - offsets[t])})")
+        _set_bits(bits, ids, int(offsets[t]))
+    return bits
+
+
+@njit(cache=True, nogil=True)
+def _set_bits(bits, ids, base):
+    for i in range(ids.shape[0]):
+        f = base + ids[i]
+        bits[f >> 3] |= np.uint8(1 << (f & 7))
+
+
+def in_bitmap(bits: np.ndarray, fused: np.ndarray) -> np.ndarray:
+    """bool [like fused]: whether each fused row is set in ``bits`` (:func:`hot_bitmap`)."""
+    fused = np.asarray(fused, dtype=np.int64)
+    return ((bits[fused >> 3] >> (fused & 7).astype(np.uint8)) & 1).astype(bool)
+
+
+def sample_max_cold(
+    sparse: np.ndarray, table_sizes, bits: np.ndarray, bag_sizes=None, padded: bool = False
+) -> np.ndarray:
+    """int64 [n]: :func:`sample_max_rank` under the ranks 0 (a row set in ``bits``, :func:`hot_bitmap`) and 1
+    (any other): 1 when the sample looks up a row outside the hot set, 0 when every lookup is hot, -1 for none."""
+    sizes = np.asarray(table_sizes, dtype=np.int64)
+    sparse, start = _as_sparse(sparse, sizes.shape[0], bag_sizes)
+    offsets = table_offsets(sizes)
+    if bits.dtype != np.uint8 or bits.shape != ((int(offsets[-1]) + 7) // 8,):
+        raise ValueError(f"bits must be uint8 [{(int(offsets[-1]) + 7) // 8}], got {bits.dtype} {bits.shape}")
+    out = np.empty(sparse.shape[0], dtype=np.int64)
+    bad = _sample_max_rank(sparse, start, bool(padded), sizes, offsets[:-1], bits, True, out, BLOCK)
     if bad >= 0:
         raise _bad_id_error(sparse, start, sizes, bad)
     return out
@@ -383,3 +426,74 @@ def add_histogram(values: np.ndarray, hist: np.ndarray) -> None:
     if hist.dtype not in (np.int64, np.uint16) or hist.ndim != 1:
         raise ValueError(f"hist must be int64 or uint16 [bins], got {hist.dtype} {hist.shape}")
     _add_histogram(values, hist)
+
+
+@njit(cache=True, nogil=True)
+def _add_step_counts(ids, col_offset, counts, weight, top):
+    """``counts[fused] += weight`` per lookup (-1, an empty bag slot, skipped) while the count is below ``top``
+    (uint32's largest value: a count stops there instead of wrapping round to 0; float32: infinity)."""
+    B, C = ids.shape
+    for b in range(B):
+        for c in range(C):
+            v = ids[b, c]
+            if v >= 0:
+                f = v + col_offset[c]
+                if counts[f] < top:
+                    counts[f] += weight
+
+
+def add_step_counts(ids: np.ndarray, col_offset: np.ndarray, counts: np.ndarray, weight: float) -> None:
+    """Counts one step's lookups (checked ids ``[B, C]``, column c of table offset ``col_offset[c]``; the
+    padding id -1 skipped) into ``counts``: float32 adds ``weight`` per lookup, uint32 adds 1 and saturates at
+    2**32 - 1 (``weight`` must then be 1)."""
+    if ids.ndim != 2 or ids.shape[1] != col_offset.shape[0]:
+        raise ValueError(f"ids must be [B, {col_offset.shape[0]}], got {ids.shape}")
+    if counts.dtype not in (np.float32, np.uint32) or (counts.dtype == np.uint32 and weight != 1.0):
+        raise ValueError(f"counts must be float32, or uint32 at weight 1: got {counts.dtype} at {weight}")
+    top = np.iinfo(np.uint32).max if counts.dtype == np.uint32 else np.inf
+    _add_step_counts(ids, col_offset, counts, counts.dtype.type(weight), counts.dtype.type(top))
+
+
+@njit(cache=True, nogil=True)
+def _top_rows(keys, k, out):
+    """Writes into ``out`` [k] the ids of the ``k`` largest ``keys`` (uint32), ties to the lowest ids, in id
+    order: the k-th largest key found a byte at a time (four histogram passes), then one pass to collect."""
+    prefix = np.uint32(0)
+    mask = np.uint32(0)
+    remaining = k  # of the k, how many are still to be found among the keys that match the prefix
+    hist = np.zeros(256, np.int64)
+    for shift in (24, 16, 8, 0):
+        hist[:] = 0
+        for i in range(keys.shape[0]):
+            if keys[i] & mask == prefix:
+                hist[(keys[i] >> shift) & 255] += 1
+        for d in range(255, -1, -1):
+            if hist[d] >= remaining:
+                prefix |= np.uint32(d) << np.uint32(shift)
+                break
+            remaining -= hist[d]
+        mask |= np.uint32(255) << np.uint32(shift)
+    at = 0
+    for i in range(keys.shape[0]):
+        if keys[i] > prefix:
+            out[at] = i
+            at += 1
+        elif keys[i] == prefix and remaining > 0:
+            out[at] = i
+            at += 1
+            remaining -= 1
+
+
+def top_rows(values: np.ndarray, k: int) -> np.ndarray:
+    """int64 [k]: the indices of the ``k`` largest ``values`` (uint32, or float32 >= 0), ties to the lowest
+    index, sorted: ``np.sort(np.argsort(-values, kind="stable")[:k])`` with no sort and no array of every index
+    (a selection a byte of the values at a time)."""
+    values = np.ascontiguousarray(values)
+    if values.dtype not in (np.uint32, np.float32) or values.ndim != 1:
+        raise ValueError(f"values must be 1-D uint32 or float32, got {values.dtype} {values.shape}")
+    k = int(min(max(k, 0), values.shape[0]))
+    out = np.empty(k, np.int64)
+    if k:
+        # the bits of a float32 >= 0 read as uint32 are in the same order as its value
+        _top_rows(values.view(np.uint32), k, out)
+    return out

@@ -131,6 +131,11 @@ def profile_sample_max_rank(sparse, table_sizes, rank, bag_sizes=None):
     return out
 
 
+def profile_sample_max_cold(sparse, table_sizes, hot, bag_sizes=None):
+    """For each sample, 1 if it looks up a row outside ``hot`` (bool per fused row), 0 if not, -1 if nothing."""
+    return profile_sample_max_rank(sparse, table_sizes, (~np.asarray(hot, bool)).astype(np.int64), bag_sizes)
+
+
 def profile_add_histogram(values, hist):
     """hist[v] += 1 for each value, one at a time."""
     hist = hist.copy()

@@ -376,3 +376,34 @@ def test_device_mode_only_where_training_would_let_it_hold_the_tables(tmp_path):
     ]  # K=2's ring does not fit either
     assert "device mode not considered" in c.reason
     assert choose_for_run(cfg, data, CPU, available=1 << 40).mode == "device"  # golden: fits, and is fastest
+
+
+def test_auto_reads_the_profiled_sample_once(tmp_path, monkeypatch):
+    """The profile auto prices the hot budgets with is the one the run's placement (and the disk file's order)
+    is made from: the real Profiler's counting passes over the sample, counted, are one, whichever of hybrid
+    and hotline wins (the disk store: device mode is not a candidate)."""
+    from hotline import TrainConfig
+    from hotline.datasets.synthetic import generate
+    from hotline.profiling.profiler import Profiler
+    from hotline.training.trainer import Trainer
+
+    passes = []
+    for name in ("profile", "count"):  # the two passes that read the sample: a whole profile, or its counts
+        real = getattr(Profiler, name)
+
+        def counted(self, dataset, _real=real, _name=name):
+            passes.append(_name)
+            return _real(self, dataset)
+
+        monkeypatch.setattr(Profiler, name, counted)
+    ds = generate(tmp_path / "ds", 2000, seed=2, table_sizes=[40, 300, 5000], zipf=1.2, progress=False)
+    (tmp_path / "cold").mkdir()
+    cfg = TrainConfig(mode="auto", embedding_dim=8, bottom_mlp=[13, 16, 8], top_mlp=[16, 1], num_batches=2,
+                      progress=False, quiet=True, cold_store="disk", cold_dir=str(tmp_path / "cold"))  # fmt: skip
+    trainer = Trainer(cfg, ds, hardware=CPU_DISK)
+    try:
+        assert trainer.config.mode in ("hybrid", "hotline")
+        trainer.fit()
+    finally:
+        trainer.close()
+    assert passes == ["profile"], f"{trainer.config.mode}: {passes}"

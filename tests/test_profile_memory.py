@@ -14,7 +14,9 @@ import tracemalloc
 import numpy as np
 import pytest
 
+import naive
 from hotline.datasets.format import Dataset, DatasetWriter
+from hotline.kernels import profile as kp
 from hotline.profiling import Profile, Profiler
 from hotline.profiling import heldout as heldout_module
 
@@ -117,8 +119,8 @@ def test_ranking_counts_and_placement_match_a_full_stable_sort_on_ties(dtype, ta
 
 
 def test_evaluate_of_a_placement_matches_its_counts(big_tables, monkeypatch):
-    """evaluate (blocks of a table at a time, cold flags in the remap's memory): coverage from the counts of the
-    hot rows and the expected cold rows from the cold rows' counts, as computed over every row at once."""
+    """evaluate (the accessed rows in blocks of the ranking, the hot set as a bitmap): coverage from the counts of
+    the hot rows and the expected cold rows from the cold rows' counts, as computed over every row at once."""
     monkeypatch.setattr(profile_module, "_BLOCK_ROWS", 97)  # blocks through the accessed rows
     prof = Profiler(sample_fraction=0.5, heldout="none", progress=False).profile(big_tables)
     placement = prof.placement(prof.bytes_per_row * 300, always_hot=[8])
@@ -146,3 +148,63 @@ def test_unseen_rows_merge_to_the_counts_of_every_pair(monkeypatch):
     want = np.bincount(every)
     np.testing.assert_array_equal(rows.counts(), want[want > 0])
     np.testing.assert_array_equal(rows._rows, np.flatnonzero(want))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_hot_set_bitmap_kernels_match_twins(seed):
+    """The hot set in 1 bit a row: membership, and each sample's "any lookup outside it" (one-hot, multi-hot and
+    padded bags), against a bool per row; a hot id outside its table is named."""
+    rng = np.random.default_rng(seed)
+    sizes = [int(s) for s in rng.integers(1, 40, rng.integers(1, 5))]
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    hot = rng.random(offsets[-1]) < rng.random()
+    hot_ids = [np.flatnonzero(hot[a:b]) for a, b in zip(offsets, offsets[1:])]
+    bits = kp.hot_bitmap(sizes, hot_ids)
+    assert bits.dtype == np.uint8 and bits.shape == ((offsets[-1] + 7) // 8,)
+    np.testing.assert_array_equal(kp.in_bitmap(bits, np.arange(offsets[-1])), hot)
+    bags = [int(b) for b in rng.integers(1, 4, len(sizes))]
+    n = int(rng.integers(0, 2 * kp.BLOCK))
+    sparse = np.concatenate([rng.integers(0, s, (n, b)) for s, b in zip(sizes, bags)], axis=1).astype(
+        np.int32
+    )
+    sparse[rng.random(sparse.shape) < 0.3] = -1  # padding
+    got = kp.sample_max_cold(sparse, sizes, bits, bag_sizes=bags, padded=True)
+    np.testing.assert_array_equal(got, naive.profile_sample_max_cold(sparse, sizes, hot, bags))
+    one_hot = np.maximum(sparse[:, np.cumsum(bags) - 1], 0)  # [n, T]
+    np.testing.assert_array_equal(
+        kp.sample_max_cold(one_hot, sizes, bits), naive.profile_sample_max_cold(one_hot, sizes, hot)
+    )
+    with pytest.raises(ValueError, match=f"table 0: hot ids must lie in \\[0, {sizes[0]}\\)"):
+        kp.hot_bitmap(sizes, [np.array([sizes[0]]), *hot_ids[1:]])
+
+
+def test_always_hot_figures_take_a_bit_a_row(big_tables):
+    """The in-sample and held-out figures of an always-hot placement (the summary `hotline profile --always-hot`
+    writes) test membership in a bitmap of the hot rows: an eighth of a byte a row, where a remap of every row
+    and its cold flags took 9 bytes."""
+    prof = Profiler(sample_fraction=0.5, progress=False).profile(big_tables)
+    budget = prof.bytes_per_row * 300
+    prof.summary(budget, always_hot=[8])  # the kernels loaded, not traced
+    summary, peak = _peak(lambda: prof.summary(budget, always_hot=[8]))
+    assert summary["hot_rows"] == 300 and summary["heldout"] is not None
+    assert peak <= ROWS / 2 + ALLOWANCE, f"{peak / ROWS:.2f} bytes a row"
+    # the placement made once (as `hotline profile` does) gives the same summary
+    assert prof.summary(budget, [8], prof.placement(budget, [8])) == summary
+
+
+def test_heldout_figures_of_a_bitmap_equal_those_of_a_rank_per_row(big_tables):
+    """The held-out scan of a bitmap gives the figures the same scan gives with a rank per row (0 hot, 1 cold)."""
+    prof = Profiler(sample_fraction=0.5, progress=False).profile(big_tables)
+    placement = prof.placement(prof.bytes_per_row * 300, always_hot=[8])
+    hot = placement.fused_remap() >= 0
+    h = prof.heldout
+    got = h.evaluate(kp.hot_bitmap(SIZES, placement.hot_ids), SIZES)
+    hits, popular, cold, _, _, _ = heldout_module.scan(
+        h._chunks(), SIZES, (~hot).astype(np.int32), 1, h.batch_size, h.bags, window=0
+    )
+    assert got == {
+        "access_coverage": hits[1] / h.total_lookups,
+        "popular_sample_share": popular[1] / h.num_samples,
+        "unique_cold_rows_per_batch": cold[1] / h.num_batches,
+    }
+    assert 0 < got["access_coverage"] < 1 and 0 < got["unique_cold_rows_per_batch"]

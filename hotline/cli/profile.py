@@ -231,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
         note_first_compile(("hotline.kernels.profile",), terminal_only=True)
         prof = profiler.profile(args.dataset)
         placement = prof.placement(args.hbm_budget, args.always_hot) if args.hbm_budget is not None else None
-        summary = prof.summary(args.hbm_budget, args.always_hot) if args.hbm_budget is not None else None
+        summary = prof.summary(args.hbm_budget, args.always_hot, placement) if placement is not None else None
     except (DatasetError, PlacementError, ValueError, OSError) as e:
         return error("profile", e)
 
@@ -265,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
             return error("profile", e)
         print(text)
     print("per table (in-sample):")
-    print(_table_text(prof.table_stats(args.hbm_budget, args.always_hot)))
+    print(_table_text(prof.table_stats(args.hbm_budget, args.always_hot, placement)))
     curve = prof.curve().to_csv(index=False) if args.curve_csv is not None else None
     del prof  # its rank (4 bytes a row) is not needed to write: the placement file's remaps are as big
     try:  # an unwritable or full output location is the user's to fix: one line, no traceback

@@ -42,13 +42,28 @@ def choose_for_run(
     nodes: int = 1,
     available: int | None = None,
 ) -> AutoChoice:
-    """:func:`choose` for a TrainConfig and its Dataset: profiles a sample with held-out figures unless
+    """:func:`choose` for a TrainConfig and its Dataset (:func:`choose_and_profile`'s choice)."""
+    return choose_and_profile(config, dataset, hardware, prof, progress, nodes, available)[0]
+
+
+def choose_and_profile(
+    config,
+    dataset,
+    hardware: str | dict | None = None,
+    prof=None,
+    progress: bool = False,
+    nodes: int = 1,
+    available: int | None = None,
+) -> tuple:
+    """(:class:`AutoChoice`, the Profile it was priced with): :func:`choose` for a TrainConfig and its Dataset: profiles a sample with held-out figures unless
     ``prof`` (a Profile of this dataset) is given. With ``config.cold_store == 'disk'`` it prices the disk
     store in ``config.cold_dir`` (the hardware's ``disk`` section, else :func:`disk_hardware`). Before any
     long work it refuses a run whose rows cannot fit in this machine's memory, and prices only the hot budgets
     that fit it (``nodes``: machines the ranks run on, each holding its share; ``available``: the memory figure,
     default the smaller of the machine's ``MemAvailable`` and the cgroup's room, as
-    :func:`~hotline.training.preflight.check_memory` takes it)."""
+    :func:`~hotline.training.preflight.check_memory` takes it). The profile is the one
+    :func:`~hotline.training.placing.profile_for` makes for the run: its placement is chosen from it, not from
+    a second read of the sample."""
     from hotline.costmodel.phases import disk_timing, timed_pass
     from hotline.costmodel.workload import arch_of, workload_for
     from hotline.datasets.format import Dataset
@@ -116,7 +131,7 @@ def choose_for_run(
         device_in_memory=device_in_memory,
     )
     choice.dense_pass = timed_pass(w, hw["device"])
-    return choice
+    return choice, prof
 
 
 def _say_gpu_on_cpu(hardware, device: str) -> None:
@@ -142,23 +157,31 @@ def resolve(config, dataset, comm=None, hardware: str | dict | None = None) -> t
     machines counted from ``LOCAL_WORLD_SIZE``, each holding its ranks' share of the rows) and every rank
     takes that choice, figures and all (:meth:`~hotline.distributed.comm.Comm.broadcast_object`). Returns the
     config to train (:func:`choice_fields` applied) and the :class:`AutoChoice`."""
+    return resolve_profiled(config, dataset, comm, hardware)[:2]
+
+
+def resolve_profiled(config, dataset, comm=None, hardware: str | dict | None = None) -> tuple:
+    """:func:`resolve`, and the Profile the choice was priced with on rank 0 (None on the others): the run's
+    placement is chosen from it (:func:`~hotline.training.placing.placement_for`), so the sample is read once.
+    The other ranks still read the sample for their own placement (rank 0's would be its hot ids and, for the
+    disk store's file order, a count of every row to send)."""
     from hotline.costmodel.machine import torch_device_type
     from hotline.training.logs import STEP_KERNELS, note_first_compile
 
     world = comm.world_size if comm is not None else 1
     nodes = max(1, world // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world))))
-    choice = None
+    choice, prof = None, None
     if comm is None or comm.rank == 0:
         note_first_compile(
             (*STEP_KERNELS, "hotline.kernels.profile")
         )  # the choice profiles and times kernels
-        choice = choose_for_run(config, dataset, hardware, progress=config.progress, nodes=nodes)
+        choice, prof = choose_and_profile(config, dataset, hardware, progress=config.progress, nodes=nodes)
         named = isinstance(hardware, str) and not os.path.exists(hardware)  # a device by name: priced only
         if named and torch_device_type(config.device) == "cpu":
             choice.trains_on = "this machine's CPU"
     if comm is not None:
         choice = comm.broadcast_object(choice)
-    return replace(config, **choice_fields(choice)), choice
+    return replace(config, **choice_fields(choice)), choice, prof
 
 
 def choice_fields(choice: AutoChoice) -> dict:

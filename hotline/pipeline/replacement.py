@@ -132,11 +132,7 @@ def progress_replacing(
             return
         before = sum(recent) / len(recent) if recent else float("nan")
         t0 = time.perf_counter()
-        raw = counts.raw
-        if mode.comm.world_size > 1:  # every rank chooses from the global counts: the same rows
-            import torch
-
-            raw = mode.comm.all_reduce_(torch.from_numpy(raw.copy()), "replace_counts").numpy()
+        raw = counts.summed(mode.comm)  # every rank chooses from the global counts: the same rows
         moved = mode.replace(counts.top(mode.placement.num_hot, raw))
         seconds = time.perf_counter() - t0  # choosing the rows (counts reduced over ranks) and moving them
         on_replace(

@@ -23,11 +23,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hotline.kernels import profile as kernels
 from hotline.table_layout import PAD_ID, BagLayout
+
+if TYPE_CHECKING:
+    from hotline.placement import Placement
+    from hotline.profiling.profile import Profile
 
 STALE_WINDOW = 3
 """Mini-batches before a step whose rows count as stale for it: the look-ahead of ``hotline train`` (K=2) claims
@@ -86,11 +91,46 @@ class HeldOut:
             "unique_cold_rows_per_batch": self.cold_suffix[k] / max(1, self.num_batches),
         }
 
-    def evaluate(self, hot: np.ndarray, table_sizes) -> dict:
-        """The same figures for any hot set (bool [total rows]), by scanning the held-out samples again."""
-        cold_rank = np.logical_not(hot, out=np.empty(hot.shape, np.int32))  # rank 0: hot, 1: cold
+    def summary(self, prof: Profile, budget: int, placement: Placement | None, inside: dict | None) -> dict:
+        """:meth:`Profile.heldout_figures <hotline.profiling.profile.Profile.heldout_figures>` of ``prof`` (the
+        ranking measured here) at ``budget``: of ``placement`` (its in-sample figures ``inside``, when made
+        already), or of the best ranked rows under ``budget`` (None)."""
+        if placement is not None:  # the hot set as a bitmap: 1 bit a row, not a remap
+            figures = self.evaluate(
+                kernels.hot_bitmap(placement.table_sizes, placement.hot_ids), prof.table_sizes
+            )
+        else:
+            figures = {k: float(v) for k, v in self.figures(prof.hot_rows_for(budget)).items()}
+        out = {
+            "source": self.source,
+            "split": self.split,
+            "samples": self.num_samples,
+            "mini_batches": self.num_batches,
+            **figures,
+            "bytes_per_batch": figures["unique_cold_rows_per_batch"] * prof.bytes_per_row,
+            "popular_samples_per_batch": figures["popular_sample_share"] * self.batch_size,
+        }
+        if prof.dataset is not None and self.split == prof.profiler.split:
+            # An epoch over the profiled split also trains the profiled samples, on which the in-sample figures
+            # hold: what it will count is the mix, weighted by the share of the split that was profiled.
+            share = prof.num_samples / max(1, len(prof.dataset.split(self.split)))
+            if placement is not None and inside is None:
+                inside = prof.evaluate(placement)
+            k = prof.hot_rows_for(budget)
+            cov_in = inside["access_coverage"] if inside else prof._cum_counts[k] / max(1, prof.total_lookups)
+            pop_in = inside["popular_sample_share"] if inside else prof._popular_cum[k] / prof.num_samples
+            out["epoch_estimate"] = {
+                "profiled_share_of_split": share,
+                "access_coverage": float(share * cov_in + (1 - share) * figures["access_coverage"]),
+                "popular_sample_share": float(share * pop_in + (1 - share) * figures["popular_sample_share"]),
+            }
+        return out
+
+    def evaluate(self, hot_bits: np.ndarray, table_sizes) -> dict:
+        """The same figures for any hot set (a bitmap of the hot fused rows,
+        :func:`~hotline.kernels.profile.hot_bitmap`), by scanning the held-out samples again."""
         hits, popular, cold, _, _, _ = scan(
-            self._chunks(), table_sizes, cold_rank, 1, self.batch_size, self.bags, window=0
+            self._chunks(), table_sizes, hot_bits, 1, self.batch_size, self.bags, window=0, bitmap=True
         )
         return {
             "access_coverage": hits[1] / max(1, self.total_lookups),
@@ -101,7 +141,7 @@ class HeldOut:
 
 def scan(
     chunks: Iterator[np.ndarray], table_sizes, rank: np.ndarray, num_ranked: int, batch_size: int,
-    bags: BagLayout | None = None, window: int = STALE_WINDOW,
+    bags: BagLayout | None = None, window: int = STALE_WINDOW, bitmap: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int, np.ndarray]:  # fmt: skip
     """One pass over sample chunks (each a whole number of mini-batches, except the last) under ``rank``
     (int32 [total rows], ranks ``0..num_ranked``, ``num_ranked`` meaning never hot).
@@ -111,13 +151,21 @@ def scan(
     those one of ``window`` other mini-batches also looks up, see :func:`stale_rows`; ``window`` 0: not counted,
     zeros). Per-batch figures count
     full mini-batches only (the last, partial one too when there is no full one, with no stale rows).
-    ``bags``: the chunks are [n, C] bags of these sizes (padding skipped); None: [n, T, L]."""
+    ``bags``: the chunks are [n, C] bags of these sizes (padding skipped); None: [n, T, L]. With ``bitmap``,
+    ``rank`` is a bitmap of hot rows (:func:`~hotline.kernels.profile.hot_bitmap`: 1 bit a row) ranking them 0
+    and every other row 1 (``num_ranked`` 1)."""
     A = int(num_ranked)
     offsets = kernels.table_offsets(table_sizes)
+    total = int(offsets[-1])
+    if bitmap:
+        rank_of = lambda f: (~kernels.in_bitmap(rank, f)).view(np.int8)  # noqa: E731 (1 cold, 0 hot)
+        max_of = lambda c, **layout: kernels.sample_max_cold(c, table_sizes, rank, **layout)  # noqa: E731
+    else:
+        rank_of = rank.__getitem__
+        max_of = lambda c, **layout: kernels.sample_max_rank(c, table_sizes, rank, **layout)  # noqa: E731
     lookup_hist = np.zeros(A + 1, dtype=np.int64)
     max_hist = np.zeros(A + 2, dtype=np.int64)
     unique_hist = np.zeros(A + 1, dtype=np.int64)
-    total = int(rank.shape[0])
     # Held-out mini-batches that look each row up: a ranked row's by its rank, and the rows the ranking never saw
     # (rank A) by id, as the (mini-batch, row) pairs met, merged as they grow: sized by what the held-out
     # samples touch, never by the row count.
@@ -132,15 +180,15 @@ def scan(
         cols = np.repeat(offsets[:-1], c.shape[2]) if bags is None else bags.col_offset
         fused = ids.astype(np.int64) + cols[None, :]
         real = ids != PAD_ID if bags is not None and bags.padded else None
-        ranks = rank[fused] if real is None else rank[fused[real]]
+        ranks = rank_of(fused if real is None else fused[real])
         lookup_hist += np.bincount(ranks.ravel(), minlength=A + 1)
         lookups += ranks.size
         layout = {} if bags is None else {"bag_sizes": bags.bag_sizes, "padded": bags.padded}
-        kernels.add_histogram(kernels.sample_max_rank(c, table_sizes, rank, **layout) + 1, max_hist)
+        kernels.add_histogram(max_of(c, **layout) + 1, max_hist)
         full = (n // B) * B
         if full:
             b, r = _batch_rows(fused[:full], total, B, None if real is None else real[:full])
-            ranks = rank[r]
+            ranks = rank_of(r)
             unique_hist += np.bincount(ranks, minlength=A + 1)
             counted = b < _MAX_STALE_BATCHES - batches
             ranks, r = ranks[counted], r[counted]
@@ -150,7 +198,7 @@ def scan(
             batches += full // B
         if full < n:
             partial_hist = _unique_rank_hist(
-                fused[full:], rank, n - full, A, None if real is None else real[full:]
+                fused[full:], rank_of, total, n - full, A, None if real is None else real[full:]
             )
             partial_batches = 1
     if batches == 0 and partial_hist is not None:
@@ -235,9 +283,9 @@ def _batch_rows(
 
 
 def _unique_rank_hist(
-    fused: np.ndarray, rank: np.ndarray, batch_size: int, num_ranked: int, real: np.ndarray | None = None
+    fused: np.ndarray, rank_of, total: int, batch_size: int, num_ranked: int, real: np.ndarray | None = None
 ) -> np.ndarray:
-    """Histogram over ranks of the distinct (mini-batch, row) pairs of ``fused`` [n, C] (n a multiple of B);
-    ``real`` [n, C]: which entries are lookups (not padding)."""
-    _, rows = _batch_rows(fused, int(rank.shape[0]), batch_size, real)
-    return np.bincount(rank[rows], minlength=num_ranked + 1)
+    """Histogram over ranks (``rank_of(rows)``) of the distinct (mini-batch, row) pairs of ``fused`` [n, C] (n a
+    multiple of B, ``total`` rows in all); ``real`` [n, C]: which entries are lookups (not padding)."""
+    _, rows = _batch_rows(fused, total, batch_size, real)
+    return np.bincount(rank_of(rows), minlength=num_ranked + 1)

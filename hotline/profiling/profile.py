@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 
 _BLOCK_ROWS = 1 << 22
-"""Rows per block of the per-row passes over a table (their float64 temporaries stay a few tens of MiB)."""
+"""Ranked rows per block of :meth:`Profile.evaluate`'s pass (its float64 temporaries stay a few tens of MiB)."""
 
 
 @dataclass
@@ -142,6 +142,10 @@ class Profile:
     def mini_batch_size(self) -> int:
         return int(self.profiler.mini_batch_size)
 
+    def _counts_of(self, table: int, ids: np.ndarray) -> np.ndarray:
+        """The counts of rows ``ids`` of ``table`` (an array of their size, none of the table's)."""
+        return self._ranked_counts[self.rank[self.offsets[table] + ids]]
+
     def table_counts(self, table: int) -> np.ndarray:
         """[rows of table]: accesses per row of one table (a new array, of the dtype counted in)."""
         return self._ranked_counts[self.rank[self.offsets[table] : self.offsets[table + 1]]]
@@ -246,19 +250,24 @@ class Profile:
         grouped = fused[by_table]
         return [grouped[bounds[t] : bounds[t + 1]] - self.offsets[t] for t in range(self.num_tables)]
 
-    def table_stats(self, budget: int | str | None = None, always_hot: Sequence[int] = ()):
+    def table_stats(
+        self,
+        budget: int | str | None = None,
+        always_hot: Sequence[int] = (),
+        placement: Placement | None = None,
+    ):
         """A pandas DataFrame with one row per table: rows, accessed_rows, lookups, top1pct_share (share of
         the table's lookups that its most accessed 1% of rows serve), zipf_exponent (least-squares slope of
         log count against log rank over the rows accessed at least twice); with ``budget`` also hot_rows,
-        hot_pct and coverage (share of the table's lookups served by its hot rows), of
-        ``placement(budget, always_hot)``."""
+        hot_pct and coverage (share of the table's lookups served by its hot rows), of ``placement`` when given
+        (``placement(budget, always_hot)`` made already), else of ``placement(budget, always_hot)``."""
         import pandas as pd
 
         ranked = self._ranked_by_table(self.order)
         rows = []
         for t, ids in enumerate(ranked):
             lookups = int(self.table_lookups[t])
-            c = self.table_counts(t)[ids]
+            c = self._counts_of(t, ids)
             top = math.ceil(0.01 * self.table_sizes[t])
             rows.append(
                 {
@@ -272,11 +281,13 @@ class Profile:
             )
         df = pd.DataFrame(rows)
         if budget is not None and always_hot:
-            placement = self.placement(budget, always_hot)
+            placement = placement if placement is not None else self.placement(budget, always_hot)
+            pinned = {int(t) for t in always_hot}
             hot_per_table = np.array([ids.size for ids in placement.hot_ids])
-            hot_lookups = np.array(
-                [self.table_counts(t)[ids].sum() for t, ids in enumerate(placement.hot_ids)]
-            )
+            hot_lookups = np.array(  # a pinned table's are all its lookups: no array of its rows
+                [self.table_lookups[t] if t in pinned else self._counts_of(t, ids).sum(dtype=np.int64)
+                 for t, ids in enumerate(placement.hot_ids)]
+            )  # fmt: skip
         elif budget is not None:
             k = self.hot_rows_for(budget)
             hot_per_table = np.bincount(self.table_of_order[:k], minlength=self.num_tables)
@@ -315,7 +326,7 @@ class Profile:
         for t in range(self.num_tables):
             if t in pinned:
                 accessed = ranked_all[t]
-                never = np.flatnonzero(self.table_counts(t) == 0)
+                never = np.flatnonzero(self.rank[self.offsets[t] : self.offsets[t + 1]] == self.num_accessed)
                 hot_ids.append(np.concatenate([accessed, never]).astype(np.int64))
             else:
                 hot_ids.append(ranked[t].astype(np.int64))
@@ -337,31 +348,29 @@ class Profile:
             )
         if self._chunks is None:
             raise ValueError("evaluate needs the profiled sample: this Profile was built from counts alone")
-        # 1 for a cold row (slot -1), 0 for a hot one: a sample is popular iff its max over lookups is 0. Made in
-        # the remap's own memory (an arithmetic shift of -1 by the sign bit is -1, of a slot >= 0 is 0).
-        cold_rank = placement.fused_remap()
-        np.negative(np.right_shift(cold_rank, cold_rank.dtype.itemsize * 8 - 1, out=cold_rank), out=cold_rank)
+        # the hot set in 1 bit a row: a sample is popular iff none of its lookups is outside it
+        bits = kernels.hot_bitmap(placement.table_sizes, placement.hot_ids)
+        layout = (
+            {}
+            if self.dataset is None or self.dataset.uniform
+            else {"bag_sizes": self.dataset.bag_sizes, "padded": self.dataset.padded}
+        )
         popular = 0
         for c in self._chunks("evaluating"):
-            layout = (
-                {}
-                if self.dataset is None or self.dataset.uniform
-                else {"bag_sizes": self.dataset.bag_sizes, "padded": self.dataset.padded}
-            )
-            popular += int(
-                np.count_nonzero(kernels.sample_max_rank(c, self.table_sizes, cold_rank, **layout) < 1)
-            )
+            popular += int(np.count_nonzero(kernels.sample_max_cold(c, self.table_sizes, bits, **layout) < 1))
         B = int(batch_size or self.mini_batch_size)
+        # Rows the sample never looked up add nothing to either sum (count 0: p = 0): the accessed rows, in
+        # blocks of the ranking, are every term.
         covered, expected = 0, 0.0
-        for t in range(self.num_tables):  # blocks of one table at a time: no temporary of every row
-            per_row = np.float64(self.table_lookups[t])
-            for lo in range(int(self.offsets[t]), int(self.offsets[t + 1]), _BLOCK_ROWS):
-                hi = min(lo + _BLOCK_ROWS, int(self.offsets[t + 1]))
-                c = self._ranked_counts[self.rank[lo:hi]]
-                cold = cold_rank[lo:hi].astype(bool)
-                covered += int(c[~cold].sum(dtype=np.int64))
-                p = c[cold] / per_row
-                expected += float(-np.expm1(B * (per_row / max(1, self.num_samples)) * np.log1p(-p)).sum())
+        for lo in range(0, self.num_accessed, _BLOCK_ROWS):
+            hi = min(lo + _BLOCK_ROWS, self.num_accessed)
+            c = self._ranked_counts[lo:hi]
+            hot = kernels.in_bitmap(bits, self.order[lo:hi])
+            per_row = self.table_lookups[self.table_of_order[lo:hi]].astype(np.float64)
+            covered += int(c[hot].sum(dtype=np.int64))
+            cold = ~hot
+            p, draws = c[cold] / per_row[cold], B * (per_row[cold] / max(1, self.num_samples))
+            expected += float(-np.expm1(draws * np.log1p(-p)).sum())
         return {
             "hot_rows": placement.num_hot,
             "access_coverage": covered / max(1, self.total_lookups),
@@ -369,53 +378,38 @@ class Profile:
             "expected_cold_rows_per_batch": expected,
         }
 
-    def heldout_figures(self, budget: int | str, always_hot: Sequence[int] = ()) -> dict | None:
-        """The held-out figures at ``budget`` (of ``placement(budget, always_hot)``): source, samples,
-        access_coverage, popular_sample_share, unique_cold_rows_per_batch, bytes_per_batch,
-        popular_samples_per_batch; None when the profile has no held-out samples. When they come from the
-        profiled split, ``epoch_estimate`` is what an epoch over that split will count: the profiled samples
-        (a share ``profiled_share_of_split`` of it, at their in-sample figures) mixed with the rest (at the
-        held-out ones)."""
-        h = self.heldout
-        if h is None:
+    def heldout_figures(
+        self, budget: int | str, always_hot: Sequence[int] = (), placement: Placement | None = None,
+        inside: dict | None = None,
+    ) -> dict | None:  # fmt: skip
+        """The held-out figures at ``budget`` (of ``placement(budget, always_hot)``, or of ``placement`` made
+        already, ``inside`` its :meth:`evaluate`): source, samples, access_coverage, popular_sample_share,
+        unique_cold_rows_per_batch, bytes_per_batch, popular_samples_per_batch; None when the profile has no
+        held-out samples. When they come from the profiled split, ``epoch_estimate`` is what an epoch over that
+        split will count: the profiled samples (a share ``profiled_share_of_split`` of it, at their in-sample
+        figures) mixed with the rest (at the held-out ones)."""
+        if self.heldout is None:
             return None
-        if always_hot:
-            figures = h.evaluate(self.placement(budget, always_hot).fused_remap() >= 0, self.table_sizes)
-        else:
-            figures = {k: float(v) for k, v in h.figures(self.hot_rows_for(budget)).items()}
-        out = {
-            "source": h.source,
-            "split": h.split,
-            "samples": h.num_samples,
-            "mini_batches": h.num_batches,
-            **figures,
-            "bytes_per_batch": figures["unique_cold_rows_per_batch"] * self.bytes_per_row,
-            "popular_samples_per_batch": figures["popular_sample_share"] * h.batch_size,
-        }
-        if self.dataset is not None and h.split == self.profiler.split:
-            # An epoch over the profiled split also trains the profiled samples, on which the in-sample figures
-            # hold: what it will count is the mix, weighted by the share of the split that was profiled.
-            share = self.num_samples / max(1, len(self.dataset.split(h.split)))
-            inside = self.evaluate(self.placement(budget, always_hot)) if always_hot else None
-            k = self.hot_rows_for(budget)
-            cov_in = inside["access_coverage"] if inside else self._cum_counts[k] / max(1, self.total_lookups)
-            pop_in = inside["popular_sample_share"] if inside else self._popular_cum[k] / self.num_samples
-            out["epoch_estimate"] = {
-                "profiled_share_of_split": share,
-                "access_coverage": float(share * cov_in + (1 - share) * figures["access_coverage"]),
-                "popular_sample_share": float(share * pop_in + (1 - share) * figures["popular_sample_share"]),
-            }
-        return out
+        if always_hot and placement is None:
+            placement = self.placement(budget, always_hot)
+        return self.heldout.summary(self, parse_size(budget), placement if always_hot else None, inside)
 
-    def summary(self, budget: int | str, always_hot: Sequence[int] = ()) -> dict:
+    def summary(
+        self, budget: int | str, always_hot: Sequence[int] = (), placement: Placement | None = None
+    ) -> dict:
         """What ``hotline profile --json`` writes: settings, the held-out figures at ``budget`` (``heldout``),
-        the same measured on the profiled sample (top level: optimistic), and per-table stats."""
+        the same measured on the profiled sample (top level: optimistic), and per-table stats; ``placement``:
+        ``placement(budget, always_hot)`` when made already (with ``always_hot``, each is made once)."""
         budget_b = parse_size(budget)
         figures = self.curve([budget_b]).to_dict(orient="records")[0]
         figures = {k: v for k, v in figures.items() if not k.startswith("heldout_")}
-        if always_hot:
-            placement = self.placement(budget_b, always_hot)
-            figures.update(self.evaluate(placement))
+        inside = None
+        if not always_hot:
+            placement = None
+        else:
+            placement = placement if placement is not None else self.placement(budget_b, always_hot)
+            inside = self.evaluate(placement)
+            figures.update(inside)
             figures["hot_bytes"] = placement.hot_bytes
             figures["hotline_bytes_per_batch"] = figures["expected_cold_rows_per_batch"] * self.bytes_per_row
         B = self.mini_batch_size
@@ -437,14 +431,14 @@ class Profile:
             "embedding_dim": int(p.embedding_dim),
             "optimizer": p.optimizer,
             "always_hot": sorted({int(t) for t in always_hot}),
-            "heldout": self.heldout_figures(budget_b, always_hot),
+            "heldout": self.heldout_figures(budget_b, always_hot, placement, inside),
             "in_sample_note": "the top-level coverage and popular-sample figures are measured on the profiled "
             "sample, which the ranking was made from: optimistic; `heldout` holds them measured on unseen samples",
             **figures,
             "bytes_per_row": self.bytes_per_row,
             "hbm_budget_bytes": budget_b,
             "expected_popular_samples_per_batch": figures["popular_sample_share"] * B,
-            "tables": self.table_stats(budget_b, always_hot).to_dict(orient="records"),
+            "tables": self.table_stats(budget_b, always_hot, placement).to_dict(orient="records"),
         }
         return _jsonable(out)
 

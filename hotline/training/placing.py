@@ -21,17 +21,23 @@ def profile_for(config, dataset: Dataset, progress: bool = True):
     )
 
 
-def placement_for(config, dataset: Dataset, progress: bool = True) -> Placement:
+def placement_for(config, dataset: Dataset, progress: bool = True, profile=None) -> Placement:
     """The placement a TrainConfig asks for: all-cold for ``hybrid``; for ``hotline`` loaded from
-    ``--placement`` or profiled under ``--hbm-budget``. Checked against the dataset and the embedding dim."""
+    ``--placement`` or profiled under ``--hbm-budget``. Checked against the dataset and the embedding dim.
+    ``profile``: :func:`profile_for`'s, made already (``--mode auto``'s): used instead of a second one, and
+    its counts carried for the disk file's order in either mode."""
     if config.mode == "hybrid":
-        return Placement.all_cold(
+        placement = Placement.all_cold(
             dataset.table_sizes, dataset_fingerprint=dataset.fingerprint, embedding_dim=config.embedding_dim
         )
+        if profile is not None and config.cold_store == "disk":
+            placement.sample_counts = profile.counts
+        return placement
     if config.placement_path:
         placement = Placement.load(config.placement_path, dataset=dataset)
     elif config.hbm_budget is not None:
-        placement = Placement.profiled(profile_for(config, dataset, progress), config.hbm_budget)
+        profile = profile if profile is not None else profile_for(config, dataset, progress)
+        placement = Placement.profiled(profile, config.hbm_budget)
     else:
         raise ValueError(
             "--mode hotline needs --placement FILE (from `hotline profile`) or --hbm-budget SIZE"

@@ -89,13 +89,16 @@ class Trainer:
             )
         self.auto_choice = None
         """``mode='auto'``'s :class:`~hotline.costmodel.choose.AutoChoice` (None for another mode)."""
+        self._auto_profile = None  # the profile the choice was priced with: the placement's too
         if config.mode == "auto":
             self._check_data()  # before the choice profiles and times anything
             # the dense model's size, before the choice builds one to time it
             check_dense_memory(config, self.dataset, self.comm.world_size, tables=False)
-            from hotline.costmodel.auto import resolve  # rank 0's choice, taken by every rank
+            from hotline.costmodel.auto import resolve_profiled  # rank 0's choice, taken by every rank
 
-            config, self.auto_choice = resolve(config, self.dataset, self.comm, hardware)
+            config, self.auto_choice, self._auto_profile = resolve_profiled(
+                config, self.dataset, self.comm, hardware
+            )
             self.config = config
         check_memory(config, self.dataset, self.comm.world_size)  # the tables first: the usual shortfall
         check_dense_memory(config, self.dataset, self.comm.world_size)  # with them, before the model is built
@@ -124,8 +127,10 @@ class Trainer:
 
         cfg = self.config
         placement = None
+        prof, self._auto_profile = self._auto_profile, None  # used once, not kept
         if cfg.mode != "device":
-            placement = placement_for(cfg, self.dataset, progress=cfg.progress and self.comm.rank == 0)
+            placement = placement_for(cfg, self.dataset, cfg.progress and self.comm.rank == 0, prof)
+        del prof  # its rank (4 bytes a row) freed before the stores are built
         return build_mode(cfg, self.dataset, placement, self.comm)
 
     def _checkpoint_manager(self):
