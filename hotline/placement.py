@@ -115,6 +115,8 @@ class Placement:
         """The fused rows the profile it was chosen by counted, most counted first, ties by id (:meth:`profiled`:
         the counted rows alone, not a count of every row), until start-up takes them (:meth:`take_sample_order`);
         None otherwise (a loaded placement)."""
+        self.profile_s: float | None = None
+        """Seconds the profile it was chosen by took (:meth:`profiled`); None otherwise."""
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -173,6 +175,7 @@ class Placement:
         sample a second time."""
         placement = profile.placement(budget)
         placement.sample_order = profile.order
+        placement.profile_s = float(sum(getattr(profile, "timings", {}).values()))
         return placement
 
     def take_sample_order(self) -> np.ndarray | None:

@@ -148,3 +148,23 @@ def test_a_profiled_placement_carries_the_counted_rows_not_a_count_of_every_row(
     assert order.shape[0] == profile.num_accessed < ds.total_rows // 4  # the sample's rows, not every row
     assert np.array_equal(order, order_by_count(profile.counts))
     assert placement.take_sample_order() is order and placement.sample_order is None
+
+
+def test_build_mode_reports_the_start_up_phases(tmp_path):
+    from hotline import TrainConfig
+    from hotline.datasets.format import Dataset
+    from hotline.datasets.synthetic import generate
+    from hotline.tiers.build import build_mode
+    from hotline.training.placing import placement_for
+
+    ds = Dataset(generate(tmp_path / "d", 1500, seed=2, table_sizes=[3000, 50, 8000], progress=False))
+    (tmp_path / "c").mkdir()
+    cfg = TrainConfig(mode="hotline", cold_store="disk", cold_dir=str(tmp_path / "c"), hbm_budget=16 << 10,
+                      optimizer="rowwise-adagrad", embedding_dim=4, bottom_mlp=[13, 8, 4], top_mlp=[8, 1],
+                      mini_batch_size=64, progress=False, quiet=True)  # fmt: skip
+    mode = build_mode(cfg, ds, placement_for(cfg, ds, progress=False))
+    try:
+        assert set(mode.startup_s) == {"profile_s", "count_s", "order_s", "fill_s", "store_s"}
+        assert mode.startup_s["store_s"] >= mode.startup_s["fill_s"] > 0 and mode.startup_s["profile_s"] > 0
+    finally:
+        mode.close()

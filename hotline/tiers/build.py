@@ -3,6 +3,8 @@ placement (the tiers never profile: that happens above them)."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from hotline.datasets.format import Dataset
@@ -20,9 +22,10 @@ from hotline.tiers.tiered import TieredMode
 
 
 def _stores(config, layout: TableLayout, placement: Placement, optimizer: SparseOptimizer, comm: Comm,
-            max_rows: int, dataset: Dataset, counted: np.ndarray | None) -> tuple[ColdStore, np.ndarray]:  # fmt: skip
+            max_rows: int, dataset: Dataset, counted: np.ndarray | None,
+            startup: dict) -> tuple[ColdStore, np.ndarray]:  # fmt: skip
     """The cold store of this rank and the initial rows of the hot tier (``counted``: the rows the profile
-    counted, in its order, or None)."""
+    counted, in its order, or None); the seconds of the disk store's start-up phases go into ``startup``."""
     N, r, dim, seed = comm.world_size, comm.rank, config.embedding_dim, config.seed
     pin = False  # nothing reads the cold tier in place (copies go through pinned staging): no registration
     disk = config.cold_store == "disk"
@@ -35,13 +38,23 @@ def _stores(config, layout: TableLayout, placement: Placement, optimizer: Sparse
         from hotline.tiers.disk_store import DiskColdStore, cold_file, popularity_order
 
         hot = placement.fused_hot_ids()
+        t0 = time.perf_counter()
         counted = _counted_rows(config, dataset, counted)
-        # the order made by the store, which writes it to its file and frees it before the fill
-        cold = DiskColdStore(cold_file(config.cold_dir), layout, dim, optimizer, seed,
-                             lambda: popularity_order(None, layout.num_rows, hot, counted),
+        startup["count_s"] = time.perf_counter() - t0
+
+        def order() -> (
+            np.ndarray
+        ):  # made by the store, which writes it to its file and frees it before the fill
+            t = time.perf_counter()
+            out = popularity_order(None, layout.num_rows, hot, counted)
+            startup["order_s"] = time.perf_counter() - t
+            return out
+
+        cold = DiskColdStore(cold_file(config.cold_dir), layout, dim, optimizer, seed, order,
                              config.cold_io_depth, config.cold_direct, config.cold_cache, max_rows,
                              config.force, hot=hot)  # fmt: skip
         hot_w, cold.hot_initial = cold.hot_initial, None
+        startup["fill_s"] = cold.host.fill_s
         return cold, hot_w
     if N == 1:
         weights = initial_tables(layout, dim, seed)
@@ -97,7 +110,10 @@ def build_mode(
     config, dataset: Dataset, placement: Placement | None = None, comm: Comm | None = None
 ) -> TrainMode:
     """The TrainMode of ``config.mode`` for this rank (one rank when ``comm`` is None). ``hybrid`` and
-    ``hotline`` need the ``placement`` (profiling for one happens above the tiers, in training)."""
+    ``hotline`` need the ``placement`` (profiling for one happens above the tiers, in training). A tiered mode's
+    ``startup_s`` holds the seconds of its start-up phases: ``profile_s`` (a profiled placement's), ``store_s``
+    (the cold store and the hot rows), and for the disk store on one rank ``count_s`` (the counting pass where the
+    placement carried no profile), ``order_s`` (the file's order) and ``fill_s`` (the initial rows)."""
     comm = comm if comm is not None else Comm()
     opt = SparseOptimizer(config.optimizer, config.learning_rate, dim=config.embedding_dim)
     layout = TableLayout(dataset.table_sizes)
@@ -109,9 +125,12 @@ def build_mode(
     max_batch = -(-max(1, min(config.mini_batch_size, len(dataset.train))) // comm.world_size)
     max_rows = max_batch * dataset.lookups_per_sample
     counted = placement.take_sample_order()  # the profile's, used once and not kept
-    cold, hot_w = _stores(config, layout, placement, opt, comm, max_rows, dataset, counted)
+    startup = {"profile_s": placement.profile_s} if placement.profile_s is not None else {}
+    t0 = time.perf_counter()
+    cold, hot_w = _stores(config, layout, placement, opt, comm, max_rows, dataset, counted, startup)
     del counted
-    return TieredMode(
+    startup["store_s"] = time.perf_counter() - t0
+    mode = TieredMode(
         config.mode,
         layout,
         dataset.bags,
@@ -125,3 +144,5 @@ def build_mode(
         in_flight=staging_slots(config.mode, config.lookahead),
         fused=config.fused_micro_batches,
     )
+    mode.startup_s = startup
+    return mode

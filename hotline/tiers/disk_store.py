@@ -126,9 +126,11 @@ class DiskRows(ClaimBook):
         returned, from the same draws (the hot tier's); None returns None."""
         from hotline.tiers.initial_fill import fill_file
 
+        t0 = time.perf_counter()
         hot_w = fill_file(self.file, layout, self.dim, seed, rank, world_size, hot)
         self.file.flush()
         self.file.drop_page_cache()
+        self.fill_s = time.perf_counter() - t0  # the fill's seconds (the start-up breakdown)
         return hot_w
 
     # -- rows -----------------------------------------------------------------------------------------
