@@ -272,7 +272,7 @@ class _Fill:
                 stream.take(rec[kr[lo:hi]])
 
     def discard(self) -> None:
-        """Ends the plan unused (nothing written)."""
+        """Ends the fill without its last writes (unused, or on an error: the writes under way finish)."""
         self.writer.shutdown()
         os.close(self.fd)
 
@@ -351,10 +351,13 @@ def fill_file(file, layout: TableLayout, dim: int, seed: int, rank: int = 0, wor
                     fill.take(first // N, mine)
                 else:
                     file.put_rows(np.arange(first // N, first // N + mine.shape[0]), mine)
-    finally:
-        if fill is not None:
-            fill.close()
-            file.bytes_written += fill.written
+    except BaseException:
+        if fill is not None:  # the error as it is, not a run left short
+            fill.discard()
+        raise
+    if fill is not None:
+        fill.close()
+        file.bytes_written += fill.written
     if fill is not None and file.cache_rows and getattr(file, "_cache_loaded", True):
         _cache_from_file(file)
     return hot_w
