@@ -168,3 +168,20 @@ def test_build_mode_reports_the_start_up_phases(tmp_path):
         assert mode.startup_s["store_s"] >= mode.startup_s["fill_s"] > 0 and mode.startup_s["profile_s"] > 0
     finally:
         mode.close()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_runs_are_the_maximal_ascending_runs(seed):
+    rng = np.random.default_rng(seed)
+    order = np.concatenate(
+        [np.sort(rng.choice(10**6, rng.integers(1, 40), replace=False)) for _ in range(30)]
+    )
+    for lo, hi in [(0, order.shape[0]), (3, order.shape[0] - 5), (7, 7)]:
+        part = order[lo:hi]
+        cuts = [i for i in range(1, part.shape[0]) if part[i] <= part[i - 1]]
+        want = (
+            (np.array([0, *cuts]) + lo, np.array([*cuts, part.shape[0]]) + lo) if part.shape[0] else ([], [])
+        )
+        for chunk in (1, 5, 1 << 22):
+            starts, stops = fill_mod._runs(order, lo, hi, chunk)
+            assert starts.tolist() == list(want[0]) and stops.tolist() == list(want[1])

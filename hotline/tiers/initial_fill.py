@@ -228,19 +228,15 @@ class _Fill:
         # holding ascending rows: the long ones are streams, the short ones are kept for the end
         n, a = file.num_rows, positions.run_start
         b = a + n - self.kept_rows.shape[0]
-        pos = np.concatenate([np.arange(0, a, dtype=np.int64), np.arange(b, n, dtype=np.int64)])
-        rows = np.concatenate([np.asarray(file.order[:a]), np.asarray(file.order[b:])]).astype(np.int64)
-        cut = np.flatnonzero((np.diff(pos) != 1) | (np.diff(rows) <= 0)) + 1
-        starts = np.concatenate([[0], cut]).astype(np.int64) if pos.shape[0] else cut
-        stops = np.concatenate([cut, [pos.shape[0]]]).astype(np.int64) if pos.shape[0] else cut
+        starts, stops = (np.concatenate(x) for x in zip(_runs(file.order, 0, a), _runs(file.order, b, n)))
         long = (stops - starts) >= MIN_STREAM_ROWS
         self.short_rows = int((stops - starts)[~long].sum())
-        self.seg_start = pos[starts]  # every run's first position, ascending
+        self.seg_start = starts  # every run's first position, ascending
         each = max(PAGE, STREAM_BYTES // (2 * (1 + int(long.sum()))))
         self.main = _Stream(self, a, b, each)
-        self.seg_stream: list[_Stream | None] = [None] * self.seg_start.shape[0]
+        self.seg_stream: list[_Stream | None] = [None] * starts.shape[0]
         for i in np.flatnonzero(long).tolist():
-            self.seg_stream[i] = _Stream(self, int(pos[starts[i]]), int(pos[stops[i] - 1]) + 1, each)
+            self.seg_stream[i] = _Stream(self, int(starts[i]), int(stops[i]), each)
 
     def submit(self, buf: np.ndarray, at: int):
         self.written += buf.nbytes
@@ -285,6 +281,21 @@ class _Fill:
         finally:
             self.writer.shutdown()
             os.close(self.fd)
+
+
+def _runs(order, lo: int, hi: int, chunk: int = 1 << 22) -> tuple[np.ndarray, np.ndarray]:
+    """``(starts, stops)``: the maximal runs of ascending rows in positions ``[lo, hi)`` of ``order`` (read in
+    chunks: it may be a memory map), as int64 positions."""
+    cuts = [np.array([lo], np.int64)] if hi > lo else []
+    prev = None
+    for c0 in range(lo, hi, chunk):
+        c = np.asarray(order[c0 : min(hi, c0 + chunk)]).astype(np.int64)
+        if prev is not None and c[0] <= prev:
+            cuts.append(np.array([c0], np.int64))
+        cuts.append(np.flatnonzero(c[1:] <= c[:-1]) + 1 + c0)
+        prev = int(c[-1])
+    starts = np.concatenate(cuts) if cuts else np.zeros(0, np.int64)
+    return starts, np.append(starts[1:], hi) if starts.shape[0] else starts
 
 
 def _streamed(file) -> _Fill | None:
