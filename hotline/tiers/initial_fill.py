@@ -154,9 +154,8 @@ class _Stream:
         self.edge_hi = max(self.edge_lo, self.hi_byte // R)  # records from it on, the last partial page
         if stop > start:
             first, last = start * R // PAGE, (stop * R - 1) // PAGE
-            fill.edges.add_pages(
-                [p for p in range(first, last + 1) if not lo_in(p, self.lo_byte, self.hi_byte)]
-            )
+            whole_lo, whole_hi = self.lo_byte // PAGE, self.hi_byte // PAGE  # the pages it writes itself
+            fill.edges.add_pages([*range(first, whole_lo), *range(max(whole_hi, whole_lo), last + 1)])
         self.at = self.lo_byte  # the file byte of the filling buffer's first byte
         self.size = max(PAGE, buffer_bytes // PAGE * PAGE)
         self.buffers: list[np.ndarray] = []
@@ -208,11 +207,6 @@ class _Stream:
         if self.next != self.stop:
             raise RuntimeError(f"initial fill: a run ends at position {self.next}, not {self.stop}")
         self.buffers, self.pending = [], [None, None]
-
-
-def lo_in(page: int, lo_byte: int, hi_byte: int) -> bool:
-    """Whether ``page`` lies wholly in the bytes ``[lo_byte, hi_byte)``."""
-    return lo_byte <= page * PAGE and (page + 1) * PAGE <= hi_byte
 
 
 class _Fill:
