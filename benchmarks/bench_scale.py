@@ -229,6 +229,8 @@ def _train(args, ds, work: Path) -> dict:
     next(stats)
     out["first_step_s"] = time.perf_counter() - t0
     mode = tr.mode
+    out["startup_s"] = dict(getattr(mode, "startup_s", {}))  # profile, order, fill, store (build_mode)
+    out["file_bytes"] = mode.cold.host.file.size
     found = per_row_bytes(mode, ds.total_rows)  # mid run: the look-ahead's claims are in the book
     out["per_row_host_bytes"] = sum(found.values()) / ds.total_rows
     out["per_row_structures"] = {k: v / ds.total_rows for k, v in found.items()}
@@ -467,6 +469,11 @@ def main(argv=None) -> int:
     peak_text = "n/a" if peak is None else f"{peak / gib:.2f} GiB"
     print(f"peak: cgroup {peak_text} (failcnt {failcnt}), child RSS {out['ru_maxrss_bytes'] / gib:.2f} GiB")
     print(f"first step after {out['first_step_s']:.1f} s; {out['samples_per_s']:,.0f} samples/s")
+    su, rate = out["startup_s"], out["disk_write_mb_per_s"] * 1e6
+    out["first_step_bound_s"] = 2 * out["file_bytes"] / rate + su.get("profile_s", 0.0)
+    print("start-up: " + ", ".join(f"{k[:-2]} {v:.1f} s" for k, v in su.items()) + f"; first step "
+          f"{out['first_step_s']:.1f} s; bound 2 x file/seq-rate + profile = {out['first_step_bound_s']:.1f} s "
+          f"({out['file_bytes'] / 1e9:.2f} GB at {rate / 1e6:,.0f} MB/s)")  # fmt: skip
     hwm = out["checkpoint_peak_rss_bytes"]
     print(f"checkpoint: {out['checkpoint_bytes'] / 1e6:,.0f} MB in {out['checkpoint_s']:.1f} s, "
           f"{out['checkpoint_mb_per_s']:,.0f} MB/s (the disk's sequential write: "

@@ -111,9 +111,12 @@ class Placement:
         self.hot_offsets: np.ndarray = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self._validate()
         self.remap = _Remaps(self.table_sizes, self.hot_ids)
-        self.sample_counts: np.ndarray | None = None
-        """Access counts of every fused row from the profile it was chosen by (:meth:`profiled`), until
-        start-up takes them (:meth:`take_sample_counts`); None otherwise (a loaded placement)."""
+        self.sample_order: np.ndarray | None = None
+        """The fused rows the profile it was chosen by counted, most counted first, ties by id (:meth:`profiled`:
+        the counted rows alone, not a count of every row), until start-up takes them (:meth:`take_sample_order`);
+        None otherwise (a loaded placement)."""
+        self.profile_s: float | None = None
+        """Seconds the profile it was chosen by took (:meth:`profiled`); None otherwise."""
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -166,18 +169,20 @@ class Placement:
 
     @classmethod
     def profiled(cls, profile, budget) -> Placement:
-        """``profile.placement(budget)`` carrying the profile's access counts of every fused row as
-        :attr:`sample_counts`, so that start-up (:func:`hotline.tiers.build.build_mode`, the disk file's order)
-        takes them instead of reading the sample a second time."""
+        """``profile.placement(budget)`` carrying the rows the profile counted, most counted first (ties by
+        id: the profile's :attr:`~hotline.profiling.profile.Profile.order`) as :attr:`sample_order`, so that
+        start-up (:func:`hotline.tiers.build.build_mode`, the disk file's order) takes them instead of reading the
+        sample a second time."""
         placement = profile.placement(budget)
-        placement.sample_counts = profile.counts
+        placement.sample_order = profile.order
+        placement.profile_s = float(sum(getattr(profile, "timings", {}).values()))
         return placement
 
-    def take_sample_counts(self) -> np.ndarray | None:
-        """The profile's access counts this placement carries (:meth:`profiled`), then forgets them (a byte or
-        more a row: nothing keeps them past start-up); None when it carries none."""
-        counts, self.sample_counts = self.sample_counts, None
-        return counts
+    def take_sample_order(self) -> np.ndarray | None:
+        """The profile's counted rows in count order this placement carries (:meth:`profiled`), then forgets
+        them (nothing keeps them past start-up); None when it carries none."""
+        order, self.sample_order = self.sample_order, None
+        return order
 
     @classmethod
     def all_cold(cls, table_sizes: Sequence[int], **kwargs) -> Placement:

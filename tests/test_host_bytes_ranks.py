@@ -145,7 +145,7 @@ def test_start_up_reads_the_profiled_sample_once(data, tmp_path, bags):
     sampled = profiler.sample_indices(len(ds.train))
     assert sampled is not None and counted.reads[sampled].tolist() == [1] * sampled.shape[0]
     assert counted.reads.max() == 1  # the held-out sample is another one, read once too
-    assert placement.sample_counts is None  # taken by start-up, not kept for the run
+    assert placement.sample_order is None  # taken by start-up, not kept for the run
     # the disk file's order from the profile's counts is the one the counting pass alone makes
     loaded = Placement.load(placement.save(tmp_path / "p.npz"))
     again = build_mode(_config("disk", str(tmp_path / "b")), Dataset(data[bags][0]), loaded)

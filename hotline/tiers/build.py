@@ -3,6 +3,8 @@ placement (the tiers never profile: that happens above them)."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from hotline.datasets.format import Dataset
@@ -20,8 +22,10 @@ from hotline.tiers.tiered import TieredMode
 
 
 def _stores(config, layout: TableLayout, placement: Placement, optimizer: SparseOptimizer, comm: Comm,
-            max_rows: int, dataset: Dataset, counts: np.ndarray | None) -> tuple[ColdStore, np.ndarray]:  # fmt: skip
-    """The cold store of this rank and the initial rows of the hot tier (``counts``: the profile's, or None)."""
+            max_rows: int, dataset: Dataset, counted: np.ndarray | None,
+            startup: dict) -> tuple[ColdStore, np.ndarray]:  # fmt: skip
+    """The cold store of this rank and the initial rows of the hot tier (``counted``: the rows the profile
+    counted, in its order, or None); the seconds of the disk store's start-up phases go into ``startup``."""
     N, r, dim, seed = comm.world_size, comm.rank, config.embedding_dim, config.seed
     pin = False  # nothing reads the cold tier in place (copies go through pinned staging): no registration
     disk = config.cold_store == "disk"
@@ -34,11 +38,24 @@ def _stores(config, layout: TableLayout, placement: Placement, optimizer: Sparse
         from hotline.tiers.disk_store import DiskColdStore, cold_file, popularity_order
 
         hot = placement.fused_hot_ids()
-        order = popularity_order(_row_counts(config, dataset, counts), layout.num_rows, hot)
+        t0 = time.perf_counter()
+        counted = _counted_rows(config, dataset, counted)
+        startup["count_s"] = time.perf_counter() - t0
+
+        def order() -> (
+            np.ndarray
+        ):  # made by the store, which writes it to its file and frees it before the fill
+            t = time.perf_counter()
+            out = popularity_order(None, layout.num_rows, hot, counted)
+            startup["order_s"] = time.perf_counter() - t
+            return out
+
         cold = DiskColdStore(cold_file(config.cold_dir), layout, dim, optimizer, seed, order,
                              config.cold_io_depth, config.cold_direct, config.cold_cache, max_rows,
-                             config.force)  # fmt: skip
-        return cold, _hot_rows(layout, placement, dim, seed)
+                             config.force, hot=hot)  # fmt: skip
+        hot_w, cold.hot_initial = cold.hot_initial, None
+        startup["fill_s"] = cold.host.fill_s
+        return cold, hot_w
     if N == 1:
         weights = initial_tables(layout, dim, seed)
         hot = placement.fused_hot_ids()
@@ -46,16 +63,18 @@ def _stores(config, layout: TableLayout, placement: Placement, optimizer: Sparse
     if disk:
         from hotline.tiers.disk_store import DiskRows, cold_file, popularity_order
 
-        local = ShardedColdStore.shard_rows(layout.num_rows, r, N)
-        counts = _row_counts(config, dataset, counts)
+        local = layout.num_rows // N + (r < layout.num_rows % N)  # rows r, r + N, ...: local ids fused // N
         hot = placement.fused_hot_ids()
-        order = popularity_order(counts[local], local.shape[0], hot[hot % N == r] // N)
-        rows = DiskRows(cold_file(config.cold_dir, r, N), local.shape[0], dim, optimizer, order,
+        counted = _counted_rows(config, dataset, counted)
+        counted = (
+            counted[counted % N == r] // N
+        )  # the count order of this rank's rows (ties: local ids ascend)
+        rows = DiskRows(cold_file(config.cold_dir, r, N), local, dim, optimizer,
+                        popularity_order(None, local, hot[hot % N == r] // N, counted),
                         config.cold_io_depth, config.cold_direct, config.cold_cache, config.force)  # fmt: skip
-        rows.fill_initial(layout, seed, r, N)
-        return ShardedColdStore(comm, rows, optimizer, layout.num_rows, defer=True), _hot_rows(
-            layout, placement, dim, seed
-        )
+        del counted
+        hot_w = rows.fill_initial(layout, seed, r, N, hot=hot)
+        return ShardedColdStore(comm, rows, optimizer, layout.num_rows, defer=True), hot_w
     # One table at a time: the initial rows of this rank's shard and of the (replicated) hot tier.
     shard = np.empty((len(range(r, layout.num_rows, N)), dim), np.float32)
     hot_w = np.empty((placement.num_hot, dim), np.float32)
@@ -72,39 +91,29 @@ def _stores(config, layout: TableLayout, placement: Placement, optimizer: Sparse
     return ShardedColdStore(comm, shard, optimizer, layout.num_rows, defer=True), hot_w
 
 
-def _hot_rows(layout: TableLayout, placement: Placement, dim: int, seed: int) -> np.ndarray:
-    """The initial rows of the hot tier, table by table in chunks (no table is held whole)."""
-    from hotline.tiers.disk_store import table_chunks
-
-    hot_w = np.empty((placement.num_hot, dim), np.float32)
-    h = 0
-    for t, n in enumerate(layout.table_sizes):
-        ids = placement.hot_ids[t]
-        for lo, w in table_chunks(n, dim, seed, t):
-            mine = (ids >= lo) & (ids < lo + w.shape[0])
-            hot_w[h + np.flatnonzero(mine)] = w[ids[mine] - lo]
-        h += ids.shape[0]
-    return hot_w
-
-
-def _row_counts(config, dataset: Dataset, counts: np.ndarray | None) -> np.ndarray:
-    """Access counts of every fused row over the sample of the training split a profile counts (the disk
-    file's order): ``counts``, those of the profile the placement was chosen by (the sample is read once),
-    else the counting pass alone, not a whole profile (no ranks, no held-out figures)."""
-    if counts is not None and counts.shape == (sum(dataset.table_sizes),):
-        return counts
+def _counted_rows(config, dataset: Dataset, counted: np.ndarray | None) -> np.ndarray:
+    """The fused rows the profile's sample counts, most counted first, ties by id (the disk file's order):
+    ``counted``, the order of the profile the placement was chosen by (the sample is read once), else made by
+    the counting pass alone, not a whole profile (no ranks, no held-out figures); the counts are freed once
+    ordered (a row's width of every row)."""
+    if counted is not None:
+        return counted
+    from hotline.kernels.profile import order_by_count
     from hotline.profiling.profiler import Profiler
 
     profiler = Profiler(embedding_dim=config.embedding_dim, optimizer=config.optimizer,
                         mini_batch_size=config.mini_batch_size, seed=config.seed, progress=False)  # fmt: skip
-    return profiler.count(dataset)
+    return order_by_count(profiler.count(dataset))
 
 
 def build_mode(
     config, dataset: Dataset, placement: Placement | None = None, comm: Comm | None = None
 ) -> TrainMode:
     """The TrainMode of ``config.mode`` for this rank (one rank when ``comm`` is None). ``hybrid`` and
-    ``hotline`` need the ``placement`` (profiling for one happens above the tiers, in training)."""
+    ``hotline`` need the ``placement`` (profiling for one happens above the tiers, in training). A tiered mode's
+    ``startup_s`` holds the seconds of its start-up phases: ``profile_s`` (a profiled placement's), ``store_s``
+    (the cold store and the hot rows), and for the disk store on one rank ``count_s`` (the counting pass where the
+    placement carried no profile), ``order_s`` (the file's order) and ``fill_s`` (the initial rows)."""
     comm = comm if comm is not None else Comm()
     opt = SparseOptimizer(config.optimizer, config.learning_rate, dim=config.embedding_dim)
     layout = TableLayout(dataset.table_sizes)
@@ -115,9 +124,13 @@ def build_mode(
     # A rank's share of a global batch; a batch larger than the data is clipped to it (as every mode does).
     max_batch = -(-max(1, min(config.mini_batch_size, len(dataset.train))) // comm.world_size)
     max_rows = max_batch * dataset.lookups_per_sample
-    counts = placement.take_sample_counts()  # the profile's, used once and not kept
-    cold, hot_w = _stores(config, layout, placement, opt, comm, max_rows, dataset, counts)
-    return TieredMode(
+    counted = placement.take_sample_order()  # the profile's, used once and not kept
+    startup = {"profile_s": placement.profile_s} if placement.profile_s is not None else {}
+    t0 = time.perf_counter()
+    cold, hot_w = _stores(config, layout, placement, opt, comm, max_rows, dataset, counted, startup)
+    del counted
+    startup["store_s"] = time.perf_counter() - t0
+    mode = TieredMode(
         config.mode,
         layout,
         dataset.bags,
@@ -131,3 +144,5 @@ def build_mode(
         in_flight=staging_slots(config.mode, config.lookahead),
         fused=config.fused_micro_batches,
     )
+    mode.startup_s = startup
+    return mode

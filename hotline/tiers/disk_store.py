@@ -46,31 +46,41 @@ def cold_file(cold_dir: str | os.PathLike, rank: int = 0, world_size: int = 1) -
     return Path(cold_dir) / name
 
 
-def popularity_order(counts: np.ndarray | None, num_rows: int, last: np.ndarray | None = None) -> np.ndarray:
-    """Rows in file order (int32 below 2**31 rows, else int64): counted rows by count, most first (ties by id), then the never-counted rows
-    in id order, then ``last`` (the hot rows, in id order: their copies in the file are not read while they
-    are hot). The counted rows are ordered by a counting sort over the counts' values
-    (:func:`~hotline.kernels.profile.order_by_count`), the rest in chunks: besides the order itself it holds
-    two arrays of the counted rows (int32 below 2**31 rows) at most, never a sort of every row."""
+def popularity_order(counts: np.ndarray | None, num_rows: int, last: np.ndarray | None = None,
+                     counted: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """Rows in file order (int32 below 2**31 rows, else int64): counted rows by count, most first (ties by id),
+    then the never-counted rows in id order, then ``last`` (the hot rows, in id order: their copies in the file
+    are not read while they are hot). ``counted``: the counted rows already in that order (a profile's
+    :attr:`~hotline.profiling.profile.Profile.order`), in place of ``counts``; else they are ordered by a counting
+    sort over the counts' values (:func:`~hotline.kernels.profile.order_by_count`). The rest goes in chunks:
+    besides the order itself it holds two arrays of the counted rows (int32 below 2**31 rows) at most, never a
+    sort or a count of every row."""
     from hotline.kernels.profile import order_by_count
 
-    counts = np.zeros(num_rows, np.uint8) if counts is None else np.asarray(counts)
-    if counts.shape != (num_rows,):
-        raise ValueError(f"the profile counts {counts.shape[0]} rows, the store holds {num_rows}")
+    if counted is None and counts is not None:
+        counts = np.asarray(counts)
+        if counts.shape != (num_rows,):
+            raise ValueError(f"the profile counts {counts.shape[0]} rows, the store holds {num_rows}")
+        counted = order_by_count(counts)
+    wide = np.int32 if num_rows < 2**31 else np.int64
+    head = np.zeros(0, wide) if counted is None else np.asarray(counted)
+    if head.size and (int(head.min()) < 0 or int(head.max()) >= num_rows):
+        raise ValueError(f"the profile's counted rows lie outside the store's {num_rows} rows")
     last = np.zeros(0, np.int64) if last is None else np.unique(np.asarray(last, np.int64))
-    head = order_by_count(counts)
     if last.size:  # the hot rows go last, whatever their counts
         head = head[~np.isin(head, last)]
-    out = np.empty(num_rows, np.int32 if num_rows < 2**31 else np.int64)
+    out = np.empty(num_rows, wide)
     out[: head.shape[0]] = head
     at = head.shape[0]
+    seen = np.sort(head)
     del head
     chunk = 1 << 20
     for lo in range(0, num_rows, chunk):
         hi = min(num_rows, lo + chunk)
-        free = counts[lo:hi] == 0
-        a, b = np.searchsorted(last, [lo, hi])
-        free[last[a:b] - lo] = False
+        free = np.ones(hi - lo, bool)
+        for taken in (seen, last):
+            a, b = np.searchsorted(taken, [lo, hi])
+            free[taken[a:b] - lo] = False
         ids = lo + np.flatnonzero(free)
         out[at : at + ids.shape[0]] = ids
         at += ids.shape[0]
@@ -108,22 +118,20 @@ class DiskRows(ClaimBook):
         s = out[:rows] if out is not None and self.S else np.empty(self.state_shape(rows), np.float32)
         return s, s.reshape(rows, self.S)
 
-    def fill_initial(self, layout: TableLayout, seed: int, rank: int = 0, world_size: int = 1) -> None:
-        """Writes every row's initial weights (those every mode starts from) and zero state, table by table
-        in chunks: the tables are never whole in memory. This process holds fused rows ``rank::world_size``."""
-        N = world_size
-        for t, n in enumerate(layout.table_sizes):
-            lo_t = int(layout.offsets[t])
-            for lo, w in table_chunks(n, self.dim, seed, t):
-                fused = np.arange(lo_t + lo, lo_t + lo + w.shape[0], dtype=np.int64)
-                mine = fused % N == rank
-                if not mine.any():
-                    continue
-                rec = np.zeros((int(mine.sum()), self.dim + self.S), np.float32)
-                rec[:, : self.dim] = w[mine]
-                self.file.put_rows(fused[mine] // N, rec)
+    def fill_initial(self, layout: TableLayout, seed: int, rank: int = 0, world_size: int = 1,
+                     hot: np.ndarray | None = None) -> np.ndarray | None:  # fmt: skip
+        """Writes every row's initial weights (those every mode starts from) and zero state, in file order at the
+        disk's sequential rate (:func:`~hotline.tiers.initial_fill.fill_file`): the tables are never whole in
+        memory. This process holds fused rows ``rank::world_size``. ``hot``: fused ids whose initial weights are
+        returned, from the same draws (the hot tier's); None returns None."""
+        from hotline.tiers.initial_fill import fill_file
+
+        t0 = time.perf_counter()
+        hot_w = fill_file(self.file, layout, self.dim, seed, rank, world_size, hot)
         self.file.flush()
         self.file.drop_page_cache()
+        self.fill_s = time.perf_counter() - t0  # the fill's seconds (the start-up breakdown)
+        return hot_w
 
     # -- rows -----------------------------------------------------------------------------------------
     def get(self, rows: np.ndarray, out_w: np.ndarray | None = None, out_s: np.ndarray | None = None,
@@ -231,15 +239,17 @@ class DiskColdStore(OneRankStore):
 
     def __init__(self, path, layout: TableLayout, dim: int, optimizer: SparseOptimizer, seed: int,
                  order: np.ndarray | None = None, io_depth: int = 32, direct: bool = True,
-                 cache_bytes: int = 0, max_rows: int = 0, force: bool = False):  # fmt: skip
+                 cache_bytes: int = 0, max_rows: int = 0, force: bool = False, hot=None):  # fmt: skip
         self.comm = Comm()
+        order = order() if callable(order) else order  # made here: nothing else holds it through the fill
         self.host = DiskRows(
             path, layout.num_rows, dim, optimizer, order, io_depth, direct, cache_bytes, force
         )
         self.file = self.host.file
         self.dim, self.S = int(dim), optimizer.state_floats_per_row
         self._scratch = sparse_update.new_scratch(max_rows)
-        self.host.fill_initial(layout, seed)
+        del order  # on disk now (the file's order file)
+        self.hot_initial = self.host.fill_initial(layout, seed, hot=hot)  # the hot rows' initial weights
 
     def fetch(self, rows, out_values, out_state, step=-1) -> ColdFetch:
         stale, owner, slot = self.host.claim_with_owners(rows, step) if step >= 0 else (_EMPTY,) * 3
