@@ -25,13 +25,13 @@ def placement_for(config, dataset: Dataset, progress: bool = True, profile=None)
     """The placement a TrainConfig asks for: all-cold for ``hybrid``; for ``hotline`` loaded from
     ``--placement`` or profiled under ``--hbm-budget``. Checked against the dataset and the embedding dim.
     ``profile``: :func:`profile_for`'s, made already (``--mode auto``'s): used instead of a second one, and
-    its counts carried for the disk file's order in either mode."""
+    its counted rows carried for the disk file's order in either mode."""
     if config.mode == "hybrid":
         placement = Placement.all_cold(
             dataset.table_sizes, dataset_fingerprint=dataset.fingerprint, embedding_dim=config.embedding_dim
         )
         if profile is not None and config.cold_store == "disk":
-            placement.sample_counts = profile.counts
+            placement.sample_order = profile.order
         return placement
     if config.placement_path:
         placement = Placement.load(config.placement_path, dataset=dataset)
