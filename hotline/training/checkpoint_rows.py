@@ -6,8 +6,8 @@ row and its optimizer state in a side file, ``CHECKPOINT.rows`` (``step-00000012
 store's records in its file order (the row and its whole optimizer state, ``4 * (dim + state)`` bytes each,
 packed; the DRAM tier's rows as they stand in memory), then that order (int32, int64 beyond 2**31 rows):
 record ``i`` is row ``order[i]``. It is written in chunks of :data:`CHUNK_BYTES` (the store's file read in order,
-the side file written in order, its sha256 computed on the way), so the host memory it takes is a chunk, not
-the table, and the copy runs at the disk's sequential rate. The hot rows are the one part not in it: their
+the side file written in order, its sha256 computed on a thread while the next chunk is copied), so the host
+memory it takes is two chunks, not the table, and the copy runs at the disk's rate for a copy. The hot rows are the one part not in it: their
 current values are on the device, and the checkpoint's own file holds them.
 
 Crash-safe as every checkpoint: the side file is written under a temporary name, fsynced and renamed, and
@@ -26,6 +26,7 @@ import json
 import os
 import struct
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -132,15 +133,17 @@ def write_rows(
     digest = hashlib.sha256()
     size = 0
 
-    def out(f) -> None:
+    def out(f, hashing) -> None:
         nonlocal size
-        synced = 0
+        synced, pending = 0, None
 
         def put(data) -> None:
-            nonlocal size, synced
+            nonlocal size, synced, pending
             view = memoryview(data).cast("B")
             f.write(view)
-            digest.update(view)
+            if pending is not None:
+                pending.result()
+            pending = hashing.submit(digest.update, view)  # while the next chunk is read and written
             size += view.nbytes
             if size - synced >= _SYNC_CHUNKS * chunk * f_rows.record:
                 _written_out(f)
@@ -152,8 +155,10 @@ def write_rows(
         dtype = _order_dtype(host.num_rows)
         for order in _order_chunks(host, chunk):
             put(np.ascontiguousarray(order, dtype))
+        pending.result()
 
-    _io.atomic_write(path, out)
+    with ThreadPoolExecutor(1, thread_name_prefix="hotline-checkpoint-digest") as hashing:
+        _io.atomic_write(path, lambda f: out(f, hashing))
     return {"format": ROWS_FORMAT, "file": path.name, "bytes": size, "sha256": digest.hexdigest()}
 
 
