@@ -221,9 +221,21 @@ def _rows_file_chunks(
     n, floats = int(head["rows"]), int(head["dim"]) + int(head["state_floats"])
     dtype = np.dtype(head["order_dtype"])
     order_at = start + n * int(head["record_bytes"])
-    with open(path, "rb") as rec_f, open(path, "rb") as ord_f:
+    with (
+        open(path, "rb") as rec_f,
+        open(path, "rb") as ord_f,
+        ThreadPoolExecutor(1, thread_name_prefix="hotline-rows-digest") as hashing,
+    ):
+        pending = None
+
+        def feed(data) -> None:  # the digest runs on its thread while the next chunk is read and used
+            nonlocal pending
+            if pending is not None:
+                pending.result()
+            pending = hashing.submit(digest.update, data)
+
         if digest is not None:
-            digest.update(rec_f.read(start))
+            feed(rec_f.read(start))
         rec_f.seek(start)
         ord_f.seek(order_at)
         for lo in range(0, n, chunk):
@@ -233,12 +245,13 @@ def _rows_file_chunks(
             if rec.shape[0] != m or order.shape[0] != m:
                 raise OSError(f"checkpoint rows {path} end early (at row {lo})")
             if digest is not None:
-                digest.update(memoryview(rec).cast("B"))
+                feed(memoryview(rec).cast("B"))  # the caller reads ``rec``, never writes it
             yield order, rec
         if digest is not None:
             rec_f.seek(order_at)
             while block := rec_f.read(chunk * int(head["record_bytes"])):  # a chunk's bytes at a time
-                digest.update(block)
+                feed(block)
+            pending.result()
         for f in (rec_f, ord_f):
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
@@ -325,6 +338,7 @@ class RowOrderedChunks:
         chunk_bytes = chunk_bytes or CHUNK_BYTES
         self.grid = chunk_grid(table_sizes, max(1, chunk_bytes // (4 * self.dim)))
         self._starts = np.array([g for *_, g in self.grid] + [self.num_rows], np.int64)
+        self._where_dtype = np.int16 if len(self.grid) < 2**15 else np.int64
         order = np.argsort(hot["rows"].numpy(), kind="stable")  # the hot tier: its size, not the table's
         self._hot_rows = hot["rows"].numpy()[order].astype(np.int64)
         self._hot_w = hot["w"].numpy()[order]
@@ -369,8 +383,10 @@ class RowOrderedChunks:
                     f"checkpoint {checkpoint}: its rows {path.name} name rows outside 0..{n - 1}"
                 )
             where = np.searchsorted(self._starts, order, side="right") - 1
-            by = np.argsort(where, kind="stable")
-            where, w = where[by], np.ascontiguousarray(rec[by, :D])
+            by = np.argsort(
+                where.astype(self._where_dtype), kind="stable"
+            )  # a radix sort where it fits 16 bits
+            where, w = where[by], np.take(rec, by, axis=0)
             ids = (order[by] - self._starts[where]).astype(np.int32)
             cuts = np.flatnonzero(np.diff(where)) + 1
             for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, where.size]):
@@ -378,7 +394,7 @@ class RowOrderedChunks:
                 if filled[k] + (hi - lo) > sizes[k]:
                     raise ValueError(f"checkpoint {checkpoint}: its rows {path.name} hold a row twice")
                 at = int(self._starts[k] + filled[k])
-                os.pwrite(fd, memoryview(w[lo:hi]).cast("B"), 4 * D * at)
+                os.pwrite(fd, memoryview(np.ascontiguousarray(w[lo:hi, :D])).cast("B"), 4 * D * at)
                 os.pwrite(fd, memoryview(ids[lo:hi]).cast("B"), ids_at + 4 * at)
                 filled[k] += hi - lo
             if i % _SYNC_CHUNKS == _SYNC_CHUNKS - 1:
