@@ -75,6 +75,19 @@ def test_an_incomplete_two_rank_checkpoint_is_one_line_and_nothing_is_written(tw
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
 
 
+def test_rank_files_of_two_checkpoints_are_one_line(two_ranks, tmp_path, capsys):
+    """Rank 0 of the disk-store run beside rank 1 of the memory-store run, under one name: refused, one line."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    disk_base, memory_base = two_ranks["disk"][0], two_ranks["memory"][0]
+    for src, r in ((disk_base, 0), (memory_base, 1)):
+        for p in src.parent.glob(f"{src.stem}.rank{r:03d}-of-002.pt*"):
+            (ck / p.name.replace(src.stem, "mixed")).write_bytes(p.read_bytes())
+    code, err = _export(capsys, str(tmp_path / "out"), "--load", str(ck / "mixed.pt"), "--format", "dcp")
+    assert code == 2 and len(err) == 1 and "not one checkpoint" in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+
+
 def _read_bytes() -> int:
     """Bytes this process has read through system calls so far (``rchar``: page-cache hits included)."""
     with open("/proc/self/io") as f:

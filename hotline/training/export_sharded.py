@@ -83,7 +83,8 @@ def read_ranks(files: list[Path], error: type[Exception]) -> list[dict]:
     for r, (f, p) in enumerate(zip(files, payloads)):
         if p.get("world_size") != N or p.get("rank") != r:
             raise error(f"checkpoint {f} is not rank {r} of {N} by its content (renamed?)")
-        if p.get("step") != payloads[0].get("step") or p.get("run") != payloads[0].get("run"):
+        same = ("rows" in p) == ("rows" in payloads[0]) and ("tiers" in p) == ("tiers" in payloads[0])
+        if p.get("step") != payloads[0].get("step") or p.get("run") != payloads[0].get("run") or not same:
             raise error(f"checkpoint {f} is of another step or run than {files[0].name}: not one checkpoint")
     if "model" not in payloads[0]:
         raise error(f"checkpoint {files[0]} holds no model: not rank 0's file")
