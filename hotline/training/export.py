@@ -28,9 +28,9 @@ from torch import nn
 
 from hotline import _io
 from hotline.models.dlrm import DLRM, DLRMConfig
+from hotline.training.export_sharded import EXPORT_FORMAT
 from hotline.training.inference import checkpoint_payload, model_spec
 
-EXPORT_FORMAT = "hotline-torchrec-dlrm/1"
 TARGETS = ("torchrec-dlrm",)
 
 

@@ -36,6 +36,8 @@ import torch
 
 from hotline import _io
 
+EXPORT_FORMAT = "hotline-torchrec-dlrm/1"
+"""The format of an export (a torch.save file's ``format``, a sharded export's :data:`MARKER`'s)."""
 MARKER = "hotline-export.json"
 """The file of a sharded export's format and config (the directory's own proof that it is one)."""
 
@@ -158,8 +160,6 @@ def tables_of(source, sizes: list[int]) -> list[np.ndarray]:
 
 def is_export(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a directory holding a sharded export (by its :data:`MARKER`'s format)."""
-    from hotline.training.export import EXPORT_FORMAT
-
     path = Path(path)
     if not path.is_dir():
         return False
