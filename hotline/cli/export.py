@@ -42,8 +42,10 @@ def add_parser(subparsers: SubParsers) -> None:
 def declare(args: argparse.Namespace):
     """Outputs and inputs for the output policy (:mod:`hotline.outputs`)."""
     from hotline.outputs import Output
+    from hotline.training.export_sharded import is_export
 
-    return [Output("OUT", args.out)], [("--load", args.load)]
+    kind = "dir" if is_export(args.out) else "file"  # a sharded export: replaced whole, with --force (run)
+    return [Output("OUT", args.out, kind=kind)], [("--load", args.load)]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,6 +54,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         check_checkpoint_flags(args, "export")  # before the model is built
         from hotline.training.export import export_torchrec_dlrm
+        from hotline.training.export_sharded import is_export
+
+        if is_export(args.out) and not args.force:
+            return error(
+                "export",
+                f"{args.out} is a Hotline export: pass --force to replace it, or choose another name",
+            )
 
         config = export_torchrec_dlrm(
             args.load, args.claim.path("OUT"), arch_flags(args), force=True, format=args.format

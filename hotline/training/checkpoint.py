@@ -160,6 +160,8 @@ def _payload(trainer, rows: dict | None = None) -> dict:
         payload["states"] = [torch.from_numpy(np.ascontiguousarray(s)) for s in states]
     else:
         payload["tiers"] = trainer.mode.shard_state()
+        if comm.rank == 0 and "hot_w" in payload["tiers"]:  # which rows the hot tier holds: for an export
+            payload["hot_ids"] = torch.from_numpy(np.asarray(trainer.mode.hot_rows, np.int64).copy())
     if comm.rank == 0:
         payload.update(
             model=trainer.model.state_dict(),

@@ -6,8 +6,8 @@ row and its optimizer state in a side file, ``CHECKPOINT.rows`` (``step-00000012
 store's records in its file order (the row and its whole optimizer state, ``4 * (dim + state)`` bytes each,
 packed; the DRAM tier's rows as they stand in memory), then that order (int32, int64 beyond 2**31 rows):
 record ``i`` is row ``order[i]``. It is written in chunks of :data:`CHUNK_BYTES` (the store's file read in order,
-the side file written in order, its sha256 computed on the way), so the host memory it takes is a chunk, not
-the table, and the copy runs at the disk's sequential rate. The hot rows are the one part not in it: their
+the side file written in order, its sha256 computed on a thread while the next chunk is copied), so the host
+memory it takes is two chunks, not the table, and the copy runs at the disk's rate for a copy. The hot rows are the one part not in it: their
 current values are on the device, and the checkpoint's own file holds them.
 
 Crash-safe as every checkpoint: the side file is written under a temporary name, fsynced and renamed, and
@@ -26,6 +26,7 @@ import json
 import os
 import struct
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -132,15 +133,17 @@ def write_rows(
     digest = hashlib.sha256()
     size = 0
 
-    def out(f) -> None:
+    def out(f, hashing) -> None:
         nonlocal size
-        synced = 0
+        synced, pending = 0, None
 
         def put(data) -> None:
-            nonlocal size, synced
+            nonlocal size, synced, pending
             view = memoryview(data).cast("B")
             f.write(view)
-            digest.update(view)
+            if pending is not None:
+                pending.result()
+            pending = hashing.submit(digest.update, view)  # while the next chunk is read and written
             size += view.nbytes
             if size - synced >= _SYNC_CHUNKS * chunk * f_rows.record:
                 _written_out(f)
@@ -152,8 +155,10 @@ def write_rows(
         dtype = _order_dtype(host.num_rows)
         for order in _order_chunks(host, chunk):
             put(np.ascontiguousarray(order, dtype))
+        pending.result()
 
-    _io.atomic_write(path, out)
+    with ThreadPoolExecutor(1, thread_name_prefix="hotline-checkpoint-digest") as hashing:
+        _io.atomic_write(path, lambda f: out(f, hashing))
     return {"format": ROWS_FORMAT, "file": path.name, "bytes": size, "sha256": digest.hexdigest()}
 
 
@@ -172,9 +177,11 @@ def _written_out(f) -> None:
     os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
-def check_rows(checkpoint: str | os.PathLike, info, step: int, want: dict, error: type[Exception]) -> None:
+def check_rows(checkpoint: str | os.PathLike, info, step: int, want: dict, error: type[Exception],
+               digest: bool = True) -> None:  # fmt: skip
     """Raises ``error`` unless the side file of ``checkpoint`` is the one it records (``info``: size, sha256),
-    of ``step``, and holds the records ``want`` (:func:`record_of`); reads the whole file once, changes
+    of ``step``, and holds the records ``want`` (:func:`record_of`); reads the whole file once (without
+    ``digest``: its header and size only, for a reader that checks the sha256 on its own pass), changes
     nothing."""
     path = rows_path(checkpoint)
     found = read_header(path) if path.is_file() and not path.is_symlink() else None
@@ -194,21 +201,41 @@ def check_rows(checkpoint: str | os.PathLike, info, step: int, want: dict, error
             f"checkpoint {checkpoint}: its rows {path.name} hold {theirs}, this run needs {want} "
             f"(another model, optimizer or number of ranks)"
         )
-    if path.stat().st_size != info.get("bytes") or _io.sha256(path) != info.get("sha256"):
-        raise error(
-            f"checkpoint {checkpoint}: its rows {path.name} are corrupt or cut short (their size or sha256 "
-            f"does not match the checkpoint's record; delete both to resume from the previous checkpoint)"
-        )
+    if path.stat().st_size != info.get("bytes") or (digest and _io.sha256(path) != info.get("sha256")):
+        raise _corrupt(checkpoint, path, error)
+
+
+def _corrupt(checkpoint, path: Path, error: type[Exception]) -> Exception:
+    return error(
+        f"checkpoint {checkpoint}: its rows {path.name} are corrupt or cut short (their size or sha256 "
+        f"does not match the checkpoint's record; delete both to resume from the previous checkpoint)"
+    )
 
 
 def _rows_file_chunks(
-    path: Path, head: dict, start: int, chunk: int
+    path: Path, head: dict, start: int, chunk: int, digest=None
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """``(order, records)`` of the side file ``path`` in chunks of ``chunk`` rows."""
+    """``(order, records)`` of the side file ``path`` in chunks of ``chunk`` rows; ``digest`` (a hashlib
+    object): fed the whole file's bytes in order on the way (the header, the records as they are read, then
+    the order, read a second time: its bytes come after all the records; a tenth of the file at dim 8)."""
     n, floats = int(head["rows"]), int(head["dim"]) + int(head["state_floats"])
     dtype = np.dtype(head["order_dtype"])
     order_at = start + n * int(head["record_bytes"])
-    with open(path, "rb") as rec_f, open(path, "rb") as ord_f:
+    with (
+        open(path, "rb") as rec_f,
+        open(path, "rb") as ord_f,
+        ThreadPoolExecutor(1, thread_name_prefix="hotline-rows-digest") as hashing,
+    ):
+        pending = None
+
+        def feed(data) -> None:  # the digest runs on its thread while the next chunk is read and used
+            nonlocal pending
+            if pending is not None:
+                pending.result()
+            pending = hashing.submit(digest.update, data)
+
+        if digest is not None:
+            feed(rec_f.read(start))
         rec_f.seek(start)
         ord_f.seek(order_at)
         for lo in range(0, n, chunk):
@@ -217,7 +244,14 @@ def _rows_file_chunks(
             order = np.fromfile(ord_f, dtype, m).astype(np.int64)
             if rec.shape[0] != m or order.shape[0] != m:
                 raise OSError(f"checkpoint rows {path} end early (at row {lo})")
+            if digest is not None:
+                feed(memoryview(rec).cast("B"))  # the caller reads ``rec``, never writes it
             yield order, rec
+        if digest is not None:
+            rec_f.seek(order_at)
+            while block := rec_f.read(chunk * int(head["record_bytes"])):  # a chunk's bytes at a time
+                feed(block)
+            pending.result()
         for f in (rec_f, ord_f):
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
@@ -278,31 +312,56 @@ class RowOrderedChunks:
     """A disk-store checkpoint's weights in row order, one chunk of :func:`chunk_grid` at a time, with its hot
     rows' current values: what an export writes, never the whole table in memory.
 
-    The side file holds the records in the store's file order (by popularity), so one streamed pass sorts
-    them by chunk into ``scratch`` (a new file, unlinked once open: each chunk's region holds its rows'
-    weights, in the order they came, and their places in the chunk, 4 bytes each); :meth:`chunk` then reads
-    one region and puts its rows in order. Host memory: a few chunks; scratch disk: :meth:`scratch_bytes`.
-    The side file must have been checked (:func:`check_rows`); a record order that does not hold every row
-    once is refused (ValueError) all the same, before a region could overflow into the next."""
+    ``parts``: ``(rank's checkpoint file, its record of the rows file)`` of each rank, in rank order (one for a
+    one-process run); rank ``r`` of ``N`` holds the global rows ``r, r + N, ...`` (its local row ``i`` is
+    ``i * N + r``). A side file holds the records in the store's file order (by popularity), so one streamed
+    pass over each sorts them by chunk into ``scratch`` (a new file, unlinked once open: each chunk's region
+    holds its rows' weights, in the order they came, and their places in the chunk, 4 bytes each); :meth:`chunk`
+    then reads one region and puts its rows in order. That pass also computes each side file's sha256: one
+    read of the rows (the order region, a tenth of the file at dim 8, twice), and a side file that is not the
+    one its checkpoint records is refused (``error``) before any chunk is read. The headers must have been
+    checked (:func:`check_rows` without ``digest``); a record order that does not hold every row once is refused
+    (ValueError) all the same, before a region could overflow into the next. Host memory: a few chunks;
+    scratch disk: :meth:`scratch_bytes`."""
 
-    def __init__(self, checkpoint: str | os.PathLike, table_sizes, hot: dict, scratch: str | os.PathLike,
-                 chunk_bytes: int | None = None):  # fmt: skip
-        path = rows_path(checkpoint)
-        head, start = read_header(path)
-        self.num_rows, self.dim = int(head["rows"]), int(head["dim"])
-        if self.num_rows != sum(int(n) for n in table_sizes):
-            raise ValueError(f"checkpoint {checkpoint}: its rows {path.name} hold {self.num_rows} rows, its "
-                             f"tables {sum(int(n) for n in table_sizes)}")  # fmt: skip
+    def __init__(self, parts, table_sizes, hot: dict, scratch: str | os.PathLike,
+                 chunk_bytes: int | None = None, error: type[Exception] = ValueError):  # fmt: skip
+        self.num_rows = sum(int(n) for n in table_sizes)
+        self.world_size = len(parts)
+        files = [(rows_path(ck), info, *read_header(rows_path(ck))) for ck, info in parts]
+        self.dim = int(files[0][2]["dim"])
+        for r, (path, _, head, _) in enumerate(files):
+            n = len(range(r, self.num_rows, self.world_size))
+            if int(head["rows"]) != n or int(head["dim"]) != self.dim:
+                raise error(f"checkpoint {parts[r][0]}: its rows {path.name} hold {head['rows']} rows of dim "
+                            f"{head['dim']}, its tables {n} of dim {self.dim}")  # fmt: skip
         chunk_bytes = chunk_bytes or CHUNK_BYTES
         self.grid = chunk_grid(table_sizes, max(1, chunk_bytes // (4 * self.dim)))
         self._starts = np.array([g for *_, g in self.grid] + [self.num_rows], np.int64)
+        self._where_dtype = np.int16 if len(self.grid) < 2**15 else np.int64
         order = np.argsort(hot["rows"].numpy(), kind="stable")  # the hot tier: its size, not the table's
         self._hot_rows = hot["rows"].numpy()[order].astype(np.int64)
         self._hot_w = hot["w"].numpy()[order]
         self._file = open(scratch, "w+b")  # noqa: SIM115 -- closed by close()
         os.unlink(scratch)  # its space is freed when it closes, or when the process ends
         try:
-            self._sort(path, head, start, max(1, chunk_bytes // int(head["record_bytes"])), checkpoint)
+            self._filled = np.zeros(len(self.grid), np.int64)
+            for r, ((ck, _), (path, info, head, start)) in enumerate(zip(parts, files)):
+                digest = hashlib.sha256()
+                read_rows = max(1, chunk_bytes // int(head["record_bytes"]))
+                chunks = _rows_file_chunks(path, head, start, read_rows, digest)
+                try:
+                    self._sort(chunks, path, ck, r)
+                except ValueError:  # a damaged file: said as that when its digest is not the recorded one
+                    for _ in chunks:
+                        pass
+                    if digest.hexdigest() == info.get("sha256"):
+                        raise
+                if digest.hexdigest() != info.get("sha256"):
+                    raise _corrupt(ck, path, error) from None
+            if not np.array_equal(self._filled, np.diff(self._starts)):
+                raise ValueError(f"checkpoint {parts[0][0]}: its rows do not hold every row")
+            _written_out(self._file)
         except BaseException:
             self.close()
             raise
@@ -312,19 +371,22 @@ class RowOrderedChunks:
         """The scratch file's size for ``num_rows`` rows of ``dim`` weights."""
         return int(num_rows) * (4 * int(dim) + 4)
 
-    def _sort(self, path: Path, head: dict, start: int, read_rows: int, checkpoint) -> None:
-        fd, D, n = self._file.fileno(), self.dim, self.num_rows
+    def _sort(self, chunks, path: Path, checkpoint, rank: int) -> None:
+        """Writes the ``(order, records)`` ``chunks`` of ``rank``'s side file ``path`` to their regions."""
+        fd, D, n, N = self._file.fileno(), self.dim, self.num_rows, self.world_size
         ids_at = 4 * D * n
-        filled = np.zeros(len(self.grid), np.int64)
-        sizes = np.diff(self._starts)
-        for i, (order, rec) in enumerate(_rows_file_chunks(path, head, start, read_rows)):
+        filled, sizes = self._filled, np.diff(self._starts)
+        for i, (order, rec) in enumerate(chunks):
+            order = order * N + rank  # global rows
             if order.size and (order.min() < 0 or order.max() >= n):
                 raise ValueError(
                     f"checkpoint {checkpoint}: its rows {path.name} name rows outside 0..{n - 1}"
                 )
             where = np.searchsorted(self._starts, order, side="right") - 1
-            by = np.argsort(where, kind="stable")
-            where, w = where[by], np.ascontiguousarray(rec[by, :D])
+            by = np.argsort(
+                where.astype(self._where_dtype), kind="stable"
+            )  # a radix sort where it fits 16 bits
+            where, w = where[by], np.take(rec, by, axis=0)
             ids = (order[by] - self._starts[where]).astype(np.int32)
             cuts = np.flatnonzero(np.diff(where)) + 1
             for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, where.size]):
@@ -332,14 +394,11 @@ class RowOrderedChunks:
                 if filled[k] + (hi - lo) > sizes[k]:
                     raise ValueError(f"checkpoint {checkpoint}: its rows {path.name} hold a row twice")
                 at = int(self._starts[k] + filled[k])
-                os.pwrite(fd, memoryview(w[lo:hi]).cast("B"), 4 * D * at)
+                os.pwrite(fd, memoryview(np.ascontiguousarray(w[lo:hi, :D])).cast("B"), 4 * D * at)
                 os.pwrite(fd, memoryview(ids[lo:hi]).cast("B"), ids_at + 4 * at)
                 filled[k] += hi - lo
             if i % _SYNC_CHUNKS == _SYNC_CHUNKS - 1:
                 _written_out(self._file)
-        if not np.array_equal(filled, sizes):
-            raise ValueError(f"checkpoint {checkpoint}: its rows {path.name} do not hold every row")
-        _written_out(self._file)
 
     def chunk(self, k: int) -> np.ndarray:
         """Chunk ``k`` of the grid: its rows' weights ``[rows, dim]`` in row order (a new array)."""

@@ -28,9 +28,9 @@ from torch import nn
 
 from hotline import _io
 from hotline.models.dlrm import DLRM, DLRMConfig
-from hotline.training.inference import checkpoint_payload, checkpoint_tables, model_spec
+from hotline.training.export_sharded import EXPORT_FORMAT
+from hotline.training.inference import checkpoint_payload, model_spec
 
-EXPORT_FORMAT = "hotline-torchrec-dlrm/1"
 TARGETS = ("torchrec-dlrm",)
 
 
@@ -185,6 +185,44 @@ def _check_disk(out, need: int, what: str) -> None:
         )
 
 
+def _guard_out(checkpoint, out, force: bool) -> Path:
+    """Where the export goes (:func:`hotline.outputs.guard`): an existing file is replaced only with ``force``,
+    and so is a directory, only one that is a sharded export (:func:`export_sharded.is_export`)."""
+    from hotline.outputs import Output, guard, judge
+    from hotline.training import export_sharded
+
+    what = "export_torchrec_dlrm out"
+    if not export_sharded.is_export(out):
+        return guard(what, out, [("checkpoint", checkpoint)], force=force)
+    if not force:
+        raise ExportError(f"{out} is a Hotline export: pass --force to replace it, or choose another name")
+    return judge([Output(what, out, kind="dir")], [("checkpoint", checkpoint)], force=True)[what]
+
+
+def _source(checkpoint, chunk_bytes: int):
+    """``(files, payloads, open_source)`` of the checkpoint: its rank files and their payloads (rank 0's
+    first), and its rows in row order for :func:`export_sharded.write`."""
+    from hotline.training import checkpoint_rows, export_sharded
+
+    files = export_sharded.rank_files(checkpoint, ExportError)
+    if len(files) > 1:
+        payloads = export_sharded.read_ranks(files, ExportError)
+        return files, payloads, export_sharded.rank_source(files, payloads, chunk_bytes, ExportError)
+    payload = checkpoint_payload(checkpoint)
+    if "rows" not in payload:
+        chunk_rows = max(1, chunk_bytes // (4 * int(payload["tables"][0].shape[1])))
+        return files, [payload], lambda scratch: export_sharded.TableChunks(payload["tables"], chunk_rows)
+    parts = [(files[0], payload["rows"])]
+    sizes = payload["table_sizes"]
+    return (
+        files,
+        [payload],
+        lambda scratch: checkpoint_rows.RowOrderedChunks(
+            parts, sizes, payload["hot"], scratch, chunk_bytes, ExportError
+        ),
+    )
+
+
 def export_torchrec_dlrm(
     checkpoint: str | os.PathLike,
     out: str | os.PathLike,
@@ -195,39 +233,50 @@ def export_torchrec_dlrm(
 ) -> dict:
     """Writes checkpoint ``checkpoint`` as torchrec's DLRM to ``out`` (atomically): one torch.save file, or a
     torch.distributed.checkpoint directory written chunk by chunk of ``chunk_bytes`` (``format``, see
-    :data:`FORMATS`); returns its config and ``"storage"`` (the format written). An existing ``out`` is
-    replaced only with ``force`` (a directory never); the checkpoint itself never
-    (:func:`hotline.outputs.guard`). The free disk is checked, and a disk-store checkpoint's rows file
-    read whole once (its sha256), before anything is written."""
-    from hotline.outputs import guard
+    :data:`FORMATS`); returns its config and ``"storage"`` (the format written). ``checkpoint``: a
+    one-process checkpoint, or one of N ranks (any rank's file, or their common stem: every rank's file is
+    read). An existing ``out`` is replaced only with ``force``: a file, or a sharded export (a directory of
+    any other kind never), which stays whole until the new one is complete; the checkpoint itself never
+    (:func:`hotline.outputs.guard`). The free disk is checked, and a disk-store checkpoint's rows files' headers,
+    before anything is written; their sha256 is checked on the one pass that reads them, before anything is
+    put under ``out``'s name."""
     from hotline.training import checkpoint_rows, export_sharded
     from hotline.training.host_memory import host_memory
 
     if format not in FORMATS:
         raise ExportError(f"export format must be one of {', '.join(FORMATS)}, got {format!r}")
-    out = guard("export_torchrec_dlrm out", out, [("checkpoint", checkpoint)], force=force)
-    payload = checkpoint_payload(checkpoint)
-    model = hotline_model(payload, checkpoint, flags)
+    replacing = export_sharded.is_export(out)
+    out = _guard_out(checkpoint, out, force)
+    chunk_bytes = chunk_bytes or checkpoint_rows.CHUNK_BYTES
+    files, payloads, open_source = _source(checkpoint, chunk_bytes)
+    payload = payloads[0]
+    model = hotline_model(payload, files[0], flags)
     sizes = [int(n) for n in payload["table_sizes"]]
     D = model.config.embedding_dim
     table_bytes = 4 * D * sum(sizes)
     if format == "auto":
-        format = choose_format(table_bytes, host_memory().available)
+        format = "dcp" if replacing else choose_format(table_bytes, host_memory().available)
+    elif replacing and format != "dcp":
+        raise ExportError(
+            f"{out} is a sharded export (a directory): --force replaces it with --format dcp only"
+        )
     dense_bytes = sum(4 * p.numel() for p in model.parameters()) + (1 << 20)
-    chunk_rows = max(1, (chunk_bytes or checkpoint_rows.CHUNK_BYTES) // (4 * D))
+    chunk_rows = max(1, chunk_bytes // (4 * D))
+    scratch = checkpoint_rows.RowOrderedChunks.scratch_bytes(sum(sizes), D) if "rows" in payload else 0
     if format == "torch-save":
-        _check_disk(out, table_bytes + dense_bytes, "its tables and dense weights")
+        _check_disk(out, table_bytes + dense_bytes + scratch, "its tables and dense weights")
     else:
         chunks = sum(-(-n // chunk_rows) for n in sizes)
-        scratch = checkpoint_rows.RowOrderedChunks.scratch_bytes(sum(sizes), D) if "rows" in payload else 0
         what = "its tables, dense weights and a file per chunk" + (
             ", and a scratch copy of the rows in row order" if scratch else ""
         )
         _check_disk(out, table_bytes + dense_bytes + 8192 * chunks + scratch, what)
-    if "rows" in payload:
-        checkpoint_rows.check_rows(
-            checkpoint, payload["rows"], payload["step"], {"rows": sum(sizes), "dim": D}, ExportError
-        )
+    for f, p in zip(files, payloads):
+        if "rows" in p:
+            n = len(range(int(p.get("rank", 0)), sum(sizes), len(files)))
+            checkpoint_rows.check_rows(
+                f, p["rows"], p["step"], {"rows": n, "dim": D}, ExportError, digest=False
+            )
     config = {
         "table_sizes": sizes,
         "embedding_dim": D,
@@ -239,19 +288,19 @@ def export_torchrec_dlrm(
         "step": int(payload["step"]),
     }
     if format == "torch-save":
-        module = torchrec_dlrm(model, checkpoint_tables(payload, checkpoint))
+        scratch_path = _io.temporary_name(out)
+        source = open_source(scratch_path)
+        try:
+            tables = export_sharded.tables_of(source, sizes)
+        finally:
+            source.close()
+        module = torchrec_dlrm(model, tables)
         blob = {"format": EXPORT_FORMAT, "config": config, "state_dict": module.state_dict()}
         _io.atomic_write(out, lambda f: torch.save(blob, f))
         return {**config, "storage": format}
     names = [f"t_{feature_name(t)}" for t in range(len(sizes))]
     keys = {export_sharded.table_key(n) for n in names}
     dense = {k: v for k, v in torchrec_dlrm(model, None).state_dict().items() if k not in keys}
-
-    def open_source(scratch):
-        if "rows" not in payload:
-            return export_sharded.TableChunks(payload["tables"], chunk_rows)
-        return checkpoint_rows.RowOrderedChunks(checkpoint, sizes, payload["hot"], scratch, chunk_bytes)
-
     head = {"format": EXPORT_FORMAT, "config": config}
     export_sharded.write(Path(out), head, dense, open_source, names, sizes, D)
     return {**config, "storage": format}

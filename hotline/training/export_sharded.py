@@ -9,19 +9,24 @@ layers' own), each table stored as row ranges of :data:`~hotline.training.checkp
 in memory at a time (torchrec's DLRM, a bare EmbeddingBagCollection under the prefix, plain tensors; no
 process group needed). :func:`load` rebuilds the DLRM.
 
-The tables are written in row order, one chunk at a time: from a disk-store checkpoint's rows file through
-:class:`~hotline.training.checkpoint_rows.RowOrderedChunks` (a scratch file in the export's own temporary
-directory), from a checkpoint's in-memory tables by slicing. Every chunk is a file of its own (DCP's writer
+The tables are written in row order, one chunk at a time: from a disk-store checkpoint's rows files (one, or
+each rank's) through :class:`~hotline.training.checkpoint_rows.RowOrderedChunks` (a scratch file in the
+export's own temporary directory), from a checkpoint's in-memory tables by slicing, from N ranks' cold shards
+and rank 0's hot tier by :class:`ShardChunks`. Every chunk is a file of its own (DCP's writer
 keeps each file's last tensor per key until the file is closed). The directory is written under a temporary
-name (``.OUT.hotline-tmp-PID-RANDOM``) and renamed when complete: a killed export leaves no directory under
-the final name, and the next Hotline run there removes its temporary.
+name (``.OUT.hotline-tmp-PID-RANDOM``) and renamed when complete (over an export that ``--force`` replaces:
+swapped with it in one step, :func:`put_in_place`): a killed export leaves no directory under the final name,
+or the old export whole, and the next Hotline run there removes its temporary.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
+import glob
 import json
 import os
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -31,6 +36,8 @@ import torch
 
 from hotline import _io
 
+EXPORT_FORMAT = "hotline-torchrec-dlrm/1"
+"""The format of an export (a torch.save file's ``format``, a sharded export's :data:`MARKER`'s)."""
 MARKER = "hotline-export.json"
 """The file of a sharded export's format and config (the directory's own proof that it is one)."""
 
@@ -38,6 +45,168 @@ MARKER = "hotline-export.json"
 def table_key(name: str) -> str:
     """The torchrec DLRM's state_dict key of the embedding table ``name`` (``t_cat_0``)."""
     return f"sparse_arch.embedding_bag_collection.embedding_bags.{name}.weight"
+
+
+_RANK_NAME = re.compile(r"^(.*)\.rank(\d{3})-of-(\d{3})\.pt$")
+
+
+def rank_files(path: str | os.PathLike, error: type[Exception]) -> list[Path]:
+    """The files of the checkpoint ``path`` in rank order: itself (one process), or every rank's file of a
+    run of N ranks, named by one of them (``step-000000020.rank000-of-002.pt``) or by their common stem
+    (``step-000000020``, ``--save``'s path); ``error`` when one is missing."""
+    path = Path(path)
+    m = _RANK_NAME.match(path.name)
+    if m is None and path.exists():
+        return [path]
+    if m is None:
+        stem = path.name[:-3] if path.name.endswith(".pt") else path.name
+        found = sorted(path.parent.glob(f"{glob.escape(stem)}.rank*-of-*.pt")) if path.parent.is_dir() else []
+        m = next((m for m in map(_RANK_NAME.match, (f.name for f in found)) if m), None)
+        if m is None:
+            return [path]  # missing: the checkpoint reader names it
+    stem, N = m.group(1), int(m.group(3))
+    files = [path.with_name(f"{stem}.rank{r:03d}-of-{N:03d}.pt") for r in range(N)]
+    missing = [f.name for f in files if not f.is_file() or not _io.digest_path(f).is_file()]
+    if missing:
+        raise error(
+            f"checkpoint {path}: a checkpoint of {N} ranks needs every rank's file and its digest; "
+            f"{missing[0]} is missing (an incomplete checkpoint: export a complete one)"
+        )
+    return files
+
+
+def read_ranks(files: list[Path], error: type[Exception]) -> list[dict]:
+    """The verified payloads of an N-rank checkpoint's ``files`` (:func:`rank_files`): one run, one step, each
+    file its rank's."""
+    from hotline.training.checkpoint import read_checkpoint
+
+    N = len(files)
+    payloads = [read_checkpoint(f) for f in files]
+    for r, (f, p) in enumerate(zip(files, payloads)):
+        if p.get("world_size") != N or p.get("rank") != r:
+            raise error(f"checkpoint {f} is not rank {r} of {N} by its content (renamed?)")
+        same = ("rows" in p) == ("rows" in payloads[0]) and ("tiers" in p) == ("tiers" in payloads[0])
+        if p.get("step") != payloads[0].get("step") or p.get("run") != payloads[0].get("run") or not same:
+            raise error(f"checkpoint {f} is of another step or run than {files[0].name}: not one checkpoint")
+    if "model" not in payloads[0]:
+        raise error(f"checkpoint {files[0]} holds no model: not rank 0's file")
+    return payloads
+
+
+def rank_source(files: list[Path], payloads: list[dict], chunk_bytes: int, error: type[Exception]):
+    """``open_source(scratch)`` of an N-rank checkpoint, for :func:`write`: its rows in row order, chunk by
+    chunk, from its rank files' rows files (a disk-store run), its ranks' cold shards and rank 0's hot tier
+    (the host-memory store), or rank 0's tables (``--mode device``)."""
+    from hotline.training.checkpoint_rows import CHUNK_BYTES, RowOrderedChunks
+
+    rank0, sizes = payloads[0], [int(n) for n in payloads[0]["table_sizes"]]
+    tiers = rank0.get("tiers", {})
+    chunk_bytes = chunk_bytes or CHUNK_BYTES
+    if "rows" in rank0:
+        parts = [(f, p["rows"]) for f, p in zip(files, payloads)]
+        return lambda scratch: RowOrderedChunks(parts, sizes, rank0["hot"], scratch, chunk_bytes, error)
+    if "weight" in tiers:
+        tables = list(torch.split(tiers["weight"], sizes))
+        return lambda scratch: TableChunks(tables, max(1, chunk_bytes // (4 * tables[0].shape[1])))
+    if "cold_w" not in tiers or "hot_ids" not in rank0:
+        raise error(
+            f"checkpoint {files[0]}: its hot tier does not say which rows it holds (written by an older Hotline): "
+            f"export it from a one-process checkpoint (`hotline train --load` it on one process and --save)"
+        )
+    hot = {"rows": rank0["hot_ids"], "w": tiers["hot_w"]}
+    shards = [p["tiers"]["cold_w"] for p in payloads]
+    return lambda scratch: ShardChunks(shards, sizes, hot, chunk_bytes)
+
+
+class ShardChunks:
+    """The cold shards of N ranks (rank ``r``: rows ``r, r + N, ...``) and the hot tier, cut by
+    :func:`~hotline.training.checkpoint_rows.chunk_grid` in row order."""
+
+    def __init__(self, shards, sizes: list[int], hot: dict, chunk_bytes: int):
+        from hotline.training.checkpoint_rows import chunk_grid
+
+        self.shards = [s.numpy() for s in shards]
+        self.grid = chunk_grid(sizes, max(1, chunk_bytes // (4 * self.shards[0].shape[1])))
+        order = np.argsort(hot["rows"].numpy(), kind="stable")
+        self._hot_rows = hot["rows"].numpy()[order].astype(np.int64)
+        self._hot_w = hot["w"].numpy()[order]
+
+    def chunk(self, k: int) -> np.ndarray:
+        _, _, m, g = self.grid[k]
+        N = len(self.shards)
+        out = np.empty((m, self.shards[0].shape[1]), np.float32)
+        for r, shard in enumerate(self.shards):
+            first = (r - g) % N  # the chunk's first row that rank r holds
+            lo = (g + first) // N
+            out[first::N] = shard[lo : lo + len(range(first, m, N))]
+        lo, hi = np.searchsorted(self._hot_rows, [g, g + m])
+        out[self._hot_rows[lo:hi] - g] = self._hot_w[lo:hi]
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def tables_of(source, sizes: list[int]) -> list[np.ndarray]:
+    """Every table of ``source`` (:func:`rank_source`'s, opened) whole in memory: a torch.save export's."""
+    tables = [None] * len(sizes)
+    for k, (t, lo, m, _) in enumerate(source.grid):
+        w = source.chunk(k)
+        if tables[t] is None:
+            tables[t] = np.empty((sizes[t], w.shape[1]), np.float32)
+        tables[t][lo : lo + m] = w
+    return tables
+
+
+def is_export(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a directory holding a sharded export (by its :data:`MARKER`'s format)."""
+    path = Path(path)
+    if not path.is_dir():
+        return False
+    head = read_head(path)
+    return head is not None and head.get("format") == EXPORT_FORMAT
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swaps the paths ``a`` and ``b`` in one atomic step (``renameat2(RENAME_EXCHANGE)``); False where the
+    system or the filesystem has no such call."""
+    import ctypes
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, f"cannot swap {a} and {b} ({os.strerror(err)})")
+
+
+def put_in_place(tmp: Path, out: Path) -> None:
+    """Makes the complete ``tmp`` (a file or a directory) ``out``: renamed, or, over an existing ``out``
+    (``--force``), swapped with it in one atomic step and the old one then removed, so that ``out`` is at every
+    moment the old export or the new one (where the filesystem cannot swap: the old one moved aside, the new
+    one renamed, the old one removed)."""
+    if not (out.exists() or out.is_symlink()):
+        os.rename(tmp, out)
+    elif _exchange(tmp, out):
+        _remove(tmp)  # the old one, now under the temporary name
+    else:
+        aside = _io.temporary_name(out)
+        os.replace(out, aside)
+        os.replace(tmp, out)
+        _remove(aside)
+    _io.fsync_dir(out.parent)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
 
 
 class TableChunks:
@@ -113,7 +282,7 @@ def write(out: Path, blob_head: dict, dense: dict, open_source, names: list[str]
     """Writes the sharded export ``out`` (a directory that does not exist, or a file that ``--force``
     replaces): ``dense`` (torchrec state_dict entries) whole, the tables chunk by chunk from the source
     ``open_source(scratch path)`` returns (``grid``, ``chunk(k)``, ``close()``), ``blob_head`` (format and
-    config) as :data:`MARKER`; atomically."""
+    config) as :data:`MARKER`; atomically (:func:`put_in_place`)."""
     import torch.distributed.checkpoint as dcp
 
     _io.remove_stale_temporaries(out.parent)
@@ -129,20 +298,13 @@ def write(out: Path, blob_head: dict, dense: dict, open_source, names: list[str]
             dcp.save(dense, storage_writer=writer, planner=planner, no_dist=True)
         _io.write_json(tmp / MARKER, blob_head)
         _io.fsync_dir(tmp)
-        if out.is_file() or out.is_symlink():  # --force over a file: moved aside, then removed
-            aside = _io.temporary_name(out)
-            os.replace(out, aside)
-            os.replace(tmp, out)
-            aside.unlink()
-        else:
-            os.rename(tmp, out)
+        put_in_place(tmp, out)  # --force over a file or an export: the old one goes only now
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     finally:
         if source is not None:
             source.close()
-    _io.fsync_dir(out.parent)
     return out
 
 

@@ -153,20 +153,6 @@ def trainer_from_checkpoint(
     return trainer
 
 
-def checkpoint_tables(payload: dict, path: str | os.PathLike) -> list[np.ndarray]:
-    """The checkpoint's tables in row order, whole in memory (a disk-store checkpoint's from its rows file,
-    with its hot rows' current values)."""
-    if "rows" not in payload:
-        return [t.numpy() for t in payload["tables"]]
-    from hotline.table_layout import TableLayout
-    from hotline.training import checkpoint_rows
-
-    hot = payload["hot"]
-    w, _ = checkpoint_rows.read_tables(path, lambda n: (0,), state=False)
-    w[hot["rows"].numpy()] = hot["w"].numpy()
-    return TableLayout(payload["table_sizes"]).split(w)
-
-
 def write_predictions(
     path: str | os.PathLike, probabilities: np.ndarray, labels: np.ndarray, force: bool = False
 ) -> Path:

@@ -1,0 +1,150 @@
+"""``hotline export`` of N-rank checkpoints, of a rows file read once, and ``--force`` over a sharded export:
+the tables of a two-rank run (disk store or host memory) come out exactly, named by any rank's file or their
+stem; the rows file is read once (its digest on the same pass); an export is replaced whole, the old one
+kept under its name until the new one is complete."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from hotline.cli import main
+from hotline.datasets.format import Dataset
+from hotline.datasets.synthetic import generate
+from hotline.training import export_sharded
+from hotline.training.checkpoint_rows import RowOrderedChunks, rows_path
+from hotline.training.export import export_torchrec_dlrm, load_torchrec_dlrm
+from tests.test_checkpoint_rows import BATCH, CLI_ARCH, TABLES, data  # noqa: F401 -- data: a fixture
+from tests.test_export_sharded import CHUNK, _disk_checkpoint, _placement, disk  # noqa: F401 -- disk: a fixture
+
+
+def _key(t: int) -> str:
+    return export_sharded.table_key(f"t_cat_{t}")
+
+
+def _export(capsys, *argv) -> tuple[int, list[str]]:
+    code = main(["export", *argv])
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+@pytest.fixture(scope="module")
+def two_ranks(data, tmp_path_factory):  # noqa: F811 -- the fixture imported above
+    """Two-rank runs' checkpoints (``--save``) on the disk store and in host memory, and their tables."""
+    ds, placement, _ = data
+    root = tmp_path_factory.mktemp("xranks")
+    out = {}
+    for store in ("disk", "memory"):
+        extra = ["--cold-store", "disk", "--cold-dir", str(root / f"c-{store}")] if store == "disk" else []
+        if extra:
+            (root / f"c-{store}").mkdir()
+        argv = [str(ds.path), *CLI_ARCH, "--mode", "hotline", "--placement", placement, "--nproc", "2",
+                "--optimizer", "rowwise-adagrad", "--learning-rate", "0.05", "--mini-batch-size", str(BATCH),
+                "--no-progress", "--eval-max-samples", "64", "--num-batches", "10", *extra,
+                "--save", str(root / f"{store}.pt"), "--dump-params", str(root / f"{store}.npz")]  # fmt: skip
+        assert main(["train", *argv]) == 0
+        out[store] = (root / f"{store}.pt", dict(np.load(root / f"{store}.npz")))
+    return out
+
+
+@pytest.mark.parametrize("store", ["disk", "memory"])
+def test_a_two_rank_checkpoint_exports_exactly(two_ranks, store, tmp_path, capsys):
+    """Named by its stem (``--save``'s path) or by one rank's file, in either format: every table equals the
+    run's own (its hot rows' current values included, which a shard's stale copies would break)."""
+    base, arrays = two_ranks[store]
+    one_rank = base.with_name(f"{store}.rank001-of-002.pt")
+    assert not base.exists() and rows_path(one_rank).is_file() == (store == "disk")
+    for i, (name, fmt) in enumerate([(base, "dcp"), (one_rank, "torch-save")]):
+        out = tmp_path / f"m{i}"
+        code, err = _export(capsys, str(out), "--load", str(name), "--format", fmt)
+        assert code == 0, err
+        state = load_torchrec_dlrm(out)[0].state_dict()
+        for t in range(len(TABLES)):
+            assert np.array_equal(state[_key(t)].numpy(), arrays[f"embedding.table_{t}"]), (fmt, t)
+
+
+def test_an_incomplete_two_rank_checkpoint_is_one_line_and_nothing_is_written(two_ranks, tmp_path, capsys):
+    base, _ = two_ranks["disk"]
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    for p in base.parent.glob("disk.rank000-of-002.pt*"):
+        (ck / p.name).write_bytes(p.read_bytes())
+    code, err = _export(capsys, str(tmp_path / "out"), "--load", str(ck / "disk.pt"), "--format", "dcp")
+    assert code == 2 and len(err) == 1 and "disk.rank001-of-002.pt is missing" in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+
+
+def test_rank_files_of_two_checkpoints_are_one_line(two_ranks, tmp_path, capsys):
+    """Rank 0 of the disk-store run beside rank 1 of the memory-store run, under one name: refused, one line."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    disk_base, memory_base = two_ranks["disk"][0], two_ranks["memory"][0]
+    for src, r in ((disk_base, 0), (memory_base, 1)):
+        for p in src.parent.glob(f"{src.stem}.rank{r:03d}-of-002.pt*"):
+            (ck / p.name.replace(src.stem, "mixed")).write_bytes(p.read_bytes())
+    code, err = _export(capsys, str(tmp_path / "out"), "--load", str(ck / "mixed.pt"), "--format", "dcp")
+    assert code == 2 and len(err) == 1 and "not one checkpoint" in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+
+
+def _read_bytes() -> int:
+    """Bytes this process has read through system calls so far (``rchar``: page-cache hits included)."""
+    with open("/proc/self/io") as f:
+        return int(next(line for line in f if line.startswith("rchar:")).split()[1])
+
+
+def test_the_rows_file_is_read_once(tmp_path):
+    """The export reads the rows file once, its sha256 computed on the sorting pass (only the order region,
+    the tail, a second time), then its scratch copy: a second whole read (a digest pass first) fails here."""
+    tables = [100_000] * 4
+    ds = Dataset(generate(tmp_path / "d", 300, seed=2, table_sizes=tables, progress=False))
+    ck, _ = _disk_checkpoint(ds, _placement(ds, tmp_path / "p.npz", 0.001), tmp_path, steps=2)
+    rows = rows_path(ck).stat().st_size
+    export_torchrec_dlrm(ck, tmp_path / "warm", format="dcp")  # the imports' own reads, once
+    before = _read_bytes()
+    export_torchrec_dlrm(ck, tmp_path / "m", format="dcp")
+    read = _read_bytes() - before
+    n = sum(tables)
+    order, scratch = 4 * n, RowOrderedChunks.scratch_bytes(n, 8)
+    allowance = ck.stat().st_size + (4 << 20)  # the checkpoint's file, the dense weights, small files
+    assert rows + order + scratch <= read < rows + order + scratch + allowance, (read, rows)
+    assert rows > allowance + order  # a second pass over the rows would not fit
+
+
+def test_force_replaces_an_export_whole_and_a_killed_one_keeps_the_old(disk, tmp_path, capsys):  # noqa: F811
+    """``--force`` over a sharded export: refused without it (one line, kept); a replacement killed mid-write
+    leaves the old export whole under its name; a complete one replaces it, nothing of the old left."""
+    _, ck, arrays = disk
+    out = tmp_path / "m"
+    export_torchrec_dlrm(ck, out, format="dcp", chunk_bytes=CHUNK)
+    old = {p.name: p.read_bytes() for p in out.iterdir()}
+    code, err = _export(capsys, str(out), "--load", str(ck), "--format", "dcp")
+    assert code == 2 and len(err) == 1 and "--force" in err[0], err
+    code = (
+        "import os, signal\n"
+        "from hotline.training import checkpoint_rows\n"
+        "real, seen = checkpoint_rows.RowOrderedChunks.chunk, []\n"
+        "def chunk(self, k):  # the real chunk; the fifth request kills the process\n"
+        "    seen.append(k)\n"
+        "    if len(seen) == 5: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    return real(self, k)\n"
+        "checkpoint_rows.RowOrderedChunks.chunk = chunk\n"
+        "from hotline.cli import main\n"
+        f"main(['export', {str(out)!r}, '--load', {str(ck)!r}, '--format', 'dcp', '--force'])\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == -9, proc.stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == old
+    # a torch-save over it is refused; then the replacement, complete
+    code, err = _export(capsys, str(out), "--load", str(ck), "--format", "torch-save", "--force")
+    assert code == 2 and len(err) == 1 and "--format dcp" in err[0], err
+    next(out.glob("*.distcp")).unlink()  # the old one damaged: the new one must not be built on it
+    code, err = _export(capsys, str(out), "--load", str(ck), "--force")
+    assert code == 0, err
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == ["m"] or all(n == "m" or n.endswith(".hotline-lock") for n in left), left
+    state = load_torchrec_dlrm(out)[0].state_dict()
+    for t in range(len(TABLES)):
+        assert np.array_equal(state[_key(t)].numpy(), arrays[f"embedding.table_{t}"]), t
+    assert torch.equal(state[_key(0)], torch.from_numpy(arrays["embedding.table_0"]))
