@@ -229,6 +229,10 @@ class DiskRows(ClaimBook):
 class DiskColdStore(OneRankStore):
     """Every row of one rank in a file on local disk (see the module docstring)."""
 
+    on_disk = True
+    """The rows are on disk: the dispatcher finds hot slots by a table of the hot rows
+    (:func:`hotline.dispatch.index_for`), not a remap of every row."""
+
     def __init__(self, path, layout: TableLayout, dim: int, optimizer: SparseOptimizer, seed: int,
                  order: np.ndarray | None = None, io_depth: int = 32, direct: bool = True,
                  cache_bytes: int = 0, max_rows: int = 0, force: bool = False):  # fmt: skip

@@ -158,18 +158,59 @@ def memory_needed(config, dataset, world_size: int = 1) -> int:
     lookups = -(-batch // world_size) * dataset.lookups_per_sample
     ring = staging_slots(config.mode, config.lookahead)
     tables = -(-rows // world_size) * row_bytes
-    if (
-        getattr(config, "cold_store", "memory") == "disk"
-    ):  # rows on disk: their index arrays and the DRAM tier
-        tables = -(-rows // world_size) * HOST_BYTES_PER_ROW + config.cold_cache + (config.hbm_budget or 0)
+    if getattr(config, "cold_store", "memory") == "disk":  # rows on disk: index arrays, hot rows, DRAM tier
+        hot = config.hbm_budget or 0
+        cache = 0 if config.cold_cache == "auto" else config.cold_cache  # auto: what the rest leaves
+        per_row = -(-rows // world_size) * HOST_BYTES_PER_ROW
+        tables = per_row + cache + hot + hot // row_bytes * HOT_TABLE_BYTES
     buffers = ring * lookups * (row_bytes + 8 * 8)  # staging rows, dispatch index arrays (int64)
     return tables + buffers
 
 
-HOST_BYTES_PER_ROW = 8
-"""Host bytes per row of a disk-store run's structures that grow with the row count: each row's int32 place in
-the file and its int32 hot slot in the dispatcher (the file order stays on disk, the claim book holds the rows
-in flight only; measured in ``tests/test_host_bytes.py``)."""
+HOST_BYTES_PER_ROW = 4
+"""Host bytes per row of a disk-store run's structures that grow with the row count, at most: each row's int32
+place in the file (where the order is mostly one ascending run, as the profile's is, only the rows outside it:
+:func:`hotline.tiers.disk_file.positions_of`). The dispatcher finds hot slots by a table of the hot rows
+(:data:`HOT_TABLE_BYTES`), the file order stays on disk, the claim book holds the rows in flight only; measured
+in ``tests/test_host_bytes.py``."""
+
+HOT_TABLE_BYTES = 32
+"""Host bytes per hot row, at most, of the dispatcher's hot table on the disk store
+(:func:`hotline.kernels.dispatch.new_hot_table`)."""
+
+
+def resolve_cold_cache(config, dataset, world_size: int = 1, memory=None):
+    """``config`` with ``--cold-cache auto`` made bytes (else as it is): what :func:`check_memory` lets the run
+    take, less what else it holds. What it may take: :func:`usable_memory` of the memory available now
+    (``memory``: a HostMemory or bytes; by default :func:`~hotline.training.host_memory.host_memory`, the
+    smaller of the machine's ``MemAvailable`` and the room under the cgroup limit), whose margin is the fixed
+    allowance (torch's runtime, a step's activations, the page cache the data is read through). What else it
+    holds: :func:`memory_needed` without the tier (the hot budget and its hot table, the per-row structures,
+    the look-ahead buffers) and the dense model (:func:`dense_model_bytes`). Never below 0; 0 for the memory
+    store (no DRAM tier)."""
+    from dataclasses import replace
+
+    from hotline.training.host_memory import HostMemory, host_memory
+
+    if config.cold_cache != "auto":
+        return config
+    if getattr(config, "cold_store", "memory") != "disk":
+        return replace(config, cold_cache=0)
+    memory = host_memory() if memory is None else memory
+    available = memory.available if isinstance(memory, HostMemory) else memory
+    if available is None:
+        raise MemoryShortfall(
+            "--cold-cache auto sizes the DRAM tier by the available memory, which this system does not say: "
+            "give --cold-cache a size"
+        )
+    rest = memory_needed(replace(config, cold_cache=0), dataset, world_size)
+    cache = usable_memory(available) - rest - sum(dense_model_bytes(config, dataset)) - AUTO_CACHE_SLACK
+    return replace(config, cold_cache=max(0, cache))
+
+
+AUTO_CACHE_SLACK = 64 << 20
+"""Bytes ``--cold-cache auto`` leaves besides the margin: the available memory moves between its reading and the
+preflight's (:func:`check_memory` reads it again), which must still pass."""
 
 
 def available_memory() -> int | None:
