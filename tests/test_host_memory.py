@@ -239,6 +239,7 @@ def test_cold_cache_auto_takes_what_the_preflight_leaves(tmp_path):
         MemoryShortfall,
         check_dense_memory,
         memory_needed,
+        positions_bytes,
         resolve_cold_cache,
     )
 
@@ -251,8 +252,14 @@ def test_cold_cache_auto_takes_what_the_preflight_leaves(tmp_path):
     got = resolve_cold_cache(cfg, ds, memory=HostMemory(64 * GIB, CgroupLimit(2 * GIB, 0, "cgroup v1 x")))
     usable = int(0.9 * 2 * GIB) - 512 * MIB
     hot = 4 * MIB + 4 * MIB // 36 * 32  # the hot rows and their hot table
-    assert memory_needed(replace(cfg, cold_cache=0), ds) >= 1_000_000 * 4 + hot
-    assert 0 < got.cold_cache <= usable - 1_000_000 * 4 - hot - AUTO_CACHE_SLACK
+    # the positions: 8 bytes for each row outside the file's ascending run (hot, or counted by the profile)
+    kept = 4 * MIB // 36 + 13  # the profile's sample: 5% of the 256 training samples, one lookup each
+    assert positions_bytes(cfg, ds) == 8 * kept
+    assert memory_needed(replace(cfg, cold_cache=0), ds) >= 8 * kept + hot
+    assert 0 < got.cold_cache <= usable - 8 * kept - hot - AUTO_CACHE_SLACK
+    assert (
+        positions_bytes(replace(cfg, hbm_budget=64 * MIB), ds) == 4_000_000
+    )  # a quarter of the rows: 4 a row
     check_dense_memory(got, ds, available=2 * GIB)  # what the Trainer checks next: passes
     with pytest.raises(MemoryShortfall):
         check_dense_memory(
@@ -316,7 +323,7 @@ def test_cold_cache_auto_under_a_real_cgroup_v1_limit(tmp_path):
     assert run.returncode == 0, run.stderr
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert got["limit"] == GIB and got["available"] < GIB - 64 * MIB, got  # the cgroup binds, python in use
-    assert got["rest"] >= got["rows"] * 4 + (1 << 20), got  # the per-row positions and the hot budget counted
+    assert got["rest"] >= 2 * (1 << 20), got  # the hot budget, its hot table, the positions counted
     picked = usable_memory(got["available"]) - got["rest"] - AUTO_CACHE_SLACK
     assert 64 * MIB < got["cache_bytes"] and abs(got["cache_bytes"] - picked) < 32 * MIB, got
     assert got["cache_rows"] == got["cache_bytes"] // got["record"] < got["rows"], got

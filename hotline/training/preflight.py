@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from hotline.kinds import staging_slots
+from hotline.table_layout import bytes_per_row
 
 
 def train_outputs(config, save=None, save_placement=None, world_size: int = 1) -> list:
@@ -149,8 +150,6 @@ def memory_needed(config, dataset, world_size: int = 1) -> int:
     """Host bytes a run allocates up front: the embedding rows and their optimizer state (this rank's share of
     the cold tier on N ranks, plus the replicated hot tier), the staging and dispatch buffers of the
     look-ahead ring, sized from the batch (the batch is clipped to the training split)."""
-    from hotline.table_layout import bytes_per_row
-
     rows, row_bytes = dataset.total_rows, bytes_per_row(config.embedding_dim, config.optimizer)
     batch = max(1, min(config.mini_batch_size, len(dataset.train)))
     if config.mode == "device":
@@ -161,7 +160,7 @@ def memory_needed(config, dataset, world_size: int = 1) -> int:
     if getattr(config, "cold_store", "memory") == "disk":  # rows on disk: index arrays, hot rows, DRAM tier
         hot = config.hbm_budget or 0
         cache = 0 if config.cold_cache == "auto" else config.cold_cache  # auto: what the rest leaves
-        per_row = -(-rows // world_size) * HOST_BYTES_PER_ROW
+        per_row = positions_bytes(config, dataset, world_size)
         tables = per_row + cache + hot + hot // row_bytes * HOT_TABLE_BYTES
     buffers = ring * lookups * (row_bytes + 8 * 8)  # staging rows, dispatch index arrays (int64)
     return tables + buffers
@@ -173,6 +172,20 @@ place in the file (where the order is mostly one ascending run, as the profile's
 :func:`hotline.tiers.disk_file.positions_of`). The dispatcher finds hot slots by a table of the hot rows
 (:data:`HOT_TABLE_BYTES`), the file order stays on disk, the claim book holds the rows in flight only; measured
 in ``tests/test_host_bytes.py``."""
+
+
+def positions_bytes(config, dataset, world_size: int = 1) -> int:
+    """Host bytes of a disk store's file positions on one rank, at most (:func:`hotline.tiers.disk_file.\
+positions_of`): 8 bytes for each row outside the file's ascending run (the rows the profile's sample counted and
+the hot rows) where they are under a quarter of the rows, else :data:`HOST_BYTES_PER_ROW` a row."""
+    from hotline.profiling.profiler import Profiler
+
+    rows = -(-dataset.total_rows // world_size)
+    sample = Profiler(mini_batch_size=config.mini_batch_size).sample_size(len(dataset.train))
+    hot = (config.hbm_budget or 0) // bytes_per_row(config.embedding_dim, config.optimizer)
+    kept = min(rows, sample * dataset.lookups_per_sample + hot)
+    return 8 * kept if 4 * kept < rows else HOST_BYTES_PER_ROW * rows
+
 
 HOT_TABLE_BYTES = 32
 """Host bytes per hot row, at most, of the dispatcher's hot table on the disk store
@@ -263,7 +276,6 @@ def check_memory(config, dataset, world_size: int = 1, available=None) -> None:
     :class:`~hotline.training.host_memory.HostMemory`; by default both figures are read now, the machine's
     ``MemAvailable`` (what a new allocation can get without swapping, not the physical memory other processes
     hold part of) and the room under the process's cgroup memory limit (v2 or v1), and the smaller one binds."""
-    from hotline.table_layout import bytes_per_row
     from hotline.training.host_memory import HostMemory, host_memory
     from hotline.units import format_size
 
