@@ -277,7 +277,7 @@ class StoreSection:
     )
     cold_cache: int | str = option(
         0,
-        "DRAM kept for its most popular rows (e.g. 2GiB; 0: none; auto: what the memory limit leaves)",
+        "DRAM for its most popular rows (2GiB; auto: what memory leaves; 0: none)",
         "--cold-cache",
         metavar="SIZE",
         parse="size-or-auto",
