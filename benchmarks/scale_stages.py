@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -86,20 +85,32 @@ def parse_stages(text: str) -> list[str]:
 
 
 class DiskPeak:
-    """The most bytes the filesystem of ``directory`` held beyond its use when made, sampled every 0.2 s on a
-    thread while it lives (the store's file, the checkpoint, the baseline's files)."""
+    """The most disk the files under ``directory`` took beyond those there when made (the data), sampled every
+    0.2 s on a thread while it lives: the store's file, the checkpoint, the export, the baseline's files (their
+    allocated blocks, so a file reserved but not yet written counts whole)."""
 
     def __init__(self, directory: Path):
         import threading
 
-        self._dir, self._base, self.peak = directory, shutil.disk_usage(directory).used, 0
+        self._dir, self.peak = directory, 0
+        self._base = self._used()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
+    def _used(self) -> int:
+        total = 0
+        for root, _, files in os.walk(self._dir):
+            for name in files:
+                try:
+                    total += os.lstat(os.path.join(root, name)).st_blocks * 512
+                except OSError:  # removed meanwhile
+                    pass
+        return total
+
     def _run(self) -> None:
         while not self._stop.wait(0.2):
-            self.peak = max(self.peak, shutil.disk_usage(self._dir).used - self._base)
+            self.peak = max(self.peak, self._used() - self._base)
 
     def close(self) -> int:
         self._stop.set()
