@@ -376,17 +376,16 @@ def main(argv=None) -> int:
     last_reader = max((i for i, x in enumerate(stages) if x not in ("train", "baseline")), default=0)
     try:
         for i, stage in enumerate(stages):
-            need = 2.2 * out.get(
-                "checkpoint_bytes", 0
-            )  # its directory and its scratch copy, beside the checkpoint
+            code = 0
+            need = 2.2 * out.get("checkpoint_bytes", 0)  # the export's directory and scratch copy
             if stage == "export" and shutil.disk_usage(work).free < need:
                 print(f"bench_scale: stage export skipped: it needs about {need / 1e9:,.0f} GB of disk, "
                       f"{shutil.disk_usage(work).free / 1e9:,.0f} GB free", file=sys.stderr)  # fmt: skip
-                continue
-            code, result = scale_stages.run_stage(__file__, args, argv, data, work, group, stage)
-            out["stages"][stage] = {k: result.pop(k) for k in ("exit", "seconds", "peak_rss_bytes",
-                                                               "cgroup_peak_bytes", "cgroup_failcnt")}  # fmt: skip
-            out.update(result)
+            else:
+                code, result = scale_stages.run_stage(__file__, args, argv, data, work, group, stage)
+                out["stages"][stage] = {k: result.pop(k) for k in ("exit", "seconds", "peak_rss_bytes",
+                                                                   "cgroup_peak_bytes", "cgroup_failcnt")}  # fmt: skip
+                out.update(result)
             if i == last_reader:  # no later stage reads the checkpoint: its room goes to the baseline's files
                 for f in work.glob("ckpt*"):
                     shutil.rmtree(f) if f.is_dir() else f.unlink()
