@@ -48,15 +48,14 @@ from pathlib import Path
 import numpy as np
 
 from hotline import _io
-from hotline.tiers.disk_pages import (  # noqa: F401 - pages_per_record re-exported
+from hotline.tiers.disk_pages import (  # noqa: F401 - pages_per_record, positions_of re-exported
     PageSet,
-    RowPositions,
     aligned_bytes,
     get_records,
-    longest_ascending_run,
     named_error,
     pages_of,
     pages_per_record,
+    positions_of,
     put_records,
     runs,
     spanned,
@@ -487,20 +486,3 @@ class RowFile:
                 with live.lock:
                     live.buffer.reshape(-1, PAGE)[theirs] = src[ours]
                     live.read_at[theirs] = stamp
-
-
-def positions_of(order, chunk: int = 1 << 22):
-    """Each row's place in ``order`` (a permutation, read in chunks: it may be a memory map), indexed as
-    ``positions[rows]``: a :class:`~hotline.tiers.disk_pages.RowPositions` where the order is mostly one
-    ascending run (the disk store's: memory for the rows outside it only), else an array in the narrowest
-    integer that holds it (int32 below 2**31 rows)."""
-    n = order.shape[0]
-    a, b = longest_ascending_run(order, chunk)
-    if 4 * (n - (b - a)) < n:  # two arrays of the rows outside the run: under 2 bytes a row
-        return RowPositions(order, (a, b), chunk)
-    dtype = np.int32 if n < 1 << 31 else np.int64
-    out = np.empty(n, dtype)
-    for lo in range(0, n, chunk):
-        hi = min(n, lo + chunk)
-        out[np.asarray(order[lo:hi])] = np.arange(lo, hi, dtype=dtype)
-    return out

@@ -1,7 +1,7 @@
 """The 4 KiB pages of a :class:`~hotline.tiers.disk_file.RowFile`: which pages hold which packed records, runs
 of consecutive pages (one system call each), page-aligned buffers (O_DIRECT's rule), records read from and
-written into a buffer of pages, runs read or written on the I/O threads, and the :class:`PageSet` a fetch read
-(reused by its write)."""
+written into a buffer of pages, runs read or written on the I/O threads, the :class:`PageSet` a fetch read
+(reused by its write), and each row's place in the file (:func:`positions_of`)."""
 
 from __future__ import annotations
 
@@ -185,7 +185,7 @@ class RowPositions:
 popularity_order`'s: the counted rows, the never-counted rows in id order, the hot rows), the rows before and
     after the run are kept sorted with their positions (two arrays of that many rows); a row of the run is at
     ``run_start + row - (kept rows below it)``, as the run holds exactly the other rows, in id order.
-    :func:`row_positions` chooses it where it is smaller than one position per row."""
+    :func:`positions_of` chooses it where it is smaller than one position per row."""
 
     def __init__(self, order, run: tuple[int, int], chunk: int = 1 << 22):
         a, b = run
@@ -234,3 +234,20 @@ def longest_ascending_run(order, chunk: int = 1 << 22) -> tuple[int, int]:
     if n - start > best[1] - best[0]:
         best = (start, n)
     return best
+
+
+def positions_of(order, chunk: int = 1 << 22):
+    """Each row's place in ``order`` (a permutation, read in chunks: it may be a memory map), indexed as
+    ``positions[rows]``: a :class:`~hotline.tiers.disk_pages.RowPositions` where the order is mostly one
+    ascending run (the disk store's: memory for the rows outside it only), else an array in the narrowest
+    integer that holds it (int32 below 2**31 rows)."""
+    n = order.shape[0]
+    a, b = longest_ascending_run(order, chunk)
+    if 4 * (n - (b - a)) < n:  # two arrays of the rows outside the run: under 2 bytes a row
+        return RowPositions(order, (a, b), chunk)
+    dtype = np.int32 if n < 1 << 31 else np.int64
+    out = np.empty(n, dtype)
+    for lo in range(0, n, chunk):
+        hi = min(n, lo + chunk)
+        out[np.asarray(order[lo:hi])] = np.arange(lo, hi, dtype=dtype)
+    return out

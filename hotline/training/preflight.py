@@ -169,13 +169,13 @@ def memory_needed(config, dataset, world_size: int = 1) -> int:
 HOST_BYTES_PER_ROW = 4
 """Host bytes per row of a disk-store run's structures that grow with the row count, at most: each row's int32
 place in the file (where the order is mostly one ascending run, as the profile's is, only the rows outside it:
-:func:`hotline.tiers.disk_file.positions_of`). The dispatcher finds hot slots by a table of the hot rows
+:func:`hotline.tiers.disk_pages.positions_of`). The dispatcher finds hot slots by a table of the hot rows
 (:data:`HOT_TABLE_BYTES`), the file order stays on disk, the claim book holds the rows in flight only; measured
 in ``tests/test_host_bytes.py``."""
 
 
 def positions_bytes(config, dataset, world_size: int = 1) -> int:
-    """Host bytes of a disk store's file positions on one rank, at most (:func:`hotline.tiers.disk_file.\
+    """Host bytes of a disk store's file positions on one rank, at most (:func:`hotline.tiers.disk_pages.\
 positions_of`): 8 bytes for each row outside the file's ascending run (the rows the profile's sample counted and
 the hot rows) where they are under a quarter of the rows, else :data:`HOST_BYTES_PER_ROW` a row."""
     from hotline.profiling.profiler import Profiler
