@@ -266,6 +266,8 @@ def test_cold_cache_auto_takes_what_the_preflight_leaves(tmp_path):
             replace(got, cold_cache=got.cold_cache + AUTO_CACHE_SLACK + 1), ds, available=2 * GIB
         )
     assert resolve_cold_cache(cfg, ds, memory=600 * MIB).cold_cache == 0
+    two = resolve_cold_cache(cfg, ds, memory=2 * GIB, local_ranks=2)  # two ranks of a machine share it
+    assert 0 < two.cold_cache <= usable // 2 - 8 * kept - hot - AUTO_CACHE_SLACK
     assert resolve_cold_cache(replace(cfg, cold_cache=5), ds).cold_cache == 5
     mem = TrainConfig(mode="hotline", embedding_dim=8, bottom_mlp=[13, 8], top_mlp=[8, 1], cold_cache="auto")
     assert resolve_cold_cache(mem, ds).cold_cache == 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -192,14 +193,15 @@ HOT_TABLE_BYTES = 32
 (:func:`hotline.kernels.dispatch.new_hot_table`)."""
 
 
-def resolve_cold_cache(config, dataset, world_size: int = 1, memory=None):
+def resolve_cold_cache(config, dataset, world_size: int = 1, memory=None, local_ranks: int | None = None):
     """``config`` with ``--cold-cache auto`` made bytes (else as it is): what :func:`check_memory` lets the run
     take, less what else it holds. What it may take: :func:`usable_memory` of the memory available now
     (``memory``: a HostMemory or bytes; by default :func:`~hotline.training.host_memory.host_memory`, the
     smaller of the machine's ``MemAvailable`` and the room under the cgroup limit), whose margin is the fixed
     allowance (torch's runtime, a step's activations, the page cache the data is read through). What else it
     holds: :func:`memory_needed` without the tier (the hot budget and its hot table, the per-row structures,
-    the look-ahead buffers) and the dense model (:func:`dense_model_bytes`). Never below 0; 0 for the memory
+    the look-ahead buffers) and the dense model (:func:`dense_model_bytes`). The ranks of one machine
+    (``local_ranks``, by default ``LOCAL_WORLD_SIZE``) share what it may take. Never below 0; 0 for the memory
     store (no DRAM tier)."""
     from dataclasses import replace
 
@@ -217,7 +219,9 @@ def resolve_cold_cache(config, dataset, world_size: int = 1, memory=None):
             "give --cold-cache a size"
         )
     rest = memory_needed(replace(config, cold_cache=0), dataset, world_size)
-    cache = usable_memory(available) - rest - sum(dense_model_bytes(config, dataset)) - AUTO_CACHE_SLACK
+    local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if local_ranks is None else local_ranks)
+    room = usable_memory(available) // local
+    cache = room - rest - sum(dense_model_bytes(config, dataset)) - AUTO_CACHE_SLACK
     return replace(config, cold_cache=max(0, cache))
 
 
