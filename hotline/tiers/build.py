@@ -34,7 +34,8 @@ def _stores(config, layout: TableLayout, placement: Placement, optimizer: Sparse
         from hotline.tiers.disk_store import DiskColdStore, cold_file, popularity_order
 
         hot = placement.fused_hot_ids()
-        order = popularity_order(_row_counts(config, dataset, counts), layout.num_rows, hot)
+        sizes = layout.table_sizes  # the never-counted rows table by table (the counts are not kept)
+        order = popularity_order(_row_counts(config, dataset, counts), layout.num_rows, hot, sizes)
         cold = DiskColdStore(cold_file(config.cold_dir), layout, dim, optimizer, seed, order,
                              config.cold_io_depth, config.cold_direct, config.cold_cache, max_rows,
                              config.force)  # fmt: skip

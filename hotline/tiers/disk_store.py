@@ -46,10 +46,14 @@ def cold_file(cold_dir: str | os.PathLike, rank: int = 0, world_size: int = 1) -
     return Path(cold_dir) / name
 
 
-def popularity_order(counts: np.ndarray | None, num_rows: int, last: np.ndarray | None = None) -> np.ndarray:
-    """Rows in file order (int32 below 2**31 rows, else int64): counted rows by count, most first (ties by id), then the never-counted rows
-    in id order, then ``last`` (the hot rows, in id order: their copies in the file are not read while they
-    are hot). The counted rows are ordered by a counting sort over the counts' values
+def popularity_order(counts: np.ndarray | None, num_rows: int, last: np.ndarray | None = None,
+                     table_sizes=None) -> np.ndarray:  # fmt: skip
+    """Rows in file order (int32 below 2**31 rows, else int64): counted rows by count, most first (ties by id), then
+    the never-counted rows in id order, then ``last`` (the hot rows, in id order: their copies in the file are not
+    read while they are hot). With ``table_sizes`` (the fused rows' tables) the never-counted rows go table by
+    table, the table whose unseen rows are likeliest looked up first: by its rows counted once per unseen row
+    (Good-Turing: the once-counted rows estimate the lookups that fall on unseen rows), so the DRAM tier at the
+    file's head holds them. The counted rows are ordered by a counting sort over the counts' values
     (:func:`~hotline.kernels.profile.order_by_count`), the rest in chunks: besides the order itself it holds
     two arrays of the counted rows (int32 below 2**31 rows) at most, never a sort of every row."""
     from hotline.kernels.profile import order_by_count
@@ -66,14 +70,27 @@ def popularity_order(counts: np.ndarray | None, num_rows: int, last: np.ndarray 
     at = head.shape[0]
     del head
     chunk = 1 << 20
-    for lo in range(0, num_rows, chunk):
-        hi = min(num_rows, lo + chunk)
-        free = counts[lo:hi] == 0
-        a, b = np.searchsorted(last, [lo, hi])
-        free[last[a:b] - lo] = False
-        ids = lo + np.flatnonzero(free)
-        out[at : at + ids.shape[0]] = ids
-        at += ids.shape[0]
+    ranges = [(0, num_rows)]
+    if table_sizes is not None:
+        ends = np.cumsum(np.asarray(table_sizes, np.int64))
+        ranges = list(zip((ends - np.asarray(table_sizes, np.int64)).tolist(), ends.tolist()))
+        once, unseen = np.zeros(len(ranges)), np.zeros(len(ranges))
+        for t, (a, b) in enumerate(ranges):
+            for lo in range(a, b, chunk):
+                c = counts[lo : min(b, lo + chunk)]
+                once[t] += np.count_nonzero(c == 1)
+                unseen[t] += np.count_nonzero(c == 0)
+        rate = np.divide(once, unseen, out=np.zeros_like(once), where=unseen > 0)
+        ranges = [ranges[t] for t in np.argsort(-rate, kind="stable")]
+    for a, b in ranges:
+        for lo in range(a, b, chunk):
+            hi = min(b, lo + chunk)
+            free = counts[lo:hi] == 0
+            x, y = np.searchsorted(last, [lo, hi])
+            free[last[x:y] - lo] = False
+            ids = lo + np.flatnonzero(free)
+            out[at : at + ids.shape[0]] = ids
+            at += ids.shape[0]
     out[at:] = last
     return out
 
