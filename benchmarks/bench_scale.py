@@ -3,14 +3,18 @@
 Data: a synthetic dataset with the 26 MLPerf tables (204,184,588 rows; ``--rows`` scales every table down
 in proportion, for a run that fits a busy machine) and their multi-hot bag sizes (214 ids per sample), Zipf
 ids, ``--samples`` training samples. The run: ``--mode hotline --cold-store disk`` (look-ahead ``--lookahead``,
-``--hbm-budget`` of hot rows, row-wise Adagrad, dim ``--dim``) for ``--steps`` steps of ``--batch`` samples.
+``--hbm-budget`` of hot rows, the DRAM tier ``--cold-cache``: ``auto`` by default, what the limit leaves,
+row-wise Adagrad, dim ``--dim``) for ``--steps`` steps of ``--batch`` samples.
 
-Everything after the data runs in five child processes, one after the other, inside a memory cgroup limited
-to ``--limit`` (cgroup v1, made under this process's own memory cgroup where the machine lets it; else they run
+Everything after the data runs in child processes (the ``--stages``, by default all six), one after the other,
+inside a memory cgroup limited to ``--limit`` (cgroup v1, made under this process's own memory cgroup where the machine lets it; else they run
 unlimited and the JSON says so in ``limit.how``), the page cache the one before left charged to it emptied
 first, as a user's separate commands would run: ``train`` (the run, its checkpoint, the rest of the run),
 ``resume`` (a new process resumed from the checkpoint), ``evaluate`` and ``predict`` (``hotline evaluate`` and
-``hotline predict`` on the checkpoint) and ``baseline``. ``stages`` holds each one's exit code, seconds, peak
+``hotline predict`` on the checkpoint), ``export`` (the checkpoint as a torch.distributed.checkpoint directory)
+and ``baseline``. Each stage's files go as soon as no later stage needs them (the store's file at the end of
+its run, the checkpoint after the last stage that reads it); ``disk_peak_bytes`` is the most the work
+directory held beside the data. ``stages`` holds each one's exit code, seconds, peak
 resident set and the cgroup's peak (page cache included) and failcnt. Printed, and written as JSON to
 ``--json``:
 
@@ -21,7 +25,7 @@ resident set and the cgroup's peak (page cache included) and failcnt. Printed, a
   the first step; ``samples_per_s`` over the steps after it;
 - ``checkpoint_s`` and ``checkpoint_mb_per_s``: one ``save_checkpoint`` at the half-way step (its rows
   streamed into the rows file beside it), beside ``disk_write_mb_per_s``, the disk's sequential write rate
-  timed on a scratch file of the same size just before (written in 64 MiB blocks, fsynced);
+  timed on a scratch file of the same size (at most 8 GiB) just before (written in 64 MiB blocks, fsynced);
   ``checkpoint_peak_rss_bytes``: the child's peak resident set during the save (``VmHWM``, reset before it
   through ``/proc/self/clear_refs``), beside ``rss_before_checkpoint_bytes``; ``load_s``: the resume's load;
 - ``resume_exact``: whether a second run, resumed from that checkpoint, ends bit-identical to the first
@@ -29,7 +33,10 @@ resident set and the cgroup's peak (page cache included) and failcnt. Printed, a
   tier: streamed, as the tables are never whole in memory);
 - ``first_step_s``, ``samples_per_s`` over steps ``[1, half)``, ``phases``: those steps' mean seconds per phase
   and counters per step (disk pages and reads, cold rows), ``measured``: coverage (``hot_lookup_share``),
-  popular sample share, cold rows and disk pages per step, rows per 4 KiB page;
+  popular sample share, cold rows per step and the share of them the DRAM tier served (``dram_row_share``),
+  rows and pages per step read from disk, rows per 4 KiB page; ``dram_tier_bytes`` and ``dram_tier_rows``:
+  the tier ``--cold-cache`` gave;
+- ``export``: ``hotline export --format dcp`` of the checkpoint: seconds, bytes, MB/s, peak resident set;
 - ``evaluate`` and ``predict``: the last line each printed (their figures are in ``stages``);
 - ``baseline``: what a user would otherwise try at the same limit (:mod:`scale_baseline`): the same model,
   optimizer, initial rows and batches from step 0, with the fused table and its row-wise Adagrad state as
@@ -48,9 +55,7 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -58,6 +63,8 @@ import common  # puts this checkout's hotline first on sys.path
 import memlimit
 import numpy as np
 import scale_baseline
+import scale_report
+import scale_stages
 
 MLPERF_ROWS = 204_184_588
 
@@ -71,10 +78,12 @@ def table_sizes(rows: int) -> list[int]:
 
 def _config(args, cold_dir: str, steps: int):
     from hotline import TrainConfig
+    from hotline.units import parse_size
 
     Path(cold_dir).mkdir(exist_ok=True)
     return TrainConfig(
-        mode="hotline", cold_store="disk", cold_dir=cold_dir, cold_cache=0, optimizer="rowwise-adagrad",
+        mode="hotline", cold_store="disk", cold_dir=cold_dir, optimizer="rowwise-adagrad",
+        cold_cache=args.cold_cache if args.cold_cache == "auto" else parse_size(args.cold_cache),
         learning_rate=0.01, embedding_dim=args.dim, bottom_mlp=[13, 64, args.dim], top_mlp=[64, 1],
         mini_batch_size=args.batch, num_batches=steps, lookahead=args.lookahead, hbm_budget=args.hbm_budget,
         progress=False, quiet=True,
@@ -176,10 +185,10 @@ def _disk_write_rate(directory: Path, size: int) -> float:
     return size / 1e6 / seconds
 
 
-def _export_stage(ckpt: Path, work: Path, disk_mb_per_s: float) -> dict:
+def _export_stage(ckpt: Path, work: Path) -> dict:
     """``hotline export --format dcp`` of the checkpoint ``ckpt`` (its rows streamed into row order through a
     scratch file, then into a torch.distributed.checkpoint directory): seconds, MB/s of the export's bytes
-    beside the disk's sequential write rate, the peak resident set during it (``VmHWM``, reset before it)."""
+    (beside the train stage's disk sequential write rate), the peak resident set during it (``VmHWM``, reset before it)."""
     import shutil
 
     from hotline.training.export import export_torchrec_dlrm
@@ -193,9 +202,6 @@ def _export_stage(ckpt: Path, work: Path, disk_mb_per_s: float) -> dict:
     size = sum(p.stat().st_size for p in out.iterdir())
     hwm = _vm("VmHWM") if reset else None
     shutil.rmtree(out)
-    print(f"export (dcp): {size / 1e6:,.0f} MB in {seconds:.1f} s, {size / 1e6 / seconds:,.0f} MB/s (the disk's "
-          f"sequential write: {disk_mb_per_s:,.0f} MB/s; the export also writes and reads a scratch copy); "
-          f"peak RSS {'n/a' if hwm is None else f'{hwm / (1 << 30):.2f} GiB'}", flush=True)  # fmt: skip
     return {"seconds": seconds, "bytes": size, "mb_per_s": size / 1e6 / seconds, "peak_rss_bytes": hwm}
 
 
@@ -210,6 +216,8 @@ def child(args) -> dict:
     work = Path(args.work)
     if args.stage == "baseline":
         return _baseline(args, ds, work)
+    if args.stage == "export":
+        return {"export": _export_stage(work / "ckpt", work)}
     if args.stage == "resume":
         return _resume(args, ds, work)
     return _train(args, ds, work)
@@ -231,7 +239,8 @@ def _train(args, ds, work: Path) -> dict:
     mode = tr.mode
     out["startup_s"] = dict(getattr(mode, "startup_s", {}))  # profile, order, fill, store (build_mode)
     out["file_bytes"] = mode.cold.host.file.size
-    found = per_row_bytes(mode, ds.total_rows)  # mid run: the look-ahead's claims are in the book
+    # mid run (the look-ahead's claims in the book); the DRAM tier is a budget, not a per-row structure
+    found = per_row_bytes(mode, ds.total_rows, exclude=[mode.cold.host.file.cache])
     out["per_row_host_bytes"] = sum(found.values()) / ds.total_rows
     out["per_row_structures"] = {k: v / ds.total_rows for k, v in found.items()}
     # the file's positions: under a byte a row where compact, then not among the structures above
@@ -246,11 +255,21 @@ def _train(args, ds, work: Path) -> dict:
     out["samples_per_s"] = (half - 1) * args.batch / (time.perf_counter() - t1) if half > 1 else 0.0
     out["phases"] = _phases(timed)
     out["measured"] = measured_figures(out["phases"]["counters_per_step"], args.batch, 1)
-    out["measured"]["disk_pages_per_step"] = out["phases"]["counters_per_step"].get("disk_pages", 0.0)
-    record = tr.mode.cold.host.file.record
+    per_step = out["phases"]["counters_per_step"]
+    out["measured"]["disk_pages_per_step"] = per_step.get("disk_pages", 0.0)
+    out["measured"]["disk_rows_per_step"] = per_step.get("disk_rows", 0.0)
+    ws = per_step.get("working_set_rows", 0.0)
+    out["measured"]["dram_row_share"] = 1.0 - per_step.get("disk_rows", 0.0) / ws if ws else 0.0
+    f = tr.mode.cold.host.file
+    record = f.record
+    out["cold_cache_flag"], out["dram_tier_bytes"], out["dram_tier_rows"] = (
+        args.cold_cache,
+        f.cache_rows * record,
+        f.cache_rows,
+    )
     out["measured"]["rows_per_page"] = scale_baseline.PAGE / record
     out["hotline_peak_rss_bytes"] = _vm("VmHWM")
-    out["disk_write_mb_per_s"] = _disk_write_rate(work, ds.total_rows * (record + 4))
+    out["disk_write_mb_per_s"] = _disk_write_rate(work, min(8 << 30, ds.total_rows * (record + 4)))
     out["rss_before_checkpoint_bytes"] = _vm("VmRSS")
     reset = _reset_peak_rss()
     t2 = time.perf_counter()
@@ -260,7 +279,6 @@ def _train(args, ds, work: Path) -> dict:
     size = sum(p.stat().st_size for p in ckpt.parent.glob(ckpt.name + "*"))
     out["checkpoint_bytes"] = size
     out["checkpoint_mb_per_s"] = size / 1e6 / out["checkpoint_s"]
-    out["export"] = _export_stage(ckpt, work, out["disk_write_mb_per_s"])
     out["checkpoint"] = str(ckpt)
     for _ in tr.progress(tr.batches(tr.step_count)):
         pass
@@ -287,104 +305,6 @@ def _resume(args, ds, work: Path) -> dict:
     return out
 
 
-def _print_stages(out: dict) -> None:
-    for name in ("evaluate", "predict"):
-        st = out["stages"][name]
-        print(f"hotline {name} on the checkpoint: exit {st['exit']}, {st['seconds']:.1f} s, peak RSS "
-              f"{st['peak_rss_bytes'] / 2**30:.2f} GiB: {out[name]['last_line'][:120]}")  # fmt: skip
-    ph = out["phases"]
-    print(
-        f"hotline's step, mean of {ph['steps']} steps (ms; dispatch/gather/disk_read run ahead on the "
-        "look-ahead thread, stall is what the step waited for them):"
-    )
-    print("  " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in ph["seconds_per_step"].items()))
-    keep = ("disk_pages", "disk_reads", "disk_rows", "working_set_rows", "stale_rows", "rows_touched")
-    print("  per step: " + ", ".join(f"{k} {ph['counters_per_step'][k]:,.0f}" for k in keep
-                                     if k in ph["counters_per_step"]))  # fmt: skip
-
-
-def _print_side_by_side(out: dict, batch: int) -> None:
-    """hotline and the baseline from this one run, the ceiling's parts, and what bounds a step."""
-    gib, m, b, c = 1 << 30, out["measured"], out["baseline"], out["ceiling"]
-    print(f"baseline: {b['what']}")
-    print(f"{'':>22} {'hotline':>12} {'baseline':>12}")
-    print(
-        f"{'samples/s':>22} {out['samples_per_s']:>12,.0f} {b['samples_per_s']:>12,.0f}"
-        f"   hotline/baseline {out['samples_per_s'] / max(b['samples_per_s'], 1e-9):.2f}x"
-    )
-    print(
-        f"{'first step s':>22} {out['first_step_s']:>12.1f} {b['fill_s'] + b['first_step_s']:>12.1f}"
-        f"   (baseline: {b['fill_s']:.1f} s of writing its files, then the step)"
-    )
-    hw = out["hotline_peak_rss_bytes"]
-    print(f"{'peak RSS GiB':>22} {(hw or 0) / gib:>12.2f} {(b['peak_rss_bytes'] or 0) / gib:>12.2f}")
-    print(
-        f"coverage (lookups on hot rows) {m.get('hot_lookup_share', 0):.3f}, popular samples "
-        f"{m.get('popular_sample_share', 0):.3f}, cold rows per step {m.get('cold_rows_per_step', 0):,.0f}, "
-        f"disk pages per step {m['disk_pages_per_step']:,.0f} ({m['rows_per_page']:.0f} rows a page)"
-    )
-    r1, r32 = c["random_4k_reads_per_s_depth1"], c["random_4k_reads_per_s_depth32"]
-    disk = m["disk_pages_per_step"] / max(r32, 1e-9)
-    print(
-        f"ceiling: random 4 KiB reads {r1:,.0f}/s at depth 1, {r32:,.0f}/s at depth 32 -> the disk reads of a "
-        f"step {disk * 1e3:.0f} ms at depth 32, as many pages written back; dense compute alone "
-        f"{c['dense_step_s'] * 1e3:.0f} ms; ceiling {batch / max(disk, c['dense_step_s'], 1e-9):,.0f} samples/s "
-        f"(reads alone), {batch / max(2 * disk, c['dense_step_s'], 1e-9):,.0f} (reads and writes at that rate)"
-    )
-
-
-def _stage(args, argv, data: Path, work: Path, group: Path | None, stage: str) -> tuple[int, dict]:
-    """Runs one stage as a process in the memory cgroup ``group``, emptied of the page cache the stages before
-    left charged to it and its peak reset first, as a new container would start: :func:`child`'s stages, or
-    ``evaluate`` / ``predict`` (``python -m hotline evaluate|predict`` of this checkout on the checkpoint,
-    the last line it printed kept). Returns its exit code and results, with its seconds, peak resident set
-    (``wait4``) and the cgroup's peak and failcnt."""
-    result_file = Path(tempfile.mkstemp(suffix=".json", dir=work)[1])
-    cmd = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--child", "--stage", stage,
-           "--data", str(data), "--json", str(result_file)]  # fmt: skip
-    env = None
-    if stage in ("evaluate", "predict"):
-        cmd = [sys.executable, "-m", "hotline", stage, str(data), "--load", str(work / "ckpt"), "--threads",
-               str(args.threads), "--no-progress"]  # fmt: skip
-        if stage == "predict":
-            cmd += ["--out", str(work / "predictions.npy"), "--force"]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([common._ROOT, os.environ.get("PYTHONPATH", "")]))
-    procs = None if group is None else group / "cgroup.procs"
-    if group is not None:
-        (group / "memory.force_empty").write_text("0")
-        (group / "memory.max_usage_in_bytes").write_text("0")
-        (group / "memory.failcnt").write_text("0")
-    t0 = time.perf_counter()
-    with open(work / f"{stage}.out", "wb") as log, open(work / f"{stage}.err", "wb") as err:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=None if env is None else err, env=env,
-                                preexec_fn=(lambda: procs.write_text(str(os.getpid()))) if procs else None)  # fmt: skip
-        _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = code = os.waitstatus_to_exitcode(status)
-    seconds = time.perf_counter() - t0
-    if env is None:
-        out = json.loads(result_file.read_text()) if code == 0 else {}
-    else:
-        said = [(work / f"{stage}.{k}").read_text().strip().splitlines() for k in ("out", "err")]
-        lines = said[0] or said[1] or [""]
-        out = {stage: {"last_line": lines[-1]}}
-        (work / "predictions.npy").unlink(missing_ok=True)
-    result_file.unlink(missing_ok=True)
-    # train resets its VmHWM before the checkpoint (clear_refs), which lowers wait4's ru_maxrss too: its peak
-    # before the reset is hotline_peak_rss_bytes
-    peak = max(usage.ru_maxrss * 1024, out.get("hotline_peak_rss_bytes") or 0)
-    out.update({"exit": code, "seconds": seconds, "peak_rss_bytes": peak,
-                "cgroup_peak_bytes": None, "cgroup_failcnt": None})  # fmt: skip
-    if group is not None:
-        out["cgroup_peak_bytes"] = int((group / "memory.max_usage_in_bytes").read_text())
-        out["cgroup_failcnt"] = int((group / "memory.failcnt").read_text())
-    print(
-        f"stage {stage}: exit {code}, {seconds:.0f} s, peak RSS {out['peak_rss_bytes'] / 2**30:.2f} GiB, "
-        f"cgroup peak {(out['cgroup_peak_bytes'] or 0) / 2**30:.2f} GiB (page cache included)",
-        flush=True,
-    )
-    return code, out
-
-
 def main(argv=None) -> int:
     p = common.parser(__doc__)
     p.add_argument("--rows", type=int, default=MLPERF_ROWS, help="rows in all (the 26 tables scaled alike)")
@@ -395,7 +315,15 @@ def main(argv=None) -> int:
     p.add_argument("--baseline-steps", type=int, default=20, help="steps of the memory-mapped baseline")
     p.add_argument("--lookahead", type=int, default=2)
     p.add_argument("--hbm-budget", type=int, default=256 << 20, help="bytes of hot rows")
+    p.add_argument(
+        "--cold-cache", default="auto", help="the DRAM tier: a size (2GiB) or auto (what the limit leaves)"
+    )
     p.add_argument("--limit", type=int, default=3 << 30, help="the memory limit in bytes (cgroup v1)")
+    p.add_argument(
+        "--stages",
+        default=",".join(scale_stages.STAGES),
+        help=f"the stages to run, some of {','.join(scale_stages.STAGES)}",
+    )
     p.add_argument(
         "--work", default="bench-scale", help="a directory on local disk for the data, files and checkpoint"
     )
@@ -403,6 +331,14 @@ def main(argv=None) -> int:
     p.add_argument("--data", default=None, help=argparse.SUPPRESS)
     p.add_argument("--stage", default="train", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    stages = scale_stages.parse_stages(args.stages)
+    if args.cold_cache != "auto":
+        from hotline.units import parse_size
+
+        try:
+            parse_size(args.cold_cache)
+        except ValueError as e:
+            raise SystemExit(f"bench_scale: --cold-cache: {e}") from None
     if args.child:
         Path(args.json).write_text(json.dumps(child(args)))
         return 0
@@ -438,50 +374,45 @@ def main(argv=None) -> int:
             how, group = f"not limited: cannot make a memory cgroup under {parent} ({e})", None
     out: dict = {"stages": {}}
     t0 = time.perf_counter()
+    disk = scale_stages.DiskPeak(work)
+    last_reader = max((i for i, x in enumerate(stages) if x not in ("train", "baseline")), default=0)
     try:
-        for stage in ("train", "resume", "evaluate", "predict", "baseline"):
-            code, result = _stage(args, argv, data, work, group, stage)
-            out["stages"][stage] = {k: result.pop(k) for k in ("exit", "seconds", "peak_rss_bytes",
-                                                               "cgroup_peak_bytes", "cgroup_failcnt")}  # fmt: skip
-            out.update(result)
+        for i, stage in enumerate(stages):
+            code = 0
+            need = 2.2 * out.get("checkpoint_bytes", 0)  # the export's directory and scratch copy
+            if stage == "export" and shutil.disk_usage(work).free < need:
+                print(f"bench_scale: stage export skipped: it needs about {need / 1e9:,.0f} GB of disk, "
+                      f"{shutil.disk_usage(work).free / 1e9:,.0f} GB free", file=sys.stderr)  # fmt: skip
+            else:
+                code, result = scale_stages.run_stage(__file__, args, argv, data, work, group, stage)
+                out["stages"][stage] = {k: result.pop(k) for k in ("exit", "seconds", "peak_rss_bytes",
+                                                                   "cgroup_peak_bytes", "cgroup_failcnt")}  # fmt: skip
+                out.update(result)
+            if i == last_reader:  # no later stage reads the checkpoint: its room goes to the baseline's files
+                for f in work.glob("ckpt*"):
+                    shutil.rmtree(f) if f.is_dir() else f.unlink()
             if code != 0 and stage not in ("evaluate", "predict"):  # theirs are recorded, the rest still runs
                 print(f"bench_scale: stage {stage} failed (exit {code}) under {how}", file=sys.stderr)
                 return 1
     finally:
+        out["disk_peak_bytes"] = disk.close()
         if group is not None:
             group.rmdir()
     wall = time.perf_counter() - t0
-    out["resume_exact"] = out.pop("resumed_digest") == out.pop("digest")
+    if "resumed_digest" in out:
+        out["resume_exact"] = out.pop("resumed_digest") == out.pop("digest")
     peak = max((st["cgroup_peak_bytes"] or 0) for st in out["stages"].values()) if group else None
     failcnt = sum((st["cgroup_failcnt"] or 0) for st in out["stages"].values()) if group else None
     out["ru_maxrss_bytes"] = max(st["peak_rss_bytes"] for st in out["stages"].values())
+    out.setdefault("rows", sum(sizes))
     table_bytes = out["rows"] * 4 * (args.dim + 1)
     out.update({"limit": {"bytes": args.limit, "how": how}, "table_bytes": table_bytes, "wall_s": wall,
                 "cgroup_peak_bytes": peak, "cgroup_failcnt": failcnt, "steps": args.steps, "batch": args.batch,
                 "lookahead": args.lookahead, "hbm_budget": args.hbm_budget})  # fmt: skip
-    gib = 1 << 30
-    print(
-        f"{out['rows']:,} rows at dim {args.dim}, row-wise Adagrad: {table_bytes / gib:.2f} GiB of rows and state"
-    )
-    print(f"memory limit: {how}")
-    print(f"per-row host bytes: {out['per_row_host_bytes']:.2f} ({out['per_row_structures']}); the file's "
-          f"positions {out['positions_bytes'] / 1e6:,.1f} MB")  # fmt: skip
-    peak_text = "n/a" if peak is None else f"{peak / gib:.2f} GiB"
-    print(f"peak: cgroup {peak_text} (failcnt {failcnt}), child RSS {out['ru_maxrss_bytes'] / gib:.2f} GiB")
-    print(f"first step after {out['first_step_s']:.1f} s; {out['samples_per_s']:,.0f} samples/s")
-    su, rate = out["startup_s"], out["disk_write_mb_per_s"] * 1e6
-    out["first_step_bound_s"] = 2 * out["file_bytes"] / rate + su.get("profile_s", 0.0)
-    print("start-up: " + ", ".join(f"{k[:-2]} {v:.1f} s" for k, v in su.items()) + f"; first step "
-          f"{out['first_step_s']:.1f} s; bound 2 x file/seq-rate + profile = {out['first_step_bound_s']:.1f} s "
-          f"({out['file_bytes'] / 1e9:.2f} GB at {rate / 1e6:,.0f} MB/s)")  # fmt: skip
-    hwm = out["checkpoint_peak_rss_bytes"]
-    print(f"checkpoint: {out['checkpoint_bytes'] / 1e6:,.0f} MB in {out['checkpoint_s']:.1f} s, "
-          f"{out['checkpoint_mb_per_s']:,.0f} MB/s (the disk's sequential write: "
-          f"{out['disk_write_mb_per_s']:,.0f} MB/s); RSS {out['rss_before_checkpoint_bytes'] / gib:.2f} GiB "
-          f"before it, peak {'n/a' if hwm is None else f'{hwm / gib:.2f} GiB'} during it; load "
-          f"{out['load_s']:.1f} s; resumed bit-identically: {out['resume_exact']}")  # fmt: skip
-    _print_stages(out)
-    _print_side_by_side(out, args.batch)
+    if "startup_s" in out:  # the train stage ran: the issue's bound on its time to the first step
+        rate = out["disk_write_mb_per_s"] * 1e6
+        out["first_step_bound_s"] = 2 * out["file_bytes"] / rate + out["startup_s"].get("profile_s", 0.0)
+    scale_report.print_report(out, args.dim, args.batch)
     cmd = argv if argv is not None else sys.argv[1:]
     common.write_json(args.json, {"command": " ".join(["python benchmarks/bench_scale.py", *cmd]), **out})
     return 0

@@ -56,11 +56,13 @@ load a lookup); ``hash``, a hot table of the hot rows only (:func:`hotline.kerne
 16 to 32 bytes a hot row, whatever the row count: what each of N ranks holds)."""
 
 
-def index_for(world_size: int) -> str:
-    """The index a rank of ``world_size`` uses: ``dense`` on one rank (the faster split: one load a lookup,
-    ``benchmarks/bench_dispatcher.py`` prints the ratio; 4 bytes a row on the machine), ``hash`` on N ranks,
-    where a remap of every row on each rank would cost the machine 4N bytes a row."""
-    return "dense" if int(world_size) == 1 else "hash"
+def index_for(world_size: int, on_disk: bool = False) -> str:
+    """The index a rank of ``world_size`` uses: ``dense`` on one rank with the rows in memory (the faster split:
+    one load a lookup; ``benchmarks/bench_dispatcher.py`` prints the ratio, the hot table's split at 0.5x to
+    0.8x of its speed); ``hash`` on N ranks, where a remap of every row on each rank would cost the machine 4N
+    bytes a row, and with the rows on disk (``on_disk``: the tables are beyond DRAM, the remap's 4 bytes a row
+    are the DRAM tier's to use, and the split is a small part of a disk step)."""
+    return "dense" if int(world_size) == 1 and not on_disk else "hash"
 
 
 class HotSlots:

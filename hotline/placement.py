@@ -115,6 +115,8 @@ class Placement:
         """The fused rows the profile it was chosen by counted, most counted first, ties by id (:meth:`profiled`:
         the counted rows alone, not a count of every row), until start-up takes them (:meth:`take_sample_order`);
         None otherwise (a loaded placement)."""
+        self.sample_once: np.ndarray | None = None
+        """With :attr:`sample_order`: each table's rows the profile counted exactly once."""
         self.profile_s: float | None = None
         """Seconds the profile it was chosen by took (:meth:`profiled`); None otherwise."""
 
@@ -173,16 +175,27 @@ class Placement:
         id: the profile's :attr:`~hotline.profiling.profile.Profile.order`) as :attr:`sample_order`, so that
         start-up (:func:`hotline.tiers.build.build_mode`, the disk file's order) takes them instead of reading the
         sample a second time."""
-        placement = profile.placement(budget)
-        placement.sample_order = profile.order
+        placement = profile.placement(budget).carry_sample(profile)
         placement.profile_s = float(sum(getattr(profile, "timings", {}).values()))
         return placement
 
-    def take_sample_order(self) -> np.ndarray | None:
-        """The profile's counted rows in count order this placement carries (:meth:`profiled`), then forgets
-        them (nothing keeps them past start-up); None when it carries none."""
+    def carry_sample(self, profile) -> Placement:
+        """Carries ``profile``'s counted rows in count order (:attr:`sample_order`) and each table's rows it
+        counted once (:attr:`sample_once`: the order of the disk file's never-counted rows) until start-up takes
+        them; returns self."""
+        self.sample_order = profile.order
+        A = profile.order.shape[0]
+        once = profile.table_of_order[profile._ranked_counts[:A] == 1]
+        self.sample_once = np.bincount(once, minlength=len(profile.table_sizes))
+        return self
+
+    def take_sample_order(self) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """``(order, once)``: the profile's counted rows in count order this placement carries (:meth:`profiled`)
+        and each table's rows counted once, then forgets them (nothing keeps them past start-up); None when it
+        carries none."""
         order, self.sample_order = self.sample_order, None
-        return order
+        once, self.sample_once = self.sample_once, None
+        return None if order is None else (order, once)
 
     @classmethod
     def all_cold(cls, table_sizes: Sequence[int], **kwargs) -> Placement:

@@ -127,3 +127,12 @@ def test_the_hot_table_is_sized_by_the_hot_rows_and_the_remap_by_every_row():
     assert padded.row_remap.index is padded.remap
     with pytest.raises(ValueError, match="index must be one of"):
         Dispatcher(placement, 1, 8, index="tree")
+
+
+def test_the_index_is_the_remap_only_on_one_rank_with_the_rows_in_memory():
+    """``index_for``: the dense remap (4 bytes a row) on one rank with the memory store; the hot table on N ranks
+    and on the disk store, whose tables are beyond DRAM (its per-row bytes: tests/test_host_bytes.py)."""
+    from hotline.dispatch import index_for
+
+    assert index_for(1) == "dense"
+    assert index_for(1, on_disk=True) == index_for(2) == index_for(4, on_disk=True) == "hash"

@@ -88,9 +88,13 @@ def test_one_rank_holds_at_most_eight_bytes_a_row(data, tmp_path, store, bags):
     path, placement = data[bags]
     found = _measure(None, _config(store, str(tmp_path)), path, placement)
     assert sum(found.values()) <= 8 * ROWS + ALLOWANCE, found
-    # one rank keeps the dense remap (the faster split), padded or not one copy of it
+    # one rank keeps the dense remap (the faster split) with the rows in memory, padded or not one copy of it;
+    # with the rows on disk a hot table of the hot rows (hotline.dispatch.index_for): nothing a row
     remaps = [p for p in found if "remap" in p]
-    assert len(remaps) == 1 and found[remaps[0]] <= 4 * ROWS + ALLOWANCE, found
+    if store == "disk":
+        assert found == {}, found
+    else:
+        assert len(remaps) == 1 and found[remaps[0]] <= 4 * ROWS + ALLOWANCE, found
 
 
 @pytest.mark.parametrize("bags", ["one-hot", "padded"])

@@ -5,6 +5,7 @@ where this machine lets a test make one."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -224,3 +225,108 @@ print(c.free >> 20, int(stat["total_active_file"]) >> 20)
 a = np.ones((c.free - (64 << 20)) // 8)
 print("allocated", a.nbytes >> 20)
 """
+
+
+def test_cold_cache_auto_takes_what_the_preflight_leaves(tmp_path):
+    """``--cold-cache auto``: the memory the preflight lets the run take, less the hot budget, its hot table, the
+    per-row structures, the look-ahead buffers and the dense model; the run so sized passes the preflight, a byte
+    more of DRAM tier does not; 0 where nothing is left, or for the memory store; a size given stays."""
+    from dataclasses import replace
+
+    from hotline import TrainConfig
+    from hotline.training.preflight import (
+        AUTO_CACHE_SLACK,
+        MemoryShortfall,
+        check_dense_memory,
+        memory_needed,
+        positions_bytes,
+        resolve_cold_cache,
+    )
+
+    ds = _tables(tmp_path / "ds", 1_000_000)
+    cold = tmp_path / "cold"
+    cold.mkdir()
+    cfg = TrainConfig(mode="hotline", embedding_dim=8, bottom_mlp=[13, 8], top_mlp=[8, 1], mini_batch_size=64,
+                      optimizer="rowwise-adagrad", hbm_budget=4 * MIB, cold_store="disk", cold_dir=str(cold),
+                      cold_cache="auto")  # fmt: skip
+    got = resolve_cold_cache(cfg, ds, memory=HostMemory(64 * GIB, CgroupLimit(2 * GIB, 0, "cgroup v1 x")))
+    usable = int(0.9 * 2 * GIB) - 512 * MIB
+    hot = 4 * MIB + 4 * MIB // 36 * 32  # the hot rows and their hot table
+    # the positions: 8 bytes for each row outside the file's ascending run (hot, or counted by the profile)
+    kept = 4 * MIB // 36 + 13  # the profile's sample: 5% of the 256 training samples, one lookup each
+    assert positions_bytes(cfg, ds) == 8 * kept
+    assert memory_needed(replace(cfg, cold_cache=0), ds) >= 8 * kept + hot
+    assert 0 < got.cold_cache <= usable - 8 * kept - hot - AUTO_CACHE_SLACK
+    assert (
+        positions_bytes(replace(cfg, hbm_budget=64 * MIB), ds) == 4_000_000
+    )  # a quarter of the rows: 4 a row
+    check_dense_memory(got, ds, available=2 * GIB)  # what the Trainer checks next: passes
+    with pytest.raises(MemoryShortfall):
+        check_dense_memory(
+            replace(got, cold_cache=got.cold_cache + AUTO_CACHE_SLACK + 1), ds, available=2 * GIB
+        )
+    assert resolve_cold_cache(cfg, ds, memory=600 * MIB).cold_cache == 0
+    two = resolve_cold_cache(cfg, ds, memory=2 * GIB, local_ranks=2)  # two ranks of a machine share it
+    assert 0 < two.cold_cache <= usable // 2 - 8 * kept - hot - AUTO_CACHE_SLACK
+    assert resolve_cold_cache(replace(cfg, cold_cache=5), ds).cold_cache == 5
+    mem = TrainConfig(mode="hotline", embedding_dim=8, bottom_mlp=[13, 8], top_mlp=[8, 1], cold_cache="auto")
+    assert resolve_cold_cache(mem, ds).cold_cache == 0
+
+
+@pytest.mark.parametrize("value", ["lots", -1, 1.5, True])
+def test_a_bad_cold_cache_is_one_line(value):
+    from hotline import TrainConfig
+
+    with pytest.raises(
+        ValueError, match=r"^--cold-cache must be a size >= 0 \(bytes, e.g. 2GiB\) or auto, got"
+    ):
+        TrainConfig(cold_cache=value)
+
+
+_AUTO_RUN = """
+import json
+from dataclasses import replace
+from hotline import TrainConfig
+from hotline.datasets.synthetic import generate
+from hotline.training.host_memory import host_memory
+from hotline.training.preflight import dense_model_bytes, memory_needed
+from hotline.training.trainer import Trainer
+from hotline.datasets.format import Dataset
+ds = Dataset(generate({data!r}, 1_000, seed=1, table_sizes=[3_000_000, 3_000_000], zipf=1.2, progress=False))
+cfg = TrainConfig(mode="hotline", embedding_dim=8, bottom_mlp=[13, 8], top_mlp=[8, 1], mini_batch_size=64,
+                  optimizer="rowwise-adagrad", hbm_budget=1 << 20, cold_store="disk", cold_dir={cold!r},
+                  cold_cache="auto", num_batches=4, lookahead=2, progress=False, quiet=True)
+memory = host_memory()
+rest = memory_needed(replace(cfg, cold_cache=0), ds) + sum(dense_model_bytes(cfg, ds))
+tr = Trainer(cfg, ds)
+f = tr.mode.cold.host.file
+before = f.cache.nbytes
+for _ in tr.progress(tr.batches()):
+    pass
+print(json.dumps({{"limit": memory.cgroup.limit, "available": memory.available, "rest": rest,
+                  "cache_bytes": tr.config.cold_cache, "cache_rows": f.cache_rows, "record": f.record,
+                  "before": before, "after": f.cache.nbytes, "rows": f.num_rows}}))
+tr.close()
+"""
+
+
+def test_cold_cache_auto_under_a_real_cgroup_v1_limit(tmp_path):
+    """A disk-store run with ``cold_cache="auto"`` in a 1 GiB cgroup, 6 million rows (216 MB of rows and state):
+    the tier it picks is what the cgroup leaves (its room read from the real cgroup, less the margin and what
+    else the run holds), part of the file, its memory taken only at the first step (none after start-up), and
+    the run trains inside the limit."""
+    from hotline.training.preflight import AUTO_CACHE_SLACK, usable_memory
+
+    cold = tmp_path / "cold"
+    cold.mkdir()
+    script = _AUTO_RUN.format(data=str(tmp_path / "ds"), cold=str(cold))
+    with _child_cgroup("hotline-test-auto", GIB) as group:
+        run = _run_in(group, ["-c", script])
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["limit"] == GIB and got["available"] < GIB - 64 * MIB, got  # the cgroup binds, python in use
+    assert got["rest"] >= 2 * (1 << 20), got  # the hot budget, its hot table, the positions counted
+    picked = usable_memory(got["available"]) - got["rest"] - AUTO_CACHE_SLACK
+    assert 64 * MIB < got["cache_bytes"] and abs(got["cache_bytes"] - picked) < 32 * MIB, got
+    assert got["cache_rows"] == got["cache_bytes"] // got["record"] < got["rows"], got
+    assert got["before"] == 0 and got["after"] == got["cache_rows"] * got["record"], got

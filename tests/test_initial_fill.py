@@ -31,12 +31,15 @@ def test_a_block_is_the_rows_of_the_whole_table(dim):
 def _order(layout, rng, rank, N, hot, shuffled=False):
     n = layout.num_rows
     local = len(range(rank, n, N))
-    if shuffled:  # no long ascending run: the fallback
+    if shuffled is True:  # no long ascending run: the fallback
         return rng.permutation(local).astype(np.int32)
     counts = np.zeros(n, np.uint32)
     np.add.at(counts, rng.zipf(1.3, 6000) % n, 1)
     counted = order_by_count(counts)
-    return popularity_order(None, local, hot[hot % N == rank] // N, counted[counted % N == rank] // N)
+    if shuffled == "tables":  # the never-counted rows table by table, the last table first: a run each
+        once = np.arange(len(layout.table_sizes))
+        return popularity_order(None, local, hot, layout.table_sizes, counted=counted, once=once)
+    return popularity_order(None, local, hot[hot % N == rank] // N, counted=counted[counted % N == rank] // N)
 
 
 @pytest.mark.parametrize(
@@ -44,6 +47,7 @@ def _order(layout, rng, rank, N, hot, shuffled=False):
     [
         ([5000, 300, 17, 9000], 8, "rowwise-adagrad", 1, False),
         ([5000, 300, 17, 9000], 5, "adam", 1, False),
+        ([5000, 300, 17, 9000], 6, "rowwise-adagrad", 1, "tables"),
         ([777, 3000, 4001], 4, "sgd", 2, False),
         ([777, 3000, 4001], 3, "adagrad", 3, False),
         ([2000, 1500], 4, "rowwise-adagrad", 1, True),
@@ -66,9 +70,10 @@ def test_the_file_holds_the_initial_tables(tmp_path, monkeypatch, sizes, dim, op
             streamed = fill_mod._streamed(rows.file)
             if streamed is not None:  # its plan, then the fill makes its own
                 assert len([s for s in streamed.seg_stream if s is not None]) >= 2 and streamed.short_rows > 0
+                assert len(streamed.mains) == (2 if shuffled == "tables" else 1)  # tables 3 and 0: long runs
                 streamed.discard()
-            assert (streamed is None) == (shuffled or not rows.file.direct)
-            assert isinstance(rows.file.positions, RowPositions) != shuffled
+            assert (streamed is None) == (shuffled is True or not rows.file.direct)
+            assert isinstance(rows.file.positions, RowPositions) != (shuffled is True)
             hot_w = rows.fill_initial(layout, 3, r, N, hot=hot)
             w, s = rows.all()
             assert np.array_equal(w, expect[r::N])
@@ -85,7 +90,7 @@ def _fill_peak(tmp_path, n: int) -> int:
     layout = TableLayout([n // 2, n - n // 2])
     hot = np.arange(0, n, 50)
     rows = DiskRows(tmp_path / f"m{n}.bin", n, 8, SparseOptimizer("rowwise-adagrad", 0.1, dim=8),
-                    popularity_order(None, n, hot, np.arange(1, n, 97)))  # fmt: skip
+                    popularity_order(None, n, hot, counted=np.arange(1, n, 97)))  # fmt: skip
     try:
         tracemalloc.start()
         rows.fill_initial(layout, 0, hot=hot)
@@ -147,7 +152,7 @@ def test_a_profiled_placement_carries_the_counted_rows_not_a_count_of_every_row(
     order = placement.sample_order
     assert order.shape[0] == profile.num_accessed < ds.total_rows // 4  # the sample's rows, not every row
     assert np.array_equal(order, order_by_count(profile.counts))
-    assert placement.take_sample_order() is order and placement.sample_order is None
+    assert placement.take_sample_order()[0] is order and placement.sample_order is None
 
 
 def test_build_mode_reports_the_start_up_phases(tmp_path):

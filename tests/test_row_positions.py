@@ -1,6 +1,6 @@
 """The disk store's row positions (``RowFile.positions``, :func:`hotline.tiers.disk_file.positions_of`): each
 row's place in the file's order, equal to the inverse permutation, without an array of every row where the order
-is the disk store's (counted rows, the never-counted rows in id order, the hot rows)."""
+is the disk store's (counted rows, the never-counted rows in id order or table by table, the hot rows)."""
 
 import numpy as np
 import pytest
@@ -60,3 +60,46 @@ def test_positions_hold_the_rows_outside_the_run_only():
     pos = positions_of(order)
     held = pos.kept_rows.nbytes + pos.kept_at.nbytes
     assert held <= 8 * 70_000, held
+
+
+def test_never_counted_rows_go_table_by_table_likeliest_first_and_positions_stay_compact():
+    """With the tables' sizes, the never-counted rows follow the counted ones table by table, the table with the
+    most rows counted once per unseen row first (a table whose unseen rows are looked up most: the DRAM tier at
+    the file's head holds them); every row once; the positions are the inverse, kept for the counted and hot
+    rows only (each table's block is an ascending run of its own id range)."""
+    sizes = [30_000, 50_000, 20_000]
+    n = sum(sizes)
+    counts = np.zeros(n, np.uint32)
+    counts[np.arange(0, 30_000, 300)] = 5  # table 0: 100 rows counted, none once
+    counts[30_000 + np.arange(0, 50_000, 100)] = 1  # table 1: 500 rows counted once
+    counts[80_000 + np.arange(0, 20_000, 50)] = 1  # table 2: 400 rows counted once, 2.5x table 1's rate
+    hot = np.array([5, 30_001, 80_003])
+    order = popularity_order(counts, n, hot, sizes)
+    assert np.array_equal(np.sort(order), np.arange(n)) and np.array_equal(order[-3:], hot)
+    never = order[1000 : n - 3]
+    table = np.searchsorted(np.cumsum(sizes), never, side="right")
+    assert np.array_equal(
+        np.flatnonzero(np.diff(table)) + 1, [20_000 - 400 - 1, 20_000 - 400 - 1 + 50_000 - 500 - 1]
+    )
+    assert list(table[[0, 30_000, -1]]) == [2, 1, 0]  # table 2, then 1, then 0 (no row counted once)
+    assert np.array_equal(order, popularity_order(counts, n, hot)) is False
+    pos = positions_of(order, 4096)
+    assert isinstance(pos, RowPositions) and pos.kept_rows.shape[0] <= 1000 + 3
+    assert np.array_equal(pos[np.arange(n)], _inverse(order))
+
+
+def test_table_blocks_that_meet_in_ascending_order_stay_compact():
+    """Table 0's block then table 2's (table 1's last): ascending across the meeting, yet two runs of their own
+    id ranges (a run ends where ids jump), so the positions keep the counted and hot rows only."""
+    sizes = [30_000, 50_000, 20_000]
+    n = sum(sizes)
+    counts = np.zeros(n, np.uint32)
+    counts[np.arange(0, 30_000, 30)] = 1  # table 0: the likeliest unseen rows
+    counts[30_000 + np.arange(0, 50_000, 1000)] = 2  # table 1: no row counted once
+    counts[80_000 + np.arange(0, 20_000, 100)] = 1  # table 2: second
+    order = popularity_order(counts, n, None, sizes)
+    never = order[1000 + 50 + 200 :]
+    assert never[0] == 1 and never[-1] == 79_999 and never[28_999] < never[29_000]  # 0's block, then 2's
+    pos = positions_of(order, 4096)
+    assert isinstance(pos, RowPositions) and pos.kept_rows.shape[0] == 1250
+    assert np.array_equal(pos[np.arange(n)], _inverse(order))

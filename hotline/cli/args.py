@@ -268,7 +268,7 @@ def field_value(args: argparse.Namespace, f: Field):
         from hotline.models.dlrm import parse_layers
 
         value = parse_layers(value, meta["flag"])
-    elif meta["parse"] == "size":
+    elif meta["parse"] == "size" or (meta["parse"] == "size-or-auto" and value != "auto"):
         try:
             value = parse_size(value)
         except ValueError as e:

@@ -39,14 +39,14 @@ def _stores(config, layout: TableLayout, placement: Placement, optimizer: Sparse
 
         hot = placement.fused_hot_ids()
         t0 = time.perf_counter()
-        counted = _counted_rows(config, dataset, counted)
+        counted, once = _counted_rows(config, dataset, counted, layout.table_sizes)
         startup["count_s"] = time.perf_counter() - t0
 
         def order() -> (
             np.ndarray
         ):  # made by the store, which writes it to its file and frees it before the fill
             t = time.perf_counter()
-            out = popularity_order(None, layout.num_rows, hot, counted)
+            out = popularity_order(None, layout.num_rows, hot, layout.table_sizes, counted=counted, once=once)
             startup["order_s"] = time.perf_counter() - t
             return out
 
@@ -65,12 +65,12 @@ def _stores(config, layout: TableLayout, placement: Placement, optimizer: Sparse
 
         local = layout.num_rows // N + (r < layout.num_rows % N)  # rows r, r + N, ...: local ids fused // N
         hot = placement.fused_hot_ids()
-        counted = _counted_rows(config, dataset, counted)
+        counted, _ = _counted_rows(config, dataset, counted)
         counted = (
             counted[counted % N == r] // N
         )  # the count order of this rank's rows (ties: local ids ascend)
         rows = DiskRows(cold_file(config.cold_dir, r, N), local, dim, optimizer,
-                        popularity_order(None, local, hot[hot % N == r] // N, counted),
+                        popularity_order(None, local, hot[hot % N == r] // N, counted=counted),
                         config.cold_io_depth, config.cold_direct, config.cold_cache, config.force)  # fmt: skip
         del counted
         hot_w = rows.fill_initial(layout, seed, r, N, hot=hot)
@@ -91,19 +91,25 @@ def _stores(config, layout: TableLayout, placement: Placement, optimizer: Sparse
     return ShardedColdStore(comm, shard, optimizer, layout.num_rows, defer=True), hot_w
 
 
-def _counted_rows(config, dataset: Dataset, counted: np.ndarray | None) -> np.ndarray:
-    """The fused rows the profile's sample counts, most counted first, ties by id (the disk file's order):
-    ``counted``, the order of the profile the placement was chosen by (the sample is read once), else made by
-    the counting pass alone, not a whole profile (no ranks, no held-out figures); the counts are freed once
+def _counted_rows(
+    config, dataset: Dataset, counted, table_sizes=None
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """The fused rows the profile's sample counts, most counted first, ties by id (the disk file's order), and
+    with ``table_sizes`` each table's rows counted once (the order of the never-counted rows: None without).
+    ``counted``: the profile's ``(order, once)`` the placement was chosen by (the sample is read once), else made
+    by the counting pass alone, not a whole profile (no ranks, no held-out figures); the counts are freed once
     ordered (a row's width of every row)."""
     if counted is not None:
         return counted
     from hotline.kernels.profile import order_by_count
     from hotline.profiling.profiler import Profiler
+    from hotline.tiers.disk_store import once_per_table
 
     profiler = Profiler(embedding_dim=config.embedding_dim, optimizer=config.optimizer,
                         mini_batch_size=config.mini_batch_size, seed=config.seed, progress=False)  # fmt: skip
-    return order_by_count(profiler.count(dataset))
+    counts = profiler.count(dataset)
+    once = None if table_sizes is None else once_per_table(counts, table_sizes)
+    return order_by_count(counts), once
 
 
 def build_mode(
@@ -124,7 +130,7 @@ def build_mode(
     # A rank's share of a global batch; a batch larger than the data is clipped to it (as every mode does).
     max_batch = -(-max(1, min(config.mini_batch_size, len(dataset.train))) // comm.world_size)
     max_rows = max_batch * dataset.lookups_per_sample
-    counted = placement.take_sample_order()  # the profile's, used once and not kept
+    counted = placement.take_sample_order()  # the profile's (order, once per table), used once and not kept
     startup = {"profile_s": placement.profile_s} if placement.profile_s is not None else {}
     t0 = time.perf_counter()
     cold, hot_w = _stores(config, layout, placement, opt, comm, max_rows, dataset, counted, startup)

@@ -26,7 +26,10 @@ look-ahead fetch's pages are tracked until its write: every write copies the byt
 them, so a step reads each of its pages from disk once (see :meth:`RowFile.read_rows`).
 
 ``cache_bytes`` keeps the head of the file (the most popular rows, by the order) in host memory: a DRAM tier
-between the hot rows and the disk, authoritative for its rows (written to the file by :meth:`flush`).
+between the hot rows and the disk, authoritative for its rows (written to the file by :meth:`flush`). Its
+memory is taken, and read from the file, at the first step's access (:meth:`read_rows`, :meth:`write_rows`),
+not when the store is made: until then every row is on disk, so start-up (the initial fill, a checkpoint's
+load) writes the file alone and the tier's pages are touched only after start-up's temporaries are freed.
 
 An I/O error or a full disk raises ``OSError`` naming the file.
 """
@@ -45,15 +48,14 @@ from pathlib import Path
 import numpy as np
 
 from hotline import _io
-from hotline.tiers.disk_pages import (  # noqa: F401 - pages_per_record re-exported
+from hotline.tiers.disk_pages import (  # noqa: F401 - pages_per_record, positions_of re-exported
     PageSet,
-    RowPositions,
     aligned_bytes,
     get_records,
-    longest_ascending_run,
     named_error,
     pages_of,
     pages_per_record,
+    positions_of,
     put_records,
     runs,
     spanned,
@@ -129,10 +131,12 @@ class RowFile:
         self._live: weakref.WeakSet[PageSet] = weakref.WeakSet()
         self._pool = ThreadPoolExecutor(self.io_depth, thread_name_prefix="hotline-disk-io")
         self.cache_rows = min(self.num_rows, int(cache_bytes) // self.record)
-        self.cache = np.zeros((self.cache_rows, self.floats), np.float32)  # file positions [0, cache_rows)
+        """Rows of the DRAM tier: file positions [0, cache_rows)."""
+        self.cache = np.zeros((0, self.floats), np.float32)
+        """float32 [cache_rows, floats] once :meth:`_load_cache` has run (the first step's access), else empty."""
+        self._cache_lock = threading.Lock()
+        self._cache_loaded = not self.cache_rows
         self.bytes_read = self.bytes_written = 0
-        if not create and self.cache_rows:
-            self.cache[:] = self._read_positions(0, self.cache_rows)
 
     @classmethod
     def open(cls, path: str | os.PathLike, dim: int, state_floats: int, optimizer: str = "",
@@ -250,10 +254,38 @@ class RowFile:
             os.close(self._bulk)
             self._fd = self._bulk = -1
 
+    def _cached(self) -> int:
+        """Rows held in the DRAM tier now: ``cache_rows`` once it is loaded, 0 before (every row on disk)."""
+        return self.cache_rows if self._cache_loaded else 0
+
+    def _load_cache(self) -> None:
+        """Takes the DRAM tier's memory and reads its rows from the file (once, at the first step's access):
+        in chunks through the page cache, each chunk's cached pages dropped after it (a memory limit holds the
+        tier, not a second copy of it in the page cache)."""
+        if self._cache_loaded:
+            return
+        with self._cache_lock:
+            if self._cache_loaded:
+                return
+            cache = np.empty((self.cache_rows, self.floats), np.float32)
+            chunk = max(1, _CHUNK_BYTES // self.record)
+            for lo in range(0, self.cache_rows, chunk):
+                n = min(chunk, self.cache_rows - lo)
+                cache[lo : lo + n] = self._read_positions(lo, n)
+                with contextlib.suppress(OSError):
+                    os.posix_fadvise(self._bulk, lo * self.record, n * self.record, os.POSIX_FADV_DONTNEED)
+            self.cache = cache
+            self._cache_loaded = True
+
     def flush(self) -> None:
-        """Makes the file hold every row's current value (the DRAM cache's rows written to it) and durable."""
-        if self.cache_rows:
-            self._write_positions(0, self.cache)
+        """Makes the file hold every row's current value (the DRAM cache's rows written to it) and durable:
+        the tier is written in chunks, each made durable and dropped from the page cache after it (a memory
+        limit must not fill with the tier's dirty pages)."""
+        chunk = max(1, _CHUNK_BYTES // self.record)
+        for lo in range(0, self._cached(), chunk):
+            n = min(chunk, self.cache_rows - lo)
+            self._write_positions(lo, self.cache[lo : lo + n])
+            self.drop_page_cache()
         try:
             os.fsync(self._bulk)
         except OSError as e:
@@ -307,7 +339,7 @@ class RowFile:
 
     def put_positions(self, start: int, records: np.ndarray) -> None:
         """Records at file positions ``start...`` (those in the DRAM cache go there)."""
-        n_cached = max(0, min(self.cache_rows - start, records.shape[0]))
+        n_cached = max(0, min(self._cached() - start, records.shape[0]))
         if n_cached:
             self.cache[start : start + n_cached] = records[:n_cached]
         if n_cached < records.shape[0]:
@@ -319,7 +351,7 @@ class RowFile:
         for lo in range(0, self.num_rows, chunk):
             n = min(chunk, self.num_rows - lo)
             recs = self._read_positions(lo, n)
-            c = max(0, min(self.cache_rows - lo, n))
+            c = max(0, min(self._cached() - lo, n))
             if c:
                 recs[:c] = self.cache[lo : lo + c]
             yield self.order[lo : lo + n], recs
@@ -328,6 +360,7 @@ class RowFile:
     # -- a step's rows: coalesced page reads on the I/O threads ----------------------------------------
     def _split(self, rows: np.ndarray):
         """``rows`` split into those in the DRAM cache and those on disk (their indices and positions)."""
+        self._load_cache()
         pos = self.positions[rows].astype(np.int64)  # byte offsets are int64
         cached = pos < self.cache_rows
         if not self.cache_rows:
@@ -453,20 +486,3 @@ class RowFile:
                 with live.lock:
                     live.buffer.reshape(-1, PAGE)[theirs] = src[ours]
                     live.read_at[theirs] = stamp
-
-
-def positions_of(order, chunk: int = 1 << 22):
-    """Each row's place in ``order`` (a permutation, read in chunks: it may be a memory map), indexed as
-    ``positions[rows]``: a :class:`~hotline.tiers.disk_pages.RowPositions` where the order is mostly one
-    ascending run (the disk store's: memory for the rows outside it only), else an array in the narrowest
-    integer that holds it (int32 below 2**31 rows)."""
-    n = order.shape[0]
-    a, b = longest_ascending_run(order, chunk)
-    if 4 * (n - (b - a)) < n:  # two arrays of the rows outside the run: under 2 bytes a row
-        return RowPositions(order, (a, b), chunk)
-    dtype = np.int32 if n < 1 << 31 else np.int64
-    out = np.empty(n, dtype)
-    for lo in range(0, n, chunk):
-        hi = min(n, lo + chunk)
-        out[np.asarray(order[lo:hi])] = np.arange(lo, hi, dtype=dtype)
-    return out

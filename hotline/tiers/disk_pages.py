@@ -1,7 +1,7 @@
 """The 4 KiB pages of a :class:`~hotline.tiers.disk_file.RowFile`: which pages hold which packed records, runs
 of consecutive pages (one system call each), page-aligned buffers (O_DIRECT's rule), records read from and
-written into a buffer of pages, runs read or written on the I/O threads, and the :class:`PageSet` a fetch read
-(reused by its write)."""
+written into a buffer of pages, runs read or written on the I/O threads, the :class:`PageSet` a fetch read
+(reused by its write), and each row's place in the file (:func:`positions_of`)."""
 
 from __future__ import annotations
 
@@ -180,24 +180,28 @@ class PageSet:
 
 
 class RowPositions:
-    """Each row's file position (``positions[rows]``), held in memory that follows the rows outside one run: for
-    an order made of any rows, then one ascending run, then any rows (:func:`~hotline.tiers.disk_store.\
-popularity_order`'s: the counted rows, the never-counted rows in id order, the hot rows), the rows before and
-    after the run are kept sorted with their positions (two arrays of that many rows); a row of the run is at
-    ``run_start + row - (kept rows below it)``, as the run holds exactly the other rows, in id order.
-    :func:`row_positions` chooses it where it is smaller than one position per row."""
+    """Each row's file position (``positions[rows]``), held in memory that follows the rows outside some runs: for
+    an order made of ascending runs of ids whose id ranges do not overlap, and any rows between them
+    (:func:`~hotline.tiers.disk_store.popularity_order`'s: the counted rows, the never-counted rows in id order
+    or table by table, the hot rows), the rows outside the runs are kept sorted with their positions (two arrays
+    of that many rows); a row of run k (first id ``lo``, at file position ``start``) is at ``start + row - lo -
+    (kept rows in [lo, row))``, as the run holds exactly the other rows of its id range, in id order.
+    :func:`positions_of` chooses it where it is smaller than one position per row."""
 
-    def __init__(self, order, run: tuple[int, int], chunk: int = 1 << 22):
-        a, b = run
+    def __init__(self, order, runs: list[tuple[int, int]], chunk: int = 1 << 22):
         n = order.shape[0]
         self.shape, self.ndim = (n,), 1
         self.dtype = np.dtype(np.int32 if n < 1 << 31 else np.int64)
-        self.run_start = a
-        kept = np.concatenate([np.asarray(order[:a]), np.asarray(order[b:])])
-        at = np.concatenate([np.arange(a), np.arange(b, n)]).astype(self.dtype)
+        runs = sorted(runs, key=lambda ab: int(order[ab[0]]))
+        bounds = [0] + [x for ab in sorted(runs) for x in ab] + [n]
+        kept = np.concatenate([np.asarray(order[a:b]) for a, b in zip(bounds[::2], bounds[1::2])])
+        at = np.concatenate([np.arange(a, b) for a, b in zip(bounds[::2], bounds[1::2])]).astype(self.dtype)
         by_row = np.argsort(kept, kind="stable")
         self.kept_rows, self.kept_at = kept[by_row].astype(self.dtype), at[by_row]
-        """The rows outside the run, ascending, and their positions."""
+        """The rows outside the runs, ascending, and their positions."""
+        self.run_lo = np.array([int(order[a]) for a, _ in runs], np.int64)
+        self.run_start = np.array([a for a, _ in runs], np.int64)
+        self._kept_below = np.searchsorted(self.kept_rows, self.run_lo)
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -205,12 +209,39 @@ popularity_order`'s: the counted rows, the never-counted rows in id order, the h
     def __getitem__(self, rows):
         r = np.asarray(rows)
         idx = np.searchsorted(self.kept_rows, r)
-        out = (self.run_start + r - idx).astype(self.dtype)
+        k = np.maximum(np.searchsorted(self.run_lo, r, side="right") - 1, 0)
+        out = (self.run_start[k] + r - self.run_lo[k] - (idx - self._kept_below[k])).astype(self.dtype)
         if self.kept_rows.shape[0]:
             near = np.minimum(idx, self.kept_rows.shape[0] - 1)
             hit = self.kept_rows[near] == r
             out = np.where(hit, self.kept_at[near], out)
         return out if out.ndim else out.dtype.type(out)
+
+
+def ascending_runs(
+    order, min_len: int = 1, chunk: int = 1 << 22, max_step: int | None = None
+) -> list[tuple[int, int]]:
+    """``(start, stop)`` of every maximal run of strictly ascending values in ``order`` at least ``min_len`` long
+    (read in chunks: it may be a memory map); ``max_step``: a run also ends where a value exceeds the one before
+    by more (two blocks of ids that meet in ascending order stay two runs)."""
+    n = order.shape[0]
+    out, start, prev = [], 0, None
+    step = max_step if max_step is not None else 1 << 62
+    for lo in range(0, n, chunk):
+        c = np.asarray(order[lo : lo + chunk]).astype(np.int64)
+        d = np.diff(c)
+        breaks = np.flatnonzero((d <= 0) | (d > step)) + 1 + lo
+        if prev is not None and (c[0] <= prev or c[0] - prev > step):
+            breaks = np.concatenate([[lo], breaks])
+        if breaks.shape[0]:
+            starts = np.concatenate([[start], breaks[:-1]])
+            long = (breaks - starts) >= min_len
+            out += list(zip(starts[long].tolist(), breaks[long].tolist()))
+            start = int(breaks[-1])
+        prev = int(c[-1])
+    if n - start >= max(1, min_len):
+        out.append((start, n))
+    return out
 
 
 def longest_ascending_run(order, chunk: int = 1 << 22) -> tuple[int, int]:
@@ -234,3 +265,28 @@ def longest_ascending_run(order, chunk: int = 1 << 22) -> tuple[int, int]:
     if n - start > best[1] - best[0]:
         best = (start, n)
     return best
+
+
+def positions_of(order, chunk: int = 1 << 22):
+    """Each row's place in ``order`` (a permutation, read in chunks: it may be a memory map), indexed as
+    ``positions[rows]``: a :class:`~hotline.tiers.disk_pages.RowPositions` where the order is mostly one
+    ascending run (the disk store's: memory for the rows outside it only), else an array in the narrowest
+    integer that holds it (int32 below 2**31 rows)."""
+    n = order.shape[0]
+    runs, taken = [], []  # the longest runs first, each kept where its id range overlaps none taken before
+    least = max(
+        64, n >> 12
+    )  # a run this long at least, its ids no further apart (blocks that meet: two runs)
+    for a, b in sorted(ascending_runs(order, least, chunk, least), key=lambda ab: ab[0] - ab[1]):
+        lo, hi = int(order[a]), int(order[b - 1])
+        if all(hi < x or lo > y for x, y in taken):
+            runs.append((a, b))
+            taken.append((lo, hi))
+    if runs and 4 * (n - sum(b - a for a, b in runs)) < n:  # the rows outside the runs: under 2 bytes a row
+        return RowPositions(order, runs, chunk)
+    dtype = np.int32 if n < 1 << 31 else np.int64
+    out = np.empty(n, dtype)
+    for lo in range(0, n, chunk):
+        hi = min(n, lo + chunk)
+        out[np.asarray(order[lo:hi])] = np.arange(lo, hi, dtype=dtype)
+    return out

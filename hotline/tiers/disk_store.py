@@ -47,14 +47,18 @@ def cold_file(cold_dir: str | os.PathLike, rank: int = 0, world_size: int = 1) -
 
 
 def popularity_order(counts: np.ndarray | None, num_rows: int, last: np.ndarray | None = None,
-                     counted: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+                     table_sizes=None, counted: np.ndarray | None = None,
+                     once: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
     """Rows in file order (int32 below 2**31 rows, else int64): counted rows by count, most first (ties by id),
     then the never-counted rows in id order, then ``last`` (the hot rows, in id order: their copies in the file
     are not read while they are hot). ``counted``: the counted rows already in that order (a profile's
     :attr:`~hotline.profiling.profile.Profile.order`), in place of ``counts``; else they are ordered by a counting
-    sort over the counts' values (:func:`~hotline.kernels.profile.order_by_count`). The rest goes in chunks:
-    besides the order itself it holds two arrays of the counted rows (int32 below 2**31 rows) at most, never a
-    sort or a count of every row."""
+    sort over the counts' values (:func:`~hotline.kernels.profile.order_by_count`). With ``table_sizes`` the
+    never-counted rows go table by table, the table whose unseen rows are likeliest looked up first: by its rows
+    counted once per unseen row (Good-Turing: the once-counted rows estimate the lookups that fall on unseen
+    rows; ``once``, per table, with ``counted``), so the DRAM tier at the file's head holds them. The rest goes
+    in chunks: besides the order itself it holds two arrays of the counted rows (int32 below 2**31 rows) at
+    most, never a sort or a count of every row."""
     from hotline.kernels.profile import order_by_count
 
     if counted is None and counts is not None:
@@ -62,6 +66,8 @@ def popularity_order(counts: np.ndarray | None, num_rows: int, last: np.ndarray 
         if counts.shape != (num_rows,):
             raise ValueError(f"the profile counts {counts.shape[0]} rows, the store holds {num_rows}")
         counted = order_by_count(counts)
+        if table_sizes is not None and once is None:
+            once = once_per_table(counts, table_sizes)
     wide = np.int32 if num_rows < 2**31 else np.int64
     head = np.zeros(0, wide) if counted is None else np.asarray(counted)
     if head.size and (int(head.min()) < 0 or int(head.max()) >= num_rows):
@@ -75,17 +81,42 @@ def popularity_order(counts: np.ndarray | None, num_rows: int, last: np.ndarray 
     seen = np.sort(head)
     del head
     chunk = 1 << 20
-    for lo in range(0, num_rows, chunk):
-        hi = min(num_rows, lo + chunk)
-        free = np.ones(hi - lo, bool)
-        for taken in (seen, last):
-            a, b = np.searchsorted(taken, [lo, hi])
-            free[taken[a:b] - lo] = False
-        ids = lo + np.flatnonzero(free)
-        out[at : at + ids.shape[0]] = ids
-        at += ids.shape[0]
+    ranges = [(0, num_rows)]
+    if table_sizes is not None:
+        sizes = np.asarray(table_sizes, np.int64)
+        ends = np.cumsum(sizes)
+        ranges = list(zip((ends - sizes).tolist(), ends.tolist()))
+        if once is not None:
+            unseen = sizes.copy()  # each table's rows in its block: neither counted nor hot
+            for taken in (seen, last):
+                unseen -= np.bincount(np.searchsorted(ends, taken, "right"), minlength=sizes.shape[0])
+            rate = np.divide(
+                np.asarray(once, np.float64), unseen, out=np.zeros(sizes.shape[0]), where=unseen > 0
+            )
+            ranges = [ranges[t] for t in np.argsort(-rate, kind="stable")]
+    for a, b in ranges:
+        for lo in range(a, b, chunk):
+            hi = min(b, lo + chunk)
+            free = np.ones(hi - lo, bool)
+            for taken in (seen, last):
+                x, y = np.searchsorted(taken, [lo, hi])
+                free[taken[x:y] - lo] = False
+            ids = lo + np.flatnonzero(free)
+            out[at : at + ids.shape[0]] = ids
+            at += ids.shape[0]
     out[at:] = last
     return out
+
+
+def once_per_table(counts: np.ndarray, table_sizes) -> np.ndarray:
+    """int64 [tables]: the rows of each table counted exactly once in ``counts`` (a count of every fused row),
+    read in chunks (:func:`popularity_order`'s Good-Turing estimate of the lookups on unseen rows)."""
+    ends = np.cumsum(np.asarray(table_sizes, np.int64))
+    once = np.zeros(ends.shape[0], np.int64)
+    for t, (a, b) in enumerate(zip((ends - np.asarray(table_sizes, np.int64)).tolist(), ends.tolist())):
+        for lo in range(a, b, 1 << 20):
+            once[t] += np.count_nonzero(counts[lo : min(b, lo + (1 << 20))] == 1)
+    return once
 
 
 def table_chunks(rows: int, dim: int, seed: int, table: int, chunk: int | None = None):
@@ -236,6 +267,10 @@ class DiskRows(ClaimBook):
 
 class DiskColdStore(OneRankStore):
     """Every row of one rank in a file on local disk (see the module docstring)."""
+
+    on_disk = True
+    """The rows are on disk: the dispatcher finds hot slots by a table of the hot rows
+    (:func:`hotline.dispatch.index_for`), not a remap of every row."""
 
     def __init__(self, path, layout: TableLayout, dim: int, optimizer: SparseOptimizer, seed: int,
                  order: np.ndarray | None = None, io_depth: int = 32, direct: bool = True,

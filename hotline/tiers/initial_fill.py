@@ -218,16 +218,25 @@ class _Fill:
         self.edges = _Edges()
         self.writer = ThreadPoolExecutor(1, thread_name_prefix="hotline-fill-write")
         self.written = 0
-        # the positions outside the long run, in file order, cut into maximal runs of consecutive positions
-        # holding ascending rows: the long ones are streams, the short ones are kept for the end
-        n, a = file.num_rows, positions.run_start
-        b = a + n - self.kept_rows.shape[0]
-        starts, stops = (np.concatenate(x) for x in zip(_runs(file.order, 0, a), _runs(file.order, b, n)))
+        # the positions' runs (each the rows of an id range not kept, in id order: run k's rows lie in
+        # [run_lo[k], run_lo[k + 1])) are streams; the positions outside them, in file order, are cut into
+        # maximal runs of consecutive positions holding ascending rows: the long ones are streams too, the
+        # short ones are kept for the end
+        n = file.num_rows
+        self.run_lo = positions.run_lo
+        his = np.append(self.run_lo[1:], n)
+        kept_in = np.searchsorted(self.kept_rows, his) - np.searchsorted(self.kept_rows, self.run_lo)
+        run_a = positions.run_start
+        run_b = run_a + (his - self.run_lo) - kept_in
+        by_pos = np.argsort(run_a, kind="stable")
+        gaps = zip([0, *run_b[by_pos].tolist()], [*run_a[by_pos].tolist(), n])
+        found = [_runs(file.order, a, b) for a, b in gaps if b > a]
+        starts, stops = (np.concatenate(x) for x in zip(*found)) if found else (np.zeros(0, np.int64),) * 2
         long = (stops - starts) >= MIN_STREAM_ROWS
         self.short_rows = int((stops - starts)[~long].sum())
         self.seg_start = starts  # every run's first position, ascending
-        each = max(PAGE, STREAM_BYTES // (2 * (1 + int(long.sum()))))
-        self.main = _Stream(self, a, b, each)
+        each = max(PAGE, STREAM_BYTES // (2 * (run_a.shape[0] + int(long.sum()))))
+        self.mains = [_Stream(self, int(a), int(b), each) for a, b in zip(run_a.tolist(), run_b.tolist())]
         self.seg_stream: list[_Stream | None] = [None] * starts.shape[0]
         for i in np.flatnonzero(long).tolist():
             self.seg_stream[i] = _Stream(self, int(starts[i]), int(stops[i]), each)
@@ -241,13 +250,13 @@ class _Fill:
         m = rec.shape[0]
         ka, kb = np.searchsorted(self.kept_rows, [local_lo, local_lo + m])
         if kb == ka:
-            self.main.take(rec)
+            self._take_runs(local_lo, rec, None)
             return
         kr = self.kept_rows[ka:kb].astype(np.int64) - local_lo
         at = self.kept_at[ka:kb].astype(np.int64)
         main = np.ones(m, bool)
         main[kr] = False
-        self.main.take(rec[main])
+        self._take_runs(local_lo, rec, main)
         seg = np.searchsorted(self.seg_start, at, side="right") - 1
         by_seg = np.argsort(seg, kind="stable")  # a run's rows in id order: its positions in order
         seg, kr, at = seg[by_seg], kr[by_seg], at[by_seg]
@@ -261,6 +270,19 @@ class _Fill:
             else:
                 stream.take(rec[kr[lo:hi]])
 
+    def _take_runs(self, local_lo: int, rec: np.ndarray, mine: np.ndarray | None) -> None:
+        """The records of the local rows ``local_lo, ...`` that lie in the positions' runs (``mine``: which of
+        them; None: all), each to its run's stream (the rows below the first run are all kept)."""
+        m = rec.shape[0]
+        a, b = np.searchsorted(self.run_lo, [local_lo, local_lo + m], side="right")
+        bounds = [0, *(self.run_lo[a:b] - local_lo).tolist(), m]
+        for k, (x, y) in enumerate(zip(bounds[:-1], bounds[1:]), start=int(a) - 1):
+            part = rec[x:y] if mine is None else rec[x:y][mine[x:y]]
+            if part.shape[0]:
+                if k < 0:
+                    raise RuntimeError(f"initial fill: row {local_lo + x} lies before every run")
+                self.mains[k].take(part)
+
     def discard(self) -> None:
         """Ends the fill without its last writes (unused, or on an error: the writes under way finish)."""
         self.writer.shutdown()
@@ -268,7 +290,7 @@ class _Fill:
 
     def close(self) -> None:
         try:
-            for s in [self.main, *self.seg_stream]:
+            for s in [*self.mains, *self.seg_stream]:
                 if s is not None:
                     s.close()
             self.written += self.edges.write(self.fd, self.file.path, self.record)

@@ -107,9 +107,8 @@ class TieredMode(TrainMode):
         self.hot_rows = placement.fused_hot_ids()
         self.hot_w = torch.from_numpy(hot_weights).to(self.device)
         self.hot_s = optimizer.new_state(self.hot_rows.shape[0]).to(self.device)
-        self.dispatcher = Dispatcher(
-            placement, self.bags, max(1, max_batch_size), max(1, in_flight), index_for(self.comm.world_size)
-        )
+        index = index_for(self.comm.world_size, getattr(cold, "on_disk", False))
+        self.dispatcher = Dispatcher(placement, self.bags, max(1, max_batch_size), max(1, in_flight), index)
         self.fused_remap = self.dispatcher.row_remap
         max_rows = max(1, max_batch_size) * self.bags.num_columns
         pin = self.device.type == "cuda"

@@ -30,6 +30,7 @@ from hotline.training.sections import (
     PlacementSection,
     RunSection,
     StoreSection,
+    check_cold_cache,
     flag_of,
     ignored_message,
 )
@@ -120,10 +121,9 @@ class TrainConfig(
                 raise ValueError("--cold-store disk needs --cold-dir DIR (where its file goes)")
             if not os.path.isdir(self.cold_dir):
                 raise ValueError(f"--cold-dir {self.cold_dir} is not a directory")
-        if self.cold_io_depth < 1 or self.cold_cache < 0:
-            raise ValueError(
-                f"--cold-io-depth must be >= 1 and --cold-cache >= 0, got {self.cold_io_depth}, {self.cold_cache}"
-            )
+        if self.cold_io_depth < 1:
+            raise ValueError(f"--cold-io-depth must be >= 1, got {self.cold_io_depth}")
+        check_cold_cache(self.cold_cache)
         from hotline.models.dlrm import check_dcn
 
         check_dcn(self.dcn_num_layers, self.dcn_low_rank_dim)

@@ -31,7 +31,7 @@ def placement_for(config, dataset: Dataset, progress: bool = True, profile=None)
             dataset.table_sizes, dataset_fingerprint=dataset.fingerprint, embedding_dim=config.embedding_dim
         )
         if profile is not None and config.cold_store == "disk":
-            placement.sample_order = profile.order
+            placement.carry_sample(profile)
         return placement
     if config.placement_path:
         placement = Placement.load(config.placement_path, dataset=dataset)

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
 
 from hotline.kinds import staging_slots
+from hotline.table_layout import bytes_per_row
 
 
 def train_outputs(config, save=None, save_placement=None, world_size: int = 1) -> list:
@@ -149,8 +151,6 @@ def memory_needed(config, dataset, world_size: int = 1) -> int:
     """Host bytes a run allocates up front: the embedding rows and their optimizer state (this rank's share of
     the cold tier on N ranks, plus the replicated hot tier), the staging and dispatch buffers of the
     look-ahead ring, sized from the batch (the batch is clipped to the training split)."""
-    from hotline.table_layout import bytes_per_row
-
     rows, row_bytes = dataset.total_rows, bytes_per_row(config.embedding_dim, config.optimizer)
     batch = max(1, min(config.mini_batch_size, len(dataset.train)))
     if config.mode == "device":
@@ -158,18 +158,76 @@ def memory_needed(config, dataset, world_size: int = 1) -> int:
     lookups = -(-batch // world_size) * dataset.lookups_per_sample
     ring = staging_slots(config.mode, config.lookahead)
     tables = -(-rows // world_size) * row_bytes
-    if (
-        getattr(config, "cold_store", "memory") == "disk"
-    ):  # rows on disk: their index arrays and the DRAM tier
-        tables = -(-rows // world_size) * HOST_BYTES_PER_ROW + config.cold_cache + (config.hbm_budget or 0)
+    if getattr(config, "cold_store", "memory") == "disk":  # rows on disk: index arrays, hot rows, DRAM tier
+        hot = config.hbm_budget or 0
+        cache = 0 if config.cold_cache == "auto" else config.cold_cache  # auto: what the rest leaves
+        per_row = positions_bytes(config, dataset, world_size)
+        tables = per_row + cache + hot + hot // row_bytes * HOT_TABLE_BYTES
     buffers = ring * lookups * (row_bytes + 8 * 8)  # staging rows, dispatch index arrays (int64)
     return tables + buffers
 
 
-HOST_BYTES_PER_ROW = 8
-"""Host bytes per row of a disk-store run's structures that grow with the row count: each row's int32 place in
-the file and its int32 hot slot in the dispatcher (the file order stays on disk, the claim book holds the rows
-in flight only; measured in ``tests/test_host_bytes.py``)."""
+HOST_BYTES_PER_ROW = 4
+"""Host bytes per row of a disk-store run's structures that grow with the row count, at most: each row's int32
+place in the file (where the order is mostly one ascending run, as the profile's is, only the rows outside it:
+:func:`hotline.tiers.disk_pages.positions_of`). The dispatcher finds hot slots by a table of the hot rows
+(:data:`HOT_TABLE_BYTES`), the file order stays on disk, the claim book holds the rows in flight only; measured
+in ``tests/test_host_bytes.py``."""
+
+
+def positions_bytes(config, dataset, world_size: int = 1) -> int:
+    """Host bytes of a disk store's file positions on one rank, at most (:func:`hotline.tiers.disk_pages.\
+positions_of`): 8 bytes for each row outside the file's ascending run (the rows the profile's sample counted and
+the hot rows) where they are under a quarter of the rows, else :data:`HOST_BYTES_PER_ROW` a row."""
+    from hotline.profiling.profiler import Profiler
+
+    rows = -(-dataset.total_rows // world_size)
+    sample = Profiler(mini_batch_size=config.mini_batch_size).sample_size(len(dataset.train))
+    hot = (config.hbm_budget or 0) // bytes_per_row(config.embedding_dim, config.optimizer)
+    kept = min(rows, sample * dataset.lookups_per_sample + hot)
+    return 8 * kept if 4 * kept < rows else HOST_BYTES_PER_ROW * rows
+
+
+HOT_TABLE_BYTES = 32
+"""Host bytes per hot row, at most, of the dispatcher's hot table on the disk store
+(:func:`hotline.kernels.dispatch.new_hot_table`)."""
+
+
+def resolve_cold_cache(config, dataset, world_size: int = 1, memory=None, local_ranks: int | None = None):
+    """``config`` with ``--cold-cache auto`` made bytes (else as it is): what :func:`check_memory` lets the run
+    take, less what else it holds. What it may take: :func:`usable_memory` of the memory available now
+    (``memory``: a HostMemory or bytes; by default :func:`~hotline.training.host_memory.host_memory`, the
+    smaller of the machine's ``MemAvailable`` and the room under the cgroup limit), whose margin is the fixed
+    allowance (torch's runtime, a step's activations, the page cache the data is read through). What else it
+    holds: :func:`memory_needed` without the tier (the hot budget and its hot table, the per-row structures,
+    the look-ahead buffers) and the dense model (:func:`dense_model_bytes`). The ranks of one machine
+    (``local_ranks``, by default ``LOCAL_WORLD_SIZE``) share what it may take. Never below 0; 0 for the memory
+    store (no DRAM tier)."""
+    from dataclasses import replace
+
+    from hotline.training.host_memory import HostMemory, host_memory
+
+    if config.cold_cache != "auto":
+        return config
+    if getattr(config, "cold_store", "memory") != "disk":
+        return replace(config, cold_cache=0)
+    memory = host_memory() if memory is None else memory
+    available = memory.available if isinstance(memory, HostMemory) else memory
+    if available is None:
+        raise MemoryShortfall(
+            "--cold-cache auto sizes the DRAM tier by the available memory, which this system does not say: "
+            "give --cold-cache a size"
+        )
+    rest = memory_needed(replace(config, cold_cache=0), dataset, world_size)
+    local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if local_ranks is None else local_ranks)
+    room = usable_memory(available) // local
+    cache = room - rest - sum(dense_model_bytes(config, dataset)) - AUTO_CACHE_SLACK
+    return replace(config, cold_cache=max(0, cache))
+
+
+AUTO_CACHE_SLACK = 64 << 20
+"""Bytes ``--cold-cache auto`` leaves besides the margin: the available memory moves between its reading and the
+preflight's (:func:`check_memory` reads it again), which must still pass."""
 
 
 def available_memory() -> int | None:
@@ -222,7 +280,6 @@ def check_memory(config, dataset, world_size: int = 1, available=None) -> None:
     :class:`~hotline.training.host_memory.HostMemory`; by default both figures are read now, the machine's
     ``MemAvailable`` (what a new allocation can get without swapping, not the physical memory other processes
     hold part of) and the room under the process's cgroup memory limit (v2 or v1), and the smaller one binds."""
-    from hotline.table_layout import bytes_per_row
     from hotline.training.host_memory import HostMemory, host_memory
     from hotline.units import format_size
 

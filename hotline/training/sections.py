@@ -275,15 +275,16 @@ class StoreSection:
         metavar="N",
         applies_to=("cold_store", (ColdStoreKind.DISK,)),
     )
-    cold_cache: int = option(
+    cold_cache: int | str = option(
         0,
-        "DRAM kept for its most popular rows (e.g. 2GiB; 0: none)",
+        "DRAM for its most popular rows (2GiB; auto: what memory leaves; 0: none)",
         "--cold-cache",
         metavar="SIZE",
-        parse="size",
+        parse="size-or-auto",
         applies_to=("cold_store", (ColdStoreKind.DISK,)),
     )
-    """In bytes (the flag takes a size such as ``2GiB``)."""
+    """In bytes (the flag takes a size such as ``2GiB``), or ``"auto"``: the Trainer sizes it to the memory the
+    run may take less what else it holds (:func:`hotline.training.preflight.resolve_cold_cache`)."""
     cold_direct: bool = option(
         True,
         "through the OS page cache instead of O_DIRECT",
@@ -400,3 +401,10 @@ def ignored_message(flag: str, on_flag: str, values: tuple[str, ...], setting: o
     return (
         f"{flag} has an effect with {applies_text(on_flag, values)} only; {on_flag} {setting} would ignore it"
     )
+
+
+def check_cold_cache(value) -> None:
+    """Raises ValueError (one line) unless ``value`` is a ``--cold-cache``: bytes >= 0 or ``"auto"``."""
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        return
+    raise ValueError(f"--cold-cache must be a size >= 0 (bytes, e.g. 2GiB) or auto, got {value!r}")

@@ -46,6 +46,7 @@ from hotline.training.preflight import (
     check_memory,
     check_values,
     finite_json,
+    resolve_cold_cache,
 )
 from hotline.training.window import StepWindow
 
@@ -100,6 +101,7 @@ class Trainer:
                 config, self.dataset, self.comm, hardware
             )
             self.config = config
+        self.config = config = resolve_cold_cache(config, self.dataset, self.comm.world_size)  # auto: bytes
         check_memory(config, self.dataset, self.comm.world_size)  # the tables first: the usual shortfall
         check_dense_memory(config, self.dataset, self.comm.world_size)  # with them, before the model is built
         self.model = DLRM(config.model_config(self.dataset.table_sizes), seed=config.seed).to(config.device)

@@ -1,0 +1,94 @@
+"""bench_scale's printed report: the figures of the stages that ran, hotline and the baseline side by side, and
+what bounds a step (the disk's random read rate against the pages a step reads from disk, past the hot rows and
+the DRAM tier)."""
+
+from __future__ import annotations
+
+GIB = 1 << 30
+
+
+def print_report(out: dict, dim: int, batch: int) -> None:
+    """Everything :func:`bench_scale.main` gathered in ``out``, as lines a person reads (stages not run: left
+    out)."""
+    print(
+        f"{out['rows']:,} rows at dim {dim}, row-wise Adagrad: {out['table_bytes'] / GIB:.2f} GiB of rows and state"
+    )
+    print(f"memory limit: {out['limit']['how']}")
+    peak, failcnt = out["cgroup_peak_bytes"], out["cgroup_failcnt"]
+    peak_text = "n/a" if peak is None else f"{peak / GIB:.2f} GiB"
+    print(f"peak: cgroup {peak_text} (failcnt {failcnt}), child RSS {out['ru_maxrss_bytes'] / GIB:.2f} GiB; "
+          f"disk: {out['disk_peak_bytes'] / 1e9:,.1f} GB at most beside the data")  # fmt: skip
+    if "samples_per_s" in out:
+        print(f"per-row host bytes: {out['per_row_host_bytes']:.2f} ({out['per_row_structures']}); the file's "
+              f"positions {out['positions_bytes'] / 1e6:,.1f} MB; DRAM tier (--cold-cache "
+              f"{out['cold_cache_flag']}) {out['dram_tier_bytes'] / GIB:.2f} GiB, {out['dram_tier_rows']:,} rows")  # fmt: skip
+        print(f"first step after {out['first_step_s']:.1f} s; {out['samples_per_s']:,.0f} samples/s")
+        su, rate = out["startup_s"], out["disk_write_mb_per_s"]
+        print("start-up: " + ", ".join(f"{k[:-2]} {v:.1f} s" for k, v in su.items()) + f"; bound 2 x file / "
+              f"seq-rate + profile = {out['first_step_bound_s']:.1f} s ({out['file_bytes'] / 1e9:.2f} GB at "
+              f"{rate:,.0f} MB/s)")  # fmt: skip
+        hwm = out["checkpoint_peak_rss_bytes"]
+        print(f"checkpoint: {out['checkpoint_bytes'] / 1e6:,.0f} MB in {out['checkpoint_s']:.1f} s, "
+              f"{out['checkpoint_mb_per_s']:,.0f} MB/s (the disk's sequential write: "
+              f"{out['disk_write_mb_per_s']:,.0f} MB/s); RSS {out['rss_before_checkpoint_bytes'] / GIB:.2f} GiB "
+              f"before it, peak {'n/a' if hwm is None else f'{hwm / GIB:.2f} GiB'} during it")  # fmt: skip
+    if "load_s" in out:
+        print(f"resume: load {out['load_s']:.1f} s; resumed bit-identically: {out['resume_exact']}")
+    if "export" in out:
+        e = out["export"]
+        print(f"export (dcp): {e['bytes'] / 1e6:,.0f} MB in {e['seconds']:.1f} s, {e['mb_per_s']:,.0f} MB/s (it "
+              f"also writes and reads a scratch copy); peak RSS {(e['peak_rss_bytes'] or 0) / GIB:.2f} GiB")  # fmt: skip
+    _print_stages(out)
+    if "samples_per_s" in out and "baseline" in out:
+        _print_side_by_side(out, batch)
+
+
+def _print_stages(out: dict) -> None:
+    for name in ("evaluate", "predict"):
+        if name not in out["stages"]:
+            continue
+        st = out["stages"][name]
+        print(f"hotline {name} on the checkpoint: exit {st['exit']}, {st['seconds']:.1f} s, peak RSS "
+              f"{st['peak_rss_bytes'] / 2**30:.2f} GiB: {out[name]['last_line'][:120]}")  # fmt: skip
+    if "phases" not in out:
+        return
+    ph = out["phases"]
+    print(
+        f"hotline's step, mean of {ph['steps']} steps (ms; dispatch/gather/disk_read run ahead on the "
+        "look-ahead thread, write_back on its own, stall is what the step waited for them):"
+    )
+    print("  " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in ph["seconds_per_step"].items()))
+    keep = ("disk_pages", "disk_reads", "disk_rows", "working_set_rows", "stale_rows", "rows_touched")
+    print("  per step: " + ", ".join(f"{k} {ph['counters_per_step'][k]:,.0f}" for k in keep
+                                     if k in ph["counters_per_step"]))  # fmt: skip
+
+
+def _print_side_by_side(out: dict, batch: int) -> None:
+    """hotline and the baseline from this one run, the ceiling's parts, and what bounds a step."""
+    m, b, c = out["measured"], out["baseline"], out["ceiling"]
+    print(f"baseline: {b['what']}")
+    print(f"{'':>22} {'hotline':>12} {'baseline':>12}")
+    print(
+        f"{'samples/s':>22} {out['samples_per_s']:>12,.0f} {b['samples_per_s']:>12,.0f}"
+        f"   hotline/baseline {out['samples_per_s'] / max(b['samples_per_s'], 1e-9):.2f}x"
+    )
+    print(
+        f"{'first step s':>22} {out['first_step_s']:>12.1f} {b['fill_s'] + b['first_step_s']:>12.1f}"
+        f"   (baseline: {b['fill_s']:.1f} s of writing its files, then the step)"
+    )
+    hw = out["hotline_peak_rss_bytes"]
+    print(f"{'peak RSS GiB':>22} {(hw or 0) / GIB:>12.2f} {(b['peak_rss_bytes'] or 0) / GIB:>12.2f}")
+    print(
+        f"coverage (lookups on hot rows) {m.get('hot_lookup_share', 0):.3f}, popular samples "
+        f"{m.get('popular_sample_share', 0):.3f}, cold rows per step {m.get('cold_rows_per_step', 0):,.0f}, "
+        f"of them from the DRAM tier {m['dram_row_share']:.3f} and from disk {m['disk_rows_per_step']:,.0f}; "
+        f"disk pages per step {m['disk_pages_per_step']:,.0f} ({m['rows_per_page']:.0f} rows a page)"
+    )
+    r1, r32 = c["random_4k_reads_per_s_depth1"], c["random_4k_reads_per_s_depth32"]
+    disk = m["disk_pages_per_step"] / max(r32, 1e-9)
+    print(
+        f"ceiling with the DRAM tier: random 4 KiB reads {r1:,.0f}/s at depth 1, {r32:,.0f}/s at depth 32 -> the "
+        f"disk reads of a step {disk * 1e3:.0f} ms at depth 32, as many pages written back; dense compute alone "
+        f"{c['dense_step_s'] * 1e3:.0f} ms; ceiling {batch / max(disk, c['dense_step_s'], 1e-9):,.0f} samples/s "
+        f"(reads alone), {batch / max(2 * disk, c['dense_step_s'], 1e-9):,.0f} (reads and writes at that rate)"
+    )
