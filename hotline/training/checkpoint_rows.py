@@ -5,9 +5,10 @@ A checkpoint of a run whose cold rows live on disk (``--cold-store disk``, one r
 row and its optimizer state in a side file, ``CHECKPOINT.rows`` (``step-000000123.pt.rows``): a header, the
 store's records in its file order (the row and its whole optimizer state, ``4 * (dim + state)`` bytes each,
 packed; the DRAM tier's rows as they stand in memory), then that order (int32, int64 beyond 2**31 rows):
-record ``i`` is row ``order[i]``. It is written in chunks of :data:`CHUNK_BYTES` (the store's file read in order,
-the side file written in order, its sha256 computed on a thread while the next chunk is copied), so the host
-memory it takes is two chunks, not the table, and the copy runs at the disk's rate for a copy. The hot rows are the one part not in it: their
+record ``i`` is row ``order[i]``. The store's file is read in order in chunks of :data:`CHUNK_BYTES` and the side
+file written in order with ``O_DIRECT`` where the filesystem allows it (:func:`~hotline.training.direct_out.\
+write_direct`: the read, the write and the sha256 overlap, no page cache), so the host memory it takes is a chunk
+and two write buffers, not the table. The hot rows are the one part not in it: their
 current values are on the device, and the checkpoint's own file holds them.
 
 Crash-safe as every checkpoint: the side file is written under a temporary name, fsynced and renamed, and
@@ -32,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from hotline import _io
+from hotline.training.direct_out import write_direct
 
 ROWS_FORMAT = "hotline-checkpoint-rows/1"
 MAGIC = b"HOTLINE CHECKPOINT ROWS\n"
@@ -130,36 +132,17 @@ def write_rows(
         )
     f_rows = host.file
     chunk = max(1, (chunk_bytes or CHUNK_BYTES) // f_rows.record)
-    digest = hashlib.sha256()
-    size = 0
 
-    def out(f, hashing) -> None:
-        nonlocal size
-        synced, pending = 0, None
-
-        def put(data) -> None:
-            nonlocal size, synced, pending
-            view = memoryview(data).cast("B")
-            f.write(view)
-            if pending is not None:
-                pending.result()
-            pending = hashing.submit(digest.update, view)  # while the next chunk is read and written
-            size += view.nbytes
-            if size - synced >= _SYNC_CHUNKS * chunk * f_rows.record:
-                _written_out(f)
-                synced = size
-
-        put(_header(host, step, run))
+    def pieces():
+        yield _header(host, step, run)
         for _, rec in f_rows.read_all(chunk):  # the rows it yields are the order's memory map: not touched
-            put(np.ascontiguousarray(rec))
+            yield rec
         dtype = _order_dtype(host.num_rows)
         for order in _order_chunks(host, chunk):
-            put(np.ascontiguousarray(order, dtype))
-        pending.result()
+            yield np.ascontiguousarray(order, dtype)
 
-    with ThreadPoolExecutor(1, thread_name_prefix="hotline-checkpoint-digest") as hashing:
-        _io.atomic_write(path, lambda f: out(f, hashing))
-    return {"format": ROWS_FORMAT, "file": path.name, "bytes": size, "sha256": digest.hexdigest()}
+    size, sha, _ = write_direct(path, pieces(), buffer_bytes=(chunk_bytes or CHUNK_BYTES) // 2)
+    return {"format": ROWS_FORMAT, "file": path.name, "bytes": size, "sha256": sha}
 
 
 def record_of(num_rows: int, dim: int, state_floats: int) -> dict:
