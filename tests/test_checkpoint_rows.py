@@ -17,7 +17,7 @@ from hotline.datasets.format import Dataset
 from hotline.datasets.synthetic import generate
 from hotline.placement import Placement
 from hotline.tiers.disk_store import DiskColdStore
-from hotline.training import checkpoint_rows
+from hotline.training import checkpoint_delta, checkpoint_rows
 from hotline.training.checkpoint import load_checkpoint, save_checkpoint
 from hotline.training.checkpoint_dir import CheckpointManager
 from hotline.training.checkpoint_rows import rows_path
@@ -86,10 +86,14 @@ def test_the_rows_go_to_a_rows_file_and_the_checkpoint_holds_no_table(data, tmp_
     payload = torch.load(latest, weights_only=True)
     assert "tables" not in payload and "states" not in payload
     assert payload["rows"]["file"] == rows_path(latest).name
-    head, start = checkpoint_rows.read_header(rows_path(latest))
     n = sum(TABLES)
-    assert head["step"] == 16 and head["rows"] == n and head["record_bytes"] == 4 * (8 + 1)
-    assert rows_path(latest).stat().st_size == start + n * 36 + n * 4  # records, then the int32 order
+    head, start = checkpoint_rows.read_header(rows_path(ck / "step-000000008.pt"))  # the first: a full copy
+    assert head["step"] == 8 and head["rows"] == n and head["record_bytes"] == 4 * (8 + 1)
+    assert rows_path(ck / "step-000000008.pt").stat().st_size == start + n * 36 + n * 4  # records, order
+    head, start = checkpoint_rows.read_header(rows_path(latest))  # the next: a delta on it
+    assert head["step"] == 16 and head["format"] == checkpoint_delta.DELTA_FORMAT
+    assert head["base"]["file"] == "step-000000008.pt.rows" and 0 < head["changed"] < n / 2
+    assert rows_path(latest).stat().st_size == start + 4096 + head["changed"] * 36  # bitmap page, records
     # rotation keeps two: steps 8 and 16, each with its rows; nothing else in the directory
     assert sorted(p.name for p in ck.iterdir()) == sorted(
         f"step-{s:09d}.pt{x}" for s in (8, 16) for x in ("", ".sha256", ".rows")
@@ -283,7 +287,9 @@ def test_two_ranks_stream_their_shards_and_resume_bit_identically(data, tmp_path
         f = tmp_path / "ck" / f"step-000000016.rank{r:03d}-of-002.pt"
         payload = torch.load(f, weights_only=True)
         assert "tiers" not in payload and ("hot" in payload) == (r == 0)
-        assert rows_path(f).is_file()
+        head, _ = checkpoint_rows.read_header(rows_path(f))  # a delta on step 8, on every rank
+        assert head["format"] == checkpoint_delta.DELTA_FORMAT
+        assert head["base"]["file"] == f"step-000000008.rank{r:03d}-of-002.pt.rows"
     import shutil
 
     shutil.copytree(tmp_path / "ck", tmp_path / "ck2")

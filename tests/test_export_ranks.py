@@ -13,7 +13,7 @@ import torch
 from hotline.cli import main
 from hotline.datasets.format import Dataset
 from hotline.datasets.synthetic import generate
-from hotline.training import export_sharded
+from hotline.training import checkpoint_delta, checkpoint_rows, export_sharded
 from hotline.training.checkpoint_rows import RowOrderedChunks, rows_path
 from hotline.training.export import export_torchrec_dlrm, load_torchrec_dlrm
 from tests.test_checkpoint_rows import BATCH, CLI_ARCH, TABLES, data  # noqa: F401 -- data: a fixture
@@ -37,6 +37,8 @@ def two_ranks(data, tmp_path_factory):  # noqa: F811 -- the fixture imported abo
     out = {}
     for store in ("disk", "memory"):
         extra = ["--cold-store", "disk", "--cold-dir", str(root / f"c-{store}")] if store == "disk" else []
+        if extra:  # its step-10 checkpoint there: a delta on step 5's rows files
+            extra += ["--checkpoint-dir", str(root / "ck-disk"), "--checkpoint-every", "5"]
         if extra:
             (root / f"c-{store}").mkdir()
         argv = [str(ds.path), *CLI_ARCH, "--mode", "hotline", "--placement", placement, "--nproc", "2",
@@ -58,6 +60,22 @@ def test_a_two_rank_checkpoint_exports_exactly(two_ranks, store, tmp_path, capsy
     for i, (name, fmt) in enumerate([(base, "dcp"), (one_rank, "torch-save")]):
         out = tmp_path / f"m{i}"
         code, err = _export(capsys, str(out), "--load", str(name), "--format", fmt)
+        assert code == 0, err
+        state = load_torchrec_dlrm(out)[0].state_dict()
+        for t in range(len(TABLES)):
+            assert np.array_equal(state[_key(t)].numpy(), arrays[f"embedding.table_{t}"]), (fmt, t)
+
+
+def test_a_two_rank_delta_checkpoint_exports_exactly(two_ranks, tmp_path, capsys):
+    """Each rank's rows file a delta on its step-5 base: the export lays it over the base (both formats)."""
+    base, arrays = two_ranks["disk"]
+    ck = base.parent / "ck-disk" / "step-000000010"
+    for r in range(2):
+        head, _ = checkpoint_rows.read_header(rows_path(ck.with_name(f"{ck.name}.rank{r:03d}-of-002.pt")))
+        assert head["format"] == checkpoint_delta.DELTA_FORMAT, r
+    for fmt in ("dcp", "torch-save"):
+        out = tmp_path / fmt
+        code, err = _export(capsys, str(out), "--load", str(ck), "--format", fmt)
         assert code == 0, err
         state = load_torchrec_dlrm(out)[0].state_dict()
         for t in range(len(TABLES)):

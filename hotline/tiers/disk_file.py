@@ -72,6 +72,7 @@ from hotline.tiers.store_files import (
     order_path,
     read_manifest,
 )
+from hotline.tiers.written_rows import mark_written, mark_written_range
 
 _CHUNK_BYTES = 64 << 20  # bulk (sequential) reads and writes: export, load, initial fill
 
@@ -344,6 +345,7 @@ class RowFile:
             self.cache[start : start + n_cached] = records[:n_cached]
         if n_cached < records.shape[0]:
             self._write_positions(start + n_cached, records[n_cached:])
+        mark_written_range(self, start, start + records.shape[0])
 
     def read_all(self, chunk_rows: int | None = None):
         """Yields ``(rows, records)`` over the whole file in order (the DRAM cache's rows from memory)."""
@@ -451,6 +453,7 @@ class RowFile:
         (its pages that a later write changed are read again first). Returns the system calls made."""
         records = np.ascontiguousarray(records, np.float32)
         ci, cpos, di, dpos = self._split(rows)
+        mark_written(self, cpos, dpos)  # for a delta checkpoint, where one tracks the file
         if ci.shape[0]:
             self.cache[cpos] = records[ci]
         if pages is not None:

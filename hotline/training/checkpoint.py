@@ -11,7 +11,8 @@ runs), checks everything against the trainer first, and only then changes the tr
 mismatched checkpoint is refused with a clear error and never half-loaded (on N ranks: on none of them).
 
 The rows of a run on the disk store are streamed into a file beside the checkpoint's
-(:mod:`hotline.training.checkpoint_rows`): never the whole table in memory. A directory of one run's
+(:mod:`hotline.training.checkpoint_rows`): never the whole table in memory; after a full copy, only the rows
+written since (:mod:`hotline.training.checkpoint_delta`). A directory of one run's
 checkpoints, their rotation and resume: :mod:`hotline.training.checkpoint_dir`.
 """
 
@@ -29,7 +30,8 @@ from hotline import _io
 from hotline._paths import check_file
 from hotline.distributed.comm import Comm
 from hotline.table_layout import TableLayout
-from hotline.training import checkpoint_rows
+from hotline.tiers.written_rows import untrack
+from hotline.training import checkpoint_delta, checkpoint_rows
 from hotline.training.checkpoint_rows import disk_rows
 
 CHECKPOINT_FORMAT = "hotline-checkpoint/1"
@@ -174,14 +176,18 @@ def _payload(trainer, rows: dict | None = None) -> dict:
 def save_checkpoint(trainer, base: str | os.PathLike) -> Path:
     """Writes this rank's file of checkpoint ``base`` and its digest, each atomically (a collective on N
     ranks: it ends when every rank's file is written); returns this rank's file. A disk-store run's rows are
-    streamed into the rows file first (:func:`~hotline.training.checkpoint_rows.write_rows`), which the
+    streamed into the rows file first (:func:`~hotline.training.checkpoint_rows.write_rows`: a full copy, or a
+    delta on the last full one, the same on every rank: :mod:`~hotline.training.checkpoint_delta`), which the
     checkpoint's file, written after it, records."""
     path = rank_file(base, trainer.comm.rank, trainer.comm.world_size)
     path.parent.mkdir(parents=True, exist_ok=True)
     host = disk_rows(trainer.mode)
     rows = None
     if host is not None:
-        rows = checkpoint_rows.write_rows(host, path, trainer.step_count, run_fingerprint(trainer))
+        on = checkpoint_delta.delta_base(host, checkpoint_rows.rows_path(path))
+        if trainer.comm.world_size > 1 and not trainer.comm.all_ok(on is not None):
+            on = None  # every rank a delta on the same step's base, or every rank a full copy
+        rows = checkpoint_rows.write_rows(host, path, trainer.step_count, run_fingerprint(trainer), base=on)
     payload = _payload(trainer, rows)
     try:
         _io.write_with_digest(path, lambda f: torch.save(payload, f))
@@ -189,6 +195,8 @@ def save_checkpoint(trainer, base: str | os.PathLike) -> Path:
         if rows is not None:  # this call's own: no rows file is left without its checkpoint
             checkpoint_rows.rows_path(path).unlink(missing_ok=True)
         raise
+    if rows is not None:  # committed: a full copy is the next deltas' base
+        checkpoint_delta.committed(host, checkpoint_rows.rows_path(path), rows, trainer.step_count)
     trainer.comm.barrier()
     return path
 
@@ -358,6 +366,9 @@ def load_checkpoint(trainer, base: str | os.PathLike, same_run: bool = False, st
         raise error or CheckpointError(
             f"checkpoint {base}: another rank could not load its file (see its error)"
         )
+    host = disk_rows(trainer.mode)
+    if host is not None:  # what its file held is replaced: no delta on an earlier base
+        untrack(host.file)
     try:
         trainer.dense_opt.load_state_dict(rank0["dense_optimizer"])
     except (RuntimeError, ValueError, KeyError) as e:
@@ -368,7 +379,7 @@ def load_checkpoint(trainer, base: str | os.PathLike, same_run: bool = False, st
         trainer.mode.replace(own["hot_rows"].numpy())
         counts.load({k: v.numpy() for k, v in own["online_counts"].items()})
     if "rows" in own:
-        _load_rows(trainer, rank_file(base, comm.rank, comm.world_size), rank0["hot"])
+        _load_rows(trainer, rank_file(base, comm.rank, comm.world_size), rank0["hot"], own["rows"])
     elif comm.world_size == 1:
         tables = [np.ascontiguousarray(t.numpy()) for t in own["tables"]]
         states = [np.ascontiguousarray(s.numpy()) for s in own["states"]]
@@ -383,14 +394,14 @@ def load_checkpoint(trainer, base: str | os.PathLike, same_run: bool = False, st
     return trainer.step_count
 
 
-def _load_rows(trainer, path: Path, hot: dict) -> None:
+def _load_rows(trainer, path: Path, hot: dict, record: dict) -> None:
     """Loads a disk-store checkpoint's rows (the rows file of ``path``) and its hot tier ``hot``: streamed
     into this run's disk store, or whole into a store that keeps its rows in memory."""
     mode, N = trainer.mode, trainer.comm.world_size
     host = disk_rows(mode)
     hot_rows, hot_w, hot_s = hot["rows"].numpy(), hot["w"], hot["s"]
     if host is not None:
-        checkpoint_rows.load_rows(host, path)
+        checkpoint_rows.load_rows(host, path, record=record)  # the next checkpoints: deltas on its base
         if N == 1:  # the file's copies of the checkpoint's hot rows are stale: theirs first, then this tier's
             host.put(hot_rows, hot_w.numpy(), hot_s.numpy())
             w, s, _ = host.get(mode.hot_rows)

@@ -14,7 +14,9 @@ rotation removes only checkpoints verified as this run's and older than the newe
 of N ranks is complete only with its commit marker (``step-000000123.of-002.commit``), which rank 0 writes
 after every rank's file and digest are written; the parts of one a crash left without its marker are removed
 by the next run of the same fingerprint, and so are the rows files of a disk-store checkpoint
-(:mod:`hotline.training.checkpoint_rows`) whose checkpoint file a crash kept from being written.
+(:mod:`hotline.training.checkpoint_rows`) whose checkpoint file a crash kept from being written. Rotation keeps a
+checkpoint whose rows file a kept delta checkpoint stands on (:mod:`hotline.training.checkpoint_delta`) until no
+kept one needs it: ``keep`` counts the checkpoints a run may resume from, and at most one base is kept besides.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from hotline.training.checkpoint import (
     run_fingerprint,
     save_checkpoint,
 )
+from hotline.training.checkpoint_delta import is_delta
 from hotline.training.checkpoint_rows import read_header, rows_path
 
 
@@ -267,11 +270,17 @@ class CheckpointManager:
             self.comm.barrier()
         self._own.add(step)
         run = run_fingerprint(trainer)
-        own = [b for b in self.complete() if self._step_of(b) in self._own and self._step_of(b) < step]
-        for old in own[: max(0, len(own) - (self.keep - 1))]:
+        done = self.complete()
+        own = [b for b in done if self._step_of(b) in self._own and self._step_of(b) < step]
+        going = own[: max(0, len(own) - (self.keep - 1))]
+        bases = self._bases([b for b in done if b not in going])
+        for old in going:
             if not self._verified(old, run):  # replaced under us: not provably ours any more, left alone
                 self._own.discard(self._step_of(old))
                 continue
+            needed = rows_path(rank_file(old, r, N)).name in bases
+            if needed if N == 1 else not self.comm.all_ok(not needed):
+                continue  # the base of a kept delta: kept with it, rotated once no kept one needs it
             if N > 1 and r == 0:
                 self._marker(self._step_of(old)).unlink(missing_ok=True)  # first: never complete-looking
             f = rank_file(old, r, N)  # each rank removes its own old file
@@ -280,6 +289,17 @@ class CheckpointManager:
             rows_path(f).unlink(missing_ok=True)
             self._own.discard(self._step_of(old))
         return base
+
+    def _bases(self, kept: list[Path]) -> set[str]:
+        """The rows files (names) that this rank's files of the checkpoints ``kept`` are deltas on
+        (:mod:`hotline.training.checkpoint_delta`)."""
+        names = set()
+        for b in kept:
+            f = rows_path(rank_file(b, self.comm.rank, self.comm.world_size))
+            found = read_header(f) if f.is_file() and not f.is_symlink() else None
+            if found is not None and is_delta(found[0]):
+                names.add(found[0]["base"]["file"])
+        return names
 
     def resume(self, trainer) -> int | None:
         """Loads the newest checkpoint complete on all ranks (refused if another run wrote it, or if a

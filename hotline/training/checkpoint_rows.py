@@ -5,9 +5,10 @@ A checkpoint of a run whose cold rows live on disk (``--cold-store disk``, one r
 row and its optimizer state in a side file, ``CHECKPOINT.rows`` (``step-000000123.pt.rows``): a header, the
 store's records in its file order (the row and its whole optimizer state, ``4 * (dim + state)`` bytes each,
 packed; the DRAM tier's rows as they stand in memory), then that order (int32, int64 beyond 2**31 rows):
-record ``i`` is row ``order[i]``. It is written in chunks of :data:`CHUNK_BYTES` (the store's file read in order,
-the side file written in order, its sha256 computed on a thread while the next chunk is copied), so the host
-memory it takes is two chunks, not the table, and the copy runs at the disk's rate for a copy. The hot rows are the one part not in it: their
+record ``i`` is row ``order[i]``. The store's file is read in order in chunks of :data:`CHUNK_BYTES` and the side
+file written in order with ``O_DIRECT`` where the filesystem allows it (:func:`~hotline.training.direct_out.\
+write_direct`: the read, the write and the sha256 overlap, no page cache), so the host memory it takes is a chunk
+and two write buffers, not the table. The hot rows are the one part not in it: their
 current values are on the device, and the checkpoint's own file holds them.
 
 Crash-safe as every checkpoint: the side file is written under a temporary name, fsynced and renamed, and
@@ -32,6 +33,9 @@ from pathlib import Path
 import numpy as np
 
 from hotline import _io
+from hotline.tiers.written_rows import untrack
+from hotline.training import checkpoint_delta
+from hotline.training.direct_out import write_direct
 
 ROWS_FORMAT = "hotline-checkpoint-rows/1"
 MAGIC = b"HOTLINE CHECKPOINT ROWS\n"
@@ -62,8 +66,9 @@ def _order_dtype(num_rows: int) -> np.dtype:
     return np.dtype(np.int32) if num_rows < 2**31 else np.dtype(np.int64)
 
 
-def _header(host, step: int, run: dict) -> bytes:
-    """The side file's first bytes: magic, the JSON header's length, the header, padded to whole pages."""
+def _header(host, step: int, run: dict, delta: dict | None = None) -> bytes:
+    """The side file's first bytes: magic, the JSON header's length, the header (a delta's with ``delta``'s
+    fields), padded to whole pages."""
     head = json.dumps(
         {
             "format": ROWS_FORMAT,
@@ -74,6 +79,7 @@ def _header(host, step: int, run: dict) -> bytes:
             "state_floats": host.S,
             "record_bytes": host.file.record,
             "order_dtype": _order_dtype(host.num_rows).str,
+            **(delta or {}),
         },  # fmt: skip
         sort_keys=True,
     ).encode()
@@ -93,7 +99,7 @@ def read_header(path: str | os.PathLike) -> tuple[dict, int] | None:
             head = json.loads(f.read(n))
     except (OSError, ValueError, struct.error):
         return None
-    if not isinstance(head, dict) or head.get("format") != ROWS_FORMAT:
+    if not isinstance(head, dict) or head.get("format") not in (ROWS_FORMAT, checkpoint_delta.DELTA_FORMAT):
         return None
     raw = len(MAGIC) + 8 + n
     return head, raw + (-raw % _PAGE)
@@ -116,12 +122,13 @@ def _order_chunks(host, chunk: int) -> Iterator[np.ndarray]:
             yield np.fromfile(f, dtype, min(chunk, host.num_rows - lo))
 
 
-def write_rows(
-    host, checkpoint: str | os.PathLike, step: int, run: dict, chunk_bytes: int | None = None
-) -> dict:
+def write_rows(host, checkpoint: str | os.PathLike, step: int, run: dict, chunk_bytes: int | None = None,
+               base: dict | None = None) -> dict:  # fmt: skip
     """Writes the side file of ``checkpoint`` from the store ``host`` (its file in order, in chunks; the DRAM
-    tier's rows from memory), atomically; returns what the checkpoint records of it (name, bytes, sha256).
-    A file there that is not a rows file by its content (or a link) is refused (ValueError), and kept."""
+    tier's rows from memory), atomically; returns what the checkpoint records of it (format, name, bytes,
+    sha256). ``base``: a delta on it instead (:func:`~hotline.training.checkpoint_delta.delta_base`): the rows
+    written since it only. A file there that is not a rows file by its content (or a link) is refused
+    (ValueError), and kept."""
     path = rows_path(checkpoint)
     if path.is_symlink() or (path.exists() and read_header(path) is None):
         raise ValueError(
@@ -130,36 +137,22 @@ def write_rows(
         )
     f_rows = host.file
     chunk = max(1, (chunk_bytes or CHUNK_BYTES) // f_rows.record)
-    digest = hashlib.sha256()
-    size = 0
 
-    def out(f, hashing) -> None:
-        nonlocal size
-        synced, pending = 0, None
-
-        def put(data) -> None:
-            nonlocal size, synced, pending
-            view = memoryview(data).cast("B")
-            f.write(view)
-            if pending is not None:
-                pending.result()
-            pending = hashing.submit(digest.update, view)  # while the next chunk is read and written
-            size += view.nbytes
-            if size - synced >= _SYNC_CHUNKS * chunk * f_rows.record:
-                _written_out(f)
-                synced = size
-
-        put(_header(host, step, run))
+    def pieces():
+        if base is not None:
+            yield _header(host, step, run, checkpoint_delta.delta_header(base, host))
+            yield from checkpoint_delta.pieces(host, chunk)
+            return
+        yield _header(host, step, run)
         for _, rec in f_rows.read_all(chunk):  # the rows it yields are the order's memory map: not touched
-            put(np.ascontiguousarray(rec))
+            yield rec
         dtype = _order_dtype(host.num_rows)
         for order in _order_chunks(host, chunk):
-            put(np.ascontiguousarray(order, dtype))
-        pending.result()
+            yield np.ascontiguousarray(order, dtype)
 
-    with ThreadPoolExecutor(1, thread_name_prefix="hotline-checkpoint-digest") as hashing:
-        _io.atomic_write(path, lambda f: out(f, hashing))
-    return {"format": ROWS_FORMAT, "file": path.name, "bytes": size, "sha256": digest.hexdigest()}
+    size, sha, _ = write_direct(path, pieces(), buffer_bytes=(chunk_bytes or CHUNK_BYTES) // 2)
+    kind = ROWS_FORMAT if base is None else checkpoint_delta.DELTA_FORMAT
+    return {"format": kind, "file": path.name, "bytes": size, "sha256": sha}
 
 
 def record_of(num_rows: int, dim: int, state_floats: int) -> dict:
@@ -203,6 +196,34 @@ def check_rows(checkpoint: str | os.PathLike, info, step: int, want: dict, error
         )
     if path.stat().st_size != info.get("bytes") or (digest and _io.sha256(path) != info.get("sha256")):
         raise _corrupt(checkpoint, path, error)
+    if checkpoint_delta.is_delta(head):
+        check_base(checkpoint, path, head, error, digest)
+
+
+def check_base(checkpoint, path: Path, head: dict, error: type[Exception], digest: bool = True) -> None:
+    """Raises ``error`` unless the base of the delta ``path`` (header ``head``) is there, a full rows file of
+    the same run and records, of the size (and with ``digest``, the sha256) the delta names; changes nothing."""
+    base = checkpoint_delta.base_of(path, head)
+    found = read_header(base) if base.is_file() and not base.is_symlink() else None
+    named = head["base"]
+    same = ("run", "rows", "dim", "state_floats", "record_bytes")
+    if (
+        found is None
+        or found[0].get("format") != ROWS_FORMAT
+        or found[0].get("step") != named.get("step")
+        or any(found[0].get(k) != head.get(k) for k in same)
+    ):
+        raise error(
+            f"checkpoint {checkpoint}: its rows {path.name} are a delta on {base.name} (step {named.get('step')}), "
+            f"which is missing or not that checkpoint's rows file: restore it, or delete this checkpoint to resume "
+            f"from the one before"
+        )
+    if base.stat().st_size != named.get("bytes") or (digest and _io.sha256(base) != named.get("sha256")):
+        raise error(
+            f"checkpoint {checkpoint}: its rows {path.name} are a delta on {base.name}, which is damaged (its size "
+            f"or sha256 is not the one the delta records): restore it, or delete this checkpoint to resume from "
+            f"the one before"
+        )
 
 
 def _corrupt(checkpoint, path: Path, error: type[Exception]) -> Exception:
@@ -217,7 +238,16 @@ def _rows_file_chunks(
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """``(order, records)`` of the side file ``path`` in chunks of ``chunk`` rows; ``digest`` (a hashlib
     object): fed the whole file's bytes in order on the way (the header, the records as they are read, then
-    the order, read a second time: its bytes come after all the records; a tenth of the file at dim 8)."""
+    the order, read a second time: its bytes come after all the records; a tenth of the file at dim 8). A
+    delta's: its base's chunks with its records laid over them (:func:`~hotline.training.checkpoint_delta.\
+overlay`), ``digest`` fed the base's bytes."""
+    if checkpoint_delta.is_delta(head):
+        base = checkpoint_delta.base_of(path, head)
+        base_head, base_start = read_header(base)
+        yield from checkpoint_delta.overlay(
+            _rows_file_chunks(base, base_head, base_start, chunk, digest), path, head, start
+        )
+        return
     n, floats = int(head["rows"]), int(head["dim"]) + int(head["state_floats"])
     dtype = np.dtype(head["order_dtype"])
     order_at = start + n * int(head["record_bytes"])
@@ -256,26 +286,35 @@ def _rows_file_chunks(
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
-def load_rows(host, checkpoint: str | os.PathLike, chunk_bytes: int | None = None) -> None:
-    """Copies the side file of ``checkpoint`` (checked first: :func:`check_rows`) into the store ``host``, chunk
-    by chunk: every row's weights and state as the checkpoint holds them (the hot rows' copies too, which
-    the caller then overwrites from the checkpoint's hot tier)."""
+def load_rows(
+    host, checkpoint: str | os.PathLike, chunk_bytes: int | None = None, record: dict | None = None
+) -> None:
+    """Copies the side file of ``checkpoint`` (checked first: :func:`check_rows`; a delta: its base with its
+    records over it) into the store ``host``, chunk by chunk: every row's weights and state as the checkpoint
+    holds them (the hot rows' copies too, which the caller then overwrites from the checkpoint's hot tier).
+    ``record`` (the checkpoint's record of the file): where the file order is the checkpoint's, the next
+    checkpoints may be deltas on the loaded one's base (:func:`~hotline.training.checkpoint_delta.resumed`);
+    otherwise the next is a full copy."""
     path = rows_path(checkpoint)
     head, start = read_header(path)
     f = host.file
+    untrack(f)  # what it held before is gone
     chunk = max(1, (chunk_bytes or CHUNK_BYTES) // f.record)
-    lo = 0
+    lo, same = 0, True
     for (order, rec), own in zip(_rows_file_chunks(path, head, start, chunk), _order_chunks(host, chunk)):
         host._wrote_nonfinite |= not np.isfinite(rec).all()
         if np.array_equal(order, own):
             f.put_positions(lo, rec)  # the same order: one sequential write
         else:
             f.put_rows(order, rec)  # another order (another placement's file): row by row
+            same = False
         lo += order.shape[0]
         if (lo // chunk) % _SYNC_CHUNKS == 0:
             f.drop_page_cache()  # written out, dropped: no memory-limit's worth of dirty pages
     f.flush()
     f.drop_page_cache()
+    if same and record is not None:
+        checkpoint_delta.resumed(host, path, head, start, record)
 
 
 def read_tables(
@@ -347,7 +386,11 @@ class RowOrderedChunks:
         try:
             self._filled = np.zeros(len(self.grid), np.int64)
             for r, ((ck, _), (path, info, head, start)) in enumerate(zip(parts, files)):
-                digest = hashlib.sha256()
+                digest, want = hashlib.sha256(), info.get("sha256")
+                if checkpoint_delta.is_delta(head):  # its own bytes now; its base's on the pass
+                    if _io.sha256(path) != want:
+                        raise _corrupt(ck, path, error)
+                    want = head["base"]["sha256"]
                 read_rows = max(1, chunk_bytes // int(head["record_bytes"]))
                 chunks = _rows_file_chunks(path, head, start, read_rows, digest)
                 try:
@@ -355,9 +398,11 @@ class RowOrderedChunks:
                 except ValueError:  # a damaged file: said as that when its digest is not the recorded one
                     for _ in chunks:
                         pass
-                    if digest.hexdigest() == info.get("sha256"):
+                    if digest.hexdigest() == want:
                         raise
-                if digest.hexdigest() != info.get("sha256"):
+                if digest.hexdigest() != want:
+                    if checkpoint_delta.is_delta(head):
+                        check_base(ck, path, head, error)  # says which file
                     raise _corrupt(ck, path, error) from None
             if not np.array_equal(self._filled, np.diff(self._starts)):
                 raise ValueError(f"checkpoint {parts[0][0]}: its rows do not hold every row")
