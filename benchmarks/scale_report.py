@@ -32,6 +32,8 @@ def print_report(out: dict, dim: int, batch: int) -> None:
               f"{out['checkpoint_mb_per_s']:,.0f} MB/s (the disk's sequential write: "
               f"{out['disk_write_mb_per_s']:,.0f} MB/s); RSS {out['rss_before_checkpoint_bytes'] / GIB:.2f} GiB "
               f"before it, peak {'n/a' if hwm is None else f'{hwm / GIB:.2f} GiB'} during it")  # fmt: skip
+        print(f"delta checkpoint {out['delta_checkpoint_steps']} steps later (the rows written since the full "
+              f"one): {out['delta_checkpoint_bytes'] / 1e6:,.1f} MB in {out['delta_checkpoint_s']:.1f} s")  # fmt: skip
     if "load_s" in out:
         print(f"resume: load {out['load_s']:.1f} s; resumed bit-identically: {out['resume_exact']}")
     if "export" in out:
