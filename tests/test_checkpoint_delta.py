@@ -4,15 +4,13 @@ reader (resume, evaluate, predict, export) sees the same rows as from a full cop
 kept delta needs; a missing or damaged base is refused in one line before anything changes; a kill mid-delta
 leaves the previous checkpoint to resume from."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from arrays import assert_equal_arrays, fitted_arrays
-from test_checkpoint_rows import ARCH, BATCH, CLI_ARCH, _config, _device, data  # noqa: F401 - data: fixture
+from test_checkpoint_rows import ARCH, BATCH, CLI_ARCH, _config, _device, data, killed_during  # noqa: F401 - data: fixture
 
 from hotline import Trainer
 from hotline.cli import main
@@ -209,12 +207,6 @@ def test_a_missing_or_damaged_base_is_refused_in_one_line_and_nothing_changes(da
 
 
 # -- killed mid-delta ---------------------------------------------------------------------------------------
-def _dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
-
-
 @pytest.mark.parametrize("when", ["mid-copy", "after-copy"])
 def test_killed_mid_delta_resumes_from_the_previous_delta(data, tmp_path, when, capsys):  # noqa: F811
     """A kill during step 12's delta (its rows half written under a temporary name, or complete without its
@@ -222,16 +214,7 @@ def test_killed_mid_delta_resumes_from_the_previous_delta(data, tmp_path, when, 
     straight run; its next checkpoints are deltas again, and load as that end."""
     ds, placement, _ = data
     ck = _run(ds, placement, tmp_path, 12, 4)
-    ck12 = ck / "step-000000012.pt"
-    ck12.unlink()
-    (ck / "step-000000012.pt.sha256").unlink()
-    rows = rows_path(ck12)
-    if when == "mid-copy":
-        left = ck / f".{rows.name}.hotline-tmp-{_dead_pid()}-0badc0de"
-        left.write_bytes(rows.read_bytes()[: rows.stat().st_size // 2])
-        rows.unlink()
-    else:
-        left = rows
+    left = killed_during(ck, 12, when)
     capsys.readouterr()
     resumed = fitted_arrays(
         ds, _config(placement, tmp_path / "cold", checkpoint_dir=str(ck), checkpoint_every=4, resume=True)

@@ -5,6 +5,7 @@ rows load into another store, another file order, and into evaluate / predict / 
 import subprocess
 import sys
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -149,6 +150,22 @@ def _dead_pid() -> int:
     return proc.pid
 
 
+def killed_during(ck: Path, step: int, when: str) -> Path:
+    """What a kill during step ``step``'s checkpoint in ``ck`` leaves (``when``: ``mid-copy``, its rows half
+    written under a temporary name of a process gone; ``after-copy``, its rows complete without its checkpoint
+    file): the file left behind."""
+    ckpt = ck / f"step-{step:09d}.pt"
+    ckpt.unlink()
+    (ck / f"{ckpt.name}.sha256").unlink()
+    rows = rows_path(ckpt)
+    if when != "mid-copy":
+        return rows
+    left = ck / f".{rows.name}.hotline-tmp-{_dead_pid()}-0badc0de"
+    left.write_bytes(rows.read_bytes()[: rows.stat().st_size // 2])
+    rows.unlink()
+    return left
+
+
 @pytest.mark.parametrize("when", ["mid-copy", "after-copy"])
 def test_killed_mid_checkpoint_resumes_from_the_previous_one(data, tmp_path, when, capsys):
     """The states a kill during step 16's checkpoint leaves: its rows half written under a temporary name
@@ -156,16 +173,7 @@ def test_killed_mid_checkpoint_resumes_from_the_previous_one(data, tmp_path, whe
     removes what the killed run left, and ends bit-identical to the straight run."""
     ds, placement, _ = data
     ck = _checkpointed(ds, placement, tmp_path)
-    ck16 = ck / "step-000000016.pt"
-    ck16.unlink()
-    (ck / "step-000000016.pt.sha256").unlink()
-    rows = rows_path(ck16)
-    if when == "mid-copy":
-        left = ck / f".{rows.name}.hotline-tmp-{_dead_pid()}-0badc0de"
-        left.write_bytes(rows.read_bytes()[: rows.stat().st_size // 2])
-        rows.unlink()
-    else:
-        left = rows
+    left = killed_during(ck, 16, when)
     capsys.readouterr()
     resumed = fitted_arrays(ds, _config(placement, tmp_path / "cold", checkpoint_dir=str(ck), resume=True))
     assert_equal_arrays(_device(ds), resumed)

@@ -3,9 +3,6 @@ the tables of a two-rank run (disk store or host memory) come out exactly, named
 stem; the rows file is read once (its digest on the same pass); an export is replaced whole, the old one
 kept under its name until the new one is complete."""
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import torch
@@ -17,7 +14,7 @@ from hotline.training import checkpoint_delta, checkpoint_rows, export_sharded
 from hotline.training.checkpoint_rows import RowOrderedChunks, rows_path
 from hotline.training.export import export_torchrec_dlrm, load_torchrec_dlrm
 from tests.test_checkpoint_rows import BATCH, CLI_ARCH, TABLES, data  # noqa: F401 -- data: a fixture
-from tests.test_export_sharded import CHUNK, _disk_checkpoint, _placement, disk  # noqa: F401 -- disk: a fixture
+from tests.test_export_sharded import CHUNK, _disk_checkpoint, _placement, disk, killed_export  # noqa: F401 -- disk: a fixture
 
 
 def _key(t: int) -> str:
@@ -139,19 +136,10 @@ def test_force_replaces_an_export_whole_and_a_killed_one_keeps_the_old(disk, tmp
     old = {p.name: p.read_bytes() for p in out.iterdir()}
     code, err = _export(capsys, str(out), "--load", str(ck), "--format", "dcp")
     assert code == 2 and len(err) == 1 and "--force" in err[0], err
-    code = (
-        "import os, signal\n"
-        "from hotline.training import checkpoint_rows\n"
-        "real, seen = checkpoint_rows.RowOrderedChunks.chunk, []\n"
-        "def chunk(self, k):  # the real chunk; the fifth request kills the process\n"
-        "    seen.append(k)\n"
-        "    if len(seen) == 5: os.kill(os.getpid(), signal.SIGKILL)\n"
-        "    return real(self, k)\n"
-        "checkpoint_rows.RowOrderedChunks.chunk = chunk\n"
+    proc = killed_export(
         "from hotline.cli import main\n"
         f"main(['export', {str(out)!r}, '--load', {str(ck)!r}, '--format', 'dcp', '--force'])\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == -9, proc.stderr
     assert {p.name: p.read_bytes() for p in out.iterdir()} == old
     # a torch-save over it is refused; then the replacement, complete

@@ -198,11 +198,9 @@ def test_a_damaged_rows_file_is_one_line_and_nothing_is_left(disk, tmp_path, cap
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"] and rows.read_bytes() == bytes(raw)
 
 
-def test_a_killed_export_leaves_no_directory_under_its_name(disk, tmp_path):
-    """An export killed mid-write (SIGKILL once its temporary directory holds chunk files) leaves only its
-    temporary, which the next export there removes."""
-    _, ck, _ = disk
-    out = tmp_path / "m"
+def killed_export(export: str) -> subprocess.CompletedProcess:
+    """Runs the Python lines ``export`` (an export) in a new process that SIGKILLs itself at the fifth chunk the
+    export sorts (the real chunk before it)."""
     code = (
         "import os, signal\n"
         "from hotline.training import checkpoint_rows\n"
@@ -212,10 +210,19 @@ def test_a_killed_export_leaves_no_directory_under_its_name(disk, tmp_path):
         "    if len(seen) == 5: os.kill(os.getpid(), signal.SIGKILL)\n"
         "    return real(self, k)\n"
         "checkpoint_rows.RowOrderedChunks.chunk = chunk\n"
+    )
+    return subprocess.run([sys.executable, "-c", code + export], capture_output=True, text=True)
+
+
+def test_a_killed_export_leaves_no_directory_under_its_name(disk, tmp_path):
+    """An export killed mid-write (SIGKILL once its temporary directory holds chunk files) leaves only its
+    temporary, which the next export there removes."""
+    _, ck, _ = disk
+    out = tmp_path / "m"
+    proc = killed_export(
         "from hotline.training.export import export_torchrec_dlrm\n"
         f"export_torchrec_dlrm({str(ck)!r}, {str(out)!r}, format='dcp', chunk_bytes={CHUNK})\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == -9, proc.stderr
     left = [p.name for p in tmp_path.iterdir()]
     assert not out.exists() and len(left) == 1 and ".hotline-tmp-" in left[0], left

@@ -33,17 +33,9 @@ def table_bytes(table_sizes: Sequence[int], embedding_dim: int, optimizer: str) 
     return int(sum(table_sizes)) * bytes_per_row(embedding_dim, optimizer)
 
 
-def choose_for_run(
-    config,
-    dataset,
-    hardware: str | dict | None = None,
-    prof=None,
-    progress: bool = False,
-    nodes: int = 1,
-    available: int | None = None,
-) -> AutoChoice:
-    """:func:`choose` for a TrainConfig and its Dataset (:func:`choose_and_profile`'s choice)."""
-    return choose_and_profile(config, dataset, hardware, prof, progress, nodes, available)[0]
+def choose_for_run(config, dataset, *args, **kwargs) -> AutoChoice:
+    """:func:`choose` for a TrainConfig and its Dataset: :func:`choose_and_profile`'s choice (its arguments)."""
+    return choose_and_profile(config, dataset, *args, **kwargs)[0]
 
 
 def choose_and_profile(
