@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from arrays import assert_equal_arrays, fitted_arrays
-from test_checkpoint_rows import ARCH, BATCH, CLI_ARCH, _config, _device, data, killed_during  # noqa: F401 - data: fixture
+from test_checkpoint_rows import ARCH, BATCH, CLI_ARCH, _config, _device, data, killed_during, resume_argv  # noqa: F401 - data: fixture
 
 from hotline import Trainer
 from hotline.cli import main
@@ -196,11 +196,7 @@ def test_a_missing_or_damaged_base_is_refused_in_one_line_and_nothing_changes(da
     finally:
         tr.close()
     capsys.readouterr()
-    args = ["train", str(ds.path), *CLI_ARCH, "--mode", "hotline", "--placement", placement,
-            "--optimizer", "rowwise-adagrad", "--mini-batch-size", str(BATCH), "--no-progress",
-            "--cold-store", "disk", "--cold-dir", str(tmp_path / "cold"), "--checkpoint-dir", str(ck),
-            "--resume"]  # fmt: skip
-    assert main(args) == 2
+    assert main(resume_argv(ds, placement, tmp_path / "cold", ck)) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and base.name in err[0]
     assert rows_path(ck / "step-000000008.pt").is_file()  # kept

@@ -150,6 +150,13 @@ def _dead_pid() -> int:
     return proc.pid
 
 
+def resume_argv(ds, placement, cold: Path, ck: Path) -> list[str]:
+    """``hotline train``'s arguments that resume the disk-store run of ``placement`` from ``ck``."""
+    return ["train", str(ds.path), *CLI_ARCH, "--mode", "hotline", "--placement", placement,
+            "--optimizer", "rowwise-adagrad", "--mini-batch-size", str(BATCH), "--no-progress",
+            "--cold-store", "disk", "--cold-dir", str(cold), "--checkpoint-dir", str(ck), "--resume"]  # fmt: skip
+
+
 def killed_during(ck: Path, step: int, when: str) -> Path:
     """What a kill during step ``step``'s checkpoint in ``ck`` leaves (``when``: ``mid-copy``, its rows half
     written under a temporary name of a process gone; ``after-copy``, its rows complete without its checkpoint
@@ -189,11 +196,7 @@ def test_a_corrupt_rows_file_is_refused_in_one_line_and_kept(data, tmp_path, cap
     raw[-100] ^= 0xFF
     rows.write_bytes(bytes(raw))
     capsys.readouterr()
-    args = ["train", str(ds.path), *CLI_ARCH, "--mode", "hotline", "--placement", placement,
-            "--optimizer", "rowwise-adagrad", "--mini-batch-size", str(BATCH), "--no-progress",
-            "--cold-store", "disk", "--cold-dir", str(tmp_path / "cold"), "--checkpoint-dir", str(ck),
-            "--resume"]  # fmt: skip
-    assert main(args) == 2
+    assert main(resume_argv(ds, placement, tmp_path / "cold", ck)) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and rows.name in err[0] and "corrupt" in err[0]
     assert rows.read_bytes() == bytes(raw)
