@@ -17,7 +17,7 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 import common  # noqa: E402 - benchmarks/ on the path first
 
-NOT_SCRIPTS = {"common", "run_all", "gpu_parts"}  # gpu_parts: gpu_bench's orchestration, not a script
+NOT_SCRIPTS = {"common", "run_all", "gpu_parts", "scale_stages"}  # parts of gpu_bench, bench_scale
 SCRIPTS = sorted(
     p.stem
     for p in BENCHMARKS.glob("*.py")
