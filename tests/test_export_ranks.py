@@ -26,6 +26,15 @@ def _export(capsys, *argv) -> tuple[int, list[str]]:
     return code, capsys.readouterr().err.strip().splitlines()
 
 
+def _assert_tables(out, arrays, what) -> dict:
+    """The export in ``out`` loads into torchrec's DLRM with every table equal to ``arrays``' (``what``: named
+    in a failure); its state dict."""
+    state = load_torchrec_dlrm(out)[0].state_dict()
+    for t in range(len(TABLES)):
+        assert np.array_equal(state[_key(t)].numpy(), arrays[f"embedding.table_{t}"]), (what, t)
+    return state
+
+
 @pytest.fixture(scope="module")
 def two_ranks(data, tmp_path_factory):  # noqa: F811 -- the fixture imported above
     """Two-rank runs' checkpoints (``--save``) on the disk store and in host memory, and their tables."""
@@ -58,9 +67,7 @@ def test_a_two_rank_checkpoint_exports_exactly(two_ranks, store, tmp_path, capsy
         out = tmp_path / f"m{i}"
         code, err = _export(capsys, str(out), "--load", str(name), "--format", fmt)
         assert code == 0, err
-        state = load_torchrec_dlrm(out)[0].state_dict()
-        for t in range(len(TABLES)):
-            assert np.array_equal(state[_key(t)].numpy(), arrays[f"embedding.table_{t}"]), (fmt, t)
+        _assert_tables(out, arrays, fmt)
 
 
 def test_a_two_rank_delta_checkpoint_exports_exactly(two_ranks, tmp_path, capsys):
@@ -74,9 +81,7 @@ def test_a_two_rank_delta_checkpoint_exports_exactly(two_ranks, tmp_path, capsys
         out = tmp_path / fmt
         code, err = _export(capsys, str(out), "--load", str(ck), "--format", fmt)
         assert code == 0, err
-        state = load_torchrec_dlrm(out)[0].state_dict()
-        for t in range(len(TABLES)):
-            assert np.array_equal(state[_key(t)].numpy(), arrays[f"embedding.table_{t}"]), (fmt, t)
+        _assert_tables(out, arrays, fmt)
 
 
 def test_an_incomplete_two_rank_checkpoint_is_one_line_and_nothing_is_written(two_ranks, tmp_path, capsys):
@@ -150,7 +155,5 @@ def test_force_replaces_an_export_whole_and_a_killed_one_keeps_the_old(disk, tmp
     assert code == 0, err
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == ["m"] or all(n == "m" or n.endswith(".hotline-lock") for n in left), left
-    state = load_torchrec_dlrm(out)[0].state_dict()
-    for t in range(len(TABLES)):
-        assert np.array_equal(state[_key(t)].numpy(), arrays[f"embedding.table_{t}"]), t
+    state = _assert_tables(out, arrays, "replaced")
     assert torch.equal(state[_key(0)], torch.from_numpy(arrays["embedding.table_0"]))
