@@ -22,10 +22,11 @@ from hotline.tiers.tiered import TieredMode
 
 
 def _stores(config, layout: TableLayout, placement: Placement, optimizer: SparseOptimizer, comm: Comm,
-            max_rows: int, dataset: Dataset, counted: np.ndarray | None,
+            max_rows: int, dataset: Dataset, counted: tuple | None,
             startup: dict) -> tuple[ColdStore, np.ndarray]:  # fmt: skip
-    """The cold store of this rank and the initial rows of the hot tier (``counted``: the rows the profile
-    counted, in its order, or None); the seconds of the disk store's start-up phases go into ``startup``."""
+    """The cold store of this rank and the initial rows of the hot tier (``counted``: the profile's ``(order,
+    once)``, :meth:`~hotline.placement.Placement.take_sample_order`'s, or None); the seconds of the disk store's
+    start-up phases go into ``startup``."""
     N, r, dim, seed = comm.world_size, comm.rank, config.embedding_dim, config.seed
     pin = False  # nothing reads the cold tier in place (copies go through pinned staging): no registration
     disk = config.cold_store == "disk"
@@ -42,9 +43,8 @@ def _stores(config, layout: TableLayout, placement: Placement, optimizer: Sparse
         counted, once = _counted_rows(config, dataset, counted, layout.table_sizes)
         startup["count_s"] = time.perf_counter() - t0
 
-        def order() -> (
-            np.ndarray
-        ):  # made by the store, which writes it to its file and frees it before the fill
+        def order() -> np.ndarray:
+            """The file's order, made by the store, which writes it to its file and frees it before the fill."""
             t = time.perf_counter()
             out = popularity_order(None, layout.num_rows, hot, layout.table_sizes, counted=counted, once=once)
             startup["order_s"] = time.perf_counter() - t
@@ -66,9 +66,7 @@ def _stores(config, layout: TableLayout, placement: Placement, optimizer: Sparse
         local = layout.num_rows // N + (r < layout.num_rows % N)  # rows r, r + N, ...: local ids fused // N
         hot = placement.fused_hot_ids()
         counted, _ = _counted_rows(config, dataset, counted)
-        counted = (
-            counted[counted % N == r] // N
-        )  # the count order of this rank's rows (ties: local ids ascend)
+        counted = counted[counted % N == r] // N  # this rank's rows in count order (ties: local ids ascend)
         rows = DiskRows(cold_file(config.cold_dir, r, N), local, dim, optimizer,
                         popularity_order(None, local, hot[hot % N == r] // N, counted=counted),
                         config.cold_io_depth, config.cold_direct, config.cold_cache, config.force)  # fmt: skip
