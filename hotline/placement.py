@@ -2,8 +2,10 @@
 
 A :class:`Placement` is per table: the hot row ids in hot-slot order and a remap array row -> hot slot (or -1
 for a cold row). Hot slots of all tables are fused into one id space by ``hot_offsets``, so the device holds a
-single hot table of ``num_hot`` rows. It is saved as a plain ``.npz`` (no pickle) together with the
-fingerprint of the dataset it was profiled on, and loading it against another dataset is refused.
+single hot table of ``num_hot`` rows. It is saved as a plain ``.npz`` (no pickle) of the hot ids (the remaps
+follow from them: the file grows with the hot rows, not the row count) together with the fingerprint of the
+dataset it was profiled on, and loading it against another dataset is refused. Files of the first format, which
+also stored every table's remap, still load (their remaps are checked against the hot ids).
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ from hotline._paths import check_file
 from hotline.table_layout import TableLayout
 from hotline.table_layout import bytes_per_row as _bytes_per_row
 
-FORMAT_TAG = "hotline-placement/1"
+FORMAT_TAG = "hotline-placement/2"
+"""The format :meth:`Placement.save` writes: header and hot ids only."""
+FORMAT_WITH_REMAPS = "hotline-placement/1"
+"""The first format, which also stored ``remap_<t>`` (int32 a row of every table); still read."""
 
 
 class PlacementError(ValueError):
@@ -59,6 +64,29 @@ def _write_npz(f, arrays) -> None:
         for name, a in arrays:
             with zf.open(f"{name}.npy", "w", force_zip64=True) as out:
                 np.lib.format.write_array(out, np.asanyarray(a), allow_pickle=False)
+
+
+def _checked_ids(sizes: list[int], hot_ids: Sequence) -> list[np.ndarray]:
+    """Each table's hot ids as int64, refused unless 1-D integers in range without duplicates (checked on a
+    sorted copy of the hot ids, not a remap of every row)."""
+    out = []
+    for t, (size, ids) in enumerate(zip(sizes, hot_ids, strict=True)):
+        ids = np.asarray(ids)
+        if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
+            raise PlacementError(
+                f"table {t}: hot ids must be a 1-D integer array, got {ids.dtype} {ids.shape}"
+            )
+        ids = ids.astype(np.int64, copy=False)
+        if ids.size and (ids.min() < 0 or ids.max() >= size):
+            raise PlacementError(
+                f"table {t}: hot ids must lie in [0, {size}), got [{ids.min()}, {ids.max()}]"
+            )
+        if ids.size > 1:
+            ordered = np.sort(ids)
+            if (ordered[1:] == ordered[:-1]).any():
+                raise PlacementError(f"table {t}: hot ids contain duplicates")
+        out.append(ids)
+    return out
 
 
 class _Stored(Sequence):
@@ -139,21 +167,7 @@ class Placement:
         sizes = [int(s) for s in table_sizes]
         if len(hot_ids) != len(sizes):
             raise PlacementError(f"hot_ids has {len(hot_ids)} tables but there are {len(sizes)} tables")
-        ids_list = []
-        for t, (size, ids) in enumerate(zip(sizes, hot_ids, strict=True)):
-            ids = np.asarray(ids)
-            if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
-                raise PlacementError(
-                    f"table {t}: hot ids must be a 1-D integer array, got {ids.dtype} {ids.shape}"
-                )
-            ids = ids.astype(np.int64)
-            if ids.size and (ids.min() < 0 or ids.max() >= size):
-                raise PlacementError(
-                    f"table {t}: hot ids must lie in [0, {size}), got [{ids.min()}, {ids.max()}]"
-                )
-            if np.unique(ids).size != ids.size:  # sorted copy of the hot ids, not a remap of every row
-                raise PlacementError(f"table {t}: hot ids contain duplicates")
-            ids_list.append(ids)
+        ids_list = _checked_ids(sizes, hot_ids)
         if bytes_per_row is None:
             bytes_per_row = _bytes_per_row(embedding_dim, "sgd")
         num_hot = sum(int(i.size) for i in ids_list)
@@ -308,9 +322,8 @@ class Placement:
 
         def arrays():
             yield from header.items()
-            for t in range(self.num_tables):  # one table's remap made at a time
+            for t in range(self.num_tables):
                 yield f"hot_ids_{t}", self.hot_ids[t]
-                yield f"remap_{t}", self.remap[t]
 
         atomic_write(path, lambda f: _write_npz(f, arrays()))
         return path
@@ -323,15 +336,19 @@ class Placement:
         try:
             with np.load(path, allow_pickle=False) as z:
                 tag = str(z["format"])
-                if tag != FORMAT_TAG:
-                    raise PlacementError(f"placement file {path}: format is {tag!r}, expected {FORMAT_TAG!r}")
+                if tag not in (FORMAT_TAG, FORMAT_WITH_REMAPS):
+                    want = f"{FORMAT_TAG!r} (or {FORMAT_WITH_REMAPS!r})"
+                    raise PlacementError(f"placement file {path}: format is {tag!r}, expected {want}")
                 sizes = [int(s) for s in z["table_sizes"]]
                 hot_ids = [z[f"hot_ids_{t}"] for t in range(len(sizes))]
                 scalars = {k: int(z[k]) for k in ("embedding_dim", "bytes_per_row", "hbm_budget_bytes")}
                 fingerprint = str(z["dataset_fingerprint"])
-                try:  # the stored remaps are read and checked a table at a time, then dropped
-                    placement = cls(sizes, hot_ids, _Stored(z, len(sizes)), dataset_fingerprint=fingerprint,
-                                    **scalars)  # fmt: skip
+                try:  # stored remaps (the first format) are read and checked a table at a time, then dropped
+                    remaps = _Stored(z, len(sizes)) if tag == FORMAT_WITH_REMAPS else None
+                    if remaps is None:
+                        hot_ids = _checked_ids(sizes, hot_ids)
+                        remaps = _Remaps(sizes, hot_ids)
+                    placement = cls(sizes, hot_ids, remaps, dataset_fingerprint=fingerprint, **scalars)
                 except PlacementError as e:
                     raise PlacementError(f"placement file {path} is inconsistent: {e}") from e
         except PlacementError:

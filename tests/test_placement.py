@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hotline.datasets.format import Dataset, DatasetWriter
-from hotline.placement import Placement, PlacementError, bytes_per_row_for
+from hotline.placement import FORMAT_TAG, FORMAT_WITH_REMAPS, Placement, PlacementError, bytes_per_row_for
 from hotline.profiling import Profile, Profiler
 from hotline.units import format_size, parse_size
 
@@ -175,8 +175,8 @@ def test_save_load_round_trip_and_fingerprint_refusal(tmp_path):
         np.testing.assert_array_equal(a, b)
         assert a.dtype == b.dtype
     np.testing.assert_array_equal(q.hot_offsets, p.hot_offsets)
-    with np.load(path, allow_pickle=False) as z:  # plain arrays, readable without Hotline
-        assert z["remap_0"].tolist() == [-1, 1, -1, -1, -1, 0]
+    with np.load(path, allow_pickle=False) as z:  # plain arrays, readable without Hotline; no remaps stored
+        assert z["hot_ids_0"].tolist() == [5, 1] and not [n for n in z.files if n.startswith("remap")]
     with pytest.raises(PlacementError) as e:
         Placement.load(path, other)
     assert (
@@ -189,6 +189,22 @@ def test_save_load_round_trip_and_fingerprint_refusal(tmp_path):
     resized = write_dataset(tmp_path / "c", [6, 5])
     with pytest.raises(PlacementError):
         Placement.load(path, resized)
+
+
+def test_file_grows_with_the_hot_rows_not_the_row_count_and_the_first_format_loads(tmp_path):
+    ids = [np.array([7, 3, 900]), np.array([2])]
+    small = Placement.from_hot_ids([1000, 10], ids).save(tmp_path / "small.npz")
+    big = Placement.from_hot_ids([50_000_000, 10], ids).save(tmp_path / "big.npz")
+    assert abs(big.stat().st_size - small.stat().st_size) < 64  # a remap would be 200 MB (int32 a row)
+    # the first format stored each table's remap too: it still loads, to the same placement
+    with np.load(small, allow_pickle=False) as z:
+        arrays = {n: z[n] for n in z.files}
+    want = Placement.load(small)
+    arrays.update(format=np.array(FORMAT_WITH_REMAPS), remap_0=want.remap[0], remap_1=want.remap[1])
+    np.savez(tmp_path / "first.npz", **arrays)
+    got = Placement.load(tmp_path / "first.npz")
+    for a, b in zip(want.hot_ids + list(want.remap), got.hot_ids + list(got.remap), strict=True):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
 
 
 def test_corrupt_truncated_and_foreign_files_are_refused(tmp_path):
@@ -207,13 +223,20 @@ def test_corrupt_truncated_and_foreign_files_are_refused(tmp_path):
     np.savez(tmp_path / "foreign.npz", x=np.arange(3))
     with pytest.raises(PlacementError, match="foreign.npz"):
         Placement.load(tmp_path / "foreign.npz")
-    # An archive whose remap disagrees with its hot ids
+    # A file of the first format (remaps stored) whose remap disagrees with its hot ids
     with zipfile.ZipFile(path) as z:
         arrays = {n[:-4]: np.load(z.open(n), allow_pickle=False) for n in z.namelist()}
+    arrays["format"] = np.array(FORMAT_WITH_REMAPS)
+    arrays["remap_0"] = p.remap[0]
     arrays["remap_1"] = np.array([-1, -1, -1, -1], dtype=np.int32)
     np.savez(tmp_path / "inconsistent.npz", **arrays)
     with pytest.raises(PlacementError, match="inconsistent.npz.*remap does not match"):
         Placement.load(tmp_path / "inconsistent.npz")
+    # Hot ids the remaps would be made from, duplicated or out of range
+    for name, ids in {"dup.npz": [5, 5], "range.npz": [6, 1]}.items():
+        np.savez(tmp_path / name, **{**arrays, "format": np.array(FORMAT_TAG), "hot_ids_0": np.array(ids)})
+        with pytest.raises(PlacementError, match=f"{name}.*table 0: hot ids"):
+            Placement.load(tmp_path / name)
     with pytest.raises(PlacementError, match="does not exist"):
         Placement.load(tmp_path / "missing.npz")
 
