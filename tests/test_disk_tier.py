@@ -190,8 +190,7 @@ def test_sigkill_anywhere_then_resume(data, tmp_path):
     cmd = [sys.executable, "-m", "hotline", "train", *common, *disk, "--checkpoint-dir", str(ck),
            "--checkpoint-every", "2", "--threads", "1"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 180
-    while time.time() < deadline and len(CheckpointManager(ck).complete()) < 3 and proc.poll() is None:
+    while len(CheckpointManager(ck).complete()) < 3 and proc.poll() is None:  # no clock: the run ends
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
