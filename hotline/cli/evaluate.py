@@ -69,13 +69,20 @@ def check_checkpoint_flags(args: argparse.Namespace, command: str) -> None:
 
 
 def _peek(path) -> dict | None:
-    """A checkpoint's payload with its tensors mapped, not read (its architecture and their shapes); None
-    where it cannot be read so: its own load then says why, with its checks (digest, safe loader). Only a
-    regular file is peeked at: a FIFO would block the read, /dev/null or a link loop is the load's to name."""
+    """A checkpoint's payload (of N ranks: rank 0's) with its tensors mapped, not read (its architecture and
+    their shapes); None where it cannot be read so: its own load then says why, with its checks (digest, safe
+    loader). Only a regular file is peeked at: a FIFO would block the read, /dev/null or a link loop is the
+    load's to name."""
     import os
 
     import torch
 
+    from hotline.training.export_sharded import rank_files
+
+    try:
+        path = rank_files(path, ValueError)[0]  # of N ranks: rank 0's, which holds the model
+    except ValueError:
+        return None
     if not os.path.isfile(path):
         return None
     try:

@@ -155,8 +155,7 @@ def resolve(config, dataset, comm=None, hardware: str | dict | None = None) -> t
 def resolve_profiled(config, dataset, comm=None, hardware: str | dict | None = None) -> tuple:
     """:func:`resolve`, and the Profile the choice was priced with on rank 0 (None on the others): the run's
     placement is chosen from it (:func:`~hotline.training.placing.placement_for`), so the sample is read once.
-    The other ranks still read the sample for their own placement (rank 0's would be its hot ids and, for the
-    disk store's file order, a count of every row to send)."""
+    The other ranks receive that placement from rank 0 and read no sample."""
     from hotline.costmodel.machine import torch_device_type
     from hotline.training.logs import STEP_KERNELS, note_first_compile
 

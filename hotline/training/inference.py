@@ -2,8 +2,8 @@
 per-sample predictions.
 
 A checkpoint holds the state, and (since the model config was added to it) the architecture it was trained
-with; an older checkpoint needs the ``--arch-*`` flags it was trained with. Only one-process checkpoints
-load here (every table in original row order); a run of N ranks keeps its rows in N files.
+with; an older checkpoint needs the ``--arch-*`` flags it was trained with. A checkpoint of N ranks is named by
+any rank's file or by their stem (``--save``'s path) and scores from all its rank files (:func:`_ranks_trainer`).
 """
 
 from __future__ import annotations
@@ -118,13 +118,18 @@ def trainer_from_checkpoint(
     there in chunks and read from there as the split's lookups need them, so the host memory is the disk
     store's (a few bytes a row), never the tables. The folder's files are unlinked once open (the space is
     freed when the trainer closes; a killed process's folder is removed by the next Hotline run there). Any
-    other checkpoint loads into ``--mode device``."""
+    other checkpoint loads into ``--mode device``. A checkpoint of N ranks (``checkpoint``: any rank's file, or
+    their stem) loads the same way, from all its rank files: :func:`_ranks_trainer`."""
     import shutil
 
+    from hotline.training import export_sharded
     from hotline.training.checkpoint import load_checkpoint
     from hotline.training.config import TrainConfig
     from hotline.training.trainer import Trainer
 
+    files = export_sharded.rank_files(checkpoint, CheckpointError)  # a missing rank's file: named here
+    if len(files) > 1:
+        return _ranks_trainer(dataset, files, flags, device, eval_max_samples, progress, scratch_dir)
     payload = checkpoint_payload(checkpoint)
     spec = model_spec(payload, checkpoint, flags)
     scratch = None
@@ -151,6 +156,144 @@ def trainer_from_checkpoint(
         if scratch is not None:  # open: the store reads its file through its descriptors
             shutil.rmtree(scratch, ignore_errors=True)
     return trainer
+
+
+def _ranks_trainer(dataset, files: list[Path], flags, device, eval_max_samples, progress, scratch_dir):
+    """:func:`trainer_from_checkpoint` of an N-rank checkpoint (its rank ``files``, in rank order): every rank's
+    file, digest and rows file header checked first (:func:`~hotline.training.export_sharded.read_ranks`), then its
+    rows read in row order, chunk by chunk, with the hot tier's current values
+    (:func:`~hotline.training.export_sharded.rank_source`). A disk-store run's rows files are sorted through a
+    scratch file (the weights' size and 4 bytes a row, in the scratch folder; each rows file's sha256 checked on
+    that pass, before the model is built) and written into the disk store of ``--mode hybrid`` chunk by chunk:
+    host memory a few chunks, as for one process. Other checkpoints load into ``--mode device`` whole, as one
+    process's do. The weights load, not the rows' optimizer state (zero: scoring reads none); the dense model, its
+    optimizer and the step are rank 0's."""
+    import shutil
+
+    from hotline.datasets.format import Dataset
+    from hotline.table_layout import state_floats_per_row
+    from hotline.training import export_sharded
+    from hotline.training.checkpoint_rows import CHUNK_BYTES, RowOrderedChunks, check_rows
+    from hotline.training.config import TrainConfig
+    from hotline.training.trainer import Trainer
+
+    payloads = export_sharded.read_ranks(files, CheckpointError)
+    rank0, N = payloads[0], len(files)
+    spec = model_spec(rank0, files[0], flags)
+    dataset = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
+    sizes = [int(n) for n in rank0["table_sizes"]]
+    _check_dataset(files[0], rank0, dataset)
+    total, D = sum(sizes), spec.embedding_dim
+    disk = "rows" in rank0
+    if disk:
+        for f, p in zip(files, payloads):
+            want = {"rows": len(range(int(p["rank"]), total, N)), "dim": D}
+            check_rows(f, p["rows"], p["step"], want, CheckpointError, digest=False)
+        hot = rank0["hot"] if isinstance(rank0.get("hot"), dict) else {}
+        _check_hot(files[0], hot.get("rows"), hot.get("w"), D, total)
+        scratch = _io.scratch_folder(scratch_dir or files[0].parent, "hotline-scoring-rows")
+    else:
+        tiers, scratch = rank0.get("tiers", {}), None
+        if "cold_w" in tiers:
+            _check_hot(files[0], rank0.get("hot_ids"), tiers.get("hot_w"), D, total)
+    source = None
+    try:
+        if disk:
+            record = 4 * (D + state_floats_per_row(spec.optimizer, D))
+            _check_free_disk(scratch, RowOrderedChunks.scratch_bytes(total, D) + total * record)
+        source = export_sharded.rank_source(files, payloads, CHUNK_BYTES, CheckpointError)(
+            scratch / ".rows-in-row-order" if disk else None
+        )  # a disk-store run's: each rows file's sha256 checked here, before the model is built
+        store = (
+            {"mode": "hybrid", "cold_store": "disk", "cold_dir": str(scratch)} if disk else {"mode": "device"}
+        )
+        config = TrainConfig(**store, **spec.arch(), optimizer=spec.optimizer, device=device,
+                             eval_max_samples=eval_max_samples, progress=progress)  # fmt: skip
+        trainer = Trainer(config, dataset)
+        try:
+            _load_ranks(trainer, files[0], rank0, source, sizes)
+        except BaseException:
+            trainer.close()
+            raise
+    finally:
+        if source is not None:
+            source.close()
+        if scratch is not None:  # open: the store reads its file through its descriptors
+            shutil.rmtree(scratch, ignore_errors=True)
+    return trainer
+
+
+def _check_dataset(path: Path, payload: dict, dataset) -> None:
+    """CheckpointError unless ``payload`` (rank 0's) was made on ``dataset``: its tables and fingerprint."""
+    if [int(n) for n in payload["table_sizes"]] != [int(n) for n in dataset.table_sizes]:
+        raise CheckpointError(
+            f"{path} was made for {len(payload['table_sizes'])} tables of sizes {payload['table_sizes'][:4]}..., "
+            f"this dataset has {dataset.table_sizes[:4]}...: a checkpoint only loads into the same model"
+        )
+    if payload["dataset_fingerprint"] != dataset.fingerprint:
+        raise CheckpointError(
+            f"{path} was made on dataset {payload['dataset_fingerprint']}, this one is {dataset.fingerprint}"
+        )
+
+
+def _check_hot(path: Path, rows, w, dim: int, total: int) -> None:
+    """CheckpointError unless ``rows`` (fused ids) and ``w`` are a hot tier of ``total`` rows of ``dim``."""
+    import torch
+
+    ok = isinstance(rows, torch.Tensor) and isinstance(w, torch.Tensor) and rows.dim() == 1
+    ok = ok and tuple(w.shape) == (rows.shape[0], dim)
+    if ok and rows.numel():
+        ok = int(rows.min()) >= 0 and int(rows.max()) < total
+    if not ok:
+        raise CheckpointError(f"{path}: its hot rows do not fit this model (--arch-* flags)")
+
+
+def _check_free_disk(folder: Path, need: int) -> None:
+    """OSError, before anything is written, when ``folder``'s filesystem has less than ``need`` bytes free."""
+    import shutil
+
+    from hotline.units import format_size
+
+    free = shutil.disk_usage(folder).free
+    if free < need:
+        raise OSError(
+            f"scratch folder {folder.parent}: scoring this checkpoint needs {format_size(need)} of free disk (its "
+            f"rows in row order and a disk store of them), its filesystem has {format_size(free)}: free some "
+            f"space or give --scratch DIR on another disk"
+        )
+
+
+def _load_ranks(trainer, path: Path, rank0: dict, source, sizes: list[int]) -> None:
+    """Puts rank 0's dense model and step, and ``source``'s rows (row order, chunk by chunk), into ``trainer``."""
+    import torch
+
+    from hotline.training.checkpoint_rows import disk_rows
+    from hotline.training.export_sharded import tables_of
+
+    try:
+        trainer.model.load_state_dict(rank0["model"])
+        trainer.dense_opt.load_state_dict(rank0["dense_optimizer"])
+    except (RuntimeError, ValueError, KeyError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path} does not match this model's architecture ({first})") from None
+    host = disk_rows(trainer.mode)
+    if host is None:  # --mode device: every table in memory, as a one-process checkpoint loads
+        states = [np.zeros(trainer.sparse_opt.state_shape(n), np.float32) for n in sizes]
+        trainer.mode.load_tables(tables_of(source, sizes), states)
+    else:
+        f = host.file
+        for k, (_, _, m, g) in enumerate(source.grid):
+            rec = np.zeros((m, f.floats), np.float32)
+            rec[:, : host.dim] = source.chunk(k)
+            host._wrote_nonfinite |= not np.isfinite(rec).all()
+            f.put_rows(np.arange(g, g + m), rec)  # row order: one sequential write where the file's is too
+            if k % 4 == 3:
+                f.drop_page_cache()  # written out, dropped: no memory-limit's worth of dirty pages
+        f.flush()
+        f.drop_page_cache()
+    if "torch_rng" in rank0:
+        torch.set_rng_state(rank0["torch_rng"])
+    trainer.step_count = int(rank0["step"])
 
 
 def write_predictions(

@@ -1,4 +1,5 @@
-"""The placement a training run uses: all-cold for ``hybrid``, loaded or profiled for ``hotline``."""
+"""The placement a training run uses: all-cold for ``hybrid``, loaded or profiled for ``hotline``; on N ranks
+profiled once, by rank 0, and sent to the others."""
 
 from __future__ import annotations
 
@@ -21,11 +22,39 @@ def profile_for(config, dataset: Dataset, progress: bool = True):
     )
 
 
-def placement_for(config, dataset: Dataset, progress: bool = True, profile=None) -> Placement:
+def placement_for(config, dataset: Dataset, progress: bool = True, profile=None, comm=None) -> Placement:
     """The placement a TrainConfig asks for: all-cold for ``hybrid``; for ``hotline`` loaded from
     ``--placement`` or profiled under ``--hbm-budget``. Checked against the dataset and the embedding dim.
     ``profile``: :func:`profile_for`'s, made already (``--mode auto``'s): used instead of a second one, and
-    its counted rows carried for the disk file's order in either mode."""
+    its counted rows carried for the disk file's order in either mode.
+
+    ``comm`` (:class:`~hotline.distributed.comm.Comm`, N ranks): a profiled placement is made by rank 0 alone
+    (from the profile a ``--mode auto`` rank 0 made, or one of its own) and sent whole to the other ranks
+    (:meth:`~hotline.distributed.comm.Comm.broadcast_object`), counted rows included, so the sample is read
+    once for the N ranks and each holds the placement it would have profiled itself
+    (``tests/test_placement_ranks.py``)."""
+    if comm is None or comm.world_size == 1:
+        return _placement(config, dataset, progress, profile)
+    shared = (config.mode == "hybrid" and config.cold_store == "disk") or (
+        config.mode != "hybrid" and not config.placement_path and config.hbm_budget is not None
+    )
+    if not shared:  # all-cold in host memory, or a placement file every rank reads
+        return _placement(config, dataset, progress, profile)
+    made = None
+    if comm.rank == 0:
+        try:
+            made = _placement(config, dataset, progress, profile)
+        except Exception as e:  # noqa: BLE001 -- sent: no rank waits for a placement that never comes
+            made = e
+    del profile  # rank 0's: its counted rows are the placement's now
+    made = comm.broadcast_object(made)
+    if isinstance(made, Exception):
+        raise made
+    return made
+
+
+def _placement(config, dataset: Dataset, progress: bool, profile) -> Placement:
+    """:func:`placement_for` on one process."""
     if config.mode == "hybrid":
         placement = Placement.all_cold(
             dataset.table_sizes, dataset_fingerprint=dataset.fingerprint, embedding_dim=config.embedding_dim

@@ -131,7 +131,7 @@ class Trainer:
         placement = None
         prof, self._auto_profile = self._auto_profile, None  # used once, not kept
         if cfg.mode != "device":
-            placement = placement_for(cfg, self.dataset, cfg.progress and self.comm.rank == 0, prof)
+            placement = placement_for(cfg, self.dataset, cfg.progress, prof, self.comm)  # rank 0 profiles
         del prof  # its rank (4 bytes a row) freed before the stores are built
         return build_mode(cfg, self.dataset, placement, self.comm)
 
