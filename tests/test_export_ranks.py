@@ -126,14 +126,24 @@ def _traffic(ck, out, **kwargs) -> tuple[int, int]:
 def test_the_rows_file_is_read_once_and_the_tables_written_once(tmp_path, monkeypatch):
     """The export reads the rows file once, its sha256 on the same pass (only the order region, the tail, twice
     more: the plan, the digest), and writes the tables once: no scratch copy. A second whole read (a digest
-    pass first) or a scratch copy of the rows fails here; so does a plan that holds no early row in memory
-    (every early row then written and read once more: still exact)."""
+    pass first) or a scratch copy of the rows fails here. Rows read before their chunk's window are held in memory
+    (the hold made to cover them here); with no hold each is written and read once more, and it is still exact."""
     tables = [100_000] * 4
     ds = Dataset(generate(tmp_path / "d", 300, seed=2, table_sizes=tables, progress=False))
     ck, arrays = _disk_checkpoint(ds, _placement(ds, tmp_path / "p.npz", 0.001), tmp_path, steps=2)
     rows = rows_path(ck).stat().st_size
     export_torchrec_dlrm(ck, tmp_path / "warm", format="dcp")  # the imports' own reads, once
     chunk = 256 << 10  # many chunks and windows: rows early by a window, the head's early by many
+    # the early rows (a chunk's rows read in the window before its last; the head's counted rows that are not
+    # hot): held in memory where the hold covers them, else written and read once more
+    from hotline.training import export_rows
+    from hotline.training.inference import checkpoint_payload
+
+    p = checkpoint_payload(ck)
+    source = export_rows.StreamedRows([(ck, p["rows"])], tables, p["hot"], tmp_path / "x", chunk)
+    early, spilled = source.early_rows, source.early_rows * (4 * 8 + 4)  # weights, place in the chunk
+    source.close()
+    monkeypatch.setattr(export_rows, "HOLD_CHUNKS", spilled // chunk + 1)
     read, written = _traffic(ck, tmp_path / "m", chunk_bytes=chunk)
     n = sum(tables)
     order, table_bytes = 4 * n, 4 * 8 * n
@@ -142,19 +152,9 @@ def test_the_rows_file_is_read_once_and_the_tables_written_once(tmp_path, monkey
     assert rows > allowance + 2 * order  # a second pass over the rows would not fit
     assert table_bytes <= written < table_bytes + (1 << 20), (written, table_bytes)
     _assert_tables(tmp_path / "m", arrays, "streamed")
-    # the early rows (a chunk's rows read in the window before its last; the head's counted rows that are not
-    # hot): held in memory; with no hold, each written and read once more, and the export exact all the same
-    from hotline.training import export_rows
-    from hotline.training.inference import checkpoint_payload
-
-    p = checkpoint_payload(ck)
-    source = export_rows.StreamedRows([(ck, p["rows"])], tables, p["hot"], tmp_path / "x", chunk)
-    early = source.early_rows
-    source.close()
-    monkeypatch.setattr(export_rows, "HOLD_CHUNKS", 0)
+    monkeypatch.setattr(export_rows, "HOLD_CHUNKS", 0)  # none held: exact all the same
     read_s, written_s = _traffic(ck, tmp_path / "s", chunk_bytes=chunk)
     _assert_tables(tmp_path / "s", arrays, "spilled")
-    spilled = early * (4 * 8 + 4)  # its weights and its place in its chunk
     assert 0 < early < n and written_s - written == spilled, (early, written_s - written)
     assert abs(read_s - read - spilled) < 4096, (read_s - read, spilled)  # (small files' names vary)
 

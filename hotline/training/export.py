@@ -289,7 +289,7 @@ def export_torchrec_dlrm(
     out = Path(out)
     _io.remove_stale_temporaries(out.parent)
     tmp = _io.temporary_name(out)
-    source = open_source(tmp.with_name(tmp.name + "-early-rows"))  # reads the rows files' orders only
+    source = open_source(_io.temporary_name(out))  # reads the rows files' orders only; a scratch file maybe
     try:
         spill = getattr(source, "spill_bytes", 0)
         if spill:  # the rows read before their chunk, beyond what memory holds

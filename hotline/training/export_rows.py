@@ -43,8 +43,10 @@ from hotline.training.checkpoint_rows import (
     rows_path,
 )
 
-HOLD_CHUNKS = 4
+HOLD_CHUNKS = 2
 """The early rows held in memory, in chunks' bytes; more go to the scratch file."""
+_SLICES = 4
+"""A window's records are sorted by chunk in this many slices (the index arrays' memory)."""
 
 
 def _order_chunks(path: Path, head: dict, start: int, rows: int) -> Iterator[np.ndarray]:
@@ -62,6 +64,19 @@ def _order_chunks(path: Path, head: dict, start: int, rows: int) -> Iterator[np.
                 raise OSError(f"checkpoint rows {path} end early (in its order, at row {lo})")
             yield order.astype(np.int64)
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def _bits(rows: np.ndarray, n: int) -> np.ndarray:
+    """A bitmap of ``n`` rows (bit ``r % 8`` of byte ``r // 8``) with the sorted ``rows`` set: a bit a row, so a
+    row's membership is one look-up (a search of the hot rows for every row read was most of the export's time)."""
+    bits = np.zeros((n + 7) // 8, np.uint8)
+    if rows.size:
+        rows = rows[np.r_[True, np.diff(rows) != 0]]  # sorted: each once
+        at = rows >> 3
+        first = np.r_[0, np.flatnonzero(np.diff(at)) + 1]
+        one = (1 << (rows & 7)).astype(np.uint8)
+        bits[at[first]] = np.add.reduceat(one, first)  # distinct bits: their sum is their or
+    return bits
 
 
 class StreamedRows:
@@ -90,6 +105,7 @@ checkpoint_rows.check_rows` without ``digest``). ``scratch``: where the early ro
         order = np.argsort(hot["rows"].numpy(), kind="stable")  # the hot tier: its size, not the table's
         self._hot_rows = hot["rows"].numpy()[order].astype(np.int64)
         self._hot_w = hot["w"].numpy()[order]
+        self._hot_bits = _bits(self._hot_rows, self.num_rows)
         record = int(self._files[0][2]["record_bytes"])
         self._window_rows = max(1, chunk_bytes // (record * N))  # each rank's part of a window
         self._hold_bytes = HOLD_CHUNKS * chunk_bytes
@@ -98,7 +114,7 @@ checkpoint_rows.check_rows` without ``digest``). ``scratch``: where the early ro
         self._held_bytes = 0
         self._spilled: dict[int, list] = {}  # chunk -> [(offset, rows)] in the scratch file
         self._spill, self._spill_end = None, 0
-        self._due: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # the window's rows of chunks it completes
+        self._due: dict[int, list] = {}  # chunk -> [(ids, weights)]: the window's rows of chunks it completes
         self._window = 0  # the next window to read
         self._asked = 0
         self._digests = [hashlib.sha256() for _ in parts]
@@ -116,10 +132,7 @@ checkpoint_rows.check_rows` without ``digest``). ``scratch``: where the early ro
             raise ValueError(f"its rows name rows outside 0..{self.num_rows - 1}")
         keep = None
         if self._hot_rows.size:
-            keep = (
-                self._hot_rows[np.minimum(np.searchsorted(self._hot_rows, rows), self._hot_rows.size - 1)]
-                != rows
-            )
+            keep = (self._hot_bits[rows >> 3] >> (rows & 7).astype(np.uint8)) & 1 == 0
             rows = rows[keep]
         return rows, np.searchsorted(self._starts, rows, side="right") - 1, keep
 
@@ -179,36 +192,38 @@ checkpoint_rows.check_rows` without ``digest``). ``scratch``: where the early ro
     def _read_window(self) -> bool:
         """Reads the next window of every rank's file: its rows of the chunks it completes to :attr:`_due`,
         the early ones held; False when every file is read."""
-        got = []
-        for r, stream in enumerate(self._streams):
-            part = next(stream, None)
-            if part is not None:
-                rows, chunk, keep = self._global(part[0], r)
-                w = part[1][:, : self.dim] if keep is None else part[1][keep, : self.dim]
-                got.append((rows, chunk, w))
-        if not got:
+        parts = [(r, part) for r, part in enumerate(next(s, None) for s in self._streams) if part is not None]
+        if not parts:
             return False
         j = self._window
         self._window += 1
-        rows = np.concatenate([g[0] for g in got])
-        chunk = np.concatenate([g[1] for g in got])
-        w = np.concatenate([g[2] for g in got]) if len(got) > 1 else got[0][2]
-        by = np.argsort(chunk.astype(np.int32), kind="stable")
-        chunk, ids = chunk[by], (rows[by] - self._starts[chunk[by]]).astype(np.int32)
-        w = np.take(w, by, axis=0)
+        for r, (order, rec) in parts:  # in slices: the index arrays a slice's size, not the window's
+            step = max(1, -(-order.shape[0] // _SLICES))
+            for lo in range(0, order.shape[0], step):
+                self._place(j, r, order[lo : lo + step], rec[lo : lo + step])
+        if self._held_bytes > self._hold_bytes:
+            self._spill_held()
+        return True
+
+    def _place(self, j: int, rank: int, order: np.ndarray, rec: np.ndarray) -> None:
+        """Rank ``rank``'s records ``rec`` of rows ``order`` (window ``j``) sorted by chunk: to :attr:`_due`
+        (views) for the chunks ``j`` completes, held (copies) for the later ones."""
+        rows, chunk, keep = self._global(order, rank)
+        by = np.argsort(chunk, kind="stable")
+        chunk = chunk[by]
+        ids = (rows[by] - self._starts[chunk]).astype(np.int32)
+        w = rec[by if keep is None else np.flatnonzero(keep)[by], : self.dim]  # one copy, in chunk order
+        del rows, by
         cuts = np.flatnonzero(np.diff(chunk)) + 1
         for lo, hi in zip(np.r_[0, cuts].tolist(), np.r_[cuts, chunk.size].tolist()):
             if lo == hi:
                 continue
             k = int(chunk[lo])
             if self._last[k] == j:
-                self._due[k] = (ids[lo:hi], w[lo:hi])
+                self._due.setdefault(k, []).append((ids[lo:hi], w[lo:hi]))
             else:
                 self._held.setdefault(k, []).append((ids[lo:hi].copy(), w[lo:hi].copy()))
                 self._held_bytes += (hi - lo) * (4 * self.dim + 4)
-        if self._held_bytes > self._hold_bytes:
-            self._spill_held()
-        return True
 
     def _spill_held(self) -> None:
         """Writes every row held to the scratch file, chunk by chunk, and forgets them."""
@@ -251,8 +266,7 @@ checkpoint_rows.check_rows` without ``digest``). ``scratch``: where the early ro
             parts = self._held.pop(k, [])
             self._held_bytes -= sum(ids.shape[0] for ids, _ in parts) * (4 * self.dim + 4)
             parts += [self._unspill(*at) for at in self._spilled.pop(k, [])]
-            if k in self._due:
-                parts.append(self._due.pop(k))
+            parts += self._due.pop(k, [])
             lo, hi = np.searchsorted(self._hot_rows, [g, g + m])
             parts.append(((self._hot_rows[lo:hi] - g).astype(np.int32), self._hot_w[lo:hi]))
             out = np.empty((m, self.dim), np.float32)
