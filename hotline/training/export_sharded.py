@@ -21,8 +21,8 @@ or the old export whole, and the next Hotline run there removes its temporary.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import errno
 import glob
 import json
 import os
@@ -182,46 +182,9 @@ def is_export(path: str | os.PathLike) -> bool:
     return head is not None and head.get("format") == EXPORT_FORMAT
 
 
-def _exchange(a: Path, b: Path) -> bool:
-    """Swaps the paths ``a`` and ``b`` in one atomic step (``renameat2(RENAME_EXCHANGE)``); False where the
-    system or the filesystem has no such call."""
-    import ctypes
-
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (AttributeError, OSError):
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-        return False
-    raise OSError(err, f"cannot swap {a} and {b} ({os.strerror(err)})")
-
-
-def put_in_place(tmp: Path, out: Path) -> None:
-    """Makes the complete ``tmp`` (a file or a directory) ``out``: renamed, or, over an existing ``out``
-    (``--force``), swapped with it in one atomic step and the old one then removed, so that ``out`` is at every
-    moment the old export or the new one (where the filesystem cannot swap: the old one moved aside, the new
-    one renamed, the old one removed)."""
-    if not (out.exists() or out.is_symlink()):
-        os.rename(tmp, out)
-    elif _exchange(tmp, out):
-        _remove(tmp)  # the old one, now under the temporary name
-    else:
-        aside = _io.temporary_name(out)
-        os.replace(out, aside)
-        os.replace(tmp, out)
-        _remove(aside)
-    _io.fsync_dir(out.parent)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink()
+put_in_place = _io.replace_whole
+"""Makes the complete export ``tmp`` ``out`` (over an export that ``--force`` replaces: swapped with it in one
+step, so that ``out`` is at every moment the old export or the new one)."""
 
 
 class TableChunks:
@@ -305,7 +268,7 @@ def write(out: Path, tmp: Path, blob_head: dict, dense: dict, source, names: lis
     try:
         writer = dcp.FileSystemWriter(tmp, single_file_per_rank=False, sync_files=True, thread_count=1)
         planner = _planner(dense, source, names, sizes, dim)
-        with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
+        with warnings.catch_warnings(), _unwrapped():  # "assuming the intent is to save in a single process"
             warnings.simplefilter("ignore", UserWarning)
             dcp.save(dense, storage_writer=writer, planner=planner, no_dist=True)
         finish(source)
@@ -316,6 +279,21 @@ def write(out: Path, tmp: Path, blob_head: dict, dense: dict, source, names: lis
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+@contextlib.contextmanager
+def _unwrapped():
+    """DCP's own exception (a BaseException holding each rank's) made the one it holds: a full disk's OSError, a
+    damaged file's error, a SIGTERM's SystemExit or a Ctrl-C unwind as they would without DCP between."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as e:
+        inner = next((f[0] for f in e.failures.values() if isinstance(f, tuple)), None)
+        if inner is None:
+            raise
+        raise inner from None
 
 
 def read_head(path: str | os.PathLike) -> dict | None:
@@ -332,6 +310,6 @@ def load_into(path: str | os.PathLike, state_dict: dict) -> None:
     ``path``, in place."""
     import torch.distributed.checkpoint as dcp
 
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+    with warnings.catch_warnings(), _unwrapped():  # "assuming the intent is to load in a single process"
         warnings.simplefilter("ignore", UserWarning)
         dcp.load(state_dict, storage_reader=dcp.FileSystemReader(path), no_dist=True)
