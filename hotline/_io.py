@@ -75,12 +75,74 @@ def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
         if m is None or int(m["pid"]) == os.getpid() or _alive(int(m["pid"])):
             continue
         path = Path(entry.path)
+        if f"{TMP_MARKER}old-" in entry.name and _restore(path):
+            continue  # the old output of a replacement killed before the new one took its name: back
         if entry.is_dir(follow_symlinks=False):
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)
         removed.append(path)
     return removed
+
+
+def _restore(old: Path) -> bool:
+    """Puts ``old`` (``.NAME.hotline-tmp-old-PID-RANDOM``, :func:`replace_whole`'s) back under ``NAME`` if
+    nothing is there; whether it did."""
+    name = old.parent / old.name[1 : old.name.index(TMP_MARKER)]
+    if name.exists() or name.is_symlink():
+        return False
+    os.rename(old, name)
+    return True
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swaps the paths ``a`` and ``b`` in one atomic step (``renameat2(RENAME_EXCHANGE)``); False where the
+    system or the filesystem has no such call."""
+    import ctypes
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, f"cannot swap {a} and {b} ({os.strerror(err)})")
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+def replace_whole(tmp: Path, out: Path) -> None:
+    """Makes the complete ``tmp`` (a file or a directory, beside ``out``) ``out``: renamed, or, over an existing
+    ``out``, swapped with it in one atomic step and the old one then removed, so that ``out`` is at every moment
+    the old output or the new one. Where the filesystem cannot swap, the old one is moved aside
+    (``.NAME.hotline-tmp-old-PID-RANDOM``) and the new one renamed: an exception between the two (a SIGTERM's
+    unwinding) puts the old one back, and a kill there leaves it for :func:`remove_stale_temporaries` to put
+    back. The directory is fsynced after."""
+    tmp, out = Path(tmp), Path(out)
+    if not (out.exists() or out.is_symlink()):
+        os.rename(tmp, out)
+    elif _exchange(tmp, out):
+        _remove(tmp)  # the old one, now under the temporary name
+    else:
+        aside = out.with_name(f".{out.name}{TMP_MARKER}old-{os.getpid()}-{secrets.token_hex(4)}")
+        try:
+            os.replace(out, aside)
+            os.replace(tmp, out)
+        except BaseException:
+            if aside.exists() and not (out.exists() or out.is_symlink()):
+                os.replace(aside, out)
+            raise
+        _remove(aside)
+    fsync_dir(out.parent)
 
 
 def fsync_dir(directory: str | os.PathLike) -> None:

@@ -34,7 +34,7 @@ def _path_of(fd: int) -> Path:
 
 class Calls:
     """The durability-relevant system calls of this process, in order, each made for real: ``("fsync", path)``,
-    ``("replace", src, dst)`` (``os.replace`` and ``os.rename``), ``("write", path)`` (``os.pwrite`` /
+    ``("replace", src, dst)`` (``os.replace``, ``os.rename``, :func:`hotline._io.replace_whole`'s swap), ``("write", path)`` (``os.pwrite`` /
     ``os.pwritev``)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch):
@@ -61,6 +61,17 @@ class Calls:
 
             return write
 
+        real_exchange = _io._exchange
+
+        def exchange(
+            a, b
+        ):  # replace_whole's swap over an existing output: a rename as far as durability goes
+            swapped = real_exchange(a, b)
+            if swapped:
+                self.log.append(("replace", Path(os.path.realpath(a)), Path(os.path.realpath(b))))
+            return swapped
+
+        monkeypatch.setattr(_io, "_exchange", exchange)
         monkeypatch.setattr(os, "fsync", fsync)
         monkeypatch.setattr(os, "replace", renamer("replace"))
         monkeypatch.setattr(os, "rename", renamer("rename"))

@@ -203,13 +203,13 @@ def killed_export(export: str) -> subprocess.CompletedProcess:
     export sorts (the real chunk before it)."""
     code = (
         "import os, signal\n"
-        "from hotline.training import checkpoint_rows\n"
-        "real, seen = checkpoint_rows.RowOrderedChunks.chunk, []\n"
+        "from hotline.training import export_rows\n"
+        "real, seen = export_rows.StreamedRows.chunk, []\n"
         "def chunk(self, k):  # the real chunk; the fifth request kills the process\n"
         "    seen.append(k)\n"
         "    if len(seen) == 5: os.kill(os.getpid(), signal.SIGKILL)\n"
         "    return real(self, k)\n"
-        "checkpoint_rows.RowOrderedChunks.chunk = chunk\n"
+        "export_rows.StreamedRows.chunk = chunk\n"
     )
     return subprocess.run([sys.executable, "-c", code + export], capture_output=True, text=True)
 

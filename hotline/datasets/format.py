@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hotline._io import TMP_MARKER, fsync_dir, remove_stale_temporaries, write_json
+from hotline._io import TMP_MARKER, fsync_dir, remove_stale_temporaries, replace_whole, write_json
 from hotline._paths import file_problem
 from hotline.datasets.files import ArrayFile, DatasetError, sampled_digest
 from hotline.table_layout import BagLayout, TableLayout
@@ -449,10 +449,7 @@ class DatasetWriter:
         fsync_dir(self.tmp)  # its entries durable before it takes the name
         check_output_dir(self.out, self.overwrite, self.inputs)  # again: it may have changed meanwhile
         if self.out.exists() and any(self.out.iterdir()):
-            old = self.out.parent / f".{self.out.name}{TMP_MARKER}old-{os.getpid()}-{secrets.token_hex(4)}"
-            self.out.rename(old)
-            self.tmp.rename(self.out)
-            shutil.rmtree(old, ignore_errors=True)  # the Hotline dataset that check_output_dir accepted
+            replace_whole(self.tmp, self.out)  # over the Hotline dataset that check_output_dir accepted
         else:
             if self.out.exists():
                 self.out.rmdir()  # empty

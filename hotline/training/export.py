@@ -202,7 +202,8 @@ def _guard_out(checkpoint, out, force: bool) -> Path:
 def _source(checkpoint, chunk_bytes: int):
     """``(files, payloads, open_source)`` of the checkpoint: its rank files and their payloads (rank 0's
     first), and its rows in row order for :func:`export_sharded.write`."""
-    from hotline.training import checkpoint_rows, export_sharded
+    from hotline.training import export_sharded
+    from hotline.training.export_rows import StreamedRows
 
     files = export_sharded.rank_files(checkpoint, ExportError)
     if len(files) > 1:
@@ -217,9 +218,7 @@ def _source(checkpoint, chunk_bytes: int):
     return (
         files,
         [payload],
-        lambda scratch: checkpoint_rows.RowOrderedChunks(
-            parts, sizes, payload["hot"], scratch, chunk_bytes, ExportError
-        ),
+        lambda scratch: StreamedRows(parts, sizes, payload["hot"], scratch, chunk_bytes, ExportError),
     )
 
 
@@ -262,15 +261,15 @@ def export_torchrec_dlrm(
         )
     dense_bytes = sum(4 * p.numel() for p in model.parameters()) + (1 << 20)
     chunk_rows = max(1, chunk_bytes // (4 * D))
-    scratch = checkpoint_rows.RowOrderedChunks.scratch_bytes(sum(sizes), D) if "rows" in payload else 0
     if format == "torch-save":
-        _check_disk(out, table_bytes + dense_bytes + scratch, "its tables and dense weights")
+        need, what = table_bytes + dense_bytes, "its tables and dense weights"
     else:
         chunks = sum(-(-n // chunk_rows) for n in sizes)
-        what = "its tables, dense weights and a file per chunk" + (
-            ", and a scratch copy of the rows in row order" if scratch else ""
+        need, what = (
+            table_bytes + dense_bytes + 8192 * chunks,
+            "its tables, dense weights and a file per chunk",
         )
-        _check_disk(out, table_bytes + dense_bytes + 8192 * chunks + scratch, what)
+    _check_disk(out, need, what)
     for f, p in zip(files, payloads):
         if "rows" in p:
             n = len(range(int(p.get("rank", 0)), sum(sizes), len(files)))
@@ -287,22 +286,27 @@ def export_torchrec_dlrm(
         "dataset_fingerprint": payload["dataset_fingerprint"],
         "step": int(payload["step"]),
     }
-    if format == "torch-save":
-        scratch_path = _io.temporary_name(out)
-        source = open_source(scratch_path)
-        try:
+    out = Path(out)
+    _io.remove_stale_temporaries(out.parent)
+    tmp = _io.temporary_name(out)
+    source = open_source(_io.temporary_name(out))  # reads the rows files' orders only; a scratch file maybe
+    try:
+        spill = getattr(source, "spill_bytes", 0)
+        if spill:  # the rows read before their chunk, beyond what memory holds
+            _check_disk(out, need + spill, what + ", and the rows read before their chunk's")
+        if format == "torch-save":
             tables = export_sharded.tables_of(source, sizes)
-        finally:
-            source.close()
-        module = torchrec_dlrm(model, tables)
-        blob = {"format": EXPORT_FORMAT, "config": config, "state_dict": module.state_dict()}
-        _io.atomic_write(out, lambda f: torch.save(blob, f))
-        return {**config, "storage": format}
-    names = [f"t_{feature_name(t)}" for t in range(len(sizes))]
-    keys = {export_sharded.table_key(n) for n in names}
-    dense = {k: v for k, v in torchrec_dlrm(model, None).state_dict().items() if k not in keys}
-    head = {"format": EXPORT_FORMAT, "config": config}
-    export_sharded.write(Path(out), head, dense, open_source, names, sizes, D)
+            module = torchrec_dlrm(model, tables)
+            blob = {"format": EXPORT_FORMAT, "config": config, "state_dict": module.state_dict()}
+            _io.atomic_write(out, lambda f: torch.save(blob, f))
+            return {**config, "storage": format}
+        names = [f"t_{feature_name(t)}" for t in range(len(sizes))]
+        keys = {export_sharded.table_key(n) for n in names}
+        dense = {k: v for k, v in torchrec_dlrm(model, None).state_dict().items() if k not in keys}
+        head = {"format": EXPORT_FORMAT, "config": config}
+        export_sharded.write(out, tmp, head, dense, source, names, sizes, D)
+    finally:
+        source.close()
     return {**config, "storage": format}
 
 

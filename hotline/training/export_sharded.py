@@ -9,10 +9,10 @@ layers' own), each table stored as row ranges of :data:`~hotline.training.checkp
 in memory at a time (torchrec's DLRM, a bare EmbeddingBagCollection under the prefix, plain tensors; no
 process group needed). :func:`load` rebuilds the DLRM.
 
-The tables are written in row order, one chunk at a time: from a disk-store checkpoint's rows files (one, or
-each rank's) through :class:`~hotline.training.checkpoint_rows.RowOrderedChunks` (a scratch file in the
-export's own temporary directory), from a checkpoint's in-memory tables by slicing, from N ranks' cold shards
-and rank 0's hot tier by :class:`ShardChunks`. Every chunk is a file of its own (DCP's writer
+The tables are written one chunk at a time: from a disk-store checkpoint's rows files (one, or each rank's)
+as each chunk completes on one streamed pass (:class:`~hotline.training.export_rows.StreamedRows`), from a
+checkpoint's in-memory tables by slicing, from N ranks' cold shards and rank 0's hot tier by
+:class:`ShardChunks`. Every chunk is a file of its own (DCP's writer
 keeps each file's last tensor per key until the file is closed). The directory is written under a temporary
 name (``.OUT.hotline-tmp-PID-RANDOM``) and renamed when complete (over an export that ``--force`` replaces:
 swapped with it in one step, :func:`put_in_place`): a killed export leaves no directory under the final name,
@@ -21,8 +21,8 @@ or the old export whole, and the next Hotline run there removes its temporary.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import errno
 import glob
 import json
 import os
@@ -97,14 +97,15 @@ def rank_source(files: list[Path], payloads: list[dict], chunk_bytes: int, error
     """``open_source(scratch)`` of an N-rank checkpoint, for :func:`write`: its rows in row order, chunk by
     chunk, from its rank files' rows files (a disk-store run), its ranks' cold shards and rank 0's hot tier
     (the host-memory store), or rank 0's tables (``--mode device``)."""
-    from hotline.training.checkpoint_rows import CHUNK_BYTES, RowOrderedChunks
+    from hotline.training.checkpoint_rows import CHUNK_BYTES
+    from hotline.training.export_rows import StreamedRows
 
     rank0, sizes = payloads[0], [int(n) for n in payloads[0]["table_sizes"]]
     tiers = rank0.get("tiers", {})
     chunk_bytes = chunk_bytes or CHUNK_BYTES
     if "rows" in rank0:
         parts = [(f, p["rows"]) for f, p in zip(files, payloads)]
-        return lambda scratch: RowOrderedChunks(parts, sizes, rank0["hot"], scratch, chunk_bytes, error)
+        return lambda scratch: StreamedRows(parts, sizes, rank0["hot"], scratch, chunk_bytes, error)
     if "weight" in tiers:
         tables = list(torch.split(tiers["weight"], sizes))
         return lambda scratch: TableChunks(tables, max(1, chunk_bytes // (4 * tables[0].shape[1])))
@@ -150,12 +151,26 @@ class ShardChunks:
 def tables_of(source, sizes: list[int]) -> list[np.ndarray]:
     """Every table of ``source`` (:func:`rank_source`'s, opened) whole in memory: a torch.save export's."""
     tables = [None] * len(sizes)
-    for k, (t, lo, m, _) in enumerate(source.grid):
+    for k in schedule(source):
+        t, lo, m, _ = source.grid[k]
         w = source.chunk(k)
         if tables[t] is None:
             tables[t] = np.empty((sizes[t], w.shape[1]), np.float32)
         tables[t][lo : lo + m] = w
+    finish(source)
     return tables
+
+
+def schedule(source) -> list[int]:
+    """The order in which ``source`` hands out its chunks (a rows file's: as they complete; else the grid's)."""
+    return list(getattr(source, "schedule", range(len(source.grid))))
+
+
+def finish(source) -> None:
+    """After the last chunk: ``source`` checks what it read (a rows file's sha256), before anything is put
+    under the export's name."""
+    if hasattr(source, "finish"):
+        source.finish()
 
 
 def is_export(path: str | os.PathLike) -> bool:
@@ -167,46 +182,9 @@ def is_export(path: str | os.PathLike) -> bool:
     return head is not None and head.get("format") == EXPORT_FORMAT
 
 
-def _exchange(a: Path, b: Path) -> bool:
-    """Swaps the paths ``a`` and ``b`` in one atomic step (``renameat2(RENAME_EXCHANGE)``); False where the
-    system or the filesystem has no such call."""
-    import ctypes
-
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (AttributeError, OSError):
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-        return False
-    raise OSError(err, f"cannot swap {a} and {b} ({os.strerror(err)})")
-
-
-def put_in_place(tmp: Path, out: Path) -> None:
-    """Makes the complete ``tmp`` (a file or a directory) ``out``: renamed, or, over an existing ``out``
-    (``--force``), swapped with it in one atomic step and the old one then removed, so that ``out`` is at every
-    moment the old export or the new one (where the filesystem cannot swap: the old one moved aside, the new
-    one renamed, the old one removed)."""
-    if not (out.exists() or out.is_symlink()):
-        os.rename(tmp, out)
-    elif _exchange(tmp, out):
-        _remove(tmp)  # the old one, now under the temporary name
-    else:
-        aside = _io.temporary_name(out)
-        os.replace(out, aside)
-        os.replace(tmp, out)
-        _remove(aside)
-    _io.fsync_dir(out.parent)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink()
+put_in_place = _io.replace_whole
+"""Makes the complete export ``tmp`` ``out`` (over an export that ``--force`` replaces: swapped with it in one
+step, so that ``out`` is at every moment the old export or the new one)."""
 
 
 class TableChunks:
@@ -250,7 +228,8 @@ def _planner(dense: dict, source, names: list[str], sizes: list[int], dim: int):
         def create_local_plan(self):
             plan = create_default_local_save_plan(self.state_dict, self.is_coordinator)
             items = list(plan.items)
-            for k, (t, lo, m, _) in enumerate(source.grid):
+            for k in schedule(source):  # DCP's writer resolves them in this order, one file each
+                t, lo, m, _ = source.grid[k]
                 key = table_key(names[t])
                 offsets = torch.Size([lo, 0])
                 self.chunk_of[(key, lo)] = k
@@ -277,35 +256,44 @@ def _planner(dense: dict, source, names: list[str], sizes: list[int], dim: int):
     return ChunkedTables()
 
 
-def write(out: Path, blob_head: dict, dense: dict, open_source, names: list[str], sizes: list[int],
+def write(out: Path, tmp: Path, blob_head: dict, dense: dict, source, names: list[str], sizes: list[int],
           dim: int) -> Path:  # fmt: skip
     """Writes the sharded export ``out`` (a directory that does not exist, or a file that ``--force``
-    replaces): ``dense`` (torchrec state_dict entries) whole, the tables chunk by chunk from the source
-    ``open_source(scratch path)`` returns (``grid``, ``chunk(k)``, ``close()``), ``blob_head`` (format and
-    config) as :data:`MARKER`; atomically (:func:`put_in_place`)."""
+    replaces) in the new directory ``tmp`` (:func:`hotline._io.temporary_name`): ``dense`` (torchrec state_dict
+    entries) whole, the tables chunk by chunk from ``source`` (``grid``, ``chunk(k)``; :func:`schedule`,
+    :func:`finish`), ``blob_head`` (format and config) as :data:`MARKER`; atomically (:func:`put_in_place`)."""
     import torch.distributed.checkpoint as dcp
 
-    _io.remove_stale_temporaries(out.parent)
-    tmp = _io.temporary_name(out)
     tmp.mkdir()
-    source = None
     try:
-        source = open_source(tmp / ".rows-in-order")
         writer = dcp.FileSystemWriter(tmp, single_file_per_rank=False, sync_files=True, thread_count=1)
         planner = _planner(dense, source, names, sizes, dim)
-        with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
+        with warnings.catch_warnings(), _unwrapped():  # "assuming the intent is to save in a single process"
             warnings.simplefilter("ignore", UserWarning)
             dcp.save(dense, storage_writer=writer, planner=planner, no_dist=True)
+        finish(source)
         _io.write_json(tmp / MARKER, blob_head)
         _io.fsync_dir(tmp)
         put_in_place(tmp, out)  # --force over a file or an export: the old one goes only now
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    finally:
-        if source is not None:
-            source.close()
     return out
+
+
+@contextlib.contextmanager
+def _unwrapped():
+    """DCP's own exception (a BaseException holding each rank's) made the one it holds: a full disk's OSError, a
+    damaged file's error, a SIGTERM's SystemExit or a Ctrl-C unwind as they would without DCP between."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as e:
+        inner = next((f[0] for f in e.failures.values() if isinstance(f, tuple)), None)
+        if inner is None:
+            raise
+        raise inner from None
 
 
 def read_head(path: str | os.PathLike) -> dict | None:
@@ -322,6 +310,6 @@ def load_into(path: str | os.PathLike, state_dict: dict) -> None:
     ``path``, in place."""
     import torch.distributed.checkpoint as dcp
 
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+    with warnings.catch_warnings(), _unwrapped():  # "assuming the intent is to load in a single process"
         warnings.simplefilter("ignore", UserWarning)
         dcp.load(state_dict, storage_reader=dcp.FileSystemReader(path), no_dist=True)
