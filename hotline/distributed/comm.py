@@ -123,11 +123,14 @@ class Comm:
             return Comm(self.rank, self.world_size, dist.new_group(backend="gloo"))  # host tensors only
 
     def destroy(self) -> None:
-        """Destroys this Comm's own group (from :meth:`new_group`; the default group is left alone)."""
+        """Destroys this Comm's own group (from :meth:`new_group`; the default group is left alone). Once the
+        default group is gone its subgroups went with it: nothing is left to destroy (a look-ahead left open
+        until the interpreter's exit closes after the ranks' teardown)."""
         if self.group is not None:
             import torch.distributed as dist
 
-            dist.destroy_process_group(self.group)
+            if dist.is_initialized():
+                dist.destroy_process_group(self.group)
             if self.host_group is self.group:
                 self.host_group = None
             self.group = None
