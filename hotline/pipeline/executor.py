@@ -250,7 +250,7 @@ class Executor:
 def _hot_sizes(channel: Comm, mode: TieredMode, prep: PreparedStep) -> list[int] | None:
     """Every rank's count of distinct hot rows in its step (what its share of the hot rows' gradient exchange
     sends), exchanged on the look-ahead group, so that the step's exchange runs no collective of sizes."""
-    if channel.world_size == 1 or not mode.hot_rows.shape[0]:
+    if mode.comm.world_size == 1 or not mode.hot_rows.shape[0]:
         return None
     if "hot_rows" in prep.index:  # the device path's: found on the host while the batch was prepared
         n = int(prep.index["hot_rows"].shape[0])
