@@ -8,7 +8,7 @@ off the main thread or overlapped with compute, and the result stays the sequent
   With the writer held back on every step, the refresh of step j still runs only after steps < j were
   written back on that rank, rows of one rank's step t are in another rank's step t + 1, and the trained
   rows and dense parameters equal (``np.array_equal``) those of the same run whose every write-back finished
-  before the next step started, on 2 and 3 ranks. (Look-ahead 0 differs from look-ahead K in the last bits
+  before the next step started, on 2 and 3 ranks, on the CPU's update path and on CUDA's (run on the CPU). (Look-ahead 0 differs from look-ahead K in the last bits
   of the dense parameters on N ranks, as it did before the overlap.)
 """
 
@@ -100,11 +100,20 @@ def _serial(ex, point: str, step: int) -> None:
         ex._wait_written(step + 1)
 
 
-def _held_back(comm, placement: str, dataset: str, optimizer: str, out: str) -> None:
+def _trainer(comm, placement: str, ds: Dataset, case: str) -> Trainer:
+    """``case``: an optimizer, ``+device`` for CUDA's update path run on the CPU (distinct hot rows found on the
+    host, torch ops, packed copies)."""
+    optimizer, _, path = case.partition("+")
+    tr = Trainer(_config(placement, optimizer, K), ds, comm)
+    tr.mode.device_updates = tr.mode.pack_copies = path == "device"
+    return tr
+
+
+def _held_back(comm, placement: str, dataset: str, case: str, out: str) -> None:
     """Spawned rank: look-ahead K with the writer held back, recorded; then with each write-back done before
     the next step starts (the reference: the same arithmetic, no wait left to get wrong)."""
     ds = Dataset(dataset)
-    tr = Trainer(_config(placement, optimizer, K), ds, comm)
+    tr = _trainer(comm, placement, ds, case)
     refreshes, fetched, recorder, ex = [], {}, Recorder(), None
     try:
         cold, refresh, fetch = tr.mode.cold, tr.mode.cold.refresh, tr.mode.cold.fetch
@@ -132,7 +141,7 @@ def _held_back(comm, placement: str, dataset: str, optimizer: str, out: str) -> 
     finally:
         recorder.close()
         tr.close()
-    ref = Trainer(_config(placement, optimizer, K), ds, comm)
+    ref = _trainer(comm, placement, ds, case)
     try:
         _run(comm, ref, _serial)
         serial = ref.named_arrays()
@@ -161,12 +170,12 @@ def runs(tmp_path_factory):
            for t, n in enumerate(ds.table_sizes)]  # fmt: skip
     Placement.from_hot_ids(ds.table_sizes, hot, dataset_fingerprint=ds.fingerprint, embedding_dim=8,
                            bytes_per_row=36).save(root / "p.npz")  # fmt: skip
-    spawn(2, _all, str(root / "p.npz"), str(ds.path), str(root), ("sgd", "rowwise-adagrad"))
+    spawn(2, _all, str(root / "p.npz"), str(ds.path), str(root), ("sgd", "rowwise-adagrad", "adam+device"))
     spawn(3, _all, str(root / "p.npz"), str(ds.path), str(root), ("rowwise-adagrad",))
     return root
 
 
-CASES = [("sgd", 2), ("rowwise-adagrad", 2), ("rowwise-adagrad", 3)]
+CASES = [("sgd", 2), ("rowwise-adagrad", 2), ("adam+device", 2), ("rowwise-adagrad", 3)]
 
 
 @pytest.mark.parametrize("optimizer,world", CASES, ids=[f"{o}-{n}" for o, n in CASES])
