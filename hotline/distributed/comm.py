@@ -123,11 +123,14 @@ class Comm:
             return Comm(self.rank, self.world_size, dist.new_group(backend="gloo"))  # host tensors only
 
     def destroy(self) -> None:
-        """Destroys this Comm's own group (from :meth:`new_group`; the default group is left alone)."""
+        """Destroys this Comm's own group (from :meth:`new_group`; the default group is left alone). Once the
+        default group is gone its subgroups went with it: nothing is left to destroy (a look-ahead left open
+        until the interpreter's exit closes after the ranks' teardown)."""
         if self.group is not None:
             import torch.distributed as dist
 
-            dist.destroy_process_group(self.group)
+            if dist.is_initialized():
+                dist.destroy_process_group(self.group)
             if self.host_group is self.group:
                 self.host_group = None
             self.group = None
@@ -165,18 +168,26 @@ class Comm:
         self.bytes_sent["control"] += 8 * (self.world_size - 1)
         return [int(s) for s in torch.cat(sizes).tolist()]  # host memory: no wait for a device
 
-    def all_gather_varlen(self, t: torch.Tensor, kind: str) -> list[torch.Tensor]:
+    def all_gather_varlen(
+        self, t: torch.Tensor, kind: str, sizes: list[int] | None = None
+    ) -> list[torch.Tensor]:
         """Every rank's ``t`` (same trailing shape, any number of rows), in rank order.
 
-        The row counts are exchanged on the host group (:meth:`all_gather_sizes`) and the rows, padded to
-        the largest count, where ``t`` lives: a device tensor is never read on the host, so on CUDA nothing
-        here waits for the device (the payload's collective is queued on its stream)."""
+        The row counts are exchanged on the host group (:meth:`all_gather_sizes`; ``sizes``: every rank's
+        count, exchanged ahead, e.g. by the look-ahead thread) and the rows, padded to the largest count, where
+        ``t`` lives: a device tensor is never read on the host, so on CUDA nothing here waits for the device
+        (the payload's collective is queued on its stream)."""
         if self.world_size == 1:
             return [t]
         import torch.distributed as dist
 
         group, where = self.route(t)
-        sizes = self.all_gather_sizes(t.shape[0])
+        if sizes is None:
+            sizes = self.all_gather_sizes(t.shape[0])
+        elif len(sizes) != self.world_size or sizes[self.rank] != t.shape[0]:
+            raise RuntimeError(
+                f"rank {self.rank} sends {t.shape[0]} rows of {kind}; the sizes agreed were {sizes}"
+            )
         if max(sizes) == 0:  # every rank sees the same sizes: none sends an empty collective
             self.bytes_sent[kind] += 0.0
             return [t[:0] for _ in sizes]

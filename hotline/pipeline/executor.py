@@ -2,17 +2,21 @@
 
 With look-ahead K, a producer thread loads, dispatches and fetches steps i+1..i+K (and, on CUDA, copies them
 to the device on a side stream) while the main thread computes step i; a writer thread stores each step's
-updated working rows back into the cold store. Bounded queues give back-pressure, so memory does not grow
-with the run's length, and the staging buffers form a ring of K + 3 slots reused for the whole run. The same
-executor runs one rank or N: on N ranks the producer threads of all ranks agree before each step whether to
-go on (one all-reduce on the look-ahead group), so they stop together at the end, when one rank's caller
-stops early, or when another rank failed.
+updated working rows back into the cold store (on N ranks: sends its cold gradients to the rows' owners),
+starting once the step's sparse update is done, beside its dense all-reduce. Bounded queues give
+back-pressure, so memory does not grow with the run's length, and the staging buffers form a ring of K + 3
+slots reused for the whole run. The same executor runs one rank or N: on N ranks the producer threads of all
+ranks agree before each step whether to go on (one all-reduce on the look-ahead group), so they stop together
+at the end, when one rank's caller stops early, or when another rank failed; they also exchange each step's
+count of distinct hot rows there, so the step's hot-row exchange runs no collective of sizes on the main
+thread.
 
 Exactness under look-ahead (the claim rule, applied by the cold store when it fetches ahead): a fetch for
 step j may read a cold row that an earlier step, still in flight, is about to update. Every row records the
 last step whose working set held it; when step j is fetched, rows whose holder had not finished its update
-are flagged stale, and just before step j computes (after every earlier update has landed) those rows are
-read again. The result equals the sequential step (``--lookahead 0``) and ``--mode device``.
+are flagged stale, and before step j first reads its working rows (after its popular micro-batch, once every
+earlier update has landed or from a live step's buffer) those rows are read again. The result equals the
+sequential step (``--lookahead 0``) and ``--mode device``.
 """
 
 from __future__ import annotations
@@ -22,10 +26,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from functools import partial
 
+import numpy as np
 import torch
 
 from hotline.datasets.format import Batch
+from hotline.distributed.comm import Comm
+from hotline.kernels import sparse_update
 from hotline.kinds import DEFAULT_LOOKAHEAD, Mode, staging_slots
 from hotline.pipeline.threads import END, POLL_S, CoreShare, Producer, Worker, check_concurrent_kernels
 from hotline.tiers.base import StepStats
@@ -106,28 +114,21 @@ class Executor:
                     if item is END:
                         break
                     writer.raise_error()
-                    forwarded, refreshed = 0, 0.0
-                    if mode.needs_refresh(item):
-                        t1 = time.perf_counter()
-                        if self.forward_stale and mode.cold.forwards_stale:
-                            # Under the lock no write-back completes, so no live step's staging slot is
-                            # reused by the producer while its rows are read.
-                            with self._cond, share.between_steps():
-                                forwarded = mode.refresh(item, self._live)
-                        else:
-                            self._wait_written(step)
-                            with share.between_steps():
-                                mode.refresh(item)
-                        refreshed = time.perf_counter() - t1
-                        waited += refreshed
+                    refreshed = {"forwarded": 0, "s": 0.0}
+                    # The compute runs both at its points (PreparedStep.reached): the refresh waits for the
+                    # earlier steps' updates only once the popular micro-batch is computed, and the write-back
+                    # starts before the dense all-reduce, so the two overlap the compute on either side.
+                    item.hooks["cold"] = partial(self._refresh, item, step, share, refreshed)
+                    item.hooks["updated"] = partial(self._submit, item, step, writer)
                     # with share_cores, the producer keeps its measured share of the cores; without, torch
                     # keeps its threads (its reductions then match device mode's bit for bit)
                     with share.lowered() if self.share_cores else _unchanged() as threads:
                         stats = self.compute_step(item)
-                    with self._cond:
-                        self._live[step] = item
-                    writer.submit((item, mode.start_write_back(item)))
-                    self._hook("submitted", step)
+                    if item.hooks:
+                        raise RuntimeError(f"step {step}'s compute never reached {sorted(item.hooks)}: "
+                                           f"compute_step must run the mode's compute")  # fmt: skip
+                    forwarded = refreshed["forwarded"]
+                    waited += refreshed["s"]
                     with self._cond:
                         busy, self._busy = self._busy, 0.0
                     share.record(busy, time.perf_counter() - t0)
@@ -135,7 +136,7 @@ class Executor:
                     stats.counters["producer_busy_share"] = share.busy_share
                     stats.times["stall"] = waited
                     # the stale rows read again: part of the stall, so a counter, not a phase (phases add up)
-                    stats.counters["refresh_s"] = refreshed
+                    stats.counters["refresh_s"] = refreshed["s"]
                     with self._cond:
                         stats.times["write_back"], self._write_time = self._write_time, 0.0
                     stats.counters["stale_rows"] = int(item.stale.size)
@@ -150,6 +151,31 @@ class Executor:
                 self._live = {}
                 # The writer's function is this executor's method: no reference cycle outlives the run.
                 self._writer = None
+
+    def _refresh(self, item: PreparedStep, step: int, share: CoreShare, out: dict) -> None:
+        """Reads step ``step``'s stale rows again (a collective on N ranks: every rank, every step), once the
+        earlier steps' updates landed or from their live buffers (``out``: what was forwarded, the seconds)."""
+        mode = self.mode
+        if not mode.needs_refresh(item):
+            return
+        t0 = time.perf_counter()
+        if self.forward_stale and mode.cold.forwards_stale:
+            # Under the lock no write-back completes, so no live step's staging slot is reused by the
+            # producer while its rows are read.
+            with self._cond, share.between_steps():
+                out["forwarded"] = mode.refresh(item, self._live)
+        else:
+            self._wait_written(step)
+            with share.between_steps():
+                mode.refresh(item)
+        out["s"] = time.perf_counter() - t0
+
+    def _submit(self, item: PreparedStep, step: int, writer: Worker) -> None:
+        """Hands step ``step``'s final rows (or, sharded, its gradients) to the writer: live first."""
+        with self._cond:
+            self._live[step] = item
+        writer.submit((item, self.mode.start_write_back(item)))
+        self._hook("submitted", step)
 
     def drain(self) -> None:
         """Blocks until every step yielded so far has written its rows back (call between yields)."""
@@ -185,6 +211,7 @@ class Executor:
                 raise RuntimeError(f"step {j - self.ring} was never written back; step {j} not prepared")
             t0 = time.perf_counter()
             prep = self.mode.prepare(batch, step=j, copy_stream=copy_stream)
+            prep.hot_sizes = _hot_sizes(channel, self.mode, prep)
             with self._cond:
                 self._busy += time.perf_counter() - t0
             self._hook("prepared", j)
@@ -218,6 +245,19 @@ class Executor:
             written = self._written >= upto
         writer.raise_error()
         return written
+
+
+def _hot_sizes(channel: Comm, mode: TieredMode, prep: PreparedStep) -> list[int] | None:
+    """Every rank's count of distinct hot rows in its step (what its share of the hot rows' gradient exchange
+    sends), exchanged on the look-ahead group, so that the step's exchange runs no collective of sizes."""
+    if mode.comm.world_size == 1 or not mode.hot_rows.shape[0]:
+        return None
+    if "hot_rows" in prep.index:  # the device path's: found on the host while the batch was prepared
+        n = int(prep.index["hot_rows"].shape[0])
+    else:  # the step's hot lookups of both micro-batches, as torch.unique counts them there
+        ids = np.concatenate([prep.micro.pop_ids, prep.micro.hot_slot])
+        n = int(sparse_update.distinct(ids, mode._prep_scratch)[0].shape[0])
+    return channel.all_gather_sizes(n)
 
 
 def _no_hook(point: str, step: int) -> None:

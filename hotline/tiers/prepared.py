@@ -61,6 +61,17 @@ class PreparedStep:
     """The step's position among the mode's prepared steps (tags its device-clock phases)."""
     times: dict[str, float] = field(default_factory=dict)
     counters: dict[str, float] = field(default_factory=dict)
+    hot_sizes: list[int] | None = None
+    """Every rank's count of distinct hot rows in its step, exchanged ahead by the look-ahead thread."""
+    hooks: dict = field(default_factory=dict)
+    """The executor's calls at points of the compute (see :meth:`reached`)."""
+
+    def reached(self, point: str) -> None:
+        """Runs the executor's hook for ``point`` once: ``"cold"`` before the working rows are first read (the
+        stale rows' refresh), ``"updated"`` once they are final (their write-back starts)."""
+        hook = self.hooks.pop(point, None)
+        if hook is not None:
+            hook()
 
     @property
     def step(self) -> int:

@@ -8,9 +8,10 @@ nothing to exchange and the update reads the lookups directly.
 :func:`update_replicas` is the step's exchange and update. Off the CPU (``torch_update``) it reads nothing
 back from the device: a rank's distinct rows come from the host (the dispatcher's, found while the batch was
 prepared) or from a sort on the device (one slot per lookup); the row counts travel over the host group
-(``Comm.all_gather_sizes``), the payload where it lives; the rows of every rank are summed in rank order
-(:func:`sum_in_rank_order`, one pass per rank in which each row receives one gradient at most, and zeros that
-add exactly nothing), so every replica computes the same bits whatever order the device's atomic adds take.
+(``Comm.all_gather_sizes``; under look-ahead, ahead, on the look-ahead thread), the payload where it lives; the
+rows of every rank are summed in rank order (:func:`sum_in_rank_order`, one pass per rank in which each row
+receives one gradient at most, and zeros that add exactly nothing), so every replica computes the same bits
+whatever order the device's atomic adds take.
 tests/test_replicated.py checks the bits across ranks and, on fake CUDA tensors, that nothing is read back.
 """
 
@@ -105,13 +106,14 @@ def apply_in_rank_order(
 
 
 def exchange(
-    comm: Comm, rows: torch.Tensor, summed: torch.Tensor, kind: str
+    comm: Comm, rows: torch.Tensor, summed: torch.Tensor, kind: str, sizes: list[int] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """Every rank's (rows, summed gradients), concatenated in rank order, and the count from each rank.
+    """Every rank's (rows, summed gradients), concatenated in rank order, and the count from each rank
+    (``sizes``: those counts, exchanged ahead; else exchanged here first).
 
     The ids travel bit for bit inside the float payload (an int64 is two float32 words; nothing adds them)."""
     packed = torch.cat([rows.contiguous().view(torch.float32).view(-1, 2), summed], dim=1)
-    parts = comm.all_gather_varlen(packed, kind)
+    parts = comm.all_gather_varlen(packed, kind, sizes)
     allp = torch.cat(parts) if len(parts) > 1 else parts[0]
     sizes = [int(p.shape[0]) for p in parts]  # shapes: host-side facts
     return allp[:, :2].contiguous().view(torch.int64).view(-1), allp[:, 2:].contiguous(), sizes
@@ -148,6 +150,7 @@ def update_replicas(
     distinct: tuple[torch.Tensor, torch.Tensor] | None = None,
     torch_update: bool | None = None,
     scratch: np.ndarray | None = None,
+    sizes: list[int] | None = None,
 ) -> int | None:
     """ONE update of a replicated ``table`` (and ``state``) by every rank's lookups: ``ids`` / ``grads`` are
     this rank's (lists, concatenated in order; empty for a rank without lookups, which still takes part).
@@ -155,9 +158,11 @@ def update_replicas(
     ``torch_update`` (default: off the CPU): the update as torch ops that read nothing back, the same bits
     on every replica (see the module docstring); ``distinct``: this rank's distinct rows and the lookups'
     inverse, found on the host. Otherwise (the CPU): each rank's distinct rows by ``torch.unique`` and the
-    Numba kernel over the concatenation (``scratch``: its reusable scratch). Returns the rows updated on the
-    CPU path; on the torch path their count would be a read back: this rank's distinct rows when
-    ``distinct`` is given, else None."""
+    Numba kernel over the concatenation (``scratch``: its reusable scratch). ``sizes``: every rank's count
+    of rows it sends (its distinct rows; its lookups on the torch path without ``distinct``), exchanged ahead
+    (by the look-ahead thread): the step then runs no collective of sizes. Returns the
+    rows updated on the CPU path; on the torch path their count would be a read back: this rank's distinct
+    rows when ``distinct`` is given, else None."""
     if torch_update is None:
         torch_update = table.device.type != "cpu"
     D, device = table.shape[1], table.device
@@ -170,7 +175,7 @@ def update_replicas(
     else:
         rows = torch.zeros(0, dtype=torch.int64, device=device)
         summed = torch.zeros((0, D), dtype=torch.float32, device=device)
-    all_ids, all_grads, sizes = exchange(comm, rows, summed, kind)
+    all_ids, all_grads, sizes = exchange(comm, rows, summed, kind, sizes)
     if not torch_update:
         return optimizer.step(table, state, all_ids, all_grads, scratch) if sum(sizes) else 0
     if sum(sizes):

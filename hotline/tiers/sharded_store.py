@@ -11,14 +11,14 @@ row ``fused // N``) and answers the other ranks' requests. Per step:
    their owners along the same routes (all-to-all, on a group of its own); each owner adds up the gradients of
    every rank that asked for a row and updates it ONCE. The owner applies the update, so no row is written
    back (``writes_back = False``). The host needs the gradients, which exist only once backward has run: the
-   copy is inherent. Under look-ahead it overlaps the step's dense all-reduce and dense optimizer step; the
-   next step's refresh waits for it (that step's rows may depend on this update).
+   copy is inherent. Under look-ahead it overlaps the step's dense all-reduce and dense optimizer step and
+   the next step's popular micro-batch; that step's refresh waits for it (its rows may depend on this update).
 
 Look-ahead (fetches for step j run on a thread, over a second gloo group, while earlier steps compute): each
 owner flags the rows it served while an earlier step's update of them was still pending (the claim rule on
 its shard), and ``refresh`` (a collective on the main group, every step) sends those rows again before the
-step computes (after this rank's earlier updates have landed: the executor waits for their write-back), so
-the result stays exact. Each group's collectives run on one thread in the same order on every rank, so a rank
+step first reads its working rows (after this rank's earlier updates have landed: the executor waits for their
+write-back), so the result stays exact. Each group's collectives run on one thread in the same order on every rank, so a rank
 with an empty shard of a batch still takes part with empty payloads.
 """
 

@@ -258,6 +258,8 @@ class TieredMode(TrainMode):
                 loss += loss_and_backward(model, dense[idx], bag_pool(rows, self.bags), labels[idx], G)
                 grad_p = rows.grad if "pop_pos" not in ix else rows.grad.index_select(0, ix["pop_pos"])
         t1 = time.perf_counter()
+        prep.reached("cold")  # under look-ahead: the stale rows' refresh, after the popular micro-batch
+        t1r = time.perf_counter()
         if micro.num_non_popular:
             with (
                 record_function("## non-popular forward/backward ##"),
@@ -296,11 +298,12 @@ class TieredMode(TrainMode):
                 micro.cold_pos,
                 None if host else (ix["cold_slot"], ix["cold_pos"]),
             )
+        prep.reached("updated")  # under look-ahead: the write-back starts, beside the dense all-reduce
         t3 = time.perf_counter()
         times = {
             **prep.times,
             "popular_compute": t1 - t0,
-            "non_popular_compute": t2 - t1,
+            "non_popular_compute": t2 - t1r,
             "sparse_update": t3 - t2,
         }
         return StepStats(
@@ -323,7 +326,7 @@ class TieredMode(TrainMode):
                 grads.append(grad_n[ix["hot_pos"]])
             distinct = (ix["hot_rows"], ix["hot_inverse"]) if self.device_updates else None
             return update_replicas(self.comm, opt, self.hot_w, self.hot_s, ids, grads, "hot_allgather",
-                                   distinct, self.device_updates, self._hot_scratch)  # fmt: skip
+                                   distinct, self.device_updates, self._hot_scratch, prep.hot_sizes)  # fmt: skip
         if host:
             parts = [] if grad_p is None else [(micro.pop_ids, grad_p.numpy(), None)]
             if grad_n is not None:
