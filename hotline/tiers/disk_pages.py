@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from hotline.tiers.store_files import PAGE
 
@@ -81,14 +82,19 @@ def _ranges(counts: np.ndarray) -> np.ndarray:
 
 
 def get_records(buffer: np.ndarray, offsets: np.ndarray, record: int) -> np.ndarray:
-    """uint8 [U, record]: the records at byte ``offsets`` of ``buffer`` (a copy)."""
-    return buffer[offsets[:, None] + np.arange(record)]
+    """uint8 [U, record]: the records at byte ``offsets`` of ``buffer`` (a copy; through a view of every
+    ``record``-byte window of the buffer, so no index of each byte is built: it holds the records alone)."""
+    if not offsets.shape[0]:
+        return np.empty((0, record), np.uint8)
+    return sliding_window_view(buffer, record)[offsets]
 
 
 def put_records(buffer: np.ndarray, offsets: np.ndarray, records: np.ndarray) -> None:
-    """Writes float32 records [U, floats] at byte ``offsets`` of ``buffer``."""
+    """Writes float32 records [U, floats] at byte ``offsets`` of ``buffer`` (records do not overlap; as
+    :func:`get_records`, no index of each byte)."""
     raw = np.ascontiguousarray(records).view(np.uint8).reshape(records.shape[0], -1)
-    buffer[offsets[:, None] + np.arange(raw.shape[1])] = raw
+    if raw.shape[0]:
+        sliding_window_view(buffer, raw.shape[1], writeable=True)[offsets] = raw
 
 
 def named_error(e: OSError, path: Path, what: str) -> OSError:
