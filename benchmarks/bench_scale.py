@@ -104,7 +104,7 @@ def _digest(trainer) -> str:
     H = hot_pos.shape[0]
     hot = np.concatenate([mode.hot_w.cpu().numpy(), mode.hot_s.cpu().numpy().reshape(H, -1)], axis=1)
     lo = 0
-    for _, rec in f.read_all():
+    for _, rec in f.read_all(rows=False):
         n = rec.shape[0]
         mine = (hot_pos >= lo) & (hot_pos < lo + n)
         rec[hot_pos[mine] - lo] = hot[mine]
