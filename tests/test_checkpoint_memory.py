@@ -1,7 +1,8 @@
 """The memory a disk-store checkpoint's load takes beside the run: its hot rows move a chunk at a time, records
 move between page buffers without an index of each byte, and the DRAM tier is read at the first step, not
 during the load (while the checkpoint's payload is still alive), so the tier ``--cold-cache auto`` sized is
-what the resumed run holds."""
+what the resumed run holds; the bitmap of the rows written since a checkpoint is a per-row structure, counted
+as one and by the preflight."""
 
 import tracemalloc
 
@@ -15,6 +16,8 @@ from hotline.datasets.synthetic import generate
 from hotline.tiers.disk_pages import get_records, put_records
 from hotline.training import checkpoint_rows
 from hotline.training.checkpoint import load_checkpoint, save_checkpoint
+from hotline.training.host_memory import per_row_bytes
+from hotline.training.preflight import memory_needed, per_row_structures, positions_bytes
 
 
 def _traced(fn):
@@ -84,3 +87,26 @@ def test_a_load_moves_the_hot_rows_a_chunk_at_a_time_and_leaves_the_tier_to_the_
     bound = (8 << 20) + 8 * chunk + (256 << 10)  # the digest's blocks, a few chunks, small things
     assert hot_bytes > bound
     assert peak < bound, (peak, hot_bytes)
+
+
+def test_the_written_rows_bitmap_is_a_per_row_structure_the_preflight_counts(tmp_path):
+    """After a checkpoint the disk store's file keeps a bit a row (the rows written since: what the next delta
+    writes). ``per_row_bytes`` finds it (an eighth of a byte a row, under the byte a row it looks for
+    otherwise) and the preflight's per-row figure, in ``memory_needed``, holds it."""
+    ds = Dataset(generate(tmp_path / "d", 400, seed=1, table_sizes=[250_000] * 4, progress=False))
+    cold = tmp_path / "cold"
+    cold.mkdir()
+    cfg = _config(_placement(ds, tmp_path / "p.npz", 0.001), cold, steps=2)
+    tr = Trainer(cfg, ds)
+    try:
+        tr.fit()
+        before = per_row_bytes(tr.mode, ds.total_rows)
+        save_checkpoint(tr, tmp_path / "step-000000002.pt")
+        after = per_row_bytes(tr.mode, ds.total_rows)
+    finally:
+        tr.close()
+    bitmap = -(-ds.total_rows // 8)
+    new = {k: v for k, v in after.items() if k not in before}
+    assert list(new.values()) == [bitmap] and next(iter(new)).endswith("file.written_rows.bits"), new
+    assert per_row_structures(cfg, ds) == positions_bytes(cfg, ds) + bitmap
+    assert memory_needed(cfg, ds) >= per_row_structures(cfg, ds) + (cfg.hbm_budget or 0)
