@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -230,7 +231,25 @@ def resolve_cold_cache(config, dataset, world_size: int = 1, memory=None, local_
     local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if local_ranks is None else local_ranks)
     room = usable_memory(available) // local
     cache = room - rest - sum(dense_model_bytes(config, dataset)) - AUTO_CACHE_SLACK
-    return replace(config, cold_cache=max(0, cache))
+    sized = replace(config, cold_cache=max(0, cache))
+    from hotline.units import format_size
+
+    source = memory.describe() if isinstance(memory, HostMemory) else "given"
+    _SIZED[id(sized)] = f"{format_size(available)} available ({source})" + (
+        f", shared by {local} ranks" if local > 1 else ""
+    )
+    weakref.finalize(sized, _SIZED.pop, id(sized), None)
+    return sized
+
+
+_SIZED: dict[int, str] = {}
+"""What :func:`resolve_cold_cache` sized each config's DRAM tier from, by the config's id while it lives."""
+
+
+def tier_sizing(config) -> str | None:
+    """The memory ``--cold-cache auto`` sized ``config``'s DRAM tier from, in words (what
+    :func:`resolve_cold_cache` read), or None where the size was given."""
+    return _SIZED.get(id(config))
 
 
 AUTO_CACHE_SLACK = 64 << 20
