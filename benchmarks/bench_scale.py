@@ -104,7 +104,7 @@ def _digest(trainer) -> str:
     H = hot_pos.shape[0]
     hot = np.concatenate([mode.hot_w.cpu().numpy(), mode.hot_s.cpu().numpy().reshape(H, -1)], axis=1)
     lo = 0
-    for _, rec in f.read_all():
+    for _, rec in f.read_all(rows=False):
         n = rec.shape[0]
         mine = (hot_pos >= lo) & (hot_pos < lo + n)
         rec[hot_pos[mine] - lo] = hot[mine]
@@ -240,8 +240,8 @@ def _train(args, ds, work: Path) -> dict:
     mode = tr.mode
     out["startup_s"] = dict(getattr(mode, "startup_s", {}))  # profile, order, fill, store (build_mode)
     out["file_bytes"] = mode.cold.host.file.size
-    # mid run (the look-ahead's claims in the book); the DRAM tier is a budget, not a per-row structure
-    found = per_row_bytes(mode, ds.total_rows, exclude=[mode.cold.host.file.cache])
+    # mid run (the look-ahead's claims in the book); the DRAM tier and the hot tier are budgets, not per-row
+    found = per_row_bytes(mode, ds.total_rows, exclude=[mode.cold.host.file.cache, mode.hot_w, mode.hot_s])
     out["per_row_host_bytes"] = sum(found.values()) / ds.total_rows
     out["per_row_structures"] = {k: v / ds.total_rows for k, v in found.items()}
     # the file's positions: under a byte a row where compact, then not among the structures above

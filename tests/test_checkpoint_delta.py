@@ -4,8 +4,6 @@ reader (resume, evaluate, predict, export) sees the same rows as from a full cop
 kept delta needs; a missing or damaged base is refused in one line before anything changes; a kill mid-delta
 leaves the previous checkpoint to resume from."""
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -227,22 +225,3 @@ def test_killed_mid_delta_resumes_from_the_previous_delta(data, tmp_path, when, 
         assert_equal_arrays(resumed, tr.named_arrays())
     finally:
         tr.close()
-
-
-def test_a_scattered_read_of_the_order_leaves_no_pages_resident(tmp_path):
-    """The delta maps its marked positions to rows through the file's order, a memory map touched all over:
-    ``release_pages`` unmaps what it touched, so a delta of a 204M-row file does not hold its 0.8 GB order."""
-    from hotline.training.checkpoint_delta import release_pages
-
-    def resident() -> int:
-        return int(Path("/proc/self/statm").read_text().split()[1]) * 4096
-
-    np.save(tmp_path / "o.npy", np.arange(50_000_000, dtype=np.int32))
-    order = np.load(tmp_path / "o.npy", mmap_mode="r")
-    before = resident()
-    assert order[np.arange(0, 50_000_000, 1000)].sum() == sum(range(0, 50_000_000, 1000))
-    touched = resident()
-    release_pages(order)
-    assert touched - before > 150e6  # the scattered read mapped most of the 200 MB
-    assert resident() - before < 20e6
-    assert order[49_999_999] == 49_999_999  # still readable: the pages come back from the file

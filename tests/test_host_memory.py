@@ -273,6 +273,28 @@ def test_cold_cache_auto_takes_what_the_preflight_leaves(tmp_path):
     assert resolve_cold_cache(mem, ds).cold_cache == 0
 
 
+def test_train_says_the_tier_cold_cache_auto_sized(tmp_path, capsys):
+    """``hotline train --cold-cache auto`` prints one line: the DRAM tier's rows and bytes and the memory it was
+    sized from; a size given prints none."""
+    import re
+
+    from hotline.cli import main
+    from hotline.datasets.synthetic import generate
+    from hotline.units import format_size
+
+    ds = generate(tmp_path / "ds", 600, seed=2, table_sizes=[40_000, 300, 25], progress=False)
+    argv = ["train", str(ds), "--mode", "hybrid", "--num-batches", "2", "--no-progress", "--cold-store", "disk",
+            "--cold-dir", str(tmp_path)]  # fmt: skip
+    assert main([*argv, "--cold-cache", "auto"]) == 0
+    said = [ln for ln in capsys.readouterr().err.splitlines() if "--cold-cache auto" in ln]
+    assert len(said) == 1, said
+    record = 4 * (8 + 8)  # dim 8, Adagrad's state
+    assert f"a DRAM tier of 40,325 rows ({format_size(40_325 * record)})" in said[0], said  # every row fits
+    assert re.search(r"sized from [\d.]+ [KMG]iB available \(.*MemAvailable", said[0]), said
+    assert main([*argv, "--cold-cache", "1MiB", "--force"]) == 0
+    assert "--cold-cache auto" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("value", ["lots", -1, 1.5, True])
 def test_a_bad_cold_cache_is_one_line(value):
     from hotline import TrainConfig

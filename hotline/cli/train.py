@@ -276,6 +276,8 @@ def _train(args: argparse.Namespace, distributed: bool) -> int:
         # training starts, after every check of the run's inputs
         trainer = Trainer(config, dataset, comm, hardware=args.hardware)
         choice = trainer.auto_choice
+        if comm.rank == 0:
+            _report_tier(trainer)
         try:
             if args.load:
                 step = load_checkpoint(trainer, args.load)
@@ -388,6 +390,20 @@ def _report_disk(trainer) -> None:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(f"cold store {f.path} ({f.mode}): {format_size(f.num_rows * f.record)} of rows and optimizer state "
           f"on disk; peak RSS {format_size(rss)}", file=sys.stderr)  # fmt: skip
+
+
+def _report_tier(trainer) -> None:
+    """One line where ``--cold-cache auto`` sized the DRAM tier: its rows and bytes, and the memory it was sized
+    from (the limit that binds)."""
+    from hotline.training.preflight import tier_sizing
+    from hotline.units import format_size
+
+    sized = tier_sizing(trainer.config)
+    f = getattr(getattr(getattr(trainer.mode, "cold", None), "host", None), "file", None)
+    if sized is None or f is None:
+        return
+    print(f"hotline train: --cold-cache auto: a DRAM tier of {f.cache_rows:,} rows "
+          f"({format_size(f.cache_rows * f.record)}), sized from {sized}", file=sys.stderr)  # fmt: skip
 
 
 def _choose(config, dataset, args: argparse.Namespace):

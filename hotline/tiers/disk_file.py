@@ -49,6 +49,7 @@ import numpy as np
 
 from hotline import _io
 from hotline.tiers.disk_pages import (  # noqa: F401 - pages_per_record, positions_of re-exported
+    OrderFile,
     PageSet,
     aligned_bytes,
     get_records,
@@ -107,9 +108,11 @@ class RowFile:
         self.floats = self.dim + self.S
         self.record = 4 * self.floats
         wide = np.int32 if self.num_rows < 2**31 else np.int64
-        self.order = np.arange(self.num_rows, dtype=wide) if order is None else np.asarray(order)
+        self.order = np.arange(self.num_rows, dtype=wide) if order is None else order
         """int32 (int64 from 2**31 rows) [rows]: the row at each file position; read from its file on disk
-        (``FILE.order.npy``, memory-mapped) once the file is made, so it costs no host memory per row."""
+        (``FILE.order.npy``, an :class:`OrderFile`) once the file is made, so it costs no host memory per row."""
+        if not isinstance(self.order, OrderFile):
+            self.order = np.asarray(self.order)
         if not np.issubdtype(self.order.dtype, np.integer):
             raise ValueError(f"the row order must hold integers, not {self.order.dtype}")
         if self.order.shape != (self.num_rows,):
@@ -156,7 +159,7 @@ class RowFile:
         if not isinstance(rows, int) or rows < 0:
             raise ValueError(f"cold store {path}: its manifest gives no row count ({rows!r})")
         try:
-            order = np.load(order_path(path), mmap_mode="r")
+            order = OrderFile(order_path(path))
         except (OSError, ValueError) as e:
             raise ValueError(
                 f"cold store {path}: its row order {order_path(path).name} cannot be read: {e}"
@@ -186,7 +189,7 @@ class RowFile:
         path = self.path
         self._lock(os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, "create")
         _io.atomic_write(order_path(path), lambda f: np.save(f, self.order))
-        self.order = np.load(order_path(path), mmap_mode="r")  # read in chunks (export, load): on disk
+        self.order = OrderFile(order_path(path))  # read in chunks (export, load): on disk
         _io.write_json(
             manifest_path(path),
             {"format": FORMAT, "rows": self.num_rows, "dim": self.dim, "optimizer": self.optimizer,
@@ -347,8 +350,9 @@ class RowFile:
             self._write_positions(start + n_cached, records[n_cached:])
         mark_written_range(self, start, start + records.shape[0])
 
-    def read_all(self, chunk_rows: int | None = None):
-        """Yields ``(rows, records)`` over the whole file in order (the DRAM cache's rows from memory)."""
+    def read_all(self, chunk_rows: int | None = None, rows: bool = True):
+        """Yields ``(rows, records)`` over the whole file in order (the DRAM cache's rows from memory);
+        ``rows=False``: None for the rows (a pass over the records alone does not read the order)."""
         chunk = chunk_rows or max(1, _CHUNK_BYTES // self.record)
         for lo in range(0, self.num_rows, chunk):
             n = min(chunk, self.num_rows - lo)
@@ -356,7 +360,7 @@ class RowFile:
             c = max(0, min(self._cached() - lo, n))
             if c:
                 recs[:c] = self.cache[lo : lo + c]
-            yield self.order[lo : lo + n], recs
+            yield (self.order[lo : lo + n] if rows else None), recs
         self.drop_page_cache()
 
     # -- a step's rows: coalesced page reads on the I/O threads ----------------------------------------

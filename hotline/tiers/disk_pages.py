@@ -1,19 +1,23 @@
 """The 4 KiB pages of a :class:`~hotline.tiers.disk_file.RowFile`: which pages hold which packed records, runs
 of consecutive pages (one system call each), page-aligned buffers (O_DIRECT's rule), records read from and
 written into a buffer of pages, runs read or written on the I/O threads, the :class:`PageSet` a fetch read
-(reused by its write), and each row's place in the file (:func:`positions_of`)."""
+(reused by its write), each row's place in the file (:func:`positions_of`), and the file's row order as every pass
+reads it (:class:`OrderFile`)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
 import os
 import threading
+import weakref
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from hotline.tiers.store_files import PAGE
 
@@ -81,14 +85,19 @@ def _ranges(counts: np.ndarray) -> np.ndarray:
 
 
 def get_records(buffer: np.ndarray, offsets: np.ndarray, record: int) -> np.ndarray:
-    """uint8 [U, record]: the records at byte ``offsets`` of ``buffer`` (a copy)."""
-    return buffer[offsets[:, None] + np.arange(record)]
+    """uint8 [U, record]: the records at byte ``offsets`` of ``buffer`` (a copy; through a view of every
+    ``record``-byte window of the buffer, so no index of each byte is built: it holds the records alone)."""
+    if not offsets.shape[0]:
+        return np.empty((0, record), np.uint8)
+    return sliding_window_view(buffer, record)[offsets]
 
 
 def put_records(buffer: np.ndarray, offsets: np.ndarray, records: np.ndarray) -> None:
-    """Writes float32 records [U, floats] at byte ``offsets`` of ``buffer``."""
+    """Writes float32 records [U, floats] at byte ``offsets`` of ``buffer`` (records do not overlap; as
+    :func:`get_records`, no index of each byte)."""
     raw = np.ascontiguousarray(records).view(np.uint8).reshape(records.shape[0], -1)
-    buffer[offsets[:, None] + np.arange(raw.shape[1])] = raw
+    if raw.shape[0]:
+        sliding_window_view(buffer, raw.shape[1], writeable=True)[offsets] = raw
 
 
 def named_error(e: OSError, path: Path, what: str) -> OSError:
@@ -290,3 +299,96 @@ def positions_of(order, chunk: int = 1 << 22):
         hi = min(n, lo + chunk)
         out[np.asarray(order[lo:hi])] = np.arange(lo, hi, dtype=dtype)
     return out
+
+
+ORDER_CHUNK = 1 << 22
+"""Entries of a file's row order one read of :class:`OrderFile` takes at most (16 MiB of int32)."""
+
+
+class OrderFile:
+    """A row file's order (``FILE.order.npy``: the row at each file position) read from disk, never mapped:
+    ``order[a:b]`` (any step), ``order[i]`` and ``order[positions]`` (int arrays, any order) read what they
+    ask for with ``pread``, :data:`ORDER_CHUNK` entries at most at a time, and drop it from the page cache
+    after, so a pass over the order (the fill, a load, an export, a checkpoint) holds a chunk of it whatever
+    the row count (a memory map would keep every page it read in the resident set:
+    ``tests/test_order_file.py``). ``numpy.asarray(order)`` reads it whole."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        with open(self.path, "rb") as f:
+            major, _ = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read(f)
+            self.offset = f.tell()
+        if len(shape) != 1 or not np.issubdtype(dtype, np.integer) or not dtype.isnative:
+            raise ValueError(
+                f"{self.path} holds {dtype} {shape}, not a row order (native integers, one axis)"
+            )
+        self.shape, self.dtype, self.ndim = (int(shape[0]),), np.dtype(dtype), 1
+        size = os.stat(self.path).st_size
+        if size < self.offset + self.shape[0] * self.dtype.itemsize:
+            raise ValueError(f"{self.path} ends at byte {size}: it is cut short")
+        self._fd = os.open(self.path, os.O_RDONLY)
+        weakref.finalize(self, os.close, self._fd)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    @property
+    def size(self) -> int:
+        return self.shape[0]
+
+    def _read(self, lo: int, hi: int) -> np.ndarray:
+        """Entries ``[lo, hi)`` (in range), read in chunks and dropped from the page cache after."""
+        out = np.empty(max(0, hi - lo), self.dtype)
+        view, at = memoryview(out.view(np.uint8)), self.offset + lo * self.dtype.itemsize
+        start, step = at, ORDER_CHUNK * self.dtype.itemsize
+        while view.nbytes:
+            n = os.preadv(self._fd, [view[:step]], at)
+            if n <= 0:
+                raise OSError(errno.EIO, f"short read: {self.path} ends at byte {at}")
+            view, at = view[n:], at + n
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(self._fd, start, at - start, os.POSIX_FADV_DONTNEED)
+        return out
+
+    def __getitem__(self, key):
+        n = self.shape[0]
+        if isinstance(key, slice):
+            start, stop, step = key.indices(n)
+            if step == 1:
+                return self._read(start, max(start, stop))
+            key = np.arange(start, stop, step)
+        elif np.ndim(key) == 0:
+            i = int(key)
+            if not -n <= i < n:
+                raise IndexError(f"index {i} is out of bounds for a row order of {n} rows")
+            return self._read(i % n, i % n + 1)[0]
+        pos = np.asarray(key)
+        if pos.dtype == bool:
+            pos = np.flatnonzero(pos)
+        shape, pos = pos.shape, pos.astype(np.int64).reshape(-1)
+        if pos.shape[0] and (pos.min() < -n or pos.max() >= n):
+            raise IndexError(f"an index is out of bounds for a row order of {n} rows")
+        pos = pos % n if n else pos
+        out = np.empty(pos.shape[0], self.dtype)
+        by = np.argsort(pos, kind="stable")
+        sorted_pos = pos[by]
+        a = 0
+        while a < sorted_pos.shape[0]:  # windows of at most a chunk of entries, each read once
+            lo = int(sorted_pos[a])
+            b = int(np.searchsorted(sorted_pos, lo + ORDER_CHUNK, "left"))
+            window = self._read(lo, int(sorted_pos[b - 1]) + 1)
+            out[by[a:b]] = window[sorted_pos[a:b] - lo]
+            a = b
+        return out.reshape(shape)
+
+    def __array__(self, dtype=None, copy=None):
+        whole = self._read(0, self.shape[0])
+        return whole if dtype is None else whole.astype(dtype, copy=False)
+
+
+def order_chunks(order, chunk: int = ORDER_CHUNK):
+    """The entries of ``order`` (an :class:`OrderFile` or an array) in order, ``chunk`` at a time."""
+    for lo in range(0, order.shape[0], chunk):
+        yield np.asarray(order[lo : lo + chunk])

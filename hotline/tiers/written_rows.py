@@ -18,6 +18,10 @@ class WrittenRows:
     """A bitmap of a file's positions written since :meth:`clear`, and ``base``: what they are relative to (the
     caller's record of its last full copy; None until it sets one)."""
 
+    per_row = ("bits",)
+    """Arrays that grow with the row count at under a byte a row, which
+    :func:`~hotline.training.host_memory.per_row_bytes` counts all the same."""
+
     def __init__(self, num_rows: int):
         self.num_rows = int(num_rows)
         self.bits = np.zeros(-(-self.num_rows // 8), np.uint8)

@@ -394,6 +394,32 @@ def load_checkpoint(trainer, base: str | os.PathLike, same_run: bool = False, st
     return trainer.step_count
 
 
+def _hot_to_file(host, rows: np.ndarray, w: np.ndarray, s: np.ndarray) -> None:
+    """Writes a checkpoint's hot rows (weights ``w``, state ``s``) into the disk store ``host``'s file, a chunk
+    of :data:`~hotline.training.checkpoint_rows.CHUNK_BYTES` at a time, by its bulk writes: the load holds one
+    chunk of them beside the checkpoint, and the DRAM tier, not read yet, is read at the first step, once the
+    load's memory is freed (``tests/test_checkpoint_memory.py``)."""
+    f, U = host.file, rows.shape[0]
+    cols = s.reshape(U, host.S)
+    chunk = max(1, checkpoint_rows.CHUNK_BYTES // f.record)
+    for lo in range(0, U, chunk):
+        rec = np.concatenate([w[lo : lo + chunk], cols[lo : lo + chunk]], axis=1)
+        host._wrote_nonfinite |= not np.isfinite(rec).all()
+        f.put_rows(rows[lo : lo + chunk], rec)
+    f.drop_page_cache()
+
+
+def _hot_from_file(host, mode) -> None:
+    """This run's hot tier (``mode.hot_rows``) read from the disk store ``host``'s file, a chunk at a time."""
+    rows = mode.hot_rows
+    chunk = max(1, checkpoint_rows.CHUNK_BYTES // host.file.record)
+    with torch.no_grad():
+        for lo in range(0, rows.shape[0], chunk):
+            w, s, _ = host.get(rows[lo : lo + chunk])
+            mode.hot_w[lo : lo + chunk].copy_(torch.from_numpy(w))
+            mode.hot_s[lo : lo + chunk].copy_(torch.from_numpy(s))
+
+
 def _load_rows(trainer, path: Path, hot: dict, record: dict) -> None:
     """Loads a disk-store checkpoint's rows (the rows file of ``path``) and its hot tier ``hot``: streamed
     into this run's disk store, or whole into a store that keeps its rows in memory."""
@@ -403,9 +429,10 @@ def _load_rows(trainer, path: Path, hot: dict, record: dict) -> None:
     if host is not None:
         checkpoint_rows.load_rows(host, path, record=record)  # the next checkpoints: deltas on its base
         if N == 1:  # the file's copies of the checkpoint's hot rows are stale: theirs first, then this tier's
-            host.put(hot_rows, hot_w.numpy(), hot_s.numpy())
-            w, s, _ = host.get(mode.hot_rows)
-            hot_w, hot_s = torch.from_numpy(w), torch.from_numpy(s)
+            _hot_to_file(host, hot_rows, hot_w.numpy(), hot_s.numpy())
+            if not np.array_equal(mode.hot_rows, hot_rows):  # another hot set: the file holds its rows
+                _hot_from_file(host, mode)
+                return
         with torch.no_grad():  # N ranks: the same placement (the run's fingerprint), so the same hot tier
             mode.hot_w.copy_(hot_w)
             mode.hot_s.copy_(hot_s)

@@ -22,7 +22,6 @@ missing or not the one it names (its size and sha256), before it changes anythin
 
 from __future__ import annotations
 
-import mmap
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -96,19 +95,9 @@ def pieces(host, chunk_rows: int) -> Iterator:
         pos = np.flatnonzero(np.unpackbits(bits[a : a + step], bitorder="little")) + 8 * a
         pos = pos[pos < n]
         if pos.shape[0]:
-            rows = np.asarray(f.order[pos], np.int64)
-            release_pages(f.order)  # the order's pages it touched: not kept in the process's memory
+            rows = np.asarray(f.order[pos], np.int64)  # the order's window of these positions, read once
             rec, _ = f.read_rows(rows)
             yield rec
-
-
-def release_pages(array) -> None:
-    """Unmaps the pages of ``array`` (a read-only memory map of a file; else nothing) from this process: a
-    scattered read of a file's order touches pages all over it, which would stay in the resident set (the page
-    cache keeps them while memory allows)."""
-    m = getattr(array, "_mmap", None)
-    if m is not None and hasattr(mmap, "MADV_DONTNEED"):
-        m.madvise(mmap.MADV_DONTNEED)
 
 
 def records_at(head: dict, start: int) -> int:

@@ -106,20 +106,11 @@ def read_header(path: str | os.PathLike) -> tuple[dict, int] | None:
 
 
 def _order_chunks(host, chunk: int) -> Iterator[np.ndarray]:
-    """The store's row order in chunks of ``chunk`` rows, read from its file (not through the memory map, whose
-    pages would stay resident)."""
-    from hotline.tiers.store_files import order_path
+    """The store's row order in chunks of ``chunk`` rows, read from its file (an
+    :class:`~hotline.tiers.disk_pages.OrderFile`: nothing mapped, a chunk held)."""
+    from hotline.tiers.disk_pages import order_chunks
 
-    with open(order_path(host.file.path), "rb") as f:
-        major, _ = np.lib.format.read_magic(f)
-        read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
-        shape, _, dtype = read(f)
-        if shape != (host.num_rows,):
-            raise ValueError(
-                f"cold store {host.file.path}: its order file holds {shape}, not {host.num_rows} rows"
-            )
-        for lo in range(0, host.num_rows, chunk):
-            yield np.fromfile(f, dtype, min(chunk, host.num_rows - lo))
+    return order_chunks(host.file.order, chunk)
 
 
 def write_rows(host, checkpoint: str | os.PathLike, step: int, run: dict, chunk_bytes: int | None = None,
@@ -144,7 +135,7 @@ def write_rows(host, checkpoint: str | os.PathLike, step: int, run: dict, chunk_
             yield from checkpoint_delta.pieces(host, chunk)
             return
         yield _header(host, step, run)
-        for _, rec in f_rows.read_all(chunk):  # the rows it yields are the order's memory map: not touched
+        for _, rec in f_rows.read_all(chunk, rows=False):  # the order follows, read once
             yield rec
         dtype = _order_dtype(host.num_rows)
         for order in _order_chunks(host, chunk):

@@ -242,17 +242,18 @@ def _address(a) -> int:
 
 def per_row_bytes(root, rows: int, exclude=()) -> dict[str, int]:
     """The host structures that grow with the row count: bytes of every array (or CPU tensor) reachable from
-    ``root`` through the attributes of Hotline's objects that holds at least a byte per row, by the attribute
-    path that first reached it (anonymous memory only, huge-page arrays included: memory maps of files are on
-    disk); ``exclude``: arrays not counted (a memory store's table and state). Per rank: a machine of N ranks
-    holds the sum of theirs."""
+    ``root`` through the attributes of Hotline's objects that holds at least a byte per row, or that its object
+    names in its class's ``per_row`` (a bitmap of a bit a row: :class:`~hotline.tiers.written_rows.WrittenRows`),
+    by the attribute path that first reached it (anonymous memory only, huge-page arrays included: memory maps
+    of files are on disk); ``exclude``: arrays not counted (a memory store's table and state). Per rank: a
+    machine of N ranks holds the sum of theirs."""
     import torch
 
     skip = {_address(x) for x in exclude}
     seen, found = set(), {}
-    stack = [("mode", root)]
+    stack = [("mode", root, False)]
     while stack:
-        path, o = stack.pop()
+        path, o, counted = stack.pop()
         if id(o) in seen:
             continue
         seen.add(id(o))
@@ -265,14 +266,15 @@ def per_row_bytes(root, rows: int, exclude=()) -> dict[str, int]:
             if isinstance(o, np.memmap) or isinstance(owner, mmap.mmap) or _address(o) in skip:
                 continue
             nbytes = owner.nbytes if isinstance(owner, np.ndarray) else o.nbytes
-            if nbytes >= rows and ("buffer", _address(o)) not in seen:
+            if (nbytes >= rows or counted) and ("buffer", _address(o)) not in seen:
                 seen.add(("buffer", _address(o)))
                 found[path] = nbytes
             continue
         if isinstance(o, dict):
-            stack += [(f"{path}[{k!r}]", v) for k, v in o.items()]
+            stack += [(f"{path}[{k!r}]", v, False) for k, v in o.items()]
         elif isinstance(o, (list, tuple, set, frozenset)):
-            stack += [(f"{path}[{i}]", v) for i, v in enumerate(o)]
+            stack += [(f"{path}[{i}]", v, False) for i, v in enumerate(o)]
         elif type(o).__module__.startswith(("hotline", "kernels")) and hasattr(o, "__dict__"):
-            stack += [(f"{path}.{k}", v) for k, v in vars(o).items()]
+            named = getattr(type(o), "per_row", ())
+            stack += [(f"{path}.{k}", v, k in named) for k, v in vars(o).items()]
     return found

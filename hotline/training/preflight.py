@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -161,7 +162,7 @@ def memory_needed(config, dataset, world_size: int = 1) -> int:
     if getattr(config, "cold_store", "memory") == "disk":  # rows on disk: index arrays, hot rows, DRAM tier
         hot = config.hbm_budget or 0
         cache = 0 if config.cold_cache == "auto" else config.cold_cache  # auto: what the rest leaves
-        per_row = positions_bytes(config, dataset, world_size)
+        per_row = per_row_structures(config, dataset, world_size)
         tables = per_row + cache + hot + hot // row_bytes * HOT_TABLE_BYTES
     buffers = ring * lookups * (row_bytes + 8 * 8)  # staging rows, dispatch index arrays (int64)
     return tables + buffers
@@ -186,6 +187,14 @@ the hot rows) where they are under a quarter of the rows, else :data:`HOST_BYTES
     hot = (config.hbm_budget or 0) // bytes_per_row(config.embedding_dim, config.optimizer)
     kept = min(rows, sample * dataset.lookups_per_sample + hot)
     return 8 * kept if 4 * kept < rows else HOST_BYTES_PER_ROW * rows
+
+
+def per_row_structures(config, dataset, world_size: int = 1) -> int:
+    """Host bytes of a disk store's structures that grow with the row count on one rank, at most: its file
+    positions (:func:`positions_bytes`) and the bitmap of the rows written since a checkpoint, which a
+    checkpoint or a load starts (:class:`~hotline.tiers.written_rows.WrittenRows`, a bit a row)."""
+    rows = -(-dataset.total_rows // world_size)
+    return positions_bytes(config, dataset, world_size) + -(-rows // 8)
 
 
 HOT_TABLE_BYTES = 32
@@ -222,7 +231,25 @@ def resolve_cold_cache(config, dataset, world_size: int = 1, memory=None, local_
     local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if local_ranks is None else local_ranks)
     room = usable_memory(available) // local
     cache = room - rest - sum(dense_model_bytes(config, dataset)) - AUTO_CACHE_SLACK
-    return replace(config, cold_cache=max(0, cache))
+    sized = replace(config, cold_cache=max(0, cache))
+    from hotline.units import format_size
+
+    source = memory.describe() if isinstance(memory, HostMemory) else "given"
+    _SIZED[id(sized)] = f"{format_size(available)} available ({source})" + (
+        f", shared by {local} ranks" if local > 1 else ""
+    )
+    weakref.finalize(sized, _SIZED.pop, id(sized), None)
+    return sized
+
+
+_SIZED: dict[int, str] = {}
+"""What :func:`resolve_cold_cache` sized each config's DRAM tier from, by the config's id while it lives."""
+
+
+def tier_sizing(config) -> str | None:
+    """The memory ``--cold-cache auto`` sized ``config``'s DRAM tier from, in words (what
+    :func:`resolve_cold_cache` read), or None where the size was given."""
+    return _SIZED.get(id(config))
 
 
 AUTO_CACHE_SLACK = 64 << 20
