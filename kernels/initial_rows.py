@@ -7,9 +7,9 @@ generator (a 128-bit LCG, ``state = state * MULT + inc``, each step's output the
 float32. Row ``r``'s draws start ``r * dim`` steps in, reached from the table's starting state by the LCG's jump
 ahead (Brown, "Random number generation with arbitrary strides", 1994): the affine maps of ``2**k`` steps are
 precomputed per table (:func:`jump_tables`), so a jump takes one map per set bit of the distance. Rows that
-follow the row before them in one table go on from where it ended, with no jump. The 128-bit arithmetic runs in
-two uint64 limbs (hi, lo). The numpy twin is :func:`hotline.tiers.initial_fill.initial_block`
-(``tests/test_initial_rows.py``).
+follow the row before them in one table go on from where it ended, with no jump. The 128-bit numbers are kept
+as two uint64 limbs (hi, lo) and multiplied as LLVM's 128-bit integers. The numpy twin is
+:func:`hotline.tiers.initial_fill.initial_block` (``tests/test_initial_rows.py``).
 """
 
 from __future__ import annotations
@@ -17,12 +17,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from llvmlite import ir
 from numba import njit, prange
+from numba.core import types
+from numba.extending import intrinsic
 
 _MULT = 0x2360ED051FC65DA44385DF649FCCF645
 """PCG64's 128-bit LCG multiplier (numpy's ``PCG_DEFAULT_MULTIPLIER_128``)."""
 _M128 = (1 << 128) - 1
-_M32 = np.uint64(0xFFFFFFFF)
 _BLOCK = 4096
 """Rows one thread draws in order (a jump at most per row, none where rows follow each other)."""
 
@@ -65,26 +67,29 @@ def bounds(table_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return low, span
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _mul64(a, b):
-    """(hi, lo) of the 128-bit product of uint64 ``a`` and ``b``."""
-    a0, a1 = a & _M32, a >> np.uint64(32)
-    b0, b1 = b & _M32, b >> np.uint64(32)
-    p00, p01, p10, p11 = a0 * b0, a0 * b1, a1 * b0, a1 * b1
-    mid = (p00 >> np.uint64(32)) + (p01 & _M32) + (p10 & _M32)
-    lo = (p00 & _M32) | (mid << np.uint64(32))
-    hi = p11 + (p01 >> np.uint64(32)) + (p10 >> np.uint64(32)) + (mid >> np.uint64(32))
-    return hi, lo
+@intrinsic
+def _affine(typingctx, mh, ml, sh, sl, ph, pl):
+    """(hi, lo) of ``m * s + p`` mod 2**128, each 128-bit number given as its uint64 limbs (hi, lo): LLVM's
+    128-bit integers, one multiplication where the machine has a 64 x 64 -> 128 bit one."""
+    if any(x != types.uint64 for x in (mh, ml, sh, sl, ph, pl)):
+        return None
+    sig = types.UniTuple(types.uint64, 2)(types.uint64, types.uint64, types.uint64, types.uint64, types.uint64,
+                                          types.uint64)  # fmt: skip
 
+    def codegen(context, builder, signature, args):
+        i128 = ir.IntType(128)
+        shift = ir.Constant(i128, 64)
 
-@njit(cache=True, nogil=True, inline="always")
-def _affine(mh, ml, sh, sl, ph, pl):
-    """(hi, lo) of ``m * s + p`` mod 2**128."""
-    hi, lo = _mul64(ml, sl)
-    hi = hi + ml * sh + mh * sl
-    lo2 = lo + pl
-    carry = np.uint64(1) if lo2 < lo else np.uint64(0)
-    return hi + ph + carry, lo2
+        def wide(hi, lo):
+            return builder.or_(builder.shl(builder.zext(hi, i128), shift), builder.zext(lo, i128))
+
+        m, s, p = wide(args[0], args[1]), wide(args[2], args[3]), wide(args[4], args[5])
+        r = builder.add(builder.mul(m, s), p)
+        i64 = ir.IntType(64)
+        out = [builder.trunc(builder.lshr(r, shift), i64), builder.trunc(r, i64)]
+        return context.make_tuple(builder, signature.return_type, out)
+
+    return sig, codegen
 
 
 @njit(cache=True, nogil=True, inline="always")

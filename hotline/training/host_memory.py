@@ -242,7 +242,8 @@ def _address(a) -> int:
 
 def per_row_bytes(root, rows: int, exclude=()) -> dict[str, int]:
     """The host structures that grow with the row count: bytes of every array (or CPU tensor) reachable from
-    ``root`` through the attributes of Hotline's objects that holds at least a byte per row, by the attribute
+    ``root`` through the attributes of Hotline's objects that holds at least a byte per row or is a bitmap of the
+    rows (``ceil(rows / 8)`` bytes: :mod:`~hotline.tiers.pending_rows`, a delta's), by the attribute
     path that first reached it (anonymous memory only, huge-page arrays included: memory maps of files are on
     disk); ``exclude``: arrays not counted (a memory store's table and state). Per rank: a machine of N ranks
     holds the sum of theirs."""
@@ -265,7 +266,7 @@ def per_row_bytes(root, rows: int, exclude=()) -> dict[str, int]:
             if isinstance(o, np.memmap) or isinstance(owner, mmap.mmap) or _address(o) in skip:
                 continue
             nbytes = owner.nbytes if isinstance(owner, np.ndarray) else o.nbytes
-            if nbytes >= rows and ("buffer", _address(o)) not in seen:
+            if (nbytes >= rows or abs(8 * nbytes - rows) < 16) and ("buffer", _address(o)) not in seen:
                 seen.add(("buffer", _address(o)))
                 found[path] = nbytes
             continue

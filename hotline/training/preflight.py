@@ -161,7 +161,8 @@ def memory_needed(config, dataset, world_size: int = 1) -> int:
     if getattr(config, "cold_store", "memory") == "disk":  # rows on disk: index arrays, hot rows, DRAM tier
         hot = config.hbm_budget or 0
         cache = 0 if config.cold_cache == "auto" else config.cold_cache  # auto: what the rest leaves
-        per_row = positions_bytes(config, dataset, world_size)
+        pending = -(-rows // world_size) // 8 + 1  # a bit a row: the rows not written yet (lazy init)
+        per_row = positions_bytes(config, dataset, world_size) + pending
         tables = per_row + cache + hot + hot // row_bytes * HOT_TABLE_BYTES
     buffers = ring * lookups * (row_bytes + 8 * 8)  # staging rows, dispatch index arrays (int64)
     return tables + buffers
