@@ -203,3 +203,52 @@ def test_two_ranks_lazy_equal_the_memory_store(data, tmp_path):
     for k in mem.files:
         if k not in ("step_end_s", "stale_rows", "bytes_sent"):  # timing: how far ahead it fetched
             assert np.array_equal(mem[k], disk[k]), k
+
+
+# -- a page's write-back beside rows it did not read --------------------------------------------------------
+def _lazy_file(tmp_path, n=2000, dim=8):
+    from hotline.tiers.disk_file import RowFile
+
+    f = RowFile(tmp_path / "rows.bin", n, dim, 1, np.arange(n), io_depth=2)
+    f.pending = PendingRows(f.order, [n], dim, 1, seed=1)
+    return f, f.pending.records(np.arange(n))
+
+
+def test_a_write_back_keeps_the_rows_written_on_a_page_it_did_not_read(tmp_path):
+    """A fetch of a pending row reads nothing of it; the page's other rows already written survive its
+    write-back (the page is read first), and its never-written rows stay pending, reading as drawn."""
+    f, initial = _lazy_file(tmp_path)
+    try:
+        x, p = np.array([5]), np.array([6])  # one page (36-byte records)
+        f.write_rows(x, np.full((1, 9), 3.0, np.float32))
+        got, pages = f.read_rows(p, track=True)
+        assert np.array_equal(got, initial[p]) and pages.drawn_rows == 1 and f.bytes_read == 0
+        assert pages.blank_pages == 0  # row 5 is on it: the write-back reads it first
+        f.write_rows(p, np.full((1, 9), 4.0, np.float32), pages)
+        back, _ = f.read_rows(np.arange(12))
+        want = initial[:12].copy()
+        want[5], want[6] = 3.0, 4.0
+        assert np.array_equal(back, want)
+    finally:
+        f.close()
+
+
+@pytest.mark.parametrize("track", [True, False])
+def test_a_blank_page_written_by_another_step_is_read_before_the_write_back(tmp_path, track):
+    """A fetch of pending rows alone leaves their page blank (not read); when an earlier step writes another
+    row of that page before the fetch's write-back, the write-back keeps that row: the write copied its page
+    into the tracked fetch's, or the untracked fetch's write-back reads the page first (its stamp is newer)."""
+    f, initial = _lazy_file(tmp_path)
+    try:
+        got, pages = f.read_rows(np.array([300]), track=track)
+        assert f.bytes_read == 0 and pages.pages_read == 0 and pages.blank_pages == 1  # nothing read
+        assert np.array_equal(got, initial[[300]])
+        f.write_rows(np.array([301]), np.full((1, 9), 5.0, np.float32))  # the earlier step, same page
+        f.write_rows(np.array([300]), np.full((1, 9), 6.0, np.float32), pages)
+        back, _ = f.read_rows(np.arange(290, 320))
+        want = initial[290:320].copy()
+        want[10], want[11] = 6.0, 5.0
+        assert np.array_equal(back, want)
+        assert f.pending.count() == 2000 - 2
+    finally:
+        f.close()

@@ -402,8 +402,8 @@ class RowFile:
             skipped = np.zeros(rows.shape[0], bool)
             skipped[skip] = True
             keep = ~skipped[di]
-        need, drawn, blank = lazy.plan_reads(self, dpos, keep, pages, offsets, read_at, buffer, version)
-        reads = self._io(False, pages, buffer, np.flatnonzero(read_at >= 0))
+        need, drawn, which, blank = lazy.plan_reads(self, dpos, keep, pages, offsets, read_at, buffer)
+        reads = self._io(False, pages, buffer, which)
         if ci.shape[0]:
             out[ci] = self.cache[cpos]
         if need.any():

@@ -138,25 +138,27 @@ def records_at(file, start: int, count: int) -> np.ndarray:
     return out
 
 
-def plan_reads(file, pos, keep, pages, offsets, read_at, buffer, version: int):
-    """A fetch's pages to read from ``file`` (``read_at`` of the others -1) for the records at file positions
-    ``pos`` (their ``offsets`` in ``buffer``, of ``pages``) that ``keep`` says to read: those pending are drawn,
-    not read, and a page of pending records alone is not read at all: its bytes zero, its ``read_at`` the
-    fetch's ``version`` (a write since re-stamps it). Returns ``need`` (bool, the records read), ``drawn`` (bool,
-    those pending) and the pages left blank."""
+def plan_reads(file, pos, keep, pages, offsets, read_at, buffer):
+    """A fetch's pages to read from ``file`` (``read_at`` of the others -1; all the fetch's version when called)
+    for the records at file positions ``pos`` (their ``offsets`` in ``buffer``, of ``pages``) that ``keep`` says to
+    read: those pending are drawn, not read, and a page of pending records alone is not read at all: its bytes
+    zero, its ``read_at`` the fetch's version (a write since re-stamps it). Returns ``need`` (bool, the records read), ``drawn`` (bool,
+    those pending), the indices of the pages to read and the number of pages left blank."""
     pending, record = file.pending, file.record
+    version = int(read_at[0]) if read_at.shape[0] else 0
     drawn = np.zeros(pos.shape[0], bool) if pending is None else pending.mask(pos)
     need = keep & ~drawn
     if not need.all():
         read_at[:] = -1
         read_at[spanned(offsets[need], record)] = version
+    which = np.flatnonzero(read_at >= 0)
     if pending is None:
-        return need, drawn, 0
+        return need, drawn, which, 0
     idle = np.flatnonzero(read_at < 0)
     zeroed = idle[pending.whole_pages(pages[idle], record)]
     buffer.reshape(-1, PAGE)[zeroed] = 0
     read_at[zeroed] = version
-    return need, drawn, int(zeroed.shape[0])
+    return need, drawn, which, int(zeroed.shape[0])
 
 
 def draw_into(pending, out: np.ndarray, rows: np.ndarray, idx: np.ndarray) -> None:
