@@ -105,17 +105,29 @@ def _jump(t, sh, sl, delta, mult, plus):
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _draw_rows(tables, rows, dim, low, span, start, inc, mult, plus, out):
-    """Writes the initial weights of row ``rows[i]`` of table ``tables[i]`` into ``out[i, :dim]`` and zeros
-    into the rest of ``out[i]``."""
-    n = rows.shape[0]
+def _draw_rows(ids, world, rank, ends, dim, low, span, start, inc, mult, plus, out):
+    """Writes the initial weights of fused row ``ids[i] * world + rank`` (tables end at ``ends``, cumulative)
+    into ``out[i, :dim]`` and zeros into the rest of ``out[i]``."""
+    n, T = ids.shape[0], ends.shape[0]
     mh, ml = mult[0, 0], mult[0, 1]
     scale = 1.0 / 9007199254740992.0
     for b in prange((n + _BLOCK - 1) // _BLOCK):
         sh, sl = np.uint64(0), np.uint64(0)
+        t, t_lo, t_hi = -1, 0, 0  # the table of the row before, its fused range
         prev_t, prev_r = -1, -1
         for i in range(b * _BLOCK, min(n, (b + 1) * _BLOCK)):
-            t, r = tables[i], rows[i]
+            f = np.int64(ids[i]) * world + rank
+            if f < t_lo or f >= t_hi:  # another table: found by bisection
+                a, z = 0, T - 1
+                while a < z:
+                    m = (a + z) // 2
+                    if ends[m] > f:
+                        z = m
+                    else:
+                        a = m + 1
+                t, t_hi = a, ends[a]
+                t_lo = ends[a - 1] if a > 0 else 0
+            r = f - t_lo
             if t == prev_t and r > prev_r:  # on from the end of the row before
                 sh, sl = _jump(t, sh, sl, (r - prev_r - 1) * dim, mult, plus)
             else:
@@ -133,16 +145,33 @@ def _draw_rows(tables, rows, dim, low, span, start, inc, mult, plus, out):
             prev_t, prev_r = t, r
 
 
+def draw_fused(ids: np.ndarray, table_rows: np.ndarray, dim: int, jumps: tuple, out: np.ndarray,
+               world: int = 1, rank: int = 0) -> np.ndarray:  # fmt: skip
+    """The initial weights of the fused rows ``ids * world + rank`` (``ids``: any integers, a rank's local ids
+    or fused ids) into ``out`` float32 [n, dim + state] (``out[:, dim:]`` zero, a record's zero optimizer state);
+    ``table_rows``: every table's rows; ``jumps``: :func:`jump_tables` of the seed. Returns ``out``."""
+    ids = np.ascontiguousarray(ids)
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"draw_fused: ids of {ids.dtype}, not integers")
+    if out.shape[0] != ids.shape[0] or out.shape[1] < dim:
+        raise ValueError(f"draw_rows: {ids.shape[0]} rows, out {out.shape}")
+    if ids.shape[0]:
+        low, span = bounds(table_rows)
+        ends = np.cumsum(np.asarray(table_rows, np.int64))
+        _draw_rows(ids, int(world), int(rank), ends, int(dim), low, span, *jumps, out)
+    return out
+
+
 def draw_rows(tables: np.ndarray, rows: np.ndarray, dim: int, table_rows: np.ndarray, jumps: tuple,
               out: np.ndarray) -> np.ndarray:  # fmt: skip
-    """The initial weights of row ``rows[i]`` (within its table) of table ``tables[i]`` into ``out`` float32
-    [n, dim + state] (``out[:, dim:]`` zero, a record's zero optimizer state); ``table_rows``: every table's rows;
-    ``jumps``: :func:`jump_tables` of the seed. Returns ``out``."""
-    tables = np.ascontiguousarray(tables, np.int64)
-    rows = np.ascontiguousarray(rows, np.int64)
-    if out.shape[0] != rows.shape[0] or tables.shape != rows.shape or out.shape[1] < dim:
+    """The initial weights of row ``rows[i]`` (within its table) of table ``tables[i]`` (:func:`draw_fused`)."""
+    tables, rows, sizes = (
+        np.asarray(tables, np.int64),
+        np.asarray(rows, np.int64),
+        np.asarray(table_rows, np.int64),
+    )
+    if tables.shape != rows.shape:
         raise ValueError(f"draw_rows: {rows.shape[0]} rows, {tables.shape[0]} tables, out {out.shape}")
-    if rows.shape[0]:
-        low, span = bounds(table_rows)
-        _draw_rows(tables, rows, int(dim), low, span, *jumps, out)
-    return out
+    if rows.shape[0] and not ((rows >= 0) & (rows < sizes[tables])).all():
+        raise ValueError("draw_rows: a row outside its table")
+    return draw_fused(np.cumsum(sizes)[tables] - sizes[tables] + rows, sizes, dim, jumps, out)

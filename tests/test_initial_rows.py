@@ -34,7 +34,7 @@ def test_any_rows_are_the_whole_tables_rows(seed, dim):
 @pytest.mark.parametrize("dim", [1, 8])
 def test_runs_of_following_rows_go_on_without_a_jump(dim):
     # a run of following rows, a repeat, a step back, a gap, another table between: each as drawn alone
-    rows = np.r_[np.arange(500, 9000), 8999, 3, np.arange(4, 40), 100_000, 7, 8]
+    rows = np.r_[np.arange(500, 9000), 8999, 3, np.arange(4, 40), 60_000, 7, 8]
     tables = np.full(rows.shape[0], 3)
     tables[-2] = 1
     out = np.empty((rows.shape[0], dim), np.float32)
@@ -49,3 +49,5 @@ def test_nothing_to_draw_and_shapes_checked():
     assert draw_rows(np.zeros(0), np.zeros(0), 4, SIZES[:2], jumps, out) is out
     with pytest.raises(ValueError, match="draw_rows"):
         draw_rows(np.zeros(3), np.zeros(3), 4, SIZES[:2], jumps, np.empty((2, 4), np.float32))
+    with pytest.raises(ValueError, match="outside its table"):
+        draw_rows(np.array([1]), np.array([1000]), 4, SIZES[:2], jumps, np.empty((1, 4), np.float32))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hotline.kernels.initial_rows import draw_rows, jump_tables
+from hotline.kernels.initial_rows import draw_fused, jump_tables
 from hotline.tiers.disk_pages import spanned
 from hotline.tiers.store_files import PAGE
 
@@ -33,7 +33,6 @@ class PendingRows:
         self.dim, self.floats = int(dim), int(dim) + int(state_floats)
         self.rank, self.world_size = int(rank), int(world_size)
         self.table_rows = np.asarray(table_sizes, np.int64)
-        self.ends = np.cumsum(self.table_rows)
         self.jumps = jump_tables(int(seed), self.table_rows.shape[0])
         self.bits = np.full(-(-self.num_rows // 8), 0xFF, np.uint8)
         if self.num_rows % 8:
@@ -77,24 +76,22 @@ class PendingRows:
 
     def records(self, local_rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """The initial records float32 [n, floats] of the file's ``local_rows`` (into ``out`` when given)."""
-        fused = np.asarray(local_rows, np.int64) * self.world_size + self.rank
-        out = np.empty((fused.shape[0], self.floats), np.float32) if out is None else out
-        tables = np.searchsorted(self.ends, fused, side="right")
-        return draw_rows(tables, fused - (self.ends - self.table_rows)[tables], self.dim, self.table_rows,
-                         self.jumps, out)  # fmt: skip
+        out = np.empty((np.shape(local_rows)[0], self.floats), np.float32) if out is None else out
+        return draw_fused(local_rows, self.table_rows, self.dim, self.jumps, out, self.world_size, self.rank)
 
     def weights(self, fused: np.ndarray) -> np.ndarray:
         """The initial weights float32 [n, dim] of the fused rows ``fused`` (of any rank: the hot tier's)."""
-        fused = np.asarray(fused, np.int64)
-        tables = np.searchsorted(self.ends, fused, side="right")
-        out = np.empty((fused.shape[0], self.dim), np.float32)
-        return draw_rows(tables, fused - (self.ends - self.table_rows)[tables], self.dim, self.table_rows,
-                         self.jumps, out)  # fmt: skip
+        out = np.empty((np.shape(fused)[0], self.dim), np.float32)
+        return draw_fused(np.asarray(fused, np.int64), self.table_rows, self.dim, self.jumps, out)
 
     def substitute(self, start: int, records: np.ndarray) -> None:
         """Draws the records of the pending positions among ``start .. start + len(records) - 1`` into
         ``records``."""
-        idx = np.flatnonzero(self.range_mask(start, start + records.shape[0]))
+        mask = self.range_mask(start, start + records.shape[0])
+        if mask.all():  # the common case (a file mostly never written): no gather, no scatter
+            self.records(np.asarray(self.order[start : start + records.shape[0]]), out=records)
+            return
+        idx = np.flatnonzero(mask)
         if idx.shape[0]:
             records[idx] = self.records(np.asarray(self.order[start + idx]))
 
