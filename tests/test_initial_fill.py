@@ -197,3 +197,12 @@ def test_runs_are_the_maximal_ascending_runs(seed):
         for chunk in (1, 5, 1 << 22):
             starts, stops = fill_mod._runs(order, lo, hi, chunk)
             assert starts.tolist() == list(want[0]) and stops.tolist() == list(want[1])
+
+
+def test_the_eager_fill_draws_on_the_configured_threads():
+    """``--threads`` sets the Numba threads of the run's thread; the eager fill draws on no more."""
+    from hotline.pipeline.threads import numba_threads
+
+    with numba_threads(1):
+        assert fill_mod.fill_threads() == 1
+    assert 1 <= fill_mod.fill_threads() <= 4

@@ -1,5 +1,6 @@
 """The initial fill of a disk store's file: every row's initial weights and zero optimizer state, written in file
-order at the disk's sequential rate.
+order at the disk's sequential rate (:func:`fill_file`), or none written, each drawn when read until written
+(:func:`lazy_fill`, the store's default: :mod:`hotline.tiers.pending_rows`).
 
 The numbers are those every mode starts from (:func:`hotline.models.dlrm.init_embedding_table`: one generator per
 table, drawn in row order). :func:`initial_block` draws any block of a table's rows on its own, by advancing the
