@@ -259,6 +259,7 @@ def _train(args, ds, work: Path) -> dict:
     per_step = out["phases"]["counters_per_step"]
     out["measured"]["disk_pages_per_step"] = per_step.get("disk_pages", 0.0)
     out["measured"]["disk_rows_per_step"] = per_step.get("disk_rows", 0.0)
+    out["measured"]["drawn_rows_per_step"] = per_step.get("drawn_rows", 0.0)  # never written: drawn, not read
     ws = per_step.get("working_set_rows", 0.0)
     out["measured"]["dram_row_share"] = 1.0 - per_step.get("disk_rows", 0.0) / ws if ws else 0.0
     f = tr.mode.cold.host.file

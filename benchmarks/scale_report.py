@@ -60,7 +60,15 @@ def _print_stages(out: dict) -> None:
         "look-ahead thread, write_back on its own, stall is what the step waited for them):"
     )
     print("  " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in ph["seconds_per_step"].items()))
-    keep = ("disk_pages", "disk_reads", "disk_rows", "working_set_rows", "stale_rows", "rows_touched")
+    keep = (
+        "disk_pages",
+        "disk_reads",
+        "disk_rows",
+        "drawn_rows",
+        "working_set_rows",
+        "stale_rows",
+        "rows_touched",
+    )
     print("  per step: " + ", ".join(f"{k} {ph['counters_per_step'][k]:,.0f}" for k in keep
                                      if k in ph["counters_per_step"]))  # fmt: skip
 

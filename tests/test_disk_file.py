@@ -62,7 +62,7 @@ def test_a_one_rank_disk_stores_fetch_reads_only_the_pages_its_current_rows_need
     n = layout.num_rows
     record = 4 * (dim + opt.state_floats_per_row)
     store = DiskColdStore(tmp_path / "cold.bin", layout, dim, opt, seed=3, io_depth=2,
-                          cache_bytes=cache_rows * record, max_rows=n)  # fmt: skip
+                          cache_bytes=cache_rows * record, max_rows=n, lazy=False)  # fmt: skip
     f = store.file
     try:
         with store.lookahead():

@@ -53,7 +53,9 @@ def _order(layout, rng, rank, N, hot, shuffled=False):
         ([2000, 1500], 4, "rowwise-adagrad", 1, True),
     ],
 )
-def test_the_file_holds_the_initial_tables(tmp_path, monkeypatch, sizes, dim, optimizer, N, shuffled):
+@pytest.mark.parametrize("lazy", [False, True])
+def test_the_file_holds_the_initial_tables(tmp_path, monkeypatch, sizes, dim, optimizer, N, shuffled, lazy):
+    """Eager: the file holds every initial record. Lazy: it holds none (all pending) and reads as if it did."""
     # small streams and blocks, so that small tables have several of each, short runs and shared pages
     monkeypatch.setattr(fill_mod, "MIN_STREAM_ROWS", 24)
     monkeypatch.setattr(fill_mod, "BLOCK_FLOATS", 1000)
@@ -74,7 +76,10 @@ def test_the_file_holds_the_initial_tables(tmp_path, monkeypatch, sizes, dim, op
                 streamed.discard()
             assert (streamed is None) == (shuffled is True or not rows.file.direct)
             assert isinstance(rows.file.positions, RowPositions) != (shuffled is True)
-            hot_w = rows.fill_initial(layout, 3, r, N, hot=hot)
+            hot_w = rows.fill_initial(layout, 3, r, N, hot=hot, lazy=lazy)
+            assert (rows.file.pending is not None) == lazy
+            if lazy:
+                assert rows.file.pending.count() == order.shape[0]
             w, s = rows.all()
             assert np.array_equal(w, expect[r::N])
             assert not np.asarray(s).any()
@@ -82,6 +87,8 @@ def test_the_file_holds_the_initial_tables(tmp_path, monkeypatch, sizes, dim, op
             data = (tmp_path / f"f{r}.bin").read_bytes()
             pad = data[order.shape[0] * rows.file.record : rows.file.size]
             assert pad == bytes(len(pad))  # past the last record: zeros, as the file was made
+            held = np.frombuffer(data[: order.shape[0] * rows.file.record], np.float32)
+            assert held.any() != lazy  # lazily: nothing written
         finally:
             rows.close()
 
@@ -93,7 +100,7 @@ def _fill_peak(tmp_path, n: int) -> int:
                     popularity_order(None, n, hot, counted=np.arange(1, n, 97)))  # fmt: skip
     try:
         tracemalloc.start()
-        rows.fill_initial(layout, 0, hot=hot)
+        rows.fill_initial(layout, 0, hot=hot, lazy=False)
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
     finally:
@@ -190,3 +197,12 @@ def test_runs_are_the_maximal_ascending_runs(seed):
         for chunk in (1, 5, 1 << 22):
             starts, stops = fill_mod._runs(order, lo, hi, chunk)
             assert starts.tolist() == list(want[0]) and stops.tolist() == list(want[1])
+
+
+def test_the_eager_fill_draws_on_the_configured_threads():
+    """``--threads`` sets the Numba threads of the run's thread; the eager fill draws on no more."""
+    from hotline.pipeline.threads import numba_threads
+
+    with numba_threads(1):
+        assert fill_mod.fill_threads() == 1
+    assert 1 <= fill_mod.fill_threads() <= 4

@@ -26,12 +26,10 @@ look-ahead fetch's pages are tracked until its write: every write copies the byt
 them, so a step reads each of its pages from disk once (see :meth:`RowFile.read_rows`).
 
 ``cache_bytes`` keeps the head of the file (the most popular rows, by the order) in host memory: a DRAM tier
-between the hot rows and the disk, authoritative for its rows (written to the file by :meth:`flush`). Its
-memory is taken, and read from the file, at the first step's access (:meth:`read_rows`, :meth:`write_rows`),
-not when the store is made: until then every row is on disk, so start-up (the initial fill, a checkpoint's
-load) writes the file alone and the tier's pages are touched only after start-up's temporaries are freed.
-
-An I/O error or a full disk raises ``OSError`` naming the file.
+between the hot rows and the disk, authoritative for its rows (written back by :meth:`flush`), taken and read
+at the first step's access, not when the store is made (start-up's temporaries are freed by then). Rows never
+written are drawn when read (lazy initialization, :mod:`hotline.tiers.pending_rows`). An I/O error or a full
+disk raises ``OSError`` naming the file.
 """
 
 from __future__ import annotations
@@ -48,6 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from hotline import _io
+from hotline.tiers import pending_rows as lazy
 from hotline.tiers.disk_pages import (  # noqa: F401 - pages_per_record, positions_of re-exported
     OrderFile,
     PageSet,
@@ -141,6 +140,7 @@ class RowFile:
         self._cache_lock = threading.Lock()
         self._cache_loaded = not self.cache_rows
         self.bytes_read = self.bytes_written = 0
+        self.pending: lazy.PendingRows | None = None  # rows not written yet, drawn when read
 
     @classmethod
     def open(cls, path: str | os.PathLike, dim: int, state_floats: int, optimizer: str = "",
@@ -155,6 +155,7 @@ class RowFile:
                 f"cold store {path} is not a cold-row file Hotline made (no manifest of its own)"
             )
         check_record(path, manifest, int(dim), int(state_floats), optimizer)
+        lazy.refuse_lazy(path, manifest)
         rows = manifest.get("rows")
         if not isinstance(rows, int) or rows < 0:
             raise ValueError(f"cold store {path}: its manifest gives no row count ({rows!r})")
@@ -275,7 +276,7 @@ class RowFile:
             chunk = max(1, _CHUNK_BYTES // self.record)
             for lo in range(0, self.cache_rows, chunk):
                 n = min(chunk, self.cache_rows - lo)
-                cache[lo : lo + n] = self._read_positions(lo, n)
+                cache[lo : lo + n] = lazy.records_at(self, lo, n)
                 with contextlib.suppress(OSError):
                     os.posix_fadvise(self._bulk, lo * self.record, n * self.record, os.POSIX_FADV_DONTNEED)
             self.cache = cache
@@ -307,6 +308,7 @@ class RowFile:
         data = np.ascontiguousarray(records, np.float32).reshape(-1)
         view = memoryview(data.view(np.uint8))
         at = start * self.record
+        lazy.written(self.pending, start, start + records.shape[0])
         while view.nbytes:
             try:
                 n = os.pwrite(self._bulk, view[:_CHUNK_BYTES], at)
@@ -356,7 +358,7 @@ class RowFile:
         chunk = chunk_rows or max(1, _CHUNK_BYTES // self.record)
         for lo in range(0, self.num_rows, chunk):
             n = min(chunk, self.num_rows - lo)
-            recs = self._read_positions(lo, n)
+            recs = lazy.records_at(self, lo, n)
             c = max(0, min(self._cached() - lo, n))
             if c:
                 recs[:c] = self.cache[lo : lo + c]
@@ -401,15 +403,15 @@ class RowFile:
             skipped = np.zeros(rows.shape[0], bool)
             skipped[skip] = True
             keep = ~skipped[di]
-            read_at[:] = -1
-            read_at[spanned(offsets[keep], self.record)] = version
-        which = np.flatnonzero(read_at >= 0)
+        need, drawn, which, blank = lazy.plan_reads(self, dpos, keep, pages, offsets, read_at, buffer)
         reads = self._io(False, pages, buffer, which)
         if ci.shape[0]:
             out[ci] = self.cache[cpos]
-        if keep.any():
-            out[di[keep]] = get_records(buffer, offsets[keep], self.record).view(np.float32)
-        ps = PageSet(pages, buffer, offsets, read_at, di, reads, int(di.shape[0]))
+        if need.any():
+            out[di[need]] = get_records(buffer, offsets[need], self.record).view(np.float32)
+        lazy.draw_into(self.pending, out, rows, di[keep & drawn])
+        ps = PageSet(pages, buffer, offsets, read_at, di, reads, int(di.shape[0]), drawn_rows=int(drawn.sum()),
+                     blank_pages=blank)  # fmt: skip
         if track and pages.shape[0]:
             with self._write_lock:  # from the next write on (one under way now stamps its pages: read again)
                 self._live.add(ps)
@@ -425,6 +427,7 @@ class RowFile:
         disk = where >= 0
         if not disk.all():  # the DRAM tier's
             out[~disk] = self.cache[self.positions[rows[idx[~disk]]]]
+        disk &= ~lazy.draw_pending(self, rows, idx, disk, out)  # still pending: drawn
         if disk.any():
             offsets = pages.offsets[where[disk]]
             which = np.unique(spanned(offsets, self.record))
@@ -469,12 +472,14 @@ class RowFile:
             if pages is None or pages.offsets.shape[0] != di.shape[0]:
                 page_ids, offsets = pages_of(dpos, self.record)
                 buffer = aligned_bytes(page_ids.shape[0] * PAGE)
-                calls = self._io(False, page_ids, buffer)
+                blank = lazy.blank_pages(self, page_ids, buffer)  # pending records only: not read
+                calls = self._io(False, page_ids, buffer, np.flatnonzero(~blank))
             else:
                 page_ids, offsets, buffer = pages.pages, pages.offsets, pages.buffer
                 changed = np.flatnonzero(self._page_stamp[page_ids] > pages.read_at)  # or not read (-1)
                 calls = self._io(False, page_ids, buffer, changed) if changed.shape[0] else 0
             put_records(buffer, offsets, records[di])
+            lazy.written(self.pending, dpos)  # before the write is published: readers of its version see it
             stamp = self._writes + 1
             self._page_stamp[page_ids] = stamp
             calls += self._io(True, page_ids, buffer)

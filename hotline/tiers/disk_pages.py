@@ -174,11 +174,15 @@ class PageSet:
     """Rows on disk (the rest came from the DRAM tier), skipped ones included."""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     """Held while the pages' bytes and ``read_at`` change (a refresh on one thread, a write on another)."""
+    drawn_rows: int = 0
+    """Rows on disk whose initial records were drawn, not read (never written: :mod:`~hotline.tiers.pending_rows`)."""
+    blank_pages: int = 0
+    """Pages not read as only such rows' records lie on them (their ``read_at`` is the fetch's, their bytes zero)."""
 
     @property
     def pages_read(self) -> int:
         """Pages the fetch read (the rest only skipped rows need)."""
-        return int((self.read_at >= 0).sum())
+        return int((self.read_at >= 0).sum()) - self.blank_pages
 
     def records_of(self, idx: np.ndarray) -> np.ndarray:
         """For each index ``idx`` into the rows asked for, its record's place in ``offsets`` (-1: in the DRAM

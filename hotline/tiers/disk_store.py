@@ -150,15 +150,17 @@ class DiskRows(ClaimBook):
         return s, s.reshape(rows, self.S)
 
     def fill_initial(self, layout: TableLayout, seed: int, rank: int = 0, world_size: int = 1,
-                     hot: np.ndarray | None = None) -> np.ndarray | None:  # fmt: skip
-        """Writes every row's initial weights (those every mode starts from) and zero state, in file order at the
-        disk's sequential rate (:func:`~hotline.tiers.initial_fill.fill_file`): the tables are never whole in
-        memory. This process holds fused rows ``rank::world_size``. ``hot``: fused ids whose initial weights are
-        returned, from the same draws (the hot tier's); None returns None."""
-        from hotline.tiers.initial_fill import fill_file
+                     hot: np.ndarray | None = None, lazy: bool = True) -> np.ndarray | None:  # fmt: skip
+        """Gives every row its initial weights (those every mode starts from) and zero state: with ``lazy``, none
+        is written, each drawn when first read until written (:func:`~hotline.tiers.initial_fill.lazy_fill`);
+        else all written in file order at the disk's sequential rate (:func:`~hotline.tiers.initial_fill.
+        fill_file`). The tables are never whole in memory. This process holds fused rows ``rank::world_size``.
+        ``hot``: fused ids whose initial weights are returned, from the same draws (the hot tier's); None returns
+        None."""
+        from hotline.tiers.initial_fill import fill_file, lazy_fill
 
         t0 = time.perf_counter()
-        hot_w = fill_file(self.file, layout, self.dim, seed, rank, world_size, hot)
+        hot_w = (lazy_fill if lazy else fill_file)(self.file, layout, self.dim, seed, rank, world_size, hot)
         self.file.flush()
         self.file.drop_page_cache()
         self.fill_s = time.perf_counter() - t0  # the fill's seconds (the start-up breakdown)
@@ -274,7 +276,9 @@ class DiskColdStore(OneRankStore):
 
     def __init__(self, path, layout: TableLayout, dim: int, optimizer: SparseOptimizer, seed: int,
                  order: np.ndarray | None = None, io_depth: int = 32, direct: bool = True,
-                 cache_bytes: int = 0, max_rows: int = 0, force: bool = False, hot=None):  # fmt: skip
+                 cache_bytes: int = 0, max_rows: int = 0, force: bool = False, hot=None,
+                 lazy: bool = True):  # fmt: skip
+        """``lazy``: rows drawn when first read, not written at start-up (:meth:`DiskRows.fill_initial`)."""
         self.comm = Comm()
         order = order() if callable(order) else order  # made here: nothing else holds it through the fill
         self.host = DiskRows(
@@ -284,7 +288,7 @@ class DiskColdStore(OneRankStore):
         self.dim, self.S = int(dim), optimizer.state_floats_per_row
         self._scratch = sparse_update.new_scratch(max_rows)
         del order  # on disk now (the file's order file)
-        self.hot_initial = self.host.fill_initial(layout, seed, hot=hot)  # the hot rows' initial weights
+        self.hot_initial = self.host.fill_initial(layout, seed, hot=hot, lazy=lazy)  # the hot rows' weights
 
     def fetch(self, rows, out_values, out_state, step=-1) -> ColdFetch:
         stale, owner, slot = self.host.claim_with_owners(rows, step) if step >= 0 else (_EMPTY,) * 3
@@ -295,7 +299,7 @@ class DiskColdStore(OneRankStore):
             rows, w, s, step=step, stale=stale, stale_owner=owner, stale_slot=slot, route=pages,
             times={"disk_read": time.perf_counter() - t0},
             counters={"disk_bytes_read": pages.pages_read * PAGE, "disk_pages": pages.pages.shape[0],
-                      "disk_reads": pages.reads, "disk_rows": pages.disk_rows},
+                      "disk_reads": pages.reads, "disk_rows": pages.disk_rows, "drawn_rows": pages.drawn_rows},
         )  # fmt: skip
 
     def refresh(self, fetch: ColdFetch, slots=None):

@@ -1,5 +1,6 @@
 """The initial fill of a disk store's file: every row's initial weights and zero optimizer state, written in file
-order at the disk's sequential rate.
+order at the disk's sequential rate (:func:`fill_file`), or none written, each drawn when read until written
+(:func:`lazy_fill`, the store's default: :mod:`hotline.tiers.pending_rows`).
 
 The numbers are those every mode starts from (:func:`hotline.models.dlrm.init_embedding_table`: one generator per
 table, drawn in row order). :func:`initial_block` draws any block of a table's rows on its own, by advancing the
@@ -39,6 +40,7 @@ from hotline.tiers.disk_pages import (
     put_records,
     spanned,
 )
+from hotline.tiers.pending_rows import records_at
 
 BLOCK_FLOATS = 1 << 21
 """Draws per generated block (16 MiB of float64, 8 MiB of float32 weights)."""
@@ -51,12 +53,15 @@ STASH_BYTES = 64 << 20
 
 
 def fill_threads() -> int:
-    """Threads that draw the initial rows (the CPUs this process may use, at most 4)."""
+    """Threads that draw the initial rows: the calling thread's Numba threads (``--threads``), at most the CPUs
+    this process may use, at most 4."""
+    import numba
+
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
-    return max(1, min(4, cpus))
+    return max(1, min(4, cpus, numba.get_num_threads()))
 
 
 def initial_block(
@@ -334,6 +339,24 @@ def _streamed(file) -> _Fill | None:
     return fill
 
 
+def lazy_fill(file, layout: TableLayout, dim: int, seed: int, rank: int = 0, world_size: int = 1,
+              hot: np.ndarray | None = None) -> np.ndarray | None:  # fmt: skip
+    """Makes every row of ``file`` (as :func:`fill_file`) pending (:mod:`~hotline.tiers.pending_rows`): nothing is
+    written, every read draws a row's initial record until a write gives it another, and the file's header says
+    so (:meth:`~hotline.tiers.disk_file.RowFile.open` refuses it). ``hot``: as :func:`fill_file`, drawn."""
+    from hotline import _io
+    from hotline.tiers.pending_rows import PendingRows
+    from hotline.tiers.store_files import manifest_path, read_manifest
+
+    file.pending = PendingRows(file.order, layout.table_sizes, dim, file.floats - dim, seed, rank, world_size)
+    manifest = read_manifest(file.path)
+    if manifest is not None:
+        _io.write_json(manifest_path(file.path), {**manifest, "initial": "lazy"})
+    if file.cache_rows and getattr(file, "_cache_loaded", True):
+        _cache_from_file(file)
+    return None if hot is None else file.pending.weights(hot)
+
+
 def fill_file(file, layout: TableLayout, dim: int, seed: int, rank: int = 0, world_size: int = 1,
               hot: np.ndarray | None = None) -> np.ndarray | None:  # fmt: skip
     """Writes every row of ``file`` (a :class:`~hotline.tiers.disk_file.RowFile` of the fused rows
@@ -396,4 +419,4 @@ def _cache_from_file(file) -> None:
     chunk = max(1, (64 << 20) // file.record)
     for lo in range(0, file.cache_rows, chunk):
         n = min(chunk, file.cache_rows - lo)
-        file.cache[lo : lo + n] = file._read_positions(lo, n)
+        file.cache[lo : lo + n] = records_at(file, lo, n)

@@ -243,7 +243,8 @@ def _address(a) -> int:
 def per_row_bytes(root, rows: int, exclude=()) -> dict[str, int]:
     """The host structures that grow with the row count: bytes of every array (or CPU tensor) reachable from
     ``root`` through the attributes of Hotline's objects that holds at least a byte per row, or that its object
-    names in its class's ``per_row`` (a bitmap of a bit a row: :class:`~hotline.tiers.written_rows.WrittenRows`),
+    names in its class's ``per_row`` (a bitmap of a bit a row: :class:`~hotline.tiers.written_rows.WrittenRows`,
+    :class:`~hotline.tiers.pending_rows.PendingRows`),
     by the attribute path that first reached it (anonymous memory only, huge-page arrays included: memory maps
     of files are on disk); ``exclude``: arrays not counted (a memory store's table and state). Per rank: a
     machine of N ranks holds the sum of theirs."""

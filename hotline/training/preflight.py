@@ -191,10 +191,11 @@ the hot rows) where they are under a quarter of the rows, else :data:`HOST_BYTES
 
 def per_row_structures(config, dataset, world_size: int = 1) -> int:
     """Host bytes of a disk store's structures that grow with the row count on one rank, at most: its file
-    positions (:func:`positions_bytes`) and the bitmap of the rows written since a checkpoint, which a
-    checkpoint or a load starts (:class:`~hotline.tiers.written_rows.WrittenRows`, a bit a row)."""
+    positions (:func:`positions_bytes`), the bitmap of the rows written since a checkpoint, which a
+    checkpoint or a load starts (:class:`~hotline.tiers.written_rows.WrittenRows`, a bit a row), and that of
+    the rows not written yet (:class:`~hotline.tiers.pending_rows.PendingRows`, a bit a row)."""
     rows = -(-dataset.total_rows // world_size)
-    return positions_bytes(config, dataset, world_size) + -(-rows // 8)
+    return positions_bytes(config, dataset, world_size) + 2 * -(-rows // 8)
 
 
 HOT_TABLE_BYTES = 32

@@ -1,0 +1,193 @@
+"""Lazy initialization of a disk store's file: the rows whose initial records are not written yet.
+
+A :class:`~hotline.tiers.disk_file.RowFile` made by the store is not filled at start-up (most of a large table's
+rows are never looked up in a run). Instead its :class:`PendingRows` holds one bit per file position: set, the
+file's bytes at that position are not its row's value, which is the row's initial record (its initial weights,
+:mod:`hotline.kernels.initial_rows`, bit-identical to :func:`~hotline.models.dlrm.init_embedding_table`, and
+zero optimizer state). Every reader substitutes the drawn record for a pending position (a step's page reads,
+their refresh, the DRAM tier's load, the file read in order for a checkpoint, an export or an evaluation), so
+every mode starts from the same numbers, and a page whose records are all pending is not read at all. A write
+of a row's real record clears its bit; a page written back carries zeros or stale bytes at the pending
+positions it holds, which stay pending. Host memory: ``ceil(positions / 8)`` bytes (:attr:`PendingRows.nbytes`).
+Bit ``i % 8`` of byte ``i // 8`` is position ``i``, as in :class:`~hotline.tiers.written_rows.WrittenRows`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hotline.kernels.initial_rows import draw_fused, jump_tables
+from hotline.tiers.disk_pages import spanned
+from hotline.tiers.store_files import PAGE
+
+
+class PendingRows:
+    """The file positions not written yet (all of them at first) and how to draw their records: the file holds
+    the local rows ``rank::world_size`` of tables ``table_sizes`` (local row ``l`` is fused row
+    ``l * world_size + rank``), ``dim`` weights and ``state_floats`` zero state floats a record."""
+
+    per_row = ("bits",)
+    """Under a byte a row, counted by :func:`~hotline.training.host_memory.per_row_bytes` all the same."""
+
+    def __init__(self, order, table_sizes, dim: int, state_floats: int, seed: int, rank: int = 0,
+                 world_size: int = 1):  # fmt: skip
+        self.order = order  # the file's order (positions to local rows), read in chunks (an OrderFile)
+        self.num_rows = int(order.shape[0])
+        self.dim, self.floats = int(dim), int(dim) + int(state_floats)
+        self.rank, self.world_size = int(rank), int(world_size)
+        self.table_rows = np.asarray(table_sizes, np.int64)
+        self.jumps = jump_tables(int(seed), self.table_rows.shape[0])
+        self.bits = np.full(-(-self.num_rows // 8), 0xFF, np.uint8)
+        if self.num_rows % 8:
+            self.bits[-1] = (1 << (self.num_rows % 8)) - 1
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.bits.nbytes)
+
+    def count(self) -> int:
+        """The positions still pending."""
+        return int(np.bitwise_count(self.bits).sum(dtype=np.int64))
+
+    def mask(self, positions: np.ndarray) -> np.ndarray:
+        """bool [n]: which of the file ``positions`` are pending."""
+        pos = np.asarray(positions, np.int64)
+        return ((self.bits[pos >> 3] >> (pos & 7).astype(np.uint8)) & 1).astype(bool)
+
+    def range_mask(self, lo: int, hi: int) -> np.ndarray:
+        """bool [hi - lo]: which of the positions ``lo .. hi - 1`` are pending."""
+        a = lo // 8
+        raw = np.unpackbits(self.bits[a : -(-hi // 8)], bitorder="little")
+        return raw[lo - 8 * a : hi - 8 * a].astype(bool)
+
+    def clear(self, positions: np.ndarray) -> None:
+        """The file ``positions`` now hold their rows' values."""
+        if positions.shape[0]:
+            pos = np.asarray(positions, np.int64)
+            np.bitwise_and.at(self.bits, pos >> 3, ~np.left_shift(1, pos & 7).astype(np.uint8))
+
+    def clear_range(self, lo: int, hi: int) -> None:
+        """The positions ``lo .. hi - 1`` now hold their rows' values."""
+        if hi <= lo:
+            return
+        a, b = -(-lo // 8), hi // 8  # the whole bytes inside
+        if a >= b:
+            self.clear(np.arange(lo, hi))
+            return
+        self.bits[a:b] = 0
+        self.clear(np.r_[np.arange(lo, 8 * a), np.arange(8 * b, hi)])
+
+    def records(self, local_rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """The initial records float32 [n, floats] of the file's ``local_rows`` (into ``out`` when given)."""
+        out = np.empty((np.shape(local_rows)[0], self.floats), np.float32) if out is None else out
+        return draw_fused(local_rows, self.table_rows, self.dim, self.jumps, out, self.world_size, self.rank)
+
+    def weights(self, fused: np.ndarray) -> np.ndarray:
+        """The initial weights float32 [n, dim] of the fused rows ``fused`` (of any rank: the hot tier's)."""
+        out = np.empty((np.shape(fused)[0], self.dim), np.float32)
+        return draw_fused(np.asarray(fused, np.int64), self.table_rows, self.dim, self.jumps, out)
+
+    def substitute(self, start: int, records: np.ndarray) -> None:
+        """Draws the records of the pending positions among ``start .. start + len(records) - 1`` into
+        ``records``."""
+        mask = self.range_mask(start, start + records.shape[0])
+        if mask.all():  # the common case (a file mostly never written): no gather, no scatter
+            self.records(np.asarray(self.order[start : start + records.shape[0]]), out=records)
+            return
+        idx = np.flatnonzero(mask)
+        if idx.shape[0]:
+            records[idx] = self.records(np.asarray(self.order[start + idx]))
+
+    def whole_pages(self, pages: np.ndarray, record: int) -> np.ndarray:
+        """bool [P]: which of the file ``pages`` hold only pending records (every record that touches them, those
+        straddling their edges too): such a page need not be read, and may be written with any bytes beside
+        the records written into it."""
+        pages = np.asarray(pages, np.int64)
+        if not pages.shape[0]:
+            return np.zeros(0, bool)
+        first = pages * PAGE // record
+        last = np.minimum((pages * PAGE + PAGE - 1) // record, self.num_rows - 1)
+        width = int((last - first).max()) + 1
+        pos = first[:, None] + np.arange(width)
+        inside = pos <= last[:, None]
+        return (self.mask(np.minimum(pos, last[:, None]).reshape(-1)).reshape(pos.shape) | ~inside).all(
+            axis=1
+        )
+
+
+# -- the hooks of RowFile's reads and writes (``pending`` None: a file that holds every record) --------------
+def refuse_lazy(path, manifest: dict) -> None:
+    """Raises ValueError when the file's header says it was initialized lazily (its pending rows are not in it:
+    only the run that made it can read it)."""
+    if manifest.get("initial") == "lazy":
+        raise ValueError(f"cold store {path} was initialized lazily: rows never written are not in the file")
+
+
+def records_at(file, start: int, count: int) -> np.ndarray:
+    """Records [count, floats] at file positions ``start...`` of ``file`` as their rows' values: pending ones
+    drawn, the file read only over the span of the others (none where all are pending)."""
+    p = file.pending
+    if p is None:
+        return file._read_positions(start, count)
+    held = np.flatnonzero(~p.range_mask(start, start + count))
+    out = np.empty((count, file.floats), np.float32)
+    if held.shape[0]:
+        a, b = int(held[0]), int(held[-1]) + 1
+        out[a:b] = file._read_positions(start + a, b - a)
+    p.substitute(start, out)
+    return out
+
+
+def plan_reads(file, pos, keep, pages, offsets, read_at, buffer):
+    """A fetch's pages to read from ``file`` (``read_at`` of the others -1; all the fetch's version when called)
+    for the records at file positions ``pos`` (their ``offsets`` in ``buffer``, of ``pages``) that ``keep`` says to
+    read: those pending are drawn, not read, and a page of pending records alone is not read at all: its bytes
+    zero, its ``read_at`` the fetch's version (a write since re-stamps it). Returns ``need`` (bool, the records read), ``drawn`` (bool,
+    those pending), the indices of the pages to read and the number of pages left blank."""
+    pending, record = file.pending, file.record
+    version = int(read_at[0]) if read_at.shape[0] else 0
+    drawn = np.zeros(pos.shape[0], bool) if pending is None else pending.mask(pos)
+    need = keep & ~drawn
+    if not need.all():
+        read_at[:] = -1
+        read_at[spanned(offsets[need], record)] = version
+    which = np.flatnonzero(read_at >= 0)
+    if pending is None:
+        return need, drawn, which, 0
+    idle = np.flatnonzero(read_at < 0)
+    zeroed = idle[pending.whole_pages(pages[idle], record)]
+    buffer.reshape(-1, PAGE)[zeroed] = 0
+    read_at[zeroed] = version
+    return need, drawn, which, int(zeroed.shape[0])
+
+
+def draw_into(pending, out: np.ndarray, rows: np.ndarray, idx: np.ndarray) -> None:
+    """The initial records of ``rows[idx]`` into ``out[idx]``."""
+    if idx.shape[0]:
+        out[idx] = pending.records(rows[idx])
+
+
+def draw_pending(file, rows: np.ndarray, idx: np.ndarray, disk: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """bool [len(idx)]: which of ``rows[idx]`` on disk (``disk``) are still pending; their records drawn into
+    ``out`` (a refresh's)."""
+    drawn = np.zeros(idx.shape[0], bool)
+    if file.pending is not None and disk.any():
+        drawn[disk] = file.pending.mask(file.positions[rows[idx[disk]]])
+        draw_into(file.pending, out, rows[idx], np.flatnonzero(drawn))
+    return drawn
+
+
+def blank_pages(file, pages: np.ndarray, buffer: np.ndarray) -> np.ndarray:
+    """bool [P]: the ``pages`` of ``file`` of pending records alone (their bytes in ``buffer`` zeroed): a write
+    need not read them first."""
+    if file.pending is None:
+        return np.zeros(pages.shape[0], bool)
+    blank = file.pending.whole_pages(pages, file.record)
+    buffer.reshape(-1, PAGE)[blank] = 0
+    return blank
+
+
+def written(pending, positions: np.ndarray, hi: int | None = None) -> None:
+    """The file ``positions`` (with ``hi``: the range ``positions .. hi - 1``) now hold their rows' values."""
+    if pending is not None:
+        pending.clear(positions) if hi is None else pending.clear_range(int(positions), hi)
