@@ -162,10 +162,10 @@ def _ranks_trainer(dataset, files: list[Path], flags, device, eval_max_samples, 
     """:func:`trainer_from_checkpoint` of an N-rank checkpoint (its rank ``files``, in rank order): every rank's
     file, digest and rows file header checked first (:func:`~hotline.training.export_sharded.read_ranks`), then its
     rows read in row order, chunk by chunk, with the hot tier's current values
-    (:func:`~hotline.training.export_sharded.rank_source`). A disk-store run's rows files are sorted through a
-    scratch file (the weights' size and 4 bytes a row, in the scratch folder; each rows file's sha256 checked on
-    that pass, before the model is built) and written into the disk store of ``--mode hybrid`` chunk by chunk:
-    host memory a few chunks, as for one process. Other checkpoints load into ``--mode device`` whole, as one
+    (:func:`~hotline.training.export_sharded.rank_source`). A disk-store run's rows files are read once, in step
+    (:class:`~hotline.training.export_rows.StreamedRows`: rows early for their chunk held, beyond two chunks in
+    the scratch folder; each rows file's sha256 checked on that pass, before anything is scored) and written into
+    the disk store of ``--mode hybrid`` chunk by chunk: host memory a few chunks, as for one process. Other checkpoints load into ``--mode device`` whole, as one
     process's do. The weights load, not the rows' optimizer state (zero: scoring reads none); the dense model, its
     optimizer and the step are rank 0's."""
     import shutil
@@ -173,7 +173,7 @@ def _ranks_trainer(dataset, files: list[Path], flags, device, eval_max_samples, 
     from hotline.datasets.format import Dataset
     from hotline.table_layout import state_floats_per_row
     from hotline.training import export_sharded
-    from hotline.training.checkpoint_rows import CHUNK_BYTES, RowOrderedChunks, check_rows
+    from hotline.training.checkpoint_rows import CHUNK_BYTES, check_rows
     from hotline.training.config import TrainConfig
     from hotline.training.trainer import Trainer
 
@@ -198,12 +198,12 @@ def _ranks_trainer(dataset, files: list[Path], flags, device, eval_max_samples, 
             _check_hot(files[0], rank0.get("hot_ids"), tiers.get("hot_w"), D, total)
     source = None
     try:
-        if disk:
-            record = 4 * (D + state_floats_per_row(spec.optimizer, D))
-            _check_free_disk(scratch, RowOrderedChunks.scratch_bytes(total, D) + total * record)
         source = export_sharded.rank_source(files, payloads, CHUNK_BYTES, CheckpointError)(
             scratch / ".rows-in-row-order" if disk else None
-        )  # a disk-store run's: each rows file's sha256 checked here, before the model is built
+        )  # a disk-store run's: its orders read; each rows file's sha256 checked as the rows stream in
+        if disk:
+            record = 4 * (D + state_floats_per_row(spec.optimizer, D))
+            _check_free_disk(scratch, getattr(source, "spill_bytes", 0) + total * record)
         store = (
             {"mode": "hybrid", "cold_store": "disk", "cold_dir": str(scratch)} if disk else {"mode": "device"}
         )
@@ -268,7 +268,7 @@ def _load_ranks(trainer, path: Path, rank0: dict, source, sizes: list[int]) -> N
     import torch
 
     from hotline.training.checkpoint_rows import disk_rows
-    from hotline.training.export_sharded import tables_of
+    from hotline.training.export_sharded import finish, schedule, tables_of
 
     try:
         trainer.model.load_state_dict(rank0["model"])
@@ -282,13 +282,15 @@ def _load_ranks(trainer, path: Path, rank0: dict, source, sizes: list[int]) -> N
         trainer.mode.load_tables(tables_of(source, sizes), states)
     else:
         f = host.file
-        for k, (_, _, m, g) in enumerate(source.grid):
+        for k in schedule(source):  # a rows file's chunks as they complete
+            _, _, m, g = source.grid[k]
             rec = np.zeros((m, f.floats), np.float32)
             rec[:, : host.dim] = source.chunk(k)
             host._wrote_nonfinite |= not np.isfinite(rec).all()
             f.put_rows(np.arange(g, g + m), rec)  # row order: one sequential write where the file's is too
             if k % 4 == 3:
                 f.drop_page_cache()  # written out, dropped: no memory-limit's worth of dirty pages
+        finish(source)  # every rows file's sha256: a damaged one refused before anything is scored
         f.flush()
         f.drop_page_cache()
     if "torch_rng" in rank0:
