@@ -77,10 +77,13 @@ class PendingRows:
         self.bits[a:b] = 0
         self.clear(np.r_[np.arange(lo, 8 * a), np.arange(8 * b, hi)])
 
-    def records(self, local_rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """The initial records float32 [n, floats] of the file's ``local_rows`` (into ``out`` when given)."""
+    def records(self, local_rows: np.ndarray, out: np.ndarray | None = None, take: np.ndarray | None = None
+                ) -> np.ndarray:  # fmt: skip
+        """The initial records float32 [n, floats] of the file's ``local_rows`` (into ``out`` when given; with
+        ``take``, bool [n], only those it marks)."""
         out = np.empty((np.shape(local_rows)[0], self.floats), np.float32) if out is None else out
-        return draw_fused(local_rows, self.table_rows, self.dim, self.jumps, out, self.world_size, self.rank)
+        return draw_fused(local_rows, self.table_rows, self.dim, self.jumps, out, self.world_size, self.rank,
+                          take)  # fmt: skip
 
     def weights(self, fused: np.ndarray) -> np.ndarray:
         """The initial weights float32 [n, dim] of the fused rows ``fused`` (of any rank: the hot tier's)."""
@@ -91,12 +94,10 @@ class PendingRows:
         """Draws the records of the pending positions among ``start .. start + len(records) - 1`` into
         ``records``."""
         mask = self.range_mask(start, start + records.shape[0])
-        if mask.all():  # the common case (a file mostly never written): no gather, no scatter
-            self.records(np.asarray(self.order[start : start + records.shape[0]]), out=records)
+        if not mask.any():
             return
-        idx = np.flatnonzero(mask)
-        if idx.shape[0]:
-            records[idx] = self.records(np.asarray(self.order[start + idx]))
+        rows = np.asarray(self.order[start : start + records.shape[0]])  # one sequential read, drawn in place
+        self.records(rows, out=records, take=None if mask.all() else mask)
 
     def whole_pages(self, pages: np.ndarray, record: int) -> np.ndarray:
         """bool [P]: which of the file ``pages`` hold only pending records (every record that touches them, those
