@@ -27,8 +27,9 @@ them, so a step reads each of its pages from disk once (see :meth:`RowFile.read_
 
 ``cache_bytes`` keeps the head of the file (the most popular rows, by the order) in host memory: a DRAM tier
 between the hot rows and the disk, authoritative for its rows (written back by :meth:`flush`), taken and read
-at the first step's access, not when the store is made (start-up's temporaries are freed by then). Rows never
-written are drawn when read (lazy initialization, :mod:`hotline.tiers.pending_rows`). An I/O error or a full
+at the first step's access, not when the store is made (start-up's temporaries are freed by then)
+(:mod:`hotline.tiers.dram_tier`). Rows never written are drawn when read, the tier's too (lazy initialization,
+:mod:`hotline.tiers.pending_rows`). An I/O error or a full
 disk raises ``OSError`` naming the file.
 """
 

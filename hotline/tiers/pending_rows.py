@@ -5,8 +5,9 @@ rows are never looked up in a run). Instead its :class:`PendingRows` holds one b
 file's bytes at that position are not its row's value, which is the row's initial record (its initial weights,
 :mod:`hotline.kernels.initial_rows`, bit-identical to :func:`~hotline.models.dlrm.init_embedding_table`, and
 zero optimizer state). Every reader substitutes the drawn record for a pending position (a step's page reads,
-their refresh, the DRAM tier's load, the file read in order for a checkpoint, an export or an evaluation), so
-every mode starts from the same numbers, and a page whose records are all pending is not read at all. A write
+their refresh, the DRAM tier's reads of its slots, the file read in order for a checkpoint, an export or an
+evaluation), so every mode starts from the same numbers, and a page whose records are all pending is not read
+at all. A write
 of a row's real record clears its bit; a page written back carries zeros or stale bytes at the pending
 positions it holds, which stay pending. Host memory: ``ceil(positions / 8)`` bytes (:attr:`PendingRows.nbytes`).
 Bit ``i % 8`` of byte ``i // 8`` is position ``i``, as in :class:`~hotline.tiers.written_rows.WrittenRows`.
