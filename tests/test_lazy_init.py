@@ -304,3 +304,20 @@ def test_a_flush_of_a_tier_with_untouched_pending_slots_keeps_them_pending(tmp_p
         assert np.array_equal(f.read_rows(np.arange(3000))[0], want)
     finally:
         f.close()
+
+
+@pytest.mark.parametrize("written", [[1, 1500, 2999], list(range(0, 3000, 2))])
+def test_a_bulk_pass_reads_the_pages_of_the_written_rows_or_their_span(tmp_path, written):
+    """read_all of a file with few rows written far apart reads only their pages (on the I/O threads), with
+    many the span between them: the same records either way, pending ones drawn."""
+    f, initial = _tier_file(tmp_path, tier=0)
+    try:
+        want = initial.copy()
+        rows = np.array(written)
+        want[rows] = 9.0
+        f.write_rows(rows, want[rows])
+        before = f.bytes_read
+        assert np.array_equal(np.concatenate([r for _, r in f.read_all()]), want)
+        assert (f.bytes_read - before > 0) == (len(written) == 3)  # the page reads counted, a span read not
+    finally:
+        f.close()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from hotline.kernels.initial_rows import draw_fused, jump_tables
-from hotline.tiers.disk_pages import spanned
+from hotline.tiers.disk_pages import aligned_bytes, get_records, pages_of, spanned
 from hotline.tiers.store_files import PAGE
 
 
@@ -127,7 +127,8 @@ def refuse_lazy(path, manifest: dict) -> None:
 
 def records_at(file, start: int, count: int) -> np.ndarray:
     """Records [count, floats] at file positions ``start...`` of ``file`` as their rows' values: pending ones
-    drawn, the file read only over the span of the others (none where all are pending)."""
+    drawn, the file read only over the span of the others (none where all are pending), or only the pages that
+    hold them where those are under half the span (a checkpoint of a file mostly never written)."""
     p = file.pending
     if p is None:
         return file._read_positions(start, count)
@@ -135,7 +136,15 @@ def records_at(file, start: int, count: int) -> np.ndarray:
     out = np.empty((count, file.floats), np.float32)
     if held.shape[0]:
         a, b = int(held[0]), int(held[-1]) + 1
-        out[a:b] = file._read_positions(start + a, b - a)
+        pages, offsets = pages_of(start + held, file.record)
+        if (
+            2 * pages.shape[0] * PAGE < (b - a) * file.record
+        ):  # few pages hold them: those read on the I/O threads
+            buffer = aligned_bytes(pages.shape[0] * PAGE)
+            file._io(False, pages, buffer)
+            out[held] = get_records(buffer, offsets, file.record).view(np.float32)
+        else:
+            out[a:b] = file._read_positions(start + a, b - a)
     p.substitute(start, out)
     return out
 
