@@ -105,9 +105,10 @@ def _jump(t, sh, sl, delta, mult, plus):
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _draw_rows(ids, world, rank, ends, dim, low, span, start, inc, mult, plus, out):
+def _draw_rows(ids, world, rank, ends, dim, low, span, start, inc, mult, plus, out, take):
     """Writes the initial weights of fused row ``ids[i] * world + rank`` (tables end at ``ends``, cumulative)
-    into ``out[i, :dim]`` and zeros into the rest of ``out[i]``."""
+    into ``out[i, :dim]`` and zeros into the rest of ``out[i]``: every ``i``, or those where ``take[i]`` (when
+    ``take`` is not empty; the others' ``out[i]`` left as it is)."""
     n, T = ids.shape[0], ends.shape[0]
     mh, ml = mult[0, 0], mult[0, 1]
     scale = 1.0 / 9007199254740992.0
@@ -116,6 +117,8 @@ def _draw_rows(ids, world, rank, ends, dim, low, span, start, inc, mult, plus, o
         t, t_lo, t_hi = -1, 0, 0  # the table of the row before, its fused range
         prev_t, prev_r = -1, -1
         for i in range(b * _BLOCK, min(n, (b + 1) * _BLOCK)):
+            if take.shape[0] and not take[i]:
+                continue
             f = np.int64(ids[i]) * world + rank
             if f < t_lo or f >= t_hi:  # another table: found by bisection
                 a, z = 0, T - 1
@@ -146,19 +149,23 @@ def _draw_rows(ids, world, rank, ends, dim, low, span, start, inc, mult, plus, o
 
 
 def draw_fused(ids: np.ndarray, table_rows: np.ndarray, dim: int, jumps: tuple, out: np.ndarray,
-               world: int = 1, rank: int = 0) -> np.ndarray:  # fmt: skip
+               world: int = 1, rank: int = 0, take: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
     """The initial weights of the fused rows ``ids * world + rank`` (``ids``: any integers, a rank's local ids
     or fused ids) into ``out`` float32 [n, dim + state] (``out[:, dim:]`` zero, a record's zero optimizer state);
-    ``table_rows``: every table's rows; ``jumps``: :func:`jump_tables` of the seed. Returns ``out``."""
+    ``table_rows``: every table's rows; ``jumps``: :func:`jump_tables` of the seed; ``take``: bool [n], only the
+    rows it marks drawn (the others' ``out`` rows kept). Returns ``out``."""
     ids = np.ascontiguousarray(ids)
     if not np.issubdtype(ids.dtype, np.integer):
         raise ValueError(f"draw_fused: ids of {ids.dtype}, not integers")
     if out.shape[0] != ids.shape[0] or out.shape[1] < dim:
         raise ValueError(f"draw_rows: {ids.shape[0]} rows, out {out.shape}")
+    take = np.zeros(0, np.bool_) if take is None else np.ascontiguousarray(take, np.bool_)
+    if take.shape[0] not in (0, ids.shape[0]):
+        raise ValueError(f"draw_fused: {ids.shape[0]} rows, take {take.shape[0]}")
     if ids.shape[0]:
         low, span = bounds(table_rows)
         ends = np.cumsum(np.asarray(table_rows, np.int64))
-        _draw_rows(ids, int(world), int(rank), ends, int(dim), low, span, *jumps, out)
+        _draw_rows(ids, int(world), int(rank), ends, int(dim), low, span, *jumps, out, take)
     return out
 
 

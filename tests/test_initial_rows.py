@@ -5,7 +5,7 @@ for random rows, first and last rows, runs of following rows, several dims, tabl
 import numpy as np
 import pytest
 
-from hotline.kernels.initial_rows import draw_rows, jump_tables
+from hotline.kernels.initial_rows import draw_fused, draw_rows, jump_tables
 from hotline.tiers.initial_fill import initial_block
 
 SIZES = np.array([1, 1000, 37, 70_001, 3_000_000_019])
@@ -41,6 +41,20 @@ def test_runs_of_following_rows_go_on_without_a_jump(dim):
     draw_rows(tables, rows, dim, SIZES, jump_tables(11, SIZES.shape[0]), out)
     assert np.array_equal(out[:8500], initial_block(int(SIZES[3]), dim, 11, 3, 500, 8500))
     assert np.array_equal(out, _twin(tables, rows, dim, 11, 0))
+
+
+@pytest.mark.parametrize("every", [1, 3, 5000])
+def test_only_the_rows_taken_are_drawn_the_others_kept(every):
+    """``take``: rows it skips keep their bytes, the others are as drawn alone, runs broken by skips included."""
+    ids = np.r_[np.arange(990, 1035), np.arange(6000, 14000)]  # tables 1, 2 and 3
+    take = np.zeros(ids.shape[0], bool)
+    take[::every] = True
+    take[50:60] = True
+    jumps = jump_tables(4, SIZES.shape[0])
+    whole = draw_fused(ids, SIZES, 8, jumps, np.empty((ids.shape[0], 9), np.float32))
+    out = np.full((ids.shape[0], 9), 7.0, np.float32)
+    draw_fused(ids, SIZES, 8, jumps, out, take=take)
+    assert np.array_equal(out[take], whole[take]) and (out[~take] == 7.0).all()
 
 
 def test_nothing_to_draw_and_shapes_checked():

@@ -252,3 +252,72 @@ def test_a_blank_page_written_by_another_step_is_read_before_the_write_back(tmp_
         assert f.pending.count() == 2000 - 2
     finally:
         f.close()
+
+
+# -- the DRAM tier: pending slots drawn when first read, not at its load --------------------------------------
+def _tier_file(tmp_path, n=3000, tier=1000):
+    from hotline.tiers.disk_file import RowFile
+
+    f = RowFile(tmp_path / "rows.bin", n, 8, 1, np.arange(n), io_depth=2, cache_bytes=tier * 36)
+    f.pending = PendingRows(f.order, [n], 8, 1, seed=4)
+    return f, f.pending.records(np.arange(n))
+
+
+def test_tier_rows_first_read_steps_after_the_load_are_drawn_then(tmp_path):
+    """The tier's load draws nothing (its pending slots stay zero); rows of the tier first read several writes
+    later read as their initial records, those written as written, through read_rows, reread and read_all."""
+    f, initial = _tier_file(tmp_path)
+    try:
+        want = initial.copy()
+        rng = np.random.default_rng(3)
+        for step in range(6):  # each step writes tier and disk rows; the tier's other rows stay unread
+            rows = np.unique(rng.choice(np.r_[np.arange(0, 60), np.arange(2000, 2060)], 8))
+            got, pages = f.read_rows(rows, track=True)
+            assert np.array_equal(got, want[rows]), step
+            assert np.array_equal(f.reread(rows, pages, np.arange(rows.shape[0])), want[rows]), step
+            want[rows] = step + 1.0
+            f.write_rows(rows, want[rows], pages)
+        untouched = np.flatnonzero(f.pending.mask(np.arange(1000)))
+        assert untouched.shape[0] > 900 and not f.cache[untouched].any()  # not drawn at the load
+        late = np.array([999, 500, 61, 2999])  # first read now
+        assert np.array_equal(f.read_rows(late)[0], want[late])
+        assert np.array_equal(np.concatenate([r for _, r in f.read_all(chunk_rows=700)]), want)
+    finally:
+        f.close()
+
+
+def test_a_flush_of_a_tier_with_untouched_pending_slots_keeps_them_pending(tmp_path):
+    """A flush writes the tier's written rows and leaves its untouched slots pending (zeros in the file), so the
+    file reads, and a checkpoint streams, the eager file's values."""
+    f, initial = _tier_file(tmp_path)
+    try:
+        want = initial.copy()
+        rows = np.array([3, 4, 700, 1500])
+        f.read_rows(rows)
+        want[rows] = 2.0
+        f.write_rows(rows, want[rows])
+        f.flush()
+        assert f.pending.count() == 3000 - 4
+        raw = np.fromfile(f.path, np.float32, 3000 * 9).reshape(3000, 9)
+        assert np.array_equal(raw[rows], want[rows]) and not np.delete(raw, rows, axis=0).any()
+        assert np.array_equal(np.concatenate([r for _, r in f.read_all()]), want)
+        assert np.array_equal(f.read_rows(np.arange(3000))[0], want)
+    finally:
+        f.close()
+
+
+@pytest.mark.parametrize("written", [[1, 1500, 2999], list(range(0, 3000, 2))])
+def test_a_bulk_pass_reads_the_pages_of_the_written_rows_or_their_span(tmp_path, written):
+    """read_all of a file with few rows written far apart reads only their pages (on the I/O threads), with
+    many the span between them: the same records either way, pending ones drawn."""
+    f, initial = _tier_file(tmp_path, tier=0)
+    try:
+        want = initial.copy()
+        rows = np.array(written)
+        want[rows] = 9.0
+        f.write_rows(rows, want[rows])
+        before = f.bytes_read
+        assert np.array_equal(np.concatenate([r for _, r in f.read_all()]), want)
+        assert (f.bytes_read - before > 0) == (len(written) == 3)  # the page reads counted, a span read not
+    finally:
+        f.close()

@@ -27,8 +27,9 @@ them, so a step reads each of its pages from disk once (see :meth:`RowFile.read_
 
 ``cache_bytes`` keeps the head of the file (the most popular rows, by the order) in host memory: a DRAM tier
 between the hot rows and the disk, authoritative for its rows (written back by :meth:`flush`), taken and read
-at the first step's access, not when the store is made (start-up's temporaries are freed by then). Rows never
-written are drawn when read (lazy initialization, :mod:`hotline.tiers.pending_rows`). An I/O error or a full
+at the first step's access, not when the store is made (start-up's temporaries are freed by then)
+(:mod:`hotline.tiers.dram_tier`). Rows never written are drawn when read, the tier's too (lazy initialization,
+:mod:`hotline.tiers.pending_rows`). An I/O error or a full
 disk raises ``OSError`` naming the file.
 """
 
@@ -46,6 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from hotline import _io
+from hotline.tiers import dram_tier
 from hotline.tiers import pending_rows as lazy
 from hotline.tiers.disk_pages import (  # noqa: F401 - pages_per_record, positions_of re-exported
     OrderFile,
@@ -74,7 +76,7 @@ from hotline.tiers.store_files import (
 )
 from hotline.tiers.written_rows import mark_written, mark_written_range
 
-_CHUNK_BYTES = 64 << 20  # bulk (sequential) reads and writes: export, load, initial fill
+_CHUNK_BYTES = dram_tier.CHUNK_BYTES  # bulk (sequential) reads and writes: export, load, initial fill
 
 
 class RowFile:
@@ -264,33 +266,13 @@ class RowFile:
         return self.cache_rows if self._cache_loaded else 0
 
     def _load_cache(self) -> None:
-        """Takes the DRAM tier's memory and reads its rows from the file (once, at the first step's access):
-        in chunks through the page cache, each chunk's cached pages dropped after it (a memory limit holds the
-        tier, not a second copy of it in the page cache)."""
-        if self._cache_loaded:
-            return
-        with self._cache_lock:
-            if self._cache_loaded:
-                return
-            cache = np.empty((self.cache_rows, self.floats), np.float32)
-            chunk = max(1, _CHUNK_BYTES // self.record)
-            for lo in range(0, self.cache_rows, chunk):
-                n = min(chunk, self.cache_rows - lo)
-                cache[lo : lo + n] = lazy.records_at(self, lo, n)
-                with contextlib.suppress(OSError):
-                    os.posix_fadvise(self._bulk, lo * self.record, n * self.record, os.POSIX_FADV_DONTNEED)
-            self.cache = cache
-            self._cache_loaded = True
+        """Takes the DRAM tier's memory and reads its rows (once, at the first step's access: :mod:`dram_tier`)."""
+        dram_tier.load(self)
 
     def flush(self) -> None:
-        """Makes the file hold every row's current value (the DRAM cache's rows written to it) and durable:
-        the tier is written in chunks, each made durable and dropped from the page cache after it (a memory
-        limit must not fill with the tier's dirty pages)."""
-        chunk = max(1, _CHUNK_BYTES // self.record)
-        for lo in range(0, self._cached(), chunk):
-            n = min(chunk, self.cache_rows - lo)
-            self._write_positions(lo, self.cache[lo : lo + n])
-            self.drop_page_cache()
+        """Makes the file hold every row's current value (the DRAM tier's rows written to it:
+        :func:`dram_tier.flush`) and durable."""
+        dram_tier.flush(self)
         try:
             os.fsync(self._bulk)
         except OSError as e:
@@ -303,12 +285,14 @@ class RowFile:
             os.posix_fadvise(self._bulk, 0, 0, os.POSIX_FADV_DONTNEED)
 
     # -- bulk, sequential (initial fill, export, load) --------------------------------------------------
-    def _write_positions(self, start: int, records: np.ndarray) -> None:
-        """Records for file positions ``start, start+1, ...`` (buffered, sequential)."""
+    def _write_positions(self, start: int, records: np.ndarray, clear: bool = True) -> None:
+        """Records for file positions ``start, start+1, ...`` (buffered, sequential); ``clear`` False: their
+        pending bits stay as they are (the DRAM tier's flush)."""
         data = np.ascontiguousarray(records, np.float32).reshape(-1)
         view = memoryview(data.view(np.uint8))
         at = start * self.record
-        lazy.written(self.pending, start, start + records.shape[0])
+        if clear:
+            lazy.written(self.pending, start, start + records.shape[0])
         while view.nbytes:
             try:
                 n = os.pwrite(self._bulk, view[:_CHUNK_BYTES], at)
@@ -348,6 +332,7 @@ class RowFile:
         n_cached = max(0, min(self._cached() - start, records.shape[0]))
         if n_cached:
             self.cache[start : start + n_cached] = records[:n_cached]
+            lazy.written(self.pending, start, start + n_cached)
         if n_cached < records.shape[0]:
             self._write_positions(start + n_cached, records[n_cached:])
         mark_written_range(self, start, start + records.shape[0])
@@ -356,12 +341,7 @@ class RowFile:
         """Yields ``(rows, records)`` over the whole file in order (the DRAM cache's rows from memory);
         ``rows=False``: None for the rows (a pass over the records alone does not read the order)."""
         chunk = chunk_rows or max(1, _CHUNK_BYTES // self.record)
-        for lo in range(0, self.num_rows, chunk):
-            n = min(chunk, self.num_rows - lo)
-            recs = lazy.records_at(self, lo, n)
-            c = max(0, min(self._cached() - lo, n))
-            if c:
-                recs[:c] = self.cache[lo : lo + c]
+        for lo, n, recs in dram_tier.chunks_ahead(self, chunk):  # the next chunk read and drawn meanwhile
             yield (self.order[lo : lo + n] if rows else None), recs
         self.drop_page_cache()
 
@@ -406,7 +386,7 @@ class RowFile:
         need, drawn, which, blank = lazy.plan_reads(self, dpos, keep, pages, offsets, read_at, buffer)
         reads = self._io(False, pages, buffer, which)
         if ci.shape[0]:
-            out[ci] = self.cache[cpos]
+            dram_tier.take(self, out, ci, cpos, rows)
         if need.any():
             out[di[need]] = get_records(buffer, offsets[need], self.record).view(np.float32)
         lazy.draw_into(self.pending, out, rows, di[keep & drawn])
@@ -426,7 +406,8 @@ class RowFile:
         where = pages.records_of(idx)
         disk = where >= 0
         if not disk.all():  # the DRAM tier's
-            out[~disk] = self.cache[self.positions[rows[idx[~disk]]]]
+            tier = np.flatnonzero(~disk)
+            dram_tier.take(self, out, tier, self.positions[rows[idx[tier]]], rows[idx])
         disk &= ~lazy.draw_pending(self, rows, idx, disk, out)  # still pending: drawn
         if disk.any():
             offsets = pages.offsets[where[disk]]
@@ -462,7 +443,7 @@ class RowFile:
         ci, cpos, di, dpos = self._split(rows)
         mark_written(self, cpos, dpos)  # for a delta checkpoint, where one tracks the file
         if ci.shape[0]:
-            self.cache[cpos] = records[ci]
+            dram_tier.put(self, cpos, records[ci])
         if pages is not None:
             with self._write_lock:
                 self._live.discard(pages)

@@ -5,8 +5,9 @@ rows are never looked up in a run). Instead its :class:`PendingRows` holds one b
 file's bytes at that position are not its row's value, which is the row's initial record (its initial weights,
 :mod:`hotline.kernels.initial_rows`, bit-identical to :func:`~hotline.models.dlrm.init_embedding_table`, and
 zero optimizer state). Every reader substitutes the drawn record for a pending position (a step's page reads,
-their refresh, the DRAM tier's load, the file read in order for a checkpoint, an export or an evaluation), so
-every mode starts from the same numbers, and a page whose records are all pending is not read at all. A write
+their refresh, the DRAM tier's reads of its slots, the file read in order for a checkpoint, an export or an
+evaluation), so every mode starts from the same numbers, and a page whose records are all pending is not read
+at all. A write
 of a row's real record clears its bit; a page written back carries zeros or stale bytes at the pending
 positions it holds, which stay pending. Host memory: ``ceil(positions / 8)`` bytes (:attr:`PendingRows.nbytes`).
 Bit ``i % 8`` of byte ``i // 8`` is position ``i``, as in :class:`~hotline.tiers.written_rows.WrittenRows`.
@@ -17,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from hotline.kernels.initial_rows import draw_fused, jump_tables
-from hotline.tiers.disk_pages import spanned
+from hotline.tiers.disk_pages import aligned_bytes, get_records, pages_of, spanned
 from hotline.tiers.store_files import PAGE
 
 
@@ -77,10 +78,13 @@ class PendingRows:
         self.bits[a:b] = 0
         self.clear(np.r_[np.arange(lo, 8 * a), np.arange(8 * b, hi)])
 
-    def records(self, local_rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """The initial records float32 [n, floats] of the file's ``local_rows`` (into ``out`` when given)."""
+    def records(self, local_rows: np.ndarray, out: np.ndarray | None = None, take: np.ndarray | None = None
+                ) -> np.ndarray:  # fmt: skip
+        """The initial records float32 [n, floats] of the file's ``local_rows`` (into ``out`` when given; with
+        ``take``, bool [n], only those it marks)."""
         out = np.empty((np.shape(local_rows)[0], self.floats), np.float32) if out is None else out
-        return draw_fused(local_rows, self.table_rows, self.dim, self.jumps, out, self.world_size, self.rank)
+        return draw_fused(local_rows, self.table_rows, self.dim, self.jumps, out, self.world_size, self.rank,
+                          take)  # fmt: skip
 
     def weights(self, fused: np.ndarray) -> np.ndarray:
         """The initial weights float32 [n, dim] of the fused rows ``fused`` (of any rank: the hot tier's)."""
@@ -91,12 +95,10 @@ class PendingRows:
         """Draws the records of the pending positions among ``start .. start + len(records) - 1`` into
         ``records``."""
         mask = self.range_mask(start, start + records.shape[0])
-        if mask.all():  # the common case (a file mostly never written): no gather, no scatter
-            self.records(np.asarray(self.order[start : start + records.shape[0]]), out=records)
+        if not mask.any():
             return
-        idx = np.flatnonzero(mask)
-        if idx.shape[0]:
-            records[idx] = self.records(np.asarray(self.order[start + idx]))
+        rows = np.asarray(self.order[start : start + records.shape[0]])  # one sequential read, drawn in place
+        self.records(rows, out=records, take=None if mask.all() else mask)
 
     def whole_pages(self, pages: np.ndarray, record: int) -> np.ndarray:
         """bool [P]: which of the file ``pages`` hold only pending records (every record that touches them, those
@@ -125,7 +127,8 @@ def refuse_lazy(path, manifest: dict) -> None:
 
 def records_at(file, start: int, count: int) -> np.ndarray:
     """Records [count, floats] at file positions ``start...`` of ``file`` as their rows' values: pending ones
-    drawn, the file read only over the span of the others (none where all are pending)."""
+    drawn, the file read only over the span of the others (none where all are pending), or only the pages that
+    hold them where those are under half the span (a checkpoint of a file mostly never written)."""
     p = file.pending
     if p is None:
         return file._read_positions(start, count)
@@ -133,7 +136,15 @@ def records_at(file, start: int, count: int) -> np.ndarray:
     out = np.empty((count, file.floats), np.float32)
     if held.shape[0]:
         a, b = int(held[0]), int(held[-1]) + 1
-        out[a:b] = file._read_positions(start + a, b - a)
+        pages, offsets = pages_of(start + held, file.record)
+        if (
+            2 * pages.shape[0] * PAGE < (b - a) * file.record
+        ):  # few pages hold them: those read on the I/O threads
+            buffer = aligned_bytes(pages.shape[0] * PAGE)
+            file._io(False, pages, buffer)
+            out[held] = get_records(buffer, offsets, file.record).view(np.float32)
+        else:
+            out[a:b] = file._read_positions(start + a, b - a)
     p.substitute(start, out)
     return out
 
