@@ -19,7 +19,9 @@ coverage).
   store, at hot budgets for ``--coverages`` (80/90/95% of the held-out lookups; each row prints what it saw).
 
 The disk store runs with O_DIRECT (the page cache bypassed; the JSON says which mode ran) and a DRAM tier of
-``--dram-budget`` bytes: the tables are many times what the run may cache. Every tiered row prints measured
+``--dram-budget`` bytes: the tables are many times what the run may cache. Its file is written whole before the
+clock (every row on disk, as after a long run:
+:func:`hotline.tiers.pending_rows.write_whole`). Every tiered row prints measured
 coverage, popular share, cold rows, disk bytes and reads per step beside samples/s (and the bytes the kernel
 counted read from storage), and the exposed read time per step (look-ahead: the main thread's wait for the
 producer; sequential: the reads and writes themselves).
@@ -31,11 +33,9 @@ right after it is closed, and the calibrated read and write fits are scaled by t
 calibration's own probe over the calibration's (``disk now/cal`` in the table: a probe moves the price only as far
 as both beside the row agree; a ``--hardware`` file without a probe is priced as it is). Every disk row is run
 ``--rounds`` times (default 3), one round after another, each round priced at its own probes; the round with the
-median samples/s stands for the row (every round's samples/s and predicted/measured in the JSON): the cost model
-prices a typical step, and one 20-step run on this disk is one draw of how its reads and write-backs overlapped
-and how a sustained stream of write-backs went (one row of a run can fall well outside the others that the
-next run agrees with). From the
-same calibration, ``--mode auto``'s choice (priced with the disk store and the DRAM tier, among the measured
+median samples/s stands for the row (every round's figures in the JSON): the cost model prices a typical step,
+and one 20-step run on this disk is one draw of how its reads and write-backs overlapped. From the same
+calibration, ``--mode auto``'s choice (priced with the disk store and the DRAM tier, among the measured
 budgets: a measured row) and its margin to the fastest disk row (JSON ``auto``).
 
 Targets, at the 90% budget: hotline K>=2 with the disk store >= 2x hybrid with it, >= 3x the mmap baseline,
@@ -96,10 +96,14 @@ def run_trainer(name: str, dataset, args, probe=None, **kw) -> dict:
     counters: dict[str, float] = {}
     io_mode = getattr(getattr(trainer.mode, "cold", None), "file", None)
     try:
+        if io_mode is not None:
+            from hotline.tiers.pending_rows import write_whole
+
+            write_whole(io_mode)
         it = trainer.progress(trainer.batches(args.profile_batches))  # the batches after the profiled ones
         for _ in range(args.warmup_steps):
             next(it)
-        # The disk settled before the clock starts: the store's file was just written whole (its initial rows)
+        # The disk settled before the clock starts: the store's file was just written whole (write_whole)
         # and the runs before wrote hundreds of MB; on a virtual disk the host may still be flushing those when
         # the guest's writes have returned, and a flush here waits for it (untimed).
         os.sync()

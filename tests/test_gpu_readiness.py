@@ -111,8 +111,19 @@ def test_stale_rows_forwarded_from_live_steps_or_refreshed_from_host(datasets, t
                       num_batches=STEPS, progress=False, placement_path=path, lookahead=2, **ARCH)  # fmt: skip
     tr = Trainer(cfg, ds)
     tr.mode.pack_copies = True  # as on CUDA: the refresh's indices and rows go through its pinned packs
+    submitted: dict[int, threading.Event] = {}
+
+    def hook(point: str, step: int) -> None:
+        if point == "submitted":
+            submitted.setdefault(step, threading.Event()).set()
+        elif point == "write_back" and forward and step + 1 < STEPS:
+            # The writer keeps step `step` live until the next step is computed, so the next step's stale
+            # rows it holds are forwarded whatever the machine's load (not left to a race with its write-back).
+            # The timeout only guards against a hang.
+            submitted.setdefault(step + 1, threading.Event()).wait(timeout=120)
+
     try:
-        ex = Executor(tr.mode, tr._compute_prepared, lookahead=2, forward_stale=forward)
+        ex = Executor(tr.mode, tr._compute_prepared, lookahead=2, forward_stale=forward, hook=hook)
         stats = list(ex.progress(tr.batches()))
         got = (np.array([s.loss_sum for s in stats]), tr.named_arrays(), stats)
     finally:

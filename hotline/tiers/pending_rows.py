@@ -202,3 +202,15 @@ def written(pending, positions: np.ndarray, hi: int | None = None) -> None:
     """The file ``positions`` (with ``hi``: the range ``positions .. hi - 1``) now hold their rows' values."""
     if pending is not None:
         pending.clear(positions) if hi is None else pending.clear_range(int(positions), hi)
+
+
+def write_whole(file) -> None:
+    """Writes every row of ``file`` (a :class:`~hotline.tiers.disk_file.RowFile`) in file order, those still
+    pending as drawn: the file as after a long run, every row on disk (a benchmark of the disk's reads needs it:
+    a pending row is drawn when first read, not read)."""
+    start = 0
+    for _, records in file.read_all(rows=False):
+        file.put_positions(start, records)
+        start += records.shape[0]
+    file.flush()
+    file.drop_page_cache()
