@@ -4,8 +4,6 @@ during the load (while the checkpoint's payload is still alive), so the tier ``-
 what the resumed run holds; the bitmap of the rows written since a checkpoint is a per-row structure, counted
 as one and by the preflight."""
 
-import tracemalloc
-
 import numpy as np
 from arrays import assert_equal_arrays
 from test_checkpoint_rows import _config, _placement
@@ -18,16 +16,7 @@ from hotline.training import checkpoint_rows
 from hotline.training.checkpoint import load_checkpoint, save_checkpoint
 from hotline.training.host_memory import per_row_bytes
 from hotline.training.preflight import memory_needed, per_row_structures, positions_bytes
-
-
-def _traced(fn):
-    """``fn()``'s result and the most bytes tracemalloc saw allocated (numpy's arrays included) while it ran."""
-    tracemalloc.start()
-    try:
-        out = fn()
-        return out, tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+from tests.test_placement_memory import _peak as _traced  # fn()'s result and tracemalloc's peak
 
 
 def test_records_move_between_pages_without_an_index_of_each_byte():

@@ -15,6 +15,7 @@ ONE_REMAP = 4 * TABLES[0]
 
 
 def _peak(fn):
+    """``fn()``'s result and the most bytes tracemalloc saw allocated (numpy's arrays included) while it ran."""
     tracemalloc.start()
     try:
         out = fn()
