@@ -64,6 +64,7 @@ import common  # puts this checkout's hotline first on sys.path
 import memlimit
 import numpy as np
 import scale_baseline
+import scale_held
 import scale_report
 import scale_stages
 
@@ -85,6 +86,8 @@ def _config(args, cold_dir: str, steps: int):
     return TrainConfig(
         mode="hotline", cold_store="disk", cold_dir=cold_dir, optimizer="rowwise-adagrad",
         cold_cache=args.cold_cache if args.cold_cache == "auto" else parse_size(args.cold_cache),
+        cold_write_buffer=args.cold_write_buffer if args.cold_write_buffer == "auto"
+        else parse_size(args.cold_write_buffer),
         learning_rate=0.01, embedding_dim=args.dim, bottom_mlp=[13, 64, args.dim], top_mlp=[64, 1],
         mini_batch_size=args.batch, num_batches=steps, lookahead=args.lookahead, hbm_budget=args.hbm_budget,
         progress=False, quiet=True,
@@ -250,10 +253,13 @@ def _train(args, ds, work: Path) -> dict:
     out["positions_bytes"] = (
         positions.kept_rows.nbytes + positions.kept_at.nbytes if compact else positions.nbytes
     )
+    held = mode.cold.host.file.held
+    held0 = held.swept_rows + held.count if held is not None else 0
     t1 = time.perf_counter()
     timed = [next(stats) for _ in range(half - 1)]
     stats.close()  # the look-ahead drains: steps [0, half) done
     out["samples_per_s"] = (half - 1) * args.batch / (time.perf_counter() - t1) if half > 1 else 0.0
+    out["held"] = scale_held.sweep_figures(mode.cold.host.file, held0, half - 1)
     out["phases"] = _phases(timed)
     out["measured"] = measured_figures(out["phases"]["counters_per_step"], args.batch, 1)
     per_step = out["phases"]["counters_per_step"]
@@ -272,6 +278,7 @@ def _train(args, ds, work: Path) -> dict:
     out["measured"]["rows_per_page"] = scale_baseline.PAGE / record
     out["hotline_peak_rss_bytes"] = _vm("VmHWM")
     out["disk_write_mb_per_s"] = _disk_write_rate(work, min(8 << 30, ds.total_rows * (record + 4)))
+    scale_held.amortized(out, args.batch)
     out["rss_before_checkpoint_bytes"] = _vm("VmRSS")
     reset = _reset_peak_rss()
     t2 = time.perf_counter()
@@ -325,6 +332,7 @@ def main(argv=None) -> int:
     p.add_argument(
         "--cold-cache", default="auto", help="the DRAM tier: a size (2GiB) or auto (what the limit leaves)"
     )
+    p.add_argument("--cold-write-buffer", default="auto", help="held writes: a size, auto or 0 (in place)")
     p.add_argument("--limit", type=int, default=3 << 30, help="the memory limit in bytes (cgroup v1)")
     p.add_argument(
         "--stages",

@@ -23,6 +23,13 @@ def print_report(out: dict, dim: int, batch: int) -> None:
               f"positions {out['positions_bytes'] / 1e6:,.1f} MB; DRAM tier (--cold-cache "
               f"{out['cold_cache_flag']}) {out['dram_tier_bytes'] / GIB:.2f} GiB, {out['dram_tier_rows']:,} rows")  # fmt: skip
         print(f"first step after {out['first_step_s']:.1f} s; {out['samples_per_s']:,.0f} samples/s")
+        if out.get("held"):
+            h = out["held"]
+            print(f"held writes: {h['bytes'] / 2**20:,.0f} MiB for {h['capacity_rows']:,} rows, {h['rows_added_per_step']:,.0f} "
+                  f"added a step: a sweep every {h['steps_per_sweep']:,.0f} steps; one sweep of the {h['rows_held']:,} "
+                  f"held after the timed steps {h['sweep_s']:.1f} s, a long run's at most {h['sweep_bound_s']:.1f} s (the "
+                  f"file read and written at the sequential rate); samples/s with sweeps spread: "
+                  f"{h['samples_per_s_measured_sweep']:,.0f} (this sweep), {h['samples_per_s_sweep_bound']:,.0f} (the bound)")  # fmt: skip
         su, rate = out["startup_s"], out["disk_write_mb_per_s"]
         print("start-up: " + ", ".join(f"{k[:-2]} {v:.1f} s" for k, v in su.items()) + f"; bound 2 x file / "
               f"seq-rate + profile = {out['first_step_bound_s']:.1f} s ({out['file_bytes'] / 1e9:.2f} GB at "
@@ -82,6 +89,10 @@ def _print_side_by_side(out: dict, batch: int) -> None:
         f"{'samples/s':>22} {out['samples_per_s']:>12,.0f} {b['samples_per_s']:>12,.0f}"
         f"   hotline/baseline {out['samples_per_s'] / max(b['samples_per_s'], 1e-9):.2f}x"
     )
+    if out.get("held"):
+        bound = out["held"]["samples_per_s_sweep_bound"]
+        print(f"{'with sweeps (bound)':>22} {bound:>12,.0f} {b['samples_per_s']:>12,.0f}"
+              f"   hotline/baseline {bound / max(b['samples_per_s'], 1e-9):.2f}x")  # fmt: skip
     print(
         f"{'first step s':>22} {out['first_step_s']:>12.1f} {b['fill_s'] + b['first_step_s']:>12.1f}"
         f"   (baseline: {b['fill_s']:.1f} s of writing its files, then the step)"

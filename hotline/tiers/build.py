@@ -19,6 +19,7 @@ from hotline.tiers.device import DeviceMode
 from hotline.tiers.sharded_store import ShardedColdStore
 from hotline.tiers.sparse_optim import SparseOptimizer
 from hotline.tiers.tiered import TieredMode
+from hotline.training.preflight import write_buffer_bytes
 
 
 def _stores(config, layout: TableLayout, placement: Placement, optimizer: SparseOptimizer, comm: Comm,
@@ -52,7 +53,7 @@ def _stores(config, layout: TableLayout, placement: Placement, optimizer: Sparse
 
         cold = DiskColdStore(cold_file(config.cold_dir), layout, dim, optimizer, seed, order,
                              config.cold_io_depth, config.cold_direct, config.cold_cache, max_rows,
-                             config.force, hot=hot)  # fmt: skip
+                             config.force, hot=hot, held_bytes=write_buffer_bytes(config, layout.num_rows))  # fmt: skip
         hot_w, cold.hot_initial = cold.hot_initial, None
         startup["fill_s"] = cold.host.fill_s
         return cold, hot_w
@@ -69,7 +70,8 @@ def _stores(config, layout: TableLayout, placement: Placement, optimizer: Sparse
         counted = counted[counted % N == r] // N  # this rank's rows in count order (ties: local ids ascend)
         rows = DiskRows(cold_file(config.cold_dir, r, N), local, dim, optimizer,
                         popularity_order(None, local, hot[hot % N == r] // N, counted=counted),
-                        config.cold_io_depth, config.cold_direct, config.cold_cache, config.force)  # fmt: skip
+                        config.cold_io_depth, config.cold_direct, config.cold_cache, config.force,
+                        write_buffer_bytes(config, layout.num_rows, N))  # fmt: skip
         del counted
         hot_w = rows.fill_initial(layout, seed, r, N, hot=hot)
         return ShardedColdStore(comm, rows, optimizer, layout.num_rows, defer=True), hot_w

@@ -1,4 +1,4 @@
-"""Embedding rows and their optimizer state in one file on local disk, read and written in place.
+"""Embedding rows and their optimizer state in one file on local disk.
 
 A :class:`RowFile` stores ``num_rows`` records of ``dim`` weights and ``state`` optimizer floats (float32,
 ``4 * (dim + state)`` bytes each, packed; a record may straddle pages) in one file, in a popularity order:
@@ -19,18 +19,17 @@ one step that share a page are fetched by one read, neighbouring pages form one 
 and the reads are spread over ``io_depth`` I/O threads that call ``os.preadv`` (the GIL is released during
 the system call). The file is opened with ``O_DIRECT`` where the filesystem allows it, so the OS page cache is
 bypassed (``mode`` says which: ``direct`` or ``buffered`` with the reason); the buffers are aligned to 4096
-bytes for it. Writes rewrite whole pages (read-modify-write): a write reuses the pages its step's fetch read,
-re-reading those that a later write changed since (each page carries the number of the write that last
-changed it, each fetched page the write its bytes are from); writes come from one thread at a time. A
-look-ahead fetch's pages are tracked until its write: every write copies the bytes of the pages it wrote into
-them, so a step reads each of its pages from disk once (see :meth:`RowFile.read_rows`).
+bytes for it. A step's writes are held in memory and swept to the file in file order (``held_bytes``:
+:mod:`~hotline.tiers.held_rows`), or rewrite whole pages in place (read-modify-write), from one thread at a
+time. Each page carries the number of the write that last changed it, each fetched page the write its bytes
+are from; a look-ahead fetch's pages are tracked until its write, every write copying the bytes of the pages
+it changed into them, so a step reads each of its pages from disk once (see :meth:`RowFile.read_rows`).
 
 ``cache_bytes`` keeps the head of the file (the most popular rows, by the order) in host memory: a DRAM tier
 between the hot rows and the disk, authoritative for its rows (written back by :meth:`flush`), taken and read
 at the first step's access, not when the store is made (start-up's temporaries are freed by then)
 (:mod:`hotline.tiers.dram_tier`). Rows never written are drawn when read, the tier's too (lazy initialization,
-:mod:`hotline.tiers.pending_rows`). An I/O error or a full
-disk raises ``OSError`` naming the file.
+:mod:`hotline.tiers.pending_rows`). An I/O error or a full disk raises ``OSError`` naming the file.
 """
 
 from __future__ import annotations
@@ -60,9 +59,11 @@ from hotline.tiers.disk_pages import (  # noqa: F401 - pages_per_record, positio
     positions_of,
     put_records,
     runs,
+    span_io,
     spanned,
     transfer,
 )
+from hotline.tiers.held_rows import HeldRows
 from hotline.tiers.store_files import (
     FORMAT,
     PAGE,
@@ -75,8 +76,6 @@ from hotline.tiers.store_files import (
     read_manifest,
 )
 from hotline.tiers.written_rows import mark_written, mark_written_range
-
-_CHUNK_BYTES = dram_tier.CHUNK_BYTES  # bulk (sequential) reads and writes: export, load, initial fill
 
 
 class RowFile:
@@ -95,10 +94,12 @@ class RowFile:
         optimizer: str = "",
         create: bool = True,
         force: bool = False,
+        held_bytes: int = 0,
     ):
         """``optimizer`` names the state's layout in the header; ``create=False`` (:meth:`open`) keeps the file
         as it stands instead of making it again; ``force`` (``--force``) replaces files at the store's paths
-        that are not provably its own (:func:`check_cold_path`)."""
+        that are not provably its own (:func:`check_cold_path`); ``held_bytes`` (``--cold-write-buffer``): the
+        writes held in memory and swept to the file in order (:mod:`~hotline.tiers.held_rows`; 0: in place)."""
         if io_depth < 1:
             raise ValueError(f"--cold-io-depth must be >= 1, got {io_depth}")
         if cache_bytes < 0:
@@ -143,6 +144,8 @@ class RowFile:
         self._cache_loaded = not self.cache_rows
         self.bytes_read = self.bytes_written = 0
         self.pending: lazy.PendingRows | None = None  # rows not written yet, drawn when read
+        held = HeldRows(self.num_rows, self.record, held_bytes) if held_bytes > 0 else None
+        self.held = held if held is not None and held.capacity else None
 
     @classmethod
     def open(cls, path: str | os.PathLike, dim: int, state_floats: int, optimizer: str = "",
@@ -251,8 +254,8 @@ class RowFile:
         if self._bulk < 0:
             return
         try:
-            if getattr(self, "cache_rows", 0):
-                self.flush()
+            if getattr(self, "cache_rows", 0) or getattr(getattr(self, "held", None), "count", 0):
+                self.flush(sweep=self.pending is None)  # a lazy file is never opened again
         finally:
             if getattr(self, "_pool", None) is not None:
                 self._pool.shutdown()
@@ -269,9 +272,11 @@ class RowFile:
         """Takes the DRAM tier's memory and reads its rows (once, at the first step's access: :mod:`dram_tier`)."""
         dram_tier.load(self)
 
-    def flush(self) -> None:
-        """Makes the file hold every row's current value (the DRAM tier's rows written to it:
-        :func:`dram_tier.flush`) and durable."""
+    def flush(self, sweep: bool = True) -> None:
+        """Makes the file hold every row's current value (the held writes swept to it, the DRAM tier's rows
+        written to it: :func:`dram_tier.flush`) and durable."""
+        if sweep and self.held is not None:
+            self.held.sweep(self)
         dram_tier.flush(self)
         try:
             os.fsync(self._bulk)
@@ -287,34 +292,24 @@ class RowFile:
     # -- bulk, sequential (initial fill, export, load) --------------------------------------------------
     def _write_positions(self, start: int, records: np.ndarray, clear: bool = True) -> None:
         """Records for file positions ``start, start+1, ...`` (buffered, sequential); ``clear`` False: their
-        pending bits stay as they are (the DRAM tier's flush)."""
-        data = np.ascontiguousarray(records, np.float32).reshape(-1)
-        view = memoryview(data.view(np.uint8))
-        at = start * self.record
+        pending bits stay as they are (the DRAM tier's flush, a sweep)."""
         if clear:
             lazy.written(self.pending, start, start + records.shape[0])
-        while view.nbytes:
-            try:
-                n = os.pwrite(self._bulk, view[:_CHUNK_BYTES], at)
-            except OSError as e:
-                raise named_error(e, self.path, f"write at byte {at}") from None
-            view, at = view[n:], at + n
-            self.bytes_written += n
+        data = np.ascontiguousarray(records, np.float32).reshape(-1).view(np.uint8)
+        self.bytes_written += span_io(self._bulk, self.path, True, data, start * self.record)
 
-    def _read_positions(self, start: int, count: int) -> np.ndarray:
-        """Records [count, floats] at file positions ``start...`` (buffered, sequential)."""
+    def _read_positions(self, start: int, count: int, held: bool = True) -> np.ndarray:
+        """Records [count, floats] at file positions ``start...`` (buffered, sequential), the held writes laid
+        over them (``held`` False: the file's bytes alone, a sweep's)."""
         out = np.empty((count, self.floats), np.float32)
-        view = memoryview(out.reshape(-1).view(np.uint8))
-        at = start * self.record
-        while view.nbytes:
-            try:
-                n = os.preadv(self._bulk, [view[:_CHUNK_BYTES]], at)
-            except OSError as e:
-                raise named_error(e, self.path, f"read at byte {at}") from None
-            if n <= 0:
-                raise OSError(errno.EIO, f"short read: cold store {self.path} ends at byte {at}")
-            view, at = view[n:], at + n
+        if held and self.held is not None:
+            self.held.read(lambda: self._read_into(out, start), lambda: self.held.over_range(start, out))
+        else:
+            self._read_into(out, start)
         return out
+
+    def _read_into(self, out: np.ndarray, start: int) -> None:
+        span_io(self._bulk, self.path, False, out.reshape(-1).view(np.uint8), start * self.record)
 
     def put_rows(self, rows: np.ndarray, records: np.ndarray) -> None:
         """Records [U, floats] of ``rows`` (bulk, buffered: a run of consecutive file positions is one write;
@@ -328,7 +323,9 @@ class RowFile:
                 self.put_positions(int(pos[lo]), records[lo:hi])
 
     def put_positions(self, start: int, records: np.ndarray) -> None:
-        """Records at file positions ``start...`` (those in the DRAM cache go there)."""
+        """Records at file positions ``start...`` (those in the DRAM cache go there; held writes swept first)."""
+        if self.held is not None and self.held.count:
+            self.held.sweep(self)
         n_cached = max(0, min(self._cached() - start, records.shape[0]))
         if n_cached:
             self.cache[start : start + n_cached] = records[:n_cached]
@@ -340,7 +337,7 @@ class RowFile:
     def read_all(self, chunk_rows: int | None = None, rows: bool = True):
         """Yields ``(rows, records)`` over the whole file in order (the DRAM cache's rows from memory);
         ``rows=False``: None for the rows (a pass over the records alone does not read the order)."""
-        chunk = chunk_rows or max(1, _CHUNK_BYTES // self.record)
+        chunk = chunk_rows or max(1, dram_tier.CHUNK_BYTES // self.record)
         for lo, n, recs in dram_tier.chunks_ahead(self, chunk):  # the next chunk read and drawn meanwhile
             yield (self.order[lo : lo + n] if rows else None), recs
         self.drop_page_cache()
@@ -356,13 +353,26 @@ class RowFile:
         return np.flatnonzero(cached), pos[cached], np.flatnonzero(~cached), pos[~cached]
 
     def _io(self, write: bool, pages: np.ndarray, buffer: np.ndarray, which: np.ndarray | None = None) -> int:
-        """Reads (or writes) ``pages`` into (from) ``buffer`` (:func:`transfer`); returns the system calls."""
-        calls, moved = transfer(self._fd, self.path, self._pool, self.io_depth, write, pages, buffer, which)
-        if write:
-            self.bytes_written += moved
+        """Reads (or writes) ``pages`` into (from) ``buffer`` (:func:`transfer`), a read with the held writes laid
+        over it; returns the system calls."""
+        done = [0]
+
+        def run() -> None:
+            calls, moved = transfer(
+                self._fd, self.path, self._pool, self.io_depth, write, pages, buffer, which
+            )
+            done[0] += calls
+            if write:
+                self.bytes_written += moved
+            else:
+                self.bytes_read += moved
+
+        if write or self.held is None:
+            run()
         else:
-            self.bytes_read += moved
-        return calls
+            at = np.arange(pages.shape[0]) if which is None else which
+            self.held.read(run, lambda: self.held.over_pages(pages[at], at, buffer))
+        return done[0]
 
     def read_rows(self, rows: np.ndarray, out: np.ndarray | None = None, skip: np.ndarray | None = None,
                   track: bool = False) -> tuple[np.ndarray, PageSet]:  # fmt: skip
@@ -437,8 +447,9 @@ class RowFile:
                        pages.reads, int(on.sum()), pages.lock)  # fmt: skip
 
     def write_rows(self, rows: np.ndarray, records: np.ndarray, pages: PageSet | None = None) -> int:
-        """Stores records [U, floats] of the distinct ``rows`` in place. ``pages``: what the rows' fetch read
-        (its pages that a later write changed are read again first). Returns the system calls made."""
+        """Stores records [U, floats] of the distinct ``rows``: held (:mod:`~hotline.tiers.held_rows`), or in place.
+        ``pages``: what the rows' fetch read (its pages that a later write changed are read again first, where
+        their bytes are needed). Returns the system calls made."""
         records = np.ascontiguousarray(records, np.float32)
         ci, cpos, di, dpos = self._split(rows)
         mark_written(self, cpos, dpos)  # for a delta checkpoint, where one tracks the file
@@ -450,20 +461,28 @@ class RowFile:
         if not di.shape[0]:
             return 0
         with self._write_lock:
+            held = self.held
+            if held is not None and not held.fits(di.shape[0]):
+                held.sweep(self)  # the file in order: held writes are a file's current values from here on
+                held = held if held.fits(di.shape[0]) else None  # more than it holds: in place
+            whole = held is None or bool(self._live)  # pages written, or copied into tracked sets: read them
             if pages is None or pages.offsets.shape[0] != di.shape[0]:
                 page_ids, offsets = pages_of(dpos, self.record)
                 buffer = aligned_bytes(page_ids.shape[0] * PAGE)
                 blank = lazy.blank_pages(self, page_ids, buffer)  # pending records only: not read
-                calls = self._io(False, page_ids, buffer, np.flatnonzero(~blank))
+                calls = self._io(False, page_ids, buffer, np.flatnonzero(~blank)) if whole else 0
             else:
                 page_ids, offsets, buffer = pages.pages, pages.offsets, pages.buffer
                 changed = np.flatnonzero(self._page_stamp[page_ids] > pages.read_at)  # or not read (-1)
-                calls = self._io(False, page_ids, buffer, changed) if changed.shape[0] else 0
+                calls = self._io(False, page_ids, buffer, changed) if changed.shape[0] and whole else 0
             put_records(buffer, offsets, records[di])
             lazy.written(self.pending, dpos)  # before the write is published: readers of its version see it
             stamp = self._writes + 1
             self._page_stamp[page_ids] = stamp
-            calls += self._io(True, page_ids, buffer)
+            if held is not None:
+                held.put(dpos, records[di])  # swept to the file in order later: no page written now
+            else:
+                calls += self._io(True, page_ids, buffer)
             self._writes = stamp
             self._copy_to_live(page_ids, buffer, stamp)
         return calls

@@ -153,6 +153,21 @@ def transfer(
     return n, int(size.sum())
 
 
+def span_io(fd: int, path: Path, write: bool, data: np.ndarray, at: int, chunk: int = 64 << 20) -> int:
+    """Writes (or reads into) the bytes ``data`` (uint8) at byte ``at`` of the file open as ``fd``, ``chunk`` bytes
+    a system call (bulk, sequential I/O); returns the bytes moved."""
+    view, moved = memoryview(data), 0
+    while view.nbytes:
+        try:
+            n = os.pwrite(fd, view[:chunk], at) if write else os.preadv(fd, [view[:chunk]], at)
+        except OSError as e:
+            raise named_error(e, path, f"{'write' if write else 'read'} at byte {at}") from None
+        if n <= 0:
+            raise OSError(errno.EIO, f"short {'write' if write else 'read'}: cold store {path} at byte {at}")
+        view, at, moved = view[n:], at + n, moved + n
+    return moved
+
+
 @dataclass(eq=False)  # compared and hashed by identity (the write's set of page sets still to write)
 class PageSet:
     """The pages a set of rows lives in, read into one aligned buffer (a fetch's, reused by its write)."""

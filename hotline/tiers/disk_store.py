@@ -135,13 +135,14 @@ class DiskRows(ClaimBook):
     of a one-rank disk store and of a rank's shard on N ranks."""
 
     def __init__(self, path, num_rows: int, dim: int, optimizer: SparseOptimizer, order=None,
-                 io_depth: int = 32, direct: bool = True, cache_bytes: int = 0, force: bool = False):  # fmt: skip
+                 io_depth: int = 32, direct: bool = True, cache_bytes: int = 0, force: bool = False,
+                 held_bytes: int = 0):  # fmt: skip
         super().__init__(num_rows)
         self.dim, self.S = int(dim), optimizer.state_floats_per_row
         self.state_shape = optimizer.state_shape  # rows -> their state's shape ([U], [U, S] or [0])
         self._wrote_nonfinite = False  # an update wrote NaN or infinity (a diverging run, not a damaged file)
         self.file = RowFile(path, num_rows, dim, self.S, order, io_depth, direct, cache_bytes, optimizer.kind,
-                            force=force)  # fmt: skip
+                            force=force, held_bytes=held_bytes)  # fmt: skip
 
     def _state(self, rows: int, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """A state array of ``rows`` rows (``out[:rows]`` when given) and its [rows, S] view (the records'
@@ -277,12 +278,12 @@ class DiskColdStore(OneRankStore):
     def __init__(self, path, layout: TableLayout, dim: int, optimizer: SparseOptimizer, seed: int,
                  order: np.ndarray | None = None, io_depth: int = 32, direct: bool = True,
                  cache_bytes: int = 0, max_rows: int = 0, force: bool = False, hot=None,
-                 lazy: bool = True):  # fmt: skip
+                 lazy: bool = True, held_bytes: int = 0):  # fmt: skip
         """``lazy``: rows drawn when first read, not written at start-up (:meth:`DiskRows.fill_initial`)."""
         self.comm = Comm()
         order = order() if callable(order) else order  # made here: nothing else holds it through the fill
         self.host = DiskRows(
-            path, layout.num_rows, dim, optimizer, order, io_depth, direct, cache_bytes, force
+            path, layout.num_rows, dim, optimizer, order, io_depth, direct, cache_bytes, force, held_bytes
         )
         self.file = self.host.file
         self.dim, self.S = int(dim), optimizer.state_floats_per_row

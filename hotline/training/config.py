@@ -124,6 +124,7 @@ class TrainConfig(
         if self.cold_io_depth < 1:
             raise ValueError(f"--cold-io-depth must be >= 1, got {self.cold_io_depth}")
         check_cold_cache(self.cold_cache)
+        check_cold_cache(self.cold_write_buffer, "--cold-write-buffer")
         from hotline.models.dlrm import check_dcn
 
         check_dcn(self.dcn_num_layers, self.dcn_low_rank_dim)

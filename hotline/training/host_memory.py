@@ -244,7 +244,8 @@ def per_row_bytes(root, rows: int, exclude=()) -> dict[str, int]:
     """The host structures that grow with the row count: bytes of every array (or CPU tensor) reachable from
     ``root`` through the attributes of Hotline's objects that holds at least a byte per row, or that its object
     names in its class's ``per_row`` (a bitmap of a bit a row: :class:`~hotline.tiers.written_rows.WrittenRows`,
-    :class:`~hotline.tiers.pending_rows.PendingRows`),
+    :class:`~hotline.tiers.pending_rows.PendingRows`); not those its class names in ``budgeted`` (sized by a
+    flag, not the row count: :class:`~hotline.tiers.held_rows.HeldRows`),
     by the attribute path that first reached it (anonymous memory only, huge-page arrays included: memory maps
     of files are on disk); ``exclude``: arrays not counted (a memory store's table and state). Per rank: a
     machine of N ranks holds the sum of theirs."""
@@ -276,6 +277,6 @@ def per_row_bytes(root, rows: int, exclude=()) -> dict[str, int]:
         elif isinstance(o, (list, tuple, set, frozenset)):
             stack += [(f"{path}[{i}]", v, False) for i, v in enumerate(o)]
         elif type(o).__module__.startswith(("hotline", "kernels")) and hasattr(o, "__dict__"):
-            named = getattr(type(o), "per_row", ())
-            stack += [(f"{path}.{k}", v, k in named) for k, v in vars(o).items()]
+            named, budgeted = getattr(type(o), "per_row", ()), getattr(type(o), "budgeted", ())
+            stack += [(f"{path}.{k}", v, k in named) for k, v in vars(o).items() if k not in budgeted]
     return found

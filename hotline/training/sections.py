@@ -285,6 +285,16 @@ class StoreSection:
     )
     """In bytes (the flag takes a size such as ``2GiB``), or ``"auto"``: the Trainer sizes it to the memory the
     run may take less what else it holds (:func:`hotline.training.preflight.resolve_cold_cache`)."""
+    cold_write_buffer: int | str = option(
+        "auto",
+        "memory for written rows swept to the file in order (auto; 0: written in place)",
+        "--cold-write-buffer",
+        metavar="SIZE",
+        parse="size-or-auto",
+        applies_to=("cold_store", (ColdStoreKind.DISK,)),
+    )
+    """In bytes, or ``"auto"`` (:func:`hotline.training.preflight.write_buffer_bytes`): a step's written rows are
+    held there and swept to the file in file order when it is full (:mod:`hotline.tiers.held_rows`)."""
     cold_direct: bool = option(
         True,
         "through the OS page cache instead of O_DIRECT",
@@ -403,8 +413,9 @@ def ignored_message(flag: str, on_flag: str, values: tuple[str, ...], setting: o
     )
 
 
-def check_cold_cache(value) -> None:
-    """Raises ValueError (one line) unless ``value`` is a ``--cold-cache``: bytes >= 0 or ``"auto"``."""
+def check_cold_cache(value, flag: str = "--cold-cache") -> None:
+    """Raises ValueError (one line) unless ``value`` is a size flag's (``--cold-cache``, ``--cold-write-buffer``):
+    bytes >= 0 or ``"auto"``."""
     if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
         return
-    raise ValueError(f"--cold-cache must be a size >= 0 (bytes, e.g. 2GiB) or auto, got {value!r}")
+    raise ValueError(f"{flag} must be a size >= 0 (bytes, e.g. 2GiB) or auto, got {value!r}")
