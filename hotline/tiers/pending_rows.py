@@ -9,8 +9,8 @@ their refresh, the DRAM tier's reads of its slots, the file read in order for a 
 evaluation), so every mode starts from the same numbers, and a page whose records are all pending is not read
 at all. A write
 of a row's real record clears its bit; a page written back carries zeros or stale bytes at the pending
-positions it holds, which stay pending. Host memory: ``ceil(positions / 8)`` bytes (:attr:`PendingRows.nbytes`).
-Bit ``i % 8`` of byte ``i // 8`` is position ``i``, as in :class:`~hotline.tiers.written_rows.WrittenRows`.
+positions it holds, which stay pending. Host memory: ``ceil(positions / 8)`` bytes, a
+:class:`~hotline.tiers.position_bits.PositionBits`.
 """
 
 from __future__ import annotations
@@ -19,64 +19,32 @@ import numpy as np
 
 from hotline.kernels.initial_rows import draw_fused, jump_tables
 from hotline.tiers.disk_pages import aligned_bytes, get_records, pages_of, spanned
+from hotline.tiers.position_bits import PositionBits
 from hotline.tiers.store_files import PAGE
 
 
-class PendingRows:
-    """The file positions not written yet (all of them at first) and how to draw their records: the file holds
-    the local rows ``rank::world_size`` of tables ``table_sizes`` (local row ``l`` is fused row
-    ``l * world_size + rank``), ``dim`` weights and ``state_floats`` zero state floats a record."""
-
-    per_row = ("bits",)
-    """Under a byte a row, counted by :func:`~hotline.training.host_memory.per_row_bytes` all the same."""
+class PendingRows(PositionBits):
+    """The file positions not written yet (their bits, all set at first) and how to draw their records: the file
+    holds the local rows ``rank::world_size`` of tables ``table_sizes`` (local row ``l`` is fused row
+    ``l * world_size + rank``), ``dim`` weights and ``state_floats`` zero state floats a record. :meth:`mask` and
+    :meth:`range_mask` say which positions are pending."""
 
     def __init__(self, order, table_sizes, dim: int, state_floats: int, seed: int, rank: int = 0,
                  world_size: int = 1):  # fmt: skip
+        super().__init__(int(order.shape[0]), fill=True)
         self.order = order  # the file's order (positions to local rows), read in chunks (an OrderFile)
-        self.num_rows = int(order.shape[0])
         self.dim, self.floats = int(dim), int(dim) + int(state_floats)
         self.rank, self.world_size = int(rank), int(world_size)
         self.table_rows = np.asarray(table_sizes, np.int64)
         self.jumps = jump_tables(int(seed), self.table_rows.shape[0])
-        self.bits = np.full(-(-self.num_rows // 8), 0xFF, np.uint8)
-        if self.num_rows % 8:
-            self.bits[-1] = (1 << (self.num_rows % 8)) - 1
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.bits.nbytes)
-
-    def count(self) -> int:
-        """The positions still pending."""
-        return int(np.bitwise_count(self.bits).sum(dtype=np.int64))
-
-    def mask(self, positions: np.ndarray) -> np.ndarray:
-        """bool [n]: which of the file ``positions`` are pending."""
-        pos = np.asarray(positions, np.int64)
-        return ((self.bits[pos >> 3] >> (pos & 7).astype(np.uint8)) & 1).astype(bool)
-
-    def range_mask(self, lo: int, hi: int) -> np.ndarray:
-        """bool [hi - lo]: which of the positions ``lo .. hi - 1`` are pending."""
-        a = lo // 8
-        raw = np.unpackbits(self.bits[a : -(-hi // 8)], bitorder="little")
-        return raw[lo - 8 * a : hi - 8 * a].astype(bool)
 
     def clear(self, positions: np.ndarray) -> None:
         """The file ``positions`` now hold their rows' values."""
-        if positions.shape[0]:
-            pos = np.asarray(positions, np.int64)
-            np.bitwise_and.at(self.bits, pos >> 3, ~np.left_shift(1, pos & 7).astype(np.uint8))
+        self.set(positions, False)
 
     def clear_range(self, lo: int, hi: int) -> None:
         """The positions ``lo .. hi - 1`` now hold their rows' values."""
-        if hi <= lo:
-            return
-        a, b = -(-lo // 8), hi // 8  # the whole bytes inside
-        if a >= b:
-            self.clear(np.arange(lo, hi))
-            return
-        self.bits[a:b] = 0
-        self.clear(np.r_[np.arange(lo, 8 * a), np.arange(8 * b, hi)])
+        self.set_range(lo, hi, False)
 
     def records(self, local_rows: np.ndarray, out: np.ndarray | None = None, take: np.ndarray | None = None
                 ) -> np.ndarray:  # fmt: skip

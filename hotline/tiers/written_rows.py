@@ -5,55 +5,35 @@ A file has no :class:`WrittenRows` until :func:`track` gives it one (a checkpoin
 file), so a run without checkpoints spends nothing on it; from then on every write of the file marks its
 positions (:func:`mark_written` from :meth:`RowFile.write_rows`, :func:`mark_written_range` from
 :meth:`RowFile.put_positions`, its bulk writes). Host memory:
-``ceil(rows / 8)`` bytes (:attr:`WrittenRows.nbytes`). Bit ``i % 8`` of byte ``i // 8`` is position ``i``
-(``numpy.packbits(..., bitorder="little")``).
+``ceil(rows / 8)`` bytes, a :class:`~hotline.tiers.position_bits.PositionBits`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from hotline.tiers.position_bits import PositionBits
 
-class WrittenRows:
-    """A bitmap of a file's positions written since :meth:`clear`, and ``base``: what they are relative to (the
+
+class WrittenRows(PositionBits):
+    """The bits of a file's positions written since :meth:`clear`, and ``base``: what they are relative to (the
     caller's record of its last full copy; None until it sets one)."""
 
-    per_row = ("bits",)
-    """Arrays that grow with the row count at under a byte a row, which
-    :func:`~hotline.training.host_memory.per_row_bytes` counts all the same."""
-
     def __init__(self, num_rows: int):
-        self.num_rows = int(num_rows)
-        self.bits = np.zeros(-(-self.num_rows // 8), np.uint8)
+        super().__init__(num_rows)
         self.base: dict | None = None
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.bits.nbytes)
 
     def mark(self, positions: np.ndarray) -> None:
         """Marks the file ``positions`` (int, any order, repeats allowed)."""
-        if positions.shape[0]:
-            pos = np.asarray(positions, np.int64)
-            np.bitwise_or.at(self.bits, pos >> 3, np.left_shift(1, pos & 7).astype(np.uint8))
+        self.set(positions)
 
     def mark_range(self, lo: int, hi: int) -> None:
         """Marks the positions ``lo .. hi - 1``."""
-        if hi <= lo:
-            return
-        a, b = -(-lo // 8), hi // 8  # the whole bytes inside
-        if a >= b:
-            self.mark(np.arange(lo, hi))
-            return
-        self.bits[a:b] = 0xFF
-        self.mark(np.r_[np.arange(lo, 8 * a), np.arange(8 * b, hi)])
-
-    def count(self) -> int:
-        """The positions marked."""
-        return int(np.bitwise_count(self.bits).sum(dtype=np.int64))
+        self.set_range(lo, hi)
 
     def clear(self) -> None:
-        self.bits[:] = 0
+        """Unmarks every position."""
+        self.set_all(False)
 
 
 def tracker(file) -> WrittenRows | None:
