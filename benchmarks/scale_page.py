@@ -35,6 +35,8 @@ def section(json_dir: Path) -> list[str]:
         f"| first step s (hotline / baseline with its files' writing) | {d['first_step_s']:.1f} / "
         f"{b.get('fill_s', 0) + b['first_step_s']:.1f} |",
         f"| samples/s (hotline / baseline) | {d['samples_per_s']:,.0f} / {b['samples_per_s']:,.0f} ({ratio:.2f}x) |",
+        *([f"| samples/s with a long run's sweeps at their bound | {held:,.0f} ({held / b['samples_per_s']:.2f}x) |"]
+          if (held := (d.get("held") or {}).get("samples_per_s_sweep_bound")) and b.get("samples_per_s") else []),
         f"| checkpoint MB/s (disk's sequential write) | {d['checkpoint_mb_per_s']:,.0f} "
         f"({d['disk_write_mb_per_s']:,.0f}) |",
         f"| resumed bit-identically | {d['resume_exact']} |", "",

@@ -18,9 +18,10 @@ from hotline.datasets.synthetic import generate
 from hotline.kernels.held_rows import EMPTY, find, find_twin, insert, new_table, overlay, overlay_twin, sized
 from hotline.placement import Placement
 from hotline.tiers.disk_file import RowFile
+from hotline.tiers.held_rows import write_buffer_bytes
 from hotline.tiers.store_files import PAGE
 from hotline.training.checkpoint import save_checkpoint
-from hotline.training.preflight import memory_needed, write_buffer_bytes
+from hotline.training.preflight import memory_needed
 
 TABLES = [3000, 20000, 12, 5000, 600, 5, 900, 40]
 BATCH, STEPS = 64, 16

@@ -16,10 +16,10 @@ from hotline.table_layout import TableLayout
 from hotline.tiers.base import TrainMode, initial_tables
 from hotline.tiers.cold_store import ColdStore, LocalColdStore
 from hotline.tiers.device import DeviceMode
+from hotline.tiers.held_rows import write_buffer_bytes
 from hotline.tiers.sharded_store import ShardedColdStore
 from hotline.tiers.sparse_optim import SparseOptimizer
 from hotline.tiers.tiered import TieredMode
-from hotline.training.preflight import write_buffer_bytes
 
 
 def _stores(config, layout: TableLayout, placement: Placement, optimizer: SparseOptimizer, comm: Comm,

@@ -23,7 +23,21 @@ import time
 import numpy as np
 
 from hotline.kernels.held_rows import EMPTY, find, insert, new_table, overlay, sized
+from hotline.table_layout import bytes_per_row
 from hotline.tiers.store_files import PAGE
+
+WRITE_BUFFER_AUTO = 256 << 20
+"""The most ``--cold-write-buffer auto`` takes: a sweep's cost is the file's, spread over the steps that fill it."""
+
+
+def write_buffer_bytes(config, total_rows: int, world_size: int = 1) -> int:
+    """Bytes of a disk store's held writes on one rank (``--cold-write-buffer``; :mod:`hotline.tiers.held_rows`):
+    as given, or ``auto``: an eighth of the rank's rows and state, at most :data:`WRITE_BUFFER_AUTO`."""
+    value = getattr(config, "cold_write_buffer", 0)
+    if value != "auto":
+        return int(value)
+    rows = -(-int(total_rows) // world_size)
+    return min(WRITE_BUFFER_AUTO, rows * bytes_per_row(config.embedding_dim, config.optimizer) // 8)
 
 
 class HeldRows:

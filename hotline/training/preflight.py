@@ -163,6 +163,8 @@ def memory_needed(config, dataset, world_size: int = 1) -> int:
         hot = config.hbm_budget or 0
         cache = 0 if config.cold_cache == "auto" else config.cold_cache  # auto: what the rest leaves
         per_row = per_row_structures(config, dataset, world_size)
+        from hotline.tiers.held_rows import write_buffer_bytes
+
         held = write_buffer_bytes(config, dataset.total_rows, world_size)
         tables = per_row + cache + held + hot + hot // row_bytes * HOT_TABLE_BYTES
     buffers = ring * lookups * (row_bytes + 8 * 8)  # staging rows, dispatch index arrays (int64)
@@ -197,20 +199,6 @@ def per_row_structures(config, dataset, world_size: int = 1) -> int:
     the rows not written yet (:class:`~hotline.tiers.pending_rows.PendingRows`, a bit a row)."""
     rows = -(-dataset.total_rows // world_size)
     return positions_bytes(config, dataset, world_size) + 2 * -(-rows // 8)
-
-
-WRITE_BUFFER_AUTO = 256 << 20
-"""The most ``--cold-write-buffer auto`` takes: a sweep's cost is the file's, spread over the steps that fill it."""
-
-
-def write_buffer_bytes(config, total_rows: int, world_size: int = 1) -> int:
-    """Bytes of a disk store's held writes on one rank (``--cold-write-buffer``; :mod:`hotline.tiers.held_rows`):
-    as given, or ``auto``: an eighth of the rank's rows and state, at most :data:`WRITE_BUFFER_AUTO`."""
-    value = getattr(config, "cold_write_buffer", 0)
-    if value != "auto":
-        return int(value)
-    rows = -(-int(total_rows) // world_size)
-    return min(WRITE_BUFFER_AUTO, rows * bytes_per_row(config.embedding_dim, config.optimizer) // 8)
 
 
 HOT_TABLE_BYTES = 32

@@ -293,7 +293,7 @@ class StoreSection:
         parse="size-or-auto",
         applies_to=("cold_store", (ColdStoreKind.DISK,)),
     )
-    """In bytes, or ``"auto"`` (:func:`hotline.training.preflight.write_buffer_bytes`): a step's written rows are
+    """In bytes, or ``"auto"`` (:func:`hotline.tiers.held_rows.write_buffer_bytes`): a step's written rows are
     held there and swept to the file in file order when it is full (:mod:`hotline.tiers.held_rows`)."""
     cold_direct: bool = option(
         True,
