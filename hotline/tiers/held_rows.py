@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from hotline.kernels.held_rows import EMPTY, find, insert, new_table, overlay, sized
+from hotline.kernels.held_rows import EMPTY, insert, new_table, overlay, sized
 from hotline.table_layout import bytes_per_row
 from hotline.tiers.store_files import PAGE
 
@@ -53,10 +53,10 @@ class HeldRows:
 
     def __init__(self, num_rows: int, record: int, budget: int):
         self.num_rows, self.record = int(num_rows), int(record)
-        size, self.capacity = sized(int(budget), self.record)
-        self.keys, self.slots = new_table(max(size, 16))
+        self._size, self.capacity = sized(int(budget), self.record)
+        # taken at the first put (a run that writes nothing, an evaluation's, holds none); the records' pages
         # untouched until written: resident memory grows with the records held, up to the budget
-        self.records = np.empty((self.capacity, self.record // 4), np.float32)
+        self.keys = self.slots = self.records = None
         num_pages = -(-self.num_rows * self.record // PAGE)
         self.marked = np.zeros(-(-num_pages // 8), np.uint8)
         self.count = 0
@@ -71,7 +71,8 @@ class HeldRows:
 
     @property
     def nbytes(self) -> int:
-        return int(self.keys.nbytes + self.slots.nbytes + self.records.nbytes + self.marked.nbytes)
+        """The budget's bytes once taken (the table, the records) and the page bitmap's."""
+        return 16 * self._size + self.capacity * self.record + int(self.marked.nbytes)
 
     def fits(self, n: int) -> bool:
         """Whether ``n`` more records fit (as new keys) before a sweep."""
@@ -85,15 +86,14 @@ class HeldRows:
         last = (pos * self.record + self.record - 1) // PAGE
         pages = np.concatenate([first, last[last != first]])
         with self.lock:
+            if self.keys is None:
+                self.keys, self.slots = new_table(self._size)
+                self.records = np.empty((self.capacity, self.record // 4), np.float32)
             slot, self.count = insert(self.keys, self.slots, pos, self.count)
             self.records[slot] = records
             np.bitwise_or.at(self.marked, pages >> 3, np.left_shift(1, pages & 7).astype(np.uint8))
             self._version += 1
-
-    def find(self, positions: np.ndarray) -> np.ndarray:
-        """int64 [n]: the slot of each file position held, -1 for the others."""
-        with self.lock:
-            return find(self.keys, self.slots, np.asarray(positions, np.int64))
+            self._sorted = None  # made again when a reader needs it
 
     def read(self, read, over) -> None:
         """Calls ``read()`` (the file's bytes), then ``over()`` (lays the held records over them) under the lock,
