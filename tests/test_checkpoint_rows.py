@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 from arrays import assert_equal_arrays, fitted_arrays
+from small_data import hot_placement, zipf_dataset
 
 from hotline import TrainConfig, Trainer
 from hotline.cli import main
 from hotline.datasets.format import Dataset
 from hotline.datasets.synthetic import generate
-from hotline.placement import Placement
 from hotline.tiers.disk_store import DiskColdStore
 from hotline.training import checkpoint_delta, checkpoint_rows
 from hotline.training.checkpoint import load_checkpoint, save_checkpoint
@@ -36,24 +36,13 @@ BOUND = (8 << 20) + 8 * CHUNK + (256 << 10)
 
 def _placement(ds, path, share: float, skip: int = 0) -> str:
     """Hot rows by count over the first batches (``skip``: leave the most counted out: another placement)."""
-    sp = ds.train.sparse[: BATCH * 8]
-    hot = [
-        np.argsort(-np.bincount(sp[:, t].reshape(-1), minlength=n), kind="stable")[
-            skip : skip + max(1, int(n * share))
-        ]
-        for t, n in enumerate(ds.table_sizes)
-    ]
-    Placement.from_hot_ids(
-        ds.table_sizes, hot, dataset_fingerprint=ds.fingerprint, embedding_dim=ARCH["embedding_dim"]
-    ).save(path)
-    return str(path)
+    return hot_placement(ds, path, share, BATCH * 8, skip, embedding_dim=ARCH["embedding_dim"])
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("ckrows")
-    ds = Dataset(generate(root / "d", BATCH * STEPS * 7 // 6 + 200, seed=3, table_sizes=TABLES, zipf=1.3,
-                          progress=False))  # fmt: skip
+    ds = zipf_dataset(root / "d", BATCH * STEPS * 7 // 6 + 200, 3, TABLES)
     return ds, _placement(ds, root / "p.npz", 0.4), _placement(ds, root / "q.npz", 0.2, skip=3)
 
 
