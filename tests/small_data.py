@@ -1,5 +1,5 @@
-"""The small synthetic datasets the training tests run on, and placements of their most counted rows: the set-up
-those tests share. Tests import it as ``small_data`` (pytest puts tests/ on ``sys.path``)."""
+"""The small synthetic datasets the training tests run on, and placements of their most counted rows: the
+set-up those tests share. Tests import it as ``small_data`` (pytest puts tests/ on ``sys.path``)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from hotline.datasets.synthetic import generate
 from hotline.placement import Placement
 
 
-def zipf_dataset(path: Path, samples: int, seed: int, tables: list[int], **kw) -> Dataset:
-    """``samples`` samples over tables of ``tables`` rows, ids drawn Zipf(1.3) (some rows popular, most rare),
-    written at ``path``; ``kw`` goes to ``generate`` (``pooling_factor``, ...)."""
-    return Dataset(generate(path, samples, seed=seed, table_sizes=tables, zipf=1.3, progress=False, **kw))
+def zipf_dataset(path: Path, samples: int, seed: int, tables: list[int], zipf: float = 1.3, **kw) -> Dataset:
+    """``samples`` samples over tables of ``tables`` rows, ids drawn Zipf(``zipf``) (some rows popular, most
+    rare), written at ``path``; ``kw`` goes to ``generate`` (``pooling_factor``, ``drift_days``, ...)."""
+    return Dataset(generate(path, samples, seed=seed, table_sizes=tables, zipf=zipf, progress=False, **kw))
 
 
 def hot_placement(ds: Dataset, path: Path, share: float, counted: int, skip: int = 0, **kw) -> str:
