@@ -6,13 +6,10 @@ as one and by the preflight."""
 
 import numpy as np
 from arrays import assert_equal_arrays
-from test_checkpoint_rows import _config, _placement
+from test_checkpoint_rows import BOUND, _config, _million_rows
 
 from hotline import Trainer
-from hotline.datasets.format import Dataset
-from hotline.datasets.synthetic import generate
 from hotline.tiers.disk_pages import get_records, put_records
-from hotline.training import checkpoint_rows
 from hotline.training.checkpoint import load_checkpoint, save_checkpoint
 from hotline.training.host_memory import per_row_bytes
 from hotline.training.preflight import memory_needed, per_row_structures, positions_bytes
@@ -46,14 +43,7 @@ def test_a_load_moves_the_hot_rows_a_chunk_at_a_time_and_leaves_the_tier_to_the_
     allocating (tracemalloc) a few chunks and the digest's blocks: the hot rows go to the file a chunk at a
     time (they once went whole, with an index of each byte: about 9x their bytes). The DRAM tier is not read
     by the load; its rows are read at the first step. The resumed run equals the saved one."""
-    tables = [250_000] * 4
-    ds = Dataset(generate(tmp_path / "d", 400, seed=1, table_sizes=tables, progress=False))
-    placement = _placement(ds, tmp_path / "p.npz", 0.3)
-    cold, cold2 = tmp_path / "cold", tmp_path / "cold2"
-    cold.mkdir()
-    cold2.mkdir()
-    chunk = 64 << 10
-    monkeypatch.setattr(checkpoint_rows, "CHUNK_BYTES", chunk)
+    ds, placement, cold, cold2 = _million_rows(tmp_path, 0.3, monkeypatch)
     tier = 1 << 20
     tr = Trainer(_config(placement, cold, steps=3, cold_cache=tier), ds)
     try:
@@ -73,9 +63,8 @@ def test_a_load_moves_the_hot_rows_a_chunk_at_a_time_and_leaves_the_tier_to_the_
         assert f.cache.shape[0] == f.cache_rows  # read by the first step's access
     finally:
         tr.close()
-    bound = (8 << 20) + 8 * chunk + (256 << 10)  # the digest's blocks, a few chunks, small things
-    assert hot_bytes > bound
-    assert peak < bound, (peak, hot_bytes)
+    assert hot_bytes > BOUND
+    assert peak < BOUND, (peak, hot_bytes)
 
 
 def test_the_written_rows_bitmap_is_a_per_row_structure_the_preflight_counts(tmp_path):
@@ -83,10 +72,8 @@ def test_the_written_rows_bitmap_is_a_per_row_structure_the_preflight_counts(tmp
     writes). ``per_row_bytes`` finds it (an eighth of a byte a row, under the byte a row it looks for
     otherwise) and the preflight's per-row figure, in ``memory_needed``, holds it beside lazy initialization's
     bitmap of the rows not written yet."""
-    ds = Dataset(generate(tmp_path / "d", 400, seed=1, table_sizes=[250_000] * 4, progress=False))
-    cold = tmp_path / "cold"
-    cold.mkdir()
-    cfg = _config(_placement(ds, tmp_path / "p.npz", 0.001), cold, steps=2)
+    ds, placement, cold, _ = _million_rows(tmp_path, 0.001)
+    cfg = _config(placement, cold, steps=2)
     tr = Trainer(cfg, ds)
     try:
         tr.fit()

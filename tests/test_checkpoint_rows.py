@@ -4,51 +4,45 @@ rows load into another store, another file order, and into evaluate / predict / 
 
 import subprocess
 import sys
-import tracemalloc
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from arrays import assert_equal_arrays, fitted_arrays
+from small_data import hot_placement, zipf_dataset
 
 from hotline import TrainConfig, Trainer
 from hotline.cli import main
 from hotline.datasets.format import Dataset
 from hotline.datasets.synthetic import generate
-from hotline.placement import Placement
 from hotline.tiers.disk_store import DiskColdStore
 from hotline.training import checkpoint_delta, checkpoint_rows
 from hotline.training.checkpoint import load_checkpoint, save_checkpoint
 from hotline.training.checkpoint_dir import CheckpointManager
 from hotline.training.checkpoint_rows import rows_path
+from tests.test_placement_memory import _peak as _traced  # fn()'s result and tracemalloc's peak
 
 TABLES = [30, 200, 12, 500, 60, 5, 90, 40]
 BATCH, STEPS = 64, 24
 ARCH = {"embedding_dim": 8, "bottom_mlp": [13, 32, 8], "top_mlp": [32, 1]}
 CLI_ARCH = ["--arch-sparse-feature-size", "8", "--arch-mlp-bot", "13-32-8", "--arch-mlp-top", "32-1"]
+# The memory tests' tables (36 MB of rows and state at dim 8), their copy chunk, and what a save or a load of
+# them may allocate: the digest's blocks (4 MiB, two alive at once), a few chunks, small things.
+MILLION = [250_000] * 4
+CHUNK = 64 << 10
+BOUND = (8 << 20) + 8 * CHUNK + (256 << 10)
 
 
 def _placement(ds, path, share: float, skip: int = 0) -> str:
     """Hot rows by count over the first batches (``skip``: leave the most counted out: another placement)."""
-    sp = ds.train.sparse[: BATCH * 8]
-    hot = [
-        np.argsort(-np.bincount(sp[:, t].reshape(-1), minlength=n), kind="stable")[
-            skip : skip + max(1, int(n * share))
-        ]
-        for t, n in enumerate(ds.table_sizes)
-    ]
-    Placement.from_hot_ids(
-        ds.table_sizes, hot, dataset_fingerprint=ds.fingerprint, embedding_dim=ARCH["embedding_dim"]
-    ).save(path)
-    return str(path)
+    return hot_placement(ds, path, share, BATCH * 8, skip, embedding_dim=ARCH["embedding_dim"])
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("ckrows")
-    ds = Dataset(generate(root / "d", BATCH * STEPS * 7 // 6 + 200, seed=3, table_sizes=TABLES, zipf=1.3,
-                          progress=False))  # fmt: skip
+    ds = zipf_dataset(root / "d", BATCH * STEPS * 7 // 6 + 200, 3, TABLES)
     return ds, _placement(ds, root / "p.npz", 0.4), _placement(ds, root / "q.npz", 0.2, skip=3)
 
 
@@ -203,43 +197,42 @@ def test_a_corrupt_rows_file_is_refused_in_one_line_and_kept(data, tmp_path, cap
 
 
 # -- memory: a chunk, not the table -----------------------------------------------------------------------
+def _million_rows(tmp_path, share: float, monkeypatch=None):
+    """The memory tests' set-up (here and in test_checkpoint_memory.py): ``MILLION``'s rows and 400 samples, a
+    placement of ``share`` of each table hot, and the empty cold folders of the run that saves and of the run
+    that loads; with ``monkeypatch``, the checkpoint's copy chunk at ``CHUNK`` bytes."""
+    ds = Dataset(generate(tmp_path / "d", 400, seed=1, table_sizes=MILLION, progress=False))
+    cold, cold2 = tmp_path / "cold", tmp_path / "cold2"
+    cold.mkdir()
+    cold2.mkdir()
+    if monkeypatch is not None:
+        monkeypatch.setattr(checkpoint_rows, "CHUNK_BYTES", CHUNK)
+    return ds, _placement(ds, tmp_path / "p.npz", share), cold, cold2
+
+
 def test_save_and_load_take_a_chunk_of_memory_not_the_table(tmp_path, monkeypatch):
     """With the chunk at 64 KiB, saving and loading 36 MB of rows and state allocate (tracemalloc: numpy's
     arrays, Python's buffers) a few chunks and the digest's blocks (``hotline._io.sha256`` reads 4 MiB at a
     time, two alive at once): the copy streams. Holding the table, as a save once did, allocates it all."""
-    tables = [250_000] * 4
-    ds = Dataset(generate(tmp_path / "d", 400, seed=1, table_sizes=tables, progress=False))
-    placement = _placement(ds, tmp_path / "p.npz", 0.001)
-    cold, cold2 = tmp_path / "cold", tmp_path / "cold2"
-    cold.mkdir()
-    cold2.mkdir()
-    chunk = 64 << 10
-    monkeypatch.setattr(checkpoint_rows, "CHUNK_BYTES", chunk)
-    table_bytes = sum(tables) * 4 * (8 + 1)
+    ds, placement, cold, cold2 = _million_rows(tmp_path, 0.001, monkeypatch)
+    table_bytes = sum(MILLION) * 4 * (8 + 1)
     tr = Trainer(_config(placement, cold, steps=3), ds)
     try:
         tr.fit()
         assert isinstance(tr.mode.cold, DiskColdStore)
-        tracemalloc.start()
-        save_checkpoint(tr, tmp_path / "step-000000003.pt")
-        saved_peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
+        _, saved_peak = _traced(lambda: save_checkpoint(tr, tmp_path / "step-000000003.pt"))
         expected = tr.named_arrays()
     finally:
         tr.close()
     tr = Trainer(_config(placement, cold2, steps=3), ds)
     try:
-        tracemalloc.start()
-        load_checkpoint(tr, tmp_path / "step-000000003.pt")
-        loaded_peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
+        _, loaded_peak = _traced(lambda: load_checkpoint(tr, tmp_path / "step-000000003.pt"))
         assert_equal_arrays(expected, tr.named_arrays())
     finally:
         tr.close()
-    bound = (8 << 20) + 8 * chunk + (256 << 10)  # the digest's blocks, a few chunks, small things
-    assert table_bytes > 3 * bound
-    assert saved_peak < bound, saved_peak
-    assert loaded_peak < bound, loaded_peak
+    assert table_bytes > 3 * BOUND
+    assert saved_peak < BOUND, saved_peak
+    assert loaded_peak < BOUND, loaded_peak
 
 
 # -- evaluate, predict, export -----------------------------------------------------------------------------

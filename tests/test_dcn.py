@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from arrays import fitted_arrays
+from small_data import hot_placement, zipf_dataset
 
 from hotline import TrainConfig, Trainer
 from hotline.cli import main
@@ -19,7 +20,6 @@ from hotline.datasets.format import Dataset
 from hotline.datasets.synthetic import generate
 from hotline.models.crossnet import LowRankCrossNet
 from hotline.models.dlrm import DLRM, DLRMConfig
-from hotline.placement import Placement
 
 TABLES = [30, 200, 12, 500, 60, 5]
 DIM, BATCH, STEPS = 8, 32, 30
@@ -129,16 +129,15 @@ def test_bad_dcn_shapes_are_refused_with_the_flag(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("dcn")
-    ds = Dataset(generate(root / "ds", BATCH * STEPS + 600, seed=11, table_sizes=TABLES, zipf=1.2,
-                          pooling_factor=2, drift_days=3, drift_rate=0.6, progress=False))  # fmt: skip
-    sp = ds.train.sparse[: BATCH * 6]
-    hot = [np.argsort(-np.bincount(sp[:, t].reshape(-1), minlength=n), kind="stable")[: max(1, n // 3)]
-           for t, n in enumerate(TABLES)]  # fmt: skip
+    ds = zipf_dataset(
+        root / "ds", BATCH * STEPS + 600, 11, TABLES, 1.2, pooling_factor=2, drift_days=3, drift_rate=0.6
+    )
     places = {}
     for opt in ("sgd", "rowwise-adagrad"):
-        places[opt] = str(root / f"p-{opt}.npz")
-        Placement.from_hot_ids(TABLES, hot, dataset_fingerprint=ds.fingerprint, embedding_dim=DIM,
-                               bytes_per_row=4 * DIM + (4 if opt != "sgd" else 0)).save(places[opt])  # fmt: skip
+        bpr = 4 * DIM + (4 if opt != "sgd" else 0)
+        places[opt] = hot_placement(
+            ds, root / f"p-{opt}.npz", 1 / 3, BATCH * 6, embedding_dim=DIM, bytes_per_row=bpr
+        )
     return ds, places
 
 

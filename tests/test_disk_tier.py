@@ -13,12 +13,10 @@ import numpy as np
 import pytest
 from arrays import assert_equal_arrays
 from ranks import spawn, train_and_dump
+from small_data import hot_placement, zipf_dataset
 
 from hotline import TrainConfig, Trainer
 from hotline.cli import main
-from hotline.datasets.format import Dataset
-from hotline.datasets.synthetic import generate
-from hotline.placement import Placement
 from hotline.table_layout import OPTIMIZERS
 from hotline.tiers.disk_file import PAGE, RowFile
 from hotline.tiers.disk_store import cold_file
@@ -34,18 +32,8 @@ CLI_ARCH = ["--arch-sparse-feature-size", "8", "--arch-mlp-bot", "13-32-8", "--a
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("disk")
-    ds = Dataset(generate(root / "d", BATCH * STEPS * 7 // 6 + 200, seed=3, table_sizes=TABLES, zipf=1.3,
-                          progress=False))  # fmt: skip
-    sp = ds.train.sparse[: BATCH * 8]
-    hot = [
-        np.argsort(-np.bincount(sp[:, t].reshape(-1), minlength=n), kind="stable")[: max(1, int(n * 0.4))]
-        for t, n in enumerate(ds.table_sizes)
-    ]
-    placement = root / "p.npz"
-    Placement.from_hot_ids(ds.table_sizes, hot, dataset_fingerprint=ds.fingerprint, embedding_dim=8).save(
-        placement
-    )
-    return ds, str(placement)
+    ds = zipf_dataset(root / "d", BATCH * STEPS * 7 // 6 + 200, 3, TABLES)
+    return ds, hot_placement(ds, root / "p.npz", 0.4, BATCH * 8)
 
 
 def _config(mode, placement, tmp, optimizer="sgd", disk=True, steps=STEPS, **kw):

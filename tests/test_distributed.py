@@ -10,15 +10,13 @@ import argparse
 import numpy as np
 import pytest
 from ranks import spawn, train_and_dump
+from small_data import hot_placement, zipf_dataset
 
 from hotline import TrainConfig, Trainer
 from hotline.cli import main
 from hotline.cli.train import add_parser
-from hotline.datasets.format import Dataset
-from hotline.datasets.synthetic import generate
 from hotline.distributed.comm import Comm, shard_bounds
 from hotline.distributed.launcher import launcher_argv
-from hotline.placement import Placement
 from hotline.training.checkpoint import CheckpointError
 
 TABLES = [30, 200, 12, 500, 60, 5, 90, 40]
@@ -43,24 +41,14 @@ CASES = [
 
 def _placement(ds, path):
     """The most accessed 40% of each table's rows in the first batches: some samples popular, some not."""
-    sp = ds.train.sparse[: BATCH * 8]
-    hot = [
-        np.argsort(-np.bincount(sp[:, t].reshape(-1), minlength=n), kind="stable")[: max(1, int(n * 0.4))]
-        for t, n in enumerate(ds.table_sizes)
-    ]
-    Placement.from_hot_ids(
-        ds.table_sizes, hot, dataset_fingerprint=ds.fingerprint, embedding_dim=8, bytes_per_row=36
-    ).save(path)
-    return str(path)
+    return hot_placement(ds, path, 0.4, BATCH * 8, bytes_per_row=36)
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("dist")
-    onehot = Dataset(generate(root / "onehot", BATCH * STEPS * 7 // 6 + 300, seed=3, table_sizes=TABLES,
-                              zipf=1.3, progress=False))  # fmt: skip
-    multihot = Dataset(generate(root / "multihot", 700, seed=4, table_sizes=TABLES, zipf=1.3, pooling_factor=3,
-                                progress=False))  # fmt: skip
+    onehot = zipf_dataset(root / "onehot", BATCH * STEPS * 7 // 6 + 300, 3, TABLES)
+    multihot = zipf_dataset(root / "multihot", 700, 4, TABLES, pooling_factor=3)
     sets = {"onehot": onehot, "multihot": multihot}
     places = {k: _placement(ds, root / f"{k}.npz") for k, ds in sets.items()}
     return root, sets, places

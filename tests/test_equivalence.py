@@ -7,11 +7,10 @@ popular and non-popular micro-batches' gradients are summed instead of computed 
 
 import numpy as np
 import pytest
+from small_data import hot_placement, zipf_dataset
 
 from hotline import TrainConfig, Trainer
 from hotline.cli import main
-from hotline.datasets.format import Dataset
-from hotline.datasets.synthetic import generate
 from hotline.placement import Placement
 
 TABLES = [30, 200, 12, 500, 60, 5, 90, 40]
@@ -25,39 +24,20 @@ def datasets(tmp_path_factory):
     root = tmp_path_factory.mktemp("equiv")
     rows = BATCH * STEPS * 7 // 6 + 200
     return {
-        1: Dataset(generate(root / "onehot", rows, seed=3, table_sizes=TABLES, zipf=1.3, progress=False)),
-        3: Dataset(
-            generate(
-                root / "multihot",
-                rows,
-                seed=4,
-                table_sizes=TABLES,
-                zipf=1.3,
-                pooling_factor=3,
-                progress=False,
-            )
-        ),
+        1: zipf_dataset(root / "onehot", rows, 3, TABLES),
+        3: zipf_dataset(root / "multihot", rows, 4, TABLES, pooling_factor=3),
     }
 
 
 def _placement(ds, kind, optimizer, path):
     bpr = 4 * ARCH["embedding_dim"] + (4 if optimizer == "rowwise-adagrad" else 0)
-    common = {
-        "dataset_fingerprint": ds.fingerprint,
-        "embedding_dim": ARCH["embedding_dim"],
-        "bytes_per_row": bpr,
-    }
+    common = {"embedding_dim": ARCH["embedding_dim"], "bytes_per_row": bpr}
     if kind == "all-cold":
-        p = Placement.all_cold(ds.table_sizes, **common)
+        p = Placement.all_cold(ds.table_sizes, dataset_fingerprint=ds.fingerprint, **common)
     elif kind == "all-hot":
-        p = Placement.all_hot(ds.table_sizes, **common)
+        p = Placement.all_hot(ds.table_sizes, dataset_fingerprint=ds.fingerprint, **common)
     else:  # the most accessed rows of the first batches, so some samples are popular and some are not
-        sp = ds.train.sparse[: BATCH * 8]
-        hot = []
-        for t, n in enumerate(ds.table_sizes):
-            counts = np.bincount(sp[:, t].reshape(-1), minlength=n)
-            hot.append(np.argsort(-counts, kind="stable")[: max(1, int(n * 0.4))])
-        p = Placement.from_hot_ids(ds.table_sizes, hot, **common)
+        return hot_placement(ds, path, 0.4, BATCH * 8, **common)
     p.save(path)
     return str(path)
 

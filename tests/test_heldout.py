@@ -23,7 +23,7 @@ B = 512
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
-    from test_profiler import write_zipf_dataset
+    from small_data import write_zipf_dataset
 
     return write_zipf_dataset(
         tmp_path_factory.mktemp("ds") / "small", 3000, [50, 400, 3, 2000], pooling_factor=2

@@ -10,12 +10,10 @@ import pytest
 import torch
 from arrays import assert_equal_arrays
 from ranks import spawn, train_and_dump
+from small_data import hot_placement, zipf_dataset
 
 import hotline.tiers.initial_fill as fill_mod
 from hotline import TrainConfig, Trainer
-from hotline.datasets.format import Dataset
-from hotline.datasets.synthetic import generate
-from hotline.placement import Placement
 from hotline.tiers.pending_rows import PendingRows
 from hotline.tiers.store_files import PAGE, read_manifest
 from hotline.training.checkpoint import save_checkpoint
@@ -76,16 +74,8 @@ def test_the_drawn_records_are_the_initial_tables(N, rank):
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("lazy")
-    ds = Dataset(generate(root / "d", BATCH * STEPS * 7 // 6 + 200, seed=5, table_sizes=TABLES, zipf=1.3,
-                          progress=False))  # fmt: skip
-    sp = ds.train.sparse[: BATCH * 4]
-    hot = [np.argsort(-np.bincount(sp[:, t].reshape(-1), minlength=n), kind="stable")[: max(1, n // 50)]
-           for t, n in enumerate(ds.table_sizes)]  # fmt: skip
-    placement = root / "p.npz"
-    Placement.from_hot_ids(ds.table_sizes, hot, dataset_fingerprint=ds.fingerprint, embedding_dim=8).save(
-        placement
-    )
-    return ds, str(placement)
+    ds = zipf_dataset(root / "d", BATCH * STEPS * 7 // 6 + 200, 5, TABLES)
+    return ds, hot_placement(ds, root / "p.npz", 0.02, BATCH * 4)
 
 
 def _config(placement, cold=None, steps=STEPS, **kw):

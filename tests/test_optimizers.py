@@ -21,11 +21,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ranks import spawn, train_and_dump
 from reference import NOISE_FACTOR, max_rel_diff, noise_floor, random_params
+from small_data import hot_placement, zipf_dataset
 
 import naive
 from hotline import TrainConfig, Trainer
 from hotline.cli import main
-from hotline.datasets.format import Dataset
 from hotline.datasets.synthetic import generate
 from hotline.kernels import sparse_update
 from hotline.placement import Placement
@@ -214,18 +214,11 @@ MODES = {  # name -> (mode, look-ahead, micro-batches, bit-identical to device)
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("optim")
-    ds = Dataset(generate(root / "ds", 560, seed=6, table_sizes=TABLES, zipf=1.3, pooling_factor=3,
-                          drift_days=2, drift_rate=0.6, progress=False))  # fmt: skip
+    ds = zipf_dataset(root / "ds", 560, 6, TABLES, pooling_factor=3, drift_days=2, drift_rate=0.6)
     init = root / "init.npz"
     np.savez(init, **random_params(TABLES, DIM, BOTTOM, TOP, "dot", seed=21))
-    sp = ds.train.sparse[: BATCH * 4]
-    hot = [np.argsort(-np.bincount(sp[:, t].reshape(-1), minlength=n), kind="stable")[: max(1, n * 2 // 5)]
-           for t, n in enumerate(TABLES)]  # fmt: skip
-    places = {}
-    for opt in NEW:
-        places[opt] = root / f"p-{opt}.npz"
-        Placement.from_hot_ids(TABLES, hot, dataset_fingerprint=ds.fingerprint, embedding_dim=DIM,
-                               bytes_per_row=bytes_per_row(DIM, opt)).save(places[opt])  # fmt: skip
+    places = {opt: hot_placement(ds, root / f"p-{opt}.npz", 0.4, BATCH * 4, embedding_dim=DIM,
+                                 bytes_per_row=bytes_per_row(DIM, opt)) for opt in NEW}  # fmt: skip
     return root, ds, init, places
 
 

@@ -9,32 +9,15 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from small_data import write_zipf_dataset
 
 import hotline
 from hotline.cli import main
-from hotline.datasets.format import Dataset, DatasetError, DatasetWriter
+from hotline.datasets.format import DatasetError
 from hotline.kernels import profile as kp
 from hotline.placement import Placement
 from hotline.profiling.profiler import Profiler
 from tests import naive
-
-
-def write_zipf_dataset(out, n, table_sizes, pooling_factor=1, seed=0, s=1.05, bad_id=False):
-    """A dataset whose ids follow a bounded Zipf law per table, hot rows scattered by a permutation."""
-    rng = np.random.default_rng(seed)
-    with DatasetWriter(out, table_sizes, pooling_factor=pooling_factor) as w:
-        dense, sparse, labels = w.create_split("train", n)
-        for t, size in enumerate(table_sizes):
-            u = rng.random((n, pooling_factor))
-            x = (1.0 + u * ((size + 1.0) ** (1 - s) - 1.0)) ** (1.0 / (1 - s))
-            ranks = np.minimum(x.astype(np.int64) - 1, size - 1)
-            sparse[:, t, :] = rng.permutation(size)[ranks]
-        if bad_id:
-            sparse[n // 2, 1, 0] = table_sizes[1]
-        dense[:] = rng.random(dense.shape, dtype=np.float32)
-        labels[:] = rng.random(n) < 0.25
-        w.finish(source={"kind": "test-zipf", "seed": seed, "n": n})
-    return Dataset(out)
 
 
 @pytest.fixture(scope="module")

@@ -20,11 +20,10 @@ import time
 import numpy as np
 import pytest
 from ranks import spawn
+from small_data import hot_placement, zipf_dataset
 
 from hotline import TrainConfig, Trainer
 from hotline.datasets.format import Dataset
-from hotline.datasets.synthetic import generate
-from hotline.placement import Placement
 
 TABLES = [30, 200, 12, 500, 60, 5, 90, 40]
 STEPS, BATCH, K = 16, 64, 2
@@ -162,14 +161,8 @@ def _all(comm, placement: str, dataset: str, root: str, optimizers: tuple[str, .
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("overlap")
-    ds = Dataset(
-        generate(root / "ds", BATCH * STEPS + 200, seed=3, table_sizes=TABLES, zipf=1.3, progress=False)
-    )
-    sp = ds.train.sparse[: BATCH * 8]
-    hot = [np.argsort(-np.bincount(sp[:, t].reshape(-1), minlength=n), kind="stable")[: max(1, int(n * 0.4))]
-           for t, n in enumerate(ds.table_sizes)]  # fmt: skip
-    Placement.from_hot_ids(ds.table_sizes, hot, dataset_fingerprint=ds.fingerprint, embedding_dim=8,
-                           bytes_per_row=36).save(root / "p.npz")  # fmt: skip
+    ds = zipf_dataset(root / "ds", BATCH * STEPS + 200, 3, TABLES)
+    hot_placement(ds, root / "p.npz", 0.4, BATCH * 8, bytes_per_row=36)
     spawn(2, _all, str(root / "p.npz"), str(ds.path), str(root), ("sgd", "rowwise-adagrad", "adam+device"))
     spawn(3, _all, str(root / "p.npz"), str(ds.path), str(root), ("rowwise-adagrad",))
     return root

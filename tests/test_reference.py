@@ -25,11 +25,9 @@ import pytest
 import torch
 from ranks import spawn, train_and_dump
 from reference import NOISE_FACTOR, ReferenceDLRM, max_rel_diff, noise_floor, random_params
+from small_data import hot_placement, zipf_dataset
 
 from hotline import TrainConfig, Trainer
-from hotline.datasets.format import Dataset
-from hotline.datasets.synthetic import generate
-from hotline.placement import Placement
 
 TABLES = [30, 200, 12, 500, 60, 5, 90, 40]
 BATCH, EPOCHS, LR, DIM = 64, 2, 0.05, 8
@@ -57,8 +55,7 @@ def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("reference")
     sets, inits, places = {}, {}, {}
     for L in (1, 3):
-        ds = Dataset(generate(root / f"L{L}", 560, seed=3 + L, table_sizes=TABLES, zipf=1.3, pooling_factor=L,
-                              progress=False))  # fmt: skip
+        ds = zipf_dataset(root / f"L{L}", 560, 3 + L, TABLES, pooling_factor=L)
         assert len(ds.train) == 480 and len(ds.train) % BATCH == 32  # a short last batch in each epoch
         sets[L] = ds
         for op in ("dot", "cat", "dcn"):
@@ -66,17 +63,8 @@ def setup(tmp_path_factory):
             np.savez(inits[L, op], **random_params(TABLES, DIM, BOTTOM, TOP, op, seed=10 + L, dcn_layers=2,
                                                    dcn_rank=6))  # fmt: skip
         for opt in OPTIMIZERS:  # the most accessed 40% of rows of the first batches: both micro-batches occur
-            sp = ds.train.sparse[: BATCH * 4]
-            hot = [
-                np.argsort(-np.bincount(sp[:, t].reshape(-1), minlength=n), kind="stable")[
-                    : max(1, n * 2 // 5)
-                ]
-                for t, n in enumerate(TABLES)
-            ]
-            p = Placement.from_hot_ids(TABLES, hot, dataset_fingerprint=ds.fingerprint, embedding_dim=DIM,
-                                       bytes_per_row=4 * DIM + (4 if opt != "sgd" else 0))  # fmt: skip
-            places[L, opt] = root / f"placement-{L}-{opt}.npz"
-            p.save(places[L, opt])
+            bpr, path = 4 * DIM + (4 if opt != "sgd" else 0), root / f"placement-{L}-{opt}.npz"
+            places[L, opt] = hot_placement(ds, path, 0.4, BATCH * 4, embedding_dim=DIM, bytes_per_row=bpr)
     return root, sets, inits, places
 
 

@@ -22,14 +22,15 @@ def _case(seed, rows, n, dim, dup_range):
     return table, ids, grads
 
 
-@settings(max_examples=40, deadline=None)
-@given(
-    seed=st.integers(0, 2**31),
-    rows=st.integers(1, 50),
-    n=st.integers(0, 120),
-    dim=st.integers(1, 9),
-    dup=st.integers(1, 60),
-)
+def _twin_cases(test):
+    """``test(seed, rows, n, dim, dup)`` on 40 of ``_case``'s inputs: 1 to 50 rows of 1 to 9 floats, up to 120
+    ids drawn from the first ``dup`` rows (the fewer, the more duplicates)."""
+    cases = given(seed=st.integers(0, 2**31), rows=st.integers(1, 50), n=st.integers(0, 120),
+                  dim=st.integers(1, 9), dup=st.integers(1, 60))  # fmt: skip
+    return settings(max_examples=40, deadline=None)(cases(test))
+
+
+@_twin_cases
 def test_sgd_matches_twin(seed, rows, n, dim, dup):
     table, ids, grads = _case(seed, rows, n, dim, dup)
     expect = naive.sparse_sgd(table, ids, grads, 0.05)
@@ -38,14 +39,7 @@ def test_sgd_matches_twin(seed, rows, n, dim, dup):
     assert touched == len(set(ids.tolist()))
 
 
-@settings(max_examples=40, deadline=None)
-@given(
-    seed=st.integers(0, 2**31),
-    rows=st.integers(1, 50),
-    n=st.integers(0, 120),
-    dim=st.integers(1, 9),
-    dup=st.integers(1, 60),
-)
+@_twin_cases
 def test_rowwise_adagrad_matches_twin(seed, rows, n, dim, dup):
     table, ids, grads = _case(seed, rows, n, dim, dup)
     state = np.abs(np.random.default_rng(seed + 1).normal(size=rows)).astype(np.float32)

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from small_data import write_zipf_dataset
 
 import hotline
 from hotline.cli import main
-from hotline.datasets.format import Dataset, DatasetWriter
 from hotline.kernels.reuse import lru_hit_counts, stack_distances
 from tests import naive
 
@@ -31,17 +31,7 @@ SIZES = [40, 300, 3, 20000]
 
 def write_dataset(out, n=3000, table_sizes=SIZES, pooling_factor=2, seed=0, s=1.1):
     """Bounded-Zipf ids per table with hot rows scattered by a permutation (as the profiler tests use)."""
-    rng = np.random.default_rng(seed)
-    with DatasetWriter(out, table_sizes, pooling_factor=pooling_factor) as w:
-        dense, sparse, labels = w.create_split("train", n)
-        for t, size in enumerate(table_sizes):
-            u = rng.random((n, pooling_factor))
-            x = (1.0 + u * ((size + 1.0) ** (1 - s) - 1.0)) ** (1.0 / (1 - s))
-            sparse[:, t, :] = rng.permutation(size)[np.minimum(x.astype(np.int64) - 1, size - 1)]
-        dense[:] = rng.random(dense.shape, dtype=np.float32)
-        labels[:] = rng.random(n) < 0.25
-        w.finish(source={"kind": "test-torchrec", "seed": seed, "n": n})
-    return Dataset(out)
+    return write_zipf_dataset(out, n, table_sizes, pooling_factor, seed, s)
 
 
 @pytest.fixture(scope="module")
