@@ -79,7 +79,9 @@ from hotline.tiers.written_rows import mark_written, mark_written_range
 
 
 class RowFile:
-    """Records of rows in one file, in a popularity order, read and written in place (module docstring)."""
+    """Records of rows in one file, in a popularity order (module docstring)."""
+
+    per_row = ("_page_stamp",)  # 4 bytes a page: under a byte a row, counted all the same
 
     def __init__(
         self,
@@ -130,7 +132,7 @@ class RowFile:
             self._create(direct)
         else:
             self._attach(direct)
-        self._page_stamp = np.zeros(self.num_pages, np.int64)  # the write that last changed each page
+        self._page_stamp = np.zeros(self.num_pages, np.uint32)  # the write that last changed each page
         self._writes = 0  # writes completed (they complete in order: one writer at a time)
         self._write_lock = threading.Lock()
         # the tracked page sets (read_rows(track)): fetched, not yet written
@@ -150,9 +152,8 @@ class RowFile:
     @classmethod
     def open(cls, path: str | os.PathLike, dim: int, state_floats: int, optimizer: str = "",
              io_depth: int = 32, direct: bool = True, cache_bytes: int = 0) -> RowFile:  # fmt: skip
-        """The existing file Hotline made at ``path``, its rows and order as they stand (nothing re-made);
-        refused with one line when its header records another record (another optimizer's state, another
-        dim) or the file is not the size its header says."""
+        """The existing file Hotline made at ``path`` as it stands; refused in one line when its header records
+        another record (optimizer state, dim) or the file is not the size its header says."""
         path = Path(path)
         manifest = read_manifest(path)
         if manifest is None or path.is_symlink() or not path.is_file():
@@ -436,9 +437,8 @@ class RowFile:
         return out
 
     def pages_of_subset(self, pages: PageSet, idx: np.ndarray) -> PageSet:
-        """The page set of the rows at indices ``idx`` of a fetch's rows (``pages`` that fetch's): the same pages,
-        bytes and versions, for :meth:`write_rows` of those rows. ``pages`` is no longer tracked: the subset's
-        write is its write."""
+        """The page set of the rows at indices ``idx`` of a fetch's rows (``pages``, no longer tracked): the same
+        pages, bytes and versions, for :meth:`write_rows` of those rows."""
         with self._write_lock:
             self._live.discard(pages)
         at = pages.records_of(idx)
