@@ -213,7 +213,8 @@ def disk_hardware(
     path = disk_hardware_path(cold_dir, record_bytes, depth)
     try:
         kept = json.loads(path.read_text())
-        if kept.get("step", {}).get("version") == STEP_FORMAT:
+        step = kept.get("step", {})
+        if step.get("version") == STEP_FORMAT and "held" in step:  # a timing from before held writes: again
             return kept
     except (OSError, ValueError, AttributeError):
         pass  # none yet, damaged or from another version: time it again
