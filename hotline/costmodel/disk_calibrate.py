@@ -238,12 +238,12 @@ def _held_io(path: Path, rows: int, record: int, depth: int, rng: np.random.Gene
             "fixed_us": put["fixed_us"],
             "us_per_row": put["us_per_call"],
             "cpu_us_per_row": 1e6 * sum(cpu_put) / sum(sizes),
-        },  # fmt: skip
+        },
         "sweep": {
             "us_per_span": 1e6 * float(per_span),
             "mbps": record / float(per_record) / 1e6,
             "timed": [[float(x) for x in t] for t in timed],
-        },  # fmt: skip
+        },
         "buffer_rows": capacity,
     }
 
