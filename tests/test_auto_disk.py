@@ -108,6 +108,69 @@ def test_the_dram_tier_serves_the_next_rows_by_popularity():
     assert c.predicted_samples_per_s > none.predicted_samples_per_s  # fewer pages read per step
 
 
+def test_held_writes_price_every_disk_candidate():
+    """``--cold-write-buffer``: every disk candidate is priced with the writes held (the buffer's records, by
+    :func:`hotline.kernels.held_rows.sized`, in a file of the tables' rows), each the cost model's prediction
+    of that tier; the choice is one of them and the reason says so. 8 GiB of tables: faster than with writes
+    in place; 500 GiB: slower (a 256 MiB buffer's sweep reads and writes the whole file, 2,000 times the
+    buffer's bytes)."""
+    from test_disk_costmodel import HELD
+
+    from hotline.kernels.held_rows import sized
+
+    hw = {**CPU_DISK, "disk": {**DISK, "step": {**DISK["step"], "held": HELD}}}
+    held = ColdDisk("cold", held_bytes=256 << 20)
+    rows = sized(256 << 20, 256)[1]
+    for tables, faster in ((8 * GIB, True), (500 * GIB, False)):
+        c = choose(tables, 4 * GIB, hw, W, skewed, BUDGETS, disk=held)
+        assert rows > 0 and {(x.disk.held_rows, x.disk.file_rows) for x in c.candidates} == {
+            (rows, tables // 256)
+        }
+        for x in c.candidates:
+            want = cm.predict(kind(x), W, skewed(x.hbm_budget or 0), hw, x.disk)
+            assert x.prediction.samples_per_s == pytest.approx(want.samples_per_s)
+            assert x.prediction.phases_s["disk_sweep"] > 0
+        best = max(x.prediction.samples_per_s for x in c.candidates)
+        assert (
+            c.candidates[0].prediction.samples_per_s >= (1 - 0.1) * best
+        )  # the fastest, or one within a tie
+        place = choose(tables, 4 * GIB, hw, W, skewed, BUDGETS, disk=COLD)
+        assert all(
+            x.disk.held_rows == 0 and "disk_sweep" not in x.prediction.phases_s for x in place.candidates
+        )
+        assert (c.predicted_samples_per_s > place.predicted_samples_per_s) == faster, tables
+        assert "written rows held in 256 MiB and swept to the file in order" in c.reason
+        assert "held" not in place.reason and c.record()["disk_held_rows"] == rows
+    with pytest.raises(ValueError, match="held_bytes >= 0"):
+        ColdDisk("cold", held_bytes=-1)
+
+
+def test_auto_prices_the_runs_write_buffer(tmp_path):
+    """A run's ``--cold-write-buffer`` (auto: an eighth of the rows and state) is what auto prices; 0: in place."""
+    from dataclasses import replace
+
+    from hotline import TrainConfig
+    from hotline.costmodel.auto import choose_for_run
+    from hotline.datasets.format import Dataset
+    from hotline.datasets.synthetic import generate
+    from hotline.kernels.held_rows import sized
+    from hotline.profiling.profiler import profile
+    from hotline.training.preflight import write_buffer_bytes
+
+    data = Dataset(
+        generate(tmp_path / "ds", 2000, seed=2, table_sizes=[40, 300, 50000], zipf=1.2, progress=False)
+    )
+    (tmp_path / "cold").mkdir()
+    cfg = TrainConfig(mode="auto", embedding_dim=8, bottom_mlp=[13, 16, 8], top_mlp=[16, 1], progress=False,
+                      cold_store="disk", cold_dir=str(tmp_path / "cold"))  # fmt: skip
+    prof = profile(data, embedding_dim=8, mini_batch_size=cfg.mini_batch_size, progress=False)
+    c = choose_for_run(cfg, data, CPU_DISK, prof=prof, available=1 << 40)
+    rows = sized(write_buffer_bytes(cfg, data.total_rows), 36)[1]  # dim 8 and row-wise Adagrad: 36 bytes
+    assert rows > 0 and {x.disk.held_rows for x in c.candidates} == {rows}
+    zero = choose_for_run(replace(cfg, cold_write_buffer=0), data, CPU_DISK, prof=prof, available=1 << 40)
+    assert {x.disk.held_rows for x in zero.candidates} == {0}
+
+
 # -- the disk's timing, kept once per filesystem ---------------------------------------------------------
 def test_the_disk_is_timed_once_per_filesystem_and_record(tmp_path, monkeypatch):
     """The first run times the disk of the cold dir (said once, on scratch files in a directory of its own,
@@ -148,6 +211,13 @@ def test_the_disk_is_timed_once_per_filesystem_and_record(tmp_path, monkeypatch)
     assert f"--disk {tmp_path}" not in str(
         e.value
     )  # names the flag the user passed, not `hotline calibrate`'s
+    # a timing kept from before held writes were timed: timed again (it prices them), and kept
+    kept = json.loads(path.read_text())
+    del kept["step"]["held"]
+    path.write_text(json.dumps(kept))
+    again = disk_hardware(cold, 256, depth=4, say=said.append, file_bytes=4 << 20, repeats=1)
+    assert said[-1].startswith("timing the disk of") and "held" in again["step"]
+    assert json.loads(path.read_text()) == again
 
 
 # -- hotline train --cold-store disk with --mode auto ---------------------------------------------------

@@ -95,6 +95,90 @@ def test_cost_model_prices_the_disk_tier():
         cm.predict("hotline_k1", W, s, old, cm.DiskTier())
 
 
+HELD = {"put": {"fixed_us": 200.0, "us_per_row": 0.5, "cpu_us_per_row": 0.4},
+        "sweep": {"us_per_span": 4000.0, "mbps": 500.0}}  # fmt: skip
+
+
+def test_held_writes_are_priced_as_the_put_and_a_share_of_a_sweep():
+    """Golden values by hand, held writes (``--cold-write-buffer``): 20,000 rows written a step into a buffer of
+    1,000,000 records of a 10,000,000-record file (256 bytes each: 262,144 records a 64 MiB span, 26,214 held
+    ones a span, all but a sliver of the file swept): the put 0.2 ms + 0.5 us/row = 10.2 ms, a sweep of 2.56
+    GB at 500 MB/s (each byte read and written) and 38 spans at 4 ms = 5.27 s over the 50 steps that fill the
+    buffer, 105 ms a step; the reads and in-place writes as before. A buffer of 0 (or one that a step's rows
+    overflow) writes in place as before; a calibration from before held writes prices the sweep at its
+    sequential write rate each way and the put as the host's scatter (the write_back phase)."""
+    from test_costmodel import HW, W, stats
+
+    from hotline import costmodel as cm
+    from hotline.costmodel.phases import sweep_spans
+
+    s = stats(cold=20_000, unique=60_000)
+    hw = {**HW, "disk": {**DISK, "step": {**STEP, "held": HELD}}}
+    spans, covered = sweep_spans(1_000_000, 10_000_000, 256)
+    x = 1_000_000 * 262_144 / 10_000_000
+    assert spans == pytest.approx(1_000_000 / (x + 1)) and 38 < spans < 39
+    assert covered == pytest.approx(10_000_000 * (x - 1) / (x + 1) + spans) and covered > 0.9999 * 10_000_000
+    sweep = spans * 4e-3 + covered * 256 / 500e6
+    held = cm.DiskTier(1.0, held_rows=1_000_000, file_rows=10_000_000)
+    for mode in ("hybrid", "hotline_k0", "hotline_k1"):
+        rows = 60_000 if mode == "hybrid" else 20_000
+        place = cm.predict(mode, W, s, hw, cm.DiskTier(1.0))
+        got = cm.predict(mode, W, s, hw, held)
+        assert got.phases_s["disk_sweep"] == pytest.approx(sweep * rows / 1_000_000)
+        assert got.phases_s["disk_write"] == pytest.approx(2e-4 + 0.5e-6 * rows + sweep * rows / 1_000_000)
+        assert got.phases_s["disk_read"] == place.phases_s["disk_read"]
+        assert got.phases_s["disk_cpu"] == pytest.approx(
+            (5.0 + 0.4) * 1e-6 * rows
+        )  # the reads' and the put's
+        assert place.phases_s["disk_write"] == pytest.approx(0.5e-3 + 25e-6 * rows)  # in place: as before
+        assert "disk_sweep" not in place.phases_s
+        assert got.samples_per_s > place.samples_per_s
+        if mode != "hotline_k1":  # sequential: the sweep's share is inside disk_write, counted once
+            assert got.step_s == pytest.approx(
+                place.step_s - place.phases_s["disk_write"] + got.phases_s["disk_write"]
+            )
+    # a step's rows more than the buffer holds: written in place (the store sweeps, then writes in place)
+    small = cm.predict("hotline_k0", W, s, hw, cm.DiskTier(1.0, held_rows=19_999, file_rows=10_000_000))
+    assert small.phases_s == cm.predict("hotline_k0", W, s, hw, cm.DiskTier(1.0)).phases_s
+    # a buffer of a few records in a large file: nearly a span a record (2.6% of them share one), a sliver swept
+    spans, covered = sweep_spans(1000, 10**10, 256)
+    assert spans == pytest.approx(1000 / 1.0262144) and covered < 1e-3 * 10**10
+    assert sweep_spans(0, 100, 256) == (0.0, 0.0) and sweep_spans(500, 100, 256)[1] <= 100
+    # an older calibration (no held figures): the sweep at the sequential write rate (900 MB/s) each way
+    old = cm.predict("hotline_k0", W, s, {**HW, "disk": DISK}, held)
+    swept = sweep_spans(1_000_000, 10_000_000, 256)[1] * 256 / 450e6
+    assert old.phases_s["disk_write"] == pytest.approx(swept * 20_000 / 1_000_000)
+    no_rate = {**HW, "disk": {k: v for k, v in DISK.items() if k != "seq_write_mbps"}}
+    with pytest.raises(ValueError, match="no sequential write rate.*calibrate --disk DIR` again"):
+        cm.predict("hotline_k0", W, s, no_rate, held)
+    cm.predict("hotline_k0", W, s, no_rate, cm.DiskTier(1.0))  # in place: not needed
+    with pytest.raises(ValueError, match="held_rows and file_rows must be >= 0"):
+        cm.DiskTier(1.0, held_rows=-1)
+
+
+def test_the_expected_sweep_is_what_the_store_sweeps():
+    """:func:`sweep_spans` (the spans and records of a sweep, expected of rows spread at random) against the
+    exact spans of random draws, as :meth:`HeldRows.sweep` makes them (:func:`swept_spans`), from a few held
+    records a span to every record held; and the pricing's span is the store's."""
+    import inspect
+
+    from hotline.costmodel.disk_calibrate import swept_spans
+    from hotline.costmodel.phases import SWEEP_CHUNK_BYTES, sweep_spans
+    from hotline.tiers.held_rows import HeldRows
+
+    assert inspect.signature(HeldRows.sweep).parameters["chunk_bytes"].default == SWEEP_CHUNK_BYTES
+    rng = np.random.default_rng(5)
+    record, chunk = 4096, SWEEP_CHUNK_BYTES // 4096  # 16,384 records a span: small files, many spans
+    for file_rows, held in ((2_000_000, 100), (2_000_000, 2_000), (2_000_000, 20_000), (1_000_000, 300_000),
+                            (100_000, 100_000)):  # fmt: skip
+        keys = np.sort(rng.choice(file_rows, size=held, replace=False))
+        spans, covered = swept_spans(keys, record)
+        want_spans, want_covered = sweep_spans(held, file_rows, record)
+        assert spans == pytest.approx(want_spans, rel=0.1, abs=2), (file_rows, held)
+        assert covered == pytest.approx(want_covered, rel=0.1, abs=chunk), (file_rows, held)
+    assert swept_spans(np.array([0, 5, chunk, chunk + 1]), record) == (2, 8)
+
+
 def test_step_fit_and_penalty():
     """The calibration's fit (medians of each size's timings, then a line) and overlap penalty, on fixed
     timings: 2 ms + 10 us/request with one outlier per size that the median drops, the sizes interleaved as
@@ -242,6 +326,13 @@ def test_calibrate_disk_cli(tmp_path, capsys):
     assert len(pair["pairs"]) >= 3 and all(len(p) == 3 for p in pair["pairs"]) and 0 <= pair["pooled"] <= 3
     json.dumps(t, allow_nan=False)  # plain JSON: no Infinity or NaN
     assert t["probe"]["rows"] == 2048 and t["probe"]["read_us"] > 0 and t["probe"]["write_us"] > 0
+    # the write-back as the store runs it, writes held (the put), and its sweeps (a span's cost, the bytes a second)
+    put, sweep = t["held"]["put"], t["held"]["sweep"]
+    assert put["fixed_us"] >= 0 and put["us_per_row"] >= 0 and put["cpu_us_per_row"] > 0
+    assert put["fixed_us"] + put["us_per_row"] > 0 and sweep["mbps"] > 0 and sweep["us_per_span"] >= 0
+    assert len(sweep["timed"]) == 1 + t["repeats"] and all(s > 0 and c >= s for s, c, _ in sweep["timed"])
+    # every row written while timed held: no sweep among the puts
+    assert t["held"]["buffer_rows"] >= min((4 << 20) // 128, (1 + t["repeats"]) * sum(t["rows"]))
     printed = capsys.readouterr().out
     assert "random 4 KiB reads" in printed and "a step's I/O (128-byte records)" in printed
     assert f"of the I/O beside compute {p_short:.2f} with the compute {r_short:.2f} of the I/O, " in printed

@@ -88,7 +88,10 @@ def choose_and_profile(
     _say_gpu_on_cpu(hardware, config.device)
     disk = None
     if config.cold_store == "disk":
-        disk = ColdDisk(str(config.cold_dir), 0 if config.cold_cache == "auto" else int(config.cold_cache))
+        from hotline.training.preflight import write_buffer_bytes
+
+        cache = 0 if config.cold_cache == "auto" else int(config.cold_cache)
+        disk = ColdDisk(str(config.cold_dir), cache, write_buffer_bytes(config, dataset.total_rows))
         if "disk" not in hw:  # a --hardware FILE with a disk section is used as is
             record = bytes_per_row(config.embedding_dim, config.optimizer)
             hw = {**hw, "disk": disk_hardware(config.cold_dir, record, config.cold_io_depth)}

@@ -47,12 +47,14 @@ class ColdDisk:
     """``--cold-dir``: where the store's file goes (named in the reason)."""
     cache_bytes: int = 0
     """``--cold-cache``: bytes of the DRAM tier, which holds the most popular cold rows (0: none)."""
+    held_bytes: int = 0
+    """``--cold-write-buffer``: bytes of the held writes, swept to the file in order (0: written in place;
+    :func:`hotline.training.preflight.write_buffer_bytes`)."""
 
     def __post_init__(self) -> None:
-        if not self.directory or self.cache_bytes < 0:
-            raise ValueError(
-                f"ColdDisk needs a directory and cache_bytes >= 0, got {self.directory!r}, {self.cache_bytes}"
-            )
+        if not self.directory or self.cache_bytes < 0 or self.held_bytes < 0:
+            raise ValueError(f"ColdDisk needs a directory, cache_bytes >= 0 and held_bytes >= 0, got "
+                             f"{self.directory!r}, {self.cache_bytes}, {self.held_bytes}")  # fmt: skip
 
 
 @dataclass
@@ -148,6 +150,7 @@ class AutoChoice:
         if best is not None and best.disk is not None:  # what the disk tier was priced with
             rec["disk_pages_per_cold_row"] = best.disk.pages_per_cold_row
             rec["disk_cached_share"] = best.disk.cached_share
+            rec["disk_held_rows"] = best.disk.held_rows
         if measured_samples_per_s is not None:
             rec["measured_samples_per_s"] = measured_samples_per_s
             rec["measured_over_predicted"] = measured_samples_per_s / max(self.predicted_samples_per_s, 1e-12)
@@ -200,7 +203,9 @@ def choose(
         share = 0.0
         if disk.cache_bytes and cold > 0:
             share = min(1.0, max(0.0, 1.0 - stats_at(budget + disk.cache_bytes).cold_rows_per_batch / cold))
-        return records_tier(workload.embedding_dim, workload.optimizer, cached_share=share)
+        record = bytes_per_row(workload.embedding_dim, workload.optimizer)
+        return records_tier(workload.embedding_dim, workload.optimizer, share, disk.held_bytes,
+                            table_bytes // record)  # fmt: skip
 
     def priced(mode: str, k: int, budget: int | None, s: Stats, coverage: float | None) -> Candidate:
         cost_mode = mode if mode != "hotline" else ("hotline_k1" if k else "hotline_k0")
@@ -287,6 +292,8 @@ def disk_reason(disk: ColdDisk, tier: DiskTier) -> str:
     cache = ""
     if disk.cache_bytes:
         cache = f", its DRAM tier ({format_size(disk.cache_bytes)}) serving {tier.cached_share:.0%} of them"
+    if tier.held_rows:
+        cache += f", written rows held in {format_size(disk.held_bytes)} and swept to the file in order"
     pages = f"{tier.pages_per_cold_row:.3g} page{'' if tier.pages_per_cold_row == 1 else 's'}"
     return (
         f"cold rows on disk in {disk.directory} ({pages} of 4 KiB read per cold row{cache}, priced with the "
@@ -294,11 +301,18 @@ def disk_reason(disk: ColdDisk, tier: DiskTier) -> str:
     )
 
 
-def records_tier(embedding_dim: int, optimizer: str, cached_share: float = 0.0) -> DiskTier:
+def records_tier(embedding_dim: int, optimizer: str, cached_share: float = 0.0, held_bytes: int = 0,
+                 file_rows: int = 0) -> DiskTier:  # fmt: skip
     """The disk tier before any run measured it: each cold row reads the pages its record spans in the file (a
     record is the row and its optimizer's whole state, ``bytes_per_row(embedding_dim, optimizer)`` bytes;
     Adam's at dim 128, 1540 bytes, spans 1.375 pages on average), none shared with another row of the step (the
-    popularity order only lowers it)."""
+    popularity order only lowers it); ``held_bytes`` of held writes (the records they hold:
+    :func:`hotline.kernels.held_rows.sized`) in a file of ``file_rows`` records."""
+    from hotline.kernels.held_rows import sized
     from hotline.tiers.disk_file import pages_per_record
 
-    return DiskTier(pages_per_record(bytes_per_row(embedding_dim, optimizer)), cached_share)
+    record = bytes_per_row(embedding_dim, optimizer)
+    held = sized(int(held_bytes), record)[1] if held_bytes > 0 else 0
+    return DiskTier(
+        pages_per_record(record), cached_share, held_rows=held, file_rows=file_rows if held else 0
+    )

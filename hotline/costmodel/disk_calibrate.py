@@ -34,11 +34,12 @@ import numpy as np
 from hotline.costmodel.dense_timing import overlapped_pass
 from hotline.costmodel.disk_overlap import overlap_penalties, penalty_curve, read_compute_write
 from hotline.costmodel.fitting import nnls
-from hotline.costmodel.phases import STEP_FORMAT
+from hotline.costmodel.phases import STEP_FORMAT, SWEEP_CHUNK_BYTES
 from hotline.tiers.disk_file import PAGE, RowFile, aligned_bytes, manifest_path, order_path
 
 _SCRATCH = "hotline-disk-calibration.bin"
 _STEP_SCRATCH = "hotline-disk-calibration-step.bin"
+_HELD_SCRATCH = "hotline-disk-calibration-held.bin"
 _SCRATCH_DIR = "hotline-disk-calibration"
 """The scratch files' folder in the directory timed (a fresh one per calibration, removed at its end; named
 ``.hotline-disk-calibration.hotline-tmp-PID-RANDOM``: a run killed before its end leaves one that the next
@@ -60,11 +61,12 @@ def _rate(fn, n: int) -> tuple[float, float]:
 
 
 def _scratch_file(
-    path: Path, rows: int, floats: int, depth: int, rng: np.random.Generator
+    path: Path, rows: int, floats: int, depth: int, rng: np.random.Generator, held_bytes: int = 0
 ) -> tuple[RowFile, float]:
-    """A RowFile of ``rows`` records of ``floats`` floats, every page written (an unwritten extent reads as
-    zeros without touching the disk), and the sequential write rate in bytes per second."""
-    f = RowFile(path, rows, floats, 0, io_depth=depth)
+    """A RowFile of ``rows`` records of ``floats`` floats (its writes held in ``held_bytes``, 0: in place), every
+    page written (an unwritten extent reads as zeros without touching the disk), and the sequential write rate
+    in bytes per second."""
+    f = RowFile(path, rows, floats, 0, io_depth=depth, held_bytes=held_bytes)
     chunk = aligned_bytes(1 << 20)
     chunk[:] = rng.integers(0, 255, chunk.shape[0], dtype=np.uint8)
 
@@ -189,6 +191,82 @@ def _step_io(f: RowFile, rng: np.random.Generator, repeats: int, compute) -> dic
     }
 
 
+def _held_io(path: Path, rows: int, record: int, depth: int, rng: np.random.Generator, repeats: int,
+             compute) -> dict:  # fmt: skip
+    """The ``step.held`` section (:func:`hotline.costmodel.phases.held_timing`), timed on a scratch file at
+    ``path`` whose writes are held (:mod:`hotline.tiers.held_rows`, a buffer that holds every row written here):
+    the put, step-shaped write-backs of :data:`STEP_ROWS` rows each right after a forward and backward pass,
+    fitted as ``fixed + per row`` (wall and CPU); and two sweeps, of those rows (close together: nearly all of
+    the file) and of one row a sweep's span apart (``repeats`` times), from which the cost per span and the
+    bytes covered per second (each read and written) are solved."""
+    from hotline.kernels.held_rows import EMPTY, sized
+
+    total = min(rows, (1 + repeats) * sum(STEP_ROWS))
+    budget = 1 << 20
+    while sized(budget, record)[1] < total:
+        budget *= 2
+    f, _ = _scratch_file(path, rows, record // 4, depth, rng, held_bytes=budget)
+    try:
+        sizes, t_put, cpu_put = [], [], []
+        for r in range(1 + repeats):  # a round untimed first: the table's and records' pages touched
+            for n in rng.permutation(np.asarray(STEP_ROWS)).tolist():
+                batch = rng.choice(rows, size=min(n, rows), replace=False)
+                recs, ps = f.read_rows(batch)
+                compute()
+                c0, t0 = time.process_time(), time.perf_counter()
+                f.write_rows(batch, recs, ps)
+                if r:
+                    t_put.append(time.perf_counter() - t0)
+                    cpu_put.append(time.process_time() - c0)
+                    sizes.append(batch.shape[0])
+        held = f.held
+        capacity = int(held.capacity)
+        put = _fit(sizes, t_put, sizes)
+        timed = [[*swept_spans(np.sort(held.keys[held.keys != EMPTY]), record), _timed_sweep(f)]]
+        apart = np.arange(0, rows, max(1, SWEEP_CHUNK_BYTES // record) + 1)
+        for _ in range(repeats):
+            f.write_rows(apart, f.read_rows(apart)[0])
+            timed.append([*swept_spans(apart, record), _timed_sweep(f)])
+    finally:
+        f.close()
+        _remove(path)
+    per_span, per_record = nnls([[a, b] for a, b, _ in timed], [t for *_, t in timed])
+    if per_record <= 0:  # the sweeps cannot tell the two apart: every second priced by the bytes
+        per_span, per_record = 0.0, sum(t for *_, t in timed) / sum(b for _, b, _ in timed)
+    return {
+        "put": {
+            "fixed_us": put["fixed_us"],
+            "us_per_row": put["us_per_call"],
+            "cpu_us_per_row": 1e6 * sum(cpu_put) / sum(sizes),
+        },
+        "sweep": {
+            "us_per_span": 1e6 * float(per_span),
+            "mbps": record / float(per_record) / 1e6,
+            "timed": [[float(x) for x in t] for t in timed],
+        },
+        "buffer_rows": capacity,
+    }
+
+
+def swept_spans(positions: np.ndarray, record: int) -> tuple[int, int]:
+    """(spans, records) a sweep of the held records at the sorted file ``positions`` reads and writes: a span
+    from one to the last within :data:`~hotline.costmodel.phases.SWEEP_CHUNK_BYTES` of it
+    (:meth:`hotline.tiers.held_rows.HeldRows.sweep`)."""
+    chunk = max(1, SWEEP_CHUNK_BYTES // record)
+    spans = covered = i = 0
+    while i < positions.shape[0]:
+        lo = int(positions[i])
+        j = int(np.searchsorted(positions, lo + chunk))
+        spans, covered, i = spans + 1, covered + int(positions[j - 1]) + 1 - lo, j
+    return spans, covered
+
+
+def _timed_sweep(f: RowFile) -> float:
+    t0 = time.perf_counter()
+    f.held.sweep(f)
+    return time.perf_counter() - t0
+
+
 def _scratch_dir(directory: Path) -> Path:
     """A fresh folder for scratch files in ``directory``, removed with everything in it afterwards (a SIGTERM
     unwinds to that too; after a ``kill -9`` the next calibration there removes it): a file of the user's
@@ -255,14 +333,17 @@ def _calibrate_in(scratch: Path, directory: Path, depth: int, file_bytes: int, r
     finally:
         _remove(path)
     step_path = scratch / _STEP_SCRATCH
+    step_rows = max(1024, file_bytes // record_bytes)
+    compute = overlapped_pass(np.random.default_rng(0))
     try:
-        g, _ = _scratch_file(step_path, max(1024, file_bytes // record_bytes), record_bytes // 4, depth, rng)
+        g, _ = _scratch_file(step_path, step_rows, record_bytes // 4, depth, rng)
         try:
-            step = _step_io(g, rng, repeats, overlapped_pass(np.random.default_rng(0)))
+            step = _step_io(g, rng, repeats, compute)
         finally:
             g.close()
     finally:
         _remove(step_path)
+    step["held"] = _held_io(scratch / _HELD_SCRATCH, step_rows, record_bytes, depth, rng, repeats, compute)
     return {
         "path": str(directory),
         "io_mode": mode,

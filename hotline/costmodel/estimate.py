@@ -67,6 +67,12 @@ class DiskTier:
     """I/O requests (system calls) per page: the store reads a run of neighbouring pages with one request, and a
     request costs about the same for one page or a few (1: no two pages of a step neighbours, what the
     calibration's uniform draws make; a run measures it: its reads over its pages)."""
+    held_rows: int = 0
+    """Records the write buffer holds (``--cold-write-buffer``, :func:`hotline.kernels.held_rows.sized`): a step's
+    written rows are put there and swept to the file in file order when it is full; 0: written in place."""
+    file_rows: int = 0
+    """Records in the file (a rank's rows): how far apart the held rows lie, so how much of the file a sweep
+    reads and writes (:func:`~hotline.costmodel.phases.sweep_spans`)."""
 
     def __post_init__(self) -> None:
         if not self.pages_per_cold_row >= 0 or not 0 <= self.cached_share <= 1 or not self.reread_share >= 0:
@@ -76,3 +82,5 @@ class DiskTier:
         if not 0 <= self.calls_per_page <= 1:
             raise ValueError(f"calls_per_page must be in [0, 1] (one request reads one page or more), "
                              f"got {self.calls_per_page}")  # fmt: skip
+        if self.held_rows < 0 or self.file_rows < 0:
+            raise ValueError(f"held_rows and file_rows must be >= 0, got {self.held_rows}, {self.file_rows}")

@@ -203,7 +203,7 @@ def disk_hardware(
     """The ``disk`` section ``auto`` prices the disk store with: `hotline calibrate --disk`'s figures for the
     filesystem of ``cold_dir`` at the run's record size and I/O depth, timed once (about a minute) and read
     back from :func:`disk_hardware_path` afterwards (its ``source`` records the load average it was timed at;
-    delete the file to time it again). The timing runs in a fresh directory of its own inside
+    delete the file to time it again; one kept without the held writes' figures is timed again). The timing runs in a fresh directory of its own inside
     ``cold_dir`` (scratch files, removed with it afterwards: nothing of the user's is touched; made by
     :func:`~hotline.costmodel.disk_calibrate.calibrate_disk`); ``timing``:
     :func:`~hotline.costmodel.disk_calibrate.calibrate_disk`'s sizes (tests time a small file)."""
@@ -213,7 +213,8 @@ def disk_hardware(
     path = disk_hardware_path(cold_dir, record_bytes, depth)
     try:
         kept = json.loads(path.read_text())
-        if kept.get("step", {}).get("version") == STEP_FORMAT:
+        step = kept.get("step", {})
+        if step.get("version") == STEP_FORMAT and "held" in step:  # a timing from before held writes: again
             return kept
     except (OSError, ValueError, AttributeError):
         pass  # none yet, damaged or from another version: time it again

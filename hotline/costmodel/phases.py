@@ -51,15 +51,70 @@ def disk_timing(hw: dict) -> dict:
     return step
 
 
-def _disk_phases(hw: dict, disk: DiskTier, cold_rows: float) -> dict[str, float]:
+SWEEP_CHUNK_BYTES = 64 << 20
+"""The span of the file a sweep of held writes reads and writes at a time (``chunk_bytes`` of
+:meth:`hotline.tiers.held_rows.HeldRows.sweep`)."""
+
+
+def held_timing(hw: dict) -> dict:
+    """The held writes' figures of ``hw``'s disk section (``step.held``: the put's ``fixed_us``, ``us_per_row``
+    and ``cpu_us_per_row``; the sweep's ``us_per_span`` and ``mbps``, bytes of the file it covers per second,
+    each read and written). A calibration from before held writes has none: the put is priced as the host's
+    scatter (the ``write_back`` phase), the sweep at the disk's sequential write rate each way."""
+    held = disk_timing(hw).get("held")
+    if held is not None:
+        return held
+    seq = float(hw["disk"].get("seq_write_mbps", 0.0))
+    if seq <= 0:
+        raise ValueError("the hardware description's disk section has no sequential write rate to price held "
+                         "writes with: run `hotline calibrate --disk DIR` again")  # fmt: skip
+    return {"put": {"fixed_us": 0.0, "us_per_row": 0.0, "cpu_us_per_row": 0.0},
+            "sweep": {"us_per_span": 0.0, "mbps": seq / 2}}  # fmt: skip
+
+
+def sweep_spans(held: float, file_rows: float, record: int) -> tuple[float, float]:
+    """(spans, records) a sweep of ``held`` records spread at random over a file of ``file_rows`` reads and
+    writes: it takes the held records in file order, a span from one to the last within
+    :data:`SWEEP_CHUNK_BYTES` of it, so with ``x`` held records a chunk a span covers all but about
+    ``chunk / x`` of its chunk and a gap of about as much follows it (all of the file where they lie close, one
+    record a span where they lie far apart; rows gathered at the file's popular head cover less)."""
+    if held <= 0 or file_rows <= 0:
+        return 0.0, 0.0
+    held = min(float(held), float(file_rows))
+    x = held * max(1, SWEEP_CHUNK_BYTES // int(record)) / file_rows
+    spans = held / (x + 1.0)
+    covered = file_rows * (x + np.expm1(-x)) / (x + 1.0) + spans
+    return spans, float(min(file_rows, covered))
+
+
+def held_write_s(hw: dict, disk: DiskTier, rows: float, record: int) -> tuple[float, float, float]:
+    """(the put's seconds, the sweep's seconds a step, the put's CPU seconds) of a step writing ``rows`` records
+    into the write buffer of ``disk.held_rows`` records: the put timed per row, and a sweep of a full buffer
+    (:func:`sweep_spans` at the calibrated cost per span and rate) spread over the ``held_rows / rows`` steps
+    that fill it (every row written taken as new: a row written again while held takes no slot, and the
+    buffer fills more slowly)."""
+    if rows <= 0:
+        return 0.0, 0.0, 0.0
+    t = held_timing(hw)
+    put, sweep = t["put"], t["sweep"]
+    spans, covered = sweep_spans(disk.held_rows, disk.file_rows or disk.held_rows, record)
+    sweep_s = spans * sweep["us_per_span"] * 1e-6 + covered * record / (sweep["mbps"] * 1e6)
+    return ((put["fixed_us"] + put["us_per_row"] * rows) * 1e-6, sweep_s * rows / disk.held_rows,
+            put["cpu_us_per_row"] * rows * 1e-6)  # fmt: skip
+
+
+def _disk_phases(hw: dict, disk: DiskTier, cold_rows: float, record: int) -> dict[str, float]:
     """Seconds per step of the disk store, as the calibration timed a step's I/O through the store's code
     (``fixed + per request + per page`` for the fetch's reads and for the write-back, each at the store's I/O
     depth, their CPU inside; a step's requests are its pages times ``calls_per_page``, the write-back's the
     fetch's, one per run of pages; the fetch reads all but the ``skipped_share`` of them; ``disk_reread``: the
     pages read again under look-ahead, at the reads' rates per request and per page), and
-    the CPU seconds the I/O threads spend in them (``disk_cpu``, for the record)."""
+    the CPU seconds the I/O threads spend in them (``disk_cpu``, for the record). With held writes
+    (``disk.held_rows`` at least a step's rows) the write-back is :func:`held_write_s`'s put and its share of
+    a sweep (``disk_sweep``, inside ``disk_write``), not page writes in place."""
     t = disk_timing(hw)
-    pages = cold_rows * (1.0 - disk.cached_share) * disk.pages_per_cold_row
+    rows = cold_rows * (1.0 - disk.cached_share)
+    pages = rows * disk.pages_per_cold_row
     calls = pages * disk.calls_per_page
 
     def seconds(k: dict, share: float = 1.0, fixed: bool = True) -> float:
@@ -68,12 +123,17 @@ def _disk_phases(hw: dict, disk: DiskTier, cold_rows: float) -> dict[str, float]
         per = k["us_per_call"] * calls + k.get("us_per_page", 0.0) * pages
         return (fixed * k["fixed_us"] + share * per) * 1e-6
 
-    return {
+    out = {
         "disk_read": seconds(t["read"], 1.0 - disk.skipped_share),
         "disk_write": seconds(t["write"]),
         "disk_reread": seconds(t["read"], disk.reread_share, fixed=False),
         "disk_cpu": calls * (t["read"]["cpu_us_per_call"] + t["write"]["cpu_us_per_call"]) * 1e-6,
     }
+    if disk.held_rows and rows <= disk.held_rows:  # more than the buffer holds: written in place
+        put, sweep, cpu = held_write_s(hw, disk, rows, record)
+        out.update(disk_write=put + sweep, disk_sweep=sweep,
+                   disk_cpu=calls * t["read"]["cpu_us_per_call"] * 1e-6 + cpu)  # fmt: skip
+    return out
 
 
 def overlapped(a: float, b: float, penalty: float) -> float:
@@ -228,7 +288,8 @@ def _host(hw: dict, key: str, threads: int | None, default: float | None = None)
 
 def phases(mode: str, w: Workload, s: Stats, hw: dict, disk: DiskTier | None = None) -> dict[str, float]:
     """Seconds per step of each phase of ``mode`` (one of :data:`PRICED_MODES`); ``disk``: the cold rows live in the
-    disk store (reads, page writes and the CPU issuing them: ``disk_read``, ``disk_write``, ``disk_cpu``)."""
+    disk store (reads, page writes or held writes and the CPU issuing them: ``disk_read``, ``disk_write``,
+    ``disk_cpu``; ``disk_sweep``: held writes' share of a sweep, inside ``disk_write``)."""
     dev = hw["device"]
     B, N, R = w.batch_size, w.lookups, w.row_bytes
     index_bytes = 8.0 * N * 2 + 4.0 * B * 14  # lookup positions and slots; dense features and labels
@@ -269,7 +330,7 @@ def phases(mode: str, w: Workload, s: Stats, hw: dict, disk: DiskTier | None = N
         out["write_back"] = cold * R / (_host(hw, "scatter_gbps", None) * 1e9)
         if disk is not None:  # a sequential step has no stale rows: its fetch reads every page
             out.update(
-                _disk_phases(hw, disk if mode == "hotline_k1" else replace(disk, skipped_share=0.0), cold)
+                _disk_phases(hw, disk if mode == "hotline_k1" else replace(disk, skipped_share=0.0), cold, R)
             )
     out["dense_update"] = _dense_update_s(w, dev)
     return out

@@ -79,8 +79,9 @@ def predict(mode: str, w: Workload, s: Stats, hw: dict, disk: DiskTier | None = 
         raise ValueError(f"mode must be one of {PRICED_MODES}, got {mode!r}")
     ph = phases(mode, w, s, hw, disk)
     if mode != "hotline_k1":
-        # disk_cpu is inside the reads' and writes' wall time; a sequential step reads nothing again
-        timed = {k: v for k, v in ph.items() if k not in ("disk_cpu", "disk_reread")}
+        # disk_cpu is inside the reads' and writes' wall time, disk_sweep inside disk_write; a sequential step
+        # reads nothing again
+        timed = {k: v for k, v in ph.items() if k not in ("disk_cpu", "disk_reread", "disk_sweep")}
         step = sum(timed.values())
         bottleneck = max(timed, key=timed.get)
         return Prediction(mode, w.batch_size / step, step, ph, bottleneck)
