@@ -155,7 +155,7 @@ def test_auto_prices_the_runs_write_buffer(tmp_path):
     from hotline.datasets.synthetic import generate
     from hotline.kernels.held_rows import sized
     from hotline.profiling.profiler import profile
-    from hotline.training.preflight import write_buffer_bytes
+    from hotline.tiers.held_rows import write_buffer_bytes
 
     data = Dataset(
         generate(tmp_path / "ds", 2000, seed=2, table_sizes=[40, 300, 50000], zipf=1.2, progress=False)

@@ -268,7 +268,13 @@ def test_the_write_buffer_is_a_budget_the_preflight_counts(data, tmp_path):
     auto = _config(placement, tmp_path)
     rows_bytes = sum(TABLES) * 36
     assert write_buffer_bytes(auto, sum(TABLES)) == rows_bytes // 8  # auto: an eighth of the rows, capped
-    assert write_buffer_bytes(auto, 10**9) == 256 << 20
+    assert write_buffer_bytes(auto, 10**9) == 256 << 20  # 36 GB of rows: 3.7M records held pay for sweeps
+    dim128 = TrainConfig(mode="hotline", optimizer="rowwise-adagrad", embedding_dim=128, bottom_mlp=[13, 128],
+                         top_mlp=[32, 1], cold_store="disk", cold_dir=str(tmp_path))  # fmt: skip
+    assert (
+        write_buffer_bytes(dim128, 204_184_588) == 0
+    )  # 105 GB of 516-byte records: in place (SWEEP_BREAK_EVEN)
+    assert write_buffer_bytes(dim128, 10**6) == 10**6 * 516 // 8
     given = _config(placement, tmp_path, cold_write_buffer=1 << 20)
     none = _config(placement, tmp_path, cold_write_buffer=0)
     assert memory_needed(given, ds) - memory_needed(none, ds) == 1 << 20

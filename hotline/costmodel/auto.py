@@ -88,7 +88,7 @@ def choose_and_profile(
     _say_gpu_on_cpu(hardware, config.device)
     disk = None
     if config.cold_store == "disk":
-        from hotline.training.preflight import write_buffer_bytes
+        from hotline.tiers.held_rows import write_buffer_bytes
 
         cache = 0 if config.cold_cache == "auto" else int(config.cold_cache)
         disk = ColdDisk(str(config.cold_dir), cache, write_buffer_bytes(config, dataset.total_rows))

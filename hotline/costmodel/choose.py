@@ -49,7 +49,7 @@ class ColdDisk:
     """``--cold-cache``: bytes of the DRAM tier, which holds the most popular cold rows (0: none)."""
     held_bytes: int = 0
     """``--cold-write-buffer``: bytes of the held writes, swept to the file in order (0: written in place;
-    :func:`hotline.training.preflight.write_buffer_bytes`)."""
+    :func:`hotline.tiers.held_rows.write_buffer_bytes`)."""
 
     def __post_init__(self) -> None:
         if not self.directory or self.cache_bytes < 0 or self.held_bytes < 0:

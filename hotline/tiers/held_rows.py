@@ -29,15 +29,25 @@ from hotline.tiers.store_files import PAGE
 WRITE_BUFFER_AUTO = 256 << 20
 """The most ``--cold-write-buffer auto`` takes: a sweep's cost is the file's, spread over the steps that fill it."""
 
+SWEEP_BREAK_EVEN = 32 << 10
+"""File bytes a held record may stand for before a sweep costs more than writing its page in place: a sweep reads
+and writes the file at the sequential rate (1-2 GB/s here) where a row written in place costs a random 4 KiB
+write (16-30 thousand a second at depth 32), so one held row pays for ``seq_rate / random_rate / 2`` bytes of
+sweep, 32-64 KiB (the smaller taken)."""
+
 
 def write_buffer_bytes(config, total_rows: int, world_size: int = 1) -> int:
     """Bytes of a disk store's held writes on one rank (``--cold-write-buffer``; :mod:`hotline.tiers.held_rows`):
-    as given, or ``auto``: an eighth of the rank's rows and state, at most :data:`WRITE_BUFFER_AUTO`."""
+    as given, or ``auto``: an eighth of the rank's rows and state, at most :data:`WRITE_BUFFER_AUTO`, and 0 (in
+    place) where the file is larger than :data:`SWEEP_BREAK_EVEN` a record it holds (large records: the sweeps
+    would cost more than the page writes they spare)."""
     value = getattr(config, "cold_write_buffer", 0)
     if value != "auto":
         return int(value)
     rows = -(-int(total_rows) // world_size)
-    return min(WRITE_BUFFER_AUTO, rows * bytes_per_row(config.embedding_dim, config.optimizer) // 8)
+    record = bytes_per_row(config.embedding_dim, config.optimizer)
+    budget = min(WRITE_BUFFER_AUTO, rows * record // 8)
+    return budget if rows * record <= sized(budget, record)[1] * SWEEP_BREAK_EVEN else 0
 
 
 class HeldRows:
