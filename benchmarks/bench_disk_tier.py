@@ -137,6 +137,8 @@ def run_trainer(name: str, dataset, args, probe=None, **kw) -> dict:
             pages_per_disk_row=disk_pages / max(1.0, disk_rows),
             cached_share=1.0 - disk_rows / max(1.0, counters.get("working_set_rows", 0.0)),
             skipped_share=1.0 - counters.get("disk_bytes_read", 0.0) / 4096 / max(1.0, disk_pages),
+            held_rows=io_mode.held.capacity if io_mode.held else 0,
+            file_rows=io_mode.num_rows,  # held writes
         )
         lookahead = kw.get("lookahead", 0) if kw.get("mode") == "hotline" else 0
         os_read = rec["os_read_bytes_per_step"]  # the kernel's count: the fetch's pages and those read again

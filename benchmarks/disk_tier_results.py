@@ -42,7 +42,8 @@ def predict(rec: dict, hybrid: dict | None, dataset, args, hw: dict):
     disk = DiskTier(pages_per_cold_row=rec["pages_per_disk_row"], reread_share=max(0.0, reread or 0.0),
                     cached_share=min(1.0, max(0.0, rec["cached_share"])),
                     skipped_share=min(1.0, max(0.0, rec.get("skipped_share", 0.0))) if ahead else 0.0,
-                    calls_per_page=min(1.0, rec["disk_reads_per_step"] / pages) if pages else 1.0)  # fmt: skip
+                    calls_per_page=min(1.0, rec["disk_reads_per_step"] / pages) if pages else 1.0,
+                    held_rows=rec.get("held_rows", 0), file_rows=rec.get("file_rows", 0))  # fmt: skip
     return predict(mode, w, s, hw, disk)
 
 
