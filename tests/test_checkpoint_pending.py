@@ -122,3 +122,22 @@ def test_a_seed_that_does_not_draw_the_stores_rows_writes_every_record(data, tmp
     got = read_tables(tmp_path / "other.pt", lambda m: (m,))
     want = read_tables(tmp_path / "ck" / "step-000000006.pt", lambda m: (m,))
     assert all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
+def test_a_damaged_bitmap_is_one_line_and_nothing_is_written(data, tmp_path, capsys):  # noqa: F811
+    """A bit flipped in the bitmap shifts every record after it: the export says the rows file is corrupt in
+    one line (its sha256), before its directory is put under its name."""
+    from hotline.cli import main
+
+    ds, placement, _ = data
+    ck, *_ = _run(ds, placement, tmp_path)
+    capsys.readouterr()
+    path = rows_path(ck)
+    head, start = read_header(path)
+    raw = bytearray(path.read_bytes())
+    raw[start] ^= 1  # position 0's bit
+    path.write_bytes(bytes(raw))
+    code = main(["export", str(tmp_path / "out"), "--load", str(ck), "--format", "dcp"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and path.name in err[0] and "corrupt" in err[0], err
+    assert not (tmp_path / "out").exists()

@@ -227,14 +227,6 @@ def record_of(num_rows: int, dim: int, state_floats: int) -> dict:
             "record_bytes": 4 * (int(dim) + int(state_floats))}  # fmt: skip
 
 
-def _written_out(f) -> None:
-    """Makes what was written to ``f`` durable and drops it from the page cache: a copy of a table larger than
-    the memory limit must not fill that memory with dirty pages (a cgroup counts them)."""
-    f.flush()
-    os.fdatasync(f.fileno())
-    os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-
-
 def check_rows(checkpoint: str | os.PathLike, info, step: int, want: dict, error: type[Exception],
                digest: bool = True) -> None:  # fmt: skip
     """Raises ``error`` unless the side file of ``checkpoint`` is the one it records (``info``: size, sha256),
@@ -318,7 +310,14 @@ def _drawer(head: dict):
     table_rows = np.asarray(initial["table_rows"], np.int64)
     jumps = jump_tables(int(initial["seed"]), table_rows.shape[0])
     world, rank, dim = int(initial["world_size"]), int(initial["rank"]), int(head["dim"])
-    return lambda order, rec, mask: draw_fused(order, table_rows, dim, jumps, rec, world, rank, mask)
+    total = int(table_rows.sum())
+
+    def draw(order, rec, mask):
+        if order.shape[0] and (order.min() < 0 or order.max() * world + rank >= total):
+            raise OSError("checkpoint rows are corrupt: their order names rows outside the tables")
+        return draw_fused(order, table_rows, dim, jumps, rec, world, rank, mask)
+
+    return draw
 
 
 def _feed_blocks(f, digest_feed, start: int, end: int, block: int) -> None:
@@ -385,7 +384,7 @@ def _rows_file_chunks(
                 k = m - int(np.count_nonzero(drawn))
                 got = np.fromfile(rec_f, np.float32, k * floats).reshape(-1, floats)
                 if drawn.shape[0] != m or got.shape[0] != k or (k < m and draw is None):
-                    raise OSError(f"checkpoint rows {path} end early or cannot draw their rows (at row {lo})")
+                    raise OSError(f"checkpoint rows {path} are corrupt or cut short (at row {lo})")
                 rec = np.empty((m, floats), np.float32)
                 rec[~drawn] = got
                 if k < m:
@@ -397,7 +396,9 @@ def _rows_file_chunks(
                 feed(memoryview(rec if first else got).cast("B"))  # the caller reads these, never writes them
             yield order, rec
         if not first and held != int(head.get("held", -1)):
-            raise OSError(f"checkpoint rows {path} hold {head.get('held')} records, their bitmap {held}")
+            raise OSError(
+                f"checkpoint rows {path} are corrupt: {head.get('held')} records, their bitmap {held}"
+            )
         if digest is not None:
             if first:
                 _feed_blocks(rec_f, feed, order_at, order_at + n * dtype.itemsize, block)
