@@ -38,9 +38,9 @@ import numpy as np
 
 from hotline import _io
 from hotline.kernels.initial_rows import draw_fused, jump_tables
-from hotline.tiers.disk_pages import aligned_bytes, get_records, pages_of
 from hotline.tiers.written_rows import untrack
 from hotline.training import checkpoint_delta
+from hotline.training.checkpoint_held import ahead, held_records, pending_of
 from hotline.training.direct_out import write_direct
 
 ROWS_FORMAT = "hotline-checkpoint-rows/2"
@@ -127,7 +127,8 @@ def write_rows(host, checkpoint: str | os.PathLike, step: int, run: dict, base: 
     """Writes the side file of ``checkpoint`` from the store ``host`` (its file in order, in chunks; the DRAM
     tier's rows from memory), atomically; returns what the checkpoint records of it (format, name, bytes,
     sha256). ``seed``: the one that drew the store's initial rows: its rows never written are named by the
-    bitmap, not drawn into the file (:func:`pending_of`). ``base``: a delta on it instead
+    bitmap, not drawn into the file
+    (:func:`~hotline.training.checkpoint_held.pending_of`). ``base``: a delta on it instead
     (:func:`~hotline.training.checkpoint_delta.delta_base`): the rows written since it only. A file there that is
     not a rows file by its content (or a link) is refused (ValueError), and kept."""
     path = rows_path(checkpoint)
@@ -166,7 +167,7 @@ def write_rows(host, checkpoint: str | os.PathLike, step: int, run: dict, base: 
                 yield rec
             return
         spans = ((lo, min(chunk, n - lo)) for lo in range(0, n, chunk))
-        for rec in _ahead(lambda span: _held_records(f_rows, pending, *span), spans):
+        for rec in ahead(lambda span: held_records(f_rows, pending, *span), spans):
             if rec.shape[0]:
                 yield rec
         f_rows.drop_page_cache()
@@ -174,50 +175,6 @@ def write_rows(host, checkpoint: str | os.PathLike, step: int, run: dict, base: 
     size, sha, _ = write_direct(path, pieces(), buffer_bytes=(chunk_bytes or CHUNK_BYTES) // 2)
     kind = ROWS_FORMAT if base is None else checkpoint_delta.DELTA_FORMAT
     return {"format": kind, "file": path.name, "bytes": size, "sha256": sha}
-
-
-def pending_of(host, seed: int | None):
-    """The store's rows never written (its :class:`~hotline.tiers.pending_rows.PendingRows`) when a rows file
-    can name them by their bits alone: ``seed`` is the one their initial records are drawn from. Else None
-    (every record drawn into the file)."""
-    pending = getattr(host.file, "pending", None)
-    if pending is None or seed is None:
-        return None
-    start, inc, _, _ = jump_tables(int(seed), pending.table_rows.shape[0])
-    same = np.array_equal(start, pending.jumps[0]) and np.array_equal(inc, pending.jumps[1])
-    return pending if same else None
-
-
-def _held_records(file, pending, lo: int, n: int) -> np.ndarray:
-    """The records at file positions ``lo .. lo + n - 1`` that are not pending, in position order: the DRAM
-    tier's from memory, the rest read (the span of them, or their pages where those are under half of it)."""
-    held = np.flatnonzero(~pending.range_mask(lo, lo + n))
-    out = np.empty((held.shape[0], file.floats), np.float32)
-    k = int(np.searchsorted(held, max(0, file._cached() - lo)))
-    out[:k] = file.cache[lo + held[:k]]
-    rest = held[k:]
-    if rest.shape[0]:
-        a, b = int(rest[0]), int(rest[-1]) + 1
-        pages, offsets = pages_of(lo + rest, file.record)
-        if 2 * pages.shape[0] * _PAGE < (b - a) * file.record:
-            buffer = aligned_bytes(pages.shape[0] * _PAGE)
-            file._io(False, pages, buffer)
-            out[k:] = get_records(buffer, offsets, file.record).view(np.float32)
-        else:
-            out[k:] = file._read_positions(lo + a, b - a)[rest - a]
-    return out
-
-
-def _ahead(fn, items: Iterator) -> Iterator:
-    """``fn(item)`` of each of ``items`` in turn, the next computed on a thread while the caller takes this one."""
-    with ThreadPoolExecutor(1, thread_name_prefix="hotline-rows-ahead") as pool:
-        nxt = next(items, None)
-        job = None if nxt is None else pool.submit(fn, nxt)
-        while job is not None:
-            out = job.result()
-            nxt = next(items, None)
-            job = None if nxt is None else pool.submit(fn, nxt)
-            yield out
 
 
 def record_of(num_rows: int, dim: int, state_floats: int) -> dict:
@@ -385,9 +342,9 @@ def _rows_file_chunks(
                 got = np.fromfile(rec_f, np.float32, k * floats).reshape(-1, floats)
                 if drawn.shape[0] != m or got.shape[0] != k or (k < m and draw is None):
                     raise OSError(f"checkpoint rows {path} are corrupt or cut short (at row {lo})")
-                rec = np.empty((m, floats), np.float32)
-                rec[~drawn] = got
+                rec = got if k == m else np.empty((m, floats), np.float32)
                 if k < m:
+                    rec[~drawn] = got
                     draw(order, rec, drawn)
             held += k
             if rec.shape[0] != m or order.shape[0] != m:
