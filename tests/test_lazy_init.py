@@ -17,7 +17,7 @@ from hotline import TrainConfig, Trainer
 from hotline.tiers.pending_rows import PendingRows
 from hotline.tiers.store_files import PAGE, read_manifest
 from hotline.training.checkpoint import save_checkpoint
-from hotline.training.checkpoint_rows import rows_path
+from hotline.training.checkpoint_rows import read_tables
 from hotline.training.export import export_torchrec_dlrm
 from hotline.training.inference import trainer_from_checkpoint
 
@@ -156,7 +156,7 @@ def test_checkpoints_resume_and_readers_of_a_lazy_run_equal_the_eager_runs(data,
         cfg = _config(placement, tmp_path / kind, steps=8, lookahead=2, cold_cache=2000)
         *_, cks[kind] = _train(ds, cfg, tmp_path / f"ck-{kind}" / "step-000000008.pt")
     monkeypatch.undo()  # lazy again from here on
-    assert rows_path(cks["lazy"]).read_bytes() == rows_path(cks["eager"]).read_bytes()
+    assert all(np.array_equal(*x) for x in zip(*(read_tables(cks[k], lambda n: (n, 1)) for k in cks)))
     tr = Trainer(_config(placement, tmp_path / "lazy", lookahead=2, checkpoint_dir=str(tmp_path / "ck-lazy"),
                          resume=True), ds)  # fmt: skip
     try:

@@ -187,7 +187,9 @@ def save_checkpoint(trainer, base: str | os.PathLike) -> Path:
         on = checkpoint_delta.delta_base(host, checkpoint_rows.rows_path(path))
         if trainer.comm.world_size > 1 and not trainer.comm.all_ok(on is not None):
             on = None  # every rank a delta on the same step's base, or every rank a full copy
-        rows = checkpoint_rows.write_rows(host, path, trainer.step_count, run_fingerprint(trainer), base=on)
+        rows = checkpoint_rows.write_rows(
+            host, path, trainer.step_count, run_fingerprint(trainer), on, trainer.config.seed
+        )
     payload = _payload(trainer, rows)
     try:
         _io.write_with_digest(path, lambda f: torch.save(payload, f))

@@ -2,14 +2,19 @@
 the whole table in memory.
 
 A checkpoint of a run whose cold rows live on disk (``--cold-store disk``, one rank or each of N) keeps every
-row and its optimizer state in a side file, ``CHECKPOINT.rows`` (``step-000000123.pt.rows``): a header, the
-store's records in its file order (the row and its whole optimizer state, ``4 * (dim + state)`` bytes each,
-packed; the DRAM tier's rows as they stand in memory), then that order (int32, int64 beyond 2**31 rows):
-record ``i`` is row ``order[i]``. The store's file is read in order in chunks of :data:`CHUNK_BYTES` and the side
-file written in order with ``O_DIRECT`` where the filesystem allows it (:func:`~hotline.training.direct_out.\
-write_direct`: the read, the write and the sha256 overlap, no page cache), so the host memory it takes is a chunk
-and two write buffers, not the table. The hot rows are the one part not in it: their
-current values are on the device, and the checkpoint's own file holds them.
+row and its optimizer state in a side file, ``CHECKPOINT.rows`` (``step-000000123.pt.rows``): a header, a bitmap
+of the store's file positions never written (bit ``i % 8`` of byte ``i // 8``, padded to a page: lazy
+initialization's pending rows, :mod:`hotline.tiers.pending_rows`; the header names how to draw them), the
+store's file order (int32, int64 beyond 2**31 rows: position ``i`` holds row ``order[i]``), then the records of
+the positions not marked, in position order (the row and its whole optimizer state, ``4 * (dim + state)`` bytes
+each, packed; the DRAM tier's rows as they stand in memory). A row never written is not drawn into the file:
+every reader draws it (:func:`_rows_file_chunks`), so a checkpoint writes the rows a run wrote, not the table.
+:data:`ROWS_FORMAT_1` files (every record, then the order) still load. The store's file is read in order in
+chunks of :data:`CHUNK_BYTES` (the next chunk on a thread) and the side file written in order with ``O_DIRECT``
+where the filesystem allows it (:func:`~hotline.training.direct_out.write_direct`: the read, the write and the
+sha256 overlap, no page cache), so the host memory it takes is two chunks and two write buffers, not the table.
+The hot rows are the one part not in it: their current values are on the device, and the checkpoint's own
+file holds them.
 
 Crash-safe as every checkpoint: the side file is written under a temporary name, fsynced and renamed, and
 only then the checkpoint's file (which records the side file's size and sha256) and its digest, the commit. A
@@ -32,11 +37,16 @@ from pathlib import Path
 import numpy as np
 
 from hotline import _io
+from hotline.kernels.initial_rows import draw_fused, jump_tables
 from hotline.tiers.written_rows import untrack
 from hotline.training import checkpoint_delta
+from hotline.training.checkpoint_held import ahead, held_records, pending_of
 from hotline.training.direct_out import write_direct
 
-ROWS_FORMAT = "hotline-checkpoint-rows/1"
+ROWS_FORMAT = "hotline-checkpoint-rows/2"
+ROWS_FORMAT_1 = "hotline-checkpoint-rows/1"
+"""The first format: every record written, those of rows never written drawn into it (still read)."""
+FULL_FORMATS = (ROWS_FORMAT, ROWS_FORMAT_1)
 MAGIC = b"HOTLINE CHECKPOINT ROWS\n"
 CHUNK_BYTES = 64 << 20
 """The chunk of a copy (read when a copy starts): the host memory a checkpoint's rows take while they are
@@ -65,9 +75,9 @@ def _order_dtype(num_rows: int) -> np.dtype:
     return np.dtype(np.int32) if num_rows < 2**31 else np.dtype(np.int64)
 
 
-def _header(host, step: int, run: dict, delta: dict | None = None) -> bytes:
-    """The side file's first bytes: magic, the JSON header's length, the header (a delta's with ``delta``'s
-    fields), padded to whole pages."""
+def _header(host, step: int, run: dict, fields: dict) -> bytes:
+    """The side file's first bytes: magic, the JSON header's length, the header (``fields``: a full file's
+    initial rows and held records, or a delta's fields), padded to whole pages."""
     head = json.dumps(
         {
             "format": ROWS_FORMAT,
@@ -78,7 +88,7 @@ def _header(host, step: int, run: dict, delta: dict | None = None) -> bytes:
             "state_floats": host.S,
             "record_bytes": host.file.record,
             "order_dtype": _order_dtype(host.num_rows).str,
-            **(delta or {}),
+            **fields,
         },  # fmt: skip
         sort_keys=True,
     ).encode()
@@ -98,7 +108,7 @@ def read_header(path: str | os.PathLike) -> tuple[dict, int] | None:
             head = json.loads(f.read(n))
     except (OSError, ValueError, struct.error):
         return None
-    if not isinstance(head, dict) or head.get("format") not in (ROWS_FORMAT, checkpoint_delta.DELTA_FORMAT):
+    if not isinstance(head, dict) or head.get("format") not in (*FULL_FORMATS, checkpoint_delta.DELTA_FORMAT):
         return None
     raw = len(MAGIC) + 8 + n
     return head, raw + (-raw % _PAGE)
@@ -112,13 +122,15 @@ def _order_chunks(host, chunk: int) -> Iterator[np.ndarray]:
     return order_chunks(host.file.order, chunk)
 
 
-def write_rows(host, checkpoint: str | os.PathLike, step: int, run: dict, chunk_bytes: int | None = None,
-               base: dict | None = None) -> dict:  # fmt: skip
+def write_rows(host, checkpoint: str | os.PathLike, step: int, run: dict, base: dict | None = None,
+               seed: int | None = None, chunk_bytes: int | None = None) -> dict:  # fmt: skip
     """Writes the side file of ``checkpoint`` from the store ``host`` (its file in order, in chunks; the DRAM
     tier's rows from memory), atomically; returns what the checkpoint records of it (format, name, bytes,
-    sha256). ``base``: a delta on it instead (:func:`~hotline.training.checkpoint_delta.delta_base`): the rows
-    written since it only. A file there that is not a rows file by its content (or a link) is refused
-    (ValueError), and kept."""
+    sha256). ``seed``: the one that drew the store's initial rows: its rows never written are named by the
+    bitmap, not drawn into the file
+    (:func:`~hotline.training.checkpoint_held.pending_of`). ``base``: a delta on it instead
+    (:func:`~hotline.training.checkpoint_delta.delta_base`): the rows written since it only. A file there that is
+    not a rows file by its content (or a link) is refused (ValueError), and kept."""
     path = rows_path(checkpoint)
     if path.is_symlink() or (path.exists() and read_header(path) is None):
         raise ValueError(
@@ -126,19 +138,39 @@ def write_rows(host, checkpoint: str | os.PathLike, step: int, run: dict, chunk_
             f"disk-store checkpoint writes its rows there); nothing was written"
         )
     f_rows = host.file
-    chunk = max(1, (chunk_bytes or CHUNK_BYTES) // f_rows.record)
+    chunk = max(1, (chunk_bytes or CHUNK_BYTES) // f_rows.record) // 8 * 8 or 8  # whole bitmap bytes
 
     def pieces():
         if base is not None:
             yield _header(host, step, run, checkpoint_delta.delta_header(base, host))
             yield from checkpoint_delta.pieces(host, chunk)
             return
-        yield _header(host, step, run)
-        for _, rec in f_rows.read_all(chunk, rows=False):  # the order follows, read once
-            yield rec
-        dtype = _order_dtype(host.num_rows)
+        pending = pending_of(host, seed)
+        n = host.num_rows
+        initial = None
+        if pending is not None:
+            initial = {"seed": int(seed), "table_rows": pending.table_rows.tolist(), "rank": pending.rank,
+                       "world_size": pending.world_size}  # fmt: skip
+        held = n if pending is None else n - pending.count()
+        yield _header(host, step, run, {"initial": initial, "held": held})
+        bits = -(-n // 8)
+        if pending is None:  # every record held: a bitmap of zeros
+            yield from (bytes(min(1 << 20, bits - lo)) for lo in range(0, bits, 1 << 20))
+        else:
+            yield pending.bits  # the store is still while it is written: copied as it stands
+        yield bytes(-bits % _PAGE)
+        dtype = _order_dtype(n)
         for order in _order_chunks(host, chunk):
             yield np.ascontiguousarray(order, dtype)
+        if pending is None:
+            for _, rec in f_rows.read_all(chunk, rows=False):
+                yield rec
+            return
+        spans = ((lo, min(chunk, n - lo)) for lo in range(0, n, chunk))
+        for rec in ahead(lambda span: held_records(f_rows, pending, *span), spans):
+            if rec.shape[0]:
+                yield rec
+        f_rows.drop_page_cache()
 
     size, sha, _ = write_direct(path, pieces(), buffer_bytes=(chunk_bytes or CHUNK_BYTES) // 2)
     kind = ROWS_FORMAT if base is None else checkpoint_delta.DELTA_FORMAT
@@ -150,14 +182,6 @@ def record_of(num_rows: int, dim: int, state_floats: int) -> dict:
     side file's header."""
     return {"rows": int(num_rows), "dim": int(dim), "state_floats": int(state_floats),
             "record_bytes": 4 * (int(dim) + int(state_floats))}  # fmt: skip
-
-
-def _written_out(f) -> None:
-    """Makes what was written to ``f`` durable and drops it from the page cache: a copy of a table larger than
-    the memory limit must not fill that memory with dirty pages (a cgroup counts them)."""
-    f.flush()
-    os.fdatasync(f.fileno())
-    os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 def check_rows(checkpoint: str | os.PathLike, info, step: int, want: dict, error: type[Exception],
@@ -199,7 +223,7 @@ def check_base(checkpoint, path: Path, head: dict, error: type[Exception], diges
     same = ("run", "rows", "dim", "state_floats", "record_bytes")
     if (
         found is None
-        or found[0].get("format") != ROWS_FORMAT
+        or found[0].get("format") not in FULL_FORMATS
         or found[0].get("step") != named.get("step")
         or any(found[0].get(k) != head.get(k) for k in same)
     ):
@@ -223,24 +247,69 @@ def _corrupt(checkpoint, path: Path, error: type[Exception]) -> Exception:
     )
 
 
+def regions(head: dict, start: int) -> tuple[int, int]:
+    """Where a full side file's order and its records start (``start``: the header's end): in this format the
+    bitmap, the order, then the records held; in :data:`ROWS_FORMAT_1` the records, then the order."""
+    n = int(head["rows"])
+    if head["format"] == ROWS_FORMAT_1:
+        return start + n * int(head["record_bytes"]), start
+    bits = -(-n // 8)
+    order_at = start + bits + (-bits % _PAGE)
+    return order_at, order_at + n * np.dtype(head["order_dtype"]).itemsize
+
+
+def _drawer(head: dict):
+    """``draw(order, records, mask)``: the initial records of the rows ``order`` where ``mask`` into
+    ``records`` (a full side file's rows never written), or None when it names none."""
+    initial = head.get("initial")
+    if not initial:
+        return None
+    table_rows = np.asarray(initial["table_rows"], np.int64)
+    jumps = jump_tables(int(initial["seed"]), table_rows.shape[0])
+    world, rank, dim = int(initial["world_size"]), int(initial["rank"]), int(head["dim"])
+    total = int(table_rows.sum())
+
+    def draw(order, rec, mask):
+        if order.shape[0] and (order.min() < 0 or order.max() * world + rank >= total):
+            raise OSError("checkpoint rows are corrupt: their order names rows outside the tables")
+        return draw_fused(order, table_rows, dim, jumps, rec, world, rank, mask)
+
+    return draw
+
+
+def _feed_blocks(f, digest_feed, start: int, end: int, block: int) -> None:
+    """Feeds the bytes ``start .. end - 1`` of the open file ``f`` to ``digest_feed``, a block at a time."""
+    f.seek(start)
+    while start < end:
+        data = f.read(min(block, end - start))
+        if not data:
+            raise OSError(f"checkpoint rows {f.name} end early (at byte {start})")
+        digest_feed(data)
+        start += len(data)
+
+
 def _rows_file_chunks(
-    path: Path, head: dict, start: int, chunk: int, digest=None
+    path: Path, head: dict, start: int, chunk: int, digest=None, digested: bool = False
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """``(order, records)`` of the side file ``path`` in chunks of ``chunk`` rows; ``digest`` (a hashlib
-    object): fed the whole file's bytes in order on the way (the header, the records as they are read, then
-    the order, read a second time: its bytes come after all the records; a tenth of the file at dim 8). A
-    delta's: its base's chunks with its records laid over them (:func:`~hotline.training.checkpoint_delta.\
-overlay`), ``digest`` fed the base's bytes."""
+    """``(order, records)`` of the side file ``path`` in chunks of ``chunk`` rows, the rows never written
+    drawn; ``digest`` (a hashlib object): fed the whole file's bytes in order on the way (this format: the
+    header, bitmap and order first, unless ``digested`` says the caller's pass over the order fed them
+    (:func:`order_chunks`), then the records as they are read; :data:`ROWS_FORMAT_1`: the header, the records,
+    then the order, read a second time). A delta's: its base's chunks with its records laid over them
+    (:func:`~hotline.training.checkpoint_delta.overlay`), ``digest`` fed the base's bytes."""
     if checkpoint_delta.is_delta(head):
         base = checkpoint_delta.base_of(path, head)
         base_head, base_start = read_header(base)
         yield from checkpoint_delta.overlay(
-            _rows_file_chunks(base, base_head, base_start, chunk, digest), path, head, start
+            _rows_file_chunks(base, base_head, base_start, chunk, digest, digested), path, head, start
         )
         return
     n, floats = int(head["rows"]), int(head["dim"]) + int(head["state_floats"])
     dtype = np.dtype(head["order_dtype"])
-    order_at = start + n * int(head["record_bytes"])
+    order_at, rec_at = regions(head, start)
+    first = head["format"] == ROWS_FORMAT_1
+    draw = None if first else _drawer(head)
+    block = chunk * int(head["record_bytes"])
     with (
         open(path, "rb") as rec_f,
         open(path, "rb") as ord_f,
@@ -254,26 +323,73 @@ overlay`), ``digest`` fed the base's bytes."""
                 pending.result()
             pending = hashing.submit(digest.update, data)
 
-        if digest is not None:
-            feed(rec_f.read(start))
-        rec_f.seek(start)
+        if digest is not None and (first or not digested):
+            _feed_blocks(rec_f, feed, 0, rec_at, block)
+        rec_f.seek(rec_at)
         ord_f.seek(order_at)
+        held = 0
         for lo in range(0, n, chunk):
             m = min(chunk, n - lo)
-            rec = np.fromfile(rec_f, np.float32, m * floats).reshape(m, floats)
             order = np.fromfile(ord_f, dtype, m).astype(np.int64)
+            if first:
+                rec = np.fromfile(rec_f, np.float32, m * floats).reshape(m, floats)
+                k = m
+            else:
+                a = lo // 8
+                raw = np.frombuffer(os.pread(ord_f.fileno(), -(-(lo + m) // 8) - a, start + a), np.uint8)
+                drawn = np.unpackbits(raw, bitorder="little")[lo - 8 * a : lo - 8 * a + m].astype(bool)
+                k = m - int(np.count_nonzero(drawn))
+                got = np.fromfile(rec_f, np.float32, k * floats).reshape(-1, floats)
+                if drawn.shape[0] != m or got.shape[0] != k or (k < m and draw is None):
+                    raise OSError(f"checkpoint rows {path} are corrupt or cut short (at row {lo})")
+                rec = got if k == m else np.empty((m, floats), np.float32)
+                if k < m:
+                    rec[~drawn] = got
+                    draw(order, rec, drawn)
+            held += k
             if rec.shape[0] != m or order.shape[0] != m:
                 raise OSError(f"checkpoint rows {path} end early (at row {lo})")
-            if digest is not None:
-                feed(memoryview(rec).cast("B"))  # the caller reads ``rec``, never writes it
+            if digest is not None and k:
+                feed(memoryview(rec if first else got).cast("B"))  # the caller reads these, never writes them
             yield order, rec
+        if not first and held != int(head.get("held", -1)):
+            raise OSError(
+                f"checkpoint rows {path} are corrupt: {head.get('held')} records, their bitmap {held}"
+            )
         if digest is not None:
-            rec_f.seek(order_at)
-            while block := rec_f.read(chunk * int(head["record_bytes"])):  # a chunk's bytes at a time
-                feed(block)
-            pending.result()
+            if first:
+                _feed_blocks(rec_f, feed, order_at, order_at + n * dtype.itemsize, block)
+            if pending is not None:
+                pending.result()
         for f in (rec_f, ord_f):
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def order_chunks(path: Path, head: dict, start: int, rows: int, digest=None) -> Iterator[np.ndarray]:
+    """The record order of the side file ``path`` (a delta's: its base's) in chunks of ``rows`` (int64);
+    ``digest``: fed the file's bytes up to its records on the way, where those are the header, bitmap and order
+    (this format; then :func:`_rows_file_chunks` with ``digested`` feeds the rest), else not fed."""
+    if checkpoint_delta.is_delta(head):
+        base = checkpoint_delta.base_of(path, head)
+        yield from order_chunks(base, *read_header(base), rows, digest)
+        return
+    n, dtype = int(head["rows"]), np.dtype(head["order_dtype"])
+    order_at, _ = regions(head, start)
+    if head["format"] == ROWS_FORMAT_1:
+        digest = None
+    with open(path, "rb") as f:
+        if digest is not None:
+            _feed_blocks(f, digest.update, 0, order_at, rows * dtype.itemsize)
+        f.seek(order_at)
+        for lo in range(0, n, rows):
+            raw = f.read(min(rows, n - lo) * dtype.itemsize)
+            order = np.frombuffer(raw, dtype)
+            if order.shape[0] != min(rows, n - lo):
+                raise OSError(f"checkpoint rows {path} end early (in its order, at row {lo})")
+            if digest is not None:
+                digest.update(raw)
+            yield order.astype(np.int64)
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 def load_rows(

@@ -5,8 +5,9 @@ order (by popularity), an export's chunks (:func:`~hotline.training.checkpoint_r
 :class:`StreamedRows` reads the rows files once, in order (the ranks' files in step, a window of each at a time,
 each file's sha256 on the same pass), and hands out each chunk as soon as the window that holds its last row
 has been read: its :attr:`~StreamedRows.schedule` is the order in which the chunks complete, and the writer asks
-for them in that order. The order region (the file's tail, a tenth of it at dim 8) is read first, once more,
-to plan that schedule.
+for them in that order. The order region (and the bitmap before it) is read first, once more, to plan that
+schedule, and fed to the file's sha256 on that pass; the stream feeds it the records (a file of the first
+format, its order after the records, has its order read a third time for the digest).
 
 A row that comes before its chunk's window (an "early" row: the popular rows at the head of the file, a chunk's
 rows in the window before its last) is held in memory until its chunk goes out, up to :data:`HOLD_CHUNKS`
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +39,7 @@ from hotline.training.checkpoint_rows import (
     _rows_file_chunks,
     check_base,
     chunk_grid,
+    order_chunks,
     read_header,
     rows_path,
 )
@@ -47,23 +48,6 @@ HOLD_CHUNKS = 2
 """The early rows held in memory, in chunks' bytes; more go to the scratch file."""
 _SLICES = 4
 """A window's records are sorted by chunk in this many slices (the index arrays' memory)."""
-
-
-def _order_chunks(path: Path, head: dict, start: int, rows: int) -> Iterator[np.ndarray]:
-    """The record order of the rows file ``path`` (a delta's: its base's) in chunks of ``rows`` (int64)."""
-    if checkpoint_delta.is_delta(head):
-        base = checkpoint_delta.base_of(path, head)
-        yield from _order_chunks(base, *read_header(base), rows)
-        return
-    n, dtype = int(head["rows"]), np.dtype(head["order_dtype"])
-    with open(path, "rb") as f:
-        f.seek(start + n * int(head["record_bytes"]))
-        for lo in range(0, n, rows):
-            order = np.fromfile(f, dtype, min(rows, n - lo))
-            if order.shape[0] != min(rows, n - lo):
-                raise OSError(f"checkpoint rows {path} end early (in its order, at row {lo})")
-            yield order.astype(np.int64)
-        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 def _bits(rows: np.ndarray, n: int) -> np.ndarray:
@@ -109,6 +93,7 @@ checkpoint_rows.check_rows` without ``digest``). ``scratch``: where the early ro
         record = int(self._files[0][2]["record_bytes"])
         self._window_rows = max(1, chunk_bytes // (record * N))  # each rank's part of a window
         self._hold_bytes = HOLD_CHUNKS * chunk_bytes
+        self._digests = [hashlib.sha256() for _ in parts]  # the plan feeds them the bytes up to the records
         self._plan()
         self._held: dict[int, list] = {}  # chunk -> [(ids in the chunk, weights)], in memory
         self._held_bytes = 0
@@ -117,9 +102,8 @@ checkpoint_rows.check_rows` without ``digest``). ``scratch``: where the early ro
         self._due: dict[int, list] = {}  # chunk -> [(ids, weights)]: the window's rows of chunks it completes
         self._window = 0  # the next window to read
         self._asked = 0
-        self._digests = [hashlib.sha256() for _ in parts]
         self._streams = [
-            _rows_file_chunks(path, head, start, self._window_rows, digest)
+            _rows_file_chunks(path, head, start, self._window_rows, digest, digested=True)
             for (path, _, head, start), digest in zip(self._files, self._digests)
         ]
 
@@ -145,7 +129,8 @@ checkpoint_rows.check_rows` without ``digest``). ``scratch``: where the early ro
         count = np.zeros(K, np.int64)
         try:
             for r, (path, _, head, start) in enumerate(self._files):
-                for j, order in enumerate(_order_chunks(path, head, start, self._window_rows)):
+                chunks = order_chunks(path, head, start, self._window_rows, self._digests[r])
+                for j, order in enumerate(chunks):
                     _, chunk, _ = self._global(order, r)
                     c = np.bincount(chunk, minlength=K)
                     k = np.flatnonzero(c)
