@@ -12,6 +12,7 @@ import pytest
 from arrays import assert_equal_arrays
 from ranks import spawn, train_and_dump
 
+import hotline.tiers.initial_fill as fill_mod
 from hotline import TrainConfig, Trainer
 from hotline.datasets.format import Dataset
 from hotline.datasets.synthetic import generate
@@ -231,8 +232,11 @@ def test_runs_with_held_writes_equal_the_in_place_runs_and_the_memory_store(data
     assert runs["place"][2] is None and runs["held"][2][0] >= 3  # swept again and again
 
 
-def test_a_checkpoint_taken_with_writes_held_resumes_bit_identically(data, tmp_path):
+@pytest.mark.parametrize("fill", ["lazy", "eager"])  # rows read by their pages, or by spans of the file
+def test_a_checkpoint_taken_with_writes_held_resumes_bit_identically(data, tmp_path, monkeypatch, fill):
     ds, placement = data
+    if fill == "eager":
+        monkeypatch.setattr(fill_mod, "lazy_fill", fill_mod.fill_file)
     straight = _train(ds, _config(placement, lookahead=2))[0]
     (tmp_path / "cold").mkdir()
     cfg = _config(
