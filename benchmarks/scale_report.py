@@ -35,8 +35,10 @@ def print_report(out: dict, dim: int, batch: int) -> None:
               f"seq-rate + profile = {out['first_step_bound_s']:.1f} s ({out['file_bytes'] / 1e9:.2f} GB at "
               f"{rate:,.0f} MB/s)")  # fmt: skip
         hwm = out["checkpoint_peak_rss_bytes"]
-        print(f"checkpoint: {out['checkpoint_bytes'] / 1e6:,.0f} MB in {out['checkpoint_s']:.1f} s, "
-              f"{out['checkpoint_mb_per_s']:,.0f} MB/s (the disk's sequential write: "
+        print(f"checkpoint: {out['checkpoint_bytes'] / 1e6:,.0f} MB written in {out['checkpoint_s']:.1f} s "
+              f"(rows never written: a bit each), the table's {out['table_bytes'] / 1e6:,.0f} MB at "
+              f"{out['table_bytes'] / 1e6 / out['checkpoint_s']:,.0f} MB/s, "
+              f"{out['checkpoint_mb_per_s']:,.0f} MB/s written (the disk's sequential write: "
               f"{out['disk_write_mb_per_s']:,.0f} MB/s); RSS {out['rss_before_checkpoint_bytes'] / GIB:.2f} GiB "
               f"before it, peak {'n/a' if hwm is None else f'{hwm / GIB:.2f} GiB'} during it")  # fmt: skip
         print(f"delta checkpoint {out['delta_checkpoint_steps']} steps later (the rows written since the full "
