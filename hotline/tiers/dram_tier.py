@@ -34,6 +34,7 @@ def load(file) -> None:
         # zeros: a pending slot's bytes, written back as the file's never-written records are (zero pages
         # untouched until a write takes them)
         cache = np.zeros((file.cache_rows, file.floats), np.float32)
+        cache.fill(0)  # its pages taken now, not one fault at a time in the steps' write-backs (a budget)
         chunk = max(1, CHUNK_BYTES // file.record)
         for lo in range(0, file.cache_rows, chunk):
             n = min(chunk, file.cache_rows - lo)
