@@ -17,6 +17,8 @@ import numpy as np
 
 from hotline.kernels.initial_rows import jump_tables
 from hotline.tiers.disk_pages import PAGE, aligned_bytes, get_records, pages_of
+from hotline.tiers.written_rows import mark_written
+from hotline.training import checkpoint_delta
 
 
 def pending_of(host, seed: int | None):
@@ -29,6 +31,45 @@ def pending_of(host, seed: int | None):
     start, inc, _, _ = jump_tables(int(seed), pending.table_rows.shape[0])
     same = np.array_equal(start, pending.jumps[0]) and np.array_equal(inc, pending.jumps[1])
     return pending if same else None
+
+
+def loads_lazily(host, head: dict):
+    """The store's pending rows when a full rows file of this format (header ``head``) can be loaded into it by
+    its bitmap (:func:`put_held`): the file names its rows never written, drawn as the store draws its own (the
+    seed, tables, rank and ranks its header names: the writer's check, :func:`pending_of`). Else None (its
+    records are drawn and written, every one)."""
+    initial = head.get("initial")
+    if not initial or checkpoint_delta.is_delta(head):
+        return None
+    pending = pending_of(host, initial.get("seed"))
+    if pending is None or (pending.rank, pending.world_size) != (
+        initial.get("rank"),
+        initial.get("world_size"),
+    ):
+        return None
+    same = pending.num_rows == head.get("rows") and pending.dim == head.get("dim")
+    return pending if same and np.array_equal(pending.table_rows, initial.get("table_rows")) else None
+
+
+def put_held(file, pending, lo: int, drawn: np.ndarray, records: np.ndarray) -> None:
+    """Loads a chunk of a rows file into ``file`` at positions ``lo .. lo + len(drawn) - 1`` (the store's order
+    is the file's): ``drawn`` (bool) the rows never written, pending again (nothing written for them: a pending
+    position's bytes are never read), ``records`` those of the others in order, written (runs of consecutive
+    positions, each one sequential write; the DRAM tier's into it)."""
+    if file.held is not None and file.held.count:
+        file.held.sweep(file)  # the held writes before the load go to the file: none laid over it
+    pending.put_range(lo, drawn)
+    pos = np.flatnonzero(~drawn)
+    if not pos.shape[0]:
+        return
+    k = int(np.searchsorted(pos, max(0, file._cached() - lo)))
+    if k:
+        file.cache[lo + pos[:k]] = records[:k]
+    runs = np.flatnonzero(np.diff(pos[k:]) != 1) + 1
+    for a, b in zip([0, *runs.tolist()], [*runs.tolist(), pos.shape[0] - k]):
+        if b > a:
+            file._write_positions(lo + int(pos[k + a]), records[k + a : k + b], clear=False)
+    mark_written(file, lo + pos)
 
 
 def held_records(file, pending, lo: int, n: int) -> np.ndarray:

@@ -40,7 +40,7 @@ from hotline import _io
 from hotline.kernels.initial_rows import draw_fused, jump_tables
 from hotline.tiers.written_rows import untrack
 from hotline.training import checkpoint_delta
-from hotline.training.checkpoint_held import ahead, held_records, pending_of
+from hotline.training.checkpoint_held import ahead, held_records, loads_lazily, pending_of, put_held
 from hotline.training.direct_out import write_direct
 
 ROWS_FORMAT = "hotline-checkpoint-rows/2"
@@ -277,6 +277,14 @@ def _drawer(head: dict):
     return draw
 
 
+def _drawn(head: dict, order: np.ndarray, drawn: np.ndarray, held: np.ndarray) -> np.ndarray:
+    """The records of a chunk of rows ``order``: ``held`` at the rows not ``drawn``, the others drawn."""
+    rec = np.empty((order.shape[0], held.shape[1]), np.float32)
+    rec[~drawn] = held
+    _drawer(head)(order, rec, drawn)
+    return rec
+
+
 def _feed_blocks(f, digest_feed, start: int, end: int, block: int) -> None:
     """Feeds the bytes ``start .. end - 1`` of the open file ``f`` to ``digest_feed``, a block at a time."""
     f.seek(start)
@@ -289,10 +297,10 @@ def _feed_blocks(f, digest_feed, start: int, end: int, block: int) -> None:
 
 
 def _rows_file_chunks(
-    path: Path, head: dict, start: int, chunk: int, digest=None, digested: bool = False
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    path: Path, head: dict, start: int, chunk: int, digest=None, digested: bool = False, lazy: bool = False
+) -> Iterator[tuple[np.ndarray, ...]]:
     """``(order, records)`` of the side file ``path`` in chunks of ``chunk`` rows, the rows never written
-    drawn; ``digest`` (a hashlib object): fed the whole file's bytes in order on the way (this format: the
+    drawn (``lazy``, this format: ``(order, records held, bool [rows] never written)``, none drawn); ``digest`` (a hashlib object): fed the whole file's bytes in order on the way (this format: the
     header, bitmap and order first, unless ``digested`` says the caller's pass over the order fed them
     (:func:`order_chunks`), then the records as they are read; :data:`ROWS_FORMAT_1`: the header, the records,
     then the order, read a second time). A delta's: its base's chunks with its records laid over them
@@ -342,16 +350,16 @@ def _rows_file_chunks(
                 got = np.fromfile(rec_f, np.float32, k * floats).reshape(-1, floats)
                 if drawn.shape[0] != m or got.shape[0] != k or (k < m and draw is None):
                     raise OSError(f"checkpoint rows {path} are corrupt or cut short (at row {lo})")
-                rec = got if k == m else np.empty((m, floats), np.float32)
-                if k < m:
+                rec = got if k == m or lazy else np.empty((m, floats), np.float32)
+                if k < m and not lazy:
                     rec[~drawn] = got
                     draw(order, rec, drawn)
             held += k
-            if rec.shape[0] != m or order.shape[0] != m:
+            if (rec.shape[0] != m and not lazy) or order.shape[0] != m:
                 raise OSError(f"checkpoint rows {path} end early (at row {lo})")
             if digest is not None and k:
                 feed(memoryview(rec if first else got).cast("B"))  # the caller reads these, never writes them
-            yield order, rec
+            yield (order, rec, drawn) if lazy else (order, rec)
         if not first and held != int(head.get("held", -1)):
             raise OSError(
                 f"checkpoint rows {path} are corrupt: {head.get('held')} records, their bitmap {held}"
@@ -407,11 +415,18 @@ def load_rows(
     untrack(f)  # what it held before is gone
     chunk = max(1, (chunk_bytes or CHUNK_BYTES) // f.record)
     lo, same = 0, True
-    for (order, rec), own in zip(_rows_file_chunks(path, head, start, chunk), _order_chunks(host, chunk)):
+    pending = loads_lazily(host, head)  # rows never written left pending: the written rows alone loaded
+    chunks = _rows_file_chunks(path, head, start, chunk, lazy=pending is not None)
+    for (order, rec, *drawn), own in zip(chunks, _order_chunks(host, chunk)):
         host._wrote_nonfinite |= not np.isfinite(rec).all()
         if np.array_equal(order, own):
-            f.put_positions(lo, rec)  # the same order: one sequential write
+            if drawn:
+                put_held(f, pending, lo, drawn[0], rec)
+            else:
+                f.put_positions(lo, rec)  # the same order: one sequential write
         else:
+            if drawn:  # this chunk's rows live elsewhere in this store: drawn and written
+                rec = _drawn(head, order, drawn[0], rec)
             f.put_rows(order, rec)  # another order (another placement's file): row by row
             same = False
         lo += order.shape[0]
