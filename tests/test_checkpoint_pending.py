@@ -223,3 +223,45 @@ def test_put_range_sets_the_bits_of_a_range_to_a_mask(n):
             bits.put_range(lo, mask)
             twin[lo:hi] = mask
             assert np.array_equal(bits.bits, np.packbits(twin, bitorder="little"))
+
+
+def test_a_delta_loads_into_a_lazy_store_by_its_base_bitmap_and_its_records(data, tmp_path):  # noqa: F811
+    """A delta on a full rows file: the rows never written by the delta's step stay pending (the base's bitmap
+    less the rows the delta holds), the records written are those held, and the store reads as the delta."""
+    ds, placement, _ = data
+    cold = tmp_path / "cold"
+    cold.mkdir()
+    ck_dir = tmp_path / "ck"
+    tr = Trainer(_config(placement, cold, steps=10, checkpoint_dir=str(ck_dir), checkpoint_every=5), ds)
+    try:
+        tr.fit()
+        arrays = tr.named_arrays()
+        f = tr.mode.cold.host.file
+        pending = f.pending.count()
+        w, s = _read_store(f, tr.config.embedding_dim)
+    finally:
+        tr.close()
+    ck = ck_dir / "step-000000010.pt"
+    head, _ = read_header(rows_path(ck))
+    base, _ = read_header(rows_path(ck_dir / "step-000000005.pt"))
+    assert head["format"] == checkpoint_rows.checkpoint_delta.DELTA_FORMAT
+    assert 0 < pending < base["rows"] - base["held"]  # the delta wrote rows the base has pending
+    (tmp_path / "cold2").mkdir()
+    tr = Trainer(_config(placement, tmp_path / "cold2", steps=10), ds)
+    try:
+        host = checkpoint_rows.disk_rows(tr.mode)
+        before = host.file.bytes_written
+        checkpoint_rows.load_rows(host, ck, chunk_bytes=36 * 1001)
+        assert host.file.pending.count() == pending
+        assert host.file.bytes_written - before == (head["rows"] - pending) * host.file.record
+        got_w, got_s = _read_store(host.file, tr.config.embedding_dim)
+        assert np.array_equal(got_w, w) and np.array_equal(got_s, s)
+    finally:
+        tr.close()
+    (tmp_path / "cold3").mkdir()
+    tr = Trainer(_config(placement, tmp_path / "cold3", steps=10), ds)
+    try:
+        assert load_checkpoint(tr, ck) == 10
+        assert_equal_arrays(arrays, tr.named_arrays())
+    finally:
+        tr.close()

@@ -34,12 +34,12 @@ def pending_of(host, seed: int | None):
 
 
 def loads_lazily(host, head: dict):
-    """The store's pending rows when a full rows file of this format (header ``head``) can be loaded into it by
-    its bitmap (:func:`put_held`): the file names its rows never written, drawn as the store draws its own (the
+    """The store's pending rows when a full rows file of this format (header ``head``; a delta's: its base's) can
+    be loaded into it by its bitmap (:func:`put_held`): the file names its rows never written, drawn as the store draws its own (the
     seed, tables, rank and ranks its header names: the writer's check, :func:`pending_of`). Else None (its
     records are drawn and written, every one)."""
     initial = head.get("initial")
-    if not initial or checkpoint_delta.is_delta(head):
+    if not initial:
         return None
     pending = pending_of(host, initial.get("seed"))
     if pending is None or (pending.rank, pending.world_size) != (
@@ -49,6 +49,38 @@ def loads_lazily(host, head: dict):
         return None
     same = pending.num_rows == head.get("rows") and pending.dim == head.get("dim")
     return pending if same and np.array_equal(pending.table_rows, initial.get("table_rows")) else None
+
+
+def overlay_held(base_chunks, path, head: dict, start: int) -> Iterator[tuple[np.ndarray, ...]]:
+    """The base's lazy chunks ``(order, records held, never written)`` (``base_chunks``) with the records of the
+    delta ``path`` (header ``head``, bitmap at byte ``start``) laid over them: a row it holds is held."""
+    floats = int(head["dim"]) + int(head["state_floats"])
+    with open(path, "rb") as bits_f, open(path, "rb") as rec_f:
+        rec_f.seek(checkpoint_delta.records_at(head, start))
+        lo, seen = 0, 0
+        for order, got, drawn in base_chunks:
+            m = order.shape[0]
+            a = lo // 8
+            raw = np.frombuffer(os.pread(bits_f.fileno(), -(-(lo + m) // 8) - a, start + a), np.uint8)
+            mask = np.unpackbits(raw, bitorder="little")[lo - 8 * a : lo - 8 * a + m].astype(bool)
+            k = int(np.count_nonzero(mask))
+            if mask.shape[0] != m or seen + k > int(head["changed"]):
+                raise OSError(f"checkpoint rows {path} end early or mark more rows than they hold")
+            if k:
+                new = np.fromfile(rec_f, np.float32, k * floats)
+                if new.shape[0] != k * floats:
+                    raise OSError(f"checkpoint rows {path} end early (at changed row {seen})")
+                held = np.flatnonzero(~drawn | mask)
+                rec = np.empty((held.shape[0], floats), np.float32)
+                rec[np.searchsorted(held, np.flatnonzero(~drawn))] = got
+                rec[np.searchsorted(held, np.flatnonzero(mask))] = new.reshape(k, floats)
+                got, drawn = rec, drawn & ~mask
+            lo, seen = lo + m, seen + k
+            yield order, got, drawn
+        for f in (bits_f, rec_f):
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        if seen != int(head["changed"]):
+            raise OSError(f"checkpoint rows {path} hold {head['changed']} changed rows, their bitmap {seen}")
 
 
 def put_held(file, pending, lo: int, drawn: np.ndarray, records: np.ndarray) -> None:
