@@ -1,7 +1,9 @@
 """A disk-store checkpoint's rows file names the rows never written (lazy initialization's pending rows) by a
 bit each and holds only the others' records (``hotline.training.checkpoint_rows``): its size is those records,
 the bitmap and the order; every reader draws the pending rows back exactly; a file of the first format (every
-record drawn into it) still loads and exports; a seed that does not draw the store's rows writes every record."""
+record drawn into it) still loads and exports; a seed that does not draw the store's rows writes every record.
+Loaded into a lazily initialized store of the same seed, the rows never written stay pending and only the
+records held are written (a full file, a delta on one)."""
 
 import hashlib
 import json

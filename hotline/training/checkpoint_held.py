@@ -3,7 +3,10 @@ the store's positions not pending (lazy initialization, :mod:`hotline.tiers.pend
 time on a thread a chunk ahead of the writer; the pending ones are named by the file's bitmap, not drawn.
 
 A chunk's held records come from the DRAM tier's memory, from their pages where they are few and scattered
-(the store's I/O threads), else from one ``O_DIRECT`` read of their span (no page cache). Tests:
+(the store's I/O threads), else from one ``O_DIRECT`` read of their span (no page cache). Loaded into a lazily
+initialized store that draws as the file's header names (:func:`loads_lazily`), the file's bitmap becomes the
+store's pending bits and only its records are written (:func:`put_held`; a delta's over its base's:
+:func:`overlay_held`): a resume's work is the rows written, not the table. Tests:
 ``tests/test_checkpoint_pending.py``.
 """
 
