@@ -1,18 +1,22 @@
 """A disk-store checkpoint's rows file names the rows never written (lazy initialization's pending rows) by a
 bit each and holds only the others' records (``hotline.training.checkpoint_rows``): its size is those records,
 the bitmap and the order; every reader draws the pending rows back exactly; a file of the first format (every
-record drawn into it) still loads and exports; a seed that does not draw the store's rows writes every record."""
+record drawn into it) still loads and exports; a seed that does not draw the store's rows writes every record.
+Loaded into a lazily initialized store of the same seed, the rows never written stay pending and only the
+records held are written (a full file, a delta on one)."""
 
 import hashlib
 import json
 import struct
 
 import numpy as np
+import pytest
 import torch
 from arrays import assert_equal_arrays
 
 from hotline import Trainer
 from hotline._io import write_with_digest
+from hotline.tiers.position_bits import PositionBits
 from hotline.training import checkpoint_rows
 from hotline.training.checkpoint import load_checkpoint, save_checkpoint
 from hotline.training.checkpoint_rows import read_header, read_tables, rows_path
@@ -141,3 +145,133 @@ def test_a_damaged_bitmap_is_one_line_and_nothing_is_written(data, tmp_path, cap
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and path.name in err[0] and "corrupt" in err[0], err
     assert not (tmp_path / "out").exists()
+
+
+def _read_store(f, D):
+    n = f.num_rows
+    w, s = np.empty((n, D), np.float32), np.empty((n, 1), np.float32)
+    for rows, rec in f.read_all():
+        w[rows], s[rows] = rec[:, :D], rec[:, D:]
+    return w, s.reshape(-1)
+
+
+@pytest.mark.parametrize(
+    "chunk_bytes, tier", [(None, False), (36 * 1001, False), (36 * 1001, True)]
+)  # one chunk; chunks off the bitmap's bytes; the DRAM tier read before the load (its rows go to it)
+def test_a_load_into_a_lazy_store_writes_the_written_rows_alone(data, tmp_path, chunk_bytes, tier):  # noqa: F811
+    """Loaded into a lazily initialized store of the same seed, tables and order, the rows file's rows never
+    written stay pending (the store's bits are the file's bitmap, its pending count the file's) and the load
+    writes the records held alone (RowFile.bytes_written; those of the DRAM tier's positions into it, when
+    it is read already); the store then reads as the checkpointed one, and a resume from it is
+    bit-identical."""
+    ds, placement, _ = data
+    ck, arrays, pending, (w, s) = _run(ds, placement, tmp_path)
+    path = rows_path(ck)
+    head, start = read_header(path)
+    n = head["rows"]
+    bitmap = np.fromfile(path, np.uint8, -(-n // 8), offset=start)
+    (tmp_path / "cold2").mkdir()
+    tr = Trainer(_config(placement, tmp_path / "cold2", steps=6, cold_cache=4096), ds)
+    try:
+        host = checkpoint_rows.disk_rows(tr.mode)
+        f = host.file
+        assert f.pending.count() == n and not f._cache_loaded  # nothing written, the DRAM tier not read yet
+        if tier:
+            f._load_cache()
+            written = ~np.unpackbits(bitmap, bitorder="little")[: f.cache_rows].astype(bool)
+            assert written.any()  # the load puts records into the tier
+        before = f.bytes_written
+        checkpoint_rows.load_rows(host, ck, chunk_bytes=chunk_bytes)
+        assert f.pending.count() == pending == n - head["held"]
+        assert np.array_equal(f.pending.bits, bitmap)
+        if not tier:
+            assert f.bytes_written - before == head["held"] * f.record
+        got_w, got_s = _read_store(f, tr.config.embedding_dim)
+        assert np.array_equal(got_w, w) and np.array_equal(got_s, s)
+    finally:
+        tr.close()
+    (tmp_path / "cold3").mkdir()
+    tr = Trainer(_config(placement, tmp_path / "cold3", steps=6, cold_cache=4096), ds)
+    try:
+        assert load_checkpoint(tr, ck) == 6
+        assert_equal_arrays(arrays, tr.named_arrays())
+    finally:
+        tr.close()
+
+
+def test_a_seed_other_than_the_stores_draws_and_writes_every_row(data, tmp_path):  # noqa: F811
+    """A rows file whose rows never written are drawn from another seed than the store's own: the load draws
+    them and writes every record (none left pending), and the store reads as the file."""
+    ds, placement, _ = data
+    ck, *_ = _run(ds, placement, tmp_path)
+    path = rows_path(ck)
+    head, start = read_header(path)
+    (tmp_path / "cold2").mkdir()
+    tr = Trainer(_config(placement, tmp_path / "cold2", steps=6, cold_cache=4096, seed=SEED + 1), ds)
+    try:
+        host = checkpoint_rows.disk_rows(tr.mode)
+        assert checkpoint_rows.loads_lazily(host, head) is None
+        before = host.file.bytes_written
+        checkpoint_rows.load_rows(host, ck)
+        assert host.file.pending.count() == 0
+        assert host.file.bytes_written - before == head["rows"] * host.file.record
+        want = read_tables(ck, lambda m: (m,))
+        got = _read_store(host.file, tr.config.embedding_dim)
+        assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    finally:
+        tr.close()
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 13, 45])
+def test_put_range_sets_the_bits_of_a_range_to_a_mask(n):
+    rng = np.random.default_rng(n)
+    for lo in range(n):
+        for hi in range(lo, n + 1):
+            bits = PositionBits(n, fill=bool(rng.integers(2)))
+            twin = bits.range_mask(0, n)
+            mask = rng.integers(0, 2, hi - lo).astype(bool)
+            bits.put_range(lo, mask)
+            twin[lo:hi] = mask
+            assert np.array_equal(bits.bits, np.packbits(twin, bitorder="little"))
+
+
+def test_a_delta_loads_into_a_lazy_store_by_its_base_bitmap_and_its_records(data, tmp_path):  # noqa: F811
+    """A delta on a full rows file: the rows never written by the delta's step stay pending (the base's bitmap
+    less the rows the delta holds), the records written are those held, and the store reads as the delta."""
+    ds, placement, _ = data
+    cold = tmp_path / "cold"
+    cold.mkdir()
+    ck_dir = tmp_path / "ck"
+    tr = Trainer(_config(placement, cold, steps=10, checkpoint_dir=str(ck_dir), checkpoint_every=5), ds)
+    try:
+        tr.fit()
+        arrays = tr.named_arrays()
+        f = tr.mode.cold.host.file
+        pending = f.pending.count()
+        w, s = _read_store(f, tr.config.embedding_dim)
+    finally:
+        tr.close()
+    ck = ck_dir / "step-000000010.pt"
+    head, _ = read_header(rows_path(ck))
+    base, _ = read_header(rows_path(ck_dir / "step-000000005.pt"))
+    assert head["format"] == checkpoint_rows.checkpoint_delta.DELTA_FORMAT
+    assert 0 < pending < base["rows"] - base["held"]  # the delta wrote rows the base has pending
+    (tmp_path / "cold2").mkdir()
+    tr = Trainer(_config(placement, tmp_path / "cold2", steps=10), ds)
+    try:
+        host = checkpoint_rows.disk_rows(tr.mode)
+        before = host.file.bytes_written
+        checkpoint_rows.load_rows(host, ck, chunk_bytes=36 * 1001)
+        assert host.file.pending.count() == pending
+        assert host.file.bytes_written - before == (head["rows"] - pending) * host.file.record
+        got_w, got_s = _read_store(host.file, tr.config.embedding_dim)
+        assert np.array_equal(got_w, w) and np.array_equal(got_s, s)
+    finally:
+        tr.close()
+    (tmp_path / "cold3").mkdir()
+    tr = Trainer(_config(placement, tmp_path / "cold3", steps=10), ds)
+    try:
+        assert load_checkpoint(tr, ck) == 10
+        assert_equal_arrays(arrays, tr.named_arrays())
+    finally:
+        tr.close()

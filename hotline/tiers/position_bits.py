@@ -69,3 +69,16 @@ class PositionBits:
         self.bits[:] = 0xFF if on else 0
         if on and self.num_rows % 8:
             self.bits[-1] = (1 << (self.num_rows % 8)) - 1
+
+    def put_range(self, lo: int, mask: np.ndarray) -> None:
+        """Sets the bits of the positions ``lo .. lo + len(mask) - 1`` to ``mask`` (bool): whole bytes packed."""
+        hi = lo + mask.shape[0]
+        a, b = -(-lo // 8), hi // 8  # the whole bytes inside
+        if a < b:
+            self.bits[a:b] = np.packbits(mask[8 * a - lo : 8 * b - lo], bitorder="little")
+            edge = np.r_[np.arange(lo, 8 * a), np.arange(8 * b, hi)]
+        else:
+            edge = np.arange(lo, hi)
+        on = mask[edge - lo]
+        self.set(edge[on], True)
+        self.set(edge[~on], False)

@@ -3,7 +3,10 @@ the store's positions not pending (lazy initialization, :mod:`hotline.tiers.pend
 time on a thread a chunk ahead of the writer; the pending ones are named by the file's bitmap, not drawn.
 
 A chunk's held records come from the DRAM tier's memory, from their pages where they are few and scattered
-(the store's I/O threads), else from one ``O_DIRECT`` read of their span (no page cache). Tests:
+(the store's I/O threads), else from one ``O_DIRECT`` read of their span (no page cache). Loaded into a lazily
+initialized store that draws as the file's header names (:func:`loads_lazily`), the file's bitmap becomes the
+store's pending bits and only its records are written (:func:`put_held`; a delta's over its base's:
+:func:`overlay_held`): a resume's work is the rows written, not the table. Tests:
 ``tests/test_checkpoint_pending.py``.
 """
 
@@ -16,7 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from hotline.kernels.initial_rows import jump_tables
-from hotline.tiers.disk_pages import PAGE, aligned_bytes, get_records, pages_of
+from hotline.tiers.disk_pages import PAGE, aligned_bytes, get_records, pages_of, span_io
+from hotline.tiers.written_rows import mark_written
+from hotline.training import checkpoint_delta
 
 
 def pending_of(host, seed: int | None):
@@ -29,6 +34,80 @@ def pending_of(host, seed: int | None):
     start, inc, _, _ = jump_tables(int(seed), pending.table_rows.shape[0])
     same = np.array_equal(start, pending.jumps[0]) and np.array_equal(inc, pending.jumps[1])
     return pending if same else None
+
+
+def loads_lazily(host, head: dict):
+    """The store's pending rows when a full rows file of this format (header ``head``; a delta's: its base's) can
+    be loaded into it by its bitmap (:func:`put_held`): the file names its rows never written, drawn as the store draws its own (the
+    seed, tables, rank and ranks its header names: the writer's check, :func:`pending_of`). Else None (its
+    records are drawn and written, every one)."""
+    initial = head.get("initial")
+    if not initial:
+        return None
+    pending = pending_of(host, initial.get("seed"))
+    if pending is None or (pending.rank, pending.world_size) != (
+        initial.get("rank"),
+        initial.get("world_size"),
+    ):
+        return None
+    same = pending.num_rows == head.get("rows") and pending.dim == head.get("dim")
+    return pending if same and np.array_equal(pending.table_rows, initial.get("table_rows")) else None
+
+
+def overlay_held(base_chunks, path, head: dict, start: int) -> Iterator[tuple[np.ndarray, ...]]:
+    """The base's lazy chunks ``(order, records held, never written)`` (``base_chunks``) with the records of the
+    delta ``path`` (header ``head``, bitmap at byte ``start``) laid over them: a row it holds is held."""
+    floats = int(head["dim"]) + int(head["state_floats"])
+    with open(path, "rb") as bits_f, open(path, "rb") as rec_f:
+        rec_f.seek(checkpoint_delta.records_at(head, start))
+        lo, seen = 0, 0
+        for order, got, drawn in base_chunks:
+            m = order.shape[0]
+            a = lo // 8
+            raw = np.frombuffer(os.pread(bits_f.fileno(), -(-(lo + m) // 8) - a, start + a), np.uint8)
+            mask = np.unpackbits(raw, bitorder="little")[lo - 8 * a : lo - 8 * a + m].astype(bool)
+            k = int(np.count_nonzero(mask))
+            if mask.shape[0] != m or seen + k > int(head["changed"]):
+                raise OSError(f"checkpoint rows {path} end early or mark more rows than they hold")
+            if k:
+                new = np.fromfile(rec_f, np.float32, k * floats)
+                if new.shape[0] != k * floats:
+                    raise OSError(f"checkpoint rows {path} end early (at changed row {seen})")
+                held = np.flatnonzero(~drawn | mask)
+                rec = np.empty((held.shape[0], floats), np.float32)
+                rec[np.searchsorted(held, np.flatnonzero(~drawn))] = got
+                rec[np.searchsorted(held, np.flatnonzero(mask))] = new.reshape(k, floats)
+                got, drawn = rec, drawn & ~mask
+            lo, seen = lo + m, seen + k
+            yield order, got, drawn
+        for f in (bits_f, rec_f):
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        if seen != int(head["changed"]):
+            raise OSError(f"checkpoint rows {path} hold {head['changed']} changed rows, their bitmap {seen}")
+
+
+def put_held(file, pending, lo: int, drawn: np.ndarray, records: np.ndarray) -> None:
+    """Loads a chunk of a rows file into ``file`` at positions ``lo .. lo + len(drawn) - 1`` (the store's order
+    is the file's): ``drawn`` (bool) the rows never written, pending again (nothing written for them: a pending
+    position's bytes are never read), ``records`` those of the others in order, written (runs of consecutive
+    positions, each one sequential write; the DRAM tier's into it)."""
+    if file.held is not None and file.held.count:
+        file.held.sweep(file)  # the held writes before the load go to the file: none laid over it
+    pending.put_range(lo, drawn)
+    pos = np.flatnonzero(~drawn)
+    if not pos.shape[0]:
+        return
+    k = int(np.searchsorted(pos, max(0, file._cached() - lo)))
+    if k:
+        file.cache[lo + pos[:k]] = records[:k]
+    disk, R = pos[k:], file.record
+    if disk.shape[0]:  # the bulk path of RowFile.put_positions (its bits set above), a system call a run
+        first = np.r_[0, np.flatnonzero(np.diff(disk) != 1) + 1]
+        data = memoryview(np.ascontiguousarray(records[k:], np.float32).reshape(-1).view(np.uint8))
+        ends = [*first[1:].tolist(), disk.shape[0]]
+        for a, b, at in zip(first.tolist(), ends, ((lo + disk[first]) * R).tolist()):
+            file.bytes_written += span_io(file._bulk, file.path, True, data[a * R : b * R], at)
+    mark_written(file, lo + pos)
 
 
 def held_records(file, pending, lo: int, n: int) -> np.ndarray:

@@ -22,7 +22,9 @@ run killed mid-copy leaves a temporary a later run removes, or a complete side f
 which the next run of the same fingerprint removes (the header names the run and the step: the side file is
 known by its content, like the checkpoint). Loading checks the size and the sha256 (one streamed pass) before
 anything is changed, then copies the records into the store chunk by chunk: position by position where the
-store's order is the checkpoint's, row by row where it is not (another placement's file).
+store's order is the checkpoint's, row by row where it is not (another placement's file). Into a lazily
+initialized store that draws the rows never written as the file names them, those stay pending (the store's
+bits set from the bitmap) and only the records held are written (:func:`~hotline.training.checkpoint_held.put_held`).
 """
 
 from __future__ import annotations
@@ -40,7 +42,14 @@ from hotline import _io
 from hotline.kernels.initial_rows import draw_fused, jump_tables
 from hotline.tiers.written_rows import untrack
 from hotline.training import checkpoint_delta
-from hotline.training.checkpoint_held import ahead, held_records, pending_of
+from hotline.training.checkpoint_held import (
+    ahead,
+    held_records,
+    loads_lazily,
+    overlay_held,
+    pending_of,
+    put_held,
+)
 from hotline.training.direct_out import write_direct
 
 ROWS_FORMAT = "hotline-checkpoint-rows/2"
@@ -277,6 +286,14 @@ def _drawer(head: dict):
     return draw
 
 
+def _drawn(head: dict, order: np.ndarray, drawn: np.ndarray, held: np.ndarray) -> np.ndarray:
+    """The records of a chunk of rows ``order``: ``held`` at the rows not ``drawn``, the others drawn."""
+    rec = np.empty((order.shape[0], held.shape[1]), np.float32)
+    rec[~drawn] = held
+    _drawer(head)(order, rec, drawn)
+    return rec
+
+
 def _feed_blocks(f, digest_feed, start: int, end: int, block: int) -> None:
     """Feeds the bytes ``start .. end - 1`` of the open file ``f`` to ``digest_feed``, a block at a time."""
     f.seek(start)
@@ -289,10 +306,10 @@ def _feed_blocks(f, digest_feed, start: int, end: int, block: int) -> None:
 
 
 def _rows_file_chunks(
-    path: Path, head: dict, start: int, chunk: int, digest=None, digested: bool = False
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    path: Path, head: dict, start: int, chunk: int, digest=None, digested: bool = False, lazy: bool = False
+) -> Iterator[tuple[np.ndarray, ...]]:
     """``(order, records)`` of the side file ``path`` in chunks of ``chunk`` rows, the rows never written
-    drawn; ``digest`` (a hashlib object): fed the whole file's bytes in order on the way (this format: the
+    drawn (``lazy``, this format or a delta on it: ``(order, records held, bool [rows] never written)``); ``digest`` (a hashlib object): fed the whole file's bytes in order on the way (this format: the
     header, bitmap and order first, unless ``digested`` says the caller's pass over the order fed them
     (:func:`order_chunks`), then the records as they are read; :data:`ROWS_FORMAT_1`: the header, the records,
     then the order, read a second time). A delta's: its base's chunks with its records laid over them
@@ -300,9 +317,8 @@ def _rows_file_chunks(
     if checkpoint_delta.is_delta(head):
         base = checkpoint_delta.base_of(path, head)
         base_head, base_start = read_header(base)
-        yield from checkpoint_delta.overlay(
-            _rows_file_chunks(base, base_head, base_start, chunk, digest, digested), path, head, start
-        )
+        chunks = _rows_file_chunks(base, base_head, base_start, chunk, digest, digested, lazy)
+        yield from (overlay_held if lazy else checkpoint_delta.overlay)(chunks, path, head, start)
         return
     n, floats = int(head["rows"]), int(head["dim"]) + int(head["state_floats"])
     dtype = np.dtype(head["order_dtype"])
@@ -342,16 +358,16 @@ def _rows_file_chunks(
                 got = np.fromfile(rec_f, np.float32, k * floats).reshape(-1, floats)
                 if drawn.shape[0] != m or got.shape[0] != k or (k < m and draw is None):
                     raise OSError(f"checkpoint rows {path} are corrupt or cut short (at row {lo})")
-                rec = got if k == m else np.empty((m, floats), np.float32)
-                if k < m:
+                rec = got if k == m or lazy else np.empty((m, floats), np.float32)
+                if k < m and not lazy:
                     rec[~drawn] = got
                     draw(order, rec, drawn)
             held += k
-            if rec.shape[0] != m or order.shape[0] != m:
+            if (rec.shape[0] != m and not lazy) or order.shape[0] != m:
                 raise OSError(f"checkpoint rows {path} end early (at row {lo})")
             if digest is not None and k:
                 feed(memoryview(rec if first else got).cast("B"))  # the caller reads these, never writes them
-            yield order, rec
+            yield (order, rec, drawn) if lazy else (order, rec)
         if not first and held != int(head.get("held", -1)):
             raise OSError(
                 f"checkpoint rows {path} are corrupt: {head.get('held')} records, their bitmap {held}"
@@ -407,11 +423,19 @@ def load_rows(
     untrack(f)  # what it held before is gone
     chunk = max(1, (chunk_bytes or CHUNK_BYTES) // f.record)
     lo, same = 0, True
-    for (order, rec), own in zip(_rows_file_chunks(path, head, start, chunk), _order_chunks(host, chunk)):
+    full = read_header(checkpoint_delta.base_of(path, head))[0] if checkpoint_delta.is_delta(head) else head
+    pending = loads_lazily(host, full)  # rows never written left pending: the written rows alone loaded
+    chunks = _rows_file_chunks(path, head, start, chunk, lazy=pending is not None)
+    for (order, rec, *drawn), own in zip(chunks, _order_chunks(host, chunk)):
         host._wrote_nonfinite |= not np.isfinite(rec).all()
         if np.array_equal(order, own):
-            f.put_positions(lo, rec)  # the same order: one sequential write
+            if drawn:
+                put_held(f, pending, lo, drawn[0], rec)
+            else:
+                f.put_positions(lo, rec)  # the same order: one sequential write
         else:
+            if drawn:  # this chunk's rows live elsewhere in this store: drawn and written
+                rec = _drawn(full, order, drawn[0], rec)
             f.put_rows(order, rec)  # another order (another placement's file): row by row
             same = False
         lo += order.shape[0]
