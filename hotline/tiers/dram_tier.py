@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from hotline._malloc import huge_full
 from hotline.tiers import pending_rows as lazy
 
 CHUNK_BYTES = 64 << 20  # bulk (sequential) reads and writes: export, load, flush
@@ -33,8 +34,8 @@ def load(file) -> None:
         pending = file.pending
         # zeros: a pending slot's bytes, written back as the file's never-written records are (zero pages
         # untouched until a write takes them)
-        cache = np.zeros((file.cache_rows, file.floats), np.float32)
-        cache.fill(0)  # its pages taken now, not one fault at a time in the steps' write-backs (a budget)
+        # huge pages, taken now: not a fault a row in the steps' write-backs (a budget the preflight counts whole)
+        cache = huge_full((file.cache_rows, file.floats), 0, np.float32)
         chunk = max(1, CHUNK_BYTES // file.record)
         for lo in range(0, file.cache_rows, chunk):
             n = min(chunk, file.cache_rows - lo)

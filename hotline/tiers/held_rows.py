@@ -22,7 +22,8 @@ import time
 
 import numpy as np
 
-from hotline.kernels.held_rows import EMPTY, insert, new_table, overlay, sized
+from hotline._malloc import huge_full
+from hotline.kernels.held_rows import EMPTY, insert, overlay, sized
 from hotline.table_layout import bytes_per_row
 from hotline.tiers.store_files import PAGE
 
@@ -96,8 +97,11 @@ class HeldRows:
         last = (pos * self.record + self.record - 1) // PAGE
         pages = np.concatenate([first, last[last != first]])
         with self.lock:
-            if self.keys is None:
-                self.keys, self.slots = new_table(self._size)
+            if self.keys is None:  # huge pages, taken now (random entries: not a fault each)
+                self.keys, self.slots = (
+                    huge_full(self._size, EMPTY, np.int64),
+                    huge_full(self._size, 0, np.int64),
+                )
                 self.records = np.empty((self.capacity, self.record // 4), np.float32)
             slot, self.count = insert(self.keys, self.slots, pos, self.count)
             self.records[slot] = records
