@@ -1,7 +1,6 @@
-"""Embedding rows and their optimizer state in one file on local disk.
-
-A :class:`RowFile` stores ``num_rows`` records of ``dim`` weights and ``state`` optimizer floats (float32,
-``4 * (dim + state)`` bytes each, packed; a record may straddle pages) in one file, in a popularity order:
+"""Embedding rows and their optimizer state in one file on local disk. A :class:`RowFile` stores ``num_rows``
+records of ``dim`` weights and ``state`` optimizer floats (float32, ``4 * (dim + state)`` bytes each, packed;
+a record may straddle pages) in one file, in a popularity order:
 record ``i`` of the file holds row ``order[i]`` (rows counted most often first, so the popular-but-not-hot
 rows share pages), and ``positions[row]`` is where a row stands. A record is the row's weights followed by its
 whole optimizer state as the optimizer lays it out (row-wise Adagrad: one float; Adagrad: D accumulators;
@@ -13,7 +12,6 @@ optimizer's state, another dim).
 
 The file ends with one more page that names it (:mod:`hotline.tiers.store_files`: the three files as outputs
 under the one output policy, each replaced only when provably the store's own by its content).
-
 Reads and writes of a step's rows go through pages (4 KiB): the pages that hold the rows are read, rows of
 one step that share a page are fetched by one read, neighbouring pages form one read (up to ``MAX_RUN_PAGES``),
 and the reads are spread over ``io_depth`` I/O threads that call ``os.preadv`` (the GIL is released during
@@ -465,16 +463,17 @@ class RowFile:
             if held is not None and not held.fits(di.shape[0]):
                 held.sweep(self)  # the file in order: held writes are a file's current values from here on
                 held = held if held.fits(di.shape[0]) else None  # more than it holds: in place
-            whole = held is None or bool(self._live)  # pages written, or copied into tracked sets: read them
             if pages is None or pages.offsets.shape[0] != di.shape[0]:
                 page_ids, offsets = pages_of(dpos, self.record)
                 buffer = aligned_bytes(page_ids.shape[0] * PAGE)
-                blank = lazy.blank_pages(self, page_ids, buffer)  # pending records only: not read
-                calls = self._io(False, page_ids, buffer, np.flatnonzero(~blank)) if whole else 0
+                read = ~lazy.blank_pages(self, page_ids, buffer)  # pending records only: not read
             else:
                 page_ids, offsets, buffer = pages.pages, pages.offsets, pages.buffer
-                changed = np.flatnonzero(self._page_stamp[page_ids] > pages.read_at)  # or not read (-1)
-                calls = self._io(False, page_ids, buffer, changed) if changed.shape[0] and whole else 0
+                read = self._page_stamp[page_ids] > pages.read_at  # changed since they were read, or not read
+            if held is not None:  # no page written: only those copied into tracked page sets need their bytes
+                live = [ps.pages for ps in self._live]
+                read &= np.isin(page_ids, np.concatenate(live)) if live else False
+            calls = self._io(False, page_ids, buffer, np.flatnonzero(read)) if read.any() else 0
             put_records(buffer, offsets, records[di])
             lazy.written(self.pending, dpos)  # before the write is published: readers of its version see it
             stamp = self._writes + 1
