@@ -16,6 +16,18 @@ def assert_equal_arrays(a: Mapping, b: Mapping, where: object = "") -> None:
         assert np.array_equal(a[k], b[k]), (where, k) if where else k
 
 
+TIMING = ("step_end_s", "stale_rows", "bytes_sent")
+"""What a run's dump (``ranks.train_and_dump``) holds that depends on timing: how far ahead it fetched."""
+
+
+def assert_equal_runs(a: Mapping, b: Mapping) -> None:
+    """Two runs' dumps hold the same names and the same arrays bit for bit, but for their :data:`TIMING`."""
+    assert sorted(a.keys()) == sorted(b.keys()), (sorted(a.keys()), sorted(b.keys()))
+    for k in a.keys():
+        if k not in TIMING:
+            assert np.array_equal(a[k], b[k]), k
+
+
 def fitted_arrays(ds, cfg) -> dict:
     """Trains ``cfg`` on ``ds`` to the end (``Trainer.fit``) and returns its named arrays; the trainer is closed."""
     from hotline import Trainer

@@ -9,15 +9,13 @@ import threading
 
 import numpy as np
 import pytest
-from arrays import assert_equal_arrays
+from arrays import assert_equal_arrays, assert_equal_runs
 from ranks import spawn, train_and_dump
+from small_data import hot_placement, zipf_dataset
 
 import hotline.tiers.initial_fill as fill_mod
 from hotline import TrainConfig, Trainer
-from hotline.datasets.format import Dataset
-from hotline.datasets.synthetic import generate
 from hotline.kernels.held_rows import EMPTY, find, find_twin, insert, new_table, overlay, overlay_twin, sized
-from hotline.placement import Placement
 from hotline.tiers.disk_file import RowFile
 from hotline.tiers.held_rows import write_buffer_bytes
 from hotline.tiers.store_files import PAGE
@@ -180,16 +178,8 @@ def test_a_read_that_a_sweep_overtook_is_read_again(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("held")
-    ds = Dataset(generate(root / "d", BATCH * STEPS * 7 // 6 + 200, seed=5, table_sizes=TABLES, zipf=1.3,
-                          progress=False))  # fmt: skip
-    sp = ds.train.sparse[: BATCH * 4]
-    hot = [np.argsort(-np.bincount(sp[:, t].reshape(-1), minlength=n), kind="stable")[: max(1, n // 50)]
-           for t, n in enumerate(ds.table_sizes)]  # fmt: skip
-    placement = root / "p.npz"
-    Placement.from_hot_ids(ds.table_sizes, hot, dataset_fingerprint=ds.fingerprint, embedding_dim=8).save(
-        placement
-    )
-    return ds, str(placement)
+    ds = zipf_dataset(root / "d", BATCH * STEPS * 7 // 6 + 200, 5, TABLES)
+    return ds, hot_placement(ds, root / "p.npz", 1 / 50, BATCH * 4)
 
 
 def _config(placement, cold=None, steps=STEPS, **kw):
@@ -260,11 +250,7 @@ def test_two_ranks_with_held_writes_equal_the_memory_store(data, tmp_path):
     jobs = [(_config(placement, cold, steps=10, lookahead=2, cold_write_buffer=SMALL if cold else "auto"),
              str(ds.path), str(tmp_path / f"{name}.npz")) for name, cold in runs]  # fmt: skip
     spawn(2, train_and_dump, jobs)
-    mem, disk = (np.load(tmp_path / f"{name}.npz") for name, _ in runs)
-    assert mem.files == disk.files
-    for k in mem.files:
-        if k not in ("step_end_s", "stale_rows", "bytes_sent"):  # timing: how far ahead it fetched
-            assert np.array_equal(mem[k], disk[k]), k
+    assert_equal_runs(*(np.load(tmp_path / f"{name}.npz") for name, _ in runs))
 
 
 def test_the_write_buffer_is_a_budget_the_preflight_counts(data, tmp_path):

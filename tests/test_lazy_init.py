@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from arrays import assert_equal_arrays
+from arrays import assert_equal_arrays, assert_equal_runs
 from ranks import spawn, train_and_dump
 from small_data import hot_placement, zipf_dataset
 
@@ -188,11 +188,7 @@ def test_two_ranks_lazy_equal_the_memory_store(data, tmp_path):
     jobs = [(_config(placement, cold, steps=10, lookahead=2), str(ds.path), str(tmp_path / f"{name}.npz"))
             for name, cold in runs]  # fmt: skip
     spawn(2, train_and_dump, jobs)
-    mem, disk = (np.load(tmp_path / f"{name}.npz") for name, _ in runs)
-    assert mem.files == disk.files
-    for k in mem.files:
-        if k not in ("step_end_s", "stale_rows", "bytes_sent"):  # timing: how far ahead it fetched
-            assert np.array_equal(mem[k], disk[k]), k
+    assert_equal_runs(*(np.load(tmp_path / f"{name}.npz") for name, _ in runs))
 
 
 # -- a page's write-back beside rows it did not read --------------------------------------------------------

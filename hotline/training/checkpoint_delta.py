@@ -106,6 +106,13 @@ def records_at(head: dict, start: int) -> int:
     return start + bits + (-bits % _PAGE)
 
 
+def bits_at(f, start: int, lo: int, m: int) -> np.ndarray:
+    """bool [m] (fewer where the file ends): bits ``lo .. lo + m - 1`` of the bitmap at byte ``start`` of ``f``."""
+    a = lo // 8
+    raw = np.frombuffer(os.pread(f.fileno(), -(-(lo + m) // 8) - a, start + a), np.uint8)
+    return np.unpackbits(raw, bitorder="little")[lo - 8 * a : lo - 8 * a + m].astype(bool)
+
+
 def overlay(base_chunks, path: Path, head: dict, start: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """The base's ``(order, records)`` chunks (``base_chunks``, in file order, their records writable) with the
     records of the delta ``path`` (header ``head``, bitmap at byte ``start``) laid over them."""
@@ -115,9 +122,7 @@ def overlay(base_chunks, path: Path, head: dict, start: int) -> Iterator[tuple[n
         lo, seen = 0, 0
         for order, rec in base_chunks:
             m = order.shape[0]
-            a, b = lo // 8, -(-(lo + m) // 8)
-            raw = np.frombuffer(os.pread(bits_f.fileno(), b - a, start + a), np.uint8)
-            mask = np.unpackbits(raw, bitorder="little")[lo - 8 * a : lo - 8 * a + m].astype(bool)
+            mask = bits_at(bits_f, start, lo, m)
             k = int(np.count_nonzero(mask))
             if mask.shape[0] != m or seen + k > int(head["changed"]):
                 raise OSError(f"checkpoint rows {path} end early or mark more rows than they hold")

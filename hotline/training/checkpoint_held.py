@@ -63,9 +63,7 @@ def overlay_held(base_chunks, path, head: dict, start: int) -> Iterator[tuple[np
         lo, seen = 0, 0
         for order, got, drawn in base_chunks:
             m = order.shape[0]
-            a = lo // 8
-            raw = np.frombuffer(os.pread(bits_f.fileno(), -(-(lo + m) // 8) - a, start + a), np.uint8)
-            mask = np.unpackbits(raw, bitorder="little")[lo - 8 * a : lo - 8 * a + m].astype(bool)
+            mask = checkpoint_delta.bits_at(bits_f, start, lo, m)
             k = int(np.count_nonzero(mask))
             if mask.shape[0] != m or seen + k > int(head["changed"]):
                 raise OSError(f"checkpoint rows {path} end early or mark more rows than they hold")
