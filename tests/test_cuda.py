@@ -9,7 +9,9 @@ puts the checkout first on ``sys.path`` and ``hotline`` binds ``hotline.kernels`
 On the GPU the sparse updates use ``index_add_`` (atomics: summation order varies between runs), so the
 modes agree within a tolerance, not bit for bit."""
 
+import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +22,9 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 from hotline import TrainConfig, Trainer  # noqa: E402
 from hotline.datasets.format import Dataset  # noqa: E402
 from hotline.datasets.synthetic import generate  # noqa: E402
+
+# test_equivalence imports small_data as pytest gives it (tests/ on sys.path), also where tests is a package
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tests.test_equivalence import ARCH, BATCH, STEPS, TABLES, _placement, assert_equivalent  # noqa: E402
 
 RTOL = 2e-5  # float32 atomics reorder sums; measured well below this on the CPU twin of every path

@@ -87,5 +87,6 @@ def test_a_pass_over_the_order_holds_a_chunk_whatever_the_row_count(tmp_path):
     order added its whole 160 MB)."""
     small_peak = _pass_peak(tmp_path, 4_000_000)
     big_peak = _pass_peak(tmp_path, 40_000_000)
-    assert big_peak < small_peak + (8 << 20), (small_peak, big_peak)
+    # a few chunks of slack (4 MB of records and of order a chunk, two held): the heap may hold the small pass's
+    assert big_peak < small_peak + (16 << 20), (small_peak, big_peak)
     assert big_peak < 40e6, big_peak
