@@ -79,28 +79,32 @@ def insert(keys, slots, pos, count):
 def overlay(pages, at, buffer, record, num_rows, keys, slots, records, marked):
     """Lays the held records over ``pages`` (file page numbers) read into ``buffer`` (uint8, page ``pages[i]`` at
     byte ``at[i] * 4096``): the bytes of every held record that touch a page, straddling ones clipped to it.
-    ``records``: uint8 [slots, record]; ``marked``: uint8, bit ``p % 8`` of byte ``p // 8`` set for a page ``p``
-    that may hold one (others are skipped). Returns the records laid (a straddling one counted per page)."""
+    ``records``: uint8 [slots, record]; ``marked``: uint8, bit ``q % 8`` of byte ``q // 8`` set for a position
+    ``q`` that may be held (the table is probed for those only: a page holds up to 4096 / ``record`` positions,
+    most of them not held). Returns the records laid (a straddling one counted per page)."""
     mask = keys.shape[0] - 1
     shift = _shift(keys.shape[0])
     laid = 0
     for i in range(pages.shape[0]):
         p = pages[i]
-        if not (marked[p >> 3] >> (p & 7)) & 1:
-            continue
         lo = p * PAGE
         hi = lo + PAGE
         base = at[i] * PAGE - lo
+        q = lo // record
         last = min((hi - 1) // record, num_rows - 1)
-        for q in range(lo // record, last + 1):
-            j = _probe(keys, q, shift, mask)
-            if keys[j] == EMPTY:
+        while q <= last:
+            if q & 7 == 0 and q + 8 <= last + 1 and marked[q >> 3] == 0:
+                q += 8  # a byte of positions none held
                 continue
-            s = slots[j]
-            a = q * record
-            for t in range(max(a, lo), min(a + record, hi)):
-                buffer[base + t] = records[s, t - a]
-            laid += 1
+            if (marked[q >> 3] >> (q & 7)) & 1:
+                j = _probe(keys, q, shift, mask)
+                if keys[j] != EMPTY:
+                    s = slots[j]
+                    a = q * record
+                    for t in range(max(a, lo), min(a + record, hi)):
+                        buffer[base + t] = records[s, t - a]
+                    laid += 1
+            q += 1
     return laid
 
 

@@ -57,17 +57,26 @@ def test_the_overlay_lays_every_byte_of_the_held_records_on_the_pages_read(recor
     pos = np.unique(rng.integers(0, n, min(300, n // 2)))
     slot, _ = insert(keys, slots, pos, 0)
     records = rng.integers(0, 256, (pos.shape[0], record), dtype=np.uint8)
-    marked = np.full(-(-num_pages // 8), 0xFF, np.uint8)
     pages = np.sort(rng.choice(num_pages, num_pages // 2, replace=False)).astype(np.int64)
     at = rng.permutation(pages.shape[0]).astype(np.int64)  # pages anywhere in the buffer
-    a = rng.integers(0, 256, pages.shape[0] * PAGE, dtype=np.uint8)
-    b = a.copy()
-    laid = overlay(pages, at, a, record, n, keys, slots, records, marked)
-    overlay_twin(pages, at, b, record, n, dict(zip(pos.tolist(), slot.tolist())), records)
-    assert np.array_equal(a, b) and laid > 0
-    c = b.copy()  # a page not marked is left as read
-    assert overlay(pages, at, c, record, n, keys, slots, records, np.zeros_like(marked)) == 0
-    assert np.array_equal(c, b)
+    read = rng.integers(0, 256, pages.shape[0] * PAGE, dtype=np.uint8)
+
+    def bits(marked_pos):  # the held positions' bitmap, as HeldRows.put sets it
+        out = np.zeros(-(-n // 8), np.uint8)
+        np.bitwise_or.at(out, marked_pos >> 3, np.left_shift(1, marked_pos & 7).astype(np.uint8))
+        return out
+
+    held = dict(zip(pos.tolist(), slot.tolist()))
+    half = {k: held[k] for k in pos[::2].tolist()}
+    every = np.full(-(-n // 8), 0xFF, np.uint8)
+    for marked, shown in [(bits(pos), held), (every, held), (bits(pos[::2]), half)]:
+        a, b = read.copy(), read.copy()  # only the marked positions are probed: unmarked ones stay as read
+        laid = overlay(pages, at, a, record, n, keys, slots, records, marked)
+        overlay_twin(pages, at, b, record, n, shown, records)
+        assert np.array_equal(a, b) and laid > 0
+    c = read.copy()  # nothing marked: every page left as read
+    assert overlay(pages, at, c, record, n, keys, slots, records, np.zeros(-(-n // 8), np.uint8)) == 0
+    assert np.array_equal(c, read)
 
 
 # -- a file -------------------------------------------------------------------------------------------------

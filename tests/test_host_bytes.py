@@ -72,11 +72,11 @@ def test_per_row_host_bytes_are_at_most_eight(data, tmp_path, store):
     # store's a table of the hot rows (hotline.dispatch.index_for): nothing a row is left there
     assert not any("positions" in p for p in found), found
     if store == "disk":
-        # a bit a row: rows not written yet; a bit a page: pages that may hold a held write (hotline.tiers.held_rows)
+        # a bit a row: rows not written yet, rows whose write is held (hotline.tiers.held_rows)
         pages = -(-ROWS * 36 // 4096)
         bitmap = {
             "mode.cold.file.pending.bits": -(-ROWS // 8),
-            "mode.cold.file.held.marked": -(-pages // 8),
+            "mode.cold.file.held.marked": -(-ROWS // 8),
             "mode.cold.file._page_stamp": 4 * pages,
         }  # the write that last changed each page
         assert mode.dispatcher.index == "hash" and found == bitmap, found

@@ -11,8 +11,8 @@ and written back whole. A record held is its row's value: every read of the file
 what it read (:meth:`HeldRows.over_pages` for a step's pages, :meth:`HeldRows.over_range` for a run of
 positions), so a reader sees the same bytes as if each write had gone to the file. A read that a sweep's end
 overtook (its bytes from before the sweep, the held records gone) is read again. ``--cold-write-buffer`` sizes
-it (bytes; 0: every write in place); its bytes are a budget, not a cost of the row count, but for a bit a page
-(``marked``: pages that may hold a held record, the reads' shortcut).
+it (bytes; 0: every write in place); its bytes are a budget, not a cost of the row count, but for a bit a row
+(``marked``: positions held, the reads' shortcut: a page read probes the table for those only).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import numpy as np
 from hotline._malloc import huge_full
 from hotline.kernels.held_rows import EMPTY, insert, overlay, sized
 from hotline.table_layout import bytes_per_row
-from hotline.tiers.store_files import PAGE
 
 WRITE_BUFFER_AUTO = 256 << 20
 """The most ``--cold-write-buffer auto`` takes: a sweep's cost is the file's, spread over the steps that fill it."""
@@ -56,7 +55,8 @@ class HeldRows:
     docstring), in ``budget`` bytes."""
 
     per_row = ("marked",)
-    """A bit a page: under a byte a row, counted by :func:`~hotline.training.host_memory.per_row_bytes`."""
+    """A bit a position (held or not: a read probes the table for the marked ones only), counted by
+    :func:`~hotline.training.host_memory.per_row_bytes`."""
 
     budgeted = ("keys", "slots", "records")
     """Sized by ``--cold-write-buffer``, not by the row count (:func:`~hotline.training.host_memory.per_row_bytes`
@@ -68,8 +68,7 @@ class HeldRows:
         # taken at the first put (a run that writes nothing, an evaluation's, holds none); the records' pages
         # untouched until written: resident memory grows with the records held, up to the budget
         self.keys = self.slots = self.records = None
-        num_pages = -(-self.num_rows * self.record // PAGE)
-        self.marked = np.zeros(-(-num_pages // 8), np.uint8)
+        self.marked = np.zeros(-(-self.num_rows // 8), np.uint8)
         self.count = 0
         self.lock = threading.Lock()
         """Held while the table changes and while a read lays the records over its bytes."""
@@ -93,9 +92,6 @@ class HeldRows:
         """Holds ``records`` [U, floats] as the values of the distinct file ``positions`` (room left:
         :meth:`fits`)."""
         pos = np.asarray(positions, np.int64)
-        first = pos * self.record // PAGE
-        last = (pos * self.record + self.record - 1) // PAGE
-        pages = np.concatenate([first, last[last != first]])
         with self.lock:
             if self.keys is None:  # huge pages, taken now (random entries: not a fault each)
                 self.keys, self.slots = (
@@ -105,7 +101,7 @@ class HeldRows:
                 self.records = np.empty((self.capacity, self.record // 4), np.float32)
             slot, self.count = insert(self.keys, self.slots, pos, self.count)
             self.records[slot] = records
-            np.bitwise_or.at(self.marked, pages >> 3, np.left_shift(1, pages & 7).astype(np.uint8))
+            np.bitwise_or.at(self.marked, pos >> 3, np.left_shift(1, pos & 7).astype(np.uint8))
             self._version += 1
             self._sorted = None  # made again when a reader needs it
 

@@ -196,11 +196,12 @@ def per_row_structures(config, dataset, world_size: int = 1) -> int:
     """Host bytes of a disk store's structures that grow with the row count on one rank, at most: its file
     positions (:func:`positions_bytes`), the bitmap of the rows written since a checkpoint, which a
     checkpoint or a load starts (:class:`~hotline.tiers.written_rows.WrittenRows`, a bit a row), that of
-    the rows not written yet (:class:`~hotline.tiers.pending_rows.PendingRows`, a bit a row), and the stamp of
-    each page's last write (4 bytes a 4 KiB page)."""
+    the rows not written yet (:class:`~hotline.tiers.pending_rows.PendingRows`, a bit a row), that of the rows
+    whose writes are held (:class:`~hotline.tiers.held_rows.HeldRows`, a bit a row), and the stamp of each
+    page's last write (4 bytes a 4 KiB page)."""
     rows = -(-dataset.total_rows // world_size)
     pages = -(-rows * bytes_per_row(config.embedding_dim, config.optimizer) // 4096)
-    return positions_bytes(config, dataset, world_size) + 2 * -(-rows // 8) + 4 * pages
+    return positions_bytes(config, dataset, world_size) + 3 * -(-rows // 8) + 4 * pages
 
 
 HOT_TABLE_BYTES = 32
