@@ -55,6 +55,7 @@ import argparse
 import hashlib
 import json
 import os
+import resource
 import shutil
 import sys
 import time
@@ -227,6 +228,52 @@ def child(args) -> dict:
     return _train(args, ds, work)
 
 
+VMSTAT = (
+    "allocstall_normal",
+    "allocstall_movable",
+    "pgscan_direct",
+    "pgsteal_direct",
+    "pgscan_kswapd",
+    "compact_stall",
+    "thp_fault_alloc",
+    "thp_fault_fallback",
+    "pgfault",
+    "pgmajfault",
+    "pswpin",
+    "numa_hint_faults",
+)
+
+
+def _vmstat() -> dict[str, int]:
+    """The kernel's memory counters (``/proc/vmstat``) that say where a step's system time may go: reclaim,
+    compaction, huge-page faults."""
+    stat = dict(line.split() for line in open("/proc/vmstat"))
+    return {k: int(stat[k]) for k in VMSTAT if k in stat}
+
+
+def _cpu_ticks() -> dict[str, int]:
+    """The machine's CPU time by kind (``/proc/stat``, clock ticks): ``steal`` is time a virtual machine's CPUs
+    waited for the host."""
+    fields = open("/proc/stat").readline().split()[1:9]
+    return dict(
+        zip(("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal"), map(int, fields))
+    )
+
+
+def _cgroup_figures(group: Path | None) -> dict[str, int]:
+    """The memory cgroup's failcnt (times it reached its limit) and memory.stat counters (v1), {} without one."""
+    if group is None:
+        return {}
+    try:
+        stat = dict(line.split() for line in (group / "memory.stat").read_text().splitlines())
+        out = {
+            k: int(v) for k, v in stat.items() if k in ("cache", "pgpgin", "pgpgout", "pgfault", "pgmajfault")
+        }
+        return out | {"failcnt": int((group / "memory.failcnt").read_text())}
+    except OSError:
+        return {}
+
+
 def _train(args, ds, work: Path) -> dict:
     from hotline.tiers.tiered import measured_figures
     from hotline.training.checkpoint import save_checkpoint
@@ -255,9 +302,19 @@ def _train(args, ds, work: Path) -> dict:
     )
     held = mode.cold.host.file.held
     held0 = held.swept_rows + held.count if held is not None else 0
-    t1 = time.perf_counter()
+    group = memlimit._v1_group()
+    cg1, cpu1, vm1 = _cgroup_figures(group), _cpu_ticks(), _vmstat()
+    r1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     timed = [next(stats) for _ in range(half - 1)]
     stats.close()  # the look-ahead drains: steps [0, half) done
+    r2 = resource.getrusage(resource.RUSAGE_SELF)  # page faults: a memory limit's reclaim shows here
+    cg2, cpu2, vm2 = _cgroup_figures(group), _cpu_ticks(), _vmstat()
+    out["vmstat_in_steps"] = {k: vm2[k] - vm1[k] for k in vm1 if vm2[k] != vm1[k]}
+    ticks = {k: cpu2[k] - cpu1[k] for k in cpu1}
+    out["cpu_in_steps"] = {k: v / max(1, sum(ticks.values())) for k, v in ticks.items()}  # shares of the time
+    out["cgroup_in_steps"] = {k: cg2[k] - cg1[k] for k in cg1} | {"cache_bytes": cg2.get("cache", 0)}
+    out["faults_per_step"] = {"minor": (r2.ru_minflt - r1.ru_minflt) / max(1, half - 1),
+                              "major": (r2.ru_majflt - r1.ru_majflt) / max(1, half - 1)}  # fmt: skip
     out["samples_per_s"] = (half - 1) * args.batch / (time.perf_counter() - t1) if half > 1 else 0.0
     out["held"] = scale_held.sweep_figures(mode.cold.host.file, held0, half - 1)
     out["phases"] = _phases(timed)

@@ -1,4 +1,4 @@
-"""A checkpoint's rows file goes out through :func:`hotline.training.direct_out.write_direct`: the bytes given, in
+"""A checkpoint's rows file goes out through :func:`hotline.tiers.direct_out.write_direct`: the bytes given, in
 order, with the sha256 of exactly those bytes, atomically, with ``O_DIRECT`` where the filesystem allows it and
 the same bytes buffered where it does not."""
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hotline import _io
-from hotline.training.direct_out import write_direct
+from hotline.tiers.direct_out import write_direct
 
 
 @pytest.mark.parametrize("direct", [True, False])

@@ -46,6 +46,7 @@ import numpy as np
 from hotline import _io
 from hotline.tiers import dram_tier
 from hotline.tiers import pending_rows as lazy
+from hotline.tiers.direct_out import npy_header, write_direct
 from hotline.tiers.disk_pages import (  # noqa: F401 - pages_per_record, positions_of re-exported
     OrderFile,
     PageSet,
@@ -193,13 +194,13 @@ class RowFile:
         """Creates (or re-creates, if Hotline made it) the file at its full size, locked against other runs."""
         path = self.path
         self._lock(os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, "create")
-        _io.atomic_write(order_path(path), lambda f: np.save(f, self.order))
+        _, digest, _ = write_direct(order_path(path), [npy_header(self.order), self.order], direct)  # fmt: skip
         self.order = OrderFile(order_path(path))  # read in chunks (export, load): on disk
         _io.write_json(
             manifest_path(path),
             {"format": FORMAT, "rows": self.num_rows, "dim": self.dim, "optimizer": self.optimizer,
              "state_floats": self.S, "record_bytes": self.record, "order": order_path(path).name,
-             "order_sha256": _io.sha256(order_path(path))},
+             "order_sha256": digest},
         )  # fmt: skip
         try:
             os.ftruncate(self._bulk, 0)

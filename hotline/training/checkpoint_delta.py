@@ -113,31 +113,55 @@ def bits_at(f, start: int, lo: int, m: int) -> np.ndarray:
     return np.unpackbits(raw, bitorder="little")[lo - 8 * a : lo - 8 * a + m].astype(bool)
 
 
+class DeltaRecords:
+    """The delta ``path``'s records (header ``head``, bitmap at byte ``start``), a chunk of positions at a time in
+    file order (:meth:`next`); leaving the ``with`` block without an error checks that every record was read."""
+
+    def __init__(self, path: Path, head: dict, start: int):
+        self.path, self.start, self.changed = path, start, int(head["changed"])
+        self.floats = int(head["dim"]) + int(head["state_floats"])
+        self._bits, self._rec = open(path, "rb"), open(path, "rb")
+        self._rec.seek(records_at(head, start))
+        self.lo = self.seen = 0
+
+    def next(self, m: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """The next ``m`` positions: which the delta holds (bool [m]) and their records [k, floats] (None for none)."""
+        mask = bits_at(self._bits, self.start, self.lo, m)
+        k = int(np.count_nonzero(mask))
+        if mask.shape[0] != m or self.seen + k > self.changed:
+            raise OSError(f"checkpoint rows {self.path} end early or mark more rows than they hold")
+        new = None
+        if k:
+            new = np.fromfile(self._rec, np.float32, k * self.floats)
+            if new.shape[0] != k * self.floats:
+                raise OSError(f"checkpoint rows {self.path} end early (at changed row {self.seen})")
+            new = new.reshape(k, self.floats)
+        self.lo, self.seen = self.lo + m, self.seen + k
+        return mask, new
+
+    def __enter__(self) -> DeltaRecords:
+        return self
+
+    def __exit__(self, kind, *_) -> None:
+        for f in (self._bits, self._rec):
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            f.close()
+        if kind is None and self.seen != self.changed:
+            raise OSError(
+                f"checkpoint rows {self.path} hold {self.changed} changed rows, their bitmap {self.seen}"
+            )
+
+
 def overlay(base_chunks, path: Path, head: dict, start: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """The base's ``(order, records)`` chunks (``base_chunks``, in file order, their records writable) with the
     records of the delta ``path`` (header ``head``, bitmap at byte ``start``) laid over them."""
-    floats = int(head["dim"]) + int(head["state_floats"])
-    with open(path, "rb") as bits_f, open(path, "rb") as rec_f:
-        rec_f.seek(records_at(head, start))
-        lo, seen = 0, 0
+    with DeltaRecords(path, head, start) as delta:
         for order, rec in base_chunks:
-            m = order.shape[0]
-            mask = bits_at(bits_f, start, lo, m)
-            k = int(np.count_nonzero(mask))
-            if mask.shape[0] != m or seen + k > int(head["changed"]):
-                raise OSError(f"checkpoint rows {path} end early or mark more rows than they hold")
-            if k:
-                new = np.fromfile(rec_f, np.float32, k * floats)
-                if new.shape[0] != k * floats:
-                    raise OSError(f"checkpoint rows {path} end early (at changed row {seen})")
+            mask, new = delta.next(order.shape[0])
+            if new is not None:
                 rec = rec.copy()  # the base's digest may still be reading its bytes
-                rec[mask] = new.reshape(k, floats)
-            lo, seen = lo + m, seen + k
+                rec[mask] = new
             yield order, rec
-        for f in (bits_f, rec_f):
-            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-        if seen != int(head["changed"]):
-            raise OSError(f"checkpoint rows {path} hold {head['changed']} changed rows, their bitmap {seen}")
 
 
 def committed(host, path: Path, record: dict, step: int) -> None:

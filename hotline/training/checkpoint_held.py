@@ -57,31 +57,16 @@ def loads_lazily(host, head: dict):
 def overlay_held(base_chunks, path, head: dict, start: int) -> Iterator[tuple[np.ndarray, ...]]:
     """The base's lazy chunks ``(order, records held, never written)`` (``base_chunks``) with the records of the
     delta ``path`` (header ``head``, bitmap at byte ``start``) laid over them: a row it holds is held."""
-    floats = int(head["dim"]) + int(head["state_floats"])
-    with open(path, "rb") as bits_f, open(path, "rb") as rec_f:
-        rec_f.seek(checkpoint_delta.records_at(head, start))
-        lo, seen = 0, 0
+    with checkpoint_delta.DeltaRecords(path, head, start) as delta:
         for order, got, drawn in base_chunks:
-            m = order.shape[0]
-            mask = checkpoint_delta.bits_at(bits_f, start, lo, m)
-            k = int(np.count_nonzero(mask))
-            if mask.shape[0] != m or seen + k > int(head["changed"]):
-                raise OSError(f"checkpoint rows {path} end early or mark more rows than they hold")
-            if k:
-                new = np.fromfile(rec_f, np.float32, k * floats)
-                if new.shape[0] != k * floats:
-                    raise OSError(f"checkpoint rows {path} end early (at changed row {seen})")
+            mask, new = delta.next(order.shape[0])
+            if new is not None:
                 held = np.flatnonzero(~drawn | mask)
-                rec = np.empty((held.shape[0], floats), np.float32)
+                rec = np.empty((held.shape[0], delta.floats), np.float32)
                 rec[np.searchsorted(held, np.flatnonzero(~drawn))] = got
-                rec[np.searchsorted(held, np.flatnonzero(mask))] = new.reshape(k, floats)
+                rec[np.searchsorted(held, np.flatnonzero(mask))] = new
                 got, drawn = rec, drawn & ~mask
-            lo, seen = lo + m, seen + k
             yield order, got, drawn
-        for f in (bits_f, rec_f):
-            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-        if seen != int(head["changed"]):
-            raise OSError(f"checkpoint rows {path} hold {head['changed']} changed rows, their bitmap {seen}")
 
 
 def put_held(file, pending, lo: int, drawn: np.ndarray, records: np.ndarray) -> None:

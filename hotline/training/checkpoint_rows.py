@@ -11,7 +11,7 @@ each, packed; the DRAM tier's rows as they stand in memory). A row never written
 every reader draws it (:func:`_rows_file_chunks`), so a checkpoint writes the rows a run wrote, not the table.
 :data:`ROWS_FORMAT_1` files (every record, then the order) still load. The store's file is read in order in
 chunks of :data:`CHUNK_BYTES` (the next chunk on a thread) and the side file written in order with ``O_DIRECT``
-where the filesystem allows it (:func:`~hotline.training.direct_out.write_direct`: the read, the write and the
+where the filesystem allows it (:func:`~hotline.tiers.direct_out.write_direct`: the read, the write and the
 sha256 overlap, no page cache), so the host memory it takes is two chunks and two write buffers, not the table.
 The hot rows are the one part not in it: their current values are on the device, and the checkpoint's own
 file holds them.
@@ -40,6 +40,7 @@ import numpy as np
 
 from hotline import _io
 from hotline.kernels.initial_rows import draw_fused, jump_tables
+from hotline.tiers.direct_out import write_direct
 from hotline.tiers.written_rows import untrack
 from hotline.training import checkpoint_delta
 from hotline.training.checkpoint_held import (
@@ -50,7 +51,6 @@ from hotline.training.checkpoint_held import (
     pending_of,
     put_held,
 )
-from hotline.training.direct_out import write_direct
 
 ROWS_FORMAT = "hotline-checkpoint-rows/2"
 ROWS_FORMAT_1 = "hotline-checkpoint-rows/1"

@@ -1,5 +1,5 @@
 """A large file written once, in order, atomically, with ``O_DIRECT`` where the filesystem allows it: a
-checkpoint's rows file (:mod:`hotline.training.checkpoint_rows`).
+checkpoint's rows file (:mod:`hotline.training.checkpoint_rows`), a disk store's order (:mod:`hotline.tiers.disk_file`).
 
 :func:`write_direct` copies the pieces it is given into two page-aligned buffers in turn; a full buffer is
 written by one thread while a second one computes its sha256 and the caller fills the other buffer with the
@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import io
 import os
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +33,15 @@ BUFFER_BYTES = 32 << 20
 """Each of the two aligned buffers (a multiple of the page): the host memory a write takes besides its pieces."""
 _SYNC_BUFFERS = 4
 """Buffered (no ``O_DIRECT``): the bytes are made durable and dropped from the page cache every this many."""
+
+
+def npy_header(a: np.ndarray) -> bytes:
+    """The ``.npy`` header of ``a`` (C order): with ``a``'s bytes after it, the file ``numpy.save`` writes."""
+    out = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        out, np.lib.format.header_data_from_array_1_0(np.ascontiguousarray(a))
+    )
+    return out.getvalue()
 
 
 def _open(tmp: Path, direct: bool) -> tuple[int, bool]:
