@@ -23,6 +23,11 @@ def print_report(out: dict, dim: int, batch: int) -> None:
               f"positions {out['positions_bytes'] / 1e6:,.1f} MB; DRAM tier (--cold-cache "
               f"{out['cold_cache_flag']}) {out['dram_tier_bytes'] / GIB:.2f} GiB, {out['dram_tier_rows']:,} rows")  # fmt: skip
         print(f"first step after {out['first_step_s']:.1f} s; {out['samples_per_s']:,.0f} samples/s")
+        if out.get("cpu_in_steps"):  # what else the machine did meanwhile: a noisy run shows here
+            cpu, f, vm = out["cpu_in_steps"], out["faults_per_step"], out.get("vmstat_in_steps", {})
+            print("in the timed steps: CPU " + ", ".join(f"{k} {v:.0%}" for k, v in cpu.items() if v >= 0.005)
+                  + f"; page faults a step {f['minor']:,.0f} minor, {f['major']:,.0f} major; cgroup limit reached "
+                  f"{out['cgroup_in_steps'].get('failcnt', 0):,} times; kernel: {vm}")  # fmt: skip
         if out.get("held"):
             h = out["held"]
             print(f"held writes: {h['bytes'] / 2**20:,.0f} MiB for {h['capacity_rows']:,} rows, {h['rows_added_per_step']:,.0f} "
