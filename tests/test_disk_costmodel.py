@@ -336,6 +336,10 @@ def test_calibrate_disk_cli(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "random 4 KiB reads" in printed and "a step's I/O (128-byte records)" in printed
     assert f"of the I/O beside compute {p_short:.2f} with the compute {r_short:.2f} of the I/O, " in printed
+    assert (
+        f"held writes: put {put['fixed_us'] / 1e3:,.2f} ms + {put['us_per_row']:,.2f} us/row; sweep "
+        in printed
+    )
     assert not list(tmp_path.glob(".hotline-disk-calibration*"))  # its scratch folder is gone
     assert {p: p.read_text() for p in mine} == mine
     assert main(["calibrate", "--out", str(out), "--disk-only"]) == 2

@@ -126,6 +126,12 @@ def run(args: argparse.Namespace) -> int:
             f"{t['write']['us_per_page']:,.1f} us/page; overlap penalty of reads beside write-backs "
             f"{_penalty(t, 'read_write')}, of the I/O beside compute {beside_penalties(t, _penalty)}"
         )
+        if "held" in t:  # held writes (--cold-write-buffer): the put, and the sweep that writes them in order
+            put, sweep = t["held"]["put"], t["held"]["sweep"]
+            print(
+                f"held writes: put {put['fixed_us'] / 1e3:,.2f} ms + {put['us_per_row']:,.2f} us/row; sweep "
+                f"{sweep['us_per_span'] / 1e3:,.2f} ms/span + {sweep['mbps']:,.0f} MB/s of the file (read and written)"
+            )
     if args.disk_only:
         print(f"written to {args.out}")
         return 0
