@@ -5,6 +5,7 @@ record drawn into it) still loads and exports; a seed that does not draw the sto
 Loaded into a lazily initialized store of the same seed, the rows never written stay pending and only the
 records held are written (a full file, a delta on one)."""
 
+import contextlib
 import hashlib
 import json
 import struct
@@ -29,6 +30,24 @@ SEED = 0  # TrainConfig's default: the seed the store's rows were drawn from
 
 def _state(n: int):
     return (n, 1)  # row-wise Adagrad: a float a row
+
+
+@contextlib.contextmanager
+def _fresh(ds, placement, cold, **kw):
+    """A Trainer on a new disk store at ``cold`` (``_config``'s fields ``kw``), closed after the block."""
+    cold.mkdir()
+    tr = Trainer(_config(placement, cold, **kw), ds)
+    try:
+        yield tr
+    finally:
+        tr.close()
+
+
+def _resumes(ds, placement, cold, ck, arrays, steps, **kw):
+    """A new store at ``cold`` resumes ``ck`` at step ``steps`` with the run's ``arrays``, bit for bit."""
+    with _fresh(ds, placement, cold, steps=steps, **kw) as tr:
+        assert load_checkpoint(tr, ck) == steps
+        assert_equal_arrays(arrays, tr.named_arrays())
 
 
 def _run(ds, placement, tmp_path, steps=6, also=None):
@@ -98,13 +117,7 @@ def test_a_rows_file_of_the_first_format_still_loads_and_exports(data, tmp_path)
     assert read_header(rows_path(ck))[0]["format"] == checkpoint_rows.ROWS_FORMAT_1
     got_w, got_s = read_tables(ck, lambda m: (m,))
     assert np.array_equal(got_w, w) and np.array_equal(got_s, s)
-    (tmp_path / "cold2").mkdir()
-    tr = Trainer(_config(placement, tmp_path / "cold2", steps=6, cold_cache=4096), ds)
-    try:
-        assert load_checkpoint(tr, ck) == 6
-        assert_equal_arrays(arrays, tr.named_arrays())
-    finally:
-        tr.close()
+    _resumes(ds, placement, tmp_path / "cold2", ck, arrays, steps=6, cold_cache=4096)
     export_torchrec_dlrm(ck, tmp_path / "out", format="dcp")
     _assert_tables(tmp_path / "out", arrays, "first format")
 
@@ -170,9 +183,7 @@ def test_a_load_into_a_lazy_store_writes_the_written_rows_alone(data, tmp_path, 
     head, start = read_header(path)
     n = head["rows"]
     bitmap = np.fromfile(path, np.uint8, -(-n // 8), offset=start)
-    (tmp_path / "cold2").mkdir()
-    tr = Trainer(_config(placement, tmp_path / "cold2", steps=6, cold_cache=4096), ds)
-    try:
+    with _fresh(ds, placement, tmp_path / "cold2", steps=6, cold_cache=4096) as tr:
         host = checkpoint_rows.disk_rows(tr.mode)
         f = host.file
         assert f.pending.count() == n and not f._cache_loaded  # nothing written, the DRAM tier not read yet
@@ -188,15 +199,7 @@ def test_a_load_into_a_lazy_store_writes_the_written_rows_alone(data, tmp_path, 
             assert f.bytes_written - before == head["held"] * f.record
         got_w, got_s = _read_store(f, tr.config.embedding_dim)
         assert np.array_equal(got_w, w) and np.array_equal(got_s, s)
-    finally:
-        tr.close()
-    (tmp_path / "cold3").mkdir()
-    tr = Trainer(_config(placement, tmp_path / "cold3", steps=6, cold_cache=4096), ds)
-    try:
-        assert load_checkpoint(tr, ck) == 6
-        assert_equal_arrays(arrays, tr.named_arrays())
-    finally:
-        tr.close()
+    _resumes(ds, placement, tmp_path / "cold3", ck, arrays, steps=6, cold_cache=4096)
 
 
 def test_a_seed_other_than_the_stores_draws_and_writes_every_row(data, tmp_path):  # noqa: F811
@@ -206,9 +209,7 @@ def test_a_seed_other_than_the_stores_draws_and_writes_every_row(data, tmp_path)
     ck, *_ = _run(ds, placement, tmp_path)
     path = rows_path(ck)
     head, start = read_header(path)
-    (tmp_path / "cold2").mkdir()
-    tr = Trainer(_config(placement, tmp_path / "cold2", steps=6, cold_cache=4096, seed=SEED + 1), ds)
-    try:
+    with _fresh(ds, placement, tmp_path / "cold2", steps=6, cold_cache=4096, seed=SEED + 1) as tr:
         host = checkpoint_rows.disk_rows(tr.mode)
         assert checkpoint_rows.loads_lazily(host, head) is None
         before = host.file.bytes_written
@@ -218,8 +219,6 @@ def test_a_seed_other_than_the_stores_draws_and_writes_every_row(data, tmp_path)
         want = read_tables(ck, lambda m: (m,))
         got = _read_store(host.file, tr.config.embedding_dim)
         assert all(np.array_equal(a, b) for a, b in zip(got, want))
-    finally:
-        tr.close()
 
 
 @pytest.mark.parametrize("n", [1, 7, 8, 13, 45])
@@ -256,9 +255,7 @@ def test_a_delta_loads_into_a_lazy_store_by_its_base_bitmap_and_its_records(data
     base, _ = read_header(rows_path(ck_dir / "step-000000005.pt"))
     assert head["format"] == checkpoint_rows.checkpoint_delta.DELTA_FORMAT
     assert 0 < pending < base["rows"] - base["held"]  # the delta wrote rows the base has pending
-    (tmp_path / "cold2").mkdir()
-    tr = Trainer(_config(placement, tmp_path / "cold2", steps=10), ds)
-    try:
+    with _fresh(ds, placement, tmp_path / "cold2", steps=10) as tr:
         host = checkpoint_rows.disk_rows(tr.mode)
         before = host.file.bytes_written
         checkpoint_rows.load_rows(host, ck, chunk_bytes=36 * 1001)
@@ -266,12 +263,4 @@ def test_a_delta_loads_into_a_lazy_store_by_its_base_bitmap_and_its_records(data
         assert host.file.bytes_written - before == (head["rows"] - pending) * host.file.record
         got_w, got_s = _read_store(host.file, tr.config.embedding_dim)
         assert np.array_equal(got_w, w) and np.array_equal(got_s, s)
-    finally:
-        tr.close()
-    (tmp_path / "cold3").mkdir()
-    tr = Trainer(_config(placement, tmp_path / "cold3", steps=10), ds)
-    try:
-        assert load_checkpoint(tr, ck) == 10
-        assert_equal_arrays(arrays, tr.named_arrays())
-    finally:
-        tr.close()
+    _resumes(ds, placement, tmp_path / "cold3", ck, arrays, steps=10)
