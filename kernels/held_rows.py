@@ -5,7 +5,7 @@ The table is two arrays of a power-of-two length ``2**bits`` (its keys at most :
 ends at an empty entry): ``keys`` int64 (a file position, :data:`EMPTY` where none) and ``slots`` int64 (its record's slot).
 A key's home entry is its Fibonacci hash (the key times 2**64 / golden ratio, the top ``bits`` bits), probed
 linearly. Keys are only added; the table is emptied whole (:mod:`~hotline.tiers.held_rows`'s sweep). The numpy
-twins (:func:`find_twin`, :func:`overlay_twin`) are what ``tests/test_held_rows.py`` checks these against.
+twin :func:`overlay_twin` (and a dict, for :func:`insert`) is what ``tests/test_held_rows.py`` checks these against.
 """
 
 from __future__ import annotations
@@ -43,18 +43,6 @@ def _probe(keys, key, shift, mask):
     while keys[j] != key and keys[j] != EMPTY:
         j = (j + 1) & mask
     return j
-
-
-@njit(cache=True, nogil=True)
-def find(keys, slots, pos):
-    """int64 [n]: the slot of each of ``pos`` (file positions), :data:`EMPTY` for those not held."""
-    mask = keys.shape[0] - 1
-    shift = _shift(keys.shape[0])
-    out = np.empty(pos.shape[0], np.int64)
-    for i in range(pos.shape[0]):
-        j = _probe(keys, pos[i], shift, mask)
-        out[i] = slots[j] if keys[j] != EMPTY else EMPTY
-    return out
 
 
 @njit(cache=True, nogil=True)
@@ -126,17 +114,13 @@ def sized(budget: int, record: int) -> tuple[int, int]:
     return best
 
 
-def new_table(size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Empty ``keys`` and ``slots`` of ``size`` entries (a power of two)."""
-    return np.full(size, EMPTY, np.int64), np.zeros(size, np.int64)
+def new_table(size: int, full=np.full) -> tuple[np.ndarray, np.ndarray]:
+    """Empty ``keys`` and ``slots`` of ``size`` entries (a power of two), made by ``full(shape, value, dtype)``
+    (the store passes :func:`hotline._malloc.huge_full`: huge pages, every entry taken now)."""
+    return full(size, EMPTY, np.int64), full(size, 0, np.int64)
 
 
 # -- numpy twins -----------------------------------------------------------------------------------------
-def find_twin(held: dict, pos: np.ndarray) -> np.ndarray:
-    """:func:`find` with a dict of position -> slot."""
-    return np.array([held.get(int(p), EMPTY) for p in pos], np.int64)
-
-
 def overlay_twin(pages, at, buffer, record, num_rows, held: dict, records) -> None:
     """:func:`overlay` with a dict of position -> slot, record by record through whole-file byte offsets."""
     for i, p in enumerate(np.asarray(pages).tolist()):

@@ -174,6 +174,8 @@ class DiskRows(ClaimBook):
         for SGD) of ``rows`` (into ``out_*`` when given), and the pages read. ``skip``: indices of rows whose
         values are not read (stale rows a refresh reads again); ``track``: the pages kept current by later
         writes until they are written back (see :meth:`RowFile.read_rows`)."""
+        if track and self.file.held is not None:  # a training run's fetch: the held writes' memory taken now
+            self.file.held.take()  # (before the first step ends, not in the steps' write-backs)
         rec, pages = self.file.read_rows(rows, skip=skip, track=track)
         self._check_read(rows, rec, skip)
         return (*self._split_records(rec, out_w, out_s), pages)

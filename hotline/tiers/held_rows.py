@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from hotline._malloc import huge_full
-from hotline.kernels.held_rows import EMPTY, insert, overlay, sized
+from hotline.kernels.held_rows import EMPTY, insert, new_table, overlay, sized
 from hotline.table_layout import bytes_per_row
 
 WRITE_BUFFER_AUTO = 256 << 20
@@ -93,17 +93,22 @@ class HeldRows:
         :meth:`fits`)."""
         pos = np.asarray(positions, np.int64)
         with self.lock:
-            if self.keys is None:  # huge pages, taken now (random entries: not a fault each)
-                self.keys, self.slots = (
-                    huge_full(self._size, EMPTY, np.int64),
-                    huge_full(self._size, 0, np.int64),
-                )
-                self.records = np.empty((self.capacity, self.record // 4), np.float32)
+            self._take()
             slot, self.count = insert(self.keys, self.slots, pos, self.count)
             self.records[slot] = records
             np.bitwise_or.at(self.marked, pos >> 3, np.left_shift(1, pos & 7).astype(np.uint8))
             self._version += 1
             self._sorted = None  # made again when a reader needs it
+
+    def take(self) -> None:
+        """Takes the table's memory now, if not yet (a training run's first fetch: not in its steps' writes)."""
+        with self.lock:
+            self._take()
+
+    def _take(self) -> None:
+        if self.keys is None:  # huge pages, every entry taken now (random entries: not a fault each)
+            self.keys, self.slots = new_table(self._size, huge_full)
+            self.records = np.empty((self.capacity, self.record // 4), np.float32)
 
     def read(self, read, over) -> None:
         """Calls ``read()`` (the file's bytes), then ``over()`` (lays the held records over them) under the lock,
