@@ -167,6 +167,11 @@ def test_auto_prices_the_runs_write_buffer(tmp_path):
     c = choose_for_run(cfg, data, CPU_DISK, prof=prof, available=1 << 40)
     rows = sized(write_buffer_bytes(cfg, data.total_rows), 36)[1]  # dim 8 and row-wise Adagrad: 36 bytes
     assert rows > 0 and {x.disk.held_rows for x in c.candidates} == {rows}
+    # on 4 ranks each holds a quarter of the rows and the buffer auto gives a quarter of them (an eighth of its
+    # rows and state), not the buffer of the whole table
+    four = choose_for_run(cfg, data, CPU_DISK, prof=prof, available=1 << 40, ranks=4)
+    quarter = sized(write_buffer_bytes(cfg, data.total_rows, 4), 36)[1]
+    assert 0 < quarter < rows and {x.disk.held_rows for x in four.candidates} == {quarter}
     zero = choose_for_run(replace(cfg, cold_write_buffer=0), data, CPU_DISK, prof=prof, available=1 << 40)
     assert {x.disk.held_rows for x in zero.candidates} == {0}
 

@@ -46,6 +46,7 @@ def choose_and_profile(
     progress: bool = False,
     nodes: int = 1,
     available: int | None = None,
+    ranks: int = 1,
 ) -> tuple:
     """(:class:`AutoChoice`, the Profile it was priced with): :func:`choose` for a TrainConfig and its Dataset: profiles a sample with held-out figures unless
     ``prof`` (a Profile of this dataset) is given. With ``config.cold_store == 'disk'`` it prices the disk
@@ -53,7 +54,8 @@ def choose_and_profile(
     long work it refuses a run whose rows cannot fit in this machine's memory, and prices only the hot budgets
     that fit it (``nodes``: machines the ranks run on, each holding its share; ``available``: the memory figure,
     default the smaller of the machine's ``MemAvailable`` and the cgroup's room, as
-    :func:`~hotline.training.preflight.check_memory` takes it). The profile is the one
+    :func:`~hotline.training.preflight.check_memory` takes it; ``ranks``: the run's ranks, each with its
+    share of the disk store's rows and its own write buffer). The profile is the one
     :func:`~hotline.training.placing.profile_for` makes for the run: its placement is chosen from it, not from
     a second read of the sample."""
     from hotline.costmodel.phases import disk_timing, timed_pass
@@ -91,7 +93,7 @@ def choose_and_profile(
         from hotline.tiers.held_rows import write_buffer_bytes
 
         cache = 0 if config.cold_cache == "auto" else int(config.cold_cache)
-        disk = ColdDisk(str(config.cold_dir), cache, write_buffer_bytes(config, dataset.total_rows))
+        disk = ColdDisk(str(config.cold_dir), cache, write_buffer_bytes(config, dataset.total_rows, ranks))
         if "disk" not in hw:  # a --hardware FILE with a disk section is used as is
             record = bytes_per_row(config.embedding_dim, config.optimizer)
             hw = {**hw, "disk": disk_hardware(config.cold_dir, record, config.cold_io_depth)}
@@ -169,7 +171,9 @@ def resolve_profiled(config, dataset, comm=None, hardware: str | dict | None = N
         note_first_compile(
             (*STEP_KERNELS, "hotline.kernels.profile")
         )  # the choice profiles and times kernels
-        choice, prof = choose_and_profile(config, dataset, hardware, progress=config.progress, nodes=nodes)
+        choice, prof = choose_and_profile(
+            config, dataset, hardware, progress=config.progress, nodes=nodes, ranks=world
+        )
         named = isinstance(hardware, str) and not os.path.exists(hardware)  # a device by name: priced only
         if named and torch_device_type(config.device) == "cpu":
             choice.trains_on = "this machine's CPU"
