@@ -14,7 +14,8 @@ VALUE = {"--placement": "p.npz", "--hbm-budget": "1KiB", "--lookahead": "2", "--
          "--micro-batches": "split", "--replace-every": "10", "--replace": "auto", "--replace-threshold": "0.1",
          "--count-decay": "0.5", "--save-placement": "s.npz", "--hardware": "hw.json", "--dcn-num-layers": "3",
          "--dcn-low-rank-dim": "512", "--cold-io-depth": "32", "--cold-cache": "1KiB",
-         "--cold-write-buffer": "1KiB", "--no-cold-direct": None, "--cold-dir": "d"}  # fmt: skip
+         "--cold-write-buffer": "1KiB", "--no-cold-direct": None, "--no-cold-lazy": None,
+         "--cold-dir": "d"}  # fmt: skip
 """A value of each flag (the DCN and disk ones at their defaults: still refused where they have no effect)."""
 ELSEWHERE = {"--mode": "hybrid", "--arch-interaction-op": "dot", "--cold-store": "memory"}
 """A setting of each deciding flag that ignores the flags it decides."""
@@ -49,7 +50,7 @@ def test_a_flag_is_refused_where_its_setting_ignores_it_and_accepted_where_it_ap
 
 
 @pytest.mark.parametrize("flag", ["--dcn-num-layers", "--dcn-low-rank-dim", "--cold-cache", "--cold-io-depth",
-                                  "--cold-write-buffer", "--no-cold-direct"])  # fmt: skip
+                                  "--cold-write-buffer", "--no-cold-direct", "--no-cold-lazy"])  # fmt: skip
 def test_the_cli_refuses_them_in_one_line_before_any_work(tmp_path, capsys, flag):
     assert main(["train", str(tmp_path / "none"), "--mode", "hybrid", *_with(flag)]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -85,11 +85,6 @@ def _config(placement, cold=None, steps=STEPS, **kw):
                        print_freq=1, **ARCH, **store, **kw)  # fmt: skip
 
 
-def _eager(monkeypatch):
-    """Every disk store made from here on is filled whole at start-up (the eager fill)."""
-    monkeypatch.setattr(fill_mod, "lazy_fill", fill_mod.fill_file)
-
-
 def _train(ds, cfg, checkpoint_at=None):
     """Named arrays, every row and its state of a disk store (None for memory), the summed step counters, the
     rows left pending and the zero-bytes check of the file, and the checkpoint written at the end."""
@@ -119,17 +114,16 @@ def _train(ds, cfg, checkpoint_at=None):
     "optimizer, lookahead, cache",
     [("rowwise-adagrad", 2, 0), ("adam", 0, 0), ("adagrad", 4, 3000), ("sgd", 1, 100_000)],
 )
-def test_a_lazy_run_equals_the_eager_run_and_the_memory_store(data, tmp_path, monkeypatch, optimizer,
+def test_a_lazy_run_equals_the_eager_run_and_the_memory_store(data, tmp_path, optimizer,
                                                              lookahead, cache):  # fmt: skip
     ds, placement = data
     kw = {"optimizer": optimizer, "lookahead": lookahead, "cold_cache": cache}
     mem = _train(ds, _config(placement, lookahead=lookahead, optimizer=optimizer))[0]
     (tmp_path / "lazy").mkdir()
     lazy, lazy_rows, counters, left, _ = _train(ds, _config(placement, tmp_path / "lazy", **kw))
-    _eager(monkeypatch)
-    (tmp_path / "eager").mkdir()
+    (tmp_path / "eager").mkdir()  # --no-cold-lazy: every row written at start-up
     eager, eager_rows, eager_counters, eager_left, _ = _train(
-        ds, _config(placement, tmp_path / "eager", **kw)
+        ds, _config(placement, tmp_path / "eager", cold_lazy=False, **kw)
     )
     assert_equal_arrays(mem, lazy)
     assert_equal_arrays(eager, lazy)
@@ -143,19 +137,21 @@ def test_a_lazy_run_equals_the_eager_run_and_the_memory_store(data, tmp_path, mo
         assert counters["disk_bytes_read"] < eager_counters["disk_bytes_read"]
 
 
-def test_checkpoints_resume_and_readers_of_a_lazy_run_equal_the_eager_runs(data, tmp_path, monkeypatch):
+def test_checkpoints_resume_and_readers_of_a_lazy_run_equal_the_eager_runs(data, tmp_path):
     """A checkpoint of a lazy run holds the same rows file, byte for byte, as the eager run's; resuming it equals
     the straight run; predict, evaluate and export of it equal the eager checkpoint's."""
     ds, placement = data
     straight = _train(ds, _config(placement, lookahead=2))[0]
     cks = {}
     for kind in ("lazy", "eager"):
-        if kind == "eager":
-            _eager(monkeypatch)
         (tmp_path / kind).mkdir()
-        cfg = _config(placement, tmp_path / kind, steps=8, lookahead=2, cold_cache=2000)
+        cfg = _config(
+            placement, tmp_path / kind, steps=8, lookahead=2, cold_cache=2000, cold_lazy=kind == "lazy"
+        )
         *_, cks[kind] = _train(ds, cfg, tmp_path / f"ck-{kind}" / "step-000000008.pt")
-    monkeypatch.undo()  # lazy again from here on
+        assert (read_manifest(tmp_path / kind / "hotline-cold-rows.bin").get("initial") == "lazy") == (
+            kind == "lazy"
+        )
     assert all(np.array_equal(*x) for x in zip(*(read_tables(cks[k], lambda n: (n, 1)) for k in cks)))
     tr = Trainer(_config(placement, tmp_path / "lazy", lookahead=2, checkpoint_dir=str(tmp_path / "ck-lazy"),
                          resume=True), ds)  # fmt: skip

@@ -225,6 +225,7 @@ def _launch(args: argparse.Namespace) -> int:
             if choice.mode == Mode.DEVICE:  # nothing is cold (choice_fields)
                 args.cold_store, args.cold_dir = ColdStoreKind.MEMORY.value, None
                 args.cold_cache = args.cold_write_buffer = args.cold_io_depth = args.no_cold_direct = None
+                args.no_cold_lazy = None
     except ValueError as e:
         return error("train", e)
     return launch(args.nproc, rank_argv(args))

@@ -53,7 +53,8 @@ def _stores(config, layout: TableLayout, placement: Placement, optimizer: Sparse
 
         cold = DiskColdStore(cold_file(config.cold_dir), layout, dim, optimizer, seed, order,
                              config.cold_io_depth, config.cold_direct, config.cold_cache, max_rows,
-                             config.force, hot=hot, held_bytes=write_buffer_bytes(config, layout.num_rows))  # fmt: skip
+                             config.force, hot=hot, held_bytes=write_buffer_bytes(config, layout.num_rows),
+                             lazy=config.cold_lazy)  # fmt: skip
         hot_w, cold.hot_initial = cold.hot_initial, None
         startup["fill_s"] = cold.host.fill_s
         return cold, hot_w
@@ -73,7 +74,7 @@ def _stores(config, layout: TableLayout, placement: Placement, optimizer: Sparse
                         config.cold_io_depth, config.cold_direct, config.cold_cache, config.force,
                         write_buffer_bytes(config, layout.num_rows, N))  # fmt: skip
         del counted
-        hot_w = rows.fill_initial(layout, seed, r, N, hot=hot)
+        hot_w = rows.fill_initial(layout, seed, r, N, hot=hot, lazy=config.cold_lazy)
         return ShardedColdStore(comm, rows, optimizer, layout.num_rows, defer=True), hot_w
     # One table at a time: the initial rows of this rank's shard and of the (replicated) hot tier.
     shard = np.empty((len(range(r, layout.num_rows, N)), dim), np.float32)

@@ -302,6 +302,14 @@ class StoreSection:
         negate=True,
         applies_to=("cold_store", (ColdStoreKind.DISK,)),
     )
+    cold_lazy: bool = option(
+        True,
+        "write every row's initial values at start-up instead of drawing each when first read",
+        "--no-cold-lazy",
+        negate=True,
+        applies_to=("cold_store", (ColdStoreKind.DISK,)),
+    )
+    """Either way every row starts from the same initial values (:mod:`hotline.tiers.pending_rows`)."""
 
 
 @dataclass
