@@ -44,7 +44,8 @@ resident set and the cgroup's peak (page cache included) and failcnt. Printed, a
   memory-mapped float32 files, for ``--baseline-steps`` steps: its samples/s after the first step, the seconds
   of writing its files and of the first step, its peak resident set (``what`` says it in words);
 - ``ceiling``: the disk's random 4 KiB read rate at depth 1 and 32 (on the baseline's table file, its cache
-  dropped) and the dense compute alone per step; printed with the disk pages a step reads, the bound they set.
+  dropped) and the dense compute alone per step; printed with the disk pages a step reads, the bound they set;
+- ``written``: the train stage's steps on a store written whole at start-up (a long run's reads: :mod:`scale_written`).
 
 Memory figures hold on a busy machine; speeds do not (compare the two columns of one run).
 """
@@ -68,6 +69,7 @@ import scale_baseline
 import scale_held
 import scale_report
 import scale_stages
+import scale_written
 
 MLPERF_ROWS = 204_184_588
 
@@ -225,6 +227,8 @@ def child(args) -> dict:
         return {"export": _export_stage(work / "ckpt", work)}
     if args.stage == "resume":
         return _resume(args, ds, work)
+    if args.stage == "written":  # every row written at start-up: a long run's reads
+        return scale_written.run(args, ds, work, _config, _phases, _vmstat)
     return _train(args, ds, work)
 
 
@@ -403,6 +407,7 @@ def main(argv=None) -> int:
     p.add_argument("--data", default=None, help=argparse.SUPPRESS)
     p.add_argument("--stage", default="train", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    scale_stages.apply_smoke(args)
     stages = scale_stages.parse_stages(args.stages)
     if args.cold_cache != "auto":
         from hotline.units import parse_size
@@ -414,23 +419,10 @@ def main(argv=None) -> int:
     if args.child:
         Path(args.json).write_text(json.dumps(child(args)))
         return 0
-    from hotline.datasets.mlperf import MLPERF_BAG_SIZES
-    from hotline.datasets.synthetic import generate
-
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     sizes = table_sizes(args.rows)
-    data = work / "data"
-    if not (data / "meta.json").exists():
-        generate(
-            data,
-            args.samples,
-            seed=0,
-            table_sizes=sizes,
-            bag_sizes=MLPERF_BAG_SIZES,
-            zipf=1.1,
-            progress=False,
-        )
+    data = scale_stages.data_for(work, sizes, args.samples)
     parent, group, how = (
         memlimit._v1_group(),
         None,
@@ -447,7 +439,8 @@ def main(argv=None) -> int:
     out: dict = {"stages": {}}
     t0 = time.perf_counter()
     disk = scale_stages.DiskPeak(work)
-    last_reader = max((i for i, x in enumerate(stages) if x not in ("train", "baseline")), default=0)
+    last_reader = max((i for i, x in enumerate(stages) if x in ("resume", "evaluate", "predict", "export")),
+                      default=0)  # fmt: skip
     try:
         for i, stage in enumerate(stages):
             code = 0

@@ -48,6 +48,18 @@ def print_report(out: dict, dim: int, batch: int) -> None:
               f"before it, peak {'n/a' if hwm is None else f'{hwm / GIB:.2f} GiB'} during it")  # fmt: skip
         print(f"delta checkpoint {out['delta_checkpoint_steps']} steps later (the rows written since the full "
               f"one): {out['delta_checkpoint_bytes'] / 1e6:,.1f} MB in {out['delta_checkpoint_s']:.1f} s")  # fmt: skip
+    if "written" in out:
+        w, per = out["written"], out["written"]["phases"]["counters_per_step"]
+        ph = ", ".join(
+            f"{k} {v * 1e3:.1f}" for k, v in sorted(out["written"]["phases"]["seconds_per_step"].items())
+        )
+        h = w.get("held") or {}
+        print(f"rows written first (--no-cold-lazy): first step after {w['first_step_s']:.1f} s (fill "
+              f"{w['startup_s'].get('fill_s', 0):.1f} s); {w['samples_per_s']:,.0f} samples/s, disk rows a step "
+              f"{per.get('disk_rows', 0):,.0f}, read {per.get('disk_pages', 0):,.0f} pages in "
+              f"{per.get('disk_reads', 0):,.0f} reads, drawn {per.get('drawn_rows', 0):,.0f}; a sweep of "
+              f"{h.get('rows_held', 0):,} held {h.get('sweep_s', 0):.1f} s, every {h.get('steps_per_sweep', 0):,.0f} "
+              f"steps; phases (ms) {ph}")  # fmt: skip
     if "load_s" in out:
         print(f"resume: load {out['load_s']:.1f} s; resumed bit-identically: {out['resume_exact']}")
     if "export" in out:
@@ -100,6 +112,12 @@ def _print_side_by_side(out: dict, batch: int) -> None:
         bound = out["held"]["samples_per_s_sweep_bound"]
         print(f"{'with sweeps (bound)':>22} {bound:>12,.0f} {b['samples_per_s']:>12,.0f}"
               f"   hotline/baseline {bound / max(b['samples_per_s'], 1e-9):.2f}x")  # fmt: skip
+    w = out.get("written")
+    if w:  # every row written first: each disk row a step asks for is read, none drawn (a long run's steps)
+        rate = (w.get("held") or {}).get("samples_per_s_measured_sweep", w["samples_per_s"])
+        for name, v in (("rows written first", w["samples_per_s"]), ("  with sweeps (measured)", rate)):
+            print(f"{name:>22} {v:>12,.0f} {b['samples_per_s']:>12,.0f}"
+                  f"   hotline/baseline {v / max(b['samples_per_s'], 1e-9):.2f}x")  # fmt: skip
     print(
         f"{'first step s':>22} {out['first_step_s']:>12.1f} {b['fill_s'] + b['first_step_s']:>12.1f}"
         f"   (baseline: {b['fill_s']:.1f} s of writing its files, then the step)"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -68,8 +69,33 @@ def run_stage(
     return code, out
 
 
-STAGES = ("train", "resume", "evaluate", "predict", "export", "baseline")
-"""The stages in the order they run; those after ``train`` but ``baseline`` read its checkpoint."""
+STAGES = ("train", "resume", "evaluate", "predict", "export", "baseline", "written")
+"""The stages in the order they run; ``resume``, ``evaluate``, ``predict`` and ``export`` read train's checkpoint
+(``written``: the train stage's steps on a store written whole at start-up, :mod:`scale_written`)."""
+
+
+def data_for(work: Path, sizes: list[int], samples: int) -> Path:
+    """The benchmark's dataset under ``work``: made once, and made again where the one there has other table
+    sizes or another sample count (another ``--rows`` or ``--samples`` in the same ``--work``)."""
+    from hotline.datasets.mlperf import MLPERF_BAG_SIZES
+    from hotline.datasets.synthetic import generate
+
+    data = work / "data"
+    if (data / "meta.json").exists():
+        meta = json.loads((data / "meta.json").read_text())
+        if meta.get("table_sizes") == list(sizes) and sum(meta.get("splits", {}).values()) == samples:
+            return data
+        shutil.rmtree(data)
+    generate(data, samples, seed=0, table_sizes=sizes, bag_sizes=MLPERF_BAG_SIZES, zipf=1.1, progress=False)
+    return data
+
+
+def apply_smoke(args) -> None:
+    """``--smoke``: sizes small enough that every stage runs in seconds (the suite's check that they run), most
+    cold rows on disk (every path a full run takes)."""
+    if args.smoke:
+        args.rows, args.samples, args.steps, args.baseline_steps = 400_000, 6_000, 8, 4
+        args.hbm_budget, args.cold_cache = 1 << 20, "1MiB"
 
 
 def parse_stages(text: str) -> list[str]:
@@ -79,7 +105,7 @@ def parse_stages(text: str) -> list[str]:
     bad = [x for x in asked if x not in STAGES]
     if bad or not asked:
         raise SystemExit(f"bench_scale: --stages takes some of {','.join(STAGES)}, got {text!r}")
-    if "train" not in asked and any(x not in ("baseline",) for x in asked):
+    if "train" not in asked and any(x not in ("baseline", "written") for x in asked):
         raise SystemExit("bench_scale: --stages resume, evaluate, predict and export read train's checkpoint")
     return [x for x in STAGES if x in asked]
 
