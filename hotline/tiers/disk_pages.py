@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from hotline.kernels.page_io import io_runs
 from hotline.tiers.store_files import PAGE
 
 MAX_RUN_PAGES = 64
@@ -129,6 +130,10 @@ def transfer(
     call = os.pwritev if write else os.preadv
 
     def run(lo: int, hi: int) -> None:
+        failed = io_runs(write, fd, buffer, at[lo:hi], off[lo:hi], size[lo:hi])  # no GIL between requests
+        if failed < 0:
+            return
+        lo += failed  # from the request that fell short: again through os, which names its error
         for a, o, n in zip(at[lo:hi].tolist(), off[lo:hi].tolist(), size[lo:hi].tolist()):
             try:
                 done = call(fd, [mem[a : a + n]], o)
