@@ -140,8 +140,9 @@ def train_mapped(config, dataset, directory, steps: int, losses: list | None = N
 
 def random_read_rate(path: Path, depth: int, reads: int, seed: int = 0) -> float:
     """4 KiB reads per second at random page-aligned offsets of ``path``, ``depth`` reads in flight (threads
-    issuing ``os.preadv``, as the disk store's I/O threads do), with ``O_DIRECT`` as the disk store reads (its
-    cached pages dropped first where the file system refuses ``O_DIRECT``)."""
+    issuing them through :func:`hotline.kernels.page_io.io_runs`, as the disk store's I/O threads do), with
+    ``O_DIRECT`` as the disk store reads (its cached pages dropped first where the file system refuses it)."""
+    from hotline.kernels.page_io import io_runs, io_runs_twin
     from hotline.tiers.disk_pages import aligned_bytes
 
     pages = max(1, path.stat().st_size // PAGE)
@@ -154,13 +155,19 @@ def random_read_rate(path: Path, depth: int, reads: int, seed: int = 0) -> float
     buffers = [aligned_bytes(PAGE) for _ in range(max(1, depth))]
     try:
         t0 = time.perf_counter()
+
+        def read(i: int, part: list[int]) -> None:  # each into thread i's page, the GIL released between them
+            off = np.asarray(part, np.int64)
+            at, size = np.zeros_like(off), np.full_like(off, PAGE)
+            failed = io_runs(False, fd, buffers[i], at, off, size)
+            if failed >= 0:
+                io_runs_twin(False, fd, buffers[i], at[failed:], off[failed:], size[failed:])
+
         if depth <= 1:
-            for off in offsets:
-                os.preadv(fd, [buffers[0]], off)
+            read(0, offsets)
         else:
             with ThreadPoolExecutor(depth) as pool:
-                parts = [offsets[i::depth] for i in range(depth)]
-                list(pool.map(lambda i: [os.preadv(fd, [buffers[i]], off) for off in parts[i]], range(depth)))
+                list(pool.map(lambda i: read(i, offsets[i::depth]), range(depth)))
         seconds = time.perf_counter() - t0
     finally:
         os.close(fd)
