@@ -28,8 +28,8 @@ except (OSError, AttributeError):  # pragma: no cover - not a libc with pread
 
 
 if AVAILABLE:
-
-    @njit(nogil=True)  # not cached: Numba keeps no ctypes pointer across processes (compiled in well under 1 s)
+    # not cached: Numba keeps no ctypes pointer across processes (compiled in well under 1 s)
+    @njit(nogil=True)
     def _read_runs(fd, base, at, off, size):
         for i in range(at.shape[0]):
             if _pread(fd, base + at[i], size[i], off[i]) != size[i]:
